@@ -1,0 +1,57 @@
+//! The process-wide cap on active CPU workers.
+//!
+//! Every pool stage always keeps one worker (a stage with none would stall its pipeline); each
+//! worker beyond the first needs a token from this cap. The cap defaults to the number of cores,
+//! so however many pipelines and stages a process runs, the extra workers never oversubscribe the
+//! machine. Tokens are returned when a stage shrinks or shuts down.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+static CAP: AtomicUsize = AtomicUsize::new(0);
+static IN_USE: AtomicUsize = AtomicUsize::new(0);
+
+/// The number of cores this process may use.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The cap on extra (beyond one per stage) active CPU workers in this process.
+pub fn cpu_worker_cap() -> usize {
+    match CAP.load(Ordering::Relaxed) {
+        0 => cores(),
+        n => n,
+    }
+}
+
+/// Sets the cap (`None`: the number of cores). Tokens already granted stay granted.
+pub fn set_cpu_worker_cap(cap: Option<usize>) {
+    CAP.store(cap.unwrap_or(0), Ordering::Relaxed);
+}
+
+/// Extra workers granted now, process-wide.
+pub fn cpu_workers_in_use() -> usize {
+    IN_USE.load(Ordering::Relaxed)
+}
+
+/// Grants up to `want` tokens; returns how many were granted.
+pub(crate) fn acquire(want: usize) -> usize {
+    let cap = cpu_worker_cap();
+    let mut cur = IN_USE.load(Ordering::Relaxed);
+    loop {
+        let grant = want.min(cap.saturating_sub(cur));
+        if grant == 0 {
+            return 0;
+        }
+        match IN_USE.compare_exchange_weak(cur, cur + grant, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => return grant,
+            Err(now) => cur = now,
+        }
+    }
+}
+
+/// Returns `n` tokens.
+pub(crate) fn release(n: usize) {
+    if n > 0 {
+        IN_USE.fetch_sub(n, Ordering::AcqRel);
+    }
+}

@@ -1,0 +1,445 @@
+//! Budgeted channels: how items travel between stages.
+//!
+//! A [`Channel`] is a `flume` queue of [`Chunk`]s whose bound is a [`Budget`] in items *and*
+//! bytes instead of a fixed capacity, so that a tuner can grow or shrink it while items flow.
+//!
+//! # Protocol
+//!
+//! - A producer calls [`Budget::acquire`] (or [`Budget::acquire_async`]) for a prefix of the
+//!   items it wants to send, then sends exactly that prefix. Acquisition blocks until at least one
+//!   item fits and returns how many did; it never takes more than fits, so a producer holding
+//!   results never overdraws the budget.
+//! - The permits of an item are released when the item **leaves the consuming stage** (its
+//!   outputs were sent on, it failed, or it was filtered out), not when it is dequeued. The budget
+//!   of a channel is therefore the number of items (and bytes) the consuming stage *holds*:
+//!   queued, in a worker's hands, or finished and waiting for room downstream. Memory in flight is
+//!   the sum of the budgets, and with a stalled consumer the number of items pulled from the
+//!   source is exactly the sum of the item budgets.
+//! - An item that is larger than the whole byte budget is admitted when the stage holds fewer
+//!   than `floor` items (1 by default), so the pipeline cannot wedge on one big item. An
+//!   aggregating stage sets `floor` to its batch size for the same reason.
+//! - End of epoch: the producer side calls [`Budget::finish`] with the epoch number once all of
+//!   that epoch's items were sent; the consuming stage is done with the epoch when the channel is
+//!   finished **and** it holds nothing (`used_items == 0`). The epoch number makes late or
+//!   repeated `finish` calls harmless.
+//! - [`Budget::close`] wakes everybody and makes every wait return [`Closed`]; it is how a
+//!   pipeline shuts down.
+//!
+//! Waiting uses `event-listener` (listen, re-check, wait), the same lost-wakeup-free pattern as
+//! `async-channel`; every state change that can unblock someone notifies the matching event.
+//! The budget state sits behind one uncontended mutex taken once per *chunk*, never per item.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use event_listener::{Event, EventListener, Listener};
+use parking_lot::Mutex;
+
+/// An item on its way between stages.
+#[derive(Debug)]
+pub struct Envelope<T> {
+    /// Position in the producing stage's output stream (consecutive in input order).
+    pub seq: u64,
+    /// Bytes charged to the budget for this item.
+    pub bytes: u64,
+    /// The item itself.
+    pub item: T,
+}
+
+/// A batch of items sent in one channel operation.
+pub type Chunk<T> = Vec<Envelope<T>>;
+
+/// The channel was closed: the pipeline is shutting down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the channel was closed")]
+pub struct Closed;
+
+/// A budget's limits and use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BudgetStatus {
+    /// Items held by the consuming stage.
+    pub used_items: usize,
+    /// Bytes held by the consuming stage.
+    pub used_bytes: u64,
+    /// Item limit.
+    pub cap_items: usize,
+    /// Byte limit.
+    pub cap_bytes: u64,
+    /// The epoch the channel is in.
+    pub epoch: u64,
+    /// Whether the producer side finished `epoch`.
+    pub finished: bool,
+    /// Whether the channel is closed.
+    pub closed: bool,
+}
+
+#[derive(Debug)]
+struct State {
+    used_items: usize,
+    used_bytes: u64,
+    cap_items: usize,
+    cap_bytes: u64,
+    floor_items: usize,
+    epoch: u64,
+    finished: bool,
+}
+
+/// The bound, end-of-epoch and shutdown state of a channel (independent of the item type).
+#[derive(Debug)]
+pub struct Budget {
+    state: Mutex<State>,
+    closed: AtomicBool,
+    /// Producers wait here for room.
+    space: Event,
+    /// Consumers wait here for data, end of epoch, or shutdown.
+    data: Event,
+}
+
+impl Budget {
+    /// A budget of `items` items and `bytes` bytes (both at least 1).
+    pub fn new(items: usize, bytes: u64) -> Self {
+        Self {
+            state: Mutex::new(State {
+                used_items: 0,
+                used_bytes: 0,
+                cap_items: items.max(1),
+                cap_bytes: bytes.max(1),
+                floor_items: 1,
+                epoch: 0,
+                finished: false,
+            }),
+            closed: AtomicBool::new(false),
+            space: Event::new(),
+            data: Event::new(),
+        }
+    }
+
+    /// Changes the limits. Items already admitted stay; shrinking takes effect as they leave.
+    /// The item limit never goes below the floor.
+    pub fn set_limits(&self, items: usize, bytes: u64) {
+        {
+            let mut s = self.state.lock();
+            s.cap_items = items.max(s.floor_items).max(1);
+            s.cap_bytes = bytes.max(1);
+        }
+        self.space.notify(usize::MAX);
+    }
+
+    /// Admits up to `floor` items regardless of bytes, and keeps the item limit at least `floor`.
+    pub fn set_floor(&self, floor: usize) {
+        {
+            let mut s = self.state.lock();
+            s.floor_items = floor.max(1);
+            s.cap_items = s.cap_items.max(s.floor_items);
+        }
+        self.space.notify(usize::MAX);
+    }
+
+    /// The current limits and use.
+    pub fn status(&self) -> BudgetStatus {
+        let s = self.state.lock();
+        BudgetStatus {
+            used_items: s.used_items,
+            used_bytes: s.used_bytes,
+            cap_items: s.cap_items,
+            cap_bytes: s.cap_bytes,
+            epoch: s.epoch,
+            finished: s.finished,
+            closed: self.is_closed(),
+        }
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    #[inline]
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Admits the longest prefix of `sizes` that fits; returns its length (0 if none fits).
+    fn try_admit(&self, sizes: impl Iterator<Item = u64>) -> usize {
+        let mut s = self.state.lock();
+        let mut n = 0;
+        let mut bytes = 0u64;
+        for size in sizes {
+            let items = s.used_items + n;
+            if items >= s.cap_items {
+                break;
+            }
+            let fits = s.used_bytes + bytes + size <= s.cap_bytes || items < s.floor_items;
+            if !fits {
+                break;
+            }
+            n += 1;
+            bytes += size;
+        }
+        s.used_items += n;
+        s.used_bytes += bytes;
+        n
+    }
+
+    /// Blocks until at least one of the items whose sizes are `sizes` (a non-empty, restartable
+    /// iterator) fits, admits the longest prefix that fits, and returns its length.
+    pub fn acquire<I>(&self, sizes: I) -> Result<usize, Closed>
+    where
+        I: Iterator<Item = u64> + Clone,
+    {
+        loop {
+            if self.is_closed() {
+                return Err(Closed);
+            }
+            let n = self.try_admit(sizes.clone());
+            if n > 0 {
+                return Ok(n);
+            }
+            let listener = self.space.listen();
+            if self.is_closed() {
+                return Err(Closed);
+            }
+            let n = self.try_admit(sizes.clone());
+            if n > 0 {
+                return Ok(n);
+            }
+            listener.wait();
+        }
+    }
+
+    /// The async form of [`acquire`](Self::acquire).
+    pub async fn acquire_async<I>(&self, sizes: I) -> Result<usize, Closed>
+    where
+        I: Iterator<Item = u64> + Clone,
+    {
+        loop {
+            if self.is_closed() {
+                return Err(Closed);
+            }
+            let n = self.try_admit(sizes.clone());
+            if n > 0 {
+                return Ok(n);
+            }
+            let listener = self.space.listen();
+            if self.is_closed() {
+                return Err(Closed);
+            }
+            let n = self.try_admit(sizes.clone());
+            if n > 0 {
+                return Ok(n);
+            }
+            listener.await;
+        }
+    }
+
+    /// Charges `bytes` more to items already admitted (a source learns sizes after pulling).
+    pub fn charge(&self, bytes: u64) {
+        if bytes > 0 {
+            self.state.lock().used_bytes += bytes;
+        }
+    }
+
+    /// Gives back the permits of `items` items totalling `bytes` bytes.
+    pub fn release(&self, items: usize, bytes: u64) {
+        if items == 0 && bytes == 0 {
+            return;
+        }
+        let wake_consumers = {
+            let mut s = self.state.lock();
+            debug_assert!(
+                s.used_items >= items && s.used_bytes >= bytes,
+                "over-release"
+            );
+            s.used_items -= items;
+            s.used_bytes -= bytes;
+            s.finished && s.used_items == 0
+        };
+        self.space.notify(usize::MAX);
+        if wake_consumers {
+            self.data.notify(usize::MAX);
+        }
+    }
+
+    /// Marks `epoch` as fully sent. Ignored if the channel has moved on to another epoch.
+    pub fn finish(&self, epoch: u64) {
+        {
+            let mut s = self.state.lock();
+            if s.epoch != epoch || s.finished {
+                return;
+            }
+            s.finished = true;
+        }
+        self.data.notify(usize::MAX);
+    }
+
+    /// Starts `epoch`: clears the finished mark. Only called when the channel is idle.
+    pub fn begin(&self, epoch: u64) {
+        let mut s = self.state.lock();
+        s.epoch = epoch;
+        s.finished = false;
+    }
+
+    /// Closes the channel: every current and future wait returns [`Closed`].
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.space.notify(usize::MAX);
+        self.data.notify(usize::MAX);
+    }
+
+    /// Starts listening for data, end of epoch or shutdown. Check, then wait on the listener.
+    pub fn listen_data(&self) -> EventListener {
+        self.data.listen()
+    }
+
+    /// Wakes up to `n` consumers (work became available somewhere they look).
+    pub fn notify_data(&self, n: usize) {
+        self.data.notify(n);
+    }
+
+    /// Waits on `listener` for at most `timeout`; returns whether it was notified.
+    pub fn wait_for(listener: EventListener, timeout: Duration) -> bool {
+        listener.wait_timeout(timeout).is_some()
+    }
+}
+
+/// A budgeted, resizable MPMC channel of chunks. See the module docs for the protocol.
+#[derive(Debug)]
+pub struct Channel<T> {
+    budget: Budget,
+    tx: flume::Sender<Chunk<T>>,
+    rx: flume::Receiver<Chunk<T>>,
+}
+
+impl<T> Channel<T> {
+    /// A channel bounded by `items` items and `bytes` bytes.
+    pub fn new(items: usize, bytes: u64) -> Self {
+        let (tx, rx) = flume::unbounded();
+        Self {
+            budget: Budget::new(items, bytes),
+            tx,
+            rx,
+        }
+    }
+
+    /// The channel's budget.
+    #[inline]
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    /// Sends a chunk whose items were admitted by [`Budget::acquire`], and wakes one consumer.
+    pub fn send(&self, chunk: Chunk<T>) {
+        if chunk.is_empty() {
+            return;
+        }
+        // The receiver lives in `self`, so the send cannot fail.
+        let _ = self.tx.send(chunk);
+        self.budget.data.notify(1);
+    }
+
+    /// Takes a chunk if one is queued.
+    #[inline]
+    pub fn try_recv(&self) -> Option<Chunk<T>> {
+        self.rx.try_recv().ok()
+    }
+
+    /// Whether no chunk is queued.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.rx.is_empty()
+    }
+
+    /// Chunks queued (not yet taken by a worker).
+    pub fn queued_chunks(&self) -> usize {
+        self.rx.len()
+    }
+
+    /// Acquires room for a prefix of `items` and returns its length; see [`Budget::acquire`].
+    pub fn acquire_for(&self, items: &[Envelope<T>]) -> Result<usize, Closed> {
+        self.budget.acquire(items.iter().map(|e| e.bytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::thread;
+
+    fn env(seq: u64, bytes: u64) -> Envelope<u64> {
+        Envelope {
+            seq,
+            bytes,
+            item: seq,
+        }
+    }
+
+    #[test]
+    fn admits_the_prefix_that_fits_items_and_bytes() {
+        let ch = Channel::<u64>::new(3, 100);
+        let items: Vec<_> = (0..5).map(|i| env(i, 40)).collect();
+        assert_eq!(
+            ch.acquire_for(&items).unwrap(),
+            2,
+            "80 bytes fit, 120 do not"
+        );
+        ch.budget().release(1, 40);
+        assert_eq!(ch.acquire_for(&items[..1]).unwrap(), 1);
+        let st = ch.budget().status();
+        assert_eq!((st.used_items, st.used_bytes), (2, 80));
+    }
+
+    #[test]
+    fn an_oversized_item_is_admitted_alone() {
+        let b = Budget::new(10, 10);
+        assert_eq!(b.acquire([1000u64, 1].into_iter()).unwrap(), 1);
+        b.set_floor(3);
+        assert_eq!(
+            b.acquire([1000u64, 1000, 5].into_iter()).unwrap(),
+            2,
+            "floor of 3 items"
+        );
+        assert_eq!(b.status().cap_items, 10);
+    }
+
+    #[test]
+    fn a_blocked_producer_wakes_on_release_and_on_resize() {
+        let b = Arc::new(Budget::new(1, u64::MAX));
+        assert_eq!(b.acquire([1u64].into_iter()).unwrap(), 1);
+        let b2 = Arc::clone(&b);
+        let t = thread::spawn(move || b2.acquire([1u64, 1].into_iter()));
+        thread::sleep(Duration::from_millis(20));
+        assert!(!t.is_finished());
+        b.set_limits(3, u64::MAX);
+        assert_eq!(t.join().unwrap().unwrap(), 2);
+
+        let b2 = Arc::clone(&b);
+        let t = thread::spawn(move || b2.acquire([1u64].into_iter()));
+        thread::sleep(Duration::from_millis(20));
+        b.release(1, 1);
+        assert_eq!(t.join().unwrap().unwrap(), 1);
+    }
+
+    #[test]
+    fn close_unblocks_everyone() {
+        let b = Arc::new(Budget::new(1, 1));
+        b.acquire([1u64].into_iter()).unwrap();
+        let b2 = Arc::clone(&b);
+        let t = thread::spawn(move || b2.acquire([1u64].into_iter()));
+        thread::sleep(Duration::from_millis(10));
+        b.close();
+        assert_eq!(t.join().unwrap(), Err(Closed));
+        assert!(b.status().closed);
+    }
+
+    #[test]
+    fn finish_is_tied_to_the_epoch() {
+        let b = Budget::new(4, 4);
+        b.finish(0);
+        assert!(b.status().finished);
+        b.begin(1);
+        b.finish(0);
+        assert!(
+            !b.status().finished,
+            "a late finish of epoch 0 does not end epoch 1"
+        );
+        b.finish(1);
+        assert!(b.status().finished);
+    }
+}

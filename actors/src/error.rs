@@ -1,0 +1,208 @@
+//! Errors: [`ItemError`] for one failed item, [`PipelineError`] for the pipeline as a whole.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+/// A boxed error from user code.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A user function panicked while processing an item.
+#[derive(Debug, Clone)]
+pub struct Panicked {
+    message: String,
+}
+
+impl Panicked {
+    /// Builds the error from a panic payload.
+    pub fn from_payload(payload: &(dyn Any + Send)) -> Self {
+        let message = if let Some(s) = payload.downcast_ref::<&str>() {
+            (*s).to_owned()
+        } else if let Some(s) = payload.downcast_ref::<String>() {
+            s.clone()
+        } else {
+            "a non-string panic payload".to_owned()
+        };
+        Self { message }
+    }
+
+    /// The panic message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Panicked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "panicked: {}", self.message)
+    }
+}
+
+impl std::error::Error for Panicked {}
+
+/// One item failed in one stage. Cheap to clone; the cause is shared.
+#[derive(Debug, Clone)]
+pub struct ItemError {
+    stage: Arc<str>,
+    item: String,
+    cause: Arc<dyn std::error::Error + Send + Sync + 'static>,
+}
+
+impl ItemError {
+    /// An item error for `item` (a description) in `stage`.
+    pub fn new(stage: Arc<str>, item: String, cause: BoxError) -> Self {
+        Self {
+            stage,
+            item,
+            cause: Arc::from(cause),
+        }
+    }
+
+    /// The stage the item failed in.
+    pub fn stage(&self) -> &str {
+        &self.stage
+    }
+
+    /// The item's description (a user-supplied one, or its position in the stage's input).
+    pub fn item(&self) -> &str {
+        &self.item
+    }
+
+    /// Whether the user function panicked (rather than returning an error).
+    pub fn is_panic(&self) -> bool {
+        self.cause.downcast_ref::<Panicked>().is_some()
+    }
+
+    /// The error the user function returned, or a [`Panicked`].
+    pub fn cause(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.cause
+    }
+}
+
+impl fmt::Display for ItemError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "stage `{}` failed on {}: {}",
+            self.stage, self.item, self.cause
+        )
+    }
+}
+
+impl std::error::Error for ItemError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.cause)
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    Config(String),
+    FailureBudget { scope: String, failures: u64 },
+    Stopped,
+    Runtime(String),
+}
+
+/// What a pipeline reports when it cannot go on, or cannot be built.
+///
+/// Query it with the `is_*` methods; [`stage`](Self::stage) and [`item`](Self::item) name where
+/// it happened, and [`source`](std::error::Error::source) walks the cause chain down to the
+/// user's own error.
+#[derive(Debug, Clone)]
+pub struct PipelineError {
+    kind: Kind,
+    item: Option<ItemError>,
+}
+
+impl PipelineError {
+    /// An invalid configuration.
+    pub fn config(msg: impl Into<String>) -> Self {
+        Self {
+            kind: Kind::Config(msg.into()),
+            item: None,
+        }
+    }
+
+    /// A failure budget was exceeded; `last` is the failure that exceeded it.
+    pub fn failure_budget(scope: impl Into<String>, failures: u64, last: ItemError) -> Self {
+        Self {
+            kind: Kind::FailureBudget {
+                scope: scope.into(),
+                failures,
+            },
+            item: Some(last),
+        }
+    }
+
+    /// The pipeline was stopped before the epoch ended.
+    pub fn stopped() -> Self {
+        Self {
+            kind: Kind::Stopped,
+            item: None,
+        }
+    }
+
+    /// The runtime could not be started (threads, the control system).
+    pub fn runtime(msg: impl Into<String>) -> Self {
+        Self {
+            kind: Kind::Runtime(msg.into()),
+            item: None,
+        }
+    }
+
+    /// Whether the configuration was invalid.
+    pub fn is_config(&self) -> bool {
+        matches!(self.kind, Kind::Config(_))
+    }
+
+    /// Whether a failure budget (of a stage or of the pipeline) was exceeded.
+    pub fn is_failure_budget(&self) -> bool {
+        matches!(self.kind, Kind::FailureBudget { .. })
+    }
+
+    /// Whether the pipeline was stopped (by `stop()` or a drop) before the epoch ended.
+    pub fn is_stopped(&self) -> bool {
+        matches!(self.kind, Kind::Stopped)
+    }
+
+    /// The stage where the failure happened, if any.
+    pub fn stage(&self) -> Option<&str> {
+        self.item.as_ref().map(ItemError::stage)
+    }
+
+    /// The failed item's description, if any.
+    pub fn item(&self) -> Option<&str> {
+        self.item.as_ref().map(ItemError::item)
+    }
+
+    /// The item failure behind this error, if any.
+    pub fn item_error(&self) -> Option<&ItemError> {
+        self.item.as_ref()
+    }
+}
+
+impl fmt::Display for PipelineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Config(m) => write!(f, "invalid pipeline configuration: {m}"),
+            Kind::FailureBudget { scope, failures } => {
+                write!(
+                    f,
+                    "{scope} exceeded its failure budget after {failures} failed items"
+                )?;
+                if let Some(i) = &self.item {
+                    write!(f, "; last: {i}")?;
+                }
+                Ok(())
+            }
+            Kind::Stopped => write!(f, "the pipeline was stopped before the epoch ended"),
+            Kind::Runtime(m) => write!(f, "pipeline runtime error: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for PipelineError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.item.as_ref().map(|e| e as _)
+    }
+}

@@ -1,0 +1,212 @@
+//! The consumer end of a pipeline: what `next()` reads from.
+//!
+//! The reader takes whole chunks from the last channel into a local queue and releases each
+//! item's permits as it hands the item out, so the sink budget counts exactly the results that
+//! are ready but not yet delivered. Time spent waiting for a result is the consumer's wait: the
+//! direct measure of a starved training loop.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use event_listener::{EventListener, Listener};
+use flowgate_tuner::{Histogram, StageKind, StageStats};
+use parking_lot::Mutex;
+
+use crate::channel::{Channel, Envelope};
+use crate::metrics::{nanos, StageMetrics};
+use crate::stage::StageControl;
+
+/// What the reader found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next<T> {
+    /// A result.
+    Item(T),
+    /// The epoch with this number ended: every result of it was delivered.
+    EpochEnd(u64),
+    /// The pipeline is shutting down.
+    Closed,
+}
+
+/// Consumer-side counters, shared with the sink's [`StageControl`].
+#[derive(Debug)]
+pub struct SinkStats {
+    metrics: StageMetrics,
+    delivered: AtomicU64,
+    wait_ns: AtomicU64,
+    waits: Mutex<Histogram>,
+}
+
+impl SinkStats {
+    fn new() -> Self {
+        Self {
+            metrics: StageMetrics::new("sink", StageKind::Sink),
+            delivered: AtomicU64::new(0),
+            wait_ns: AtomicU64::new(0),
+            waits: Mutex::new(Histogram::new()),
+        }
+    }
+
+    fn waited(&self, ns: u64) {
+        self.wait_ns.fetch_add(ns, Ordering::Relaxed);
+        self.waits.lock().record_ns(ns);
+    }
+}
+
+/// Reads results from the last channel of a pipeline.
+#[derive(Debug)]
+pub struct SinkReader<T> {
+    ch: Arc<Channel<T>>,
+    local: VecDeque<Envelope<T>>,
+    stats: Arc<SinkStats>,
+    listener: Option<EventListener>,
+    wait_start: Option<Instant>,
+}
+
+impl<T: Send + 'static> SinkReader<T> {
+    /// A reader of `ch`.
+    pub fn new(ch: Arc<Channel<T>>) -> Self {
+        Self {
+            ch,
+            local: VecDeque::new(),
+            stats: Arc::new(SinkStats::new()),
+            listener: None,
+            wait_start: None,
+        }
+    }
+
+    /// The sink's control (budget, snapshot) for the control plane.
+    pub fn control(&self) -> Arc<SinkControl<T>> {
+        Arc::new(SinkControl {
+            ch: Arc::clone(&self.ch),
+            stats: Arc::clone(&self.stats),
+        })
+    }
+
+    fn deliver(&mut self, e: Envelope<T>) -> Next<T> {
+        self.ch.budget().release(1, e.bytes);
+        self.stats.delivered.fetch_add(1, Ordering::Relaxed);
+        Next::Item(e.item)
+    }
+
+    /// Whatever is available without waiting; `None` means wait.
+    fn poll_ready(&mut self) -> Option<Next<T>> {
+        if let Some(e) = self.local.pop_front() {
+            return Some(self.deliver(e));
+        }
+        if let Some(chunk) = self.ch.try_recv() {
+            self.local.extend(chunk);
+            let e = self.local.pop_front()?;
+            return Some(self.deliver(e));
+        }
+        None
+    }
+
+    /// What to report when nothing is queued: end of epoch, closed, or `None` (wait).
+    fn poll_end(&mut self) -> Option<Next<T>> {
+        // Status before emptiness: `finish` follows the last send.
+        let st = self.ch.budget().status();
+        if !self.ch.is_empty() {
+            return self.poll_ready();
+        }
+        if st.closed {
+            return Some(Next::Closed);
+        }
+        st.finished.then_some(Next::EpochEnd(st.epoch))
+    }
+
+    /// Blocks for the next result.
+    pub fn next_blocking(&mut self) -> Next<T> {
+        let mut waited_since = None;
+        let r = loop {
+            if let Some(n) = self.poll_ready() {
+                break n;
+            }
+            let listener = self.ch.budget().listen_data();
+            if let Some(n) = self.poll_end() {
+                break n;
+            }
+            waited_since.get_or_insert_with(Instant::now);
+            listener.wait();
+        };
+        if let Some(t0) = waited_since {
+            self.stats.waited(nanos(t0, Instant::now()));
+        }
+        r
+    }
+
+    /// Polls for the next result (for `Stream`).
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Next<T>> {
+        loop {
+            if let Some(n) = self.poll_ready() {
+                return self.ready(n);
+            }
+            if let Some(listener) = &mut self.listener {
+                if Pin::new(listener).poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                // Notified: re-check under a fresh listener.
+                self.listener = None;
+            }
+            let listener = self.ch.budget().listen_data();
+            if let Some(n) = self.poll_end() {
+                return self.ready(n);
+            }
+            self.wait_start.get_or_insert_with(Instant::now);
+            self.listener = Some(listener);
+        }
+    }
+
+    fn ready(&mut self, n: Next<T>) -> Poll<Next<T>> {
+        self.listener = None;
+        if let Some(t0) = self.wait_start.take() {
+            self.stats.waited(nanos(t0, Instant::now()));
+        }
+        Poll::Ready(n)
+    }
+
+    /// Results delivered so far.
+    pub fn delivered(&self) -> u64 {
+        self.stats.delivered.load(Ordering::Relaxed)
+    }
+}
+
+/// The sink's side of the control plane: its budget and the consumer's statistics.
+#[derive(Debug)]
+pub struct SinkControl<T> {
+    ch: Arc<Channel<T>>,
+    stats: Arc<SinkStats>,
+}
+
+impl<T: Send + 'static> StageControl for SinkControl<T> {
+    fn name(&self) -> &str {
+        "sink"
+    }
+
+    fn resize(&self, _workers: usize) -> usize {
+        1
+    }
+
+    fn set_budget(&self, items: usize, bytes: u64) {
+        self.ch.budget().set_limits(items, bytes);
+    }
+
+    fn snapshot(&self) -> StageStats {
+        let mut s = self.stats.metrics.snapshot(Some(self.ch.budget()), 1, true);
+        let delivered = self.stats.delivered.load(Ordering::Relaxed);
+        s.items_in = delivered;
+        s.items_out = delivered;
+        s.blocked_get = std::time::Duration::from_nanos(self.stats.wait_ns.load(Ordering::Relaxed));
+        s.task_time = self.stats.waits.lock().summary();
+        s.items_per_s = delivered as f64 / s.elapsed.as_secs_f64().max(1e-9);
+        s
+    }
+
+    fn stop(&self) {}
+
+    fn join(&self) {}
+}

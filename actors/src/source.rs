@@ -1,0 +1,326 @@
+//! The source stage: pulls items from the user's iterator (on its own thread) or stream (on
+//! tokio), one epoch per command.
+//!
+//! The source acquires item permits for a chunk *before* pulling, so with a stalled pipeline it
+//! never holds an item it cannot place: the items pulled are exactly what the budgets allow.
+//! Byte sizes are only known after pulling, so they are charged after the chunk is pulled; a
+//! byte budget can be exceeded by at most one source chunk. A chunk is sent when it is full or
+//! when [`SourceSpec::linger`] passed since its first item, so a slow iterator still feeds the
+//! pipeline item by item. A panicking iterator is fatal (its state is unknown afterwards).
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use flowgate_tuner::StageStats;
+use futures::{FutureExt, Stream, StreamExt};
+use parking_lot::Mutex;
+use tokio::runtime::Handle;
+
+use crate::channel::{Channel, Envelope};
+use crate::error::{ItemError, Panicked, PipelineError};
+use crate::metrics::{nanos, WorkerCounters};
+use crate::op::Sizer;
+use crate::stage::{StageControl, StageCore};
+
+/// Makes the iterator of an epoch.
+pub type IterFactory<T> = Box<dyn FnMut(u64) -> Box<dyn Iterator<Item = T> + Send> + Send>;
+/// Makes the stream of an epoch.
+pub type StreamFactory<T> =
+    Box<dyn FnMut(u64) -> std::pin::Pin<Box<dyn Stream<Item = T> + Send>> + Send>;
+
+/// Everything needed to start a source.
+pub struct SourceSpec<T> {
+    /// Identity, metrics, failures.
+    pub core: StageCore,
+    /// Where items go.
+    pub output: Arc<Channel<T>>,
+    /// Byte size of an item.
+    pub sizer: Sizer<T>,
+    /// Most items per chunk.
+    pub chunk: usize,
+    /// Longest a partial chunk waits for more items from a slow iterator.
+    pub linger: Duration,
+}
+
+impl<T> std::fmt::Debug for SourceSpec<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceSpec")
+            .field("name", &self.core.name)
+            .field("chunk", &self.chunk)
+            .field("linger", &self.linger)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared<T> {
+    spec: SourceSpec<T>,
+    seq: AtomicU64,
+}
+
+/// A running source. Start an epoch with [`SourceStage::run_epoch`].
+pub struct SourceStage<T: Send + 'static> {
+    shared: Arc<Shared<T>>,
+    commands: Mutex<Option<flume::Sender<u64>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl<T: Send + 'static> std::fmt::Debug for SourceStage<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceStage")
+            .field("name", &self.shared.spec.core.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Send + 'static> SourceStage<T> {
+    /// Starts a source thread over the iterators `factory` makes.
+    pub fn start_iter(
+        spec: SourceSpec<T>,
+        mut factory: IterFactory<T>,
+    ) -> Result<Arc<Self>, PipelineError> {
+        let (tx, rx) = flume::unbounded::<u64>();
+        let shared = Arc::new(Shared {
+            spec,
+            seq: AtomicU64::new(0),
+        });
+        let s = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name(format!("fg-{}", shared.spec.core.name))
+            .spawn(move || {
+                let span = tracing::debug_span!("stage", name = %s.spec.core.name);
+                let _entered = span.enter();
+                while let Ok(epoch) = rx.recv() {
+                    let iter =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| factory(epoch)));
+                    match iter {
+                        Ok(iter) => {
+                            if !s.pump_iter(epoch, iter) {
+                                break;
+                            }
+                        }
+                        Err(p) => {
+                            s.fatal(&Panicked::from_payload(&*p));
+                            break;
+                        }
+                    }
+                }
+            })
+            .map_err(|e| PipelineError::runtime(format!("spawning the source thread: {e}")))?;
+        Ok(Arc::new(Self {
+            shared,
+            commands: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+            task: Mutex::new(None),
+        }))
+    }
+
+    /// Starts a source task on `runtime` over the streams `factory` makes.
+    pub fn start_stream(
+        spec: SourceSpec<T>,
+        mut factory: StreamFactory<T>,
+        runtime: &Handle,
+    ) -> Result<Arc<Self>, PipelineError> {
+        let (tx, rx) = flume::unbounded::<u64>();
+        let shared = Arc::new(Shared {
+            spec,
+            seq: AtomicU64::new(0),
+        });
+        let s = Arc::clone(&shared);
+        let task = runtime.spawn(async move {
+            while let Ok(epoch) = rx.recv_async().await {
+                let pumped = AssertUnwindSafe(async {
+                    let stream = factory(epoch);
+                    s.pump_stream(epoch, stream).await
+                })
+                .catch_unwind()
+                .await;
+                match pumped {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(p) => {
+                        s.fatal(&Panicked::from_payload(&*p));
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(Arc::new(Self {
+            shared,
+            commands: Mutex::new(Some(tx)),
+            thread: Mutex::new(None),
+            task: Mutex::new(Some(task)),
+        }))
+    }
+
+    /// Makes the source produce epoch `epoch` (after the ones already requested).
+    pub fn run_epoch(&self, epoch: u64) {
+        if let Some(tx) = &*self.commands.lock() {
+            let _ = tx.send(epoch);
+        }
+    }
+}
+
+impl<T: Send + 'static> Shared<T> {
+    fn fatal(&self, p: &Panicked) {
+        let core = &self.spec.core;
+        let err = ItemError::new(
+            Arc::clone(&core.name),
+            "the source iterator".to_owned(),
+            Box::new(p.clone()),
+        );
+        core.ledger.set_fatal(PipelineError::failure_budget(
+            format!("stage `{}`", core.name),
+            1,
+            err,
+        ));
+    }
+
+    fn envelope(&self, item: T) -> Envelope<T> {
+        Envelope {
+            seq: 0,
+            bytes: (self.spec.sizer)(&item),
+            item,
+        }
+    }
+
+    /// Numbers, charges and sends a pulled chunk, returning unused permits.
+    fn ship(&self, mut chunk: Vec<Envelope<T>>, permits: usize, c: &mut WorkerCounters) {
+        let n = chunk.len();
+        let budget = self.spec.output.budget();
+        budget.release(permits - n, 0);
+        if n == 0 {
+            return;
+        }
+        let base = self.seq.fetch_add(n as u64, Ordering::Relaxed);
+        let mut bytes = 0;
+        for (i, e) in chunk.iter_mut().enumerate() {
+            e.seq = base + i as u64;
+            bytes += e.bytes;
+        }
+        budget.charge(bytes);
+        self.spec.core.ledger.count_source_items(n as u64);
+        c.c.items_out += n as u64;
+        c.c.items_in += n as u64;
+        self.spec.output.send(chunk);
+    }
+
+    /// Sends one epoch of `iter`; returns false when the pipeline is shutting down.
+    fn pump_iter(&self, epoch: u64, mut iter: Box<dyn Iterator<Item = T> + Send>) -> bool {
+        let mut c = WorkerCounters::default();
+        let budget = self.spec.output.budget();
+        let chunk_max = self.spec.chunk.max(1);
+        let mut exhausted = false;
+        while !exhausted {
+            let t0 = Instant::now();
+            let Ok(permits) = budget.acquire(std::iter::repeat_n(0u64, chunk_max)) else {
+                return false;
+            };
+            let start = Instant::now();
+            c.c.put_wait_ns += nanos(t0, start);
+            let mut chunk = Vec::with_capacity(permits);
+            while chunk.len() < permits {
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| iter.next())) {
+                    Ok(Some(item)) => chunk.push(self.envelope(item)),
+                    Ok(None) => {
+                        exhausted = true;
+                        break;
+                    }
+                    Err(p) => {
+                        budget.release(permits, 0);
+                        self.fatal(&Panicked::from_payload(&*p));
+                        return false;
+                    }
+                }
+                if chunk.len() % 4 == 0 && start.elapsed() >= self.spec.linger {
+                    break;
+                }
+            }
+            let now = Instant::now();
+            c.c.busy_ns += nanos(start, now);
+            self.ship(chunk, permits, &mut c);
+            c.maybe_flush(&self.spec.core.metrics, now);
+        }
+        c.flush(&self.spec.core.metrics, Instant::now());
+        budget.finish(epoch);
+        true
+    }
+
+    /// Sends one epoch of `stream`; returns false when the pipeline is shutting down.
+    async fn pump_stream(
+        &self,
+        epoch: u64,
+        mut stream: std::pin::Pin<Box<dyn Stream<Item = T> + Send>>,
+    ) -> bool {
+        let mut c = WorkerCounters::default();
+        let budget = self.spec.output.budget();
+        let chunk_max = self.spec.chunk.max(1);
+        loop {
+            let t0 = Instant::now();
+            let Ok(permits) = budget
+                .acquire_async(std::iter::repeat_n(0u64, chunk_max))
+                .await
+            else {
+                return false;
+            };
+            c.c.put_wait_ns += nanos(t0, Instant::now());
+            let mut chunk = Vec::with_capacity(permits);
+            // Wait for one item, then take only what is ready: no added latency.
+            let mut exhausted = false;
+            match stream.next().await {
+                Some(item) => chunk.push(self.envelope(item)),
+                None => exhausted = true,
+            }
+            while !exhausted && chunk.len() < permits {
+                match stream.next().now_or_never() {
+                    Some(Some(item)) => chunk.push(self.envelope(item)),
+                    Some(None) => exhausted = true,
+                    None => break,
+                }
+            }
+            self.ship(chunk, permits, &mut c);
+            c.maybe_flush(&self.spec.core.metrics, Instant::now());
+            if exhausted {
+                break;
+            }
+        }
+        c.flush(&self.spec.core.metrics, Instant::now());
+        budget.finish(epoch);
+        true
+    }
+}
+
+impl<T: Send + 'static> StageControl for SourceStage<T> {
+    fn name(&self) -> &str {
+        &self.shared.spec.core.name
+    }
+
+    fn resize(&self, _workers: usize) -> usize {
+        1
+    }
+
+    fn set_budget(&self, _items: usize, _bytes: u64) {}
+
+    fn snapshot(&self) -> StageStats {
+        self.shared.spec.core.metrics.snapshot(None, 1, true)
+    }
+
+    fn stop(&self) {
+        // Dropping the command sender ends the source loop after the current epoch's send
+        // (which fails as soon as the channels are closed).
+        self.commands.lock().take();
+    }
+
+    fn join(&self) {
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+        if let Some(t) = self.task.lock().take() {
+            t.abort();
+            let _ = futures::executor::block_on(t);
+        }
+    }
+}

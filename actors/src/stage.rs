@@ -1,0 +1,72 @@
+//! What every stage shares: its identity, metrics and failure accounting, and the control
+//! interface the stage actor drives.
+
+use std::sync::Arc;
+
+use flowgate_tuner::{StageKind, StageStats};
+
+use crate::error::{BoxError, ItemError};
+use crate::failure::{FailureBudget, Failures, StageFailures};
+use crate::metrics::{Counters, StageMetrics};
+
+/// The control surface of a running stage. The stage actor forwards its messages here.
+pub trait StageControl: Send + Sync + 'static {
+    /// The stage's name.
+    fn name(&self) -> &str;
+    /// Sets the number of active workers (or concurrency); returns the number granted.
+    fn resize(&self, workers: usize) -> usize;
+    /// Sets the budget of items this stage may hold.
+    fn set_budget(&self, items: usize, bytes: u64);
+    /// The stage's statistics now.
+    fn snapshot(&self) -> StageStats;
+    /// Asks the stage's threads or tasks to exit (channels are closed separately).
+    fn stop(&self);
+    /// Waits for the stage's threads to exit.
+    fn join(&self);
+}
+
+/// Identity, metrics and failure accounting of one stage.
+#[derive(Debug)]
+pub struct StageCore {
+    /// The stage's name.
+    pub name: Arc<str>,
+    /// Shared counters.
+    pub metrics: StageMetrics,
+    /// This stage's failures.
+    pub failures: StageFailures,
+    /// The pipeline-wide ledger.
+    pub ledger: Arc<Failures>,
+    /// Whether the user pinned the stage's concurrency.
+    pub pinned: bool,
+}
+
+impl StageCore {
+    /// A stage core.
+    pub fn new(
+        name: &str,
+        kind: StageKind,
+        budget: FailureBudget,
+        ledger: Arc<Failures>,
+        pinned: bool,
+    ) -> Self {
+        Self {
+            name: Arc::from(name),
+            metrics: StageMetrics::new(name, kind),
+            failures: StageFailures::new(budget),
+            ledger,
+            pinned,
+        }
+    }
+
+    /// Records a failed item; `local` are the caller's unflushed counters. Returns whether the
+    /// failure was fatal.
+    pub fn fail(&self, local: &mut Counters, item: String, cause: BoxError) -> bool {
+        local.failures += 1;
+        let seen = self.metrics.items_in() + local.items_in;
+        self.ledger.record(
+            &self.failures,
+            seen,
+            ItemError::new(Arc::clone(&self.name), item, cause),
+        )
+    }
+}

@@ -1,0 +1,594 @@
+//! The typed pipeline builder.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flowgate_actors::aggregate::AggregateStage;
+use flowgate_actors::async_stage::{AsyncSpec, AsyncStage, BoxFuture};
+use flowgate_actors::channel::{Budget, Channel};
+use flowgate_actors::emit::Order;
+use flowgate_actors::error::{BoxError, PipelineError};
+use flowgate_actors::failure::{FailureBudget, Failures};
+use flowgate_actors::op::{inline_size, Describe, FilterMap, Flatten, Map, Op, Sizer};
+use flowgate_actors::pool::{PoolSpec, PoolStage};
+use flowgate_actors::source::{IterFactory, SourceSpec, SourceStage, StreamFactory};
+use flowgate_actors::stage::{StageControl, StageCore};
+use flowgate_tuner::StageKind;
+use futures::{FutureExt, Stream};
+use parking_lot::Mutex;
+
+use crate::config::{Config, StageOpts, Workers};
+use crate::pipeline::{Engine, Pipeline, PipelineStats};
+
+/// What a built stage needs from the pipeline.
+pub(crate) struct BuildCtx {
+    pub(crate) cfg: Config,
+    pub(crate) runtime: Option<tokio::runtime::Handle>,
+}
+
+type Spawn =
+    Box<dyn FnOnce(&BuildCtx, StageCore, usize) -> Result<Arc<dyn StageControl>, PipelineError>>;
+type SpawnSource =
+    Box<dyn FnOnce(&BuildCtx, StageCore) -> Result<Arc<SourceStageDyn>, PipelineError>>;
+/// A started source, type-erased.
+pub(crate) type SourceStageDyn = dyn SourceControl;
+
+/// A source's control: a stage that can be told to run an epoch.
+pub(crate) trait SourceControl: StageControl {
+    fn run_epoch(&self, epoch: u64);
+    fn as_control(self: Arc<Self>) -> Arc<dyn StageControl>;
+}
+
+impl<T: Send + 'static> SourceControl for SourceStage<T> {
+    fn run_epoch(&self, epoch: u64) {
+        SourceStage::run_epoch(self, epoch);
+    }
+    fn as_control(self: Arc<Self>) -> Arc<dyn StageControl> {
+        self
+    }
+}
+
+struct Pending {
+    name: String,
+    kind: StageKind,
+    workers: Workers,
+    /// Source items each input item stands for (after aggregation), for default budgets.
+    in_scale: usize,
+    /// The budget of the channel this stage consumes.
+    input: Arc<dyn HasBudget>,
+    opts: StageOpts,
+    spawn: Spawn,
+}
+
+/// Anything with a [`Budget`]: lets the pipeline close channels of any item type.
+pub(crate) trait HasBudget: Send + Sync {
+    fn budget(&self) -> &Budget;
+}
+
+impl<T: Send> HasBudget for Channel<T> {
+    fn budget(&self) -> &Budget {
+        Channel::budget(self)
+    }
+}
+
+type StatsCallback = Box<dyn FnMut(&PipelineStats) + Send>;
+
+/// Starts a pipeline: choose a source. Returned by [`Pipeline::builder`].
+#[must_use = "a builder does nothing until a source is added and `build` is called"]
+#[derive(Debug, Default)]
+pub struct SourceBuilder {
+    cfg: Config,
+}
+
+struct Common {
+    cfg: Config,
+    source: Option<SpawnSource>,
+    stages: Vec<Pending>,
+    channels: Vec<Arc<dyn HasBudget>>,
+    needs_runtime: bool,
+    on_stats: Option<(Duration, StatsCallback)>,
+}
+
+/// Adds stages to a pipeline whose items are currently of type `T`, then builds it.
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct PipelineBuilder<T> {
+    c: Common,
+    tail: Arc<Channel<T>>,
+    /// Sizer of the items on `tail`, shared with the stage that produces them.
+    tail_sizer: Arc<Mutex<Sizer<T>>>,
+    tail_describe: Option<Describe<T>>,
+    tail_scale: usize,
+}
+
+impl<T> std::fmt::Debug for PipelineBuilder<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<_> = self.c.stages.iter().map(|s| s.name.as_str()).collect();
+        f.debug_struct("PipelineBuilder")
+            .field("config", &self.c.cfg)
+            .field("stages", &names)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SourceBuilder {
+    fn with_source<T: Send + 'static>(
+        self,
+        source: SpawnSource,
+        sizer: Arc<Mutex<Sizer<T>>>,
+        tail: Arc<Channel<T>>,
+        needs_runtime: bool,
+    ) -> PipelineBuilder<T> {
+        PipelineBuilder {
+            c: Common {
+                cfg: self.cfg,
+                source: Some(source),
+                stages: Vec::new(),
+                channels: vec![tail.clone() as Arc<dyn HasBudget>],
+                needs_runtime,
+                on_stats: None,
+            },
+            tail,
+            tail_sizer: sizer,
+            tail_describe: None,
+            tail_scale: 1,
+        }
+    }
+
+    /// Items from an iterator, pulled on a dedicated thread. The iterator is used once: the
+    /// first epoch yields its items and later epochs are empty. For several epochs use
+    /// [`source_epochs`](Self::source_epochs).
+    pub fn source<I>(self, iter: I) -> PipelineBuilder<I::Item>
+    where
+        I: IntoIterator,
+        I::IntoIter: Send + 'static,
+        I::Item: Send + 'static,
+    {
+        let mut once = Some(iter.into_iter());
+        self.source_epochs(move |_| -> Box<dyn Iterator<Item = I::Item> + Send> {
+            match once.take() {
+                Some(it) => Box::new(it),
+                None => Box::new(std::iter::empty()),
+            }
+        })
+    }
+
+    /// Items of each epoch from `make(epoch)`: re-iterated every epoch (a seeded shuffle can
+    /// use the epoch number).
+    pub fn source_epochs<F, I>(self, mut make: F) -> PipelineBuilder<I::Item>
+    where
+        F: FnMut(u64) -> I + Send + 'static,
+        I: IntoIterator,
+        I::IntoIter: Send + 'static,
+        I::Item: Send + 'static,
+    {
+        let factory: IterFactory<I::Item> = Box::new(move |e| Box::new(make(e).into_iter()));
+        let tail = Arc::new(Channel::new(1, u64::MAX));
+        let sizer = Arc::new(Mutex::new(inline_size()));
+        let (out, sz) = (Arc::clone(&tail), Arc::clone(&sizer));
+        let spawn: SpawnSource = Box::new(move |ctx, core| {
+            let spec = source_spec(ctx, core, out, sz.lock().clone());
+            Ok(SourceStage::start_iter(spec, factory)? as Arc<SourceStageDyn>)
+        });
+        self.with_source(spawn, sizer, tail, false)
+    }
+
+    /// Items from an async stream, polled on the pipeline's tokio runtime; used once, like
+    /// [`source`](Self::source).
+    pub fn source_stream<S>(self, stream: S) -> PipelineBuilder<S::Item>
+    where
+        S: Stream + Send + 'static,
+        S::Item: Send + 'static,
+    {
+        let mut once = Some(stream);
+        self.source_stream_epochs(move |_| {
+            let s: std::pin::Pin<Box<dyn Stream<Item = S::Item> + Send>> = match once.take() {
+                Some(s) => Box::pin(s),
+                None => Box::pin(futures::stream::empty()),
+            };
+            s
+        })
+    }
+
+    /// Items of each epoch from the stream `make(epoch)`.
+    pub fn source_stream_epochs<F, S>(self, mut make: F) -> PipelineBuilder<S::Item>
+    where
+        F: FnMut(u64) -> S + Send + 'static,
+        S: Stream + Send + 'static,
+        S::Item: Send + 'static,
+    {
+        let factory: StreamFactory<S::Item> = Box::new(move |e| Box::pin(make(e)));
+        let tail = Arc::new(Channel::new(1, u64::MAX));
+        let sizer = Arc::new(Mutex::new(inline_size()));
+        let (out, sz) = (Arc::clone(&tail), Arc::clone(&sizer));
+        let spawn: SpawnSource = Box::new(move |ctx, core| {
+            let spec = source_spec(ctx, core, out, sz.lock().clone());
+            let rt = ctx
+                .runtime
+                .as_ref()
+                .expect("a stream source requests a runtime");
+            Ok(SourceStage::start_stream(spec, factory, rt)? as Arc<SourceStageDyn>)
+        });
+        self.with_source(spawn, sizer, tail, true)
+    }
+}
+
+fn source_spec<T>(
+    ctx: &BuildCtx,
+    core: StageCore,
+    output: Arc<Channel<T>>,
+    sizer: Sizer<T>,
+) -> SourceSpec<T> {
+    SourceSpec {
+        core,
+        output,
+        sizer,
+        chunk: ctx.cfg.chunk,
+        linger: ctx.cfg.linger,
+    }
+}
+
+impl<T: Send + 'static> PipelineBuilder<T> {
+    /// Adds a stage and moves the builder to its output type.
+    fn push_stage<U: Send + 'static>(
+        mut self,
+        name: &str,
+        kind: StageKind,
+        workers: Workers,
+        out_scale: usize,
+        spawn: impl FnOnce(
+                &BuildCtx,
+                StageCore,
+                usize,
+                Arc<Channel<T>>,
+                Arc<Channel<U>>,
+                Sizer<U>,
+                Option<Describe<T>>,
+            ) -> Result<Arc<dyn StageControl>, PipelineError>
+            + 'static,
+    ) -> PipelineBuilder<U> {
+        let output = Arc::new(Channel::<U>::new(1, u64::MAX));
+        let sizer: Arc<Mutex<Sizer<U>>> = Arc::new(Mutex::new(inline_size()));
+        let (input, out, sz, describe) = (
+            Arc::clone(&self.tail),
+            Arc::clone(&output),
+            Arc::clone(&sizer),
+            self.tail_describe.take(),
+        );
+        self.c.stages.push(Pending {
+            name: name.to_owned(),
+            kind,
+            workers,
+            in_scale: self.tail_scale,
+            input: self.tail.clone(),
+            opts: StageOpts::default(),
+            spawn: Box::new(move |ctx, core, n| {
+                let sizer = sz.lock().clone();
+                spawn(ctx, core, n, input, out, sizer, describe)
+            }),
+        });
+        self.c.channels.push(output.clone());
+        PipelineBuilder {
+            c: self.c,
+            tail: output,
+            tail_sizer: sizer,
+            tail_describe: None,
+            tail_scale: out_scale,
+        }
+    }
+
+    fn pool<U: Send + 'static>(
+        self,
+        name: &str,
+        op: Box<dyn Op<T, U>>,
+        workers: Workers,
+    ) -> PipelineBuilder<U> {
+        let scale = self.tail_scale;
+        self.push_stage(
+            name,
+            StageKind::Pool,
+            workers,
+            scale,
+            move |ctx, core, n, input, output, sizer, describe| {
+                let spec = PoolSpec {
+                    core,
+                    input,
+                    output,
+                    op,
+                    sizer,
+                    describe,
+                    order: ctx.cfg.order,
+                    chunk: ctx.cfg.chunk,
+                    max_workers: ctx.cfg.max_workers.max(n),
+                };
+                Ok(PoolStage::start(spec, n)? as Arc<dyn StageControl>)
+            },
+        )
+    }
+
+    /// Adds a synchronous stage that maps each item with `f` on a pool of `workers` threads.
+    /// An `Err` (or a panic) skips the item and counts it as a failure of this stage.
+    pub fn pipe<U, E, F>(self, name: &str, f: F, workers: impl Into<Workers>) -> PipelineBuilder<U>
+    where
+        F: Fn(T) -> Result<U, E> + Send + Sync + 'static,
+        E: Into<BoxError>,
+        U: Send + 'static,
+    {
+        self.pool(name, Box::new(Map(f)), workers.into())
+    }
+
+    /// Like [`pipe`](Self::pipe), but `Ok(None)` drops the item (a filter).
+    pub fn filter_map<U, E, F>(
+        self,
+        name: &str,
+        f: F,
+        workers: impl Into<Workers>,
+    ) -> PipelineBuilder<U>
+    where
+        F: Fn(T) -> Result<Option<U>, E> + Send + Sync + 'static,
+        E: Into<BoxError>,
+        U: Send + 'static,
+    {
+        self.pool(name, Box::new(FilterMap(f)), workers.into())
+    }
+
+    /// Adds an asynchronous stage: `f(item)` runs on the pipeline's tokio runtime with at most
+    /// `concurrency` items in flight. For I/O (network reads, object stores).
+    pub fn pipe_async<U, E, F, Fut>(
+        self,
+        name: &str,
+        f: F,
+        concurrency: impl Into<Workers>,
+    ) -> PipelineBuilder<U>
+    where
+        F: Fn(T) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<U, E>> + Send + 'static,
+        E: Into<BoxError> + 'static,
+        U: Send + 'static,
+    {
+        let scale = self.tail_scale;
+        let f =
+            Arc::new(move |t: T| -> BoxFuture<U> { Box::pin(f(t).map(|r| r.map_err(Into::into))) });
+        let mut b = self.push_stage(
+            name,
+            StageKind::Async,
+            concurrency.into(),
+            scale,
+            move |ctx, core, n, input, output, sizer, describe| {
+                let spec = AsyncSpec {
+                    core,
+                    input,
+                    output,
+                    f,
+                    sizer,
+                    describe,
+                    order: ctx.cfg.order,
+                    max_concurrency: ctx.cfg.max_concurrency.max(n),
+                };
+                let rt = ctx
+                    .runtime
+                    .clone()
+                    .expect("an async stage requests a runtime");
+                Ok(AsyncStage::start(spec, n, rt)? as Arc<dyn StageControl>)
+            },
+        );
+        b.c.needs_runtime = true;
+        b
+    }
+
+    /// Groups every `size` consecutive items into a `Vec` (a batch). At the end of an epoch a
+    /// partial batch is emitted, or dropped if `drop_last`. A batch counts for the bytes of its
+    /// items.
+    pub fn aggregate(self, size: usize, drop_last: bool) -> PipelineBuilder<Vec<T>> {
+        let name = self.unique_name("aggregate");
+        let size = size.max(1);
+        let scale = self.tail_scale * size;
+        self.push_stage(
+            &name,
+            StageKind::Serial,
+            Workers::fixed(1),
+            scale,
+            move |_ctx, core, _n, input, output, _sizer, _describe| {
+                Ok(AggregateStage::start(core, input, output, size, drop_last)?
+                    as Arc<dyn StageControl>)
+            },
+        )
+    }
+
+    /// Splits each item (a collection) into its elements.
+    pub fn disaggregate(self) -> PipelineBuilder<T::Item>
+    where
+        T: IntoIterator,
+        T::Item: Send + 'static,
+    {
+        let name = self.unique_name("disaggregate");
+        let b = self.pool(&name, Box::new(Flatten), Workers::fixed(1));
+        PipelineBuilder { tail_scale: 1, ..b }
+    }
+
+    fn unique_name(&self, base: &str) -> String {
+        let taken = |n: &str| self.c.stages.iter().any(|s| s.name == n);
+        if !taken(base) {
+            return base.to_owned();
+        }
+        (2..)
+            .map(|i| format!("{base}{i}"))
+            .find(|n| !taken(n))
+            .expect("an unused name")
+    }
+
+    /// How many bytes an item of the current type counts for in budgets (default: its inline
+    /// size, `size_of::<T>()`). Measure items that own heap memory (buffers, tensors) so that
+    /// byte budgets mean something. Batches from [`aggregate`](Self::aggregate) always count
+    /// for the bytes of their items.
+    pub fn measure(self, f: impl Fn(&T) -> usize + Send + Sync + 'static) -> Self {
+        *self.tail_sizer.lock() = Arc::new(move |t| f(t) as u64);
+        self
+    }
+
+    /// How the next stage describes a failed item in errors (default: its position, `input #N`).
+    /// Called for every item, before the stage's function, so keep it cheap.
+    pub fn describe(mut self, f: impl Fn(&T) -> String + Send + Sync + 'static) -> Self {
+        self.tail_describe = Some(Arc::new(f));
+        self
+    }
+
+    /// Sets the budget of the stage added last: how many items, and bytes, it may hold (queued,
+    /// in work, and finished but waiting for room downstream).
+    pub fn budget(mut self, items: usize, bytes: u64) -> Self {
+        if let Some(s) = self.c.stages.last_mut() {
+            s.opts.budget_items = Some(items);
+            s.opts.budget_bytes = Some(bytes);
+        }
+        self
+    }
+
+    /// Sets the failure budget of the stage added last (default: unlimited, skip and count).
+    pub fn stage_max_failures(mut self, budget: FailureBudget) -> Self {
+        if let Some(s) = self.c.stages.last_mut() {
+            s.opts.failures = Some(budget);
+        }
+        self
+    }
+
+    /// Sets the pipeline-wide failure budget (default: unlimited, skip and count).
+    pub fn max_failures(mut self, budget: FailureBudget) -> Self {
+        self.c.cfg.failures = budget;
+        self
+    }
+
+    /// How many finished results may wait for the consumer (default: two chunks).
+    pub fn sink(mut self, buffer: usize) -> Self {
+        self.c.cfg.sink_items = Some(buffer.max(1));
+        self
+    }
+
+    /// The order of results: [`Order::Completion`] (default, fastest) or [`Order::Input`].
+    pub fn output_order(mut self, order: Order) -> Self {
+        self.c.cfg.order = order;
+        self
+    }
+
+    /// Items per chunk between stages (default 64). 1 sends every item alone.
+    pub fn chunk_size(mut self, n: usize) -> Self {
+        self.c.cfg.chunk = n.max(1);
+        self
+    }
+
+    /// How long the source waits to fill a chunk from a slow iterator (default 500 µs).
+    pub fn linger(mut self, d: Duration) -> Self {
+        self.c.cfg.linger = d;
+        self
+    }
+
+    /// Threads of the tokio runtime that runs async stages and stream sources (default 1).
+    pub fn io_threads(mut self, n: usize) -> Self {
+        self.c.cfg.io_threads = n.max(1);
+        self
+    }
+
+    /// Calls `f` with the pipeline's statistics every `interval`, on the control thread.
+    pub fn on_stats(
+        mut self,
+        interval: Duration,
+        f: impl FnMut(&PipelineStats) + Send + 'static,
+    ) -> Self {
+        self.c.on_stats = Some((interval, Box::new(f)));
+        self
+    }
+
+    /// Checks the configuration, starts every stage, and returns the pipeline (idle until the
+    /// first [`Pipeline::iter`]).
+    pub fn build(self) -> Result<Pipeline<T>, PipelineError> {
+        let Common {
+            cfg,
+            source,
+            stages,
+            channels,
+            needs_runtime,
+            on_stats,
+        } = self.c;
+        validate(&stages)?;
+        let ledger = Arc::new(Failures::new(cfg.failures));
+        let mut engine = Engine::new(channels, Arc::clone(&ledger));
+        let runtime = if needs_runtime {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(cfg.io_threads)
+                .thread_name("fg-io")
+                .enable_time()
+                .build()
+                .map_err(|e| PipelineError::runtime(format!("starting the tokio runtime: {e}")))?;
+            let handle = rt.handle().clone();
+            engine.set_runtime(rt);
+            Some(handle)
+        } else {
+            None
+        };
+        let ctx = BuildCtx {
+            cfg: cfg.clone(),
+            runtime,
+        };
+        let core = |name: &str, kind, budget: Option<FailureBudget>, pinned| {
+            StageCore::new(
+                name,
+                kind,
+                budget.unwrap_or_default(),
+                Arc::clone(&ledger),
+                pinned,
+            )
+        };
+        let source = (source.expect("a builder always has a source"))(
+            &ctx,
+            core("source", StageKind::Source, None, true),
+        )?;
+        engine.add_stage(Arc::clone(&source).as_control());
+        engine.set_source(source);
+        for s in stages {
+            let chunk = cfg.chunk_at(s.in_scale);
+            let items = s
+                .opts
+                .budget_items
+                .unwrap_or_else(|| Config::default_budget(chunk, s.workers.n));
+            s.input
+                .budget()
+                .set_limits(items, s.opts.budget_bytes.unwrap_or(u64::MAX));
+            let c = core(&s.name, s.kind, s.opts.failures, s.workers.pinned);
+            let control = (s.spawn)(&ctx, c, s.workers.n)?;
+            engine.add_stage(control);
+        }
+        let sink_chunk = cfg.chunk_at(self.tail_scale);
+        let sink_items = cfg.sink_items.unwrap_or(2 * sink_chunk);
+        self.tail.budget().set_limits(sink_items, cfg.sink_bytes);
+        Pipeline::start(engine, self.tail, on_stats)
+    }
+}
+
+fn validate(stages: &[Pending]) -> Result<(), PipelineError> {
+    for (i, s) in stages.iter().enumerate() {
+        if s.name.is_empty() {
+            return Err(PipelineError::config(format!(
+                "stage {} has an empty name",
+                i + 1
+            )));
+        }
+        if s.name == "source" || s.name == "sink" {
+            return Err(PipelineError::config(format!(
+                "stage name `{}` is reserved",
+                s.name
+            )));
+        }
+        if stages[..i].iter().any(|o| o.name == s.name) {
+            return Err(PipelineError::config(format!(
+                "two stages are named `{}`",
+                s.name
+            )));
+        }
+        if s.opts.budget_items == Some(0) || s.opts.budget_bytes == Some(0) {
+            return Err(PipelineError::config(format!(
+                "stage `{}` has a zero budget",
+                s.name
+            )));
+        }
+    }
+    Ok(())
+}

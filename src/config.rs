@@ -1,0 +1,113 @@
+//! Pipeline-wide settings and per-stage options, folded from the builder.
+
+use std::time::Duration;
+
+use flowgate_actors::emit::Order;
+use flowgate_actors::failure::FailureBudget;
+
+/// Items per chunk sent between stages. Large enough that per-chunk costs (a lock, a channel
+/// operation, a wake-up) are noise next to 64 items of even trivial work; small enough that a
+/// chunk of slow items is spread over a pool by work stealing within a few items.
+pub(crate) const DEFAULT_CHUNK: usize = 64;
+/// How long a source waits to fill a chunk from a slow iterator before sending what it has:
+/// well under a training step, long enough to batch a fast iterator.
+pub(crate) const DEFAULT_LINGER: Duration = Duration::from_micros(500);
+/// Default most workers of one stage (the process-wide cap limits what is active).
+pub(crate) const DEFAULT_MAX_WORKERS: usize = 64;
+/// Default most items in flight of one async stage.
+pub(crate) const DEFAULT_MAX_CONCURRENCY: usize = 1024;
+/// Chunks a stage may hold by default: one being worked on, one queued behind it.
+pub(crate) const DEFAULT_CHUNKS_PER_STAGE: usize = 2;
+
+/// How many workers (or, for async stages, items in flight) a stage runs.
+///
+/// A plain number is where the stage starts; a tuner may change it. [`Workers::fixed`] pins it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Workers {
+    pub(crate) n: usize,
+    pub(crate) pinned: bool,
+}
+
+impl Workers {
+    /// Start with `n`; a tuner may change it.
+    pub fn initial(n: usize) -> Self {
+        Self {
+            n: n.max(1),
+            pinned: false,
+        }
+    }
+
+    /// Exactly `n`; no tuner changes it.
+    pub fn fixed(n: usize) -> Self {
+        Self {
+            n: n.max(1),
+            pinned: true,
+        }
+    }
+
+    /// The number of workers.
+    pub fn get(self) -> usize {
+        self.n
+    }
+
+    /// Whether the number is pinned.
+    pub fn is_pinned(self) -> bool {
+        self.pinned
+    }
+}
+
+impl From<usize> for Workers {
+    fn from(n: usize) -> Self {
+        Self::initial(n)
+    }
+}
+
+/// Pipeline-wide settings.
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) order: Order,
+    pub(crate) chunk: usize,
+    pub(crate) linger: Duration,
+    pub(crate) failures: FailureBudget,
+    pub(crate) max_workers: usize,
+    pub(crate) max_concurrency: usize,
+    pub(crate) io_threads: usize,
+    pub(crate) sink_items: Option<usize>,
+    pub(crate) sink_bytes: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            order: Order::Completion,
+            chunk: DEFAULT_CHUNK,
+            linger: DEFAULT_LINGER,
+            failures: FailureBudget::unlimited(),
+            max_workers: DEFAULT_MAX_WORKERS,
+            max_concurrency: DEFAULT_MAX_CONCURRENCY,
+            io_threads: 1,
+            sink_items: None,
+            sink_bytes: u64::MAX,
+        }
+    }
+}
+
+/// Options of one stage, settable right after the stage is added.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct StageOpts {
+    pub(crate) budget_items: Option<usize>,
+    pub(crate) budget_bytes: Option<u64>,
+    pub(crate) failures: Option<FailureBudget>,
+}
+
+impl Config {
+    /// The chunk size on a channel whose items each stand for `scale` source items.
+    pub(crate) fn chunk_at(&self, scale: usize) -> usize {
+        (self.chunk / scale.max(1)).max(1)
+    }
+
+    /// The default item budget of a stage with `workers` workers fed in chunks of `chunk`.
+    pub(crate) fn default_budget(chunk: usize, workers: usize) -> usize {
+        (DEFAULT_CHUNKS_PER_STAGE * chunk).max(2 * workers + 2)
+    }
+}

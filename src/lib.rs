@@ -1,0 +1,25 @@
+//! # flowgate
+//!
+//! A thread-based data-loading pipeline for keeping accelerators fed: stages with their own
+//! concurrency, bounded (item *and* byte) budgets between them, and results in completion or
+//! input order. See the [`Pipeline`] builder.
+
+mod builder;
+mod config;
+mod pipeline;
+
+pub use builder::{PipelineBuilder, SourceBuilder};
+pub use config::Workers;
+pub use pipeline::{EpochIter, EpochStream, Pipeline, PipelineStats, StopHandle};
+
+pub use flowgate_actors as actors;
+pub use flowgate_actors::cap::{cpu_worker_cap, set_cpu_worker_cap};
+pub use flowgate_actors::emit::Order;
+pub use flowgate_actors::error::{BoxError, ItemError, Panicked, PipelineError};
+pub use flowgate_actors::failure::FailureBudget;
+pub use flowgate_tuner as tuner;
+pub use flowgate_tuner::{LatencySummary, StageKind, StageStats};
+
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -1,0 +1,389 @@
+//! A running pipeline: iteration over epochs, statistics, control, and shutdown.
+//!
+//! # Shutdown
+//!
+//! [`Pipeline::stop`] (also run on drop) closes every channel, which wakes every thread and task
+//! waiting on one; tells each stage to stop; stops the control thread; joins every thread the
+//! pipeline started; and shuts the tokio runtime down. It is idempotent. A [`StopHandle`] does
+//! the first two steps from anywhere (another thread, a signal handler), and the consumer then
+//! sees [`PipelineError::is_stopped`]. A user function or iterator that never returns cannot be
+//! interrupted; everything else returns promptly.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use flowgate_actors::actor::{ControlPlane, Resize, SetBudget};
+use flowgate_actors::channel::Channel;
+use flowgate_actors::error::PipelineError;
+use flowgate_actors::failure::Failures;
+use flowgate_actors::sink::{Next, SinkReader};
+use flowgate_actors::stage::StageControl;
+use flowgate_tuner::{StageKind, StageStats};
+use futures::Stream;
+use parking_lot::Mutex;
+
+use crate::builder::{HasBudget, SourceBuilder, SourceStageDyn};
+
+/// Statistics of a pipeline: every stage (source first, sink last) and the consumer.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct PipelineStats {
+    /// Per-stage statistics, in pipeline order (`source`, the stages, `sink`).
+    pub stages: Vec<StageStats>,
+    /// Results delivered to the consumer.
+    pub delivered: u64,
+    /// Total time the consumer waited in `next()` for a result (a starved training loop).
+    pub consumer_wait: Duration,
+    /// Failed (skipped) items, all stages.
+    pub failures: u64,
+    /// The last few failures, as messages, oldest first.
+    pub recent_failures: Vec<String>,
+    /// The current epoch.
+    pub epoch: u64,
+}
+
+impl PipelineStats {
+    fn assemble(stages: Vec<StageStats>, ledger: &Failures, epoch: u64) -> Self {
+        let sink = stages.iter().find(|s| s.kind == Some(StageKind::Sink));
+        Self {
+            delivered: sink.map_or(0, |s| s.items_out),
+            consumer_wait: sink.map_or(Duration::ZERO, |s| s.blocked_get),
+            failures: ledger.total(),
+            recent_failures: ledger.recent().iter().map(ToString::to_string).collect(),
+            epoch,
+            stages,
+        }
+    }
+
+    /// The stage called `name`.
+    pub fn stage(&self, name: &str) -> Option<&StageStats> {
+        self.stages.iter().find(|s| s.name == name)
+    }
+}
+
+/// Closes every channel and stops every stage; shared by the pipeline and its stop handles.
+struct Closer {
+    channels: Vec<Arc<dyn HasBudget>>,
+    stages: Mutex<Vec<Arc<dyn StageControl>>>,
+}
+
+impl Closer {
+    fn close(&self) {
+        for c in &self.channels {
+            c.budget().close();
+        }
+        for s in self.stages.lock().iter() {
+            s.stop();
+        }
+    }
+}
+
+/// Owns everything a pipeline started; [`Engine::shutdown`] stops and joins it all.
+pub(crate) struct Engine {
+    closer: Arc<Closer>,
+    stages: Vec<Arc<dyn StageControl>>,
+    source: Option<Arc<SourceStageDyn>>,
+    plane: Option<ControlPlane>,
+    runtime: Option<tokio::runtime::Runtime>,
+    ledger: Arc<Failures>,
+    down: bool,
+}
+
+impl Engine {
+    pub(crate) fn new(channels: Vec<Arc<dyn HasBudget>>, ledger: Arc<Failures>) -> Self {
+        let closer = Arc::new(Closer {
+            channels,
+            stages: Mutex::new(Vec::new()),
+        });
+        let c = Arc::clone(&closer);
+        ledger.on_fatal(move || c.close());
+        Self {
+            closer,
+            stages: Vec::new(),
+            source: None,
+            plane: None,
+            runtime: None,
+            ledger,
+            down: false,
+        }
+    }
+
+    pub(crate) fn set_runtime(&mut self, rt: tokio::runtime::Runtime) {
+        self.runtime = Some(rt);
+    }
+
+    pub(crate) fn add_stage(&mut self, s: Arc<dyn StageControl>) {
+        self.closer.stages.lock().push(Arc::clone(&s));
+        self.stages.push(s);
+    }
+
+    pub(crate) fn set_source(&mut self, s: Arc<SourceStageDyn>) {
+        self.source = Some(s);
+    }
+
+    fn shutdown(&mut self) {
+        if self.down {
+            return;
+        }
+        self.down = true;
+        self.closer.close();
+        if let Some(mut plane) = self.plane.take() {
+            plane.shutdown();
+        }
+        for s in &self.stages {
+            s.join();
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_secs(10));
+        }
+        tracing::debug!("pipeline stopped");
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Stops a pipeline from anywhere; see [`Pipeline::stop_handle`].
+#[derive(Clone)]
+pub struct StopHandle {
+    closer: Arc<Closer>,
+}
+
+impl std::fmt::Debug for StopHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StopHandle").finish_non_exhaustive()
+    }
+}
+
+impl StopHandle {
+    /// Stops the pipeline: the consumer's next call reports
+    /// [`PipelineError::is_stopped`]. Threads are joined when the pipeline is stopped or dropped.
+    pub fn stop(&self) {
+        self.closer.close();
+    }
+}
+
+/// A running pipeline producing items of type `T`.
+///
+/// Built by [`Pipeline::builder`]. Iterate an epoch with [`iter`](Self::iter) (blocking) or
+/// [`stream`](Self::stream) (async); each call continues the current epoch or starts the next.
+///
+/// # Examples
+///
+/// ```
+/// use flowgate::Pipeline;
+///
+/// let mut pipeline = Pipeline::builder()
+///     .source_epochs(|_epoch| 0..1000u64)
+///     .pipe("square", |x| Ok::<_, std::io::Error>(x * x), 2)
+///     .build()?;
+/// for epoch in 0..2 {
+///     let sum: u64 = pipeline.iter().map(|r| r.unwrap()).sum();
+///     assert_eq!(sum, (0..1000u64).map(|x| x * x).sum::<u64>(), "epoch {epoch}");
+/// }
+/// # Ok::<(), flowgate::PipelineError>(())
+/// ```
+pub struct Pipeline<T = ()> {
+    engine: Engine,
+    reader: SinkReader<T>,
+    epoch: u64,
+    running: bool,
+    finished: bool,
+}
+
+impl<T> std::fmt::Debug for Pipeline<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("epoch", &self.epoch)
+            .field("running", &self.running)
+            .field("finished", &self.finished)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pipeline {
+    /// Starts building a pipeline.
+    pub fn builder() -> SourceBuilder {
+        SourceBuilder::default()
+    }
+}
+
+type StatsCallback = Box<dyn FnMut(&PipelineStats) + Send>;
+
+impl<T: Send + 'static> Pipeline<T> {
+    pub(crate) fn start(
+        mut engine: Engine,
+        sink: Arc<Channel<T>>,
+        on_stats: Option<(Duration, StatsCallback)>,
+    ) -> Result<Self, PipelineError> {
+        let reader = SinkReader::new(sink);
+        engine.add_stage(reader.control());
+        let plane = ControlPlane::start(engine.stages.clone())?;
+        if let Some((every, mut f)) = on_stats {
+            let stages = engine.stages.clone();
+            let ledger = Arc::clone(&engine.ledger);
+            plane.every(every, move || {
+                let snaps = stages.iter().map(|s| s.snapshot()).collect();
+                f(&PipelineStats::assemble(snaps, &ledger, 0));
+            });
+        }
+        engine.plane = Some(plane);
+        Ok(Self {
+            engine,
+            reader,
+            epoch: 0,
+            running: false,
+            finished: false,
+        })
+    }
+
+    fn ensure_running(&mut self) {
+        if self.running || self.finished {
+            return;
+        }
+        for c in &self.engine.closer.channels {
+            c.budget().begin(self.epoch);
+        }
+        if let Some(s) = &self.engine.source {
+            s.run_epoch(self.epoch);
+        }
+        self.running = true;
+        tracing::debug!(epoch = self.epoch, "epoch started");
+    }
+
+    fn on_next(&mut self, next: Next<T>) -> Option<Result<T, PipelineError>> {
+        match next {
+            Next::Item(item) => Some(Ok(item)),
+            Next::EpochEnd(e) => {
+                tracing::debug!(epoch = e, "epoch ended");
+                self.running = false;
+                self.epoch = e + 1;
+                None
+            }
+            Next::Closed => {
+                self.finished = true;
+                self.running = false;
+                Some(Err(self
+                    .engine
+                    .ledger
+                    .take_fatal()
+                    .unwrap_or_else(PipelineError::stopped)))
+            }
+        }
+    }
+
+    /// Blocking iteration over the current epoch (starting the next one if the last ended).
+    ///
+    /// Yields `Ok(item)` for each result and ends at the end of the epoch. If the pipeline
+    /// stops early (a failure budget was exceeded, or [`stop`](Self::stop)), it yields one
+    /// `Err` and ends; later calls yield nothing.
+    pub fn iter(&mut self) -> EpochIter<'_, T> {
+        self.ensure_running();
+        EpochIter { p: self }
+    }
+
+    /// Async iteration over the current epoch; see [`iter`](Self::iter).
+    pub fn stream(&mut self) -> EpochStream<'_, T> {
+        self.ensure_running();
+        EpochStream { p: self }
+    }
+
+    /// The epoch being iterated (or the next one to start).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Statistics of every stage, collected through the stage actors.
+    pub fn stats(&self) -> PipelineStats {
+        let snaps = match &self.engine.plane {
+            Some(p) => p.snapshot_all(),
+            None => self.engine.stages.iter().map(|s| s.snapshot()).collect(),
+        };
+        PipelineStats::assemble(snaps, &self.engine.ledger, self.epoch)
+    }
+
+    fn stage_index(&self, name: &str) -> Result<usize, PipelineError> {
+        self.engine
+            .stages
+            .iter()
+            .position(|s| s.name() == name)
+            .ok_or_else(|| PipelineError::config(format!("no stage is named `{name}`")))
+    }
+
+    /// Sets the active workers of stage `name` (concurrency for async stages); returns the
+    /// number granted (the process-wide CPU cap may grant fewer).
+    pub fn resize(&self, name: &str, workers: usize) -> Result<usize, PipelineError> {
+        let i = self.stage_index(name)?;
+        self.engine
+            .plane
+            .as_ref()
+            .and_then(|p| p.ask(i, Resize { workers }))
+            .ok_or_else(PipelineError::stopped)
+    }
+
+    /// Sets the budget of stage `name` (use `"sink"` for the results waiting for the consumer).
+    pub fn set_budget(&self, name: &str, items: usize, bytes: u64) -> Result<(), PipelineError> {
+        let i = self.stage_index(name)?;
+        self.engine
+            .plane
+            .as_ref()
+            .and_then(|p| p.ask(i, SetBudget { items, bytes }))
+            .ok_or_else(PipelineError::stopped)
+    }
+
+    /// A handle that stops this pipeline from another thread.
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle {
+            closer: Arc::clone(&self.engine.closer),
+        }
+    }
+
+    /// Stops the pipeline and joins every thread it started. Idempotent; also done on drop.
+    pub fn stop(&mut self) {
+        self.finished = true;
+        self.engine.shutdown();
+    }
+}
+
+/// Blocking iterator over one epoch; see [`Pipeline::iter`].
+#[derive(Debug)]
+pub struct EpochIter<'a, T> {
+    p: &'a mut Pipeline<T>,
+}
+
+impl<T: Send + 'static> Iterator for EpochIter<'_, T> {
+    type Item = Result<T, PipelineError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if !self.p.running {
+            return None;
+        }
+        let next = self.p.reader.next_blocking();
+        self.p.on_next(next)
+    }
+}
+
+/// Async stream over one epoch; see [`Pipeline::stream`].
+#[derive(Debug)]
+pub struct EpochStream<'a, T> {
+    p: &'a mut Pipeline<T>,
+}
+
+impl<T: Send + 'static> Stream for EpochStream<'_, T> {
+    type Item = Result<T, PipelineError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if !this.p.running {
+            return Poll::Ready(None);
+        }
+        match this.p.reader.poll_next(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(next) => Poll::Ready(this.p.on_next(next)),
+        }
+    }
+}

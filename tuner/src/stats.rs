@@ -1,0 +1,67 @@
+//! The per-stage statistics record.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::LatencySummary;
+
+/// What kind of stage a [`StageStats`] describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StageKind {
+    /// Pulls items from the user's iterator or stream.
+    Source,
+    /// Synchronous work on a work-stealing thread pool.
+    Pool,
+    /// A single-threaded, stateful stage (aggregation).
+    Serial,
+    /// Asynchronous work on tokio with bounded concurrency.
+    Async,
+    /// The consumer end: the training loop calling `next()`.
+    Sink,
+}
+
+/// A snapshot of one stage's counters since the pipeline was built.
+///
+/// The *queue* of a stage is everything it holds: items waiting for it, items in a worker's hands
+/// and results waiting for room downstream. `queue_items` never exceeds `budget_items`, and
+/// `queue_bytes` exceeds `budget_bytes` by at most one item (an item larger than the whole byte
+/// budget is admitted alone so the pipeline cannot wedge).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageStats {
+    /// The stage's name.
+    pub name: String,
+    /// The stage's kind.
+    pub kind: Option<StageKind>,
+    /// Active workers (pool), concurrency (async), 1 otherwise.
+    pub workers: usize,
+    /// Whether the user pinned `workers` (a tuner never changes it).
+    pub pinned: bool,
+    /// Items taken in.
+    pub items_in: u64,
+    /// Items put downstream (or delivered, for the sink).
+    pub items_out: u64,
+    /// Items that failed (an error or a panic) and were skipped.
+    pub failures: u64,
+    /// Time per item in the user's function (or per wait, for the sink: see `blocked_get`).
+    pub task_time: LatencySummary,
+    /// Total time workers spent in the user's function.
+    pub busy: Duration,
+    /// Total time workers spent waiting for room downstream.
+    pub blocked_put: Duration,
+    /// Total time active workers spent waiting for input.
+    pub blocked_get: Duration,
+    /// Items the stage holds now.
+    pub queue_items: usize,
+    /// Bytes the stage holds now.
+    pub queue_bytes: u64,
+    /// The stage's item budget.
+    pub budget_items: usize,
+    /// The stage's byte budget.
+    pub budget_bytes: u64,
+    /// Time since the pipeline started.
+    pub elapsed: Duration,
+    /// `items_out` per second of `elapsed`.
+    pub items_per_s: f64,
+}
