@@ -10,7 +10,7 @@ mod pipeline;
 
 pub use builder::{PipelineBuilder, SourceBuilder};
 pub use config::Workers;
-pub use pipeline::{EpochIter, EpochStream, Pipeline, PipelineStats, StopHandle};
+pub use pipeline::{ControlHandle, EpochIter, EpochStream, Pipeline, PipelineStats, StopHandle};
 
 pub use flowgate_actors as actors;
 pub use flowgate_actors::cap::{cpu_worker_cap, set_cpu_worker_cap};

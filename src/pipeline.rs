@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use flowgate_actors::actor::{ControlPlane, Resize, SetBudget};
+use actix::Addr;
+use flowgate_actors::actor::{ControlPlane, Resize, SetBudget, StageActor};
 use flowgate_actors::channel::Channel;
 use flowgate_actors::error::PipelineError;
 use flowgate_actors::failure::Failures;
@@ -167,6 +168,42 @@ impl StopHandle {
     }
 }
 
+/// Sends control messages to a pipeline's stage actors; see [`Pipeline::control`].
+#[derive(Clone, Debug)]
+pub struct ControlHandle {
+    stages: Vec<(String, Addr<StageActor>)>,
+}
+
+impl ControlHandle {
+    fn addr(&self, name: &str) -> Result<&Addr<StageActor>, PipelineError> {
+        self.stages
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, a)| a)
+            .ok_or_else(|| PipelineError::config(format!("no stage is named `{name}`")))
+    }
+
+    /// Names of the stages, in pipeline order (`source` first, `sink` last).
+    pub fn stage_names(&self) -> Vec<&str> {
+        self.stages.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    /// Sets the active workers of stage `name` (concurrency for async stages; stages with one
+    /// thread by nature answer 1). Returns the number granted: the process-wide CPU cap may
+    /// grant fewer. Items are neither lost nor duplicated by a resize.
+    pub fn resize(&self, name: &str, workers: usize) -> Result<usize, PipelineError> {
+        futures::executor::block_on(self.addr(name)?.send(Resize { workers }))
+            .map_err(|_| PipelineError::stopped())
+    }
+
+    /// Sets how many items and bytes stage `name` may hold (`"sink"`: results waiting for the
+    /// consumer). Shrinking takes effect as items leave.
+    pub fn set_budget(&self, name: &str, items: usize, bytes: u64) -> Result<(), PipelineError> {
+        futures::executor::block_on(self.addr(name)?.send(SetBudget { items, bytes }))
+            .map_err(|_| PipelineError::stopped())
+    }
+}
+
 /// A running pipeline producing items of type `T`.
 ///
 /// Built by [`Pipeline::builder`]. Iterate an epoch with [`iter`](Self::iter) (blocking) or
@@ -306,33 +343,36 @@ impl<T: Send + 'static> Pipeline<T> {
         PipelineStats::assemble(snaps, &self.engine.ledger, self.epoch)
     }
 
-    fn stage_index(&self, name: &str) -> Result<usize, PipelineError> {
-        self.engine
-            .stages
-            .iter()
-            .position(|s| s.name() == name)
-            .ok_or_else(|| PipelineError::config(format!("no stage is named `{name}`")))
+    /// A handle that resizes stages and sets budgets from any thread (a tuner, a test).
+    pub fn control(&self) -> ControlHandle {
+        ControlHandle {
+            stages: self
+                .engine
+                .plane
+                .as_ref()
+                .map(|p| p.stages().to_vec())
+                .unwrap_or_default(),
+        }
     }
 
-    /// Sets the active workers of stage `name` (concurrency for async stages); returns the
-    /// number granted (the process-wide CPU cap may grant fewer).
+    /// Sets the active workers of stage `name`; see [`ControlHandle::resize`].
     pub fn resize(&self, name: &str, workers: usize) -> Result<usize, PipelineError> {
-        let i = self.stage_index(name)?;
-        self.engine
-            .plane
-            .as_ref()
-            .and_then(|p| p.ask(i, Resize { workers }))
-            .ok_or_else(PipelineError::stopped)
+        self.check_running()?;
+        self.control().resize(name, workers)
     }
 
-    /// Sets the budget of stage `name` (use `"sink"` for the results waiting for the consumer).
+    /// Sets the budget of stage `name`; see [`ControlHandle::set_budget`].
     pub fn set_budget(&self, name: &str, items: usize, bytes: u64) -> Result<(), PipelineError> {
-        let i = self.stage_index(name)?;
-        self.engine
-            .plane
-            .as_ref()
-            .and_then(|p| p.ask(i, SetBudget { items, bytes }))
-            .ok_or_else(PipelineError::stopped)
+        self.check_running()?;
+        self.control().set_budget(name, items, bytes)
+    }
+
+    fn check_running(&self) -> Result<(), PipelineError> {
+        if self.engine.down {
+            Err(PipelineError::stopped())
+        } else {
+            Ok(())
+        }
     }
 
     /// A handle that stops this pipeline from another thread.
@@ -345,6 +385,7 @@ impl<T: Send + 'static> Pipeline<T> {
     /// Stops the pipeline and joins every thread it started. Idempotent; also done on drop.
     pub fn stop(&mut self) {
         self.finished = true;
+        self.running = false;
         self.engine.shutdown();
     }
 }
