@@ -128,7 +128,7 @@ fn run_case(
         .source(0..n)
         .output_order(order)
         .chunk_size(chunk)
-        .pipe("first", |x| Ok::<_, Injected>(x), 1);
+        .pipe("first", Ok::<_, Injected>, 1);
     for (i, s) in stages.iter().enumerate() {
         let case = s.clone();
         b = b.filter_map(
@@ -241,7 +241,6 @@ fn a_stalled_consumer_pulls_exactly_what_the_budgets_allow() {
     // Growing a budget lets exactly that many more items in.
     control.set_budget("b", 20, u64::MAX).unwrap();
     assert_eq!(settle(read, Duration::from_millis(300)), 10 + 20 + 5 + 9);
-    drop(it);
     let stats = p.stats();
     let b = stats.stage("b").unwrap();
     assert_eq!((b.queue_items, b.budget_items), (20, 20));
@@ -264,8 +263,7 @@ fn a_stalled_consumer_with_batches_and_a_byte_budget() {
         .sink(2)
         .build()
         .unwrap();
-    let it = p.iter();
-    drop(it);
+    let _ = p.iter(); // starts the epoch; the consumer then stalls
     let read = || pulled.load(Ordering::SeqCst);
     // The sink holds 2 batches of 4; the aggregator 600 bytes of 100-byte items (a sealed batch
     // of 4 waiting for room, and 2 more); `payload` its 10 items (outputs waiting for room count
@@ -288,7 +286,7 @@ fn resize_under_load() {
     let mut p = Pipeline::builder()
         .source(0..N)
         .chunk_size(16)
-        .pipe("a", |x| Ok::<_, Injected>(x), 2)
+        .pipe("a", Ok::<_, Injected>, 2)
         .pipe(
             "b",
             |x| {
@@ -299,7 +297,7 @@ fn resize_under_load() {
             },
             2,
         )
-        .pipe("c", |x| Ok::<_, Injected>(x), 1)
+        .pipe("c", Ok::<_, Injected>, 1)
         .build()
         .unwrap();
     let control = p.control();
@@ -372,7 +370,7 @@ fn a_panic_past_the_budget_is_reported_with_the_stage_and_item() {
     quiet_injected_panics();
     let mut p = Pipeline::builder()
         .source(0..10_000u64)
-        .pipe("ok", |x| Ok::<_, Injected>(x), 1)
+        .pipe("ok", Ok::<_, Injected>, 1)
         .describe(|x: &u64| format!("sample-{x}"))
         .pipe(
             "boom",
@@ -434,7 +432,7 @@ fn a_global_rate_budget_stops_the_pipeline() {
 fn epochs_reiterate_the_source_and_a_one_shot_source_runs_once() {
     let mut p = Pipeline::builder()
         .source_epochs(|epoch| (0..100u64).map(move |x| x + 1000 * epoch))
-        .pipe("id", |x| Ok::<_, Injected>(x), 2)
+        .pipe("id", Ok::<_, Injected>, 2)
         .aggregate(7, false)
         .build()
         .unwrap();
@@ -457,7 +455,7 @@ fn an_interrupted_epoch_continues_where_it_stopped() {
     let mut p = Pipeline::builder()
         .source_epochs(|_| 0..1000u64)
         .output_order(Order::Input)
-        .pipe("id", |x| Ok::<_, Injected>(x), 2)
+        .pipe("id", Ok::<_, Injected>, 2)
         .build()
         .unwrap();
     let first: Vec<u64> = p.iter().take(300).map(Result::unwrap).collect();
@@ -545,8 +543,8 @@ fn stats_report_every_stage() {
 fn bad_configurations_are_rejected() {
     let e = Pipeline::builder()
         .source(0..1u64)
-        .pipe("x", |x| Ok::<_, Injected>(x), 1)
-        .pipe("x", |x| Ok::<_, Injected>(x), 1)
+        .pipe("x", Ok::<_, Injected>, 1)
+        .pipe("x", Ok::<_, Injected>, 1)
         .build()
         .unwrap_err();
     assert!(
@@ -555,7 +553,7 @@ fn bad_configurations_are_rejected() {
     );
     let e = Pipeline::builder()
         .source(0..1u64)
-        .pipe("a", |x| Ok::<_, Injected>(x), 1)
+        .pipe("a", Ok::<_, Injected>, 1)
         .budget(0, 10)
         .build()
         .unwrap_err();

@@ -69,7 +69,7 @@ fn busy_pipeline(with_async: bool) -> Pipeline<Vec<u64>> {
             8,
         )
     } else {
-        b.pipe("io", |x| Ok::<_, std::io::Error>(x), 1)
+        b.pipe("io", Ok::<_, std::io::Error>, 1)
     };
     b.aggregate(16, false).build().unwrap()
 }

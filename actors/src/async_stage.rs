@@ -280,7 +280,12 @@ async fn emit<T: Send + 'static, U: Send + 'static>(
             Ok(waited) => counters.c.put_wait_ns += waited,
             Err(_) => break,
         }
-        counters.maybe_flush(&s.core.metrics, Instant::now());
+        if rx.is_empty() {
+            // Going idle: make the counters visible now, not at the next completion.
+            counters.flush(&s.core.metrics, Instant::now());
+        } else {
+            counters.maybe_flush(&s.core.metrics, Instant::now());
+        }
     }
     counters.flush(&s.core.metrics, Instant::now());
 }
