@@ -561,3 +561,11 @@ fn bad_configurations_are_rejected() {
     let p = Pipeline::builder().source(0..1u64).build().unwrap();
     assert!(p.resize("nope", 2).unwrap_err().is_config());
 }
+
+#[test]
+fn pipelines_and_handles_can_move_between_threads() {
+    fn send<T: Send>() {}
+    send::<Pipeline<u64>>();
+    send::<flowgate::ControlHandle>();
+    send::<flowgate::StopHandle>();
+}

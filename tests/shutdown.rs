@@ -16,6 +16,7 @@ fn shutdown_is_prompt_and_leaks_no_thread() {
     stop_twice_and_then_iterate();
     an_error_past_the_budget_stops_everything();
     a_stop_handle_unblocks_a_waiting_consumer();
+    the_cpu_cap_limits_extra_workers();
     let names = flowgate_threads();
     assert!(names.is_empty(), "pipeline threads still alive: {names:?}");
 }
@@ -171,5 +172,34 @@ fn a_stop_handle_unblocks_a_waiting_consumer() {
     assert!(delivered.load(Ordering::Relaxed) < 10);
     stopper.join().unwrap();
     drop(p);
+    assert_back_to(baseline);
+}
+
+/// Lives here because the cap is process-wide: no other test may hold tokens meanwhile.
+fn the_cpu_cap_limits_extra_workers() {
+    let baseline = threads();
+    flowgate::set_cpu_worker_cap(Some(3));
+    let p = Pipeline::builder()
+        .source_epochs(|_| 0..10u64)
+        .pipe("a", Ok::<_, std::io::Error>, 1)
+        .pipe("b", Ok::<_, std::io::Error>, 1)
+        .build()
+        .unwrap();
+    assert_eq!(
+        p.resize("a", 3).unwrap(),
+        3,
+        "two extra workers: two tokens"
+    );
+    assert_eq!(p.resize("b", 4).unwrap(), 2, "one token left for b");
+    assert_eq!(flowgate::actors::cap::cpu_workers_in_use(), 3);
+    assert_eq!(p.resize("a", 1).unwrap(), 1, "shrinking returns tokens");
+    assert_eq!(p.resize("b", 4).unwrap(), 4);
+    drop(p);
+    assert_eq!(
+        flowgate::actors::cap::cpu_workers_in_use(),
+        0,
+        "a stopped pipeline returns all"
+    );
+    flowgate::set_cpu_worker_cap(None);
     assert_back_to(baseline);
 }
