@@ -1,12 +1,29 @@
 //! `flowgate-tuner`: the pure half of flowgate's self-tuning.
 //!
-//! This crate has no runtime (no actix, no tokio) so that everything in it is fast to test and
-//! can run inside a simulator. Today it holds the measurement vocabulary shared by the engine
-//! and by policies: a fixed-size latency [`Histogram`] that workers fill locally and merge in
-//! batches, and the plain [`StageStats`] record every stage reports.
+//! No runtime (no actix, no tokio): everything here is deterministic and fast to test.
+//!
+//! - [`Observation`], [`Action`], [`Decision`] and the [`Policy`] trait: what a scheduling
+//!   policy sees each tick and what it may change; [`Budgets`] it may not exceed, enforced by
+//!   [`enforce`].
+//! - [`policy`]: the shipped policies, [`Static`](policy::Static),
+//!   [`HillClimb`](policy::HillClimb) and [`ModelBased`](policy::ModelBased) (the default).
+//! - [`sim`]: a discrete-event simulator that runs any policy on a [`scenario`] in
+//!   milliseconds, the same code the real pipeline's tuner actor runs.
+//! - [`Histogram`] and [`StageStats`]: the measurement vocabulary shared with the engine.
 
+mod guard;
 mod histogram;
+mod observation;
+pub mod policy;
+mod rng;
+pub mod scenario;
+pub mod sim;
 mod stats;
+mod welch;
 
+pub use guard::enforce;
 pub use histogram::{Histogram, LatencySummary};
+pub use observation::{Action, Budgets, Decision, Observation, Policy, StageObservation};
+pub use rng::Rng;
 pub use stats::{StageKind, StageStats};
+pub use welch::p_greater;

@@ -1,0 +1,184 @@
+//! What a policy sees each tick, what it may do, and the budgets it must respect.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::StageKind;
+
+/// One stage over the last tick window.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageObservation {
+    /// The stage's name.
+    pub name: String,
+    /// Its kind (a sink is the consumer's buffer).
+    pub kind: Option<StageKind>,
+    /// Active workers (pool), concurrency (async), 1 otherwise.
+    pub workers: usize,
+    /// Most workers the stage may run.
+    pub max_workers: usize,
+    /// The user fixed `workers`: never change it.
+    pub workers_pinned: bool,
+    /// The user fixed the budget: never change it.
+    pub budget_pinned: bool,
+    /// Items the stage finished in the window.
+    pub items: u64,
+    /// Items it sent on in the window.
+    pub items_out: u64,
+    /// Worker time in the user's function in the window (all workers together).
+    pub busy: Duration,
+    /// Worker time blocked waiting for room downstream in the window.
+    pub blocked_put: Duration,
+    /// Worker time blocked waiting for input in the window.
+    pub blocked_get: Duration,
+    /// Items held now.
+    pub queue_items: usize,
+    /// Bytes held now.
+    pub queue_bytes: u64,
+    /// Item budget now.
+    pub budget_items: usize,
+    /// Byte budget now.
+    pub budget_bytes: u64,
+    /// Typical bytes of one item the stage holds (0 if unknown).
+    pub item_bytes: u64,
+    /// Coefficient of variation (standard deviation / mean) of the time per item, over the
+    /// stage's life: 0 for constant work, around 1 for exponential, more for heavy tails.
+    pub cost_cv: f64,
+}
+
+impl StageObservation {
+    /// Whether the stage runs on CPU cores (pool, serial) rather than waiting on I/O.
+    pub fn is_cpu(&self) -> bool {
+        matches!(self.kind, Some(StageKind::Pool) | Some(StageKind::Serial))
+    }
+
+    /// Whether the tuner may resize the stage.
+    pub fn resizable(&self) -> bool {
+        !self.workers_pinned && matches!(self.kind, Some(StageKind::Pool) | Some(StageKind::Async))
+    }
+}
+
+/// Hard limits no action may exceed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Budgets {
+    /// Bytes the pipeline's buffers may hold in total.
+    pub memory_bytes: u64,
+    /// Cores the CPU stages may use.
+    pub cores: usize,
+}
+
+impl Budgets {
+    /// Half of the memory available now (from `/proc/meminfo`; 4 GiB if unknown) and the
+    /// number of cores.
+    pub fn detect() -> Self {
+        let available = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemAvailable:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            })
+            .map_or(8 << 30, |kb| kb * 1024);
+        Self {
+            memory_bytes: available / 2,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+/// Everything a policy sees at one tick.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    /// Time since the pipeline (or simulation) started.
+    pub now: Duration,
+    /// Length of the window the counters cover.
+    pub window: Duration,
+    /// Every stage but the source, in pipeline order; the last is the sink (the consumer's
+    /// buffer), whose `blocked_get` is the consumer's wait.
+    pub stages: Vec<StageObservation>,
+    /// Results the consumer took in the window.
+    pub delivered: u64,
+    /// Time the consumer waited for results in the window: the direct measure of starvation.
+    pub consumer_wait: Duration,
+    /// Accelerator utilisation (0..=1) when known.
+    pub gpu_util: Option<f64>,
+    /// Bytes held in all buffers now.
+    pub buffered_bytes: u64,
+    /// Resident memory of the process, when known.
+    pub rss_bytes: Option<u64>,
+    /// The limits.
+    pub budgets: Option<Budgets>,
+}
+
+impl Observation {
+    /// Results per second in the window.
+    pub fn rate(&self) -> f64 {
+        self.delivered as f64 / self.window.as_secs_f64().max(1e-9)
+    }
+
+    /// Fraction of the window the consumer waited.
+    pub fn wait_fraction(&self) -> f64 {
+        (self.consumer_wait.as_secs_f64() / self.window.as_secs_f64().max(1e-9)).min(1.0)
+    }
+}
+
+/// A change to one knob of one stage (indexes into [`Observation::stages`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    /// Set the active workers (concurrency for async stages).
+    SetWorkers {
+        /// Stage index.
+        stage: usize,
+        /// Workers wanted.
+        workers: usize,
+    },
+    /// Set how many items and bytes the stage may hold (its prefetch buffer).
+    SetPrefetch {
+        /// Stage index.
+        stage: usize,
+        /// Item budget.
+        items: usize,
+        /// Byte budget.
+        bytes: u64,
+    },
+    /// Set the byte budget of a cache stage.
+    SetCacheBytes {
+        /// Stage index.
+        stage: usize,
+        /// Byte budget.
+        bytes: u64,
+    },
+}
+
+/// An action and why it was taken (recorded in the decision trace).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    /// What to change.
+    pub action: Action,
+    /// Why, in a short sentence.
+    pub reason: String,
+}
+
+/// A scheduling policy: looks at each tick's observation and decides what to change.
+///
+/// Policies are pure and deterministic given their inputs, so the same code runs in the
+/// [`Simulator`](crate::sim::Simulator) (thousands of simulated seconds per real second) and on
+/// a real pipeline (driven by the tuner actor). Rules a policy must follow, which the tuner
+/// also enforces: never change a pinned knob, keep at least one worker per stage, and keep the
+/// sum of buffer budgets within [`Budgets::memory_bytes`].
+pub trait Policy: Send {
+    /// A short name for traces.
+    fn name(&self) -> &str;
+    /// Decides the changes for this tick (often none).
+    fn decide(&mut self, obs: &Observation) -> Vec<Decision>;
+}
+
+impl<P: Policy + ?Sized> Policy for Box<P> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn decide(&mut self, obs: &Observation) -> Vec<Decision> {
+        (**self).decide(obs)
+    }
+}

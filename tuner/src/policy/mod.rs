@@ -1,0 +1,28 @@
+//! The shipped policies: [`Static`], [`HillClimb`] (AIMD) and [`ModelBased`] (the default).
+
+mod hill_climb;
+mod model;
+
+pub use hill_climb::{HillClimb, HillClimbSettings};
+pub use model::{ModelBased, ModelSettings};
+
+use crate::observation::{Decision, Observation, Policy};
+
+/// Changes nothing: the user's numbers stand.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Static;
+
+impl Policy for Static {
+    fn name(&self) -> &str {
+        "static"
+    }
+
+    fn decide(&mut self, _obs: &Observation) -> Vec<Decision> {
+        Vec::new()
+    }
+}
+
+/// The item budget that keeps `workers` busy with one item of slack each.
+pub(crate) fn base_budget(workers: usize) -> usize {
+    (2 * workers).max(workers + 2)
+}
