@@ -32,6 +32,7 @@ fn pipeline(c: &mut Criterion) {
             b.iter(|| {
                 let builder = Pipeline::builder()
                     .source(0..ITEMS)
+                    .autotune_off()
                     .output_order(order)
                     .pipe("s1", noop, 1)
                     .pipe("s2", noop, 1)

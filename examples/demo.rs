@@ -1,19 +1,18 @@
-//! The main job, for now: a loader-shaped pipeline over a synthetic dataset, with live stats.
+//! The main job: a loader-shaped pipeline that tunes itself from a cold start.
 //!
 //! ```text
-//! cargo run --release --example demo [-- --items N --step-ms MS]
+//! cargo run --release --example demo [-- --items N --step-ms MS --trace FILE]
 //! ```
 //!
-//! `read` simulates object-store latency (2 ms per item, async, 32 in flight), `decode` burns
-//! ~150 µs of CPU per item on a work-stealing pool, `aggregate` makes batches of 32, and the
-//! consumer simulates a training step. Every half second it prints throughput, each stage's
-//! workers and queue fill, and the consumer's wait; at the end, a per-stage summary and one JSON
-//! line. (The self-tuning version of this job arrives with the tuner; today the concurrency is
-//! the static numbers below.)
+//! `read` simulates object-store latency (2 ms per item, async), `decode` burns ~150 µs of CPU
+//! per item on a work-stealing pool, `aggregate` makes batches of 32, and the consumer simulates
+//! a training step per batch. Every stage starts cold (one worker, one request in flight); the
+//! tuner finds the concurrency and buffers. The job prints each tuner decision with its reason,
+//! live throughput every half second, a per-stage summary, and one JSON line at the end.
 
 use std::time::{Duration, Instant};
 
-use flowgate::{Pipeline, PipelineError, PipelineStats};
+use flowgate::{Pipeline, PipelineError, PipelineStats, TraceRecord, TunerSettings};
 
 fn decode(id: u64) -> Result<Vec<u8>, std::io::Error> {
     let t0 = Instant::now();
@@ -38,19 +37,30 @@ fn live(s: &PipelineStats) {
             )
         })
         .collect();
-    let sink = s.stage("sink").map_or(0.0, |st| st.items_per_s);
-    println!("  {:>7.1} batches/s  {}", sink, line.join(" "));
+    println!("  live: {} delivered  {}", s.delivered, line.join(" "));
+}
+
+fn decision(r: &TraceRecord) {
+    for d in &r.decisions {
+        println!(
+            "  tuner @{:>5.1}s  {:>7.0} items/s  {:?}: {}",
+            r.t, r.rate, d.action, d.reason
+        );
+    }
 }
 
 fn main() -> Result<(), PipelineError> {
-    let (mut items, mut step_ms) = (20_000u64, 2u64);
+    let (mut items, mut step_ms, mut trace) = (40_000u64, 1u64, None);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        let mut num = || args.next().and_then(|v| v.parse().ok()).expect("a number");
+        let mut value = || args.next().expect("a value");
         match a.as_str() {
-            "--items" => items = num(),
-            "--step-ms" => step_ms = num(),
-            other => panic!("unknown argument {other}; usage: demo [--items N] [--step-ms MS]"),
+            "--items" => items = value().parse().expect("a number"),
+            "--step-ms" => step_ms = value().parse().expect("a number"),
+            "--trace" => trace = Some(value().into()),
+            other => panic!(
+                "unknown argument {other}; usage: demo [--items N] [--step-ms MS] [--trace FILE]"
+            ),
         }
     }
     let mut p = Pipeline::builder()
@@ -61,14 +71,19 @@ fn main() -> Result<(), PipelineError> {
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 Ok::<_, std::io::Error>(id)
             },
-            32,
+            1,
         )
-        .pipe("decode", decode, 2)
+        .pipe("decode", decode, 1)
         .measure(Vec::len)
         .aggregate(32, false)
+        .autotune(TunerSettings {
+            trace,
+            ..Default::default()
+        })
+        .on_tuner_decision(decision)
         .on_stats(Duration::from_millis(500), live)
         .build()?;
-    println!("flowgate demo: {items} items, batches of 32, a {step_ms} ms training step");
+    println!("flowgate demo: {items} items, batches of 32, a {step_ms} ms training step per batch, cold start");
     let t0 = Instant::now();
     let mut n = 0;
     for batch in p.iter() {
@@ -94,8 +109,9 @@ fn main() -> Result<(), PipelineError> {
             s.blocked_get
         );
     }
+    let decisions: usize = p.tuner_trace().iter().map(|r| r.decisions.len()).sum();
     println!(
-        "{{\"job\":\"demo\",\"items\":{n},\"seconds\":{secs:.3},\"items_per_s\":{:.0},\"consumer_wait_pct\":{:.1},\"failures\":{}}}",
+        "{{\"job\":\"demo\",\"items\":{n},\"seconds\":{secs:.3},\"items_per_s\":{:.0},\"consumer_wait_pct\":{:.1},\"tuner_decisions\":{decisions},\"failures\":{}}}",
         n as f64 / secs,
         100.0 * stats.consumer_wait.as_secs_f64() / secs,
         stats.failures

@@ -28,6 +28,7 @@ fn noop(x: u64) -> Result<u64, std::convert::Infallible> {
 fn run(case: Case, items: u64) -> Result<(u64, f64), PipelineError> {
     let b = Pipeline::builder()
         .source(0..items)
+        .autotune_off() // this measures the engine, at fixed concurrency
         .output_order(case.order)
         .pipe("s1", noop, case.workers)
         .pipe("s2", noop, case.workers)

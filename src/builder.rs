@@ -14,6 +14,8 @@ use flowgate_actors::op::{inline_size, Describe, FilterMap, Flatten, Map, Op, Si
 use flowgate_actors::pool::{PoolSpec, PoolStage};
 use flowgate_actors::source::{IterFactory, SourceSpec, SourceStage, StreamFactory};
 use flowgate_actors::stage::{StageControl, StageCore};
+use flowgate_actors::tuner::{OnDecision, TraceRecord, TunerSettings};
+use flowgate_tuner::Policy;
 use flowgate_tuner::StageKind;
 use futures::{FutureExt, Stream};
 use parking_lot::Mutex;
@@ -81,8 +83,17 @@ pub struct SourceBuilder {
     cfg: Config,
 }
 
+/// The tuner a pipeline will run, if any.
+#[derive(Default)]
+pub(crate) struct Autotune {
+    pub(crate) settings: TunerSettings,
+    pub(crate) policy: Option<Box<dyn Policy>>,
+    pub(crate) on_decision: Option<OnDecision>,
+}
+
 struct Common {
     cfg: Config,
+    autotune: Option<Autotune>,
     source: Option<SpawnSource>,
     stages: Vec<Pending>,
     channels: Vec<Arc<dyn HasBudget>>,
@@ -122,6 +133,7 @@ impl SourceBuilder {
         PipelineBuilder {
             c: Common {
                 cfg: self.cfg,
+                autotune: Some(Autotune::default()),
                 source: Some(source),
                 stages: Vec::new(),
                 channels: vec![tail.clone() as Arc<dyn HasBudget>],
@@ -487,6 +499,38 @@ impl<T: Send + 'static> PipelineBuilder<T> {
         self
     }
 
+    /// Tunes the pipeline with these settings (the tuner is on by default, with the
+    /// model-based policy). Stages whose workers are [`Workers::fixed`], and budgets set with
+    /// [`budget`](Self::budget) or [`sink`](Self::sink), are never changed.
+    pub fn autotune(mut self, settings: TunerSettings) -> Self {
+        self.c
+            .autotune
+            .get_or_insert_with(Autotune::default)
+            .settings = settings;
+        self
+    }
+
+    /// Tunes the pipeline with a policy of your own (see [`flowgate_tuner::Policy`]).
+    pub fn autotune_with(mut self, policy: impl Policy + 'static) -> Self {
+        self.c.autotune.get_or_insert_with(Autotune::default).policy = Some(Box::new(policy));
+        self
+    }
+
+    /// Calls `f` on the control thread for every tuner tick that changed something.
+    pub fn on_tuner_decision(mut self, f: impl FnMut(&TraceRecord) + Send + 'static) -> Self {
+        self.c
+            .autotune
+            .get_or_insert_with(Autotune::default)
+            .on_decision = Some(Box::new(f));
+        self
+    }
+
+    /// Turns the tuner off: every knob stays where the builder put it.
+    pub fn autotune_off(mut self) -> Self {
+        self.c.autotune = None;
+        self
+    }
+
     /// Calls `f` with the pipeline's statistics every `interval`, on the control thread.
     pub fn on_stats(
         mut self,
@@ -502,6 +546,7 @@ impl<T: Send + 'static> PipelineBuilder<T> {
     pub fn build(self) -> Result<Pipeline<T>, PipelineError> {
         let Common {
             cfg,
+            autotune,
             source,
             stages,
             channels,
@@ -552,14 +597,16 @@ impl<T: Send + 'static> PipelineBuilder<T> {
             s.input
                 .budget()
                 .set_limits(items, s.opts.budget_bytes.unwrap_or(u64::MAX));
-            let c = core(&s.name, s.kind, s.opts.failures, s.workers.pinned);
+            let c = core(&s.name, s.kind, s.opts.failures, s.workers.pinned)
+                .with_budget_pinned(s.opts.budget_items.is_some() || s.opts.budget_bytes.is_some());
             let control = (s.spawn)(&ctx, c, s.workers.n)?;
             engine.add_stage(control);
         }
         let sink_chunk = cfg.chunk_at(self.tail_scale);
         let sink_items = cfg.sink_items.unwrap_or(2 * sink_chunk);
         self.tail.budget().set_limits(sink_items, cfg.sink_bytes);
-        Pipeline::start(engine, self.tail, on_stats)
+        let sink_pinned = cfg.sink_items.is_some();
+        Pipeline::start(engine, self.tail, sink_pinned, on_stats, autotune)
     }
 }
 

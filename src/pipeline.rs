@@ -14,18 +14,19 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use actix::Addr;
+use actix::{Actor, Addr};
 use flowgate_actors::actor::{ControlPlane, Resize, SetBudget, StageActor};
 use flowgate_actors::channel::Channel;
 use flowgate_actors::error::PipelineError;
 use flowgate_actors::failure::Failures;
 use flowgate_actors::sink::{Next, SinkReader};
 use flowgate_actors::stage::StageControl;
+use flowgate_actors::tuner::{TraceLog, TraceRecord, TunerActor};
 use flowgate_tuner::{StageKind, StageStats};
 use futures::Stream;
 use parking_lot::Mutex;
 
-use crate::builder::{HasBudget, SourceBuilder, SourceStageDyn};
+use crate::builder::{Autotune, HasBudget, SourceBuilder, SourceStageDyn};
 
 /// Statistics of a pipeline: every stage (source first, sink last) and the consumer.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -227,6 +228,7 @@ impl ControlHandle {
 pub struct Pipeline<T = ()> {
     engine: Engine,
     reader: SinkReader<T>,
+    trace: Arc<TraceLog>,
     epoch: u64,
     running: bool,
     finished: bool,
@@ -255,11 +257,34 @@ impl<T: Send + 'static> Pipeline<T> {
     pub(crate) fn start(
         mut engine: Engine,
         sink: Arc<Channel<T>>,
+        sink_pinned: bool,
         on_stats: Option<(Duration, StatsCallback)>,
+        autotune: Option<Autotune>,
     ) -> Result<Self, PipelineError> {
         let reader = SinkReader::new(sink);
-        engine.add_stage(reader.control());
+        engine.add_stage(reader.control(sink_pinned));
         let plane = ControlPlane::start(engine.stages.clone())?;
+        let trace = Arc::new(TraceLog::default());
+        if let Some(a) = autotune {
+            // Everything but the source (index 0), which has no knob to turn.
+            let stages = engine.stages[1..]
+                .iter()
+                .cloned()
+                .zip(plane.stages()[1..].iter().map(|(_, addr)| addr.clone()))
+                .collect();
+            let policy = a.policy.unwrap_or_else(|| a.settings.make_policy());
+            let actor = TunerActor::new(
+                stages,
+                &a.settings,
+                policy,
+                Arc::clone(&trace),
+                a.on_decision,
+            )
+            .map_err(|e| PipelineError::config(format!("opening the tuner trace: {e}")))?;
+            plane.on_control_thread(Box::new(move || {
+                actor.start();
+            }));
+        }
         if let Some((every, mut f)) = on_stats {
             let stages = engine.stages.clone();
             let ledger = Arc::clone(&engine.ledger);
@@ -272,6 +297,7 @@ impl<T: Send + 'static> Pipeline<T> {
         Ok(Self {
             engine,
             reader,
+            trace,
             epoch: 0,
             running: false,
             finished: false,
@@ -341,6 +367,12 @@ impl<T: Send + 'static> Pipeline<T> {
             None => self.engine.stages.iter().map(|s| s.snapshot()).collect(),
         };
         PipelineStats::assemble(snaps, &self.engine.ledger, self.epoch)
+    }
+
+    /// The tuner's recent ticks (signals, decisions and reasons), oldest first; empty when the
+    /// tuner is off.
+    pub fn tuner_trace(&self) -> Vec<TraceRecord> {
+        self.trace.records()
     }
 
     /// A handle that resizes stages and sets budgets from any thread (a tuner, a test).

@@ -569,3 +569,52 @@ fn pipelines_and_handles_can_move_between_threads() {
     send::<flowgate::ControlHandle>();
     send::<flowgate::StopHandle>();
 }
+
+#[test]
+fn the_tuner_scales_a_cold_pipeline_and_leaves_pinned_knobs_alone() {
+    let trace = std::env::temp_dir().join(format!("flowgate-trace-{}.jsonl", std::process::id()));
+    let mut p = Pipeline::builder()
+        .source_epochs(|_| 0..6000u64)
+        .pipe_async(
+            "fetch",
+            |x| async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Ok::<_, Injected>(x)
+            },
+            1,
+        )
+        .pipe("pinned", Ok::<_, Injected>, flowgate::Workers::fixed(1))
+        .budget(64, u64::MAX)
+        .autotune(flowgate::TunerSettings {
+            tick: Some(Duration::from_millis(50)),
+            trace: Some(trace.clone()),
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    let t0 = Instant::now();
+    assert_eq!(p.iter().count(), 6000);
+    // One request in flight at 20 ms each would take 120 s; the tuner must open it up.
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    let records = p.tuner_trace();
+    let fetch_max = records.iter().map(|r| r.workers[0]).max().unwrap();
+    assert!(fetch_max >= 16, "fetch concurrency peaked at {fetch_max}");
+    assert!(
+        records
+            .iter()
+            .all(|r| r.workers[1] == 1 && r.budgets[1] == 64),
+        "pinned knobs moved"
+    );
+    assert!(records
+        .iter()
+        .flat_map(|r| &r.decisions)
+        .all(|d| !d.reason.is_empty()));
+    drop(p);
+    let lines = std::fs::read_to_string(&trace).unwrap();
+    let parsed: Vec<flowgate::TraceRecord> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(parsed.iter().any(|r| !r.decisions.is_empty()));
+    let _ = std::fs::remove_file(trace);
+}

@@ -181,6 +181,7 @@ fn the_cpu_cap_limits_extra_workers() {
     flowgate::set_cpu_worker_cap(Some(3));
     let p = Pipeline::builder()
         .source_epochs(|_| 0..10u64)
+        .autotune_off()
         .pipe("a", Ok::<_, std::io::Error>, 1)
         .pipe("b", Ok::<_, std::io::Error>, 1)
         .build()

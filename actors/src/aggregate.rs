@@ -98,10 +98,7 @@ impl<T: Send + 'static> StageControl for AggregateStage<T> {
     }
 
     fn snapshot(&self) -> StageStats {
-        self.shared
-            .core
-            .metrics
-            .snapshot(Some(self.shared.input.budget()), 1, true)
+        self.shared.core.snapshot(self.shared.input.budget(), 1, 1)
     }
 
     fn stop(&self) {

@@ -164,10 +164,10 @@ impl<T: Send + 'static, U: Send + 'static> StageControl for AsyncStage<T, U> {
     }
 
     fn snapshot(&self) -> StageStats {
-        self.shared.core.metrics.snapshot(
-            Some(self.shared.input.budget()),
+        self.shared.core.snapshot(
+            self.shared.input.budget(),
             self.shared.concurrency.load(Ordering::Acquire),
-            self.shared.core.pinned,
+            self.max,
         )
     }
 

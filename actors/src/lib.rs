@@ -5,7 +5,7 @@
 //! - [`async_stage`]: asynchronous stages on tokio with resizable concurrency.
 //! - [`aggregate`], [`source`], [`sink`]: batching, the producer and the consumer ends.
 //! - [`emit`]: how results move downstream (budget handoff, input-order reordering).
-//! - [`actor`]: the control plane, one actix actor per stage.
+//! - [`actor`]: the control plane, one actix actor per stage; [`tuner`]: the tuner actor.
 //! - [`failure`], [`error`]: skip-and-count failure budgets and the errors users see.
 //! - [`metrics`], [`cap`]: per-worker counters flushed in batches; the process-wide CPU cap.
 //!
@@ -25,5 +25,4 @@ pub mod pool;
 pub mod sink;
 pub mod source;
 pub mod stage;
-
-pub use flowgate_tuner as tuner;
+pub mod tuner;

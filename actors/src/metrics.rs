@@ -90,7 +90,8 @@ impl StageMetrics {
     }
 
     /// A snapshot, with the queue state read from `input` (the budget the stage consumes).
-    pub fn snapshot(&self, input: Option<&Budget>, workers: usize, pinned: bool) -> StageStats {
+    /// The caller fills in the knobs (workers, limits, pins).
+    pub fn snapshot(&self, input: Option<&Budget>) -> StageStats {
         let t = self.totals.lock().clone();
         let elapsed = self.started.elapsed();
         let (queue_items, queue_bytes, budget_items, budget_bytes) = match input {
@@ -103,8 +104,10 @@ impl StageMetrics {
         StageStats {
             name: self.name.clone(),
             kind: Some(self.kind),
-            workers,
-            pinned,
+            workers: 1,
+            max_workers: 1,
+            pinned: true,
+            budget_pinned: input.is_none(),
             items_in: t.items_in,
             items_out: t.items_out,
             failures: t.failures,

@@ -237,10 +237,10 @@ impl<T: Send + 'static, U: Send + 'static> StageControl for PoolStage<T, U> {
     }
 
     fn snapshot(&self) -> StageStats {
-        self.shared.core.metrics.snapshot(
-            Some(self.shared.input.budget()),
+        self.shared.core.snapshot(
+            self.shared.input.budget(),
             self.shared.active.load(Ordering::Acquire),
-            self.shared.core.pinned,
+            self.max_workers,
         )
     }
 

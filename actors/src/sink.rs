@@ -79,11 +79,13 @@ impl<T: Send + 'static> SinkReader<T> {
         }
     }
 
-    /// The sink's control (budget, snapshot) for the control plane.
-    pub fn control(&self) -> Arc<SinkControl<T>> {
+    /// The sink's control (budget, snapshot) for the control plane; `pinned` if the user set
+    /// the sink's buffer (a tuner leaves it alone).
+    pub fn control(&self, pinned: bool) -> Arc<SinkControl<T>> {
         Arc::new(SinkControl {
             ch: Arc::clone(&self.ch),
             stats: Arc::clone(&self.stats),
+            pinned,
         })
     }
 
@@ -180,6 +182,7 @@ impl<T: Send + 'static> SinkReader<T> {
 pub struct SinkControl<T> {
     ch: Arc<Channel<T>>,
     stats: Arc<SinkStats>,
+    pinned: bool,
 }
 
 impl<T: Send + 'static> StageControl for SinkControl<T> {
@@ -196,7 +199,8 @@ impl<T: Send + 'static> StageControl for SinkControl<T> {
     }
 
     fn snapshot(&self) -> StageStats {
-        let mut s = self.stats.metrics.snapshot(Some(self.ch.budget()), 1, true);
+        let mut s = self.stats.metrics.snapshot(Some(self.ch.budget()));
+        s.budget_pinned = self.pinned;
         let delivered = self.stats.delivered.load(Ordering::Relaxed);
         s.items_in = delivered;
         s.items_out = delivered;

@@ -305,7 +305,7 @@ impl<T: Send + 'static> StageControl for SourceStage<T> {
     fn set_budget(&self, _items: usize, _bytes: u64) {}
 
     fn snapshot(&self) -> StageStats {
-        self.shared.spec.core.metrics.snapshot(None, 1, true)
+        self.shared.spec.core.metrics.snapshot(None)
     }
 
     fn stop(&self) {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use flowgate_tuner::{StageKind, StageStats};
 
+use crate::channel::Budget;
 use crate::error::{BoxError, ItemError};
 use crate::failure::{FailureBudget, Failures, StageFailures};
 use crate::metrics::{Counters, StageMetrics};
@@ -38,6 +39,8 @@ pub struct StageCore {
     pub ledger: Arc<Failures>,
     /// Whether the user pinned the stage's concurrency.
     pub pinned: bool,
+    /// Whether the user pinned the stage's budget.
+    pub budget_pinned: bool,
 }
 
 impl StageCore {
@@ -55,7 +58,24 @@ impl StageCore {
             failures: StageFailures::new(budget),
             ledger,
             pinned,
+            budget_pinned: false,
         }
+    }
+
+    /// Marks the budget as set by the user (a tuner leaves it alone).
+    pub fn with_budget_pinned(mut self, pinned: bool) -> Self {
+        self.budget_pinned = pinned;
+        self
+    }
+
+    /// The stage's statistics, with its knobs.
+    pub fn snapshot(&self, input: &Budget, workers: usize, max_workers: usize) -> StageStats {
+        let mut s = self.metrics.snapshot(Some(input));
+        s.workers = workers;
+        s.max_workers = max_workers;
+        s.pinned = self.pinned;
+        s.budget_pinned = self.budget_pinned;
+        s
     }
 
     /// Records a failed item; `local` are the caller's unflushed counters. Returns whether the

@@ -25,6 +25,7 @@ pub struct Histogram {
     counts: Box<[u64; BUCKETS]>,
     total: u64,
     sum_ns: u128,
+    sum_sq: f64,
     max_ns: u64,
 }
 
@@ -58,6 +59,8 @@ pub struct LatencySummary {
     pub p99: Duration,
     /// Exact maximum.
     pub max: Duration,
+    /// Standard deviation (exact, from the sum of squares).
+    pub stddev: Duration,
 }
 
 fn bucket_of(v: u64) -> usize {
@@ -88,6 +91,7 @@ impl Histogram {
             counts: Box::new([0; BUCKETS]),
             total: 0,
             sum_ns: 0,
+            sum_sq: 0.0,
             max_ns: 0,
         }
     }
@@ -98,6 +102,7 @@ impl Histogram {
         self.counts[bucket_of(ns)] += 1;
         self.total += 1;
         self.sum_ns += u128::from(ns);
+        self.sum_sq += (ns as f64) * (ns as f64);
         self.max_ns = self.max_ns.max(ns);
     }
 
@@ -122,6 +127,7 @@ impl Histogram {
         }
         self.total += other.total;
         self.sum_ns += other.sum_ns;
+        self.sum_sq += other.sum_sq;
         self.max_ns = self.max_ns.max(other.max_ns);
     }
 
@@ -132,6 +138,7 @@ impl Histogram {
         }
         self.total = 0;
         self.sum_ns = 0;
+        self.sum_sq = 0.0;
         self.max_ns = 0;
     }
 
@@ -160,6 +167,13 @@ impl Histogram {
         } else {
             (self.sum_ns / u128::from(self.total)) as u64
         };
+        let stddev = if self.total < 2 {
+            0.0
+        } else {
+            let n = self.total as f64;
+            let m = self.sum_ns as f64 / n;
+            (self.sum_sq / n - m * m).max(0.0).sqrt()
+        };
         LatencySummary {
             count: self.total,
             mean: Duration::from_nanos(mean),
@@ -167,6 +181,7 @@ impl Histogram {
             p90: Duration::from_nanos(self.quantile_ns(0.90)),
             p99: Duration::from_nanos(self.quantile_ns(0.99)),
             max: Duration::from_nanos(self.max_ns),
+            stddev: Duration::from_nanos(stddev as u64),
         }
     }
 }
@@ -208,6 +223,12 @@ mod tests {
         assert_eq!(s.count, 10_000);
         assert_eq!(s.mean, Duration::from_nanos(5_000_500));
         assert_eq!(s.max, Duration::from_millis(10));
+        // The standard deviation of 1..=10000 µs is 2886.75 µs.
+        assert!(
+            (s.stddev.as_secs_f64() * 1e6 - 2886.75).abs() < 1.0,
+            "{:?}",
+            s.stddev
+        );
     }
 
     #[test]

@@ -38,6 +38,10 @@ pub struct StageStats {
     pub workers: usize,
     /// Whether the user pinned `workers` (a tuner never changes it).
     pub pinned: bool,
+    /// Most workers the stage may run.
+    pub max_workers: usize,
+    /// Whether the user pinned the budget (a tuner never changes it).
+    pub budget_pinned: bool,
     /// Items taken in.
     pub items_in: u64,
     /// Items put downstream (or delivered, for the sink).

@@ -7,11 +7,14 @@
 //!    ticks). CPU stages measure wall time, which oversubscription inflates, so their costs are
 //!    divided by `max(1, total CPU busy time / (cores × tick))`. For async stages the cost is
 //!    the latency. The consumer's step is `(tick − wait) / delivered`.
+//!    Rates are in results per second; each stage's *flow*, items it handles per result
+//!    delivered (32 before an `aggregate(32)`), scales its cost into those units.
 //! 2. **Target rate.** `R* = min(consumer rate, cores / Σ CPU costs)`: what the consumer can take
 //!    or the cores can make, whichever is less. If neither bounds it (an I/O-only pipeline and an
 //!    instant consumer), `R*` is twice the observed rate, and the statistical test below decides
 //!    when more stops helping.
-//! 3. **Allocate.** `workers = ceil(R* × (1 + headroom) × cost)` for each stage, in one jump (not
+//! 3. **Allocate.** `workers = ceil(R* × (1 + headroom) × flow × cost)`, plus square-root
+//!    staffing for variable work (`+ cv × sqrt(load)`), for each stage, in one jump (not
 //!    one worker per tick). A stage that waits on others gets fewer. Changes inside the
 //!    deadband are ignored.
 //! 4. **Test.** After a change the policy waits `settle_ticks`, then compares `trial_ticks` per-tick
@@ -171,6 +174,8 @@ pub struct ModelBased {
     s: ModelSettings,
     stages: Vec<StageModel>,
     consumer_step: Option<f64>,
+    /// Decayed sum of results delivered (the denominator of each stage's flow ratio).
+    delivered_sum: f64,
     sink_calm: u32,
     rates: VecDeque<f64>,
     trial: Option<Trial>,
@@ -217,9 +222,21 @@ impl ModelBased {
                 m.cost = Some(m.busy_sum / m.item_sum);
             }
         }
+        self.delivered_sum = decay * self.delivered_sum + obs.delivered as f64;
         if obs.delivered > 0 {
             let step = (win - obs.consumer_wait.as_secs_f64()).max(0.0) / obs.delivered as f64;
             self.consumer_step = Some(self.ewma(self.consumer_step, step));
+        }
+    }
+
+    /// Items stage `i` handles per result delivered (32 before an `aggregate(32)`, 1 after).
+    /// Rates are in results per second; a stage's load is rate × flow × cost.
+    fn flow(&self, i: usize) -> f64 {
+        let m = &self.stages[i];
+        if self.delivered_sum >= 1.0 && m.item_sum >= 1.0 {
+            m.item_sum / self.delivered_sum
+        } else {
+            1.0
         }
     }
 
@@ -227,7 +244,7 @@ impl ModelBased {
         let cores = obs.budgets.map_or(1, |b| b.cores).max(1) as f64;
         let cpu_cost: f64 = (0..n)
             .filter(|&i| obs.stages[i].is_cpu())
-            .filter_map(|i| self.stages[i].cost)
+            .filter_map(|i| self.stages[i].cost.map(|c| c * self.flow(i)))
             .sum();
         let cpu_rate = if cpu_cost > 0.0 {
             cores / cpu_cost
@@ -260,7 +277,7 @@ impl ModelBased {
                 };
                 // Square-root staffing: variable work needs spare workers in proportion to the
                 // square root of the load and to the variability (none for constant work).
-                let load = rate * cost;
+                let load = rate * self.flow(i) * cost;
                 let cv = s.cost_cv.min(MAX_CV);
                 let need = load + STAFFING_BETA * cv * load.sqrt();
                 let cur = s.workers;

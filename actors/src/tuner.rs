@@ -1,0 +1,348 @@
+//! The tuner actor: every tick, observe the stages, ask the policy, apply its decisions.
+//!
+//! # The loop
+//!
+//! Each tick (100 ms by default) the actor snapshots every stage (source excluded, the sink
+//! last), turns the difference from the previous snapshots into an
+//! [`Observation`](flowgate_tuner::Observation) — the same type the simulator builds — runs
+//! the [`Policy`], passes its decisions through [`enforce`] (pinned knobs untouched, workers
+//! within limits, committed buffer bytes within the memory budget) and sends them to the stage
+//! actors as [`Resize`] and [`SetBudget`] messages. It samples the process's RSS, and records
+//! the tick (signals, decisions and their reasons) as one JSON line in the trace file, if one
+//! is set, and in the in-memory [`TraceLog`].
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use flowgate_tuner::policy::{HillClimb, ModelBased, ModelSettings, Static};
+use flowgate_tuner::{enforce, Action, Budgets, Decision, Observation, Policy, StageKind};
+use flowgate_tuner::{StageObservation, StageStats};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::actor::{Resize, SetBudget, StageActor};
+use crate::cap;
+use crate::stage::StageControl;
+
+/// How often the tuner looks, by default. Fast enough to converge within seconds; slow enough
+/// that a tick sees hundreds of items of a typical loader and that the tuner costs nothing.
+pub const DEFAULT_TICK: Duration = Duration::from_millis(100);
+/// Ticks kept in the in-memory trace (about 28 minutes at the default tick).
+pub const TRACE_CAPACITY: usize = 16_384;
+
+/// The shipped policies, by name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "name", deny_unknown_fields)]
+pub enum PolicyChoice {
+    /// [`ModelBased`] (the default).
+    #[default]
+    Model,
+    /// [`HillClimb`].
+    HillClimb,
+    /// [`Static`]: observe and trace, change nothing.
+    Static,
+}
+
+/// Settings of the tuner. Every field has a default.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TunerSettings {
+    /// Time between ticks; default [`DEFAULT_TICK`]. 10 ms..=10 s is sensible.
+    #[serde(default, with = "opt_millis")]
+    pub tick: Option<Duration>,
+    /// The policy; default the model-based one.
+    #[serde(default)]
+    pub policy: PolicyChoice,
+    /// Settings of the model-based policy.
+    #[serde(default)]
+    pub model: ModelSettings,
+    /// Bytes all buffers together may hold; default half of the available memory.
+    #[serde(default)]
+    pub memory_bytes: Option<u64>,
+    /// Cores the CPU stages may use; default the number of cores.
+    #[serde(default)]
+    pub cores: Option<usize>,
+    /// Where to write the decision trace (JSON lines); none by default.
+    #[serde(default)]
+    pub trace: Option<PathBuf>,
+}
+
+mod opt_millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        d.map(|d| d.as_millis() as u64).serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
+    }
+}
+
+impl TunerSettings {
+    /// The policy these settings name.
+    pub fn make_policy(&self) -> Box<dyn Policy> {
+        match self.policy {
+            PolicyChoice::Model => Box::new(ModelBased::new(self.model)),
+            PolicyChoice::HillClimb => Box::new(HillClimb::default()),
+            PolicyChoice::Static => Box::new(Static),
+        }
+    }
+
+    /// The budgets: the settings' or the machine's.
+    pub fn budgets(&self) -> Budgets {
+        let detected = Budgets::detect();
+        Budgets {
+            memory_bytes: self.memory_bytes.unwrap_or(detected.memory_bytes),
+            cores: self.cores.unwrap_or(detected.cores),
+        }
+    }
+}
+
+/// One tick of the tuner, as traced.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceRecord {
+    /// Seconds since the tuner started.
+    pub t: f64,
+    /// Results per second delivered in the tick.
+    pub rate: f64,
+    /// Fraction of the tick the consumer waited.
+    pub wait: f64,
+    /// Stage names (source excluded, sink last).
+    pub stages: Vec<String>,
+    /// Workers per stage.
+    pub workers: Vec<usize>,
+    /// Item budget per stage.
+    pub budgets: Vec<usize>,
+    /// Items held per stage.
+    pub queued: Vec<usize>,
+    /// Bytes held in all buffers.
+    pub buffered_bytes: u64,
+    /// The memory budget.
+    pub memory_budget: u64,
+    /// Resident memory of the process.
+    pub rss_bytes: Option<u64>,
+    /// What the policy decided, and why.
+    pub decisions: Vec<Decision>,
+}
+
+/// The tuner's recent ticks, shared with the pipeline.
+#[derive(Debug, Default)]
+pub struct TraceLog {
+    records: Mutex<std::collections::VecDeque<TraceRecord>>,
+}
+
+impl TraceLog {
+    fn push(&self, r: TraceRecord) {
+        let mut q = self.records.lock();
+        if q.len() == TRACE_CAPACITY {
+            q.pop_front();
+        }
+        q.push_back(r);
+    }
+
+    /// The recorded ticks, oldest first.
+    pub fn records(&self) -> Vec<TraceRecord> {
+        self.records.lock().iter().cloned().collect()
+    }
+
+    /// Only the ticks with decisions.
+    pub fn decisions(&self) -> Vec<TraceRecord> {
+        self.records
+            .lock()
+            .iter()
+            .filter(|r| !r.decisions.is_empty())
+            .cloned()
+            .collect()
+    }
+}
+
+/// A callback for every tick with decisions.
+pub type OnDecision = Box<dyn FnMut(&TraceRecord) + Send>;
+
+/// The tuner actor; see the module docs.
+pub struct TunerActor {
+    stages: Vec<(Arc<dyn StageControl>, Addr<StageActor>)>,
+    policy: Box<dyn Policy>,
+    budgets: Budgets,
+    tick: Duration,
+    prev: Option<(Instant, Vec<StageStats>)>,
+    item_bytes: Vec<u64>,
+    started: Instant,
+    trace_file: Option<std::io::BufWriter<std::fs::File>>,
+    log: Arc<TraceLog>,
+    on_decision: Option<OnDecision>,
+}
+
+impl std::fmt::Debug for TunerActor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TunerActor")
+            .field("policy", &self.policy.name())
+            .field("budgets", &self.budgets)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TunerActor {
+    /// A tuner of `stages` (control and actor of each; source excluded, sink last).
+    pub fn new(
+        stages: Vec<(Arc<dyn StageControl>, Addr<StageActor>)>,
+        settings: &TunerSettings,
+        policy: Box<dyn Policy>,
+        log: Arc<TraceLog>,
+        on_decision: Option<OnDecision>,
+    ) -> std::io::Result<Self> {
+        let trace_file = match &settings.trace {
+            Some(p) => Some(std::io::BufWriter::new(std::fs::File::create(p)?)),
+            None => None,
+        };
+        let n = stages.len();
+        Ok(Self {
+            stages,
+            policy,
+            budgets: settings.budgets(),
+            tick: settings.tick.unwrap_or(DEFAULT_TICK),
+            prev: None,
+            item_bytes: vec![0; n],
+            started: Instant::now(),
+            trace_file,
+            log,
+            on_decision,
+        })
+    }
+
+    fn observe(&mut self, now: Instant, snaps: &[StageStats]) -> Option<Observation> {
+        let (then, prev) = self.prev.replace((now, snaps.to_vec()))?;
+        let window = now.duration_since(then);
+        let spare_tokens = cap::cpu_worker_cap().saturating_sub(cap::cpu_workers_in_use());
+        let stages: Vec<StageObservation> = snaps
+            .iter()
+            .zip(&prev)
+            .enumerate()
+            .map(|(i, (s, p))| {
+                if s.queue_items > 0 {
+                    self.item_bytes[i] = s.queue_bytes / s.queue_items as u64;
+                }
+                let mean = s.task_time.mean.as_secs_f64();
+                // A pool stage can grow only as far as the process-wide CPU cap has tokens.
+                let max_workers = if s.kind == Some(StageKind::Pool) {
+                    s.max_workers.min(s.workers + spare_tokens)
+                } else {
+                    s.max_workers
+                };
+                StageObservation {
+                    name: s.name.clone(),
+                    kind: s.kind,
+                    workers: s.workers,
+                    max_workers,
+                    workers_pinned: s.pinned,
+                    budget_pinned: s.budget_pinned,
+                    items: s.items_in.saturating_sub(p.items_in),
+                    items_out: s.items_out.saturating_sub(p.items_out),
+                    busy: s.busy.saturating_sub(p.busy),
+                    blocked_put: s.blocked_put.saturating_sub(p.blocked_put),
+                    blocked_get: s.blocked_get.saturating_sub(p.blocked_get),
+                    queue_items: s.queue_items,
+                    queue_bytes: s.queue_bytes,
+                    budget_items: s.budget_items,
+                    budget_bytes: s.budget_bytes,
+                    item_bytes: self.item_bytes[i],
+                    cost_cv: if mean > 0.0 {
+                        s.task_time.stddev.as_secs_f64() / mean
+                    } else {
+                        0.0
+                    },
+                }
+            })
+            .collect();
+        let sink = stages.last()?;
+        Some(Observation {
+            now: now.duration_since(self.started),
+            window,
+            delivered: sink.items_out,
+            consumer_wait: sink.blocked_get,
+            gpu_util: None,
+            buffered_bytes: stages.iter().map(|s| s.queue_bytes).sum(),
+            rss_bytes: rss_bytes(),
+            budgets: Some(self.budgets),
+            stages,
+        })
+    }
+
+    fn tick(&mut self) {
+        let now = Instant::now();
+        let snaps: Vec<StageStats> = self.stages.iter().map(|(c, _)| c.snapshot()).collect();
+        let Some(obs) = self.observe(now, &snaps) else {
+            return;
+        };
+        let decisions = enforce(self.policy.decide(&obs), &obs);
+        for d in &decisions {
+            let (_, addr) = match d.action {
+                Action::SetWorkers { stage, .. }
+                | Action::SetPrefetch { stage, .. }
+                | Action::SetCacheBytes { stage, .. } => &self.stages[stage],
+            };
+            match d.action {
+                Action::SetWorkers { workers, .. } => addr.do_send(Resize { workers }),
+                Action::SetPrefetch { items, bytes, .. } => {
+                    addr.do_send(SetBudget { items, bytes })
+                }
+                Action::SetCacheBytes { .. } => {}
+            }
+            tracing::debug!(policy = self.policy.name(), action = ?d.action, reason = %d.reason, "tuner decision");
+        }
+        let record = TraceRecord {
+            t: obs.now.as_secs_f64(),
+            rate: obs.rate(),
+            wait: obs.wait_fraction(),
+            stages: obs.stages.iter().map(|s| s.name.clone()).collect(),
+            workers: obs.stages.iter().map(|s| s.workers).collect(),
+            budgets: obs.stages.iter().map(|s| s.budget_items).collect(),
+            queued: obs.stages.iter().map(|s| s.queue_items).collect(),
+            buffered_bytes: obs.buffered_bytes,
+            memory_budget: self.budgets.memory_bytes,
+            rss_bytes: obs.rss_bytes,
+            decisions,
+        };
+        if let Some(f) = &mut self.trace_file {
+            if let Ok(line) = serde_json::to_string(&record) {
+                let _ = writeln!(f, "{line}");
+            }
+        }
+        if !record.decisions.is_empty() {
+            if let Some(cb) = &mut self.on_decision {
+                cb(&record);
+            }
+        }
+        self.log.push(record);
+    }
+}
+
+impl Actor for TunerActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        tracing::debug!(policy = self.policy.name(), tick = ?self.tick, "tuner started");
+        ctx.run_interval(self.tick, |this, _| this.tick());
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        if let Some(f) = &mut self.trace_file {
+            let _ = f.flush();
+        }
+    }
+}
+
+/// Resident memory of this process (Linux; `None` elsewhere).
+pub fn rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
