@@ -618,3 +618,49 @@ fn the_tuner_scales_a_cold_pipeline_and_leaves_pinned_knobs_alone() {
     assert!(parsed.iter().any(|r| !r.decisions.is_empty()));
     let _ = std::fs::remove_file(trace);
 }
+
+#[test]
+fn flowgate_plot_draws_a_trace_and_names_bad_lines() {
+    let dir = std::env::temp_dir().join(format!("flowgate-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("tuner.svg");
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/demo-trace.jsonl");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flowgate"))
+        .args(["plot", trace, "-o"])
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    for text in [
+        "results per second",
+        "workers per stage",
+        "buffered bytes",
+        "decode",
+    ] {
+        assert!(picture.contains(text), "the picture lacks {text:?}");
+    }
+    let bad = dir.join("bad.jsonl");
+    let first = std::fs::read_to_string(trace)
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_owned();
+    std::fs::write(&bad, format!("{first}\n{{\"t\": \"soon\"}}\n")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flowgate"))
+        .args(["plot"])
+        .arg(&bad)
+        .arg("-o")
+        .arg(dir.join("x.svg"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.jsonl:2:"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -203,6 +203,8 @@ impl<T: Send + 'static> Batcher<T> {
 
     fn send(&mut self) -> Result<(), Closed> {
         if !self.run.is_empty() {
+            // Counters before results: see the pool stage.
+            self.counters.flush(&self.s.core.metrics, Instant::now());
             let s = &*self.s;
             let waited = flush(&mut self.run, &s.output, s.input.budget(), &s.out_seq)?;
             self.counters.c.put_wait_ns += waited;

@@ -276,15 +276,15 @@ async fn emit<T: Send + 'static, U: Send + 'static>(
         if s.order == Order::Input {
             window.drain_ready(&mut run);
         }
-        match flush_async(&mut run, &s.output, s.input.budget(), &s.out_seq).await {
-            Ok(waited) => counters.c.put_wait_ns += waited,
-            Err(_) => break,
-        }
+        // Counters before results (see the pool stage); otherwise in batches.
         if rx.is_empty() {
-            // Going idle: make the counters visible now, not at the next completion.
             counters.flush(&s.core.metrics, Instant::now());
         } else {
             counters.maybe_flush(&s.core.metrics, Instant::now());
+        }
+        match flush_async(&mut run, &s.output, s.input.budget(), &s.out_seq).await {
+            Ok(waited) => counters.c.put_wait_ns += waited,
+            Err(_) => break,
         }
     }
     counters.flush(&s.core.metrics, Instant::now());

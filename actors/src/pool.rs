@@ -390,6 +390,11 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
     /// Sends (or deposits, in input order) the results gathered so far.
     fn emit(&mut self) -> Result<(), Closed> {
         let s = &*self.s;
+        if self.local.is_empty() {
+            // End of a run: publish the counters before the results, so that statistics taken
+            // once the consumer has every result are exact.
+            self.counters.flush(&s.core.metrics, self.last);
+        }
         match s.order {
             Order::Completion => {
                 if !self.run.is_empty() {
