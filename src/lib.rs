@@ -6,11 +6,14 @@
 
 mod builder;
 mod config;
+pub mod media;
 mod pipeline;
+pub mod tensor;
 
 pub use builder::{PipelineBuilder, SourceBuilder};
 pub use config::Workers;
 pub use pipeline::{ControlHandle, EpochIter, EpochStream, Pipeline, PipelineStats, StopHandle};
+pub use tensor::{DType, Tensor};
 
 pub use flowgate_actors as actors;
 pub use flowgate_actors::cap::{cpu_worker_cap, set_cpu_worker_cap};

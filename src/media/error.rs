@@ -1,0 +1,51 @@
+//! The error of a failed media item.
+
+use std::path::PathBuf;
+
+/// Why one file could not become a tensor. Every variant names the file.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MediaError {
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is empty.
+    #[error("{path}: the file is empty")]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The bytes are not a supported, valid image (truncated, corrupt, another format).
+    #[error("decoding {path}: {source}")]
+    Decode {
+        /// The file.
+        path: PathBuf,
+        /// What the decoder said.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The image decoded but cannot be resized as asked.
+    #[error("{path}: {reason}")]
+    Geometry {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl MediaError {
+    /// The file the error is about.
+    pub fn path(&self) -> &std::path::Path {
+        match self {
+            MediaError::Read { path, .. }
+            | MediaError::Empty { path }
+            | MediaError::Decode { path, .. }
+            | MediaError::Geometry { path, .. } => path,
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! Which files an epoch reads: discovery, shuffling, sharding.
+
+use std::path::{Path, PathBuf};
+
+use flowgate_tuner::Rng;
+
+use crate::PipelineError;
+
+/// A dataset's file list, and how each epoch orders and shards it.
+///
+/// # Examples
+///
+/// ```no_run
+/// use flowgate::media::Files;
+///
+/// let files = Files::dir("/data/train", &["jpg", "jpeg"])?  // or Files::list(..), Files::new(..)
+///     .shuffle(42)                                          // a new order every epoch
+///     .shard_from_env();                                    // RANK / WORLD_SIZE, if set
+/// let epoch0: Vec<_> = files.epoch(0);
+/// # Ok::<(), flowgate::PipelineError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Files {
+    paths: Vec<PathBuf>,
+    seed: Option<u64>,
+    rank: usize,
+    world: usize,
+}
+
+impl Files {
+    /// Exactly these paths, in this order.
+    pub fn new(paths: impl IntoIterator<Item = impl Into<PathBuf>>) -> Self {
+        Self {
+            paths: paths.into_iter().map(Into::into).collect(),
+            seed: None,
+            rank: 0,
+            world: 1,
+        }
+    }
+
+    /// Every file under `root` (recursively) whose extension is one of `extensions`
+    /// (case-insensitive; empty: every file), in sorted order.
+    pub fn dir(root: impl AsRef<Path>, extensions: &[&str]) -> Result<Self, PipelineError> {
+        let mut paths = Vec::new();
+        let mut stack = vec![root.as_ref().to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            let entries = std::fs::read_dir(&dir)
+                .map_err(|e| PipelineError::config(format!("listing {}: {e}", dir.display())))?;
+            for entry in entries {
+                let entry = entry.map_err(|e| {
+                    PipelineError::config(format!("listing {}: {e}", dir.display()))
+                })?;
+                let path = entry.path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if extensions.is_empty()
+                    || path
+                        .extension()
+                        .and_then(|e| e.to_str())
+                        .is_some_and(|e| extensions.iter().any(|x| x.eq_ignore_ascii_case(e)))
+                {
+                    paths.push(path);
+                }
+            }
+        }
+        paths.sort();
+        Ok(Self::new(paths))
+    }
+
+    /// The paths in a list file, one per line (blank lines and `#` comments skipped; relative
+    /// paths are relative to the list's directory).
+    pub fn list(file: impl AsRef<Path>) -> Result<Self, PipelineError> {
+        let file = file.as_ref();
+        let text = std::fs::read_to_string(file).map_err(|e| {
+            PipelineError::config(format!("reading the list {}: {e}", file.display()))
+        })?;
+        let base = file.parent().unwrap_or(Path::new("."));
+        Ok(Self::new(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(|l| base.join(l)),
+        ))
+    }
+
+    /// Shuffles every epoch with a seed derived from `seed` and the epoch number: the same seed
+    /// gives the same orders, every epoch a different one.
+    pub fn shuffle(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Keeps shard `rank` of `world`: every `world`-th file of each epoch's order starting at
+    /// `rank`, so shards are disjoint and together cover the epoch.
+    pub fn shard(mut self, rank: usize, world: usize) -> Self {
+        self.world = world.max(1);
+        self.rank = rank.min(self.world - 1);
+        self
+    }
+
+    /// Shards by the `RANK` and `WORLD_SIZE` environment variables when both are set.
+    pub fn shard_from_env(self) -> Self {
+        let var = |k| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+        match (var("RANK"), var("WORLD_SIZE")) {
+            (Some(rank), Some(world)) => self.shard(rank, world),
+            _ => self,
+        }
+    }
+
+    /// Number of files in the whole dataset.
+    pub fn len(&self) -> usize {
+        self.paths.len()
+    }
+
+    /// Whether there are no files.
+    pub fn is_empty(&self) -> bool {
+        self.paths.is_empty()
+    }
+
+    /// This shard's files for `epoch`, in order.
+    pub fn epoch(&self, epoch: u64) -> Vec<PathBuf> {
+        let mut order: Vec<usize> = (0..self.paths.len()).collect();
+        if let Some(seed) = self.seed {
+            let mut rng = Rng::new(seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            for i in (1..order.len()).rev() {
+                let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+                order.swap(i, j);
+            }
+        }
+        order
+            .into_iter()
+            .skip(self.rank)
+            .step_by(self.world)
+            .map(|i| self.paths[i].clone())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shuffles_per_epoch_and_shards_disjointly() {
+        let all: Vec<PathBuf> = (0..103)
+            .map(|i| PathBuf::from(format!("{i}.jpg")))
+            .collect();
+        let f = Files::new(all.clone()).shuffle(7);
+        assert_eq!(f.epoch(0), f.epoch(0), "deterministic");
+        assert_ne!(f.epoch(0), f.epoch(1), "reshuffled per epoch");
+        let mut sorted = f.epoch(1);
+        sorted.sort();
+        let mut expected = all.clone();
+        expected.sort();
+        assert_eq!(sorted, expected, "a permutation");
+        let mut union: Vec<PathBuf> = (0..4)
+            .flat_map(|r| f.clone().shard(r, 4).epoch(3))
+            .collect();
+        assert_eq!(union.len(), 103, "disjoint");
+        union.sort();
+        assert_eq!(union, expected, "complete");
+        assert_eq!(
+            Files::new(all.clone()).epoch(5),
+            all,
+            "no shuffle: list order"
+        );
+    }
+}

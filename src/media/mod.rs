@@ -1,0 +1,16 @@
+//! Media: finding files, and decoding them into tensors.
+//!
+//! - [`Files`]: a directory walk, a file list or explicit paths; seeded per-epoch shuffling and
+//!   rank/world-size sharding.
+//! - [`image`](mod@image) (feature `image`): JPEG, PNG and WebP into `u8` tensors, with
+//!   torchvision's resize-and-center-crop geometry.
+//!
+//! Errors are [`MediaError`]s, which always name the file.
+
+mod error;
+mod files;
+#[cfg(feature = "image")]
+pub mod image;
+
+pub use error::MediaError;
+pub use files::Files;

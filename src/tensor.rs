@@ -1,0 +1,249 @@
+//! Batches as tensors: a shape, a dtype and one contiguous, 64-byte-aligned buffer.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::fmt;
+use std::ptr::NonNull;
+
+/// Alignment of every tensor buffer: a cache line, and enough for any SIMD load and for
+/// DMA-friendly device copies.
+pub const ALIGN: usize = 64;
+
+/// Element type of a [`Tensor`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// Unsigned bytes (images).
+    U8,
+    /// 32-bit floats (audio, normalised images).
+    F32,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::U8 => 1,
+            DType::F32 => 4,
+        }
+    }
+
+    /// The NumPy name (`uint8`, `float32`).
+    pub fn numpy(self) -> &'static str {
+        match self {
+            DType::U8 => "uint8",
+            DType::F32 => "float32",
+        }
+    }
+}
+
+/// An owned, zero-initialised, [`ALIGN`]-aligned byte buffer.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the buffer is uniquely owned plain memory, like a `Vec<u8>`.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only reads.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// `len` zero bytes.
+    pub fn zeroed(len: usize) -> Self {
+        if len == 0 {
+            return Self {
+                ptr: NonNull::<[u8; ALIGN]>::dangling().cast(),
+                len: 0,
+            };
+        }
+        let layout = Layout::from_size_align(len, ALIGN).expect("a valid layout");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(ptr) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        Self { ptr, len }
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` points to `len` initialised bytes owned by `self` (or is dangling with
+        // `len == 0`, which is allowed for slices when well aligned).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` makes the access unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            let layout =
+                Layout::from_size_align(self.len, ALIGN).expect("the layout it was made with");
+            // SAFETY: allocated in `zeroed` with this layout.
+            unsafe { dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+impl fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// A dense tensor: `shape`, `dtype` and one contiguous row-major buffer.
+#[derive(Debug)]
+pub struct Tensor {
+    shape: Vec<usize>,
+    dtype: DType,
+    data: AlignedBuf,
+}
+
+impl Tensor {
+    /// A zero tensor.
+    pub fn zeros(shape: &[usize], dtype: DType) -> Self {
+        let n: usize = shape.iter().product();
+        Self {
+            shape: shape.to_vec(),
+            dtype,
+            data: AlignedBuf::zeroed(n * dtype.size()),
+        }
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Size in bytes.
+    pub fn nbytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// The raw bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.data.as_slice()
+    }
+
+    /// The raw bytes, mutably.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        self.data.as_mut_slice()
+    }
+
+    /// The bytes of item `i` along the first axis (a zero-copy view of one sample of a batch).
+    pub fn item(&self, i: usize) -> &[u8] {
+        let per = self.nbytes() / self.shape.first().copied().unwrap_or(1).max(1);
+        &self.bytes()[i * per..(i + 1) * per]
+    }
+
+    /// The mutable bytes of item `i` along the first axis: the slot a decoder writes into.
+    pub fn item_mut(&mut self, i: usize) -> &mut [u8] {
+        let per = self.nbytes() / self.shape.first().copied().unwrap_or(1).max(1);
+        &mut self.bytes_mut()[i * per..(i + 1) * per]
+    }
+
+    /// Stacks same-shaped tensors along a new first axis (one copy of each).
+    pub fn stack(items: &[Tensor]) -> Option<Tensor> {
+        let first = items.first()?;
+        if items
+            .iter()
+            .any(|t| t.shape != first.shape || t.dtype != first.dtype)
+        {
+            return None;
+        }
+        let mut shape = vec![items.len()];
+        shape.extend_from_slice(&first.shape);
+        let mut out = Tensor::zeros(&shape, first.dtype);
+        for (i, t) in items.iter().enumerate() {
+            out.item_mut(i).copy_from_slice(t.bytes());
+        }
+        Some(out)
+    }
+
+    /// The tensor as a NumPy `.npy` file (version 1.0, little-endian, C order).
+    pub fn to_npy(&self) -> Vec<u8> {
+        let shape: Vec<String> = self.shape.iter().map(ToString::to_string).collect();
+        let shape = if shape.len() == 1 {
+            format!("{},", shape[0])
+        } else {
+            shape.join(", ")
+        };
+        let descr = match self.dtype {
+            DType::U8 => "|u1",
+            DType::F32 => "<f4",
+        };
+        let mut header =
+            format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({shape}), }}");
+        // Magic (6) + version (2) + header length (2) + header + '\n', padded to 64 bytes.
+        let unpadded = 10 + header.len() + 1;
+        header.push_str(&" ".repeat(unpadded.next_multiple_of(64) - unpadded));
+        header.push('\n');
+        let mut out = Vec::with_capacity(10 + header.len() + self.nbytes());
+        out.extend_from_slice(b"\x93NUMPY\x01\x00");
+        out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        out.extend_from_slice(header.as_bytes());
+        out.extend_from_slice(self.bytes());
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_aligned_zeroed_and_sliced_per_item() {
+        let mut t = Tensor::zeros(&[4, 3, 2], DType::U8);
+        assert_eq!(t.bytes().as_ptr() as usize % ALIGN, 0);
+        assert!(t.bytes().iter().all(|&b| b == 0));
+        t.item_mut(2).fill(7);
+        assert_eq!(t.item(2), &[7; 6]);
+        assert_eq!(t.item(1), &[0; 6]);
+        let empty = Tensor::zeros(&[0, 3], DType::F32);
+        assert_eq!(empty.nbytes(), 0);
+    }
+
+    #[test]
+    fn stack_and_npy() {
+        let mut a = Tensor::zeros(&[2, 2], DType::U8);
+        a.bytes_mut().copy_from_slice(&[1, 2, 3, 4]);
+        let b = Tensor::zeros(&[2, 2], DType::U8);
+        let s = Tensor::stack(&[a, b]).unwrap();
+        assert_eq!(s.shape(), &[2, 2, 2]);
+        assert_eq!(s.bytes(), &[1, 2, 3, 4, 0, 0, 0, 0]);
+        let npy = s.to_npy();
+        assert_eq!(&npy[..6], b"\x93NUMPY");
+        let header_len = u16::from_le_bytes([npy[8], npy[9]]) as usize;
+        assert_eq!((10 + header_len) % 64, 0);
+        let header = std::str::from_utf8(&npy[10..10 + header_len]).unwrap();
+        assert!(header.contains("'shape': (2, 2, 2)"), "{header}");
+        assert_eq!(&npy[10 + header_len..], s.bytes());
+        assert!(Tensor::stack(&[
+            Tensor::zeros(&[1], DType::U8),
+            Tensor::zeros(&[2], DType::U8)
+        ])
+        .is_none());
+    }
+}
