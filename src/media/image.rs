@@ -278,7 +278,7 @@ mod tests {
             "truncated"
         );
         assert!(
-            r.decode_into(&jpg, p, &mut vec![0; 10]).is_err(),
+            r.decode_into(&jpg, p, &mut [0; 10]).is_err(),
             "wrong slot size"
         );
         let e = r.load(Path::new("/nonexistent/a.jpg")).unwrap_err();

@@ -1,0 +1,161 @@
+//! The loader benchmark: the same work as the peer scripts in `../shared/peers`, on a file list.
+//!
+//! ```text
+//! cargo run --release --example bench -- images --list FILE [--batch 32] [--resize 256]
+//!     [--crop 224] [--layout nchw|nhwc] [--workers N] [--dump FILE.npy]
+//! ```
+//!
+//! (`--dir DIR` is accepted instead of `--list`.) One epoch, in-process, from building the
+//! pipeline to the last batch; prints one JSON line:
+//! `{"workload":..,"items":..,"seconds":..,"items_per_s":..,"cpu_seconds":..,"peak_rss_mb":..,
+//! "batch_shape":[..],"dtype":..}`. Without `--workers` the tuner sizes the decode stage from
+//! one worker; `--workers N` pins it. `--dump` writes the first batch (the list's first items,
+//! in list order) as a NumPy file. Audio and video workloads arrive with their decoders.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use flowgate::media::image::{ImageRecipe, Layout};
+use flowgate::media::Files;
+use flowgate::{Order, Pipeline, PipelineError, Tensor, Workers};
+
+struct Args {
+    workload: String,
+    files: Files,
+    batch: usize,
+    recipe: ImageRecipe,
+    workers: Option<usize>,
+    dump: Option<PathBuf>,
+}
+
+fn parse() -> Result<Args, PipelineError> {
+    let mut it = std::env::args().skip(1);
+    let workload = it.next().unwrap_or_default();
+    let mut a = Args {
+        workload,
+        files: Files::new(Vec::<PathBuf>::new()),
+        batch: 32,
+        recipe: ImageRecipe::default(),
+        workers: None,
+        dump: None,
+    };
+    let bad = |m: String| PipelineError::config(m);
+    while let Some(flag) = it.next() {
+        let v = it.next().ok_or_else(|| bad(format!("{flag} needs a value")))?;
+        let num = |v: &str| v.parse::<u32>().map_err(|_| bad(format!("{flag}: not a number: {v}")));
+        match flag.as_str() {
+            "--list" => a.files = Files::list(&v)?,
+            "--dir" => a.files = Files::dir(&v, &["jpg", "jpeg", "png", "webp"])?,
+            "--batch" => a.batch = num(&v)? as usize,
+            "--resize" => a.recipe.resize = num(&v)?,
+            "--crop" => a.recipe.crop = num(&v)?,
+            "--layout" => {
+                a.recipe.layout = match v.as_str() {
+                    "nchw" => Layout::Nchw,
+                    "nhwc" => Layout::Nhwc,
+                    _ => return Err(bad(format!("--layout: nchw or nhwc, not {v}"))),
+                }
+            }
+            "--workers" => a.workers = Some(num(&v)? as usize),
+            "--dump" => a.dump = Some(v.into()),
+            _ => return Err(bad(format!("unknown flag {flag}"))),
+        }
+    }
+    if a.workload != "images" {
+        return Err(bad(format!("workload `{}`: only `images` is implemented so far", a.workload)));
+    }
+    if a.files.is_empty() {
+        return Err(bad("no files: give --list FILE or --dir DIR".into()));
+    }
+    Ok(a)
+}
+
+/// User plus system CPU seconds of this process so far.
+fn cpu_seconds() -> f64 {
+    let mut ru = std::mem::MaybeUninit::<libc_rusage>::zeroed();
+    // SAFETY: getrusage fills the struct; RUSAGE_SELF = 0.
+    let ok = unsafe { getrusage(0, ru.as_mut_ptr()) } == 0;
+    if !ok {
+        return f64::NAN;
+    }
+    // SAFETY: initialised by the successful call.
+    let ru = unsafe { ru.assume_init() };
+    let tv = |t: [i64; 2]| t[0] as f64 + t[1] as f64 / 1e6;
+    tv(ru.utime) + tv(ru.stime)
+}
+
+#[repr(C)]
+struct libc_rusage {
+    utime: [i64; 2],
+    stime: [i64; 2],
+    rest: [i64; 14],
+}
+
+extern "C" {
+    fn getrusage(who: i32, usage: *mut libc_rusage) -> i32;
+}
+
+/// Peak resident memory of this process, MiB (`VmHWM`).
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+fn main() -> Result<(), PipelineError> {
+    let a = parse()?;
+    let recipe = a.recipe;
+    let paths = a.files.epoch(0);
+    let n_files = paths.len();
+    let workers = a.workers.map_or(Workers::initial(1), Workers::fixed);
+    let cpu0 = cpu_seconds();
+    let t0 = Instant::now();
+    let mut p = Pipeline::builder()
+        .source(paths)
+        .output_order(if a.dump.is_some() { Order::Input } else { Order::Completion })
+        .pipe("decode", move |path: PathBuf| recipe.load(&path), workers)
+        .measure(Tensor::nbytes)
+        .aggregate(a.batch, false)
+        .pipe(
+            "collate",
+            |items: Vec<Tensor>| Tensor::stack(&items).ok_or(PipelineError::config("mixed shapes")),
+            1,
+        )
+        .measure(Tensor::nbytes)
+        .build()?;
+    let (mut items, mut shape, mut dtype) = (0usize, Vec::new(), None);
+    for batch in p.iter() {
+        let batch = batch?;
+        if items == 0 {
+            if let Some(path) = &a.dump {
+                std::fs::write(path, batch.to_npy())
+                    .map_err(|e| PipelineError::config(format!("writing {}: {e}", path.display())))?;
+            }
+            shape = batch.shape().to_vec();
+            dtype = Some(batch.dtype());
+        }
+        items += batch.shape()[0];
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu0;
+    let stats = p.stats();
+    drop(p);
+    eprintln!(
+        "{n_files} files, {} failed; decode workers at the end: {}",
+        stats.failures,
+        stats.stage("decode").map_or(0, |s| s.workers)
+    );
+    println!(
+        "{{\"workload\":\"{}\",\"items\":{items},\"seconds\":{secs:.3},\"items_per_s\":{:.1},\"cpu_seconds\":{cpu:.3},\"peak_rss_mb\":{:.1},\"batch_shape\":{shape:?},\"dtype\":\"{}\"}}",
+        a.workload,
+        items as f64 / secs,
+        peak_rss_mb(),
+        dtype.map_or("none", |d| d.numpy()),
+    );
+    Ok(())
+}
