@@ -41,8 +41,13 @@ fn parse() -> Result<Args, PipelineError> {
     };
     let bad = |m: String| PipelineError::config(m);
     while let Some(flag) = it.next() {
-        let v = it.next().ok_or_else(|| bad(format!("{flag} needs a value")))?;
-        let num = |v: &str| v.parse::<u32>().map_err(|_| bad(format!("{flag}: not a number: {v}")));
+        let v = it
+            .next()
+            .ok_or_else(|| bad(format!("{flag} needs a value")))?;
+        let num = |v: &str| {
+            v.parse::<u32>()
+                .map_err(|_| bad(format!("{flag}: not a number: {v}")))
+        };
         match flag.as_str() {
             "--list" => a.files = Files::list(&v)?,
             "--dir" => a.files = Files::dir(&v, &["jpg", "jpeg", "png", "webp"])?,
@@ -62,7 +67,10 @@ fn parse() -> Result<Args, PipelineError> {
         }
     }
     if a.workload != "images" {
-        return Err(bad(format!("workload `{}`: only `images` is implemented so far", a.workload)));
+        return Err(bad(format!(
+            "workload `{}`: only `images` is implemented so far",
+            a.workload
+        )));
     }
     if a.files.is_empty() {
         return Err(bad("no files: give --list FILE or --dir DIR".into()));
@@ -117,7 +125,11 @@ fn main() -> Result<(), PipelineError> {
     let t0 = Instant::now();
     let mut p = Pipeline::builder()
         .source(paths)
-        .output_order(if a.dump.is_some() { Order::Input } else { Order::Completion })
+        .output_order(if a.dump.is_some() {
+            Order::Input
+        } else {
+            Order::Completion
+        })
         .pipe("decode", move |path: PathBuf| recipe.load(&path), workers)
         .measure(Tensor::nbytes)
         .aggregate(a.batch, false)
@@ -133,8 +145,9 @@ fn main() -> Result<(), PipelineError> {
         let batch = batch?;
         if items == 0 {
             if let Some(path) = &a.dump {
-                std::fs::write(path, batch.to_npy())
-                    .map_err(|e| PipelineError::config(format!("writing {}: {e}", path.display())))?;
+                std::fs::write(path, batch.to_npy()).map_err(|e| {
+                    PipelineError::config(format!("writing {}: {e}", path.display()))
+                })?;
             }
             shape = batch.shape().to_vec();
             dtype = Some(batch.dtype());
@@ -144,6 +157,19 @@ fn main() -> Result<(), PipelineError> {
     let secs = t0.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu0;
     let stats = p.stats();
+    if std::env::var_os("BENCH_TRACE").is_some() {
+        for r in p.tuner_trace() {
+            eprintln!(
+                "tuner @{:.1}s: rate {:.0} wait {:.2} workers {:?} queued {:?} {:?}",
+                r.t,
+                r.rate,
+                r.wait,
+                r.workers,
+                r.queued,
+                r.decisions.iter().map(|d| &d.reason).collect::<Vec<_>>()
+            );
+        }
+    }
     drop(p);
     eprintln!(
         "{n_files} files, {} failed; decode workers at the end: {}",

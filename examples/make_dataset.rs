@@ -23,11 +23,20 @@ fn photo(rng: &mut Rng) -> RgbImage {
     let (w, h) = SIZES[(rng.next_u64() % SIZES.len() as u64) as usize];
     let mut f = || rng.uniform();
     // Low-frequency colour fields.
-    let waves: Vec<[f64; 4]> = (0..9).map(|_| [f() * 0.03, f() * 0.03, f() * 6.28, 40.0 + 60.0 * f()]).collect();
+    let waves: Vec<[f64; 4]> = (0..9)
+        .map(|_| [f() * 0.03, f() * 0.03, f() * std::f64::consts::TAU, 40.0 + 60.0 * f()])
+        .collect();
     let base: [f64; 3] = [60.0 + 120.0 * f(), 60.0 + 120.0 * f(), 60.0 + 120.0 * f()];
     // A few solid shapes with hard edges.
     let shapes: Vec<(f64, f64, f64, [f64; 3])> = (0..6)
-        .map(|_| (f() * w as f64, f() * h as f64, 20.0 + 80.0 * f(), [255.0 * f(), 255.0 * f(), 255.0 * f()]))
+        .map(|_| {
+            (
+                f() * w as f64,
+                f() * h as f64,
+                20.0 + 80.0 * f(),
+                [255.0 * f(), 255.0 * f(), 255.0 * f()],
+            )
+        })
         .collect();
     let mut img = RgbImage::new(w, h);
     for (x, y, px) in img.enumerate_pixels_mut() {
@@ -78,7 +87,13 @@ fn clip(rng: &mut Rng, rate: u32) -> Vec<i16> {
     let secs = 3.0 + 7.0 * rng.uniform();
     let n = (secs * rate as f64) as usize;
     let tones: Vec<(f64, f64, f64)> = (0..3)
-        .map(|_| (120.0 + 900.0 * rng.uniform(), 0.2 * rng.uniform(), 0.1 + 0.2 * rng.uniform()))
+        .map(|_| {
+            (
+                120.0 + 900.0 * rng.uniform(),
+                0.2 * rng.uniform(),
+                0.1 + 0.2 * rng.uniform(),
+            )
+        })
         .collect();
     (0..n)
         .map(|i| {
@@ -130,6 +145,9 @@ fn main() -> std::io::Result<()> {
         list.push_str(&format!("{}\n", path.display()));
     }
     std::fs::write(out.join("audio.txt"), list)?;
-    println!("{{\"out\":\"{}\",\"images\":{images},\"audio\":{audio}}}", out.display());
+    println!(
+        "{{\"out\":\"{}\",\"images\":{images},\"audio\":{audio}}}",
+        out.display()
+    );
     Ok(())
 }

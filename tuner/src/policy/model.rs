@@ -229,6 +229,22 @@ impl ModelBased {
         }
     }
 
+    /// The tick's throughput in results per second, measured where the counts are largest:
+    /// all stages' items over their flows. With batches of 32, a tick sees a few results but
+    /// hundreds of items, so this is what gives the trials' t-tests their power.
+    fn fine_rate(&self, obs: &Observation, n: usize) -> f64 {
+        let (items, flows) = (0..n)
+            .filter(|&i| obs.stages[i].items > 0)
+            .fold((0.0, 0.0), |(a, b), i| {
+                (a + obs.stages[i].items as f64, b + self.flow(i))
+            });
+        if flows > 0.0 {
+            items / flows / obs.window.as_secs_f64().max(1e-9)
+        } else {
+            obs.rate()
+        }
+    }
+
     /// Items stage `i` handles per result delivered (32 before an `aggregate(32)`, 1 after).
     /// Rates are in results per second; a stage's load is rate × flow × cost.
     fn flow(&self, i: usize) -> f64 {
@@ -387,7 +403,9 @@ impl ModelBased {
             p_greater(&after, &t.before) >= self.s.p_value
         };
         let n = t.prev.len();
-        if keep || t.before.len() < 2 {
+        // Without a full baseline (a cold start) there is nothing to compare against: the
+        // model's first jump stands on its measurements alone.
+        if keep || t.before.len() < self.s.trial_ticks {
             for i in 0..n {
                 if obs.stages[i].workers != t.prev[i] {
                     self.stages[i].rejections = 0;
@@ -491,11 +509,11 @@ impl Policy for ModelBased {
         if self.stages.len() != n {
             self.stages = vec![StageModel::default(); n];
         }
-        self.rates.push_back(obs.rate());
+        self.estimate(obs, n);
+        self.rates.push_back(self.fine_rate(obs, n));
         while self.rates.len() > 4 * self.s.trial_ticks.max(1) {
             self.rates.pop_front();
         }
-        self.estimate(obs, n);
         if let Some(t) = self.trial.take() {
             if self.tick < t.start + self.s.settle_ticks + self.s.trial_ticks as u64 {
                 self.trial = Some(t);
@@ -531,11 +549,15 @@ impl Policy for ModelBased {
             }
         }
         if targets != current {
-            let before: Vec<f64> = {
-                let k = self.s.trial_ticks;
-                let r: Vec<f64> = self.rates.iter().rev().take(k).copied().collect();
-                r
-            };
+            // The baseline is steady state, so up to twice as many ticks as the trial: more
+            // power for the same wait.
+            let before: Vec<f64> = self
+                .rates
+                .iter()
+                .rev()
+                .take(2 * self.s.trial_ticks)
+                .copied()
+                .collect();
             let up = targets.iter().sum::<usize>() > current.iter().sum::<usize>();
             self.trial = Some(Trial {
                 start: self.tick,
