@@ -3,22 +3,35 @@
 //!
 //! ```text
 //! cargo run --release --example tune_eval -- synthetic [--seconds S] [--config-seconds S]
+//! cargo run --release --example tune_eval -- images --list FILE [--seconds S] [--config-seconds S]
 //! ```
 //!
 //! `synthetic`: `fetch` waits 4 ms per item (async, like an object-store GET), `decode` spins
-//! 120 µs of CPU per item, `aggregate(32)`, and an instant consumer: the pipeline must find the
-//! right number of requests in flight and decode workers on this machine's cores. (The `images`
-//! workload over a file list arrives with the image decoders.)
+//! 120 µs of CPU per item, batches of 32, an instant consumer; the grid is fetch 8..=128 in
+//! flight × decode 1..=cores+1 workers × prefetch 1 or 4.
+//!
+//! `images`: the `bench images` pipeline (decode, resize 256, crop 224, NCHW, batches of 32)
+//! over the files of `--list`, cycled for as long as a run lasts; the grid is decode workers
+//! 1..=cores+1 × prefetch 1 or 4.
 //!
 //! Prints one JSON line: the tuner's steady throughput over the best static one (`ratio`),
 //! seconds from cold to 90% and 95% of it, and the peak buffered bytes against the budget.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use flowgate::{Pipeline, PipelineError, TunerSettings, Workers};
+use flowgate::media::image::ImageRecipe;
+use flowgate::media::Files;
+use flowgate::{DType, Pipeline, PipelineBuilder, PipelineError, Tensor, TraceRecord, TunerSettings, Workers};
 
 const FETCH: Duration = Duration::from_millis(4);
 const DECODE: Duration = Duration::from_micros(120);
+
+#[derive(Clone, Debug)]
+enum Workload {
+    Synthetic,
+    Images(Vec<PathBuf>),
+}
 
 #[derive(Clone, Copy, Debug)]
 struct Static {
@@ -27,48 +40,61 @@ struct Static {
     prefetch: usize,
 }
 
-/// Runs the workload for `secs`; returns the time (since start) at which each batch arrived,
-/// and the pipeline's tuner trace.
-fn run(
-    cfg: Option<Static>,
-    secs: f64,
-) -> Result<(Vec<f64>, Vec<flowgate::TraceRecord>), PipelineError> {
-    let b = Pipeline::builder().source_epochs(|_| 0..u64::MAX);
-    let (fetch, decode) = cfg.map_or((Workers::initial(1), Workers::initial(1)), |c| {
-        (Workers::fixed(c.fetch), Workers::fixed(c.decode))
-    });
-    let b = b.pipe_async(
-        "fetch",
-        |x| async move {
-            tokio::time::sleep(FETCH).await;
-            Ok::<_, std::io::Error>(x)
-        },
-        fetch,
-    );
-    let b = match cfg {
-        Some(c) => b.budget(c.fetch * c.prefetch, u64::MAX),
-        None => b,
+type Outcome = (Vec<f64>, Vec<TraceRecord>);
+
+/// Runs the workload for `secs` (tuned when `cfg` is `None`); returns the arrival time of
+/// each batch and the tuner's trace.
+fn run(w: &Workload, cfg: Option<Static>, secs: f64) -> Result<Outcome, PipelineError> {
+    let pinned = |n: usize| cfg.map_or(Workers::initial(1), |_| Workers::fixed(n));
+    let b = match w {
+        Workload::Synthetic => {
+            let b = Pipeline::builder().source_epochs(|_| 0..u64::MAX).pipe_async(
+                "fetch",
+                |x| async move {
+                    tokio::time::sleep(FETCH).await;
+                    Ok::<_, std::io::Error>(x)
+                },
+                pinned(cfg.map_or(1, |c| c.fetch)),
+            );
+            let b = match cfg {
+                Some(c) => b.budget(c.fetch * c.prefetch, u64::MAX),
+                None => b,
+            };
+            b.pipe(
+                "decode",
+                |x| {
+                    let t0 = Instant::now();
+                    while t0.elapsed() < DECODE {
+                        std::hint::spin_loop();
+                    }
+                    let mut t = Tensor::zeros(&[4096], DType::U8);
+                    t.bytes_mut().fill(x as u8);
+                    Ok::<_, std::io::Error>(t)
+                },
+                pinned(cfg.map_or(1, |c| c.decode)),
+            )
+        }
+        Workload::Images(paths) => {
+            let paths = paths.clone();
+            let recipe = ImageRecipe::default();
+            Pipeline::builder()
+                .source_epochs(move |_| paths.clone().into_iter().cycle())
+                .pipe("decode", move |p: PathBuf| recipe.load(&p), pinned(cfg.map_or(1, |c| c.decode)))
+        }
     };
-    let b = b.pipe(
-        "decode",
-        |x| {
-            let t0 = Instant::now();
-            while t0.elapsed() < DECODE {
-                std::hint::spin_loop();
-            }
-            Ok::<_, std::io::Error>(vec![x as u8; 4096])
-        },
-        decode,
-    );
     let b = match cfg {
         Some(c) => b.budget(c.decode * c.prefetch + 2, u64::MAX),
         None => b,
     };
-    let b = b.measure(Vec::len).aggregate(32, false);
-    let mut p = match cfg {
-        Some(_) => b.autotune_off().build()?,
-        None => b.autotune(TunerSettings::default()).build()?,
-    };
+    let b = b
+        .measure(Tensor::nbytes)
+        .aggregate(32, false)
+        .pipe("collate", |v: Vec<Tensor>| Tensor::stack(&v).ok_or(PipelineError::config("shapes")), 1);
+    collect(b, cfg.is_some(), secs)
+}
+
+fn collect(b: PipelineBuilder<Tensor>, fixed: bool, secs: f64) -> Result<Outcome, PipelineError> {
+    let mut p = if fixed { b.autotune_off().build()? } else { b.autotune(TunerSettings::default()).build()? };
     let t0 = Instant::now();
     let mut arrivals = Vec::new();
     for batch in p.iter() {
@@ -79,8 +105,7 @@ fn run(
             break;
         }
     }
-    let trace = p.tuner_trace();
-    Ok((arrivals, trace))
+    Ok((arrivals, p.tuner_trace()))
 }
 
 /// Batches per second between `from` and `to` seconds.
@@ -91,30 +116,33 @@ fn rate(arrivals: &[f64], from: f64, to: f64) -> f64 {
 fn main() -> Result<(), PipelineError> {
     let mut args = std::env::args().skip(1);
     let workload = args.next().unwrap_or_else(|| "synthetic".into());
-    let (mut seconds, mut config_seconds) = (15.0, 3.0);
+    let (mut seconds, mut config_seconds, mut list) = (15.0, 3.0, None);
     while let Some(a) = args.next() {
-        let v: f64 = args.next().and_then(|v| v.parse().ok()).expect("a number");
+        let v = args.next().expect("a value");
+        let num = || v.parse::<f64>().expect("a number");
         match a.as_str() {
-            "--seconds" => seconds = v,
-            "--config-seconds" => config_seconds = v,
+            "--seconds" => seconds = num(),
+            "--config-seconds" => config_seconds = num(),
+            "--list" => list = Some(v),
             other => panic!("unknown argument {other}"),
         }
     }
-    assert_eq!(
-        workload, "synthetic",
-        "only the synthetic workload exists until image decoding lands"
-    );
+    let w = match workload.as_str() {
+        "synthetic" => Workload::Synthetic,
+        "images" => Workload::Images(Files::list(list.expect("images needs --list FILE"))?.epoch(0)),
+        other => panic!("unknown workload {other}: synthetic or images"),
+    };
     let cores = flowgate::actors::cap::cores();
+    let fetches: &[usize] = match w {
+        Workload::Synthetic => &[8, 16, 32, 64, 128],
+        Workload::Images(_) => &[0],
+    };
     let mut best = (None, 0.0);
-    for fetch in [8, 16, 32, 64, 128] {
+    for &fetch in fetches {
         for decode in 1..=cores + 1 {
             for prefetch in [1, 4] {
-                let cfg = Static {
-                    fetch,
-                    decode,
-                    prefetch,
-                };
-                let (arrivals, _) = run(Some(cfg), config_seconds)?;
+                let cfg = Static { fetch, decode, prefetch };
+                let (arrivals, _) = run(&w, Some(cfg), config_seconds)?;
                 let r = rate(&arrivals, 1.0, config_seconds);
                 eprintln!("static {cfg:?}: {:.0} items/s", r * 32.0);
                 if r > best.1 {
@@ -123,7 +151,7 @@ fn main() -> Result<(), PipelineError> {
             }
         }
     }
-    let (arrivals, trace) = run(None, seconds)?;
+    let (arrivals, trace) = run(&w, None, seconds)?;
     let steady = rate(&arrivals, seconds - 5.0, seconds);
     let time_to = |frac: f64| {
         (10..=(seconds * 10.0) as usize)
