@@ -24,7 +24,14 @@ fn photo(rng: &mut Rng) -> RgbImage {
     let mut f = || rng.uniform();
     // Low-frequency colour fields.
     let waves: Vec<[f64; 4]> = (0..9)
-        .map(|_| [f() * 0.03, f() * 0.03, f() * std::f64::consts::TAU, 40.0 + 60.0 * f()])
+        .map(|_| {
+            [
+                f() * 0.03,
+                f() * 0.03,
+                f() * std::f64::consts::TAU,
+                40.0 + 60.0 * f(),
+            ]
+        })
         .collect();
     let base: [f64; 3] = [60.0 + 120.0 * f(), 60.0 + 120.0 * f(), 60.0 + 120.0 * f()];
     // A few solid shapes with hard edges.

@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use flowgate::media::image::ImageRecipe;
 use flowgate::media::Files;
-use flowgate::{DType, Pipeline, PipelineBuilder, PipelineError, Tensor, TraceRecord, TunerSettings, Workers};
+use flowgate::{
+    DType, Pipeline, PipelineBuilder, PipelineError, Tensor, TraceRecord, TunerSettings, Workers,
+};
 
 const FETCH: Duration = Duration::from_millis(4);
 const DECODE: Duration = Duration::from_micros(120);
@@ -48,14 +50,16 @@ fn run(w: &Workload, cfg: Option<Static>, secs: f64) -> Result<Outcome, Pipeline
     let pinned = |n: usize| cfg.map_or(Workers::initial(1), |_| Workers::fixed(n));
     let b = match w {
         Workload::Synthetic => {
-            let b = Pipeline::builder().source_epochs(|_| 0..u64::MAX).pipe_async(
-                "fetch",
-                |x| async move {
-                    tokio::time::sleep(FETCH).await;
-                    Ok::<_, std::io::Error>(x)
-                },
-                pinned(cfg.map_or(1, |c| c.fetch)),
-            );
+            let b = Pipeline::builder()
+                .source_epochs(|_| 0..u64::MAX)
+                .pipe_async(
+                    "fetch",
+                    |x| async move {
+                        tokio::time::sleep(FETCH).await;
+                        Ok::<_, std::io::Error>(x)
+                    },
+                    pinned(cfg.map_or(1, |c| c.fetch)),
+                );
             let b = match cfg {
                 Some(c) => b.budget(c.fetch * c.prefetch, u64::MAX),
                 None => b,
@@ -79,22 +83,31 @@ fn run(w: &Workload, cfg: Option<Static>, secs: f64) -> Result<Outcome, Pipeline
             let recipe = ImageRecipe::default();
             Pipeline::builder()
                 .source_epochs(move |_| paths.clone().into_iter().cycle())
-                .pipe("decode", move |p: PathBuf| recipe.load(&p), pinned(cfg.map_or(1, |c| c.decode)))
+                .pipe(
+                    "decode",
+                    move |p: PathBuf| recipe.load(&p),
+                    pinned(cfg.map_or(1, |c| c.decode)),
+                )
         }
     };
     let b = match cfg {
         Some(c) => b.budget(c.decode * c.prefetch + 2, u64::MAX),
         None => b,
     };
-    let b = b
-        .measure(Tensor::nbytes)
-        .aggregate(32, false)
-        .pipe("collate", |v: Vec<Tensor>| Tensor::stack(&v).ok_or(PipelineError::config("shapes")), 1);
+    let b = b.measure(Tensor::nbytes).aggregate(32, false).pipe(
+        "collate",
+        |v: Vec<Tensor>| Tensor::stack(&v).ok_or(PipelineError::config("shapes")),
+        1,
+    );
     collect(b, cfg.is_some(), secs)
 }
 
 fn collect(b: PipelineBuilder<Tensor>, fixed: bool, secs: f64) -> Result<Outcome, PipelineError> {
-    let mut p = if fixed { b.autotune_off().build()? } else { b.autotune(TunerSettings::default()).build()? };
+    let mut p = if fixed {
+        b.autotune_off().build()?
+    } else {
+        b.autotune(TunerSettings::default()).build()?
+    };
     let t0 = Instant::now();
     let mut arrivals = Vec::new();
     for batch in p.iter() {
@@ -129,7 +142,9 @@ fn main() -> Result<(), PipelineError> {
     }
     let w = match workload.as_str() {
         "synthetic" => Workload::Synthetic,
-        "images" => Workload::Images(Files::list(list.expect("images needs --list FILE"))?.epoch(0)),
+        "images" => {
+            Workload::Images(Files::list(list.expect("images needs --list FILE"))?.epoch(0))
+        }
         other => panic!("unknown workload {other}: synthetic or images"),
     };
     let cores = flowgate::actors::cap::cores();
@@ -141,7 +156,11 @@ fn main() -> Result<(), PipelineError> {
     for &fetch in fetches {
         for decode in 1..=cores + 1 {
             for prefetch in [1, 4] {
-                let cfg = Static { fetch, decode, prefetch };
+                let cfg = Static {
+                    fetch,
+                    decode,
+                    prefetch,
+                };
                 let (arrivals, _) = run(&w, Some(cfg), config_seconds)?;
                 let r = rate(&arrivals, 1.0, config_seconds);
                 eprintln!("static {cfg:?}: {:.0} items/s", r * 32.0);

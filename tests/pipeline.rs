@@ -664,3 +664,54 @@ fn flowgate_plot_draws_a_trace_and_names_bad_lines() {
     assert!(err.contains("bad.jsonl:2:"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[cfg(feature = "image")]
+#[test]
+fn bad_image_files_are_skipped_counted_and_named() {
+    use flowgate::media::image::ImageRecipe;
+    use flowgate::media::Files;
+    let dir = std::env::temp_dir().join(format!("flowgate-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let img = image::RgbImage::from_fn(320, 240, |x, y| image::Rgb([x as u8, y as u8, 7]));
+    let mut jpg = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut jpg, image::ImageFormat::Jpeg).unwrap();
+    let jpg = jpg.into_inner();
+    for i in 0..5 {
+        std::fs::write(dir.join(format!("good{i}.jpg")), &jpg).unwrap();
+    }
+    std::fs::write(dir.join("empty.jpg"), b"").unwrap();
+    std::fs::write(
+        dir.join("random.jpg"),
+        (0..5000u32)
+            .map(|i| mix(i as u64, 3) as u8)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    std::fs::write(dir.join("truncated.jpg"), &jpg[..jpg.len() / 3]).unwrap();
+    std::fs::write(dir.join("notes.txt"), b"not listed: wrong extension").unwrap();
+    let files = Files::dir(&dir, &["jpg"]).unwrap();
+    assert_eq!(files.len(), 8);
+    let recipe = ImageRecipe::default();
+    let mut p = Pipeline::builder()
+        .source(files.epoch(0))
+        .pipe(
+            "decode",
+            move |path: std::path::PathBuf| recipe.load(&path),
+            2,
+        )
+        .aggregate(4, false)
+        .build()
+        .unwrap();
+    let batches: Vec<Vec<flowgate::Tensor>> = p.iter().map(Result::unwrap).collect();
+    assert_eq!(batches.iter().map(Vec::len).sum::<usize>(), 5);
+    let stats = p.stats();
+    assert_eq!(stats.failures, 3);
+    for name in ["empty.jpg", "random.jpg", "truncated.jpg"] {
+        assert!(
+            stats.recent_failures.iter().any(|m| m.contains(name)),
+            "{name}: {:?}",
+            stats.recent_failures
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

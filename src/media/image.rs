@@ -120,6 +120,14 @@ impl ImageRecipe {
                 path: path.to_path_buf(),
             });
         }
+        if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) && !has_jpeg_end(bytes) {
+            // zune-jpeg decodes a truncated file leniently (grey where data is missing);
+            // a loader must not hand that to training as if it were the image.
+            return Err(MediaError::Decode {
+                path: path.to_path_buf(),
+                source: "truncated JPEG: no end-of-image marker".into(),
+            });
+        }
         let img = ::image::load_from_memory(bytes).map_err(|e| MediaError::Decode {
             path: path.to_path_buf(),
             source: Box::new(e),
@@ -169,6 +177,17 @@ impl ImageRecipe {
         })
     }
 }
+
+/// Whether JPEG data ends with an end-of-image marker (FF D9), allowing for up to
+/// [`JPEG_TAIL`] bytes of trailing padding. Entropy-coded data stuffs every FF byte, so FF D9
+/// near the end can only be the marker.
+fn has_jpeg_end(bytes: &[u8]) -> bool {
+    let tail = &bytes[bytes.len().saturating_sub(JPEG_TAIL)..];
+    tail.windows(2).any(|w| w == [0xFF, 0xD9])
+}
+
+/// Trailing bytes after a JPEG's end marker that are tolerated (padding some writers add).
+const JPEG_TAIL: usize = 1024;
 
 /// Transposes interleaved RGB (`H × W × 3`) into planes (`3 × H × W`).
 fn hwc_to_chw(src: &[u8], dst: &mut [u8], plane: usize) {
