@@ -137,6 +137,19 @@ impl Default for ModelSettings {
     }
 }
 
+/// Busy time of the CPU stages over the core time of the window: above 1 the cores are
+/// oversubscribed (and wall-clock costs inflated by that factor), below 1 some sit idle.
+fn cpu_load(obs: &Observation, n: usize) -> f64 {
+    let win = obs.window.as_secs_f64().max(1e-9);
+    let cores = obs.budgets.map_or(1, |b| b.cores).max(1) as f64;
+    let busy: f64 = obs.stages[..n]
+        .iter()
+        .filter(|s| s.is_cpu())
+        .map(|s| s.busy.as_secs_f64())
+        .sum();
+    busy / (cores * win)
+}
+
 #[derive(Clone, Debug, Default)]
 struct StageModel {
     /// Seconds per item (CPU time for CPU stages, latency for async ones).
@@ -200,13 +213,7 @@ impl ModelBased {
 
     fn estimate(&mut self, obs: &Observation, n: usize) {
         let win = obs.window.as_secs_f64().max(1e-9);
-        let cores = obs.budgets.map_or(1, |b| b.cores).max(1) as f64;
-        let cpu_busy: f64 = obs.stages[..n]
-            .iter()
-            .filter(|s| s.is_cpu())
-            .map(|s| s.busy.as_secs_f64())
-            .sum();
-        let inflation = (cpu_busy / (cores * win)).max(1.0);
+        let inflation = cpu_load(obs, n).max(1.0);
         // A ratio of decayed sums, not an average of per-tick ratios: ticks with more items
         // weigh more, and one heavy-tailed item moves the estimate by its share of the work.
         let decay = 1.0 - self.s.smoothing;
@@ -335,14 +342,7 @@ impl ModelBased {
         if obs.wait_fraction() <= self.s.dry {
             return None;
         }
-        let win = obs.window.as_secs_f64().max(1e-9);
-        let cores = obs.budgets.map_or(1, |b| b.cores).max(1) as f64;
-        let cpu_busy: f64 = obs.stages[..n]
-            .iter()
-            .filter(|s| s.is_cpu())
-            .map(|s| s.busy.as_secs_f64())
-            .sum();
-        let util = (cpu_busy / (cores * win)).min(1.0);
+        let util = cpu_load(obs, n).min(1.0);
         if util >= BUSY_CORES {
             return None;
         }
