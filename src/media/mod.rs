@@ -4,9 +4,13 @@
 //!   rank/world-size sharding.
 //! - [`image`](mod@image) (feature `image`): JPEG, PNG and WebP into `u8` tensors, with
 //!   torchvision's resize-and-center-crop geometry.
+//! - [`audio`](mod@audio) (feature `audio`): WAV, FLAC, MP3, Vorbis, AAC, ALAC into `f32`
+//!   tensors, mono or planar channels, cropped or padded.
 //!
 //! Errors are [`MediaError`]s, which always name the file.
 
+#[cfg(feature = "audio")]
+pub mod audio;
 mod error;
 mod files;
 #[cfg(feature = "image")]

@@ -1,0 +1,274 @@
+//! Audio: WAV, FLAC, MP3, Ogg Vorbis, AAC and ALAC (in MP4/M4A) into `f32` tensors, decoded
+//! with `symphonia`, mixed to mono (or kept as channels), cropped or zero-padded to a fixed
+//! number of samples. Decoding stops as soon as the crop is full, so a 10 s clip cropped to 4 s
+//! costs 4 s of decoding. Encoder delay and padding are trimmed where the container says so
+//! (gapless mode).
+//!
+//! Resampling is not implemented yet: a file at another rate than the recipe's is an error
+//! (never silently the wrong speed).
+
+use std::io::Cursor;
+use std::path::Path;
+
+use symphonia::core::audio::SampleBuffer;
+use symphonia::core::codecs::{DecoderOptions, CODEC_TYPE_NULL};
+use symphonia::core::errors::Error as SymError;
+use symphonia::core::formats::FormatOptions;
+use symphonia::core::io::MediaSourceStream;
+use symphonia::core::meta::MetadataOptions;
+use symphonia::core::probe::Hint;
+
+use crate::media::MediaError;
+use crate::tensor::{DType, Tensor};
+
+/// Mono, or every channel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Channels {
+    /// The mean of the channels: shape `[samples]`.
+    #[default]
+    Mono,
+    /// Every channel: shape `[channels, samples]` (planar).
+    Keep,
+}
+
+/// Decode, mix, crop or pad.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AudioRecipe {
+    /// The sample rate the files must have (Hz).
+    pub rate: u32,
+    /// Samples per clip after cropping or zero-padding.
+    pub samples: usize,
+    /// Mono or every channel.
+    pub channels: Channels,
+}
+
+impl Default for AudioRecipe {
+    /// 16 kHz mono, 4 s (64,000 samples).
+    fn default() -> Self {
+        Self {
+            rate: 16_000,
+            samples: 64_000,
+            channels: Channels::Mono,
+        }
+    }
+}
+
+impl AudioRecipe {
+    /// Reads and decodes `path`.
+    pub fn load(&self, path: &Path) -> Result<Tensor, MediaError> {
+        let bytes = std::fs::read(path).map_err(|source| MediaError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        self.decode(bytes, path)
+    }
+
+    /// Decodes the contents of `path` (named in errors).
+    pub fn decode(&self, bytes: Vec<u8>, path: &Path) -> Result<Tensor, MediaError> {
+        let decode_err = |e: SymError| MediaError::Decode {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        };
+        let geometry = |reason: String| MediaError::Geometry {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if bytes.is_empty() {
+            return Err(MediaError::Empty {
+                path: path.to_path_buf(),
+            });
+        }
+        let mss = MediaSourceStream::new(Box::new(Cursor::new(bytes)), Default::default());
+        let mut hint = Hint::new();
+        if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
+            hint.with_extension(ext);
+        }
+        let fmt_opts = FormatOptions {
+            enable_gapless: true,
+            ..Default::default()
+        };
+        let probed = symphonia::default::get_probe()
+            .format(&hint, mss, &fmt_opts, &MetadataOptions::default())
+            .map_err(decode_err)?;
+        let mut format = probed.format;
+        let track = format
+            .tracks()
+            .iter()
+            .find(|t| t.codec_params.codec != CODEC_TYPE_NULL)
+            .ok_or_else(|| geometry("no audio track".into()))?;
+        let (track_id, params) = (track.id, track.codec_params.clone());
+        let rate = params.sample_rate.unwrap_or(self.rate);
+        if rate != self.rate {
+            return Err(geometry(format!(
+                "{rate} Hz; resampling to {} Hz is not supported yet",
+                self.rate
+            )));
+        }
+        let mut decoder = symphonia::default::get_codecs()
+            .make(&params, &DecoderOptions::default())
+            .map_err(decode_err)?;
+        let n_ch = params.channels.map_or(1, |c| c.count()).max(1);
+        let out_ch = match self.channels {
+            Channels::Mono => 1,
+            Channels::Keep => n_ch,
+        };
+        // Planar output, filled as frames arrive.
+        let mut t = Tensor::zeros(&[out_ch, self.samples], DType::F32);
+        let mut filled = 0usize;
+        let mut buf: Option<SampleBuffer<f32>> = None;
+        let mut ended_early = false;
+        while filled < self.samples {
+            let packet = match format.next_packet() {
+                Ok(p) => p,
+                Err(SymError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    ended_early = true;
+                    break;
+                }
+                Err(e) => return Err(decode_err(e)),
+            };
+            if packet.track_id() != track_id {
+                continue;
+            }
+            let decoded = decoder.decode(&packet).map_err(decode_err)?;
+            let spec = *decoded.spec();
+            let ch = spec.channels.count().max(1);
+            let sb = buf.get_or_insert_with(|| SampleBuffer::new(decoded.capacity() as u64, spec));
+            if sb.capacity() < decoded.capacity() * ch {
+                *sb = SampleBuffer::new(decoded.capacity() as u64, spec);
+            }
+            sb.copy_interleaved_ref(decoded);
+            let frames = sb.samples().len() / ch;
+            let take = frames.min(self.samples - filled);
+            let out = f32_slice_mut(&mut t);
+            for (f, frame) in sb.samples().chunks_exact(ch).take(take).enumerate() {
+                match self.channels {
+                    Channels::Mono => out[filled + f] = frame.iter().sum::<f32>() / ch as f32,
+                    Channels::Keep => {
+                        for (c, &v) in frame.iter().enumerate().take(out_ch) {
+                            out[c * self.samples + filled + f] = v;
+                        }
+                    }
+                }
+            }
+            filled += take;
+        }
+        if ended_early {
+            if let Some(declared) = params.n_frames {
+                if (filled as u64) < declared.min(self.samples as u64) {
+                    return Err(geometry(format!(
+                        "truncated: the stream ended after {filled} of {declared} frames"
+                    )));
+                }
+            }
+        }
+        if self.channels == Channels::Mono {
+            t = reshape_1d(t, self.samples);
+        }
+        Ok(t)
+    }
+}
+
+fn f32_slice_mut(t: &mut Tensor) -> &mut [f32] {
+    let bytes = t.bytes_mut();
+    // SAFETY: tensor buffers are 64-byte aligned, and an F32 tensor's length is a multiple of
+    // 4; every bit pattern is a valid f32.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f32>(), bytes.len() / 4) }
+}
+
+fn reshape_1d(t: Tensor, n: usize) -> Tensor {
+    let mut out = Tensor::zeros(&[n], DType::F32);
+    out.bytes_mut().copy_from_slice(t.bytes());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wav(rate: u32, channels: u16, frames: &[[i16; 2]]) -> Vec<u8> {
+        let data = (frames.len() * 2 * channels as usize) as u32;
+        let mut v = Vec::new();
+        v.extend_from_slice(b"RIFF");
+        v.extend_from_slice(&(36 + data).to_le_bytes());
+        v.extend_from_slice(b"WAVEfmt ");
+        v.extend_from_slice(&16u32.to_le_bytes());
+        v.extend_from_slice(&1u16.to_le_bytes());
+        v.extend_from_slice(&channels.to_le_bytes());
+        v.extend_from_slice(&rate.to_le_bytes());
+        v.extend_from_slice(&(rate * 2 * channels as u32).to_le_bytes());
+        v.extend_from_slice(&(2 * channels).to_le_bytes());
+        v.extend_from_slice(&16u16.to_le_bytes());
+        v.extend_from_slice(b"data");
+        v.extend_from_slice(&data.to_le_bytes());
+        for f in frames {
+            for s in &f[..channels as usize] {
+                v.extend_from_slice(&s.to_le_bytes());
+            }
+        }
+        v
+    }
+
+    fn floats(t: &Tensor) -> Vec<f32> {
+        t.bytes()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn mixes_crops_and_pads() {
+        let frames: Vec<[i16; 2]> = (0..100).map(|i| [i * 100, -(i * 100)]).collect();
+        let stereo = wav(16_000, 2, &frames);
+        let r = AudioRecipe {
+            samples: 150,
+            ..AudioRecipe::default()
+        };
+        let mono = r.decode(stereo.clone(), Path::new("a.wav")).unwrap();
+        assert_eq!(mono.shape(), &[150]);
+        assert!(
+            floats(&mono).iter().all(|&v| v.abs() < 1e-6),
+            "L and -L mix to silence"
+        );
+        let keep = AudioRecipe {
+            channels: Channels::Keep,
+            ..r
+        }
+        .decode(stereo, Path::new("a.wav"))
+        .unwrap();
+        assert_eq!(keep.shape(), &[2, 150]);
+        let v = floats(&keep);
+        assert!((v[10] - 1000.0 / 32768.0).abs() < 1e-6);
+        assert!((v[150 + 10] + 1000.0 / 32768.0).abs() < 1e-6);
+        assert!(v[100..150].iter().all(|&x| x == 0.0), "zero-padded");
+        let short = AudioRecipe { samples: 40, ..r }
+            .decode(wav(16_000, 1, &frames), Path::new("m.wav"))
+            .unwrap();
+        assert_eq!(short.shape(), &[40]);
+        assert!(
+            (floats(&short)[39] - 3900.0 / 32768.0).abs() < 1e-6,
+            "cropped"
+        );
+    }
+
+    #[test]
+    fn bad_audio_is_a_typed_error_naming_the_file() {
+        let r = AudioRecipe::default();
+        let p = Path::new("clips/bad.flac");
+        assert!(matches!(
+            r.decode(Vec::new(), p),
+            Err(MediaError::Empty { .. })
+        ));
+        let e = r
+            .decode(b"RIFF garbage garbage garbage".to_vec(), p)
+            .unwrap_err();
+        assert!(e.to_string().contains("clips/bad.flac"), "{e}");
+        let e = r.decode(wav(44_100, 1, &[[0, 0]; 10]), p).unwrap_err();
+        assert!(e.to_string().contains("44100 Hz"), "{e}");
+        let frames: Vec<[i16; 2]> = (0..20_000).map(|i| [i as i16, 0]).collect();
+        let full = wav(16_000, 1, &frames);
+        assert!(
+            r.decode(full[..full.len() / 2].to_vec(), p).is_err(),
+            "truncated"
+        );
+    }
+}
