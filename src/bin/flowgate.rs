@@ -76,7 +76,9 @@ const PALETTE: [RGBColor; 6] = [
 
 fn plot(trace: &Path, output: &Path) -> Result<(), Error> {
     if output.extension().and_then(|e| e.to_str()) != Some("svg") {
-        return Err(format!("{}: only SVG output is supported", output.display()).into());
+        // A bitmap needs a font to draw text with, which this binary does not carry; convert
+        // the SVG instead (for example `rsvg-convert tuner.svg -o tuner.png`).
+        return Err(format!("{}: write .svg (convert it for a bitmap)", output.display()).into());
     }
     let recs = read_trace(trace)?;
     let (Some(first), Some(last)) = (recs.first(), recs.last()) else {
