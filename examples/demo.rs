@@ -1,9 +1,14 @@
-//! The main job: a loader-shaped pipeline that tunes itself from a cold start.
+//! The main job: a loader that tunes itself from a cold start.
 //!
 //! ```text
+//! cargo run --release --example demo -- --images LIST [--epochs N --step-ms MS --trace FILE]
 //! cargo run --release --example demo [-- --items N --step-ms MS --trace FILE]
 //! ```
 //!
+//! With `--images LIST` (what `scripts/run.sh` runs, on a generated dataset): `read` loads each
+//! file asynchronously, `decode` decodes, resizes to 256 and center-crops 224 (NCHW) on a
+//! work-stealing pool, `aggregate` + `collate` make `32×3×224×224` batches, and the consumer
+//! simulates a training step per batch. Without it, a synthetic loader:
 //! `read` simulates object-store latency (2 ms per item, async), `decode` burns ~150 µs of CPU
 //! per item on a work-stealing pool, `aggregate` makes batches of 32, and the consumer simulates
 //! a training step per batch. Every stage starts cold (one worker, one request in flight); the
@@ -12,7 +17,11 @@
 
 use std::time::{Duration, Instant};
 
-use flowgate::{Pipeline, PipelineError, PipelineStats, TraceRecord, TunerSettings};
+use std::path::PathBuf;
+
+use flowgate::media::image::ImageRecipe;
+use flowgate::media::Files;
+use flowgate::{Pipeline, PipelineError, PipelineStats, Tensor, TraceRecord, TunerSettings};
 
 fn decode(id: u64) -> Result<Vec<u8>, std::io::Error> {
     let t0 = Instant::now();
@@ -49,8 +58,99 @@ fn decision(r: &TraceRecord) {
     }
 }
 
+/// The image loader over a file list, tuned from one worker per stage.
+fn images_job(
+    list: &str,
+    epochs: u64,
+    step_ms: u64,
+    trace: Option<PathBuf>,
+) -> Result<(), PipelineError> {
+    let files = Files::list(list)?.shuffle(0).shard_from_env();
+    let recipe = ImageRecipe::default();
+    let n_files = files.len();
+    let mut p = Pipeline::builder()
+        .source_epochs(move |epoch| files.epoch(epoch))
+        .pipe_async(
+            "read",
+            |path: PathBuf| async move {
+                let bytes = tokio::fs::read(&path).await.map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+                })?;
+                Ok::<_, std::io::Error>((path, bytes))
+            },
+            1,
+        )
+        .pipe(
+            "decode",
+            move |(path, bytes): (PathBuf, Vec<u8>)| recipe.decode(&bytes, &path),
+            1,
+        )
+        .measure(Tensor::nbytes)
+        .aggregate(32, false)
+        .pipe(
+            "collate",
+            |v: Vec<Tensor>| Tensor::stack(&v).ok_or(PipelineError::config("shapes")),
+            1,
+        )
+        .measure(Tensor::nbytes)
+        .autotune(TunerSettings {
+            trace,
+            ..Default::default()
+        })
+        .on_tuner_decision(decision)
+        .on_stats(Duration::from_millis(1000), live)
+        .build()?;
+    println!("flowgate demo: {n_files} images x {epochs} epochs, batches of 32x3x224x224 u8, a {step_ms} ms step per batch, cold start");
+    let t0 = Instant::now();
+    let mut n = 0;
+    for epoch in 0..epochs {
+        let te = Instant::now();
+        let mut m = 0;
+        for batch in p.iter() {
+            m += batch?.shape()[0];
+            std::thread::sleep(Duration::from_millis(step_ms));
+        }
+        n += m;
+        println!(
+            "  epoch {epoch}: {m} images, {:.0} images/s",
+            m as f64 / te.elapsed().as_secs_f64()
+        );
+    }
+    summary(&p, "demo-images", n, t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn summary<T: Send + 'static>(p: &Pipeline<T>, job: &str, n: usize, secs: f64) {
+    let stats = p.stats();
+    println!(
+        "\n{:>10} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10}",
+        "stage", "workers", "in", "out", "p50", "p99", "put-wait", "get-wait"
+    );
+    for s in &stats.stages {
+        println!(
+            "{:>10} {:>8} {:>8} {:>8} {:>10.2?} {:>10.2?} {:>10.2?} {:>10.2?}",
+            s.name,
+            s.workers,
+            s.items_in,
+            s.items_out,
+            s.task_time.p50,
+            s.task_time.p99,
+            s.blocked_put,
+            s.blocked_get
+        );
+    }
+    let decisions: usize = p.tuner_trace().iter().map(|r| r.decisions.len()).sum();
+    println!(
+        "{{\"job\":\"{job}\",\"items\":{n},\"seconds\":{secs:.3},\"items_per_s\":{:.0},\"consumer_wait_pct\":{:.1},\"tuner_decisions\":{decisions},\"failures\":{}}}",
+        n as f64 / secs,
+        100.0 * stats.consumer_wait.as_secs_f64() / secs,
+        stats.failures
+    );
+}
+
 fn main() -> Result<(), PipelineError> {
-    let (mut items, mut step_ms, mut trace) = (40_000u64, 1u64, None);
+    let (mut items, mut step_ms, mut trace, mut images, mut epochs) =
+        (40_000u64, 1u64, None, None, 3u64);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().expect("a value");
@@ -58,10 +158,15 @@ fn main() -> Result<(), PipelineError> {
             "--items" => items = value().parse().expect("a number"),
             "--step-ms" => step_ms = value().parse().expect("a number"),
             "--trace" => trace = Some(value().into()),
+            "--images" => images = Some(value()),
+            "--epochs" => epochs = value().parse().expect("a number"),
             other => panic!(
-                "unknown argument {other}; usage: demo [--items N] [--step-ms MS] [--trace FILE]"
+                "unknown argument {other}; usage: demo [--images LIST [--epochs N]] [--items N] [--step-ms MS] [--trace FILE]"
             ),
         }
+    }
+    if let Some(list) = images {
+        return images_job(&list, epochs, step_ms, trace);
     }
     let mut p = Pipeline::builder()
         .source_epochs(move |_| 0..items)
@@ -90,31 +195,6 @@ fn main() -> Result<(), PipelineError> {
         n += batch?.len();
         std::thread::sleep(Duration::from_millis(step_ms));
     }
-    let secs = t0.elapsed().as_secs_f64();
-    let stats = p.stats();
-    println!(
-        "\n{:>10} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10}",
-        "stage", "workers", "in", "out", "p50", "p99", "put-wait", "get-wait"
-    );
-    for s in &stats.stages {
-        println!(
-            "{:>10} {:>8} {:>8} {:>8} {:>10.2?} {:>10.2?} {:>10.2?} {:>10.2?}",
-            s.name,
-            s.workers,
-            s.items_in,
-            s.items_out,
-            s.task_time.p50,
-            s.task_time.p99,
-            s.blocked_put,
-            s.blocked_get
-        );
-    }
-    let decisions: usize = p.tuner_trace().iter().map(|r| r.decisions.len()).sum();
-    println!(
-        "{{\"job\":\"demo\",\"items\":{n},\"seconds\":{secs:.3},\"items_per_s\":{:.0},\"consumer_wait_pct\":{:.1},\"tuner_decisions\":{decisions},\"failures\":{}}}",
-        n as f64 / secs,
-        100.0 * stats.consumer_wait.as_secs_f64() / secs,
-        stats.failures
-    );
+    summary(&p, "demo", n, t0.elapsed().as_secs_f64());
     Ok(())
 }

@@ -89,8 +89,13 @@ impl ImageRecipe {
             path: path.to_path_buf(),
             source,
         })?;
+        self.decode(&bytes, path)
+    }
+
+    /// Decodes `bytes` (the contents of `path`, named in errors) into a new tensor.
+    pub fn decode(&self, bytes: &[u8], path: &Path) -> Result<Tensor, MediaError> {
         let mut t = Tensor::zeros(&self.shape(), DType::U8);
-        self.decode_into(&bytes, path, t.bytes_mut())?;
+        self.decode_into(bytes, path, t.bytes_mut())?;
         Ok(t)
     }
 
