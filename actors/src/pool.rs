@@ -392,7 +392,7 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
         let s = &*self.s;
         if self.local.is_empty() {
             // End of a run: publish the counters before the results, so that statistics taken
-            // once the consumer has every result are exact.
+            // once the consumer has every result are exact (a lock and a few adds per run).
             self.counters.flush(&s.core.metrics, self.last);
         }
         match s.order {
