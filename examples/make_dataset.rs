@@ -1,12 +1,14 @@
 //! Writes a seeded sample dataset: photo-like JPEGs and tonal WAV clips, plus list files.
 //!
 //! ```text
-//! cargo run --release --example make_dataset -- --out DIR [--images N] [--audio N] [--seed S]
+//! cargo run --release --example make_dataset -- --out DIR [--images N] [--audio N]
+//!     [--audio-format flac|wav] [--seed S]
 //! ```
 //!
 //! Images are around 500×375 (both orientations, a few sizes), quality 90, with smooth
 //! gradients, shapes, edges and sensor-like noise so they compress and decode like photos.
-//! Audio clips are 3–10 s of 16 kHz mono PCM16 with a few drifting tones and noise. The lists
+//! Audio clips are 3–10 s of 16 kHz mono 16-bit audio with a few drifting tones and noise, as
+//! FLAC (default, encoded with `flacenc`) or WAV. The lists
 //! `DIR/images.txt` and `DIR/audio.txt` hold one absolute path per line. (`--video N` comes with
 //! the video decoder.)
 
@@ -90,6 +92,23 @@ fn write_wav(path: &Path, rate: u32, samples: &[i16]) -> std::io::Result<()> {
     f.flush()
 }
 
+fn write_flac(path: &Path, rate: u32, samples: &[i16]) -> std::io::Result<()> {
+    use flacenc::component::BitRepr;
+    use flacenc::error::Verify;
+    let config = flacenc::config::Encoder::default()
+        .into_verified()
+        .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+    let wide: Vec<i32> = samples.iter().map(|&s| i32::from(s)).collect();
+    let source = flacenc::source::MemSource::from_samples(&wide, 1, 16, rate as usize);
+    let stream = flacenc::encode_with_fixed_block_size(&config, source, config.block_size)
+        .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+    let mut sink = flacenc::bitsink::ByteSink::new();
+    stream
+        .write(&mut sink)
+        .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+    std::fs::write(path, sink.as_slice())
+}
+
 fn clip(rng: &mut Rng, rate: u32) -> Vec<i16> {
     let secs = 3.0 + 7.0 * rng.uniform();
     let n = (secs * rate as f64) as usize;
@@ -116,6 +135,7 @@ fn clip(rng: &mut Rng, rate: u32) -> Vec<i16> {
 
 fn main() -> std::io::Result<()> {
     let (mut out, mut images, mut audio, mut seed) = (None, 1000usize, 0usize, 0u64);
+    let mut flac = true;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().expect("a value");
@@ -124,6 +144,13 @@ fn main() -> std::io::Result<()> {
             "--images" => images = value().parse().expect("a number"),
             "--audio" => audio = value().parse().expect("a number"),
             "--seed" => seed = value().parse().expect("a number"),
+            "--audio-format" => {
+                flac = match value().as_str() {
+                    "flac" => true,
+                    "wav" => false,
+                    other => panic!("--audio-format: flac or wav, not {other}"),
+                }
+            }
             "--video" => panic!("--video needs the video feature, which is not built yet"),
             other => panic!("unknown argument {other}; usage: make_dataset --out DIR [--images N] [--audio N] [--seed S]"),
         }
@@ -147,8 +174,15 @@ fn main() -> std::io::Result<()> {
     let mut list = String::new();
     for i in 0..audio {
         let mut rng = Rng::new(seed.wrapping_mul(2_000_003) ^ i as u64 ^ 0xA0D10);
-        let path = out.join("audio").join(format!("{i:06}.wav"));
-        write_wav(&path, 16_000, &clip(&mut rng, 16_000))?;
+        let samples = clip(&mut rng, 16_000);
+        let path = out
+            .join("audio")
+            .join(format!("{i:06}.{}", if flac { "flac" } else { "wav" }));
+        if flac {
+            write_flac(&path, 16_000, &samples)?;
+        } else {
+            write_wav(&path, 16_000, &samples)?;
+        }
         list.push_str(&format!("{}\n", path.display()));
     }
     std::fs::write(out.join("audio.txt"), list)?;

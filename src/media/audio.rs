@@ -14,7 +14,7 @@ use symphonia::core::audio::SampleBuffer;
 use symphonia::core::codecs::{DecoderOptions, CODEC_TYPE_NULL};
 use symphonia::core::errors::Error as SymError;
 use symphonia::core::formats::FormatOptions;
-use symphonia::core::io::MediaSourceStream;
+use symphonia::core::io::{MediaSource, MediaSourceStream};
 use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
 
@@ -54,17 +54,36 @@ impl Default for AudioRecipe {
 }
 
 impl AudioRecipe {
-    /// Reads and decodes `path`.
+    /// Reads and decodes `path`, reading only as much of the file as the crop needs.
     pub fn load(&self, path: &Path) -> Result<Tensor, MediaError> {
-        let bytes = std::fs::read(path).map_err(|source| MediaError::Read {
+        let read_err = |source| MediaError::Read {
             path: path.to_path_buf(),
             source,
-        })?;
-        self.decode(bytes, path)
+        };
+        let file = std::fs::File::open(path).map_err(read_err)?;
+        if file.metadata().map_err(read_err)?.len() == 0 {
+            return Err(MediaError::Empty {
+                path: path.to_path_buf(),
+            });
+        }
+        self.decode_source(Box::new(file), path)
     }
 
     /// Decodes the contents of `path` (named in errors).
     pub fn decode(&self, bytes: Vec<u8>, path: &Path) -> Result<Tensor, MediaError> {
+        if bytes.is_empty() {
+            return Err(MediaError::Empty {
+                path: path.to_path_buf(),
+            });
+        }
+        self.decode_source(Box::new(Cursor::new(bytes)), path)
+    }
+
+    fn decode_source(
+        &self,
+        source: Box<dyn MediaSource>,
+        path: &Path,
+    ) -> Result<Tensor, MediaError> {
         let decode_err = |e: SymError| MediaError::Decode {
             path: path.to_path_buf(),
             source: Box::new(e),
@@ -73,12 +92,7 @@ impl AudioRecipe {
             path: path.to_path_buf(),
             reason,
         };
-        if bytes.is_empty() {
-            return Err(MediaError::Empty {
-                path: path.to_path_buf(),
-            });
-        }
-        let mss = MediaSourceStream::new(Box::new(Cursor::new(bytes)), Default::default());
+        let mss = MediaSourceStream::new(source, Default::default());
         let mut hint = Hint::new();
         if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
             hint.with_extension(ext);
@@ -112,12 +126,20 @@ impl AudioRecipe {
             Channels::Mono => 1,
             Channels::Keep => n_ch,
         };
-        // Planar output, filled as frames arrive.
-        let mut t = Tensor::zeros(&[out_ch, self.samples], DType::F32);
+        // Planar output, filled as frames arrive (mono: one plane, shape `[samples]`).
+        let mut t = match self.channels {
+            Channels::Mono => Tensor::zeros(&[self.samples], DType::F32),
+            Channels::Keep => Tensor::zeros(&[out_ch, self.samples], DType::F32),
+        };
         let mut filled = 0usize;
         let mut buf: Option<SampleBuffer<f32>> = None;
         let mut ended_early = false;
-        while filled < self.samples {
+        // Never more than the stream declares: a codec's last block may carry padding past it
+        // (seen with FLAC), which must not become samples.
+        let wanted = params
+            .n_frames
+            .map_or(self.samples, |n| (n.min(self.samples as u64)) as usize);
+        while filled < wanted {
             let packet = match format.next_packet() {
                 Ok(p) => p,
                 Err(SymError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
@@ -138,7 +160,7 @@ impl AudioRecipe {
             }
             sb.copy_interleaved_ref(decoded);
             let frames = sb.samples().len() / ch;
-            let take = frames.min(self.samples - filled);
+            let take = frames.min(wanted - filled);
             let out = f32_slice_mut(&mut t);
             for (f, frame) in sb.samples().chunks_exact(ch).take(take).enumerate() {
                 match self.channels {
@@ -161,9 +183,6 @@ impl AudioRecipe {
                 }
             }
         }
-        if self.channels == Channels::Mono {
-            t = reshape_1d(t, self.samples);
-        }
         Ok(t)
     }
 }
@@ -173,12 +192,6 @@ fn f32_slice_mut(t: &mut Tensor) -> &mut [f32] {
     // SAFETY: tensor buffers are 64-byte aligned, and an F32 tensor's length is a multiple of
     // 4; every bit pattern is a valid f32.
     unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f32>(), bytes.len() / 4) }
-}
-
-fn reshape_1d(t: Tensor, n: usize) -> Tensor {
-    let mut out = Tensor::zeros(&[n], DType::F32);
-    out.bytes_mut().copy_from_slice(t.bytes());
-    out
 }
 
 #[cfg(test)]
@@ -247,6 +260,35 @@ mod tests {
         assert!(
             (floats(&short)[39] - 3900.0 / 32768.0).abs() < 1e-6,
             "cropped"
+        );
+    }
+
+    #[test]
+    fn flac_stops_at_the_declared_length_and_pads_with_zeros() {
+        use flacenc::component::BitRepr;
+        use flacenc::error::Verify;
+        // 5000 samples: the encoder's last 4096-sample block is only partly real.
+        let samples: Vec<i32> = (0..5000).map(|i| ((i * 37) % 2000) - 1000).collect();
+        let config = flacenc::config::Encoder::default().into_verified().unwrap();
+        let source = flacenc::source::MemSource::from_samples(&samples, 1, 16, 16_000);
+        let stream =
+            flacenc::encode_with_fixed_block_size(&config, source, config.block_size).unwrap();
+        let mut sink = flacenc::bitsink::ByteSink::new();
+        stream.write(&mut sink).unwrap();
+        let r = AudioRecipe {
+            samples: 9000,
+            ..AudioRecipe::default()
+        };
+        let v = floats(
+            &r.decode(sink.as_slice().to_vec(), Path::new("c.flac"))
+                .unwrap(),
+        );
+        for (i, &s) in samples.iter().enumerate() {
+            assert!((v[i] - s as f32 / 32768.0).abs() < 1e-6, "sample {i}");
+        }
+        assert!(
+            v[5000..].iter().all(|&x| x == 0.0),
+            "padding past the stream's end is zero"
         );
     }
 
