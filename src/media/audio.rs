@@ -162,6 +162,12 @@ impl AudioRecipe {
             let frames = sb.samples().len() / ch;
             let take = frames.min(wanted - filled);
             let out = f32_slice_mut(&mut t);
+            if ch == 1 {
+                // One channel: mono and planar are the same plane; a straight copy.
+                out[filled..filled + take].copy_from_slice(&sb.samples()[..take]);
+                filled += take;
+                continue;
+            }
             for (f, frame) in sb.samples().chunks_exact(ch).take(take).enumerate() {
                 match self.channels {
                     Channels::Mono => out[filled + f] = frame.iter().sum::<f32>() / ch as f32,
