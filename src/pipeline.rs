@@ -10,6 +10,7 @@
 //! interrupted; everything else returns promptly.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -84,7 +85,6 @@ impl Closer {
 /// Owns everything a pipeline started; [`Engine::shutdown`] stops and joins it all.
 pub(crate) struct Engine {
     closer: Arc<Closer>,
-    stages: Vec<Arc<dyn StageControl>>,
     source: Option<Arc<SourceStageDyn>>,
     plane: Option<ControlPlane>,
     runtime: Option<tokio::runtime::Runtime>,
@@ -102,7 +102,6 @@ impl Engine {
         ledger.on_fatal(move || c.close());
         Self {
             closer,
-            stages: Vec::new(),
             source: None,
             plane: None,
             runtime: None,
@@ -116,8 +115,12 @@ impl Engine {
     }
 
     pub(crate) fn add_stage(&mut self, s: Arc<dyn StageControl>) {
-        self.closer.stages.lock().push(Arc::clone(&s));
-        self.stages.push(s);
+        self.closer.stages.lock().push(s);
+    }
+
+    /// Every stage, in pipeline order (source first, sink last).
+    fn stages(&self) -> Vec<Arc<dyn StageControl>> {
+        self.closer.stages.lock().clone()
     }
 
     pub(crate) fn set_source(&mut self, s: Arc<SourceStageDyn>) {
@@ -133,7 +136,7 @@ impl Engine {
         if let Some(mut plane) = self.plane.take() {
             plane.shutdown();
         }
-        for s in &self.stages {
+        for s in self.stages() {
             s.join();
         }
         if let Some(rt) = self.runtime.take() {
@@ -229,7 +232,8 @@ pub struct Pipeline<T = ()> {
     engine: Engine,
     reader: SinkReader<T>,
     trace: Arc<TraceLog>,
-    epoch: u64,
+    /// The epoch being iterated or the next to start (shared with the stats callback).
+    epoch: Arc<AtomicU64>,
     running: bool,
     finished: bool,
 }
@@ -237,7 +241,7 @@ pub struct Pipeline<T = ()> {
 impl<T> std::fmt::Debug for Pipeline<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pipeline")
-            .field("epoch", &self.epoch)
+            .field("epoch", &self.epoch.load(Ordering::Relaxed))
             .field("running", &self.running)
             .field("finished", &self.finished)
             .finish_non_exhaustive()
@@ -263,11 +267,12 @@ impl<T: Send + 'static> Pipeline<T> {
     ) -> Result<Self, PipelineError> {
         let reader = SinkReader::new(sink);
         engine.add_stage(reader.control(sink_pinned));
-        let plane = ControlPlane::start(engine.stages.clone())?;
+        let all_stages = engine.stages();
+        let plane = ControlPlane::start(all_stages.clone())?;
         let trace = Arc::new(TraceLog::default());
         if let Some(a) = autotune {
             // Everything but the source (index 0), which has no knob to turn.
-            let stages = engine.stages[1..]
+            let stages = all_stages[1..]
                 .iter()
                 .cloned()
                 .zip(plane.stages()[1..].iter().map(|(_, addr)| addr.clone()))
@@ -285,12 +290,18 @@ impl<T: Send + 'static> Pipeline<T> {
                 actor.start();
             }));
         }
+        let epoch = Arc::new(AtomicU64::new(0));
         if let Some((every, mut f)) = on_stats {
-            let stages = engine.stages.clone();
+            let stages = all_stages;
             let ledger = Arc::clone(&engine.ledger);
+            let epoch = Arc::clone(&epoch);
             plane.every(every, move || {
                 let snaps = stages.iter().map(|s| s.snapshot()).collect();
-                f(&PipelineStats::assemble(snaps, &ledger, 0));
+                f(&PipelineStats::assemble(
+                    snaps,
+                    &ledger,
+                    epoch.load(Ordering::Relaxed),
+                ));
             });
         }
         engine.plane = Some(plane);
@@ -298,7 +309,7 @@ impl<T: Send + 'static> Pipeline<T> {
             engine,
             reader,
             trace,
-            epoch: 0,
+            epoch,
             running: false,
             finished: false,
         })
@@ -308,14 +319,15 @@ impl<T: Send + 'static> Pipeline<T> {
         if self.running || self.finished {
             return;
         }
+        let epoch = self.epoch();
         for c in &self.engine.closer.channels {
-            c.budget().begin(self.epoch);
+            c.budget().begin(epoch);
         }
         if let Some(s) = &self.engine.source {
-            s.run_epoch(self.epoch);
+            s.run_epoch(epoch);
         }
         self.running = true;
-        tracing::debug!(epoch = self.epoch, "epoch started");
+        tracing::debug!(epoch, "epoch started");
     }
 
     fn on_next(&mut self, next: Next<T>) -> Option<Result<T, PipelineError>> {
@@ -324,7 +336,7 @@ impl<T: Send + 'static> Pipeline<T> {
             Next::EpochEnd(e) => {
                 tracing::debug!(epoch = e, "epoch ended");
                 self.running = false;
-                self.epoch = e + 1;
+                self.epoch.store(e + 1, Ordering::Relaxed);
                 None
             }
             Next::Closed => {
@@ -357,16 +369,16 @@ impl<T: Send + 'static> Pipeline<T> {
 
     /// The epoch being iterated (or the next one to start).
     pub fn epoch(&self) -> u64 {
-        self.epoch
+        self.epoch.load(Ordering::Relaxed)
     }
 
     /// Statistics of every stage, collected through the stage actors.
     pub fn stats(&self) -> PipelineStats {
         let snaps = match &self.engine.plane {
             Some(p) => p.snapshot_all(),
-            None => self.engine.stages.iter().map(|s| s.snapshot()).collect(),
+            None => self.engine.stages().iter().map(|s| s.snapshot()).collect(),
         };
-        PipelineStats::assemble(snaps, &self.engine.ledger, self.epoch)
+        PipelineStats::assemble(snaps, &self.engine.ledger, self.epoch())
     }
 
     /// The tuner's recent ticks (signals, decisions and reasons), oldest first; empty when the

@@ -29,11 +29,9 @@
 //! `async-channel`; every state change that can unblock someone notifies the matching event.
 //! The budget state sits behind one uncontended mutex taken once per *chunk*, never per item.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
-
 use event_listener::{Event, EventListener, Listener};
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// An item on its way between stages.
 #[derive(Debug)]
@@ -291,11 +289,6 @@ impl Budget {
     pub fn notify_data(&self, n: usize) {
         self.data.notify(n);
     }
-
-    /// Waits on `listener` for at most `timeout`; returns whether it was notified.
-    pub fn wait_for(listener: EventListener, timeout: Duration) -> bool {
-        listener.wait_timeout(timeout).is_some()
-    }
 }
 
 /// A budgeted, resizable MPMC channel of chunks. See the module docs for the protocol.
@@ -345,11 +338,6 @@ impl<T> Channel<T> {
         self.rx.is_empty()
     }
 
-    /// Chunks queued (not yet taken by a worker).
-    pub fn queued_chunks(&self) -> usize {
-        self.rx.len()
-    }
-
     /// Acquires room for a prefix of `items` and returns its length; see [`Budget::acquire`].
     pub fn acquire_for(&self, items: &[Envelope<T>]) -> Result<usize, Closed> {
         self.budget.acquire(items.iter().map(|e| e.bytes))
@@ -361,6 +349,7 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use std::thread;
+    use std::time::Duration;
 
     fn env(seq: u64, bytes: u64) -> Envelope<u64> {
         Envelope {

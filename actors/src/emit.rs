@@ -207,11 +207,6 @@ impl<U> Reorder<U> {
         n
     }
 
-    /// Inputs waiting in the window.
-    pub fn len(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_some()).count()
-    }
-
     /// Whether the window is empty.
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
