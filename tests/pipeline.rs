@@ -715,3 +715,57 @@ fn bad_image_files_are_skipped_counted_and_named() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A worker deactivated while it waited for input could swallow the wake-up meant for an active
+/// worker and park, stranding a chunk in the channel (found by the property test under load).
+#[test]
+fn deactivating_idle_workers_strands_no_work() {
+    within(120, || {
+        // Busy threads make the race likely: it needs a wake-up to land while a worker is
+        // between waiting and parking.
+        let stop = Arc::new(AtomicBool::new(false));
+        let hogs: Vec<_> = (0..2)
+            .map(|_| {
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..20 {
+            let mut p = Pipeline::builder()
+                .source(0..2000u64)
+                .output_order(Order::Input)
+                .autotune_off()
+                .pipe("first", Ok::<_, Injected>, 1)
+                .filter_map(
+                    "s0",
+                    |x: u64| Ok::<_, Injected>((x % 4 != 0).then_some(x)),
+                    2,
+                )
+                .budget(1, u64::MAX)
+                .build()
+                .unwrap();
+            let control = p.control();
+            let done = Arc::new(AtomicBool::new(false));
+            let d = Arc::clone(&done);
+            let churn = std::thread::spawn(move || {
+                let mut k = 0;
+                while !d.load(Ordering::Relaxed) {
+                    control.resize("s0", 1 + k % 3).unwrap();
+                    k += 1;
+                    std::thread::sleep(Duration::from_micros(300));
+                }
+            });
+            assert_eq!(p.iter().count(), 1500);
+            done.store(true, Ordering::Relaxed);
+            churn.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        for h in hogs {
+            h.join().unwrap();
+        }
+    });
+}

@@ -467,14 +467,13 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
 
     /// Deactivated: hand the deque to the injector, send results, and sleep until reactivated.
     fn park(&mut self) -> Result<(), Closed> {
-        let mut handed = 0;
         while let Some(e) = self.local.pop() {
             self.s.injector.push(e);
-            handed += 1;
         }
-        if handed > 0 {
-            self.s.input.budget().notify_data(1);
-        }
+        // Pass the baton, always: besides the items just handed over, this worker may have
+        // consumed a "work available" notification meant for an active worker (a chunk sent
+        // while it was still waiting as an active one), and it will not take that work now.
+        self.s.input.budget().notify_data(1);
         self.emit()?;
         self.counters.flush(&self.s.core.metrics, Instant::now());
         let listener = self.s.park.listen();
