@@ -1,9 +1,40 @@
 #!/usr/bin/env bash
-# Prepares a fresh machine for flowgate's commands. Both README commands call it.
-# Today the engine needs only a Rust toolchain; media decoding (FFmpeg, libjpeg-turbo) and the
-# local S3 server for integration tests will be installed here when those features land.
+# Prepares a fresh machine for flowgate's commands; both README commands call it.
+#   scripts/setup.sh          system libraries for the media features (Debian/Ubuntu: apt-get)
+#   scripts/setup.sh --test   the same, plus the local S3 server the integration tests start
+#                             (s3s-fs 0.14.1, built once into target/tools/bin)
+# Idempotent: what is there already is left alone.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 if ! command -v cargo >/dev/null 2>&1; then
   echo "flowgate needs a Rust toolchain (cargo); install it from https://rustup.rs" >&2
   exit 1
+fi
+
+# FFmpeg 5.1 (feature `video`, ffmpeg-next 9 binds it with bindgen, hence clang), libjpeg-turbo
+# (feature `turbojpeg`), pkg-config to find them.
+PKGS=(pkg-config clang libclang-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev
+      libswresample-dev libavfilter-dev libavdevice-dev libturbojpeg0-dev)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "flowgate's media features need: ${missing[*]} (install them with your package manager)" >&2
+    exit 1
+  fi
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; then
+    $SUDO apt-get update -q >/dev/null
+    $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+fi
+
+if [ "${1:-}" = "--test" ] && [ ! -x target/tools/bin/s3s-fs ]; then
+  echo "setup: building the local S3 server (s3s-fs 0.14.1) into target/tools"
+  cargo install s3s-fs@0.14.1 --features binary --locked --root target/tools --quiet
 fi

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The test command (README, CI): unit, integration, property and doc tests of every crate.
+# The test command (README, CI): unit, integration, property and doc tests of every crate, with
+# the optional media features on (S3 against a real local server, video through FFmpeg,
+# libjpeg-turbo). scripts/setup.sh installs what they need.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
-cargo test --workspace --locked "$@"
+./scripts/setup.sh --test
+cargo test --workspace --locked --features flowgate/s3 "$@"

@@ -8,7 +8,7 @@ use flowgate_actors::aggregate::AggregateStage;
 use flowgate_actors::async_stage::{AsyncSpec, AsyncStage, BoxFuture};
 use flowgate_actors::channel::{Budget, Channel};
 use flowgate_actors::emit::Order;
-use flowgate_actors::error::{BoxError, PipelineError};
+use flowgate_actors::error::{BoxError, ItemError, PipelineError};
 use flowgate_actors::failure::{FailureBudget, Failures};
 use flowgate_actors::op::{inline_size, Describe, FilterMap, Flatten, Map, Op, Sizer};
 use flowgate_actors::pool::{PoolSpec, PoolStage};
@@ -99,6 +99,7 @@ struct Common {
     channels: Vec<Arc<dyn HasBudget>>,
     needs_runtime: bool,
     on_stats: Option<(Duration, StatsCallback)>,
+    on_failure: Option<flowgate_actors::failure::Observer>,
 }
 
 /// Adds stages to a pipeline whose items are currently of type `T`, then builds it.
@@ -139,6 +140,7 @@ impl SourceBuilder {
                 channels: vec![tail.clone() as Arc<dyn HasBudget>],
                 needs_runtime,
                 on_stats: None,
+                on_failure: None,
             },
             tail,
             tail_sizer: sizer,
@@ -455,6 +457,16 @@ impl<T: Send + 'static> PipelineBuilder<T> {
         self
     }
 
+    /// Attaches `cache` to the stage added last (the one that fetches through it): the cache's
+    /// hits, misses and evictions appear in that stage's statistics, and the tuner resizes it
+    /// (see [`ByteCache`](crate::cache::ByteCache)).
+    pub fn cache(mut self, cache: &crate::cache::ByteCache) -> Self {
+        if let Some(s) = self.c.stages.last_mut() {
+            s.opts.cache = Some(crate::config::AttachedCache(Arc::new(cache.clone())));
+        }
+        self
+    }
+
     /// Sets the failure budget of the stage added last (default: unlimited, skip and count).
     pub fn stage_max_failures(mut self, budget: FailureBudget) -> Self {
         if let Some(s) = self.c.stages.last_mut() {
@@ -541,6 +553,14 @@ impl<T: Send + 'static> PipelineBuilder<T> {
         self
     }
 
+    /// Calls `f` with every item failure (an error or a panic in any stage) as it happens, on the
+    /// worker that saw it: the complete record, where [`PipelineStats::recent_failures`] keeps
+    /// only the last few. Keep `f` short.
+    pub fn on_failure(mut self, f: impl Fn(&ItemError) + Send + Sync + 'static) -> Self {
+        self.c.on_failure = Some(Box::new(f));
+        self
+    }
+
     /// Checks the configuration, starts every stage, and returns the pipeline (idle until the
     /// first [`Pipeline::iter`]).
     pub fn build(self) -> Result<Pipeline<T>, PipelineError> {
@@ -552,9 +572,13 @@ impl<T: Send + 'static> PipelineBuilder<T> {
             channels,
             needs_runtime,
             on_stats,
+            on_failure,
         } = self.c;
         validate(&stages)?;
         let ledger = Arc::new(Failures::new(cfg.failures));
+        if let Some(f) = on_failure {
+            ledger.on_failure(f);
+        }
         let mut engine = Engine::new(channels, Arc::clone(&ledger));
         let runtime = if needs_runtime {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -599,7 +623,10 @@ impl<T: Send + 'static> PipelineBuilder<T> {
                 .set_limits(items, s.opts.budget_bytes.unwrap_or(u64::MAX));
             let c = core(&s.name, s.kind, s.opts.failures, s.workers.pinned)
                 .with_budget_pinned(s.opts.budget_items.is_some() || s.opts.budget_bytes.is_some());
-            let control = (s.spawn)(&ctx, c, s.workers.n)?;
+            let mut control = (s.spawn)(&ctx, c, s.workers.n)?;
+            if let Some(cache) = s.opts.cache {
+                control = flowgate_actors::cache::WithCache::new(control, cache.0);
+            }
             engine.add_stage(control);
         }
         let sink_chunk = cfg.chunk_at(self.tail_scale);

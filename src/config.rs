@@ -98,6 +98,21 @@ pub(crate) struct StageOpts {
     pub(crate) budget_items: Option<usize>,
     pub(crate) budget_bytes: Option<u64>,
     pub(crate) failures: Option<FailureBudget>,
+    pub(crate) cache: Option<AttachedCache>,
+}
+
+/// A cache attached to a stage.
+#[derive(Clone)]
+pub(crate) struct AttachedCache(
+    pub(crate) std::sync::Arc<dyn flowgate_actors::cache::CacheControl>,
+);
+
+impl std::fmt::Debug for AttachedCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("AttachedCache")
+            .field(&self.0.cache_stats())
+            .finish()
+    }
 }
 
 impl Config {

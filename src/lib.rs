@@ -4,12 +4,17 @@
 //! concurrency, bounded (item *and* byte) budgets between them, and results in completion or
 //! input order. See the [`Pipeline`] builder.
 
+mod blob;
 mod builder;
+pub mod cache;
 mod config;
 pub mod media;
 mod pipeline;
+#[cfg(feature = "s3")]
+pub mod s3;
 pub mod tensor;
 
+pub use blob::Blob;
 pub use builder::{PipelineBuilder, SourceBuilder};
 pub use config::Workers;
 pub use pipeline::{ControlHandle, EpochIter, EpochStream, Pipeline, PipelineStats, StopHandle};

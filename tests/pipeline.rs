@@ -769,3 +769,43 @@ fn deactivating_idle_workers_strands_no_work() {
         }
     });
 }
+
+/// The tuner grows a cache that evicts (up to its ceiling) until the data fits, after which
+/// epochs stop missing.
+#[test]
+fn the_tuner_grows_an_evicting_cache_until_the_data_fits() {
+    within(120, || {
+        let cache = flowgate::cache::ByteCache::new(40_000).max_bytes(1 << 20);
+        let fetch = cache.through_blocking(|k: String| -> Result<flowgate::Blob, std::io::Error> {
+            std::thread::sleep(Duration::from_micros(300));
+            Ok(flowgate::Blob {
+                path: k.into(),
+                bytes: vec![1; 10_000],
+            })
+        });
+        let mut p = Pipeline::builder()
+            .source_epochs(|_| (0..40).map(|i| format!("k{i}")))
+            .pipe("fetch", fetch, 1)
+            .cache(&cache)
+            .build()
+            .unwrap();
+        let started = Instant::now();
+        let mut misses_last_epoch = u64::MAX;
+        while started.elapsed() < Duration::from_secs(60) && misses_last_epoch > 0 {
+            let before = cache.stats().misses;
+            assert_eq!(p.iter().map(Result::unwrap).count(), 40);
+            misses_last_epoch = cache.stats().misses - before;
+        }
+        let s = cache.stats();
+        assert_eq!(misses_last_epoch, 0, "{s:?}");
+        assert!(s.capacity_bytes >= 400_000, "{s:?}");
+        let trace = p.tuner_trace();
+        assert!(
+            trace.iter().any(|r| r
+                .decisions
+                .iter()
+                .any(|d| matches!(d.action, flowgate::tuner::Action::SetCacheBytes { .. }))),
+            "the trace records the cache decisions"
+        );
+    });
+}

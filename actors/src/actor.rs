@@ -1,7 +1,7 @@
 //! The control plane: one actix actor per stage, on a dedicated control thread.
 //!
 //! Data never travels through actor mailboxes; actors only carry control messages
-//! ([`Resize`], [`SetBudget`], [`Snapshot`], [`Shutdown`]) to the [`StageControl`] of their
+//! ([`Resize`], [`SetBudget`], [`SetCacheBytes`], [`Snapshot`], [`Shutdown`]) to the [`StageControl`] of their
 //! stage. The control thread runs an actix `System`; [`ControlPlane`] starts it, hands out the
 //! actors' addresses, runs periodic jobs (a stats callback, later the tuner) as actors on it, and
 //! stops and joins it on shutdown.
@@ -31,6 +31,14 @@ pub struct SetBudget {
     /// Item limit.
     pub items: usize,
     /// Byte limit.
+    pub bytes: u64,
+}
+
+/// Sets the byte capacity of a stage's cache.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct SetCacheBytes {
+    /// Byte capacity.
     pub bytes: u64,
 }
 
@@ -72,6 +80,13 @@ impl Handler<SetBudget> for StageActor {
     type Result = ();
     fn handle(&mut self, msg: SetBudget, _: &mut Context<Self>) {
         self.control.set_budget(msg.items, msg.bytes);
+    }
+}
+
+impl Handler<SetCacheBytes> for StageActor {
+    type Result = ();
+    fn handle(&mut self, msg: SetCacheBytes, _: &mut Context<Self>) {
+        self.control.set_cache_bytes(msg.bytes);
     }
 }
 

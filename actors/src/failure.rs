@@ -123,7 +123,11 @@ pub struct Failures {
     recent: Mutex<VecDeque<ItemError>>,
     fatal: Mutex<Option<PipelineError>>,
     abort: OnceLock<Abort>,
+    observer: OnceLock<Observer>,
 }
+
+/// Called with every failure as it is recorded.
+pub type Observer = Box<dyn Fn(&ItemError) + Send + Sync>;
 
 impl std::fmt::Debug for Failures {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -145,12 +149,19 @@ impl Failures {
             recent: Mutex::new(VecDeque::with_capacity(RECENT_FAILURES)),
             fatal: Mutex::new(None),
             abort: OnceLock::new(),
+            observer: OnceLock::new(),
         }
     }
 
     /// Sets what to do when a budget is exceeded (shut the pipeline down). Set once.
     pub fn on_fatal(&self, abort: impl Fn() + Send + Sync + 'static) {
         let _ = self.abort.set(Box::new(abort));
+    }
+
+    /// Sets a function to call with every failure as it is recorded (set once). It runs on the
+    /// worker that saw the failure: keep it short.
+    pub fn on_failure(&self, f: Observer) {
+        let _ = self.observer.set(f);
     }
 
     /// Counts `n` items emitted by the source (the denominator of the global rate).
@@ -176,6 +187,9 @@ impl Failures {
                 .exceeded(n_total, seen)
                 .then(|| PipelineError::failure_budget("the pipeline", n_total, err.clone()))
         };
+        if let Some(observe) = self.observer.get() {
+            observe(&err);
+        }
         {
             let mut recent = self.recent.lock();
             if recent.len() == RECENT_FAILURES {

@@ -6,6 +6,7 @@
 //! - [`aggregate`], [`source`], [`sink`]: batching, the producer and the consumer ends.
 //! - [`emit`]: how results move downstream (budget handoff, input-order reordering).
 //! - [`actor`]: the control plane, one actix actor per stage; [`tuner`]: the tuner actor.
+//! - [`cache`]: caches attached to stages, reported and resized with them.
 //! - [`failure`], [`error`]: skip-and-count failure budgets and the errors users see.
 //! - [`metrics`], [`cap`]: per-worker counters flushed in batches; the process-wide CPU cap.
 //!
@@ -14,6 +15,7 @@
 pub mod actor;
 pub mod aggregate;
 pub mod async_stage;
+pub mod cache;
 pub mod cap;
 pub mod channel;
 pub mod emit;

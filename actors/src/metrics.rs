@@ -121,6 +121,7 @@ impl StageMetrics {
             budget_bytes,
             elapsed,
             items_per_s: t.items_out as f64 / elapsed.as_secs_f64().max(1e-9),
+            cache: None,
         }
     }
 }

@@ -18,6 +18,8 @@ pub trait StageControl: Send + Sync + 'static {
     fn resize(&self, workers: usize) -> usize;
     /// Sets the budget of items this stage may hold.
     fn set_budget(&self, items: usize, bytes: u64);
+    /// Sets the byte capacity of the stage's cache (no-op for a stage without one).
+    fn set_cache_bytes(&self, _bytes: u64) {}
     /// The stage's statistics now.
     fn snapshot(&self) -> StageStats;
     /// Asks the stage's threads or tasks to exit (channels are closed separately).

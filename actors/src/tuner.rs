@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use flowgate_tuner::policy::{HillClimb, ModelBased, ModelSettings, Static};
 use flowgate_tuner::{enforce, Action, Budgets, Decision, Observation, Policy, StageKind};
-use flowgate_tuner::{StageObservation, StageStats};
+use flowgate_tuner::{CacheStats, StageObservation, StageStats};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use crate::actor::{Resize, SetBudget, StageActor};
+use crate::actor::{Resize, SetBudget, SetCacheBytes, StageActor};
 use crate::cap;
 use crate::stage::StageControl;
 
@@ -259,6 +259,7 @@ impl TunerActor {
                     } else {
                         0.0
                     },
+                    cache: s.cache.map(|c| window_of(c, p.cache.unwrap_or_default())),
                 }
             })
             .collect();
@@ -294,7 +295,7 @@ impl TunerActor {
                 Action::SetPrefetch { items, bytes, .. } => {
                     addr.do_send(SetBudget { items, bytes })
                 }
-                Action::SetCacheBytes { .. } => {}
+                Action::SetCacheBytes { bytes, .. } => addr.do_send(SetCacheBytes { bytes }),
             }
             tracing::debug!(policy = self.policy.name(), action = ?d.action, reason = %d.reason, "tuner decision");
         }
@@ -345,4 +346,16 @@ pub fn rss_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * 4096)
+}
+
+/// A cache's counters in the window (`now` less `prev`), with capacity and size now.
+fn window_of(now: CacheStats, prev: CacheStats) -> CacheStats {
+    CacheStats {
+        hits: now.hits.saturating_sub(prev.hits),
+        misses: now.misses.saturating_sub(prev.misses),
+        hit_bytes: now.hit_bytes.saturating_sub(prev.hit_bytes),
+        miss_bytes: now.miss_bytes.saturating_sub(prev.miss_bytes),
+        evicted_bytes: now.evicted_bytes.saturating_sub(prev.evicted_bytes),
+        ..now
+    }
 }

@@ -25,5 +25,5 @@ pub use guard::enforce;
 pub use histogram::{Histogram, LatencySummary};
 pub use observation::{Action, Budgets, Decision, Observation, Policy, StageObservation};
 pub use rng::Rng;
-pub use stats::{StageKind, StageStats};
+pub use stats::{CacheStats, StageKind, StageStats};
 pub use welch::p_greater;

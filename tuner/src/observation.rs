@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::StageKind;
+use crate::{CacheStats, StageKind};
 
 /// One stage over the last tick window.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -44,6 +44,8 @@ pub struct StageObservation {
     /// Coefficient of variation (standard deviation / mean) of the time per item, over the
     /// stage's life: 0 for constant work, around 1 for exponential, more for heavy tails.
     pub cost_cv: f64,
+    /// The stage's cache: capacity and size now, hits, misses and evictions in the window.
+    pub cache: Option<CacheStats>,
 }
 
 impl StageObservation {

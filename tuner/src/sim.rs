@@ -433,6 +433,7 @@ impl Simulator {
                     budget_bytes: st.cap_bytes,
                     item_bytes: st.bytes,
                     cost_cv: cv(st.cost_n, st.cost_sum, st.cost_sq),
+                    cache: None,
                 }
             })
             .collect();

@@ -68,4 +68,32 @@ pub struct StageStats {
     pub elapsed: Duration,
     /// `items_out` per second of `elapsed`.
     pub items_per_s: f64,
+    /// The stage's cache, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheStats>,
+}
+
+/// Counters of a byte cache attached to a stage (hits skip the stage's fetch).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheStats {
+    /// Bytes the cache may hold now.
+    pub capacity_bytes: u64,
+    /// The most a tuner may grow the capacity to.
+    pub max_bytes: u64,
+    /// Whether the user pinned the capacity (a tuner never changes it).
+    pub pinned: bool,
+    /// Bytes held now.
+    pub bytes: u64,
+    /// Entries held now.
+    pub entries: u64,
+    /// Lookups that found their entry.
+    pub hits: u64,
+    /// Lookups that did not.
+    pub misses: u64,
+    /// Bytes served from the cache.
+    pub hit_bytes: u64,
+    /// Bytes fetched on misses.
+    pub miss_bytes: u64,
+    /// Bytes evicted to make room (or by a smaller capacity).
+    pub evicted_bytes: u64,
 }

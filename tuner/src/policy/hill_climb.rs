@@ -59,12 +59,9 @@ impl HillClimb {
     }
 }
 
-impl Policy for HillClimb {
-    fn name(&self) -> &str {
-        "hill-climb"
-    }
-
-    fn decide(&mut self, obs: &Observation) -> Vec<Decision> {
+impl HillClimb {
+    /// Workers and buffers.
+    fn decide_stages(&mut self, obs: &Observation) -> Vec<Decision> {
         let win = obs.window.as_secs_f64().max(1e-9);
         let util = |i: usize| {
             let s = &obs.stages[i];
@@ -132,5 +129,17 @@ impl Policy for HillClimb {
             }
         }
         out
+    }
+}
+
+impl Policy for HillClimb {
+    fn name(&self) -> &str {
+        "hill-climb"
+    }
+
+    fn decide(&mut self, obs: &Observation) -> Vec<Decision> {
+        let mut decisions = self.decide_stages(obs);
+        decisions.extend(super::cache_decisions(obs));
+        decisions
     }
 }

@@ -1,8 +1,10 @@
 //! The shipped policies: [`Static`], [`HillClimb`] (AIMD) and [`ModelBased`] (the default).
 
+mod cache;
 mod hill_climb;
 mod model;
 
+pub use cache::cache_decisions;
 pub use hill_climb::{HillClimb, HillClimbSettings};
 pub use model::{ModelBased, ModelSettings};
 

@@ -491,12 +491,9 @@ impl ModelBased {
     }
 }
 
-impl Policy for ModelBased {
-    fn name(&self) -> &str {
-        "model"
-    }
-
-    fn decide(&mut self, obs: &Observation) -> Vec<Decision> {
+impl ModelBased {
+    /// Workers and buffers.
+    fn decide_stages(&mut self, obs: &Observation) -> Vec<Decision> {
         self.tick += 1;
         let n = obs
             .stages
@@ -580,5 +577,17 @@ impl Policy for ModelBased {
             );
         }
         self.buffers(obs, n)
+    }
+}
+
+impl Policy for ModelBased {
+    fn name(&self) -> &str {
+        "model"
+    }
+
+    fn decide(&mut self, obs: &Observation) -> Vec<Decision> {
+        let mut decisions = self.decide_stages(obs);
+        decisions.extend(super::cache_decisions(obs));
+        decisions
     }
 }
