@@ -12,9 +12,9 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 # FFmpeg 5.1 (feature `video`, ffmpeg-next 9 binds it with bindgen, hence clang), libjpeg-turbo
-# (feature `turbojpeg`), pkg-config to find them.
+# (feature `turbojpeg`), pkg-config to find them; the ffmpeg command writes the sample clips.
 PKGS=(pkg-config clang libclang-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev
-      libswresample-dev libavfilter-dev libavdevice-dev libturbojpeg0-dev)
+      libswresample-dev libavfilter-dev libavdevice-dev libturbojpeg0-dev ffmpeg)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

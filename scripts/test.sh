@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --test
-cargo test --workspace --locked --features flowgate/s3 "$@"
+cargo test --workspace --locked --features flowgate/s3,flowgate/video "$@"

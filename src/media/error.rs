@@ -48,4 +48,16 @@ impl MediaError {
             | MediaError::Geometry { path, .. } => path,
         }
     }
+
+    /// The same error, naming `path` instead (a temporary copy's error, named after the
+    /// original).
+    pub fn with_path(mut self, path: &std::path::Path) -> Self {
+        match &mut self {
+            MediaError::Read { path: p, .. }
+            | MediaError::Empty { path: p }
+            | MediaError::Decode { path: p, .. }
+            | MediaError::Geometry { path: p, .. } => *p = path.to_path_buf(),
+        }
+        self
+    }
 }

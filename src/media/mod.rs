@@ -7,6 +7,11 @@
 //! - [`audio`](mod@audio) (feature `audio`): WAV, FLAC, MP3, Vorbis, AAC, ALAC into `f32`
 //!   tensors, mono or planar channels, cropped or padded.
 //!
+//! - [`video`](mod@video) (feature `video`): K frames per clip with FFmpeg, scaled and
+//!   center-cropped into `u8` tensors.
+//!
+//! - [`synth`]: synthetic clips for sample datasets and tests.
+//!
 //! Errors are [`MediaError`]s, which always name the file.
 
 #[cfg(feature = "audio")]
@@ -15,6 +20,9 @@ mod error;
 mod files;
 #[cfg(feature = "image")]
 pub mod image;
+pub mod synth;
+#[cfg(feature = "video")]
+pub mod video;
 
 pub use error::MediaError;
 pub use files::Files;

@@ -1,0 +1,408 @@
+//! Video (feature `video`): K frames of a clip, decoded with FFmpeg (`ffmpeg-next` 9), scaled
+//! (shorter side), center-cropped, into one `u8` tensor, `[T, H, W, 3]` (NTHWC per clip) or
+//! `[3, T, H, W]` (NCTHW).
+//!
+//! Frames are sampled uniformly (the frame shown at the middle of each of K equal spans of the
+//! clip) or at given timestamps. Only what the samples need is decoded: the clip is decoded
+//! forward from the start while the next sample is near, and a sample more than
+//! [`VideoRecipe::seek_gap`] ahead is reached by seeking to the keyframe before it, so a long
+//! clip costs K short decodes rather than the whole stream.
+//!
+//! Every failure is a [`MediaError`] naming the file: an unreadable or empty file, no video
+//! stream, a clip that ends before a sample (a truncated file), a corrupt stream.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Once;
+
+use ffmpeg::format::Pixel;
+use ffmpeg::software::scaling::{context::Context as Scaler, flag::Flags};
+use ffmpeg::util::frame::video::Video as Frame;
+use ffmpeg_next as ffmpeg;
+
+use crate::media::MediaError;
+use crate::tensor::{DType, Tensor};
+
+/// Where the channels go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VideoLayout {
+    /// `[T, H, W, 3]`.
+    #[default]
+    Nthwc,
+    /// `[3, T, H, W]`.
+    Ncthw,
+}
+
+/// Which frames to take.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Sampling {
+    /// `K` frames, at the middle of K equal spans of the clip.
+    Uniform(usize),
+    /// The frames shown at these times (seconds from the start, ascending).
+    At(Vec<f64>),
+}
+
+/// Sample, scale, crop.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VideoRecipe {
+    /// Which frames.
+    pub sampling: Sampling,
+    /// The shorter side after scaling.
+    pub resize: u32,
+    /// The side of the square center crop (`<= resize`).
+    pub crop: u32,
+    /// The tensor's layout.
+    pub layout: VideoLayout,
+    /// Decoder threads per clip (1: the pipeline's workers decode clips in parallel).
+    pub threads: usize,
+    /// Seek, rather than decode forward, to a sample more than this many seconds ahead.
+    pub seek_gap: f64,
+}
+
+impl Default for VideoRecipe {
+    /// 8 uniform frames, shorter side 128, 112×112 crop, NTHWC, 1 thread, seek past 1 s gaps.
+    fn default() -> Self {
+        Self {
+            sampling: Sampling::Uniform(8),
+            resize: 128,
+            crop: 112,
+            layout: VideoLayout::Nthwc,
+            threads: 1,
+            seek_gap: 1.0,
+        }
+    }
+}
+
+fn init() {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        let _ = ffmpeg::init();
+        // Errors reach the caller as values; FFmpeg's own log would only repeat them.
+        ffmpeg::util::log::set_level(ffmpeg::util::log::Level::Fatal);
+    });
+}
+
+impl VideoRecipe {
+    /// Frames per clip.
+    pub fn frames(&self) -> usize {
+        match &self.sampling {
+            Sampling::Uniform(k) => *k,
+            Sampling::At(ts) => ts.len(),
+        }
+    }
+
+    /// The shape of one clip's tensor.
+    pub fn shape(&self) -> [usize; 4] {
+        let (t, c) = (self.frames(), self.crop as usize);
+        match self.layout {
+            VideoLayout::Nthwc => [t, c, c, 3],
+            VideoLayout::Ncthw => [3, t, c, c],
+        }
+    }
+
+    /// Decodes the sampled frames of the file at `path`.
+    pub fn load(&self, path: &Path) -> Result<Tensor, MediaError> {
+        let meta = std::fs::metadata(path).map_err(|source| MediaError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        if meta.len() == 0 {
+            return Err(MediaError::Empty {
+                path: path.to_path_buf(),
+            });
+        }
+        let mut out = Tensor::zeros(&self.shape(), DType::U8);
+        self.decode_file(path, out.bytes_mut())?;
+        Ok(out)
+    }
+
+    /// Decodes a clip held in memory (an S3 object): FFmpeg reads it from a temporary file,
+    /// removed afterwards. `path` names it in errors and gives the container's extension.
+    pub fn decode(&self, bytes: &[u8], path: &Path) -> Result<Tensor, MediaError> {
+        if bytes.is_empty() {
+            return Err(MediaError::Empty {
+                path: path.to_path_buf(),
+            });
+        }
+        static N: AtomicU64 = AtomicU64::new(0);
+        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("bin");
+        let tmp = std::env::temp_dir().join(format!(
+            "flowgate-clip-{}-{}.{ext}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let read_err = |source| MediaError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        std::fs::write(&tmp, bytes).map_err(read_err)?;
+        let mut out = Tensor::zeros(&self.shape(), DType::U8);
+        let result = self.decode_file(&tmp, out.bytes_mut());
+        let _ = std::fs::remove_file(&tmp);
+        result.map_err(|e| e.with_path(path))?;
+        Ok(out)
+    }
+
+    fn decode_file(&self, path: &Path, out: &mut [u8]) -> Result<(), MediaError> {
+        init();
+        let decode_err = |e: ffmpeg::Error| MediaError::Decode {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        };
+        let geometry = |reason: String| MediaError::Geometry {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if self.crop == 0 || self.crop > self.resize {
+            return Err(geometry(format!(
+                "crop {} must be within 1..={} (resize)",
+                self.crop, self.resize
+            )));
+        }
+        let mut input = ffmpeg::format::input(path).map_err(decode_err)?;
+        let stream = input
+            .streams()
+            .best(ffmpeg::media::Type::Video)
+            .ok_or_else(|| geometry("no video stream".into()))?;
+        let index = stream.index();
+        let tb = f64::from(stream.time_base());
+        let start = match stream.start_time() {
+            ffmpeg::ffi::AV_NOPTS_VALUE => 0,
+            t => t,
+        };
+        let duration = if stream.duration() > 0 {
+            stream.duration() as f64 * tb
+        } else if input.duration() > 0 {
+            input.duration() as f64 / f64::from(ffmpeg::ffi::AV_TIME_BASE)
+        } else {
+            0.0
+        };
+        let targets: Vec<f64> = match &self.sampling {
+            Sampling::Uniform(k) => {
+                if duration <= 0.0 {
+                    return Err(geometry("the clip's duration is unknown".into()));
+                }
+                (0..*k)
+                    .map(|i| duration * (i as f64 + 0.5) / *k as f64)
+                    .collect()
+            }
+            Sampling::At(ts) => ts.clone(),
+        };
+        let mut ctx = ffmpeg::codec::context::Context::from_parameters(stream.parameters())
+            .map_err(decode_err)?;
+        if self.threads > 1 {
+            ctx.set_threading(ffmpeg::codec::threading::Config {
+                kind: ffmpeg::codec::threading::Type::Frame,
+                count: self.threads,
+                ..Default::default()
+            });
+        }
+        let mut decoder = ctx.decoder().video().map_err(decode_err)?;
+        let rate = f64::from(stream.avg_frame_rate());
+        let frame_time = if rate > 0.0 { 1.0 / rate } else { 0.1 };
+        let mut writer = FrameWriter {
+            recipe: self,
+            scaler: None,
+            rgb: Frame::empty(),
+            out,
+            frames: targets.len(),
+        };
+        let mut pick = Picker {
+            targets: &targets,
+            next: 0,
+            cur: Frame::empty(),
+            prev: Frame::empty(),
+            prev_t: None,
+            last_t: f64::NEG_INFINITY,
+            start,
+            tb,
+        };
+        let mut sought = None; // the sample the last seek was for
+        'scan: loop {
+            let mut seek_to = None;
+            for (s, packet) in input.packets() {
+                if s.index() != index {
+                    continue;
+                }
+                decoder.send_packet(&packet).map_err(decode_err)?;
+                pick.drain(&mut decoder, &mut writer, path)?;
+                if pick.done() {
+                    break 'scan;
+                }
+                // Seek at most once per sample: after a seek the decoder restarts at the
+                // keyframe before it, which may still be far behind.
+                let target = targets[pick.next];
+                if target - pick.last_t > self.seek_gap && sought != Some(pick.next) {
+                    sought = Some(pick.next);
+                    seek_to = Some(target);
+                    break;
+                }
+            }
+            match seek_to {
+                Some(t) => {
+                    let us =
+                        ((start as f64 * tb + t) * f64::from(ffmpeg::ffi::AV_TIME_BASE)) as i64;
+                    input.seek(us, ..us).map_err(decode_err)?;
+                    decoder.flush();
+                    pick.prev_t = None; // what was decoded before the seek is not contiguous
+                }
+                None => break,
+            }
+        }
+        if !pick.done() {
+            decoder.send_eof().map_err(decode_err)?;
+            pick.drain(&mut decoder, &mut writer, path)?;
+            // The last frame is shown for one frame time past its start.
+            while let Some(t) = pick.prev_t.filter(|_| !pick.done()) {
+                if targets[pick.next] > t + 1.5 * frame_time {
+                    break;
+                }
+                writer.write(&pick.prev, pick.next, path)?;
+                pick.next += 1;
+            }
+        }
+        if !pick.done() {
+            return Err(MediaError::Decode {
+                path: path.to_path_buf(),
+                source: format!(
+                    "the clip ends at {:.3} s, before the sample at {:.3} s \
+                     (truncated, or shorter than its header says)",
+                    pick.last_t.max(0.0),
+                    targets[pick.next]
+                )
+                .into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Slack for frame times rounded by the container's time base.
+const FRAME_EPS: f64 = 1e-3;
+
+/// Chooses, for each sample time, the frame shown then: the last frame that starts at or
+/// before it. Decoded frames alternate between two buffers (no copies): `prev` holds the
+/// latest candidate while `cur` receives the next frame.
+struct Picker<'a> {
+    targets: &'a [f64],
+    next: usize,
+    cur: Frame,
+    prev: Frame,
+    /// The time of the frame in `prev`, if it is a candidate.
+    prev_t: Option<f64>,
+    /// The time of the last decoded frame.
+    last_t: f64,
+    start: i64,
+    tb: f64,
+}
+
+impl Picker<'_> {
+    fn done(&self) -> bool {
+        self.next == self.targets.len()
+    }
+
+    /// Takes every frame the decoder has ready.
+    fn drain(
+        &mut self,
+        decoder: &mut ffmpeg::decoder::Video,
+        writer: &mut FrameWriter<'_>,
+        path: &Path,
+    ) -> Result<(), MediaError> {
+        while !self.done() && decoder.receive_frame(&mut self.cur).is_ok() {
+            let ts = self.cur.timestamp().or(self.cur.pts()).unwrap_or(0);
+            let t = (ts - self.start) as f64 * self.tb;
+            self.last_t = t;
+            while !self.done() {
+                if t <= self.targets[self.next] + FRAME_EPS {
+                    // A candidate for the next sample; a later frame may still be closer.
+                    std::mem::swap(&mut self.cur, &mut self.prev);
+                    self.prev_t = Some(t);
+                    break;
+                }
+                // This frame starts after the sample: the sample is the frame before it (or
+                // this one, if the stream starts after the sample time).
+                let shown = if self.prev_t.is_some() {
+                    &self.prev
+                } else {
+                    &self.cur
+                };
+                writer.write(shown, self.next, path)?;
+                self.next += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Scales a decoded frame and writes its crop into one sample's slot.
+struct FrameWriter<'a> {
+    recipe: &'a VideoRecipe,
+    scaler: Option<(Scaler, (Pixel, u32, u32))>,
+    rgb: Frame,
+    out: &'a mut [u8],
+    frames: usize,
+}
+
+impl FrameWriter<'_> {
+    fn write(&mut self, frame: &Frame, slot: usize, path: &Path) -> Result<(), MediaError> {
+        let (w, h) = (frame.width(), frame.height());
+        if w == 0 || h == 0 {
+            return Err(MediaError::Geometry {
+                path: path.to_path_buf(),
+                reason: "a frame of size 0".into(),
+            });
+        }
+        let r = self.recipe.resize;
+        let (sw, sh) = if w <= h {
+            (r, ((u64::from(r) * u64::from(h)) / u64::from(w)) as u32)
+        } else {
+            (((u64::from(r) * u64::from(w)) / u64::from(h)) as u32, r)
+        };
+        let key = (frame.format(), w, h);
+        if self.scaler.as_ref().is_none_or(|(_, k)| *k != key) {
+            let scaler = Scaler::get(frame.format(), w, h, Pixel::RGB24, sw, sh, Flags::BILINEAR)
+                .map_err(|e| MediaError::Decode {
+                path: path.to_path_buf(),
+                source: Box::new(e),
+            })?;
+            self.scaler = Some((scaler, key));
+        }
+        let (scaler, _) = self.scaler.as_mut().expect("set above");
+        scaler
+            .run(frame, &mut self.rgb)
+            .map_err(|e| MediaError::Decode {
+                path: path.to_path_buf(),
+                source: Box::new(e),
+            })?;
+        let c = self.recipe.crop as usize;
+        // torchvision's center-crop offsets: round((size - crop) / 2), half to even.
+        let offset =
+            |size: u32| (f64::from(size - self.recipe.crop) / 2.0).round_ties_even() as usize;
+        let (x0, y0) = (offset(sw), offset(sh));
+        let stride = self.rgb.stride(0);
+        let data = self.rgb.data(0);
+        match self.recipe.layout {
+            VideoLayout::Nthwc => {
+                let slot_len = c * c * 3;
+                let dst = &mut self.out[slot * slot_len..(slot + 1) * slot_len];
+                for y in 0..c {
+                    let src = &data[(y0 + y) * stride + x0 * 3..][..c * 3];
+                    dst[y * c * 3..(y + 1) * c * 3].copy_from_slice(src);
+                }
+            }
+            VideoLayout::Ncthw => {
+                let plane = self.frames * c * c;
+                for y in 0..c {
+                    let src = &data[(y0 + y) * stride + x0 * 3..][..c * 3];
+                    for ch in 0..3 {
+                        let row = ch * plane + slot * c * c + y * c;
+                        for (x, d) in self.out[row..row + c].iter_mut().enumerate() {
+                            *d = src[x * 3 + ch];
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,248 @@
+//! Video decoding through FFmpeg: sampling, seeking, geometry, layouts, bad files, a pipeline,
+//! and the audio track of the same clip. Clips are written with `ffmpeg` (installed by
+//! `scripts/setup.sh`) from frames whose grey level encodes their index.
+#![cfg(feature = "video")]
+
+use std::path::{Path, PathBuf};
+
+use flowgate::media::synth::{clip_level, write_clip, ClipSpec};
+use flowgate::media::video::{Sampling, VideoLayout, VideoRecipe};
+use flowgate::media::MediaError;
+use flowgate::{Pipeline, Tensor};
+
+struct Dir(PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn dir(name: &str) -> Dir {
+    let d = std::env::temp_dir().join(format!("flowgate-video-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    Dir(d)
+}
+
+/// 50 flat frames at 10 fps (5 s), 96×64, a keyframe every 10 frames.
+fn flat_clip(path: &Path) -> ClipSpec {
+    let spec = ClipSpec {
+        width: 96,
+        height: 64,
+        fps: 10,
+        frames: 50,
+        gop: 10,
+        pattern: false,
+        seed: 1,
+        audio_rate: None,
+    };
+    write_clip(path, &spec).unwrap();
+    spec
+}
+
+fn mean(bytes: &[u8]) -> f64 {
+    bytes.iter().map(|&b| f64::from(b)).sum::<f64>() / bytes.len() as f64
+}
+
+fn recipe(sampling: Sampling) -> VideoRecipe {
+    VideoRecipe {
+        sampling,
+        resize: 64,
+        crop: 64,
+        ..VideoRecipe::default()
+    }
+}
+
+#[test]
+fn uniform_samples_are_the_frames_at_the_middle_of_each_span() {
+    let d = dir("uniform");
+    let clip = d.0.join("flat.mp4");
+    let spec = flat_clip(&clip);
+    let t = recipe(Sampling::Uniform(5)).load(&clip).unwrap();
+    assert_eq!(t.shape(), [5, 64, 64, 3]);
+    for k in 0..5 {
+        // Spans of 1 s; middles at 0.5, 1.5, ... s: frames 5, 15, 25, 35, 45.
+        let want = f64::from(clip_level(5 + 10 * k as u32, spec.frames));
+        let got = mean(t.item(k));
+        assert!(
+            (got - want).abs() < 3.0,
+            "sample {k}: mean {got}, want {want}"
+        );
+    }
+}
+
+#[test]
+fn timestamps_far_apart_are_reached_by_seeking_and_match_decoding_forward() {
+    let d = dir("seek");
+    let clip = d.0.join("flat.mp4");
+    let spec = flat_clip(&clip);
+    let times = vec![0.0, 0.35, 2.05, 4.6];
+    let frames = [0u32, 3, 20, 46];
+    let seeking = recipe(Sampling::At(times.clone())).load(&clip).unwrap();
+    let forward = VideoRecipe {
+        seek_gap: f64::INFINITY,
+        ..recipe(Sampling::At(times))
+    }
+    .load(&clip)
+    .unwrap();
+    for (k, &f) in frames.iter().enumerate() {
+        let want = f64::from(clip_level(f, spec.frames));
+        let got = mean(seeking.item(k));
+        assert!((got - want).abs() < 3.0, "t#{k}: mean {got}, want {want}");
+    }
+    assert_eq!(seeking.bytes(), forward.bytes());
+}
+
+#[test]
+fn geometry_follows_torchvision_and_layouts_are_permutations() {
+    let d = dir("layout");
+    let clip = d.0.join("pattern.mp4");
+    write_clip(
+        &clip,
+        &ClipSpec {
+            width: 160,
+            height: 96,
+            frames: 20,
+            audio_rate: None,
+            ..ClipSpec::default()
+        },
+    )
+    .unwrap();
+    let base = VideoRecipe {
+        sampling: Sampling::Uniform(3),
+        resize: 48,
+        crop: 40,
+        ..VideoRecipe::default()
+    };
+    let a = base.load(&clip).unwrap();
+    let b = VideoRecipe {
+        layout: VideoLayout::Ncthw,
+        ..base.clone()
+    }
+    .load(&clip)
+    .unwrap();
+    assert_eq!(a.shape(), [3, 40, 40, 3]);
+    assert_eq!(b.shape(), [3, 3, 40, 40]);
+    let (a, b) = (a.bytes(), b.bytes());
+    for t in 0..3 {
+        for y in 0..40 {
+            for x in 0..40 {
+                for c in 0..3 {
+                    assert_eq!(
+                        a[((t * 40 + y) * 40 + x) * 3 + c],
+                        b[((c * 3 + t) * 40 + y) * 40 + x]
+                    );
+                }
+            }
+        }
+    }
+    let bytes = std::fs::read(&clip).unwrap();
+    let from_memory = base
+        .decode(&bytes, Path::new("s3/key/pattern.mp4"))
+        .unwrap();
+    assert_eq!(from_memory.bytes(), a);
+}
+
+#[test]
+fn bad_clips_are_typed_errors_naming_the_file() {
+    let d = dir("bad");
+    let good = d.0.join("good.mp4");
+    flat_clip(&good);
+    let bytes = std::fs::read(&good).unwrap();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("empty.mp4", Vec::new()),
+        (
+            "random.mp4",
+            (0..20_000u32)
+                .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+                .collect(),
+        ),
+        ("truncated.mp4", bytes[..bytes.len() / 2].to_vec()),
+        ("text.mp4", b"not a video at all".to_vec()),
+    ];
+    let r = recipe(Sampling::Uniform(4));
+    for (name, content) in &cases {
+        let path = d.0.join(name);
+        std::fs::write(&path, content).unwrap();
+        let err = r.load(&path).unwrap_err();
+        assert_eq!(err.path(), path, "{name}: {err}");
+        if content.is_empty() {
+            assert!(matches!(err, MediaError::Empty { .. }), "{err}");
+        }
+    }
+    // A clip that ends before the sample asked for.
+    let err = recipe(Sampling::At(vec![1.0, 9.0]))
+        .load(&good)
+        .unwrap_err();
+    assert!(err.to_string().contains("before the sample"), "{err}");
+    let missing = d.0.join("missing.mp4");
+    assert!(matches!(
+        r.load(&missing).unwrap_err(),
+        MediaError::Read { .. }
+    ));
+    let audio_only = d.0.join("tone.m4a");
+    let status = std::process::Command::new("ffmpeg")
+        .args(["-y", "-loglevel", "error", "-f", "lavfi", "-i"])
+        .arg("sine=frequency=440:sample_rate=16000:duration=1")
+        .arg(&audio_only)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let err = r.load(&audio_only).unwrap_err();
+    assert!(err.to_string().contains("no video stream"), "{err}");
+}
+
+#[test]
+fn a_pipeline_batches_clips_and_their_audio_tracks() {
+    use flowgate::media::audio::AudioRecipe;
+    let d = dir("pipeline");
+    let mut paths = Vec::new();
+    for i in 0..6 {
+        let p = d.0.join(format!("clip{i}.mp4"));
+        write_clip(
+            &p,
+            &ClipSpec {
+                frames: 30,
+                seed: i,
+                ..ClipSpec::default()
+            },
+        )
+        .unwrap();
+        paths.push(p);
+    }
+    let broken = d.0.join("broken.mp4");
+    std::fs::write(&broken, b"\0\0\0\x18ftypmp42").unwrap();
+    paths.push(broken);
+    let video = VideoRecipe::default();
+    let audio = AudioRecipe {
+        rate: 16_000,
+        samples: 16_000,
+        ..AudioRecipe::default()
+    };
+    let mut p = Pipeline::builder()
+        .source(paths)
+        .pipe(
+            "decode",
+            move |path: PathBuf| -> Result<(Tensor, Tensor), MediaError> {
+                Ok((video.load(&path)?, audio.load(&path)?))
+            },
+            2,
+        )
+        .aggregate(3, false)
+        .build()
+        .unwrap();
+    let batches: Vec<_> = p.iter().map(Result::unwrap).collect();
+    assert_eq!(batches.iter().map(Vec::len).sum::<usize>(), 6);
+    for batch in batches {
+        let (frames, tracks): (Vec<Tensor>, Vec<Tensor>) = batch.into_iter().unzip();
+        let frames = Tensor::stack(&frames).unwrap();
+        let tracks = Tensor::stack(&tracks).unwrap();
+        assert_eq!(&frames.shape()[1..], [8, 112, 112, 3]);
+        assert_eq!(&tracks.shape()[1..], [16_000]);
+        assert!(tracks.bytes().iter().any(|&b| b != 0), "the tone is there");
+    }
+    let stats = p.stats();
+    assert_eq!(stats.failures, 1);
+    assert!(stats.recent_failures[0].contains("broken.mp4"));
+}
