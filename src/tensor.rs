@@ -127,7 +127,21 @@ impl Tensor {
         }
     }
 
-    /// The shape.
+    /// The same buffer with another shape of as many elements (no copy).
+    ///
+    /// # Panics
+    /// If the element counts differ.
+    pub fn reshaped(mut self, shape: &[usize]) -> Self {
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            self.shape.iter().product::<usize>(),
+            "reshape must keep the number of elements"
+        );
+        self.shape = shape.to_vec();
+        self
+    }
+
+    /// The dimensions.
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
