@@ -5,6 +5,8 @@
 //!     [--crop 224] [--layout nchw|nhwc] [--workers N] [--dump FILE.npy]
 //! cargo run --release --example bench -- audio --list FILE [--batch 32] [--rate 16000]
 //!     [--seconds 4] [--workers N] [--dump FILE.npy]
+//! cargo run --release --features video --example bench -- video --list FILE [--batch 8]
+//!     [--frames 8] [--resize 128] [--crop 112] [--workers N] [--dump FILE.npy]
 //! ```
 //!
 //! (`--dir DIR` is accepted instead of `--list`.) One epoch, in-process, from building the
@@ -12,8 +14,9 @@
 //! `{"workload":..,"items":..,"seconds":..,"items_per_s":..,"cpu_seconds":..,"peak_rss_mb":..,
 //! "batch_shape":[..],"dtype":..}`. Without `--workers` the tuner sizes the decode stage from
 //! one worker; `--workers N` pins it. `--dump` writes the first batch (the list's first items,
-//! in list order) as a NumPy file. Audio is decoded to mono `f32` at the files' rate (which must
-//! be `--rate`), cropped or zero-padded to `--seconds`. Video arrives with its decoder.
+//! in list order) as a NumPy file. Audio is decoded to mono `f32`, resampled to `--rate` if the
+//! files differ, cropped or zero-padded to `--seconds`. Video (feature `video`) samples
+//! `--frames` frames uniformly per clip, scaled and center-cropped, as `u8` NTHWC.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -23,6 +26,17 @@ use flowgate::media::image::{ImageRecipe, Layout};
 use flowgate::media::Files;
 use flowgate::{Order, Pipeline, PipelineError, Tensor, Workers};
 
+#[cfg(feature = "video")]
+use flowgate::media::video::{Sampling, VideoRecipe};
+
+/// What each file becomes.
+enum Work {
+    Images(ImageRecipe),
+    Audio(AudioRecipe),
+    #[cfg(feature = "video")]
+    Video(VideoRecipe),
+}
+
 struct Args {
     workload: String,
     files: Files,
@@ -30,6 +44,9 @@ struct Args {
     recipe: ImageRecipe,
     audio: AudioRecipe,
     seconds: f64,
+    frames: usize,
+    resize: Option<u32>,
+    crop: Option<u32>,
     workers: Option<usize>,
     dump: Option<PathBuf>,
 }
@@ -44,6 +61,9 @@ fn parse() -> Result<Args, PipelineError> {
         recipe: ImageRecipe::default(),
         audio: AudioRecipe::default(),
         seconds: 4.0,
+        frames: 8,
+        resize: None,
+        crop: None,
         workers: None,
         dump: None,
     };
@@ -62,13 +82,15 @@ fn parse() -> Result<Args, PipelineError> {
                 a.files = Files::dir(
                     &v,
                     &[
-                        "jpg", "jpeg", "png", "webp", "wav", "flac", "mp3", "ogg", "m4a",
+                        "jpg", "jpeg", "png", "webp", "wav", "flac", "mp3", "ogg", "m4a", "mp4",
+                        "mkv", "webm", "mov",
                     ],
                 )?
             }
             "--batch" => a.batch = num(&v)? as usize,
-            "--resize" => a.recipe.resize = num(&v)?,
-            "--crop" => a.recipe.crop = num(&v)?,
+            "--resize" => a.resize = Some(num(&v)?),
+            "--crop" => a.crop = Some(num(&v)?),
+            "--frames" => a.frames = num(&v)? as usize,
             "--layout" => {
                 a.recipe.layout = match v.as_str() {
                     "nchw" => Layout::Nchw,
@@ -83,12 +105,18 @@ fn parse() -> Result<Args, PipelineError> {
             _ => return Err(bad(format!("unknown flag {flag}"))),
         }
     }
-    if a.workload != "images" && a.workload != "audio" {
-        return Err(bad(format!(
-            "workload `{}`: `images` or `audio` (video is not built yet)",
-            a.workload
-        )));
+    match a.workload.as_str() {
+        "images" | "audio" => {}
+        "video" if cfg!(feature = "video") => {}
+        "video" => {
+            return Err(bad(
+                "the video workload needs `--features video` (FFmpeg)".into()
+            ))
+        }
+        w => return Err(bad(format!("workload `{w}`: `images`, `audio` or `video`"))),
     }
+    a.recipe.resize = a.resize.unwrap_or(a.recipe.resize);
+    a.recipe.crop = a.crop.unwrap_or(a.recipe.crop);
     a.audio.samples = (a.seconds * a.audio.rate as f64).round() as usize;
     if a.files.is_empty() {
         return Err(bad("no files: give --list FILE or --dir DIR".into()));
@@ -154,8 +182,23 @@ fn cap_malloc_arenas() {}
 fn main() -> Result<(), PipelineError> {
     cap_malloc_arenas();
     let a = parse()?;
-    let (recipe, audio) = (a.recipe, a.audio);
-    let is_audio = a.workload == "audio";
+    let work = match a.workload.as_str() {
+        "audio" => Work::Audio(a.audio),
+        #[cfg(feature = "video")]
+        "video" => {
+            let d = VideoRecipe::default();
+            Work::Video(VideoRecipe {
+                sampling: Sampling::Uniform(a.frames),
+                resize: a.resize.unwrap_or(d.resize),
+                crop: a.crop.unwrap_or(d.crop),
+                ..d
+            })
+        }
+        _ => {
+            eprintln!("JPEG decoder: {}", flowgate::media::image::jpeg_decoder());
+            Work::Images(a.recipe)
+        }
+    };
     let paths = a.files.epoch(0);
     let n_files = paths.len();
     let workers = a.workers.map_or(Workers::initial(1), Workers::fixed);
@@ -170,12 +213,11 @@ fn main() -> Result<(), PipelineError> {
         })
         .pipe(
             "decode",
-            move |path: PathBuf| {
-                if is_audio {
-                    audio.load(&path)
-                } else {
-                    recipe.load(&path)
-                }
+            move |path: PathBuf| match &work {
+                Work::Images(r) => r.load(&path),
+                Work::Audio(r) => r.load(&path),
+                #[cfg(feature = "video")]
+                Work::Video(r) => r.load(&path),
             },
             workers,
         )

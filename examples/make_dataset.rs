@@ -2,19 +2,22 @@
 //!
 //! ```text
 //! cargo run --release --example make_dataset -- --out DIR [--images N] [--audio N]
-//!     [--audio-format flac|wav] [--seed S]
+//!     [--audio-format flac|wav] [--video N] [--seed S]
 //! ```
 //!
 //! Images are around 500×375 (both orientations, a few sizes), quality 90, with smooth
 //! gradients, shapes, edges and sensor-like noise so they compress and decode like photos.
 //! Audio clips are 3–10 s of 16 kHz mono 16-bit audio with a few drifting tones and noise, as
 //! FLAC (default, encoded with `flacenc`) or WAV. The lists
-//! `DIR/images.txt` and `DIR/audio.txt` hold one absolute path per line. (`--video N` comes with
-//! the video decoder.)
+//! `DIR/images.txt`, `DIR/audio.txt` and `DIR/video.txt` hold one absolute path per line.
+//! Video clips are 3–6 s MP4s, 320×240 at 25 fps (H.264, a keyframe a second) with a moving
+//! pattern and a 16 kHz AAC tone, written with the `ffmpeg` command (`scripts/setup.sh`
+//! installs it; no `video` feature needed).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use flowgate::media::synth::{write_clip, ClipSpec};
 use flowgate::tuner::Rng;
 use image::codecs::jpeg::JpegEncoder;
 use image::{Rgb, RgbImage};
@@ -135,6 +138,7 @@ fn clip(rng: &mut Rng, rate: u32) -> Vec<i16> {
 
 fn main() -> std::io::Result<()> {
     let (mut out, mut images, mut audio, mut seed) = (None, 1000usize, 0usize, 0u64);
+    let mut video = 0usize;
     let mut flac = true;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -151,8 +155,8 @@ fn main() -> std::io::Result<()> {
                     other => panic!("--audio-format: flac or wav, not {other}"),
                 }
             }
-            "--video" => panic!("--video needs the video feature, which is not built yet"),
-            other => panic!("unknown argument {other}; usage: make_dataset --out DIR [--images N] [--audio N] [--seed S]"),
+            "--video" => video = value().parse().expect("a number"),
+            other => panic!("unknown argument {other}; usage: make_dataset --out DIR [--images N] [--audio N] [--audio-format flac|wav] [--video N] [--seed S]"),
         }
     }
     let out = out.expect("--out DIR");
@@ -186,8 +190,24 @@ fn main() -> std::io::Result<()> {
         list.push_str(&format!("{}\n", path.display()));
     }
     std::fs::write(out.join("audio.txt"), list)?;
+    let mut list = String::new();
+    if video > 0 {
+        std::fs::create_dir_all(out.join("video"))?;
+    }
+    for i in 0..video {
+        let mut rng = Rng::new(seed.wrapping_mul(3_000_017) ^ i as u64 ^ 0x71DE0);
+        let path = out.join("video").join(format!("{i:06}.mp4"));
+        let spec = ClipSpec {
+            frames: 75 + (rng.next_u64() % 76) as u32,
+            seed: rng.next_u64() % 1000,
+            ..ClipSpec::default()
+        };
+        write_clip(&path, &spec)?;
+        list.push_str(&format!("{}\n", path.display()));
+    }
+    std::fs::write(out.join("video.txt"), list)?;
     println!(
-        "{{\"out\":\"{}\",\"images\":{images},\"audio\":{audio}}}",
+        "{{\"out\":\"{}\",\"images\":{images},\"audio\":{audio},\"video\":{video}}}",
         out.display()
     );
     Ok(())

@@ -133,15 +133,10 @@ impl ImageRecipe {
                 source: "truncated JPEG: no end-of-image marker".into(),
             });
         }
-        let img = ::image::load_from_memory(bytes).map_err(|e| MediaError::Decode {
-            path: path.to_path_buf(),
-            source: Box::new(e),
-        })?;
-        let (w, h) = (img.width(), img.height());
+        let (w, h, rgb) = decode_rgb(bytes, path)?;
         if w == 0 || h == 0 {
             return Err(err("the image has no pixels".into()));
         }
-        let rgb = img.into_rgb8();
         let (nw, nh) = resized(w, h, self.resize);
         if nw < self.crop || nh < self.crop {
             return Err(err(format!(
@@ -159,7 +154,7 @@ impl ImageRecipe {
                 self.crop as f64 * sx,
                 self.crop as f64 * sy,
             );
-        let src = Image::from_vec_u8(w, h, rgb.into_raw(), PixelType::U8x3)
+        let src = Image::from_vec_u8(w, h, rgb, PixelType::U8x3)
             .map_err(|e| err(format!("source image: {e}")))?;
         SCRATCH.with(|cell| {
             let (resizer, scratch) = &mut *cell.borrow_mut();
@@ -181,6 +176,55 @@ impl ImageRecipe {
             }
         })
     }
+}
+
+/// The JPEG decoder in use: `"libjpeg-turbo"` (feature `turbojpeg`) or `"zune-jpeg"`.
+pub fn jpeg_decoder() -> &'static str {
+    if cfg!(feature = "turbojpeg") {
+        "libjpeg-turbo"
+    } else {
+        "zune-jpeg"
+    }
+}
+
+/// Decodes any supported image into interleaved RGB: JPEG with libjpeg-turbo when the
+/// `turbojpeg` feature is on, everything else (and JPEG otherwise) with the `image` crate.
+fn decode_rgb(bytes: &[u8], path: &Path) -> Result<(u32, u32, Vec<u8>), MediaError> {
+    let decode_err = |source: Box<dyn std::error::Error + Send + Sync>| MediaError::Decode {
+        path: path.to_path_buf(),
+        source,
+    };
+    #[cfg(feature = "turbojpeg")]
+    if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
+        thread_local! {
+            static TURBO: RefCell<Option<turbojpeg::Decompressor>> = const { RefCell::new(None) };
+        }
+        return TURBO.with(|cell| {
+            let mut cell = cell.borrow_mut();
+            if cell.is_none() {
+                *cell = Some(turbojpeg::Decompressor::new().map_err(|e| decode_err(Box::new(e)))?);
+            }
+            let dec = cell.as_mut().expect("set above");
+            let header = dec
+                .read_header(bytes)
+                .map_err(|e| decode_err(Box::new(e)))?;
+            let (w, h) = (header.width, header.height);
+            let mut pixels = vec![0u8; w * h * 3];
+            let image = turbojpeg::Image {
+                pixels: pixels.as_mut_slice(),
+                width: w,
+                pitch: w * 3,
+                height: h,
+                format: turbojpeg::PixelFormat::RGB,
+            };
+            dec.decompress(bytes, image)
+                .map_err(|e| decode_err(Box::new(e)))?;
+            Ok((w as u32, h as u32, pixels))
+        });
+    }
+    let img = ::image::load_from_memory(bytes).map_err(|e| decode_err(Box::new(e)))?;
+    let (w, h) = (img.width(), img.height());
+    Ok((w, h, img.into_rgb8().into_raw()))
 }
 
 /// Whether JPEG data ends with an end-of-image marker (FF D9), allowing for up to
