@@ -30,26 +30,77 @@ pub enum Layout {
     Nhwc,
 }
 
-/// Decode, resize the shorter side, center-crop, lay out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Decode, resize the shorter side, center-crop (or, for training, a random resized crop and
+/// a random flip), lay out, optionally normalise.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ImageRecipe {
-    /// The shorter side after resizing.
+    /// The shorter side after resizing (evaluation geometry; unused with `random_crop`).
     pub resize: u32,
-    /// The side of the square center crop (at most `resize`).
+    /// The side of the square output: the center crop, or the random crop's size.
     pub crop: u32,
     /// The output layout.
     pub layout: Layout,
+    /// Training geometry: torchvision's `RandomResizedCrop(crop, scale, ratio)` instead of
+    /// resize-and-center-crop.
+    pub random_crop: Option<RandomCrop>,
+    /// Flip horizontally with probability ½ (torchvision's `RandomHorizontalFlip`).
+    pub flip: bool,
+    /// `f32` output, `(x / 255 - mean[c]) / std[c]`, instead of `u8`.
+    pub normalize: Option<Normalize>,
+    /// Seeds the random crop and flip, mixed with the file's path: the same seed gives the same
+    /// augmentation (use [`reseeded`](Self::reseeded) with the epoch for a new one each epoch).
+    pub seed: u64,
 }
 
 impl Default for ImageRecipe {
-    /// ImageNet evaluation: 256, then 224, NCHW.
+    /// ImageNet evaluation: 256, then 224, NCHW, `u8`.
     fn default() -> Self {
         Self {
             resize: 256,
             crop: 224,
             layout: Layout::Nchw,
+            random_crop: None,
+            flip: false,
+            normalize: None,
+            seed: 0,
         }
     }
+}
+
+/// The range of a random resized crop: its area as a fraction of the image's, and its aspect
+/// ratio (width / height).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RandomCrop {
+    /// Area fraction range (torchvision: 0.08–1).
+    pub scale: (f64, f64),
+    /// Aspect ratio range (torchvision: ¾–4⁄3).
+    pub ratio: (f64, f64),
+}
+
+impl Default for RandomCrop {
+    fn default() -> Self {
+        Self {
+            scale: (0.08, 1.0),
+            ratio: (3.0 / 4.0, 4.0 / 3.0),
+        }
+    }
+}
+
+/// Per-channel normalisation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Normalize {
+    /// Channel means (of `x / 255`).
+    pub mean: [f32; 3],
+    /// Channel standard deviations.
+    pub std: [f32; 3],
+}
+
+impl Normalize {
+    /// ImageNet's statistics.
+    pub const IMAGENET: Normalize = Normalize {
+        mean: [0.485, 0.456, 0.406],
+        std: [0.229, 0.224, 0.225],
+    };
 }
 
 thread_local! {
@@ -74,6 +125,33 @@ fn crop_offset(size: u32, crop: u32) -> u32 {
 }
 
 impl ImageRecipe {
+    /// ImageNet training: a random resized crop to `size` (default scale and ratio), a random
+    /// flip, NCHW, normalised with ImageNet's statistics.
+    pub fn train(size: u32) -> Self {
+        Self {
+            crop: size,
+            random_crop: Some(RandomCrop::default()),
+            flip: true,
+            normalize: Some(Normalize::IMAGENET),
+            ..Self::default()
+        }
+    }
+
+    /// The same recipe with another augmentation seed (for example the epoch).
+    pub fn reseeded(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// The element type of the output: `u8`, or `f32` when normalising.
+    pub fn dtype(&self) -> DType {
+        if self.normalize.is_some() {
+            DType::F32
+        } else {
+            DType::U8
+        }
+    }
+
     /// The shape of one output image.
     pub fn shape(&self) -> [usize; 3] {
         let c = self.crop as usize;
@@ -94,7 +172,7 @@ impl ImageRecipe {
 
     /// Decodes `bytes` (the contents of `path`, named in errors) into a new tensor.
     pub fn decode(&self, bytes: &[u8], path: &Path) -> Result<Tensor, MediaError> {
-        let mut t = Tensor::zeros(&self.shape(), DType::U8);
+        let mut t = Tensor::zeros(&self.shape(), self.dtype());
         self.decode_into(bytes, path, t.bytes_mut())?;
         Ok(t)
     }
@@ -106,18 +184,18 @@ impl ImageRecipe {
             path: path.to_path_buf(),
             reason,
         };
-        if self.crop == 0 || self.crop > self.resize {
+        if self.crop == 0 || (self.random_crop.is_none() && self.crop > self.resize) {
             return Err(err(format!(
                 "crop {} must be in 1..={}",
                 self.crop, self.resize
             )));
         }
         let c = self.crop as usize;
-        if out.len() != 3 * c * c {
+        let need = 3 * c * c * self.dtype().size();
+        if out.len() != need {
             return Err(err(format!(
-                "output slot of {} bytes, need {}",
-                out.len(),
-                3 * c * c
+                "output slot of {} bytes, need {need}",
+                out.len()
             )));
         }
         if bytes.is_empty() {
@@ -137,23 +215,32 @@ impl ImageRecipe {
         if w == 0 || h == 0 {
             return Err(err("the image has no pixels".into()));
         }
-        let (nw, nh) = resized(w, h, self.resize);
-        if nw < self.crop || nh < self.crop {
-            return Err(err(format!(
-                "{w}x{h} is too narrow to resize to {}",
-                self.resize
-            )));
-        }
-        let (left, top) = (crop_offset(nw, self.crop), crop_offset(nh, self.crop));
-        let (sx, sy) = (w as f64 / nw as f64, h as f64 / nh as f64);
+        let mut rng = flowgate_tuner::Rng::new(self.seed ^ path_hash(path));
+        // The source window that becomes the output square.
+        let (x, y, cw, ch) = match self.random_crop {
+            Some(rc) => random_window(w, h, rc, &mut rng),
+            None => {
+                let (nw, nh) = resized(w, h, self.resize);
+                if nw < self.crop || nh < self.crop {
+                    return Err(err(format!(
+                        "{w}x{h} is too narrow to resize to {}",
+                        self.resize
+                    )));
+                }
+                let (left, top) = (crop_offset(nw, self.crop), crop_offset(nh, self.crop));
+                let (sx, sy) = (w as f64 / nw as f64, h as f64 / nh as f64);
+                (
+                    left as f64 * sx,
+                    top as f64 * sy,
+                    self.crop as f64 * sx,
+                    self.crop as f64 * sy,
+                )
+            }
+        };
+        let flip = self.flip && rng.uniform() < 0.5;
         let options = ResizeOptions::new()
             .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
-            .crop(
-                left as f64 * sx,
-                top as f64 * sy,
-                self.crop as f64 * sx,
-                self.crop as f64 * sy,
-            );
+            .crop(x, y, cw, ch);
         let src = Image::from_vec_u8(w, h, rgb, PixelType::U8x3)
             .map_err(|e| err(format!("source image: {e}")))?;
         SCRATCH.with(|cell| {
@@ -165,16 +252,104 @@ impl ImageRecipe {
                     .resize(&src, &mut dst, &options)
                     .map_err(|e| err(format!("resizing: {e}")))
             };
-            match self.layout {
-                Layout::Nhwc => resize(resizer, out),
-                Layout::Nchw => {
-                    scratch.resize(3 * c * c, 0);
-                    resize(resizer, scratch)?;
-                    hwc_to_chw(scratch, out, c * c);
-                    Ok(())
+            if !flip && self.normalize.is_none() {
+                // The common case: the resizer writes the output (or the CHW scratch) directly.
+                return match self.layout {
+                    Layout::Nhwc => resize(resizer, out),
+                    Layout::Nchw => {
+                        scratch.resize(3 * c * c, 0);
+                        resize(resizer, scratch)?;
+                        hwc_to_chw(scratch, out, c * c);
+                        Ok(())
+                    }
+                };
+            }
+            scratch.resize(3 * c * c, 0);
+            resize(resizer, scratch)?;
+            if flip {
+                for row in scratch.chunks_exact_mut(3 * c) {
+                    flip_row(row);
                 }
             }
+            match self.normalize {
+                None => match self.layout {
+                    Layout::Nhwc => out.copy_from_slice(scratch),
+                    Layout::Nchw => hwc_to_chw(scratch, out, c * c),
+                },
+                Some(n) => normalize_into(scratch, out, n, self.layout, c * c),
+            }
+            Ok(())
         })
+    }
+}
+
+/// A stable hash of a path (FNV-1a), so augmentation depends on the file, not on the thread or
+/// the order items arrive in.
+fn path_hash(path: &Path) -> u64 {
+    path.as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+/// torchvision's `RandomResizedCrop.get_params`: ten tries at a window of a random area and
+/// aspect ratio inside the image, else the largest center window within the ratio range.
+fn random_window(
+    w: u32,
+    h: u32,
+    rc: RandomCrop,
+    rng: &mut flowgate_tuner::Rng,
+) -> (f64, f64, f64, f64) {
+    let (wf, hf) = (f64::from(w), f64::from(h));
+    let area = wf * hf;
+    let (lo, hi) = (rc.ratio.0.ln(), rc.ratio.1.ln());
+    for _ in 0..10 {
+        let target = area * (rc.scale.0 + rng.uniform() * (rc.scale.1 - rc.scale.0));
+        let aspect = (lo + rng.uniform() * (hi - lo)).exp();
+        let cw = (target * aspect).sqrt().round();
+        let ch = (target / aspect).sqrt().round();
+        if cw > 0.0 && ch > 0.0 && cw <= wf && ch <= hf {
+            let x = (rng.uniform() * (wf - cw + 1.0)).floor().min(wf - cw);
+            let y = (rng.uniform() * (hf - ch + 1.0)).floor().min(hf - ch);
+            return (x, y, cw, ch);
+        }
+    }
+    let ratio = wf / hf;
+    let (cw, ch) = if ratio < rc.ratio.0 {
+        (wf, (wf / rc.ratio.0).round())
+    } else if ratio > rc.ratio.1 {
+        ((hf * rc.ratio.1).round(), hf)
+    } else {
+        (wf, hf)
+    };
+    (((wf - cw) / 2.0).floor(), ((hf - ch) / 2.0).floor(), cw, ch)
+}
+
+/// Mirrors one interleaved RGB row.
+fn flip_row(row: &mut [u8]) {
+    let n = row.len() / 3;
+    for i in 0..n / 2 {
+        for k in 0..3 {
+            row.swap(3 * i + k, 3 * (n - 1 - i) + k);
+        }
+    }
+}
+
+/// Writes `(x / 255 - mean) / std` as native-endian `f32` in `layout`.
+fn normalize_into(hwc: &[u8], out: &mut [u8], n: Normalize, layout: Layout, plane: usize) {
+    let scale: [f32; 3] = std::array::from_fn(|c| 1.0 / (255.0 * n.std[c]));
+    let shift: [f32; 3] = std::array::from_fn(|c| n.mean[c] / n.std[c]);
+    let mut put = |i: usize, v: f32| out[4 * i..4 * i + 4].copy_from_slice(&v.to_ne_bytes());
+    for (p, px) in hwc.chunks_exact(3).enumerate() {
+        for c in 0..3 {
+            let v = f32::from(px[c]) * scale[c] - shift[c];
+            match layout {
+                Layout::Nhwc => put(3 * p + c, v),
+                Layout::Nchw => put(c * plane + p, v),
+            }
+        }
     }
 }
 
@@ -321,6 +496,86 @@ mod tests {
             }
         }
         assert!(worst <= 1, "max difference {worst}");
+    }
+
+    #[test]
+    fn random_windows_stay_inside_and_respect_scale_and_ratio() {
+        let rc = RandomCrop::default();
+        for seed in 0..2000 {
+            let mut rng = flowgate_tuner::Rng::new(seed);
+            let (w, h) = (300 + (seed % 7) as u32 * 50, 200 + (seed % 5) as u32 * 60);
+            let (x, y, cw, ch) = random_window(w, h, rc, &mut rng);
+            assert!(x >= 0.0 && y >= 0.0 && cw >= 1.0 && ch >= 1.0);
+            assert!(x + cw <= f64::from(w) && y + ch <= f64::from(h), "{seed}");
+            let frac = cw * ch / (f64::from(w) * f64::from(h));
+            assert!((0.07..=1.0).contains(&frac), "{seed}: area {frac}");
+        }
+    }
+
+    #[test]
+    fn flips_and_normalisation_are_exact_and_seeded() {
+        let img =
+            ::image::RgbImage::from_fn(256, 256, |x, y| ::image::Rgb([x as u8, y as u8, 100]));
+        let png = encode(&img, ::image::ImageFormat::Png);
+        let p = Path::new("grad.png");
+        let plain = ImageRecipe {
+            resize: 224,
+            crop: 224,
+            layout: Layout::Nhwc,
+            ..ImageRecipe::default()
+        };
+        let base = plain.decode(&png, p).unwrap();
+        let flipping = ImageRecipe {
+            flip: true,
+            ..plain
+        };
+        let (mut flipped, mut kept) = (0, 0);
+        for seed in 0..20 {
+            let t = flipping.reseeded(seed).decode(&png, p).unwrap();
+            assert_eq!(
+                t.bytes(),
+                flipping.reseeded(seed).decode(&png, p).unwrap().bytes(),
+                "the same seed gives the same output"
+            );
+            if t.bytes() == base.bytes() {
+                kept += 1;
+                continue;
+            }
+            flipped += 1;
+            for y in 0..224 {
+                for x in 0..224 {
+                    let a = &t.bytes()[(y * 224 + x) * 3..][..3];
+                    let b = &base.bytes()[(y * 224 + 223 - x) * 3..][..3];
+                    assert_eq!(a, b, "a mirror image");
+                }
+            }
+        }
+        assert!(flipped > 3 && kept > 3, "{flipped} flipped, {kept} kept");
+        let norm = ImageRecipe {
+            normalize: Some(Normalize::IMAGENET),
+            layout: Layout::Nchw,
+            ..plain
+        };
+        let t = norm.decode(&png, p).unwrap();
+        assert_eq!(
+            (t.shape(), t.dtype()),
+            (&[3usize, 224, 224][..], DType::F32)
+        );
+        let f = |i: usize| f32::from_ne_bytes(t.bytes()[4 * i..4 * i + 4].try_into().unwrap());
+        let blue = (100.0 / 255.0 - 0.406) / 0.225;
+        assert!((f(2 * 224 * 224 + 5) - blue).abs() < 1e-5);
+        let nhwc = base.bytes();
+        for i in [0usize, 1000, 50_000] {
+            let want = (f32::from(nhwc[3 * i]) / 255.0 - 0.485) / 0.229;
+            assert!((f(i) - want).abs() < 1e-5, "red plane at {i}");
+        }
+        let train = ImageRecipe::train(112);
+        let a = train.decode(&png, p).unwrap();
+        assert_eq!(a.shape(), [3, 112, 112]);
+        assert_ne!(
+            a.bytes(),
+            train.reseeded(1).decode(&png, p).unwrap().bytes()
+        );
     }
 
     #[test]
