@@ -174,7 +174,10 @@ fn main() -> std::io::Result<()> {
             .map_err(std::io::Error::other)?;
         list.push_str(&format!("{}\n", path.display()));
     }
-    std::fs::write(out.join("images.txt"), list)?;
+    // A list is written only for what was asked for: generating audio later keeps the images'.
+    if images > 0 {
+        std::fs::write(out.join("images.txt"), list)?;
+    }
     let mut list = String::new();
     for i in 0..audio {
         let mut rng = Rng::new(seed.wrapping_mul(2_000_003) ^ i as u64 ^ 0xA0D10);
@@ -189,7 +192,9 @@ fn main() -> std::io::Result<()> {
         }
         list.push_str(&format!("{}\n", path.display()));
     }
-    std::fs::write(out.join("audio.txt"), list)?;
+    if audio > 0 {
+        std::fs::write(out.join("audio.txt"), list)?;
+    }
     let mut list = String::new();
     if video > 0 {
         std::fs::create_dir_all(out.join("video"))?;
@@ -205,7 +210,9 @@ fn main() -> std::io::Result<()> {
         write_clip(&path, &spec)?;
         list.push_str(&format!("{}\n", path.display()));
     }
-    std::fs::write(out.join("video.txt"), list)?;
+    if video > 0 {
+        std::fs::write(out.join("video.txt"), list)?;
+    }
     println!(
         "{{\"out\":\"{}\",\"images\":{images},\"audio\":{audio},\"video\":{video}}}",
         out.display()

@@ -12,6 +12,7 @@ pub mod media;
 mod pipeline;
 #[cfg(feature = "s3")]
 pub mod s3;
+pub mod sample;
 pub mod tensor;
 
 pub use blob::Blob;

@@ -16,6 +16,8 @@ pub enum DType {
     U8,
     /// 32-bit floats (audio, normalised images).
     F32,
+    /// 64-bit signed integers (labels, lengths).
+    I64,
 }
 
 impl DType {
@@ -24,6 +26,7 @@ impl DType {
         match self {
             DType::U8 => 1,
             DType::F32 => 4,
+            DType::I64 => 8,
         }
     }
 
@@ -32,6 +35,7 @@ impl DType {
         match self {
             DType::U8 => "uint8",
             DType::F32 => "float32",
+            DType::I64 => "int64",
         }
     }
 }
@@ -178,6 +182,15 @@ impl Tensor {
         &mut self.bytes_mut()[i * per..(i + 1) * per]
     }
 
+    /// A 1-D `i64` tensor of `values` (labels, lengths).
+    pub fn from_i64(values: &[i64]) -> Self {
+        let mut t = Tensor::zeros(&[values.len()], DType::I64);
+        for (d, v) in t.bytes_mut().chunks_exact_mut(8).zip(values) {
+            d.copy_from_slice(&v.to_ne_bytes());
+        }
+        t
+    }
+
     /// Stacks same-shaped tensors along a new first axis (one copy of each).
     pub fn stack(items: &[Tensor]) -> Option<Tensor> {
         let first = items.first()?;
@@ -207,6 +220,7 @@ impl Tensor {
         let descr = match self.dtype {
             DType::U8 => "|u1",
             DType::F32 => "<f4",
+            DType::I64 => "<i8",
         };
         let mut header =
             format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({shape}), }}");
