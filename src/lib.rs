@@ -13,6 +13,8 @@ mod pipeline;
 #[cfg(feature = "s3")]
 pub mod s3;
 pub mod sample;
+#[cfg(feature = "cli")]
+pub mod spec;
 pub mod tensor;
 
 pub use blob::Blob;

@@ -37,8 +37,16 @@ pub enum Next<T> {
 pub struct SinkStats {
     metrics: StageMetrics,
     delivered: AtomicU64,
-    wait_ns: AtomicU64,
-    waits: Mutex<Histogram>,
+    waits: Mutex<Waits>,
+}
+
+/// The consumer's waits: finished ones, and the one in progress (so a snapshot taken during a
+/// long wait sees it, rather than nothing until it ends).
+#[derive(Debug)]
+struct Waits {
+    hist: Histogram,
+    total_ns: u64,
+    since: Option<Instant>,
 }
 
 impl SinkStats {
@@ -46,14 +54,34 @@ impl SinkStats {
         Self {
             metrics: StageMetrics::new("sink", StageKind::Sink),
             delivered: AtomicU64::new(0),
-            wait_ns: AtomicU64::new(0),
-            waits: Mutex::new(Histogram::new()),
+            waits: Mutex::new(Waits {
+                hist: Histogram::new(),
+                total_ns: 0,
+                since: None,
+            }),
         }
     }
 
-    fn waited(&self, ns: u64) {
-        self.wait_ns.fetch_add(ns, Ordering::Relaxed);
-        self.waits.lock().record_ns(ns);
+    fn start_wait(&self, t0: Instant) {
+        self.waits.lock().since.get_or_insert(t0);
+    }
+
+    fn waited(&self, t0: Instant) {
+        let ns = nanos(t0, Instant::now());
+        let mut w = self.waits.lock();
+        w.since = None;
+        w.total_ns += ns;
+        w.hist.record_ns(ns);
+    }
+
+    /// Total wait so far, the one in progress included, and the finished waits' summary.
+    fn wait_total(&self) -> (std::time::Duration, flowgate_tuner::LatencySummary) {
+        let w = self.waits.lock();
+        let current = w.since.map_or(0, |t0| nanos(t0, Instant::now()));
+        (
+            std::time::Duration::from_nanos(w.total_ns + current),
+            w.hist.summary(),
+        )
     }
 }
 
@@ -132,11 +160,15 @@ impl<T: Send + 'static> SinkReader<T> {
             if let Some(n) = self.poll_end() {
                 break n;
             }
-            waited_since.get_or_insert_with(Instant::now);
+            if waited_since.is_none() {
+                let t0 = Instant::now();
+                waited_since = Some(t0);
+                self.stats.start_wait(t0);
+            }
             listener.wait();
         };
         if let Some(t0) = waited_since {
-            self.stats.waited(nanos(t0, Instant::now()));
+            self.stats.waited(t0);
         }
         r
     }
@@ -158,7 +190,11 @@ impl<T: Send + 'static> SinkReader<T> {
             if let Some(n) = self.poll_end() {
                 return self.ready(n);
             }
-            self.wait_start.get_or_insert_with(Instant::now);
+            if self.wait_start.is_none() {
+                let t0 = Instant::now();
+                self.wait_start = Some(t0);
+                self.stats.start_wait(t0);
+            }
             self.listener = Some(listener);
         }
     }
@@ -166,7 +202,7 @@ impl<T: Send + 'static> SinkReader<T> {
     fn ready(&mut self, n: Next<T>) -> Poll<Next<T>> {
         self.listener = None;
         if let Some(t0) = self.wait_start.take() {
-            self.stats.waited(nanos(t0, Instant::now()));
+            self.stats.waited(t0);
         }
         Poll::Ready(n)
     }
@@ -204,8 +240,7 @@ impl<T: Send + 'static> StageControl for SinkControl<T> {
         let delivered = self.stats.delivered.load(Ordering::Relaxed);
         s.items_in = delivered;
         s.items_out = delivered;
-        s.blocked_get = std::time::Duration::from_nanos(self.stats.wait_ns.load(Ordering::Relaxed));
-        s.task_time = self.stats.waits.lock().summary();
+        (s.blocked_get, s.task_time) = self.stats.wait_total();
         s.items_per_s = delivered as f64 / s.elapsed.as_secs_f64().max(1e-9);
         s
     }

@@ -1,6 +1,8 @@
 //! Synthetic media for sample datasets and tests.
 //!
-//! [`write_clip`] writes a short MP4 (H.264 video, optionally an AAC tone) with the `ffmpeg`
+//! [`write_dataset`] writes the sample dataset that `flowgate gen-data` and
+//! `examples/make_dataset.rs` produce: photo-like JPEGs, tonal FLAC or WAV clips, MP4 clips, and
+//! list files. [`write_clip`] writes a short MP4 (H.264 video, optionally an AAC tone) with the `ffmpeg`
 //! command, which `scripts/setup.sh` installs: encoding is a dataset-generation chore, not a
 //! loader's job, so the library does not link an encoder for it.
 
@@ -133,4 +135,228 @@ pub fn write_clip(path: &Path, spec: &ClipSpec) -> std::io::Result<()> {
         )));
     }
     Ok(())
+}
+
+/// What [`write_dataset`] writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DatasetSpec {
+    /// The folder (created if missing).
+    pub out: std::path::PathBuf,
+    /// Photo-like JPEGs (about 500×375, quality 90).
+    pub images: usize,
+    /// 3–10 s tonal clips at 16 kHz.
+    pub audio: usize,
+    /// FLAC (else WAV).
+    pub flac: bool,
+    /// 3–6 s MP4 clips (needs the `ffmpeg` command).
+    pub video: usize,
+    /// Seeds everything.
+    pub seed: u64,
+}
+
+impl Default for DatasetSpec {
+    fn default() -> Self {
+        Self {
+            out: "target/sample-data".into(),
+            images: 1000,
+            audio: 0,
+            flac: true,
+            video: 0,
+            seed: 0,
+        }
+    }
+}
+
+/// Writes `spec`'s dataset: `images/`, `audio/`, `video/` and the lists `images.txt`,
+/// `audio.txt`, `video.txt` of absolute paths (a list is written only for a kind asked for, so
+/// generating audio later keeps the images' list). Returns the absolute output folder.
+#[cfg(all(feature = "image", feature = "audio"))]
+pub fn write_dataset(spec: &DatasetSpec) -> std::io::Result<std::path::PathBuf> {
+    use crate::tuner::Rng;
+    use image::codecs::jpeg::JpegEncoder;
+    let DatasetSpec {
+        out,
+        images,
+        audio,
+        flac,
+        video,
+        seed,
+    } = spec.clone();
+    std::fs::create_dir_all(&out)?;
+    let out = std::fs::canonicalize(&out)?;
+    if images > 0 {
+        std::fs::create_dir_all(out.join("images"))?;
+        let mut list = String::new();
+        for i in 0..images {
+            let mut rng = Rng::new(seed.wrapping_mul(1_000_003) ^ i as u64);
+            let img = photo(&mut rng);
+            let path = out.join("images").join(format!("{i:06}.jpg"));
+            let mut f = std::io::BufWriter::new(std::fs::File::create(&path)?);
+            JpegEncoder::new_with_quality(&mut f, 90)
+                .encode_image(&img)
+                .map_err(std::io::Error::other)?;
+            list.push_str(&format!("{}\n", path.display()));
+        }
+        std::fs::write(out.join("images.txt"), list)?;
+    }
+    if audio > 0 {
+        std::fs::create_dir_all(out.join("audio"))?;
+        let mut list = String::new();
+        for i in 0..audio {
+            let mut rng = Rng::new(seed.wrapping_mul(2_000_003) ^ i as u64 ^ 0xA0D10);
+            let samples = clip(&mut rng, 16_000);
+            let path = out
+                .join("audio")
+                .join(format!("{i:06}.{}", if flac { "flac" } else { "wav" }));
+            if flac {
+                write_flac(&path, 16_000, &samples)?;
+            } else {
+                write_wav(&path, 16_000, &samples)?;
+            }
+            list.push_str(&format!("{}\n", path.display()));
+        }
+        std::fs::write(out.join("audio.txt"), list)?;
+    }
+    if video > 0 {
+        std::fs::create_dir_all(out.join("video"))?;
+        let mut list = String::new();
+        for i in 0..video {
+            let mut rng = Rng::new(seed.wrapping_mul(3_000_017) ^ i as u64 ^ 0x71DE0);
+            let path = out.join("video").join(format!("{i:06}.mp4"));
+            let clip = ClipSpec {
+                frames: 75 + (rng.next_u64() % 76) as u32,
+                seed: rng.next_u64() % 1000,
+                ..ClipSpec::default()
+            };
+            write_clip(&path, &clip)?;
+            list.push_str(&format!("{}\n", path.display()));
+        }
+        std::fs::write(out.join("video.txt"), list)?;
+    }
+    Ok(out)
+}
+
+#[cfg(all(feature = "image", feature = "audio"))]
+use image::{Rgb, RgbImage};
+
+#[cfg(all(feature = "image", feature = "audio"))]
+use crate::tuner::Rng;
+
+#[cfg(all(feature = "image", feature = "audio"))]
+const SIZES: [(u32, u32); 4] = [(500, 375), (375, 500), (500, 333), (480, 360)];
+
+#[cfg(all(feature = "image", feature = "audio"))]
+fn photo(rng: &mut Rng) -> RgbImage {
+    let (w, h) = SIZES[(rng.next_u64() % SIZES.len() as u64) as usize];
+    let mut f = || rng.uniform();
+    // Low-frequency colour fields.
+    let waves: Vec<[f64; 4]> = (0..9)
+        .map(|_| {
+            [
+                f() * 0.03,
+                f() * 0.03,
+                f() * std::f64::consts::TAU,
+                40.0 + 60.0 * f(),
+            ]
+        })
+        .collect();
+    let base: [f64; 3] = [60.0 + 120.0 * f(), 60.0 + 120.0 * f(), 60.0 + 120.0 * f()];
+    // A few solid shapes with hard edges.
+    let shapes: Vec<(f64, f64, f64, [f64; 3])> = (0..6)
+        .map(|_| {
+            (
+                f() * w as f64,
+                f() * h as f64,
+                20.0 + 80.0 * f(),
+                [255.0 * f(), 255.0 * f(), 255.0 * f()],
+            )
+        })
+        .collect();
+    let mut img = RgbImage::new(w, h);
+    for (x, y, px) in img.enumerate_pixels_mut() {
+        let (xf, yf) = (x as f64, y as f64);
+        let mut c = base;
+        for (k, wv) in waves.iter().enumerate() {
+            c[k % 3] += wv[3] * (wv[0] * xf + wv[1] * yf + wv[2]).sin();
+        }
+        for &(cx, cy, r, col) in &shapes {
+            if (xf - cx).powi(2) + (yf - cy).powi(2) < r * r {
+                c = col;
+            }
+        }
+        *px = Rgb(c.map(|v| v.clamp(0.0, 255.0) as u8));
+    }
+    // Sensor noise.
+    for px in img.pixels_mut() {
+        for ch in px.0.iter_mut() {
+            let n = (rng.normal() * 6.0) as i32;
+            *ch = (*ch as i32 + n).clamp(0, 255) as u8;
+        }
+    }
+    img
+}
+
+#[cfg(all(feature = "image", feature = "audio"))]
+fn write_wav(path: &Path, rate: u32, samples: &[i16]) -> std::io::Result<()> {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let data = (samples.len() * 2) as u32;
+    f.write_all(b"RIFF")?;
+    f.write_all(&(36 + data).to_le_bytes())?;
+    f.write_all(b"WAVEfmt ")?;
+    f.write_all(&16u32.to_le_bytes())?;
+    f.write_all(&1u16.to_le_bytes())?; // PCM
+    f.write_all(&1u16.to_le_bytes())?; // mono
+    f.write_all(&rate.to_le_bytes())?;
+    f.write_all(&(rate * 2).to_le_bytes())?;
+    f.write_all(&2u16.to_le_bytes())?;
+    f.write_all(&16u16.to_le_bytes())?;
+    f.write_all(b"data")?;
+    f.write_all(&data.to_le_bytes())?;
+    for s in samples {
+        f.write_all(&s.to_le_bytes())?;
+    }
+    f.flush()
+}
+
+#[cfg(all(feature = "image", feature = "audio"))]
+fn write_flac(path: &Path, rate: u32, samples: &[i16]) -> std::io::Result<()> {
+    use flacenc::component::BitRepr;
+    use flacenc::error::Verify;
+    let config = flacenc::config::Encoder::default()
+        .into_verified()
+        .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+    let wide: Vec<i32> = samples.iter().map(|&s| i32::from(s)).collect();
+    let source = flacenc::source::MemSource::from_samples(&wide, 1, 16, rate as usize);
+    let stream = flacenc::encode_with_fixed_block_size(&config, source, config.block_size)
+        .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+    let mut sink = flacenc::bitsink::ByteSink::new();
+    stream
+        .write(&mut sink)
+        .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+    std::fs::write(path, sink.as_slice())
+}
+
+#[cfg(all(feature = "image", feature = "audio"))]
+fn clip(rng: &mut Rng, rate: u32) -> Vec<i16> {
+    let secs = 3.0 + 7.0 * rng.uniform();
+    let n = (secs * rate as f64) as usize;
+    let tones: Vec<(f64, f64, f64)> = (0..3)
+        .map(|_| {
+            (
+                120.0 + 900.0 * rng.uniform(),
+                0.2 * rng.uniform(),
+                0.1 + 0.2 * rng.uniform(),
+            )
+        })
+        .collect();
+    (0..n)
+        .map(|i| {
+            let t = i as f64 / rate as f64;
+            let mut v = 0.02 * rng.normal();
+            for &(f0, drift, amp) in &tones {
+                v += amp * (std::f64::consts::TAU * f0 * t * (1.0 + drift * t / secs)).sin();
+            }
+            (v.clamp(-1.0, 1.0) * 30_000.0) as i16
+        })
+        .collect()
 }

@@ -1,8 +1,13 @@
 //! The `flowgate` command.
 //!
 //! ```text
+//! flowgate run PIPELINE.toml                # run a pipeline file with a live view
+//! flowgate profile PIPELINE.toml            # each stage alone at several concurrencies
+//! flowgate gen-data --out DIR               # the sample dataset
 //! flowgate plot TRACE.jsonl -o tuner.svg    # draw a tuner decision trace
 //! ```
+//!
+//! `RUST_LOG` sets the log filter (default `warn`); logs go to stderr.
 //!
 //! A trace comes from a pipeline built with `TunerSettings { trace: Some(path), .. }` (for
 //! example `cargo run --release --example demo -- --trace trace.jsonl`).
@@ -27,6 +32,47 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Runs a pipeline file, with a live view of every stage, then a summary.
+    Run {
+        /// The pipeline file (TOML; see `examples/configs/`).
+        pipeline: PathBuf,
+        /// No live view (the summary and the JSON line still print).
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Runs the decode (and fetch) stage alone over a sample at several concurrencies, predicts
+    /// the bottleneck, then runs the tuned pipeline and compares.
+    Profile {
+        /// The pipeline file.
+        pipeline: PathBuf,
+        /// Items in the sample.
+        #[arg(long, default_value_t = 200)]
+        sample: usize,
+        /// Concurrency levels to try.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        levels: Vec<usize>,
+    },
+    /// Writes the sample dataset (the generator of `examples/make_dataset.rs`).
+    GenData {
+        /// The folder.
+        #[arg(long, default_value = "target/sample-data")]
+        out: PathBuf,
+        /// Photo-like JPEGs.
+        #[arg(long, default_value_t = 600)]
+        images: usize,
+        /// Tonal 16 kHz clips.
+        #[arg(long, default_value_t = 0)]
+        audio: usize,
+        /// `flac` or `wav`.
+        #[arg(long, default_value = "flac")]
+        audio_format: String,
+        /// MP4 clips (needs the `ffmpeg` command).
+        #[arg(long, default_value_t = 0)]
+        video: usize,
+        /// Seeds everything.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Draws a tuner trace: throughput, workers per stage and buffered bytes over time.
     Plot {
         /// The trace, one JSON record per tuner tick.
@@ -39,8 +85,43 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let result = match cli.command {
         Command::Plot { trace, output } => plot(&trace, &output),
+        Command::Run { pipeline, quiet } => run::run(&pipeline, quiet),
+        Command::Profile {
+            pipeline,
+            sample,
+            levels,
+        } => run::profile(&pipeline, sample, &levels),
+        Command::GenData {
+            out,
+            images,
+            audio,
+            audio_format,
+            video,
+            seed,
+        } => gen_data(flowgate::media::synth::DatasetSpec {
+            out,
+            images,
+            audio,
+            flac: match audio_format.as_str() {
+                "flac" => true,
+                "wav" => false,
+                other => {
+                    eprintln!("flowgate: --audio-format: flac or wav, not {other}");
+                    return ExitCode::FAILURE;
+                }
+            },
+            video,
+            seed,
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -52,6 +133,28 @@ fn main() -> ExitCode {
 }
 
 type Error = Box<dyn std::error::Error>;
+
+mod run;
+
+#[cfg(all(feature = "image", feature = "audio"))]
+fn gen_data(spec: flowgate::media::synth::DatasetSpec) -> Result<(), Error> {
+    let started = std::time::Instant::now();
+    let out = flowgate::media::synth::write_dataset(&spec)?;
+    println!(
+        "wrote {} images, {} audio clips, {} video clips to {} in {:.1} s",
+        spec.images,
+        spec.audio,
+        spec.video,
+        out.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+#[cfg(not(all(feature = "image", feature = "audio")))]
+fn gen_data(_: flowgate::media::synth::DatasetSpec) -> Result<(), Error> {
+    Err("gen-data needs flowgate built with the `image` and `audio` features".into())
+}
 
 fn read_trace(path: &Path) -> Result<Vec<TraceRecord>, Error> {
     let text =

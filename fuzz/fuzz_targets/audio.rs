@@ -1,0 +1,28 @@
+//! Any bytes into the audio decoder, with the container hinted by the first byte: an error or
+//! a tensor of the recipe's shape, never a panic.
+#![no_main]
+
+use std::path::Path;
+
+use flowgate::media::audio::{AudioRecipe, Channels};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&hint, bytes)) = data.split_first() else {
+        return;
+    };
+    let ext = ["wav", "flac", "mp3", "ogg", "m4a"][usize::from(hint) % 5];
+    let recipe = AudioRecipe {
+        rate: 16_000,
+        samples: 4_000,
+        channels: if hint & 0x80 == 0 {
+            Channels::Mono
+        } else {
+            Channels::Keep
+        },
+    };
+    let path = format!("fuzz.{ext}");
+    if let Ok(t) = recipe.decode(bytes.to_vec(), Path::new(&path)) {
+        assert_eq!(*t.shape().last().unwrap(), 4_000);
+    }
+});
