@@ -731,6 +731,27 @@ impl Drop for LocalS3 {
 /// Called with the pipeline's statistics at an interval.
 pub type StatsHook = Box<dyn FnMut(&crate::PipelineStats) + Send>;
 
+/// Called with every tuner tick that changed something.
+pub type DecisionHook = Box<dyn FnMut(&crate::TraceRecord) + Send>;
+
+/// What to call while a spec's pipeline runs.
+#[derive(Default)]
+pub struct Hooks {
+    /// Statistics, every `metrics.interval_ms`.
+    pub on_stats: Option<StatsHook>,
+    /// Tuner decisions.
+    pub on_decision: Option<DecisionHook>,
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks")
+            .field("on_stats", &self.on_stats.is_some())
+            .field("on_decision", &self.on_decision.is_some())
+            .finish()
+    }
+}
+
 impl PipelineSpec {
     fn decoder(&self) -> Result<Decoder, crate::PipelineError> {
         #[cfg_attr(
@@ -816,8 +837,8 @@ impl PipelineSpec {
     }
 
     /// Builds the pipeline: source → (fetch →) decode → batch → collate, tuned as the spec
-    /// says; `on_stats` is called with the statistics every `metrics.interval_ms`.
-    pub fn build(&self, on_stats: Option<StatsHook>) -> Result<Loader, crate::PipelineError> {
+    /// says, calling `hooks` while it runs.
+    pub fn build(&self, hooks: Hooks) -> Result<Loader, crate::PipelineError> {
         use crate::{Pipeline, PipelineError, Tensor};
         let decoder = self.decoder()?;
         let interval = Duration::from_millis(self.metrics.interval_ms.unwrap_or(500));
@@ -839,8 +860,11 @@ impl PipelineSpec {
             } else {
                 b.autotune_off()
             };
-            if let Some(f) = on_stats {
+            if let Some(f) = hooks.on_stats {
                 b = b.on_stats(interval, f);
+            }
+            if let Some(f) = hooks.on_decision {
+                b = b.on_tuner_decision(f);
             }
             b.build()
         };

@@ -43,7 +43,26 @@ pub(crate) fn run(file: &Path, quiet: bool) -> Result<(), Error> {
             view.lock().expect("view lock").update(stats);
         }) as flowgate::spec::StatsHook
     };
-    let mut loader = spec.build(Some(hook))?;
+    let on_decision = {
+        let view = Arc::clone(&view);
+        Box::new(move |r: &flowgate::TraceRecord| {
+            let mut v = view.lock().expect("view lock");
+            for d in &r.decisions {
+                let line = format!(
+                    "tuner @{:>5.1}s {:>7.1} results/s  {}: {}",
+                    r.t,
+                    r.rate,
+                    describe(&d.action, &r.stages),
+                    d.reason
+                );
+                v.log(line);
+            }
+        }) as flowgate::spec::DecisionHook
+    };
+    let mut loader = spec.build(flowgate::spec::Hooks {
+        on_stats: Some(hook),
+        on_decision: Some(on_decision),
+    })?;
     let started = Instant::now(); // after the build (and any upload to a local S3 server)
     let step = Duration::from_secs_f64(spec.run.step_ms / 1000.0);
     eprintln!(
@@ -155,13 +174,42 @@ fn summary(stats: &PipelineStats, epochs: &[(usize, f64)]) -> String {
     s
 }
 
-/// The live view: a block of lines, redrawn in place on a terminal, appended otherwise.
+/// A tuner action in words.
+fn describe(action: &flowgate::tuner::Action, stages: &[String]) -> String {
+    use flowgate::tuner::Action;
+    let name = |i: usize| stages.get(i).map_or("?", String::as_str).to_owned();
+    match *action {
+        Action::SetWorkers { stage, workers } => format!("{} → {workers} workers", name(stage)),
+        Action::SetPrefetch {
+            stage,
+            items,
+            bytes,
+        } => {
+            if bytes == u64::MAX {
+                format!("{} budget → {items} items", name(stage))
+            } else {
+                format!(
+                    "{} budget → {items} items, {:.1} MiB",
+                    name(stage),
+                    mib(bytes)
+                )
+            }
+        }
+        Action::SetCacheBytes { stage, bytes } => {
+            format!("{} cache → {:.1} MiB", name(stage), mib(bytes))
+        }
+    }
+}
+
+/// The live view: tuner decisions as lines, and a block of per-stage lines below them, redrawn
+/// in place on a terminal, appended otherwise.
 struct LiveView {
     enabled: bool,
     tty: bool,
     drawn: usize,
     prev: Option<(Instant, PipelineStats)>,
     epoch: (u64, u64),
+    pending: Vec<String>,
 }
 
 impl LiveView {
@@ -172,6 +220,16 @@ impl LiveView {
             drawn: 0,
             prev: None,
             epoch: (0, 0),
+            pending: Vec::new(),
+        }
+    }
+
+    /// A line to print above the block at the next update (every line when not live).
+    fn log(&mut self, line: String) {
+        if self.enabled {
+            self.pending.push(line);
+        } else {
+            eprintln!("{line}");
         }
     }
 
@@ -189,11 +247,18 @@ impl LiveView {
             // Up over the last block, clear to the end of the screen.
             let _ = write!(err, "\x1b[{}A\x1b[J", self.drawn);
         }
+        for line in self.pending.drain(..) {
+            let _ = writeln!(err, "{line}");
+        }
         let _ = err.write_all(text.as_bytes());
         self.drawn = text.lines().count();
     }
 
     fn finish(&mut self) {
+        let mut err = std::io::stderr().lock();
+        for line in self.pending.drain(..) {
+            let _ = writeln!(err, "{line}");
+        }
         self.enabled = false;
     }
 }

@@ -1,0 +1,171 @@
+//! Pipeline files: every sample config in `examples/configs/` parses and runs on a generated
+//! sample dataset (S3 and video where those features are built), `flowgate run` works end to end
+//! and reports bad files with the key and line, and `flowgate gen-data` writes the dataset.
+#![cfg(all(feature = "cli", feature = "image", feature = "audio"))]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use flowgate::media::synth::{write_dataset, DatasetSpec};
+use flowgate::spec::{Hooks, PipelineSpec};
+
+/// One small dataset for every test of this file (written once).
+fn dataset() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("flowgate-configs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        write_dataset(&DatasetSpec {
+            out: dir.clone(),
+            images: 40,
+            audio: 10,
+            flac: true,
+            video: if cfg!(feature = "video") { 3 } else { 0 },
+            seed: 7,
+        })
+        .expect("write the sample dataset")
+    })
+}
+
+/// A sample config, pointed at the test's dataset.
+fn config(name: &str) -> String {
+    let text = std::fs::read_to_string(Path::new("examples/configs").join(name)).unwrap();
+    text.replace("target/sample-data/", &format!("{}/", dataset().display()))
+}
+
+fn run(name: &str) -> Result<usize, String> {
+    let spec = PipelineSpec::parse(&config(name), name).map_err(|e| e.to_string())?;
+    let mut loader = spec.build(Hooks::default()).map_err(|e| e.to_string())?;
+    let mut items = 0;
+    for _ in 0..spec.run.epochs {
+        for batch in loader.pipeline.iter() {
+            items += batch.map_err(|e| e.to_string())?.shape()[0];
+        }
+    }
+    assert_eq!(loader.pipeline.stats().failures, 0, "{name}");
+    Ok(items)
+}
+
+#[test]
+fn every_sample_config_runs_on_the_sample_dataset() {
+    let mut names: Vec<String> = std::fs::read_dir("examples/configs")
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".toml"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 5, "{names:?}");
+    for name in &names {
+        let result = run(name);
+        let needs = |feature: &str| match &result {
+            Err(e) => assert!(e.contains(&format!("`{feature}` feature")), "{name}: {e}"),
+            Ok(_) => panic!("{name} ran without the `{feature}` feature"),
+        };
+        match name.as_str() {
+            "s3.toml" if !cfg!(feature = "s3") => needs("s3"),
+            "video.toml" if !cfg!(feature = "video") => needs("video"),
+            _ => {
+                let items = result.unwrap_or_else(|e| panic!("{name}: {e}"));
+                let spec = PipelineSpec::parse(&config(name), name).unwrap();
+                let per_epoch = match name.as_str() {
+                    "audio.toml" => 10,
+                    "video.toml" => 3,
+                    _ => 40,
+                };
+                let per_epoch = if spec.batch.drop_last {
+                    per_epoch / spec.batch.size * spec.batch.size
+                } else {
+                    per_epoch
+                };
+                assert_eq!(items as u64, per_epoch as u64 * spec.run.epochs, "{name}");
+            }
+        }
+    }
+}
+
+#[test]
+fn flowgate_run_prints_decisions_a_summary_and_json() {
+    let file = std::env::temp_dir().join(format!("flowgate-run-{}.toml", std::process::id()));
+    std::fs::write(&file, config("image_classification.toml")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_flowgate"))
+        .arg("run")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("epoch 3:"), "{stdout}");
+    assert!(stdout.contains("decode"), "the summary table: {stdout}");
+    let json: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap()).expect("a JSON last line");
+    assert_eq!(json["items"], 120);
+    assert_eq!(json["failures"], 0);
+    assert_eq!(json["batch_shape"][1], 3);
+    assert!(stderr.contains("bottleneck"), "the live view: {stderr}");
+    let _ = std::fs::remove_file(file);
+}
+
+#[test]
+fn bad_files_give_one_error_naming_the_key_and_line() {
+    let cases = [
+        (
+            "size = 32",
+            "size = 32\nbatchsize = 3",
+            "batch.batchsize",
+            "unknown field",
+        ),
+        ("size = 32", "size = \"32\"", "batch.size", "invalid type"),
+        ("crop = 224", "crop = 512", "decode.crop", "must be in"),
+        ("epochs = 3", "epochs = 0", "run.epochs", "at least 1"),
+    ];
+    let good = config("image_classification.toml");
+    for (from, to, key, what) in cases {
+        let text = good.replacen(from, to, 1);
+        let line = text
+            .lines()
+            .position(|l| l.contains(to.lines().last().unwrap()))
+            .unwrap()
+            + 1;
+        let file = std::env::temp_dir().join(format!("flowgate-bad-{}.toml", std::process::id()));
+        std::fs::write(&file, &text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_flowgate"))
+            .arg("run")
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let want = format!("{}:{line}: {key}: ", file.display());
+        assert!(
+            stderr.contains(&want),
+            "want `{want}` ({what}) in: {stderr}"
+        );
+        assert!(stderr.contains(what), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "one error: {stderr}");
+    }
+    let missing = "[decode]\nkind = \"image\"\n";
+    let e = PipelineSpec::parse(missing, "m.toml").unwrap_err();
+    assert!(e.to_string().contains("missing field `source`"), "{e}");
+}
+
+#[test]
+fn gen_data_writes_the_lists() {
+    let dir = std::env::temp_dir().join(format!("flowgate-gen-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_flowgate"))
+        .args(["gen-data", "--images", "3", "--audio", "2", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let images = std::fs::read_to_string(dir.join("images.txt")).unwrap();
+    let audio = std::fs::read_to_string(dir.join("audio.txt")).unwrap();
+    assert_eq!((images.lines().count(), audio.lines().count()), (3, 2));
+    assert!(Path::new(images.lines().next().unwrap()).exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
