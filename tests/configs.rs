@@ -10,11 +10,12 @@ use std::sync::OnceLock;
 use flowgate::media::synth::{write_dataset, DatasetSpec};
 use flowgate::spec::{Hooks, PipelineSpec};
 
-/// One small dataset for every test of this file (written once).
+/// One small dataset for every test of this file, kept in cargo's test scratch folder
+/// (`target/tmp`) and rewritten each run (the generator is deterministic).
 fn dataset() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("flowgate-configs-{}", std::process::id()));
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("configs-dataset");
         let _ = std::fs::remove_dir_all(&dir);
         write_dataset(&DatasetSpec {
             out: dir.clone(),
@@ -144,6 +145,7 @@ fn bad_files_give_one_error_naming_the_key_and_line() {
         );
         assert!(stderr.contains(what), "{stderr}");
         assert_eq!(stderr.lines().count(), 1, "one error: {stderr}");
+        let _ = std::fs::remove_file(&file);
     }
     let missing = "[decode]\nkind = \"image\"\n";
     let e = PipelineSpec::parse(missing, "m.toml").unwrap_err();
@@ -168,4 +170,77 @@ fn gen_data_writes_the_lists() {
     assert_eq!((images.lines().count(), audio.lines().count()), (3, 2));
     assert!(Path::new(images.lines().next().unwrap()).exists());
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `GET /metrics` over loopback with a plain socket (the client side of the exporter's HTTP).
+#[cfg(feature = "prometheus")]
+fn scrape(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+        .ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+#[cfg(feature = "prometheus")]
+#[test]
+fn the_prometheus_endpoint_serves_the_documented_metrics() {
+    use std::time::{Duration, Instant};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let text = config("image_classification.toml")
+        .replace("epochs = 3", "epochs = 40")
+        .replace("step_ms = 1.0", "step_ms = 40.0")
+        + &format!("\n[metrics]\ninterval_ms = 100\nprometheus = \"127.0.0.1:{port}\"\n");
+    let file = std::env::temp_dir().join(format!("flowgate-prom-{}.toml", std::process::id()));
+    std::fs::write(&file, text).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flowgate"))
+        .args(["run", "--quiet"])
+        .arg(&file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let names = [
+        "flowgate_delivered_total",
+        "flowgate_failures_total",
+        "flowgate_consumer_wait_seconds_total",
+        "flowgate_epoch",
+        "flowgate_stage_workers{stage=\"decode\"}",
+        "flowgate_stage_items_in_total{stage=\"decode\"}",
+        "flowgate_stage_items_out_total{stage=\"sink\"}",
+        "flowgate_stage_failures_total",
+        "flowgate_stage_queue_items",
+        "flowgate_stage_queue_bytes",
+        "flowgate_stage_budget_items",
+        "flowgate_stage_busy_seconds_total",
+        "flowgate_stage_blocked_put_seconds_total",
+        "flowgate_stage_blocked_get_seconds_total",
+        "flowgate_stage_task_p50_seconds",
+        "flowgate_stage_task_p99_seconds",
+    ];
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < Duration::from_secs(60) {
+        if let Some(body) = scrape(port) {
+            last = body;
+            if names.iter().all(|n| last.contains(n)) {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&file);
+    for n in names {
+        assert!(last.contains(n), "{n} missing from:\n{last}");
+    }
 }

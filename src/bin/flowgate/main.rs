@@ -134,6 +134,8 @@ fn main() -> ExitCode {
 
 type Error = Box<dyn std::error::Error>;
 
+#[cfg(feature = "prometheus")]
+mod metrics;
 mod run;
 
 #[cfg(all(feature = "image", feature = "audio"))]

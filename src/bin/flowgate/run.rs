@@ -334,16 +334,30 @@ fn render(now: &PipelineStats, prev: &PipelineStats, dt: Duration, epoch: (u64, 
     out
 }
 
-/// Prometheus export is not in this build yet: asking for it is an error, not silence.
-fn metrics_exporter(spec: &PipelineSpec) -> Result<Option<NoMetrics>, Error> {
+/// Prometheus metrics, when built with the feature and asked for.
+#[cfg(feature = "prometheus")]
+fn metrics_exporter(spec: &PipelineSpec) -> Result<Option<crate::metrics::Exporter>, Error> {
     match &spec.metrics.prometheus {
-        Some(_) => Err("metrics.prometheus: the Prometheus endpoint is not built yet".into()),
+        Some(addr) => Ok(Some(crate::metrics::Exporter::start(addr.parse()?)?)),
         None => Ok(None),
     }
 }
 
+/// Without the feature, asking for Prometheus is an error, not silence.
+#[cfg(not(feature = "prometheus"))]
+fn metrics_exporter(spec: &PipelineSpec) -> Result<Option<NoMetrics>, Error> {
+    match &spec.metrics.prometheus {
+        Some(_) => {
+            Err("metrics.prometheus needs flowgate built with the `prometheus` feature".into())
+        }
+        None => Ok(None),
+    }
+}
+
+#[cfg(not(feature = "prometheus"))]
 struct NoMetrics;
 
+#[cfg(not(feature = "prometheus"))]
 impl NoMetrics {
     fn update(&self, _: &PipelineStats) {}
 }
