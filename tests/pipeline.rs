@@ -644,6 +644,19 @@ fn flowgate_plot_draws_a_trace_and_names_bad_lines() {
     ] {
         assert!(picture.contains(text), "the picture lacks {text:?}");
     }
+    let png = dir.join("tuner.png");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flowgate"))
+        .args(["plot", trace, "-o"])
+        .arg(&png)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 10_000);
     let bad = dir.join("bad.jsonl");
     let first = std::fs::read_to_string(trace)
         .unwrap()

@@ -180,17 +180,58 @@ const PALETTE: [RGBColor; 6] = [
 ];
 
 fn plot(trace: &Path, output: &Path) -> Result<(), Error> {
-    if output.extension().and_then(|e| e.to_str()) != Some("svg") {
-        // A bitmap needs a font to draw text with, which this binary does not carry; convert
-        // the SVG instead (for example `rsvg-convert tuner.svg -o tuner.png`).
-        return Err(format!("{}: write .svg (convert it for a bitmap)", output.display()).into());
-    }
     let recs = read_trace(trace)?;
-    let (Some(first), Some(last)) = (recs.first(), recs.last()) else {
+    if recs.is_empty() {
         return Err(format!("{}: the trace is empty", trace.display()).into());
-    };
+    }
+    let ext = output.extension().and_then(|e| e.to_str());
+    if !matches!(ext, Some("svg" | "png")) {
+        return Err(format!("{}: write .svg or .png", output.display()).into());
+    }
+    // Text is laid out with a TrueType font: DejaVu Sans, which scripts/setup.sh installs
+    // (fonts-dejavu-core), or $FLOWGATE_FONT.
+    let font = std::env::var_os("FLOWGATE_FONT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"));
+    let bytes = std::fs::read(&font).map_err(|e| {
+        format!(
+            "the plot needs a TrueType font: {}: {e} (install fonts-dejavu-core or set FLOWGATE_FONT)",
+            font.display()
+        )
+    })?;
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| format!("{}: not a usable font", font.display()))?;
+    if ext == Some("svg") {
+        draw(
+            SVGBackend::new(output, (960, 900)).into_drawing_area(),
+            &recs,
+        )?;
+    } else {
+        draw(
+            BitMapBackend::new(output, (960, 900)).into_drawing_area(),
+            &recs,
+        )?;
+    }
+    println!(
+        "wrote {} ({} ticks, {} with decisions)",
+        output.display(),
+        recs.len(),
+        recs.iter().filter(|r| !r.decisions.is_empty()).count()
+    );
+    Ok(())
+}
+
+/// Draws the three panels of a trace on `root`.
+fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    recs: &[TraceRecord],
+) -> Result<(), Error>
+where
+    DB::ErrorType: 'static,
+{
+    let (first, last) = (&recs[0], &recs[recs.len() - 1]);
     let t_end = last.t.max(first.t + 0.1);
-    let root = SVGBackend::new(output, (960, 900)).into_drawing_area();
     root.fill(&WHITE)?;
     let panels = root.split_evenly((3, 1));
 
@@ -273,11 +314,5 @@ fn plot(trace: &Path, output: &Path) -> Result<(), Error> {
         &PALETTE[2],
     ))?;
     root.present()?;
-    println!(
-        "wrote {} ({} ticks, {} with decisions)",
-        output.display(),
-        recs.len(),
-        recs.iter().filter(|r| !r.decisions.is_empty()).count()
-    );
     Ok(())
 }
