@@ -198,7 +198,7 @@ impl Batch {
                             _ => return Err(mismatch(i, "not a tensor".into())),
                         }
                     }
-                    Column::Tensor(stack_refs(&items))
+                    Column::Tensor(Tensor::stack(&items).expect("shapes and dtypes checked above"))
                 }
                 Field::Label(_) => {
                     let mut v = Vec::with_capacity(len);
@@ -267,18 +267,6 @@ impl Batch {
             })
             .sum()
     }
-}
-
-/// [`Tensor::stack`] over references (same shapes and dtypes, checked by the caller).
-fn stack_refs(items: &[&Tensor]) -> Tensor {
-    let first = items[0];
-    let mut shape = vec![items.len()];
-    shape.extend_from_slice(first.shape());
-    let mut out = Tensor::zeros(&shape, first.dtype());
-    for (i, t) in items.iter().enumerate() {
-        out.item_mut(i).copy_from_slice(t.bytes());
-    }
-    out
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Batches as tensors: a shape, a dtype and one contiguous, 64-byte-aligned buffer.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::borrow::Borrow;
 use std::fmt;
 use std::ptr::NonNull;
 
@@ -192,11 +193,13 @@ impl Tensor {
     }
 
     /// Stacks same-shaped tensors along a new first axis (one copy of each).
-    pub fn stack(items: &[Tensor]) -> Option<Tensor> {
-        let first = items.first()?;
+    /// Takes tensors or references to them.
+    pub fn stack<T: Borrow<Tensor>>(items: &[T]) -> Option<Tensor> {
+        let first = items.first()?.borrow();
         if items
             .iter()
-            .any(|t| t.shape != first.shape || t.dtype != first.dtype)
+            .map(Borrow::borrow)
+            .any(|t: &Tensor| t.shape != first.shape || t.dtype != first.dtype)
         {
             return None;
         }
@@ -204,7 +207,7 @@ impl Tensor {
         shape.extend_from_slice(&first.shape);
         let mut out = Tensor::zeros(&shape, first.dtype);
         for (i, t) in items.iter().enumerate() {
-            out.item_mut(i).copy_from_slice(t.bytes());
+            out.item_mut(i).copy_from_slice(t.borrow().bytes());
         }
         Some(out)
     }

@@ -625,11 +625,17 @@ fn flowgate_plot_draws_a_trace_and_names_bad_lines() {
     std::fs::create_dir_all(&dir).unwrap();
     let svg = dir.join("tuner.svg");
     let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/demo-trace.jsonl");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flowgate"))
-        .args(["plot", trace, "-o"])
-        .arg(&svg)
-        .output()
-        .unwrap();
+    let plot = |trace: &std::path::Path, out: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_flowgate"))
+            .arg("plot")
+            .arg(trace)
+            .arg("-o")
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    let trace = std::path::Path::new(trace);
+    let out = plot(trace, &svg);
     assert!(
         out.status.success(),
         "{}",
@@ -645,11 +651,7 @@ fn flowgate_plot_draws_a_trace_and_names_bad_lines() {
         assert!(picture.contains(text), "the picture lacks {text:?}");
     }
     let png = dir.join("tuner.png");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flowgate"))
-        .args(["plot", trace, "-o"])
-        .arg(&png)
-        .output()
-        .unwrap();
+    let out = plot(trace, &png);
     assert!(
         out.status.success(),
         "{}",
@@ -665,13 +667,7 @@ fn flowgate_plot_draws_a_trace_and_names_bad_lines() {
         .unwrap()
         .to_owned();
     std::fs::write(&bad, format!("{first}\n{{\"t\": \"soon\"}}\n")).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flowgate"))
-        .args(["plot"])
-        .arg(&bad)
-        .arg("-o")
-        .arg(dir.join("x.svg"))
-        .output()
-        .unwrap();
+    let out = plot(&bad, &dir.join("x.svg"));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.jsonl:2:"), "{err}");

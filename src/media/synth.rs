@@ -172,7 +172,6 @@ impl Default for DatasetSpec {
 /// generating audio later keeps the images' list). Returns the absolute output folder.
 #[cfg(all(feature = "image", feature = "audio"))]
 pub fn write_dataset(spec: &DatasetSpec) -> std::io::Result<std::path::PathBuf> {
-    use crate::tuner::Rng;
     use image::codecs::jpeg::JpegEncoder;
     let DatasetSpec {
         out,
