@@ -71,6 +71,7 @@ fn handoff(c: &mut Criterion) {
                                 seq: x,
                                 bytes: 8,
                                 item: x,
+                                origin: Default::default(),
                             })
                             .collect();
                         tx.send(items);

@@ -39,12 +39,16 @@ pub(crate) type SourceStageDyn = dyn SourceControl;
 /// A source's control: a stage that can be told to run an epoch.
 pub(crate) trait SourceControl: StageControl {
     fn run_epoch(&self, epoch: u64);
+    fn skip_in_epoch(&self, epoch: u64, done: flowgate_actors::origin::RangeSet);
     fn as_control(self: Arc<Self>) -> Arc<dyn StageControl>;
 }
 
 impl<T: Send + 'static> SourceControl for SourceStage<T> {
     fn run_epoch(&self, epoch: u64) {
         SourceStage::run_epoch(self, epoch);
+    }
+    fn skip_in_epoch(&self, epoch: u64, done: flowgate_actors::origin::RangeSet) {
+        SourceStage::skip_in_epoch(self, epoch, done);
     }
     fn as_control(self: Arc<Self>) -> Arc<dyn StageControl> {
         self

@@ -13,6 +13,7 @@ mod pipeline;
 #[cfg(feature = "s3")]
 pub mod s3;
 pub mod sample;
+pub mod sampler;
 #[cfg(feature = "cli")]
 pub mod spec;
 pub mod tensor;
@@ -20,7 +21,9 @@ pub mod tensor;
 pub use blob::Blob;
 pub use builder::{PipelineBuilder, SourceBuilder};
 pub use config::Workers;
-pub use pipeline::{ControlHandle, EpochIter, EpochStream, Pipeline, PipelineStats, StopHandle};
+pub use pipeline::{
+    ControlHandle, EpochIter, EpochStream, Pipeline, PipelineState, PipelineStats, StopHandle,
+};
 pub use tensor::{DType, Tensor};
 
 pub use flowgate_actors as actors;

@@ -20,6 +20,7 @@ use flowgate_actors::actor::{ControlPlane, Resize, SetBudget, StageActor};
 use flowgate_actors::channel::Channel;
 use flowgate_actors::error::PipelineError;
 use flowgate_actors::failure::Failures;
+use flowgate_actors::origin::{Delivered, RangeSet};
 use flowgate_actors::sink::{Next, SinkReader};
 use flowgate_actors::stage::StageControl;
 use flowgate_actors::tuner::{TraceLog, TraceRecord, TunerActor};
@@ -28,6 +29,24 @@ use futures::Stream;
 use parking_lot::Mutex;
 
 use crate::builder::{Autotune, HasBudget, SourceBuilder, SourceStageDyn};
+
+/// A checkpoint of a consumer's progress through an epoch; see [`Pipeline::state`] and
+/// [`Pipeline::resume`]. Serialisable with serde (a few hundred bytes for a typical epoch:
+/// delivered items are kept as index ranges).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PipelineState {
+    /// The epoch in progress (or the next one, between epochs).
+    pub epoch: u64,
+    /// Positions (in the epoch's source order) of the source items the consumer received,
+    /// as half-open `[start, end)` ranges.
+    pub delivered: Vec<(u64, u64)>,
+    /// How many source items that is.
+    pub delivered_items: u64,
+    /// Source items only partly received (split by `disaggregate`): position and share
+    /// received (of 2^40).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partial: Vec<(u64, u64)>,
+}
 
 /// Statistics of a pipeline: every stage (source first, sink last) and the consumer.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -335,6 +354,7 @@ impl<T: Send + 'static> Pipeline<T> {
             Next::Item(item) => Some(Ok(item)),
             Next::EpochEnd(e) => {
                 tracing::debug!(epoch = e, "epoch ended");
+                self.reader.set_ledger(Delivered::default());
                 self.running = false;
                 self.epoch.store(e + 1, Ordering::Relaxed);
                 None
@@ -370,6 +390,67 @@ impl<T: Send + 'static> Pipeline<T> {
     /// The epoch being iterated (or the next one to start).
     pub fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::Relaxed)
+    }
+
+    /// A checkpoint of the consumer's progress: the epoch, and which of its source items the
+    /// consumer has received (as index ranges, so it stays small). Take it between `next()`
+    /// calls, store it with the model's checkpoint, and hand it to [`resume`](Self::resume) of
+    /// a pipeline built the same way to get exactly the items not delivered yet.
+    ///
+    /// Items in flight (read, decoding, batched but not handed out) are *not* in it: a resumed
+    /// pipeline produces them again. Failed and filtered items were never delivered, so they
+    /// are attempted again too. Between epochs, the state names the next epoch with nothing
+    /// delivered.
+    pub fn state(&self) -> PipelineState {
+        let ledger = self.reader.ledger();
+        let mut partial: Vec<(u64, u64)> = ledger.partial.iter().map(|(&i, &s)| (i, s)).collect();
+        partial.sort_unstable();
+        PipelineState {
+            epoch: self.epoch(),
+            delivered: ledger.done.ranges().collect(),
+            delivered_items: ledger.done.len(),
+            partial,
+        }
+    }
+
+    /// Continues from a [`state`](Self::state) taken from a pipeline built with the same
+    /// source and stages: the next [`iter`](Self::iter) runs the state's epoch without the
+    /// items already delivered (in source order for [`Order::Input`](crate::Order::Input), so
+    /// the results continue the interrupted sequence), and later epochs run in full.
+    ///
+    /// The source must make the same items in the same order for that epoch (a seeded
+    /// shuffle, a sorted listing): items are identified by their position. A source item split
+    /// by [`disaggregate`](crate::PipelineBuilder::disaggregate) and only partly delivered is
+    /// produced again whole. Call it before iterating, or between epochs.
+    pub fn resume(&mut self, state: &PipelineState) -> Result<(), PipelineError> {
+        self.check_running()?;
+        if self.running {
+            return Err(PipelineError::config(
+                "resume: the pipeline is in the middle of an epoch; resume before iterating",
+            ));
+        }
+        let Some(source) = &self.engine.source else {
+            return Err(PipelineError::config("resume: the pipeline has no source"));
+        };
+        let done = RangeSet::from_ranges(state.delivered.iter().copied());
+        let mut ledger = Delivered {
+            done: done.clone(),
+            ..Default::default()
+        };
+        for &(i, s) in &state.partial {
+            if !done.contains(i) {
+                ledger.partial.insert(i, s);
+            }
+        }
+        source.skip_in_epoch(state.epoch, done);
+        self.reader.set_ledger(ledger);
+        self.epoch.store(state.epoch, Ordering::Relaxed);
+        tracing::debug!(
+            epoch = state.epoch,
+            delivered = state.delivered_items,
+            "resuming"
+        );
+        Ok(())
     }
 
     /// Statistics of every stage, collected through the stage actors.

@@ -117,6 +117,7 @@ struct Batcher<T> {
     s: Arc<Shared<T>>,
     buf: Vec<T>,
     buf_bytes: u64,
+    buf_origin: crate::origin::Gather,
     run: Run<Vec<T>>,
     counters: WorkerCounters,
     finished_epoch: Option<u64>,
@@ -129,6 +130,7 @@ impl<T: Send + 'static> Batcher<T> {
             s,
             buf,
             buf_bytes: 0,
+            buf_origin: Default::default(),
             run: Run::default(),
             counters: WorkerCounters::default(),
             finished_epoch: None,
@@ -176,6 +178,7 @@ impl<T: Send + 'static> Batcher<T> {
         for env in chunk {
             self.buf.push(env.item);
             self.buf_bytes += env.bytes;
+            self.buf_origin.add(&env.origin);
             if self.buf.len() == self.s.size {
                 self.seal();
             }
@@ -192,6 +195,7 @@ impl<T: Send + 'static> Batcher<T> {
             seq: 0,
             bytes,
             item: batch,
+            origin: self.buf_origin.take(),
         });
         self.run.marks.push(Mark {
             end: self.run.out.len(),
@@ -218,6 +222,7 @@ impl<T: Send + 'static> Batcher<T> {
                 let n = self.buf.len();
                 self.s.dropped.fetch_add(n as u64, Ordering::Relaxed);
                 self.buf.clear();
+                self.buf_origin.take();
                 self.s
                     .input
                     .budget()

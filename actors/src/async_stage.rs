@@ -63,6 +63,7 @@ impl<T, U> std::fmt::Debug for AsyncSpec<T, U> {
 
 struct Completed<U> {
     seq: u64,
+    origin: crate::origin::Origin,
     in_bytes: u64,
     started: Instant,
     desc: Option<String>,
@@ -199,7 +200,12 @@ async fn drive<T: Send + 'static, U: Send + 'static>(
         let Some(env) = next_item(&s, &mut local).await else {
             break;
         };
-        let Envelope { seq, bytes, item } = env;
+        let Envelope {
+            seq,
+            bytes,
+            item,
+            origin,
+        } = env;
         let desc = s.describe.as_ref().map(|d| d(&item));
         let started = Instant::now();
         let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| (s.f)(item))) {
@@ -217,6 +223,7 @@ async fn drive<T: Send + 'static, U: Send + 'static>(
             drop(permit);
             let _ = tx.send(Completed {
                 seq,
+                origin,
                 in_bytes: bytes,
                 started,
                 desc,
@@ -310,6 +317,7 @@ fn accept<T, U>(
                 seq: 0,
                 bytes: (s.sizer)(&u),
                 item: u,
+                origin: c.origin,
             }]
         }
         Err(cause) => {

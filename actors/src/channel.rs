@@ -42,6 +42,8 @@ pub struct Envelope<T> {
     pub bytes: u64,
     /// The item itself.
     pub item: T,
+    /// The source items it carries (see [`crate::origin`]).
+    pub origin: crate::origin::Origin,
 }
 
 /// A batch of items sent in one channel operation.
@@ -356,6 +358,7 @@ mod tests {
             seq,
             bytes,
             item: seq,
+            origin: Default::default(),
         }
     }
 

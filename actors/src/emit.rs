@@ -222,6 +222,7 @@ mod tests {
             seq: 0,
             bytes: 1,
             item: v,
+            origin: Default::default(),
         }
     }
 

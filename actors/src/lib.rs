@@ -6,6 +6,7 @@
 //! - [`aggregate`], [`source`], [`sink`]: batching, the producer and the consumer ends.
 //! - [`emit`]: how results move downstream (budget handoff, input-order reordering).
 //! - [`actor`]: the control plane, one actix actor per stage; [`tuner`]: the tuner actor.
+//! - [`origin`]: which source items each result carries (exact checkpoints).
 //! - [`cache`]: caches attached to stages, reported and resized with them.
 //! - [`failure`], [`error`]: skip-and-count failure budgets and the errors users see.
 //! - [`metrics`], [`cap`]: per-worker counters flushed in batches; the process-wide CPU cap.
@@ -23,6 +24,7 @@ pub mod error;
 pub mod failure;
 pub mod metrics;
 pub mod op;
+pub mod origin;
 pub mod pool;
 pub mod sink;
 pub mod source;

@@ -43,6 +43,7 @@ use crate::emit::{flush, Done, Order, Reorder, Run};
 use crate::error::PipelineError;
 use crate::metrics::{nanos, WorkerCounters};
 use crate::op::{call_caught, Describe, Op, Sizer};
+use crate::origin::Origin;
 use crate::stage::{StageControl, StageCore};
 
 /// Everything needed to start a pool stage.
@@ -352,6 +353,7 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
             seq,
             bytes: in_bytes,
             item,
+            origin,
         } = env;
         self.counters.c.items_in += 1;
         let desc = self.s.describe.as_ref().map(|d| d(&item));
@@ -369,18 +371,21 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
         }
         c.items_out += self.scratch.len() as u64;
         let sizer = &self.s.sizer;
-        let wrap = |o: U| Envelope {
+        let origins = origin.split(self.scratch.len());
+        let wrap = |(o, origin): (U, Origin)| Envelope {
             seq: 0,
             bytes: sizer(&o),
             item: o,
+            origin,
         };
+        let outputs = self.scratch.drain(..).zip(origins).map(wrap);
         match self.s.order {
             Order::Completion => {
-                self.run.out.extend(self.scratch.drain(..).map(wrap));
+                self.run.out.extend(outputs);
                 self.run.complete_input(in_bytes);
             }
             Order::Input => {
-                let outputs = self.scratch.drain(..).map(wrap).collect();
+                let outputs = outputs.collect();
                 self.pending.push((seq, Done { in_bytes, outputs }));
             }
         }

@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 
 use crate::channel::{Channel, Envelope};
 use crate::metrics::{nanos, StageMetrics};
+use crate::origin::Delivered;
 use crate::stage::StageControl;
 
 /// What the reader found.
@@ -93,6 +94,7 @@ pub struct SinkReader<T> {
     stats: Arc<SinkStats>,
     listener: Option<EventListener>,
     wait_start: Option<Instant>,
+    ledger: Delivered,
 }
 
 impl<T: Send + 'static> SinkReader<T> {
@@ -104,7 +106,18 @@ impl<T: Send + 'static> SinkReader<T> {
             stats: Arc::new(SinkStats::new()),
             listener: None,
             wait_start: None,
+            ledger: Delivered::default(),
         }
+    }
+
+    /// The source items of the current epoch handed to the consumer so far.
+    pub fn ledger(&self) -> &Delivered {
+        &self.ledger
+    }
+
+    /// Replaces the ledger (a new epoch: empty; a resumed one: the checkpoint's).
+    pub fn set_ledger(&mut self, ledger: Delivered) {
+        self.ledger = ledger;
     }
 
     /// The sink's control (budget, snapshot) for the control plane; `pinned` if the user set
@@ -120,6 +133,7 @@ impl<T: Send + 'static> SinkReader<T> {
     fn deliver(&mut self, e: Envelope<T>) -> Next<T> {
         self.ch.budget().release(1, e.bytes);
         self.stats.delivered.fetch_add(1, Ordering::Relaxed);
+        self.ledger.record(&e.origin);
         Next::Item(e.item)
     }
 

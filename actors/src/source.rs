@@ -23,6 +23,7 @@ use crate::channel::{Channel, Envelope};
 use crate::error::{ItemError, Panicked, PipelineError};
 use crate::metrics::{nanos, WorkerCounters};
 use crate::op::Sizer;
+use crate::origin::{Origin, RangeSet};
 use crate::stage::{StageControl, StageCore};
 
 /// Makes the iterator of an epoch.
@@ -58,6 +59,27 @@ impl<T> std::fmt::Debug for SourceSpec<T> {
 struct Shared<T> {
     spec: SourceSpec<T>,
     seq: AtomicU64,
+    /// Items of an epoch already delivered before a checkpoint: skipped when resuming.
+    skip: Mutex<Option<(u64, RangeSet)>>,
+}
+
+/// Numbers an epoch's items and leaves out those a resumed consumer already has.
+struct Indexer {
+    next: u64,
+    skip: Option<RangeSet>,
+}
+
+impl Indexer {
+    /// The index of the next item, or `None` if it is to be skipped.
+    #[inline]
+    fn next(&mut self) -> Option<u64> {
+        let i = self.next;
+        self.next += 1;
+        match &self.skip {
+            Some(s) if s.contains(i) => None,
+            _ => Some(i),
+        }
+    }
 }
 
 /// A running source. Start an epoch with [`SourceStage::run_epoch`].
@@ -86,6 +108,7 @@ impl<T: Send + 'static> SourceStage<T> {
         let shared = Arc::new(Shared {
             spec,
             seq: AtomicU64::new(0),
+            skip: Mutex::new(None),
         });
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -128,6 +151,7 @@ impl<T: Send + 'static> SourceStage<T> {
         let shared = Arc::new(Shared {
             spec,
             seq: AtomicU64::new(0),
+            skip: Mutex::new(None),
         });
         let s = Arc::clone(&shared);
         let task = runtime.spawn(async move {
@@ -156,6 +180,12 @@ impl<T: Send + 'static> SourceStage<T> {
         }))
     }
 
+    /// In epoch `epoch`, leaves out the items whose index (position in the epoch) is in
+    /// `done`: they were delivered before a checkpoint. Set it before the epoch starts.
+    pub fn skip_in_epoch(&self, epoch: u64, done: RangeSet) {
+        *self.shared.skip.lock() = Some((epoch, done));
+    }
+
     /// Makes the source produce epoch `epoch` (after the ones already requested).
     pub fn run_epoch(&self, epoch: u64) {
         if let Some(tx) = &*self.commands.lock() {
@@ -179,11 +209,26 @@ impl<T: Send + 'static> Shared<T> {
         ));
     }
 
-    fn envelope(&self, item: T) -> Envelope<T> {
+    fn envelope(&self, item: T, index: u64) -> Envelope<T> {
         Envelope {
             seq: 0,
             bytes: (self.spec.sizer)(&item),
             item,
+            origin: Origin::source(index),
+        }
+    }
+
+    fn indexer(&self, epoch: u64) -> Indexer {
+        let mut skip = self.skip.lock();
+        Indexer {
+            next: 0,
+            skip: match skip.take() {
+                Some((e, s)) if e == epoch => Some(s),
+                other => {
+                    *skip = other;
+                    None
+                }
+            },
         }
     }
 
@@ -213,6 +258,7 @@ impl<T: Send + 'static> Shared<T> {
         let mut c = WorkerCounters::default();
         let budget = self.spec.output.budget();
         let chunk_max = self.spec.chunk.max(1);
+        let mut index = self.indexer(epoch);
         let mut exhausted = false;
         while !exhausted {
             let t0 = Instant::now();
@@ -224,7 +270,11 @@ impl<T: Send + 'static> Shared<T> {
             let mut chunk = Vec::with_capacity(permits);
             while chunk.len() < permits {
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| iter.next())) {
-                    Ok(Some(item)) => chunk.push(self.envelope(item)),
+                    Ok(Some(item)) => {
+                        if let Some(i) = index.next() {
+                            chunk.push(self.envelope(item, i));
+                        }
+                    }
                     Ok(None) => {
                         exhausted = true;
                         break;
@@ -258,6 +308,7 @@ impl<T: Send + 'static> Shared<T> {
         let mut c = WorkerCounters::default();
         let budget = self.spec.output.budget();
         let chunk_max = self.spec.chunk.max(1);
+        let mut index = self.indexer(epoch);
         loop {
             let t0 = Instant::now();
             let Ok(permits) = budget
@@ -270,13 +321,23 @@ impl<T: Send + 'static> Shared<T> {
             let mut chunk = Vec::with_capacity(permits);
             // Wait for one item, then take only what is ready: no added latency.
             let mut exhausted = false;
-            match stream.next().await {
-                Some(item) => chunk.push(self.envelope(item)),
-                None => exhausted = true,
+            while chunk.is_empty() && !exhausted {
+                match stream.next().await {
+                    Some(item) => {
+                        if let Some(i) = index.next() {
+                            chunk.push(self.envelope(item, i));
+                        }
+                    }
+                    None => exhausted = true,
+                }
             }
             while !exhausted && chunk.len() < permits {
                 match stream.next().now_or_never() {
-                    Some(Some(item)) => chunk.push(self.envelope(item)),
+                    Some(Some(item)) => {
+                        if let Some(i) = index.next() {
+                            chunk.push(self.envelope(item, i));
+                        }
+                    }
                     Some(None) => exhausted = true,
                     None => break,
                 }

@@ -2,8 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use flowgate_tuner::Rng;
-
+use crate::sampler::{Sampler, ShardLengths};
 use crate::PipelineError;
 
 /// A dataset's file list, and how each epoch orders and shards it.
@@ -22,19 +21,16 @@ use crate::PipelineError;
 #[derive(Clone, Debug)]
 pub struct Files {
     paths: Vec<PathBuf>,
-    seed: Option<u64>,
-    rank: usize,
-    world: usize,
+    sampler: Sampler,
 }
 
 impl Files {
     /// Exactly these paths, in this order.
     pub fn new(paths: impl IntoIterator<Item = impl Into<PathBuf>>) -> Self {
+        let paths: Vec<PathBuf> = paths.into_iter().map(Into::into).collect();
         Self {
-            paths: paths.into_iter().map(Into::into).collect(),
-            seed: None,
-            rank: 0,
-            world: 1,
+            sampler: Sampler::new(paths.len()),
+            paths,
         }
     }
 
@@ -85,26 +81,41 @@ impl Files {
 
     /// Shuffles every epoch with a seed derived from `seed` and the epoch number: the same seed
     /// gives the same orders, every epoch a different one.
-    pub fn shuffle(mut self, seed: u64) -> Self {
-        self.seed = Some(seed);
-        self
+    pub fn shuffle(self, seed: u64) -> Self {
+        self.map_sampler(|s| s.shuffle(seed))
     }
 
     /// Keeps shard `rank` of `world`: every `world`-th file of each epoch's order starting at
     /// `rank`, so shards are disjoint and together cover the epoch.
-    pub fn shard(mut self, rank: usize, world: usize) -> Self {
-        self.world = world.max(1);
-        self.rank = rank.min(self.world - 1);
-        self
+    pub fn shard(self, rank: usize, world: usize) -> Self {
+        self.map_sampler(|s| s.shard(rank, world))
     }
 
     /// Shards by the `RANK` and `WORLD_SIZE` environment variables when both are set.
     pub fn shard_from_env(self) -> Self {
-        let var = |k| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
-        match (var("RANK"), var("WORLD_SIZE")) {
-            (Some(rank), Some(world)) => self.shard(rank, world),
-            _ => self,
-        }
+        self.map_sampler(Sampler::shard_from_env)
+    }
+
+    /// Makes every shard the same length by dropping or repeating; see [`ShardLengths`].
+    pub fn shard_lengths(self, lengths: ShardLengths) -> Self {
+        self.map_sampler(|s| s.shard_lengths(lengths))
+    }
+
+    /// Draws `samples` files per epoch in proportion to `weights` (one per file); see
+    /// [`Sampler::weighted`].
+    pub fn weighted(
+        mut self,
+        weights: &[f64],
+        samples: usize,
+        replacement: bool,
+    ) -> Result<Self, PipelineError> {
+        self.sampler = self.sampler.weighted(weights, samples, replacement)?;
+        Ok(self)
+    }
+
+    fn map_sampler(mut self, f: impl FnOnce(Sampler) -> Sampler) -> Self {
+        self.sampler = f(self.sampler);
+        self
     }
 
     /// Number of files in the whole dataset.
@@ -117,20 +128,16 @@ impl Files {
         self.paths.is_empty()
     }
 
+    /// The paths, in dataset order.
+    pub fn paths(&self) -> &[PathBuf] {
+        &self.paths
+    }
+
     /// This shard's files for `epoch`, in order.
     pub fn epoch(&self, epoch: u64) -> Vec<PathBuf> {
-        let mut order: Vec<usize> = (0..self.paths.len()).collect();
-        if let Some(seed) = self.seed {
-            let mut rng = Rng::new(seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            for i in (1..order.len()).rev() {
-                let j = (rng.next_u64() % (i as u64 + 1)) as usize;
-                order.swap(i, j);
-            }
-        }
-        order
+        self.sampler
+            .epoch(epoch)
             .into_iter()
-            .skip(self.rank)
-            .step_by(self.world)
             .map(|i| self.paths[i].clone())
             .collect()
     }

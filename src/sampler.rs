@@ -1,0 +1,398 @@
+//! Which dataset indices an epoch visits, in what order, on which rank.
+//!
+//! A [`Sampler`] turns a dataset of `n` items into each epoch's index list: in order, or a
+//! seeded shuffle reseeded every epoch, or a weighted draw (with or without replacement); then
+//! the rank's shard of it. Every rank computes the same global order from the same seed and
+//! keeps every `world`-th position starting at its rank, so the shards are disjoint and
+//! together cover the epoch. With [`ShardLengths::Pad`] or [`ShardLengths::Drop`] every rank
+//! gets the same number of items (collective training steps need it).
+//!
+//! Orders are a pure function of (seed, epoch, rank, world): the property that makes
+//! [`Pipeline::resume`](crate::Pipeline::resume) exact.
+
+use flowgate_tuner::Rng;
+
+use crate::PipelineError;
+
+/// How shards of an epoch that does not divide evenly are made equal.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ShardLengths {
+    /// Leave them uneven (the first `len % world` ranks get one more): nothing dropped or
+    /// repeated.
+    #[default]
+    Uneven,
+    /// Drop the last `len % world` positions of the epoch's order (different items every
+    /// epoch when shuffled).
+    Drop,
+    /// Repeat positions from the start of the epoch's order until every shard has
+    /// `ceil(len / world)` items (what PyTorch's `DistributedSampler` does).
+    Pad,
+}
+
+#[derive(Clone, Debug)]
+struct Weighted {
+    /// Cumulative weights (for draws with replacement).
+    cumulative: Vec<f64>,
+    weights: Vec<f64>,
+    samples: usize,
+    replacement: bool,
+}
+
+/// Each epoch's indices into a dataset of `len` items; see the [module docs](self).
+///
+/// # Examples
+///
+/// ```
+/// use flowgate::sampler::{Sampler, ShardLengths};
+///
+/// // Rank 1 of 4, a new order every epoch, every rank the same length.
+/// let s = Sampler::new(10).shuffle(7).shard(1, 4).shard_lengths(ShardLengths::Pad);
+/// assert_eq!(s.epoch(0).len(), 3);
+/// assert_ne!(s.epoch(0), s.epoch(1));
+///
+/// // Weighted, with replacement: index 2 is drawn about 8 times as often as index 0.
+/// let w = Sampler::new(3).weighted(&[1.0, 1.0, 8.0], 1000, true)?;
+/// let twos = w.epoch(0).iter().filter(|&&i| i == 2).count();
+/// assert!(twos > 700);
+/// # Ok::<(), flowgate::PipelineError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    len: usize,
+    seed: Option<u64>,
+    rank: usize,
+    world: usize,
+    lengths: ShardLengths,
+    weighted: Option<Weighted>,
+}
+
+impl Sampler {
+    /// Every index of a dataset of `len` items, in order, once per epoch.
+    pub fn new(len: usize) -> Self {
+        Self {
+            len,
+            seed: None,
+            rank: 0,
+            world: 1,
+            lengths: ShardLengths::Uneven,
+            weighted: None,
+        }
+    }
+
+    /// A seeded shuffle, reseeded every epoch from `seed` and the epoch number (and the seed
+    /// of weighted draws).
+    pub fn shuffle(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Keeps shard `rank` of `world` (every `world`-th position of the epoch's order).
+    pub fn shard(mut self, rank: usize, world: usize) -> Self {
+        self.world = world.max(1);
+        self.rank = rank.min(self.world - 1);
+        self
+    }
+
+    /// Shards by the `RANK` and `WORLD_SIZE` environment variables when both are set.
+    pub fn shard_from_env(self) -> Self {
+        let var = |k| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+        match (var("RANK"), var("WORLD_SIZE")) {
+            (Some(rank), Some(world)) => self.shard(rank, world),
+            _ => self,
+        }
+    }
+
+    /// How uneven shards are made equal (default: left uneven).
+    pub fn shard_lengths(mut self, lengths: ShardLengths) -> Self {
+        self.lengths = lengths;
+        self
+    }
+
+    /// Draws `samples` indices per epoch with probability proportional to `weights` (one per
+    /// item; non-negative and finite), with or without replacement. Without replacement the
+    /// order is a weighted random permutation of `samples` distinct indices (Efraimidis and
+    /// Spirakis' keys), so `samples` may not exceed the number of positive weights. Uses the
+    /// [`shuffle`](Self::shuffle) seed (0 if none).
+    pub fn weighted(
+        mut self,
+        weights: &[f64],
+        samples: usize,
+        replacement: bool,
+    ) -> Result<Self, PipelineError> {
+        if weights.len() != self.len {
+            return Err(PipelineError::config(format!(
+                "weighted sampling: {} weights for {} items",
+                weights.len(),
+                self.len
+            )));
+        }
+        if let Some((i, w)) = weights
+            .iter()
+            .enumerate()
+            .find(|(_, w)| !w.is_finite() || **w < 0.0)
+        {
+            return Err(PipelineError::config(format!(
+                "weighted sampling: weight {i} is {w}; weights must be finite and >= 0"
+            )));
+        }
+        let positive = weights.iter().filter(|&&w| w > 0.0).count();
+        if positive == 0 && samples > 0 {
+            return Err(PipelineError::config(
+                "weighted sampling: every weight is 0",
+            ));
+        }
+        if !replacement && samples > positive {
+            return Err(PipelineError::config(format!(
+                "weighted sampling without replacement: {samples} samples asked, only \
+                 {positive} items have a positive weight"
+            )));
+        }
+        let cumulative = weights
+            .iter()
+            .scan(0.0, |acc, w| {
+                *acc += w;
+                Some(*acc)
+            })
+            .collect();
+        self.weighted = Some(Weighted {
+            cumulative,
+            weights: weights.to_vec(),
+            samples,
+            replacement,
+        });
+        Ok(self)
+    }
+
+    /// Number of items in the dataset.
+    pub fn dataset_len(&self) -> usize {
+        self.len
+    }
+
+    /// Number of indices this rank visits per epoch.
+    pub fn len(&self) -> usize {
+        let global = self.global_len();
+        let w = self.world;
+        match self.lengths {
+            ShardLengths::Uneven => global / w + usize::from(self.rank < global % w),
+            ShardLengths::Drop => global / w,
+            ShardLengths::Pad => global.div_ceil(w),
+        }
+    }
+
+    /// Whether this rank visits nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn global_len(&self) -> usize {
+        self.weighted.as_ref().map_or(self.len, |w| w.samples)
+    }
+
+    fn rng(&self, epoch: u64) -> Rng {
+        Rng::new(self.seed.unwrap_or(0) ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
+
+    /// The global order of `epoch`, before sharding.
+    fn global(&self, epoch: u64) -> Vec<usize> {
+        let mut rng = self.rng(epoch);
+        match &self.weighted {
+            Some(w) if w.replacement => {
+                let total = *w.cumulative.last().unwrap_or(&0.0);
+                (0..w.samples)
+                    .map(|_| {
+                        let x = rng.uniform() * total;
+                        // First index whose cumulative weight exceeds x (never a zero weight).
+                        w.cumulative.partition_point(|&c| c <= x).min(self.len - 1)
+                    })
+                    .collect()
+            }
+            Some(w) => {
+                // Key u^(1/w) per item, largest first; compared as ln(u)/w.
+                let mut keyed: Vec<(f64, usize)> = w
+                    .weights
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &wt)| wt > 0.0)
+                    .map(|(i, &wt)| (rng.uniform().ln() / wt, i))
+                    .collect();
+                keyed.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                keyed.truncate(w.samples);
+                keyed.into_iter().map(|(_, i)| i).collect()
+            }
+            None => {
+                let mut order: Vec<usize> = (0..self.len).collect();
+                if self.seed.is_some() {
+                    for i in (1..order.len()).rev() {
+                        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+                        order.swap(i, j);
+                    }
+                }
+                order
+            }
+        }
+    }
+
+    /// This rank's indices for `epoch`, in order.
+    pub fn epoch(&self, epoch: u64) -> Vec<usize> {
+        let mut order = self.global(epoch);
+        let w = self.world;
+        match self.lengths {
+            ShardLengths::Uneven => {}
+            ShardLengths::Drop => order.truncate(order.len() / w * w),
+            ShardLengths::Pad => {
+                let target = order.len().div_ceil(w) * w;
+                let mut k = 0;
+                while order.len() < target && k < order.len() {
+                    order.push(order[k]);
+                    k += 1;
+                }
+            }
+        }
+        order.into_iter().skip(self.rank).step_by(w).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sorted(mut v: Vec<usize>) -> Vec<usize> {
+        v.sort_unstable();
+        v
+    }
+
+    proptest! {
+        #[test]
+        fn shards_are_disjoint_and_complete(
+            len in 0usize..300, world in 1usize..9, seed in any::<u64>(), epoch in 0u64..5,
+        ) {
+            let base = Sampler::new(len).shuffle(seed);
+            let shards: Vec<Vec<usize>> =
+                (0..world).map(|r| base.clone().shard(r, world).epoch(epoch)).collect();
+            for (r, s) in shards.iter().enumerate() {
+                prop_assert_eq!(s.len(), base.clone().shard(r, world).len());
+            }
+            let union = sorted(shards.concat());
+            prop_assert_eq!(union, (0..len).collect::<Vec<_>>(), "disjoint and complete");
+        }
+
+        #[test]
+        fn padded_and_dropped_shards_are_equal(
+            len in 1usize..300, world in 1usize..9, seed in any::<u64>(),
+        ) {
+            let base = Sampler::new(len).shuffle(seed);
+            let pad: Vec<Vec<usize>> = (0..world)
+                .map(|r| base.clone().shard(r, world).shard_lengths(ShardLengths::Pad).epoch(2))
+                .collect();
+            let want = len.div_ceil(world);
+            prop_assert!(pad.iter().all(|s| s.len() == want));
+            let all = pad.concat();
+            let distinct = sorted(all.clone()).into_iter().collect::<std::collections::BTreeSet<_>>();
+            prop_assert_eq!(distinct.len(), len, "padding covers every item");
+            prop_assert_eq!(all.len() - len, want * world - len, "only the padding repeats");
+
+            let drop: Vec<Vec<usize>> = (0..world)
+                .map(|r| base.clone().shard(r, world).shard_lengths(ShardLengths::Drop).epoch(2))
+                .collect();
+            prop_assert!(drop.iter().all(|s| s.len() == len / world));
+            let all = sorted(drop.concat());
+            let mut dedup = all.clone();
+            dedup.dedup();
+            prop_assert_eq!(dedup.len(), all.len(), "dropped shards are disjoint");
+        }
+    }
+
+    #[test]
+    fn reshuffles_per_epoch_deterministically() {
+        let s = Sampler::new(50).shuffle(3);
+        assert_eq!(s.epoch(0), s.epoch(0));
+        assert_ne!(s.epoch(0), s.epoch(1));
+        assert_eq!(sorted(s.epoch(1)), (0..50).collect::<Vec<_>>());
+        assert_eq!(Sampler::new(5).epoch(9), vec![0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn weighted_with_replacement_follows_the_weights() {
+        let weights = [0.0, 1.0, 2.0, 3.0, 4.0];
+        let n = 200_000;
+        let s = Sampler::new(5)
+            .shuffle(11)
+            .weighted(&weights, n, true)
+            .unwrap();
+        let mut counts = [0usize; 5];
+        for i in s.epoch(0) {
+            counts[i] += 1;
+        }
+        assert_eq!(counts[0], 0, "a zero weight is never drawn");
+        for (i, &c) in counts.iter().enumerate().skip(1) {
+            let p = weights[i] / 10.0;
+            let sd = (n as f64 * p * (1.0 - p)).sqrt();
+            let dev = (c as f64 - n as f64 * p).abs();
+            assert!(
+                dev < 5.0 * sd,
+                "index {i}: {c} draws, expected {}",
+                n as f64 * p
+            );
+        }
+        assert_ne!(s.epoch(0), s.epoch(1));
+    }
+
+    #[test]
+    fn weighted_without_replacement_draws_distinct_heavy_items_first() {
+        let mut weights = vec![1.0; 100];
+        weights[..10].fill(50.0);
+        weights[99] = 0.0;
+        let s = Sampler::new(100)
+            .shuffle(5)
+            .weighted(&weights, 99, false)
+            .unwrap();
+        let mut firsts = 0;
+        for e in 0..50 {
+            let order = s.epoch(e);
+            assert_eq!(order.len(), 99);
+            assert_eq!(
+                sorted(order.clone()),
+                (0..99).collect::<Vec<_>>(),
+                "distinct"
+            );
+            firsts += order[..10].iter().filter(|&&i| i < 10).count();
+        }
+        // Drawn in proportion to the remaining weight, about 7.5 of the first 10 draws are
+        // heavy (the first with probability 500/590, the tenth 50/139); uniformly it would
+        // be about 1.
+        assert!(
+            firsts > 50 * 6,
+            "{firsts} heavy items among 50 x 10 first draws"
+        );
+        assert!(Sampler::new(3)
+            .weighted(&[1.0, 0.0, 1.0], 3, false)
+            .is_err());
+        assert!(Sampler::new(2).weighted(&[1.0, f64::NAN], 1, true).is_err());
+        assert!(Sampler::new(2).weighted(&[1.0], 1, true).is_err());
+    }
+
+    #[test]
+    fn weighted_draws_are_sharded_too() {
+        let s = Sampler::new(20)
+            .shuffle(1)
+            .weighted(&[1.0; 20], 45, true)
+            .unwrap();
+        let shards: Vec<Vec<usize>> = (0..4)
+            .map(|r| {
+                s.clone()
+                    .shard(r, 4)
+                    .shard_lengths(ShardLengths::Drop)
+                    .epoch(0)
+            })
+            .collect();
+        assert!(shards.iter().all(|x| x.len() == 11));
+        let global = s.epoch(0);
+        let interleaved: Vec<usize> = (0..44).map(|p| shards[p % 4][p / 4]).collect();
+        assert_eq!(
+            interleaved,
+            global[..44].to_vec(),
+            "rank r holds positions r, r+4, ..."
+        );
+    }
+}
