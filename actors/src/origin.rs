@@ -51,30 +51,27 @@ impl Origin {
         match n {
             0 => Vec::new(),
             1 => vec![self],
-            _ => {
-                let mut parts = Vec::new();
-                self.for_each(|i, s| parts.push((i, s)));
-                (0..n)
-                    .map(|k| {
-                        let mut v: Vec<(u64, u64)> = parts
-                            .iter()
-                            .map(|&(i, s)| {
-                                let base = s / n as u64;
-                                let extra = if k == n - 1 { s % n as u64 } else { 0 };
-                                (i, base + extra)
-                            })
-                            .filter(|&(_, s)| s > 0)
-                            .collect();
-                        match v.len() {
-                            0 => Origin::None,
-                            1 => {
-                                let (i, s) = v.pop().expect("one part");
-                                Origin::One(i, s)
-                            }
-                            _ => Origin::Many(v.into_boxed_slice()),
-                        }
-                    })
-                    .collect()
+            _ => (0..n).map(|k| self.part(k, n)).collect(),
+        }
+    }
+
+    /// The origin of output `k` of `n` made from one input of this origin (see
+    /// [`split`](Self::split)); allocates only for batches.
+    pub fn part(&self, k: usize, n: usize) -> Origin {
+        let n = n as u64;
+        let share = |s: u64| s / n + if k as u64 == n - 1 { s % n } else { 0 };
+        match self {
+            Origin::None => Origin::None,
+            Origin::One(i, s) => match share(*s) {
+                0 => Origin::None,
+                s => Origin::One(*i, s),
+            },
+            Origin::Many(v) => {
+                let mut g = Gather::default();
+                for &(i, s) in v.iter() {
+                    g.add(&Origin::One(i, share(s)));
+                }
+                g.take()
             }
         }
     }
@@ -88,7 +85,11 @@ impl Gather {
     /// Adds an item's origin.
     #[inline]
     pub fn add(&mut self, o: &Origin) {
-        o.for_each(|i, s| self.0.push((i, s)));
+        o.for_each(|i, s| {
+            if s > 0 {
+                self.0.push((i, s));
+            }
+        });
     }
 
     /// The batch's origin; the gatherer is empty again.
@@ -136,6 +137,20 @@ impl RangeSet {
 
     /// Adds `x`; false if it was already there.
     pub fn insert(&mut self, x: u64) -> bool {
+        // Fast paths: at or past the end of the last range (results mostly arrive in order).
+        if let Some(mut last) = self.ranges.last_entry() {
+            let end = *last.get();
+            if x == end {
+                *last.get_mut() = x + 1;
+                self.len += 1;
+                return true;
+            }
+            if x > end {
+                self.ranges.insert(x, x + 1);
+                self.len += 1;
+                return true;
+            }
+        }
         if self.contains(x) {
             return false;
         }

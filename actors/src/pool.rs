@@ -371,14 +371,17 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
         }
         c.items_out += self.scratch.len() as u64;
         let sizer = &self.s.sizer;
-        let origins = origin.split(self.scratch.len());
-        let wrap = |(o, origin): (U, Origin)| Envelope {
+        let n = self.scratch.len();
+        let mut whole = Some(origin);
+        let outputs = self.scratch.drain(..).enumerate().map(|(k, o)| Envelope {
             seq: 0,
             bytes: sizer(&o),
             item: o,
-            origin,
-        };
-        let outputs = self.scratch.drain(..).zip(origins).map(wrap);
+            origin: match n {
+                1 => whole.take().unwrap_or_default(),
+                _ => whole.as_ref().map_or(Origin::None, |w| w.part(k, n)),
+            },
+        });
         match self.s.order {
             Order::Completion => {
                 self.run.out.extend(outputs);
