@@ -249,3 +249,348 @@ fn a_second_epoch_through_the_cache_makes_no_request() {
         .expect("cache stats on the stage");
     assert_eq!((c.hits, c.misses, c.bytes), (20, 20, 200_000));
 }
+
+/// A fault-injecting HTTP/1.1 proxy on 127.0.0.1 in front of the real server. Each request
+/// gets its own upstream connection and `Connection: close`; by the request's number it is
+/// forwarded, answered with a 500 or a 503 SlowDown, reset (RST), stalled past the client's
+/// attempt timeout, or forwarded with its body cut in half. Keys containing `poison` always
+/// get a 500.
+mod fault_proxy {
+    use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    #[derive(Debug, Default)]
+    pub(crate) struct Counts {
+        pub(crate) requests: AtomicU64,
+        pub(crate) forwarded: AtomicU64,
+        pub(crate) internal_error: AtomicU64,
+        pub(crate) slow_down: AtomicU64,
+        pub(crate) reset: AtomicU64,
+        pub(crate) stalled: AtomicU64,
+        pub(crate) truncated: AtomicU64,
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    enum Fault {
+        None,
+        Status(u16, &'static str),
+        Reset,
+        Stall,
+        Truncate,
+    }
+
+    pub(crate) struct FaultProxy {
+        pub(crate) addr: SocketAddr,
+        pub(crate) counts: Arc<Counts>,
+        rt: Option<tokio::runtime::Runtime>,
+    }
+
+    impl Drop for FaultProxy {
+        fn drop(&mut self) {
+            if let Some(rt) = self.rt.take() {
+                rt.shutdown_background();
+            }
+        }
+    }
+
+    impl FaultProxy {
+        pub(crate) fn start(upstream: SocketAddr, stall: Duration) -> Self {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            let listener = rt
+                .block_on(TcpListener::bind("127.0.0.1:0"))
+                .expect("bind the proxy");
+            let addr = listener.local_addr().unwrap();
+            let counts = Arc::new(Counts::default());
+            let c = Arc::clone(&counts);
+            rt.spawn(async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let c = Arc::clone(&c);
+                    tokio::spawn(async move {
+                        let _ = handle(client, upstream, stall, &c).await;
+                    });
+                }
+            });
+            Self {
+                addr,
+                counts,
+                rt: Some(rt),
+            }
+        }
+    }
+
+    /// 10% errors (500, SlowDown, reset, truncated body in turn) and 4% stalls.
+    fn plan(n: u64, target: &str) -> Fault {
+        if target.contains("poison") {
+            return Fault::Status(500, "InternalError");
+        }
+        if n % 25 == 17 {
+            return Fault::Stall;
+        }
+        if n % 10 == 3 {
+            return match (n / 10) % 4 {
+                0 => Fault::Status(500, "InternalError"),
+                1 => Fault::Status(503, "SlowDown"),
+                2 => Fault::Reset,
+                _ => Fault::Truncate,
+            };
+        }
+        Fault::None
+    }
+
+    fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+        hay.windows(needle.len()).position(|w| w == needle)
+    }
+
+    fn content_length(head: &str) -> usize {
+        head.lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    async fn handle(
+        mut client: TcpStream,
+        upstream: SocketAddr,
+        stall: Duration,
+        c: &Counts,
+    ) -> std::io::Result<()> {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 8192];
+        let head_end = loop {
+            if let Some(i) = find(&buf, b"\r\n\r\n") {
+                break i + 4;
+            }
+            let n = client.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+        let body_len = content_length(&head);
+        while buf.len() < head_end + body_len {
+            let n = client.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let target = head.split_whitespace().nth(1).unwrap_or("").to_owned();
+        let n = c.requests.fetch_add(1, Ordering::Relaxed);
+        let fault = plan(n, &target);
+        match fault {
+            Fault::Status(status, code) => {
+                let counter = if status == 503 {
+                    &c.slow_down
+                } else {
+                    &c.internal_error
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                let body = format!(
+                    "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code>\
+                     <Message>injected by the fault proxy</Message></Error>"
+                );
+                let reason = if status == 503 {
+                    "Slow Down"
+                } else {
+                    "Internal Server Error"
+                };
+                let resp = format!(
+                    "HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\n\
+                     Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                client.write_all(resp.as_bytes()).await?;
+                client.shutdown().await
+            }
+            Fault::Reset => {
+                c.reset.fetch_add(1, Ordering::Relaxed);
+                client.set_zero_linger()?;
+                drop(client);
+                Ok(())
+            }
+            Fault::Stall => {
+                c.stalled.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(stall).await;
+                Ok(())
+            }
+            Fault::None | Fault::Truncate => {
+                // One request per upstream connection, closed after the response.
+                let mut req: Vec<u8> = Vec::new();
+                for line in head[..head.len() - 2]
+                    .split("\r\n")
+                    .filter(|l| !l.is_empty())
+                {
+                    if !line.to_ascii_lowercase().starts_with("connection:") {
+                        req.extend_from_slice(line.as_bytes());
+                        req.extend_from_slice(b"\r\n");
+                    }
+                }
+                req.extend_from_slice(b"Connection: close\r\n\r\n");
+                req.extend_from_slice(&buf[head_end..head_end + body_len]);
+                let mut up = TcpStream::connect(upstream).await?;
+                up.write_all(&req).await?;
+                let mut resp = Vec::new();
+                up.read_to_end(&mut resp).await?;
+                let cut = match (fault, find(&resp, b"\r\n\r\n")) {
+                    (Fault::Truncate, Some(i)) if resp.len() > i + 4 + 1 => {
+                        c.truncated.fetch_add(1, Ordering::Relaxed);
+                        i + 4 + (resp.len() - i - 4) / 2
+                    }
+                    _ => {
+                        c.forwarded.fetch_add(1, Ordering::Relaxed);
+                        resp.len()
+                    }
+                };
+                client.write_all(&resp[..cut]).await?;
+                client.shutdown().await
+            }
+        }
+    }
+}
+
+/// The body of object `i`: its bytes say which object it is and how long it is.
+fn object_body(i: usize) -> Vec<u8> {
+    (0..3000 + 37 * i)
+        .map(|b| (b as u32).wrapping_mul(31).wrapping_add(i as u32) as u8)
+        .collect()
+}
+
+#[test]
+fn under_injected_faults_every_item_is_delivered_or_reported_once() {
+    use std::collections::{HashMap, HashSet};
+    use std::sync::atomic::Ordering;
+
+    let f = fixture("faults");
+    let keys: Vec<String> = (0..200).map(|i| format!("obj/{i:03}.bin")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        put(&f.s3, k, object_body(i));
+    }
+    for k in ["obj/poison-1.bin", "obj/poison-2.bin"] {
+        put(&f.s3, k, vec![7; 100]);
+    }
+    let upstream: std::net::SocketAddr = f
+        .server
+        .endpoint()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let proxy = fault_proxy::FaultProxy::start(upstream, Duration::from_secs(3));
+    let policy = RetryPolicy {
+        max_attempts: 5,
+        base_delay: Duration::from_millis(10),
+        max_delay: Duration::from_millis(200),
+        budget: 5_000,
+        ..RetryPolicy::default()
+    };
+    let mut cfg = f
+        .server
+        .config("data")
+        .endpoint(format!("http://{}", proxy.addr))
+        .retry(policy)
+        .attempt_timeout(Duration::from_millis(700));
+    cfg.list_page_size = Some(25);
+    let s3 = S3::connect(cfg).unwrap();
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let client = s3.clone();
+    std::thread::spawn(move || {
+        let mut all: Vec<String> = client
+            .list("obj/")
+            .expect("listing through the proxy")
+            .into_iter()
+            .map(|o| o.key)
+            .collect();
+        all.push("obj/missing.bin".into());
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&failures);
+        let mut p = Pipeline::builder()
+            .source(all.clone())
+            .describe(String::clone)
+            .pipe_async("fetch", client.fetcher(), 8)
+            .on_failure(move |e| {
+                seen.lock().unwrap().push((
+                    e.stage().to_owned(),
+                    e.item().to_owned(),
+                    e.to_string(),
+                ))
+            })
+            .build()
+            .unwrap();
+        let delivered: Vec<Blob> = p.iter().map(Result::unwrap).collect();
+        let failures = failures.lock().unwrap().clone();
+        let _ = tx.send((all, delivered, failures));
+    });
+    let started = Instant::now();
+    let (all, delivered, failures) = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the epoch finishes within a bounded time");
+    let took = started.elapsed();
+
+    let counts = &proxy.counts;
+    let count = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    eprintln!("{took:?}; proxy: {counts:?}; failures: {failures:?}");
+    assert_eq!(all.len(), 203, "the listing survived the faults");
+    for (name, c) in [
+        ("500", &counts.internal_error),
+        ("SlowDown", &counts.slow_down),
+        ("reset", &counts.reset),
+        ("stall", &counts.stalled),
+        ("truncated", &counts.truncated),
+    ] {
+        assert!(count(c) > 0, "no {name} was injected");
+    }
+
+    let index: HashMap<&str, usize> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (k.as_str(), i))
+        .collect();
+    let mut got = HashSet::new();
+    for b in &delivered {
+        let key = b.path.to_str().unwrap().to_owned();
+        assert!(got.insert(key.clone()), "{key} delivered twice");
+        match index.get(key.as_str()) {
+            Some(&i) => assert!(b.bytes == object_body(i), "{key}: corrupt body delivered"),
+            None => panic!("{key} delivered, but it always fails"),
+        }
+    }
+    let mut failed = HashSet::new();
+    for (stage, item, msg) in &failures {
+        assert_eq!(stage, "fetch");
+        assert!(
+            msg.contains(item.as_str()),
+            "the error names the key: {msg}"
+        );
+        assert!(failed.insert(item.clone()), "{item} reported twice");
+        assert!(!got.contains(item), "{item} both delivered and failed");
+    }
+    let union: HashSet<String> = got.union(&failed).cloned().collect();
+    assert_eq!(union, all.iter().cloned().collect(), "none lost");
+    for k in ["obj/missing.bin", "obj/poison-1.bin", "obj/poison-2.bin"] {
+        assert!(failed.contains(k), "{k} must fail");
+    }
+    let missing = failures.iter().find(|f| f.1 == "obj/missing.bin").unwrap();
+    assert!(missing.2.contains("no such key"), "{}", missing.2);
+    let poison = failures.iter().find(|f| f.1 == "obj/poison-1.bin").unwrap();
+    assert!(
+        poison.2.contains("after 5 attempt(s)"),
+        "retried to the limit: {}",
+        poison.2
+    );
+    assert!(
+        got.len() >= 195,
+        "transient faults are retried: {} of 200 delivered",
+        got.len()
+    );
+}
