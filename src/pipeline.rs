@@ -117,8 +117,13 @@ impl Engine {
             channels,
             stages: Mutex::new(Vec::new()),
         });
-        let c = Arc::clone(&closer);
-        ledger.on_fatal(move || c.close());
+        // Weak: the stages hold the ledger, and the closer holds the stages.
+        let c = Arc::downgrade(&closer);
+        ledger.on_fatal(move || {
+            if let Some(c) = c.upgrade() {
+                c.close();
+            }
+        });
         Self {
             closer,
             source: None,

@@ -17,6 +17,7 @@ fn shutdown_is_prompt_and_leaks_no_thread() {
     an_error_past_the_budget_stops_everything();
     a_stop_handle_unblocks_a_waiting_consumer();
     the_cpu_cap_limits_extra_workers();
+    dropping_mid_epoch_frees_every_item();
     let names = flowgate_threads();
     assert!(names.is_empty(), "pipeline threads still alive: {names:?}");
 }
@@ -203,4 +204,67 @@ fn the_cpu_cap_limits_extra_workers() {
     );
     flowgate::set_cpu_worker_cap(None);
     assert_back_to(baseline);
+}
+
+/// Items alive anywhere (queues, workers, batches): created by the source, dropped by whoever
+/// holds them last.
+static LIVE: AtomicU64 = AtomicU64::new(0);
+
+#[derive(Debug)]
+struct Tracked(#[allow(dead_code)] u64);
+
+impl Tracked {
+    fn new(x: u64) -> Self {
+        LIVE.fetch_add(1, Ordering::SeqCst);
+        Self(x)
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        LIVE.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Dropping a pipeline mid-epoch, with the tuner on and items in every queue, frees every item
+/// it holds: nothing is kept alive by a reference cycle between its parts.
+fn dropping_mid_epoch_frees_every_item() {
+    for with_tuner in [false, true] {
+        let b = Pipeline::builder()
+            .source_epochs(|_| (0..1_000_000u64).map(Tracked::new))
+            .pipe(
+                "a",
+                |t: Tracked| {
+                    std::thread::sleep(Duration::from_micros(100));
+                    Ok::<_, std::io::Error>(t)
+                },
+                2,
+            )
+            .pipe_async(
+                "io",
+                |t: Tracked| async move {
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                    Ok::<_, std::io::Error>(t)
+                },
+                4,
+            )
+            .aggregate(8, false);
+        let b = if with_tuner { b } else { b.autotune_off() };
+        let mut p = b.build().unwrap();
+        let got: Vec<Vec<Tracked>> = p.iter().take(20).map(Result::unwrap).collect();
+        assert_eq!(got.iter().map(Vec::len).sum::<usize>(), 160);
+        std::thread::sleep(Duration::from_millis(50)); // let the queues fill
+        assert!(LIVE.load(Ordering::SeqCst) > 160);
+        drop(p);
+        drop(got);
+        let t0 = Instant::now();
+        while LIVE.load(Ordering::SeqCst) != 0 && t0.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            LIVE.load(Ordering::SeqCst),
+            0,
+            "items still alive after the pipeline was dropped (tuner {with_tuner})"
+        );
+    }
 }
