@@ -13,10 +13,12 @@
 //! mid-item, tuner mid-resize), builds a new one and resumes.
 //!
 //! For every epoch it checks that each item was either delivered or reported failed exactly
-//! once: **lost** (neither) and **duplicated** (twice, or both) must be 0. It also reports RSS
-//! after the warm-up and at the end, and the thread count before the first pipeline and after
-//! the last one is dropped. Prints one JSON line; exits 1 if anything was lost or duplicated,
-//! threads leaked, or RSS grew more than 5% after the warm-up.
+//! once: **lost** (neither) and **duplicated** (twice, or both) must be 0. After each epoch
+//! past the warm-up it samples RSS and the heap in use (a counting global allocator); growth
+//! is the peak of the last quarter of the samples over the peak of the first quarter. It also
+//! compares the thread count before the first pipeline and after the last one is dropped.
+//! Prints one JSON line; exits 1 if anything was lost or duplicated, threads leaked, or RSS
+//! or heap grew 5% or more. `scripts/soak.sh` runs it (with `MALLOC_ARENA_MAX=2`; see there).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -173,6 +175,52 @@ impl<T: Send + 'static> AutotuneIf for flowgate::PipelineBuilder<T> {
     }
 }
 
+/// The system allocator, counting the bytes in use: the leak signal, free of the allocator's
+/// retention (glibc keeps freed memory in per-thread arenas, which RSS includes).
+struct Counting;
+
+static HEAP: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: delegates to `System`, only counting sizes.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        HEAP.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: the caller's contract is System's.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        HEAP.fetch_sub(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new: usize) -> *mut u8 {
+        HEAP.fetch_add(new as u64, Ordering::Relaxed);
+        HEAP.fetch_sub(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { std::alloc::System.realloc(ptr, layout, new) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn heap_mb() -> f64 {
+    HEAP.load(Ordering::Relaxed) as f64 / (1024.0 * 1024.0)
+}
+
+/// Growth of the peak in the last quarter of the samples over the peak in the first quarter,
+/// in percent: buffers come and go with the tuner's and the chaos thread's resizes, so single
+/// readings say little, while a leak raises every later peak.
+fn peak_growth(samples: &[f64]) -> f64 {
+    let q = (samples.len() / 4).max(1);
+    let peak = |s: &[f64]| s.iter().copied().fold(0.0, f64::max);
+    let (first, last) = (
+        peak(&samples[..q.min(samples.len())]),
+        peak(&samples[samples.len().saturating_sub(q)..]),
+    );
+    (last - first) / first.max(1e-9) * 100.0
+}
+
 fn proc_status(key: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -250,7 +298,8 @@ fn main() -> Result<(), PipelineError> {
     *control.lock().expect("control") = Some(p.control());
     let (mut delivered, mut failed, mut lost, mut duplicated) = (0u64, 0u64, 0u64, 0u64);
     let (mut resumes, mut decisions, mut epochs) = (0u64, 0u64, 0u64);
-    let mut rss_warm: Option<f64> = None;
+    // (RSS, heap) after each epoch once warmed up.
+    let mut samples: Vec<(f64, f64)> = Vec::new();
     let mut epoch = 0u64;
     while t0.elapsed() < Duration::from_secs(a.seconds) {
         // Every item of this epoch: how many times it was delivered; which were reported
@@ -310,17 +359,18 @@ fn main() -> Result<(), PipelineError> {
         }
         epoch += 1;
         epochs += 1;
-        if rss_warm.is_none() && t0.elapsed() >= Duration::from_secs(a.warmup) {
-            rss_warm = Some(rss_mb());
+        if t0.elapsed() >= Duration::from_secs(a.warmup) {
+            samples.push((rss_mb(), heap_mb()));
         }
         eprintln!(
-            "  epoch {epoch}: {got} delivered, {:.0} s, RSS {:.1} MB, {} threads, lost {lost}, duplicated {duplicated}",
+            "  epoch {epoch}: {got} delivered, {:.0} s, RSS {:.1} MB, heap {:.1} MB, {} threads, \
+             lost {lost}, duplicated {duplicated}",
             t0.elapsed().as_secs_f64(),
             rss_mb(),
+            heap_mb(),
             threads()
         );
     }
-    let rss_end = rss_mb();
     decisions += p
         .tuner_trace()
         .iter()
@@ -333,20 +383,29 @@ fn main() -> Result<(), PipelineError> {
     let _ = chaos_thread.join();
     let threads_end = threads();
     let secs = t0.elapsed().as_secs_f64();
-    let rss_warm = rss_warm.unwrap_or(rss_end);
-    let growth = (rss_end - rss_warm) / rss_warm * 100.0;
+    let rss: Vec<f64> = samples.iter().map(|s| s.0).collect();
+    let heap: Vec<f64> = samples.iter().map(|s| s.1).collect();
+    let (rss_growth, heap_growth) = (peak_growth(&rss), peak_growth(&heap));
+    let peak = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
     println!(
         "{{\"seconds\":{secs:.0},\"epochs\":{epochs},\"items_per_epoch\":{},\"delivered\":{delivered},\
 \"failed\":{failed},\"lost\":{lost},\"duplicated\":{duplicated},\"resumes\":{resumes},\
 \"chaos_resizes\":{},\"tuner_decisions_last_pipelines\":{decisions},\"items_per_s\":{:.0},\
-\"rss_after_warmup_mb\":{rss_warm:.1},\"rss_end_mb\":{rss_end:.1},\"rss_growth_pct\":{growth:.2},\
+\"rss_peak_mb\":{:.1},\"rss_growth_pct\":{rss_growth:.2},\"heap_peak_mb\":{:.1},\
+\"heap_growth_pct\":{heap_growth:.2},\
 \"threads_start\":{threads_start},\"threads_end\":{threads_end},\"last_pipeline_failures\":{}}}",
         a.items,
         resizes.load(Ordering::Relaxed),
         delivered as f64 / secs,
+        peak(&rss),
+        peak(&heap),
         stats.failures,
     );
-    let ok = lost == 0 && duplicated == 0 && threads_end == threads_start && growth < 5.0;
+    let ok = lost == 0
+        && duplicated == 0
+        && threads_end == threads_start
+        && rss_growth < 5.0
+        && heap_growth < 5.0;
     if !ok {
         eprintln!("soak: FAILED");
         std::process::exit(1);
