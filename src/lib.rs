@@ -8,6 +8,7 @@ mod blob;
 mod builder;
 pub mod cache;
 mod config;
+pub mod device;
 pub mod media;
 mod pipeline;
 #[cfg(feature = "s3")]

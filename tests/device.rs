@@ -1,0 +1,299 @@
+//! The device uploader: CPU and simulated backends, the staging ring's reuse rule (with a
+//! controllable fake event), the uploader as a pipeline stage, and CUDA: on a machine without
+//! it, a clear error and the CPU fallback; on a machine with a GPU (`scripts/gpu-check.sh`),
+//! real uploads read back.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use flowgate::device::{
+    Backend, CopyEvent, Cpu, Cuda, DeviceBatch, DeviceError, DeviceMemory, Simulated, Staging,
+    Uploader,
+};
+use flowgate::{DType, Pipeline, Tensor};
+
+fn batch(fill: u8, n: usize) -> Tensor {
+    let mut t = Tensor::zeros(&[n, 3, 4, 4], DType::U8);
+    for (i, b) in t.bytes_mut().iter_mut().enumerate() {
+        *b = fill.wrapping_add(i as u8);
+    }
+    t
+}
+
+#[test]
+fn cpu_backend_passes_batches_through() {
+    let mut up = Uploader::new(Cpu);
+    for k in 0..5u8 {
+        let t = batch(k, 2);
+        let d = up.upload(&t).unwrap();
+        assert!(d.is_ready());
+        assert_eq!(d.shape(), t.shape());
+        assert_eq!(d.dtype(), DType::U8);
+        assert_eq!(d.host_bytes(), Some(t.bytes()));
+    }
+    let s = up.stats();
+    assert_eq!((s.batches, s.bytes, s.slot_waits), (5, 5 * 96, 0));
+    assert_eq!(s.depth, 1, "copies complete at once: one slot is enough");
+}
+
+#[test]
+fn simulated_copies_take_their_time_in_order() {
+    let link = Simulated::new(1e6, Duration::from_millis(2)); // 1 MB/s: 96 B take 96 µs
+    let per_copy = link.copy_time(96);
+    let mut up = Uploader::new(link);
+    let t0 = Instant::now();
+    let batches: Vec<DeviceBatch> = (0..4).map(|k| up.upload(&batch(k, 2)).unwrap()).collect();
+    for (k, b) in batches.iter().enumerate() {
+        b.wait().unwrap();
+        assert!(
+            t0.elapsed() >= per_copy * (k as u32 + 1),
+            "copy {k} completed before the link could carry it"
+        );
+        assert_eq!(b.to_host().unwrap(), batch(k as u8, 2).bytes());
+    }
+    assert!(up.stats().depth >= 2, "busy slots made the ring grow");
+}
+
+/// A backend whose copies complete only when the test says so, and which checks the rule:
+/// when a copy completes, its staging bytes are still what they were when it started.
+#[derive(Debug, Default)]
+struct Manual {
+    copies: Mutex<Vec<Arc<ManualEvent>>>,
+    violations: AtomicUsize,
+}
+
+#[derive(Debug)]
+struct ManualEvent {
+    done: Mutex<bool>,
+    cv: Condvar,
+    /// The staging memory the copy reads, and what it held when the copy started.
+    src: *const u8,
+    snapshot: Vec<u8>,
+    backend: *const Manual,
+}
+
+// SAFETY: the raw pointers are only read while the test keeps the uploader (and so the staging
+// memory) and the backend alive.
+unsafe impl Send for ManualEvent {}
+unsafe impl Sync for ManualEvent {}
+
+impl ManualEvent {
+    fn complete(&self) {
+        if self.is_complete() {
+            return;
+        }
+        // The copy engine reads the source now: it must be unchanged.
+        let now = unsafe { std::slice::from_raw_parts(self.src, self.snapshot.len()) };
+        if now != &self.snapshot[..] {
+            unsafe { &*self.backend }
+                .violations
+                .fetch_add(1, Ordering::SeqCst);
+        }
+        *self.done.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+}
+
+impl CopyEvent for ManualEvent {
+    fn is_complete(&self) -> bool {
+        *self.done.lock().unwrap()
+    }
+    fn wait(&self) -> Result<(), DeviceError> {
+        let mut d = self.done.lock().unwrap();
+        while !*d {
+            d = self.cv.wait(d).unwrap();
+        }
+        Ok(())
+    }
+}
+
+/// The backend side of [`Manual`].
+#[derive(Clone, Debug)]
+struct Fake(Arc<Manual>);
+
+impl Backend for Fake {
+    fn name(&self) -> String {
+        "manual".into()
+    }
+    fn staging(&self, bytes: usize) -> Result<Staging, DeviceError> {
+        Ok(Staging::Host(vec![0; bytes]))
+    }
+    fn copy(
+        &self,
+        src: &Staging,
+        len: usize,
+    ) -> Result<(DeviceMemory, Arc<dyn CopyEvent>), DeviceError> {
+        let bytes = src.as_bytes()?;
+        let ev = Arc::new(ManualEvent {
+            done: Mutex::new(false),
+            cv: Condvar::new(),
+            src: bytes.as_ptr(),
+            snapshot: bytes[..len].to_vec(),
+            backend: Arc::as_ptr(&self.0),
+        });
+        self.0.copies.lock().unwrap().push(Arc::clone(&ev));
+        Ok((DeviceMemory::Host(bytes[..len].to_vec()), ev))
+    }
+}
+
+#[test]
+fn a_staging_slot_is_never_reused_before_its_copy_completes() {
+    let manual = Arc::new(Manual::default());
+    // Room for two 96-byte slots.
+    let up = Arc::new(Mutex::new(
+        Uploader::new(Fake(Arc::clone(&manual))).max_staging_bytes(2 * 96),
+    ));
+    let b0 = up.lock().unwrap().upload(&batch(10, 2)).unwrap();
+    let b1 = up.lock().unwrap().upload(&batch(20, 2)).unwrap();
+    assert_eq!(
+        up.lock().unwrap().stats().depth,
+        2,
+        "a second slot while the first is busy"
+    );
+    assert!(!b0.is_ready() && !b1.is_ready());
+
+    // The third batch needs slot 0, whose copy is still running: it must wait.
+    let returned = Arc::new(AtomicBool::new(false));
+    let (u, r) = (Arc::clone(&up), Arc::clone(&returned));
+    let third = std::thread::spawn(move || {
+        let b = u.lock().unwrap().upload(&batch(30, 2)).unwrap();
+        r.store(true, Ordering::SeqCst);
+        b
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !returned.load(Ordering::SeqCst),
+        "slot 0 was reused while its copy was in flight"
+    );
+    let first = Arc::clone(&manual.copies.lock().unwrap()[0]);
+    first.complete();
+    let b2 = third.join().unwrap();
+    assert!(returned.load(Ordering::SeqCst));
+    for ev in manual.copies.lock().unwrap().iter() {
+        ev.complete();
+    }
+    assert_eq!(manual.violations.load(Ordering::SeqCst), 0);
+    let s = up.lock().unwrap().stats();
+    assert_eq!((s.depth, s.slot_waits, s.batches), (2, 1, 3));
+    for (b, fill) in [(&b0, 10), (&b1, 20), (&b2, 30)] {
+        assert_eq!(b.to_host().unwrap(), batch(fill, 2).bytes());
+    }
+}
+
+/// The check in `Manual` catches a ring that overwrites a slot early: an uploader that does
+/// not wait (a backend whose events claim completion at once) lets the fake see the
+/// overwrite when it completes the copy late.
+#[test]
+fn the_fake_event_detects_early_reuse() {
+    #[derive(Debug)]
+    struct Liar(Fake);
+    #[derive(Debug)]
+    struct AlwaysDone;
+    impl CopyEvent for AlwaysDone {
+        fn is_complete(&self) -> bool {
+            true
+        }
+        fn wait(&self) -> Result<(), DeviceError> {
+            Ok(())
+        }
+    }
+    impl Backend for Liar {
+        fn name(&self) -> String {
+            "liar".into()
+        }
+        fn staging(&self, bytes: usize) -> Result<Staging, DeviceError> {
+            self.0.staging(bytes)
+        }
+        fn copy(
+            &self,
+            src: &Staging,
+            len: usize,
+        ) -> Result<(DeviceMemory, Arc<dyn CopyEvent>), DeviceError> {
+            let (mem, _real) = self.0.copy(src, len)?;
+            Ok((mem, Arc::new(AlwaysDone)))
+        }
+    }
+    let manual = Arc::new(Manual::default());
+    let mut up = Uploader::new(Liar(Fake(Arc::clone(&manual)))).max_staging_bytes(96);
+    let _a = up.upload(&batch(1, 2)).unwrap();
+    let _b = up.upload(&batch(2, 2)).unwrap(); // same slot, the first copy "still running"
+    manual.copies.lock().unwrap()[0].complete();
+    assert_eq!(manual.violations.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn the_uploader_is_the_last_stage_of_a_pipeline() {
+    let mut p = Pipeline::builder()
+        .source_epochs(|_| 0..50u8)
+        .pipe(
+            "make",
+            |k: u8| Ok::<_, DeviceError>(batch(k, 1).reshaped(&[3, 4, 4])),
+            2,
+        )
+        .aggregate(8, false)
+        .pipe(
+            "collate",
+            |v: Vec<Tensor>| Ok::<_, DeviceError>(Tensor::stack(&v).expect("same shapes")),
+            1,
+        )
+        .upload(Uploader::new(Simulated::new(
+            1e9,
+            Duration::from_micros(50),
+        )))
+        .build()
+        .unwrap();
+    let mut items = 0;
+    for b in p.iter() {
+        let b = b.unwrap();
+        b.wait().unwrap();
+        assert_eq!(&b.shape()[1..], [3, 4, 4]);
+        items += b.shape()[0];
+        assert_eq!(b.to_host().unwrap().len(), b.nbytes());
+    }
+    assert_eq!(items, 50);
+    assert!(p.stats().stage("upload").is_some());
+}
+
+/// Without a GPU (CI): a clear `Unavailable`, never a panic, and the CPU fallback. With one
+/// (`scripts/gpu-check.sh` sets FLOWGATE_REQUIRE_GPU=1): uploads through pinned staging on a
+/// stream, read back equal, batches of several sizes, the ring reused.
+#[test]
+fn cuda_uploads_or_says_clearly_why_not() {
+    match Cuda::new(0) {
+        Err(DeviceError::Unavailable(why)) => {
+            assert!(
+                std::env::var("FLOWGATE_REQUIRE_GPU").is_err(),
+                "a GPU was required: {why}"
+            );
+            assert!(!why.is_empty());
+            let (mut up, reason) = Uploader::cuda_or_cpu(0);
+            assert!(reason.is_some());
+            assert_eq!(up.backend_name(), "cpu");
+            assert!(up.upload(&batch(1, 1)).unwrap().is_ready());
+            assert!(Cuda::new(7).is_err());
+        }
+        Err(e) => panic!("expected Unavailable, got {e}"),
+        Ok(cuda) => {
+            let name = cuda.name();
+            let mut up = Uploader::new(cuda).max_staging_bytes(64 << 20);
+            assert_eq!(name, "cuda:0");
+            let mut held = Vec::new();
+            for k in 0..40u8 {
+                let n = 1 + (k as usize % 5) * 1000;
+                let t = batch(k, n);
+                let d = up.upload(&t).unwrap();
+                if k % 3 == 0 {
+                    assert_eq!(d.to_host().unwrap(), t.bytes(), "batch {k}");
+                }
+                held.push((d, t));
+            }
+            for (d, t) in &held {
+                assert_eq!(d.to_host().unwrap(), t.bytes());
+            }
+            let s = up.stats();
+            assert_eq!(s.batches, 40);
+            eprintln!("cuda ring: {s:?}");
+        }
+    }
+}
