@@ -6,5 +6,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --test
-cargo test --workspace --locked --features flowgate/s3,flowgate/video,flowgate/prometheus "$@"
+cargo test --workspace --locked --features flowgate/s3,flowgate/video,flowgate/prometheus,flowgate/cuda "$@"
 cargo test --locked --features turbojpeg --lib media::image

@@ -93,6 +93,7 @@ pub(crate) struct Autotune {
     pub(crate) settings: TunerSettings,
     pub(crate) policy: Option<Box<dyn Policy>>,
     pub(crate) on_decision: Option<OnDecision>,
+    pub(crate) gpu: Option<flowgate_actors::tuner::GpuSampler>,
 }
 
 struct Common {
@@ -538,6 +539,15 @@ impl<T: Send + 'static> PipelineBuilder<T> {
             .autotune
             .get_or_insert_with(Autotune::default)
             .on_decision = Some(Box::new(f));
+        self
+    }
+
+    /// Gives the tuner the accelerator's utilisation (0..=1, sampled every tick; e.g.
+    /// [`GpuMonitor::utilization`](crate::device::GpuMonitor::utilization)). The policies then
+    /// count the consumer as starved only while the accelerator idles; without it they use the
+    /// consumer's wait alone.
+    pub fn gpu_utilization(mut self, f: impl FnMut() -> Option<f64> + Send + 'static) -> Self {
+        self.c.autotune.get_or_insert_with(Autotune::default).gpu = Some(Box::new(f));
         self
     }
 

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::tensor::{DType, Tensor};
+use crate::tensor::{DType, ExternalBuffer, Tensor};
 
 /// Why an upload failed.
 #[derive(Debug, thiserror::Error)]
@@ -108,9 +108,10 @@ impl Staging {
 pub enum DeviceMemory {
     /// Host memory standing in for a device (CPU and simulated backends).
     Host(Vec<u8>),
-    /// Memory on a CUDA device.
+    /// Memory on a CUDA device, and the event its copy records (make the compute stream wait
+    /// on it: `stream.wait(&event.0)`).
     #[cfg(feature = "cuda")]
-    Cuda(cudarc::driver::CudaSlice<u8>),
+    Cuda(cudarc::driver::CudaSlice<u8>, Arc<CudaEvent>),
 }
 
 /// Where batches go; implement it to plug in another device (or a fake, in tests).
@@ -126,6 +127,53 @@ pub trait Backend: Send + Sync + fmt::Debug {
         src: &Staging,
         len: usize,
     ) -> Result<(DeviceMemory, Arc<dyn CopyEvent>), DeviceError>;
+
+    /// Host memory for a batch of `bytes` that [`copy_direct`](Self::copy_direct) uploads
+    /// without a staging copy (pinned memory from a pool); `None` (the default): ordinary
+    /// memory does as well.
+    fn host_buffer(&self, _bytes: usize) -> Result<Option<Box<dyn ExternalBuffer>>, DeviceError> {
+        Ok(None)
+    }
+
+    /// Starts copying the first `len` bytes of `buf` straight from where they are, if `buf`
+    /// is one of [`host_buffer`](Self::host_buffer)'s; `None` (the default): stage it.
+    #[allow(clippy::type_complexity)]
+    fn copy_direct(
+        &self,
+        _buf: &dyn ExternalBuffer,
+        _len: usize,
+    ) -> Result<Option<(DeviceMemory, Arc<dyn CopyEvent>)>, DeviceError> {
+        Ok(None)
+    }
+}
+
+/// Makes batch tensors in the memory the uploader copies from directly (pinned memory for
+/// CUDA, so the copy to the device needs no staging copy); ordinary memory for the other
+/// backends. Use it in the collate stage: `alloc.stack(&items)`.
+#[derive(Clone, Debug)]
+pub struct HostAlloc {
+    backend: Arc<dyn Backend>,
+}
+
+impl HostAlloc {
+    /// A zero-initialised tensor (zeroed only when it is ordinary memory; pinned buffers come
+    /// from a pool and are meant to be overwritten).
+    pub fn tensor(&self, shape: &[usize], dtype: DType) -> Tensor {
+        let n = shape.iter().product::<usize>() * dtype.size();
+        match self.backend.host_buffer(n) {
+            Ok(Some(buf)) => Tensor::from_external(shape, dtype, buf),
+            Ok(None) => Tensor::zeros(shape, dtype),
+            Err(e) => {
+                tracing::warn!(error = %e, "pinned allocation failed; using ordinary memory");
+                Tensor::zeros(shape, dtype)
+            }
+        }
+    }
+
+    /// Stacks same-shaped tensors into one of [`tensor`](Self::tensor)'s.
+    pub fn stack<T: std::borrow::Borrow<Tensor>>(&self, items: &[T]) -> Option<Tensor> {
+        Tensor::stack_with(items, |shape, dtype| self.tensor(shape, dtype))
+    }
 }
 
 /// An event that is complete from the start.
@@ -232,6 +280,8 @@ pub struct DeviceBatch {
     shape: Vec<usize>,
     dtype: DType,
     ready: Arc<dyn CopyEvent>,
+    /// The host tensor a direct copy reads, kept until the batch is dropped.
+    _source: Option<Tensor>,
 }
 
 impl DeviceBatch {
@@ -277,7 +327,7 @@ impl DeviceBatch {
         match &self.memory {
             DeviceMemory::Host(v) => Ok(v.clone()),
             #[cfg(feature = "cuda")]
-            DeviceMemory::Cuda(d) => d.stream().clone_dtoh(d).map_err(cuda::driver_error),
+            DeviceMemory::Cuda(d, _) => d.stream().clone_dtoh(d).map_err(cuda::driver_error),
         }
     }
 
@@ -286,7 +336,7 @@ impl DeviceBatch {
         match &self.memory {
             DeviceMemory::Host(v) => Some(&v[..]),
             #[cfg(feature = "cuda")]
-            DeviceMemory::Cuda(_) => None,
+            DeviceMemory::Cuda(..) => None,
         }
     }
 }
@@ -298,6 +348,8 @@ pub struct UploadStats {
     pub batches: u64,
     /// Bytes uploaded.
     pub bytes: u64,
+    /// Batches copied straight from their own (pinned) memory, without staging.
+    pub direct: u64,
     /// Times the next slot's copy was still running and the ring waited for it.
     pub slot_waits: u64,
     /// Slots added because every slot was busy.
@@ -351,6 +403,13 @@ impl Uploader {
     pub fn max_staging_bytes(mut self, bytes: usize) -> Self {
         self.max_bytes = bytes;
         self
+    }
+
+    /// Allocates batch tensors the backend uploads without a staging copy.
+    pub fn host_alloc(&self) -> HostAlloc {
+        HostAlloc {
+            backend: Arc::clone(&self.backend),
+        }
     }
 
     /// The backend's name.
@@ -423,19 +482,41 @@ impl Uploader {
             shape: t.shape().to_vec(),
             dtype: t.dtype(),
             ready,
+            _source: None,
         })
+    }
+
+    /// Uploads one batch it may keep: straight from its memory if that is the backend's own
+    /// (see [`host_alloc`](Self::host_alloc)), else through a staging slot.
+    pub fn upload_owned(&mut self, t: Tensor) -> Result<DeviceBatch, DeviceError> {
+        if let Some(buf) = t.external() {
+            if let Some((memory, ready)) = self.backend.copy_direct(buf, t.nbytes())? {
+                self.stats.batches += 1;
+                self.stats.direct += 1;
+                self.stats.bytes += t.nbytes() as u64;
+                return Ok(DeviceBatch {
+                    memory,
+                    shape: t.shape().to_vec(),
+                    dtype: t.dtype(),
+                    ready,
+                    _source: Some(t),
+                });
+            }
+        }
+        self.upload(&t)
     }
 }
 
 impl crate::PipelineBuilder<Tensor> {
     /// Adds the uploader as the last stage (`upload`, one worker: copies go out in order on
     /// one stream). The consumer gets [`DeviceBatch`]es; an upload error fails that batch
-    /// (counted by the failure budget, like any stage).
+    /// (counted by the failure budget, like any stage). Collate with
+    /// [`Uploader::host_alloc`] so batches are born in pinned memory.
     pub fn upload(self, uploader: Uploader) -> crate::PipelineBuilder<DeviceBatch> {
         let up = Mutex::new(uploader);
         self.pipe(
             "upload",
-            move |t: Tensor| up.lock().upload(&t),
+            move |t: Tensor| up.lock().upload_owned(t),
             crate::Workers::fixed(1),
         )
         .measure(DeviceBatch::nbytes)
@@ -444,6 +525,9 @@ impl crate::PipelineBuilder<Tensor> {
 
 #[cfg(feature = "cuda")]
 pub use cuda::{Cuda, CudaEvent, GpuMonitor};
+/// The CUDA bindings flowgate uses (feature `cuda`), for kernels and streams of your own.
+#[cfg(feature = "cuda")]
+pub use cudarc;
 
 #[cfg(not(feature = "cuda"))]
 pub use no_cuda::{Cuda, GpuMonitor};
@@ -504,9 +588,54 @@ mod no_cuda {
 mod cuda {
     use std::sync::Arc;
 
-    use cudarc::driver::{CudaContext, CudaStream, DriverError};
+    use cudarc::driver::{CudaContext, CudaStream, DriverError, PinnedHostSlice};
+    use parking_lot::Mutex;
 
-    use super::{Backend, CopyEvent, DeviceError, DeviceMemory, Staging};
+    use super::{Backend, CopyEvent, DeviceError, DeviceMemory, ExternalBuffer, Staging};
+
+    /// Pinned buffers kept for reuse (pinning memory costs far more than a copy).
+    const POOL_MAX: usize = 16;
+
+    type Pool = Arc<Mutex<Vec<PinnedHostSlice<u8>>>>;
+
+    /// A pinned batch buffer that goes back to its pool when dropped. Writing waits for any
+    /// copy still reading it (cudarc records an event on the buffer with every copy).
+    #[derive(Debug)]
+    struct Pooled {
+        slice: Option<PinnedHostSlice<u8>>,
+        pool: Pool,
+    }
+
+    impl ExternalBuffer for Pooled {
+        fn as_slice(&self) -> &[u8] {
+            self.slice
+                .as_ref()
+                .expect("a pooled buffer until dropped")
+                .as_slice()
+                .expect("pinned memory: a CUDA error")
+        }
+        fn as_mut_slice(&mut self) -> &mut [u8] {
+            self.slice
+                .as_mut()
+                .expect("a pooled buffer until dropped")
+                .as_mut_slice()
+                .expect("pinned memory: a CUDA error")
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    impl Drop for Pooled {
+        fn drop(&mut self) {
+            if let Some(s) = self.slice.take() {
+                let mut pool = self.pool.lock();
+                if pool.len() < POOL_MAX {
+                    pool.push(s);
+                }
+            }
+        }
+    }
 
     pub(super) fn driver_error(e: DriverError) -> DeviceError {
         DeviceError::Driver(e.to_string())
@@ -524,6 +653,7 @@ mod cuda {
         ctx: Arc<CudaContext>,
         stream: Arc<CudaStream>,
         ordinal: usize,
+        pool: Pool,
     }
 
     impl Cuda {
@@ -550,6 +680,7 @@ mod cuda {
                 ctx,
                 stream,
                 ordinal,
+                pool: Arc::default(),
             })
         }
 
@@ -561,6 +692,13 @@ mod cuda {
         /// The copy stream.
         pub fn stream(&self) -> &Arc<CudaStream> {
             &self.stream
+        }
+
+        /// Plain (not write-combined) page-locked memory, like `cudaMallocHost`.
+        fn pinned(&self, bytes: usize) -> Result<PinnedHostSlice<u8>, DeviceError> {
+            // SAFETY: the memory is uninitialised until a batch is written into it, and
+            // nothing reads it before.
+            unsafe { self.ctx.alloc_pinned_with_flags::<u8>(bytes.max(1), 0) }.map_err(driver_error)
         }
     }
 
@@ -583,10 +721,52 @@ mod cuda {
         }
 
         fn staging(&self, bytes: usize) -> Result<Staging, DeviceError> {
-            // SAFETY: the memory is uninitialised until the uploader writes the batch into it,
-            // and nothing reads it before.
-            let p = unsafe { self.ctx.alloc_pinned::<u8>(bytes.max(1)) }.map_err(driver_error)?;
-            Ok(Staging::Pinned(p))
+            Ok(Staging::Pinned(self.pinned(bytes)?))
+        }
+
+        fn host_buffer(
+            &self,
+            bytes: usize,
+        ) -> Result<Option<Box<dyn ExternalBuffer>>, DeviceError> {
+            let reused = {
+                let mut pool = self.pool.lock();
+                pool.iter()
+                    .position(|s| s.len() == bytes)
+                    .map(|i| pool.swap_remove(i))
+            };
+            let slice = match reused {
+                Some(s) => s,
+                None => self.pinned(bytes)?,
+            };
+            Ok(Some(Box::new(Pooled {
+                slice: Some(slice),
+                pool: Arc::clone(&self.pool),
+            })))
+        }
+
+        fn copy_direct(
+            &self,
+            buf: &dyn ExternalBuffer,
+            len: usize,
+        ) -> Result<Option<(DeviceMemory, Arc<dyn CopyEvent>)>, DeviceError> {
+            let Some(Pooled {
+                slice: Some(src), ..
+            }) = buf.as_any().downcast_ref::<Pooled>()
+            else {
+                return Ok(None);
+            };
+            if src.len() != len || !Arc::ptr_eq(src.context(), &self.ctx) {
+                return Ok(None);
+            }
+            // SAFETY: every byte is written by the copy below before anyone reads it.
+            let mut dst = unsafe { self.stream.alloc::<u8>(len.max(1)) }.map_err(driver_error)?;
+            self.stream
+                .memcpy_htod(src, &mut dst)
+                .map_err(driver_error)?;
+            let ev = Arc::new(CudaEvent(
+                self.stream.record_event(None).map_err(driver_error)?,
+            ));
+            Ok(Some((DeviceMemory::Cuda(dst, Arc::clone(&ev)), ev)))
         }
 
         fn copy(
@@ -607,8 +787,10 @@ mod cuda {
                         .map_err(driver_error)?
                 }
             }
-            let ev = self.stream.record_event(None).map_err(driver_error)?;
-            Ok((DeviceMemory::Cuda(dst), Arc::new(CudaEvent(ev))))
+            let ev = Arc::new(CudaEvent(
+                self.stream.record_event(None).map_err(driver_error)?,
+            ));
+            Ok((DeviceMemory::Cuda(dst, Arc::clone(&ev)), ev))
         }
     }
 

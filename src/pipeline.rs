@@ -309,7 +309,8 @@ impl<T: Send + 'static> Pipeline<T> {
                 Arc::clone(&trace),
                 a.on_decision,
             )
-            .map_err(|e| PipelineError::config(format!("opening the tuner trace: {e}")))?;
+            .map_err(|e| PipelineError::config(format!("opening the tuner trace: {e}")))?
+            .with_gpu_sampler(a.gpu);
             plane.on_control_thread(Box::new(move || {
                 actor.start();
             }));

@@ -113,12 +113,44 @@ impl fmt::Debug for AlignedBuf {
     }
 }
 
+/// Memory a tensor can live in besides its own aligned buffer: pinned host memory for
+/// uploads (see [`device::HostAlloc`](crate::device::HostAlloc)), a foreign array.
+pub trait ExternalBuffer: Send + Sync + fmt::Debug + std::any::Any {
+    /// The bytes.
+    fn as_slice(&self) -> &[u8];
+    /// The bytes, mutably.
+    fn as_mut_slice(&mut self) -> &mut [u8];
+    /// For downcasting (a backend recognising its own memory).
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+#[derive(Debug)]
+enum Storage {
+    Aligned(AlignedBuf),
+    External(Box<dyn ExternalBuffer>),
+}
+
+impl Storage {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Storage::Aligned(b) => b.as_slice(),
+            Storage::External(b) => b.as_slice(),
+        }
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        match self {
+            Storage::Aligned(b) => b.as_mut_slice(),
+            Storage::External(b) => b.as_mut_slice(),
+        }
+    }
+}
+
 /// A dense tensor: `shape`, `dtype` and one contiguous row-major buffer.
 #[derive(Debug)]
 pub struct Tensor {
     shape: Vec<usize>,
     dtype: DType,
-    data: AlignedBuf,
+    data: Storage,
 }
 
 impl Tensor {
@@ -128,7 +160,33 @@ impl Tensor {
         Self {
             shape: shape.to_vec(),
             dtype,
-            data: AlignedBuf::zeroed(n * dtype.size()),
+            data: Storage::Aligned(AlignedBuf::zeroed(n * dtype.size())),
+        }
+    }
+
+    /// A tensor over `buf` (its contents are the elements).
+    ///
+    /// # Panics
+    /// If `buf` does not hold exactly `shape`'s elements of `dtype`.
+    pub fn from_external(shape: &[usize], dtype: DType, buf: Box<dyn ExternalBuffer>) -> Self {
+        let n: usize = shape.iter().product::<usize>() * dtype.size();
+        assert_eq!(
+            buf.as_slice().len(),
+            n,
+            "the buffer must hold the tensor exactly"
+        );
+        Self {
+            shape: shape.to_vec(),
+            dtype,
+            data: Storage::External(buf),
+        }
+    }
+
+    /// The external buffer the tensor lives in, if it does.
+    pub fn external(&self) -> Option<&dyn ExternalBuffer> {
+        match &self.data {
+            Storage::External(b) => Some(&**b),
+            Storage::Aligned(_) => None,
         }
     }
 
@@ -158,7 +216,7 @@ impl Tensor {
 
     /// Size in bytes.
     pub fn nbytes(&self) -> usize {
-        self.data.len()
+        self.shape.iter().product::<usize>() * self.dtype.size()
     }
 
     /// The raw bytes.
@@ -195,6 +253,15 @@ impl Tensor {
     /// Stacks same-shaped tensors along a new first axis (one copy of each).
     /// Takes tensors or references to them.
     pub fn stack<T: Borrow<Tensor>>(items: &[T]) -> Option<Tensor> {
+        Self::stack_with(items, Tensor::zeros)
+    }
+
+    /// [`stack`](Self::stack) into a tensor made by `alloc(shape, dtype)` (pinned memory, a
+    /// pool).
+    pub fn stack_with<T: Borrow<Tensor>>(
+        items: &[T],
+        alloc: impl FnOnce(&[usize], DType) -> Tensor,
+    ) -> Option<Tensor> {
         let first = items.first()?.borrow();
         if items
             .iter()
@@ -205,7 +272,12 @@ impl Tensor {
         }
         let mut shape = vec![items.len()];
         shape.extend_from_slice(&first.shape);
-        let mut out = Tensor::zeros(&shape, first.dtype);
+        let mut out = alloc(&shape, first.dtype);
+        assert_eq!(
+            out.shape(),
+            &shape[..],
+            "the allocator must make the asked shape"
+        );
         for (i, t) in items.iter().enumerate() {
             out.item_mut(i).copy_from_slice(t.borrow().bytes());
         }

@@ -297,3 +297,31 @@ fn cuda_uploads_or_says_clearly_why_not() {
         }
     }
 }
+
+/// A GPU utilisation sampler reaches the tuner every tick and shows in its trace.
+#[test]
+fn the_tuner_samples_gpu_utilisation() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = Arc::clone(&calls);
+    let mut p = Pipeline::builder()
+        .source_epochs(|_| 0..300u64)
+        .pipe("work", |x: u64| Ok::<_, DeviceError>(x), 1)
+        .autotune(flowgate::TunerSettings {
+            tick: Some(Duration::from_millis(10)),
+            ..Default::default()
+        })
+        .gpu_utilization(move || {
+            c.fetch_add(1, Ordering::Relaxed);
+            Some(0.42)
+        })
+        .build()
+        .unwrap();
+    for x in p.iter() {
+        x.unwrap();
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    assert!(calls.load(Ordering::Relaxed) >= 3, "sampled every tick");
+    let trace = p.tuner_trace();
+    assert!(!trace.is_empty());
+    assert!(trace.iter().all(|r| r.gpu_util == Some(0.42)));
+}

@@ -129,6 +129,9 @@ pub struct TraceRecord {
     pub memory_budget: u64,
     /// Resident memory of the process.
     pub rss_bytes: Option<u64>,
+    /// Accelerator utilisation (0..=1), when a sampler was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_util: Option<f64>,
     /// What the policy decided, and why.
     pub decisions: Vec<Decision>,
 }
@@ -179,7 +182,11 @@ pub struct TunerActor {
     trace_file: Option<std::io::BufWriter<std::fs::File>>,
     log: Arc<TraceLog>,
     on_decision: Option<OnDecision>,
+    gpu: Option<GpuSampler>,
 }
+
+/// Samples accelerator utilisation (0..=1) once per tuner tick; `None` when unknown.
+pub type GpuSampler = Box<dyn FnMut() -> Option<f64> + Send>;
 
 impl std::fmt::Debug for TunerActor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -215,7 +222,15 @@ impl TunerActor {
             trace_file,
             log,
             on_decision,
+            gpu: None,
         })
+    }
+
+    /// Samples accelerator utilisation every tick (NVML, say): the policies then count the
+    /// consumer as starved only while the accelerator is idle.
+    pub fn with_gpu_sampler(mut self, f: Option<GpuSampler>) -> Self {
+        self.gpu = f;
+        self
     }
 
     fn observe(&mut self, now: Instant, snaps: &[StageStats]) -> Option<Observation> {
@@ -269,7 +284,11 @@ impl TunerActor {
             window,
             delivered: sink.items_out,
             consumer_wait: sink.blocked_get,
-            gpu_util: None,
+            gpu_util: self
+                .gpu
+                .as_mut()
+                .and_then(|f| f())
+                .map(|u| u.clamp(0.0, 1.0)),
             buffered_bytes: stages.iter().map(|s| s.queue_bytes).sum(),
             rss_bytes: rss_bytes(),
             budgets: Some(self.budgets),
@@ -310,6 +329,7 @@ impl TunerActor {
             buffered_bytes: obs.buffered_bytes,
             memory_budget: self.budgets.memory_bytes,
             rss_bytes: obs.rss_bytes,
+            gpu_util: obs.gpu_util,
             decisions,
         };
         if let Some(f) = &mut self.trace_file {

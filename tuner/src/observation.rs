@@ -122,6 +122,17 @@ impl Observation {
     pub fn wait_fraction(&self) -> f64 {
         (self.consumer_wait.as_secs_f64() / self.window.as_secs_f64().max(1e-9)).min(1.0)
     }
+
+    /// How starved the accelerator is, 0..=1: the consumer's wait fraction, capped by the
+    /// accelerator's idle fraction when its utilisation is known (a training loop that waits
+    /// for data while the GPU still runs queued work is not starving it).
+    pub fn starvation(&self) -> f64 {
+        let wait = self.wait_fraction();
+        match self.gpu_util {
+            Some(u) => wait.min(1.0 - u.clamp(0.0, 1.0)),
+            None => wait,
+        }
+    }
 }
 
 /// A change to one knob of one stage (indexes into [`Observation::stages`]).

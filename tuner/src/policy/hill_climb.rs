@@ -90,7 +90,7 @@ impl HillClimb {
                 reason: "budget follows workers".to_owned(),
             });
         };
-        if obs.wait_fraction() > self.s.starved {
+        if obs.starvation() > self.s.starved {
             self.calm = 0;
             if let Some(&i) = candidates
                 .iter()
@@ -141,5 +141,61 @@ impl Policy for HillClimb {
         let mut decisions = self.decide_stages(obs);
         decisions.extend(super::cache_decisions(obs));
         decisions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{StageKind, StageObservation};
+
+    /// A consumer that waited half the tick, behind one busy CPU stage.
+    fn waiting(gpu_util: Option<f64>) -> Observation {
+        Observation {
+            window: Duration::from_secs(1),
+            consumer_wait: Duration::from_millis(500),
+            delivered: 100,
+            gpu_util,
+            stages: vec![
+                StageObservation {
+                    name: "decode".into(),
+                    kind: Some(StageKind::Pool),
+                    workers: 1,
+                    max_workers: 8,
+                    busy: Duration::from_millis(950),
+                    budget_items: 4,
+                    ..Default::default()
+                },
+                StageObservation {
+                    name: "sink".into(),
+                    kind: Some(StageKind::Sink),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_busy_gpu_means_the_consumer_is_not_starved() {
+        let o = waiting(None);
+        assert!((o.starvation() - 0.5).abs() < 1e-9);
+        assert!((waiting(Some(0.99)).starvation() - 0.01).abs() < 1e-9);
+        assert!((waiting(Some(0.2)).starvation() - 0.5).abs() < 1e-9);
+
+        let scaled = |o: &Observation| {
+            HillClimb::default()
+                .decide_stages(o)
+                .iter()
+                .any(|d| matches!(d.action, Action::SetWorkers { workers: 2, .. }))
+        };
+        assert!(scaled(&waiting(None)), "no GPU signal: waits mean starving");
+        assert!(scaled(&waiting(Some(0.3))), "an idle GPU: starving");
+        assert!(
+            !scaled(&waiting(Some(0.99))),
+            "a busy GPU: the loader keeps up"
+        );
     }
 }

@@ -561,7 +561,7 @@ impl ModelBased {
                 before,
                 prev: current.clone(),
                 up,
-                starving: obs.wait_fraction() > self.s.dry,
+                starving: obs.starvation() > self.s.dry,
             });
             for (m, (&t, &c)) in self.stages.iter_mut().zip(targets.iter().zip(&current)) {
                 m.urge = 0;
