@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # The test command (README, CI): unit, integration, property and doc tests of every crate, with
-# the optional media features on (S3 against a real local server, video through FFmpeg), then
-# the image decoder's tests again through libjpeg-turbo. scripts/setup.sh installs what they
-# need.
+# the optional features on (S3 against a real local server, video through FFmpeg, the CUDA
+# uploader's no-GPU behaviour, Prometheus), then the image decoder's tests again through
+# libjpeg-turbo, then the Python package: installed with pip into a virtualenv
+# (target/pyvenv) and tested with pytest. scripts/setup.sh installs what they need.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --test
 cargo test --workspace --locked --features flowgate/s3,flowgate/video,flowgate/prometheus,flowgate/cuda "$@"
 cargo test --locked --features turbojpeg --lib media::image
+# Python: a virtualenv, the package built by maturin through pip, pytest.
+VENV=target/pyvenv
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/pip" install --quiet --upgrade "maturin>=1.5,<2" "numpy>=1.22" "pytest>=7"
+"$VENV/bin/pip" install --quiet --force-reinstall --no-deps ./python
+"$VENV/bin/python" -m pytest -q python/tests

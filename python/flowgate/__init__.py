@@ -1,0 +1,192 @@
+"""flowgate: a self-tuning, thread-based data loader for training loops, written in Rust.
+
+The loaders decode on native threads (no GIL), tune their own concurrency and buffers while
+they run, and yield batches that NumPy and PyTorch read without a copy::
+
+    import flowgate, torch
+
+    loader = flowgate.ImageLoader("/data/train", batch_size=32, resize=256, crop=224)
+    for epoch in range(3):
+        for batch in loader:                    # one epoch per iteration
+            x = torch.from_dlpack(batch)        # zero-copy, uint8, 32x3x224x224
+            ...
+    state = loader.state_dict()                 # exact resume after a preemption
+
+:class:`Pipeline` runs Python callables as stages (each call holds the GIL; the engine's
+threads, queues and tuner do not).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+from . import _native
+from ._native import Batch, LoaderError
+
+__all__ = ["ImageLoader", "AudioLoader", "Pipeline", "Batch", "LoaderError"]
+
+PathsLike = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
+
+
+class _Epoch:
+    """An iterator over one epoch of a loader (the GIL is released while waiting)."""
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+        native._start_epoch()
+
+    def __iter__(self) -> "_Epoch":
+        return self
+
+    def __next__(self) -> Any:
+        item = self._native._next()
+        if item is None:
+            raise StopIteration
+        return item
+
+
+class _Loader:
+    _native: Any
+
+    def __iter__(self) -> Iterator[Batch]:
+        """Iterates one epoch; the next ``iter()`` starts the next epoch (a loop left with
+        ``break`` is abandoned: its pipeline stops at once)."""
+        return _Epoch(self._native)
+
+    def __len__(self) -> int:
+        """Batches per epoch (on this rank)."""
+        return len(self._native)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being iterated, or the next one."""
+        return self._native.epoch
+
+    def stats(self) -> Dict[str, Any]:
+        """Delivered batches, failures, the consumer's wait, and per-stage workers and rates."""
+        return self._native.stats()
+
+    def failures(self) -> List[Tuple[str, str, str]]:
+        """Skipped failures (the last 1,000): ``(stage, path, message)``."""
+        return self._native.failures()
+
+    def state_dict(self) -> Dict[str, Any]:
+        """A small checkpoint (plain ints and lists) of what this epoch has delivered."""
+        return self._native.state_dict()
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: the next epoch iterated yields exactly the
+        batches' items not delivered yet (same loader arguments required)."""
+        self._native.load_state_dict(state)
+
+    def close(self) -> None:
+        """Stops the pipeline and joins its threads (also done when the loader is freed)."""
+        self._native.close()
+
+    def __enter__(self) -> "_Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class ImageLoader(_Loader):
+    """JPEG/PNG/WebP files → batches of ``batch_size x 3 x crop x crop`` uint8 (``"nchw"``) or
+    ``batch_size x crop x crop x 3`` (``"nhwc"``): torchvision's ``Resize(resize)`` +
+    ``CenterCrop(crop)`` geometry.
+
+    ``paths``: a directory (walked for image files), a list file (one path per line), or a
+    sequence of paths. ``shuffle``/``seed``: a new order every epoch. ``rank``/``world_size``
+    (default: the ``RANK``/``WORLD_SIZE`` environment variables): this rank's shard.
+    ``drop_last``: equal shards and no partial last batch. ``workers``: pin the decode
+    concurrency (default: the tuner decides). ``skip_errors``: skip and count unreadable
+    files (default) instead of raising :class:`LoaderError`.
+    """
+
+    def __init__(
+        self,
+        paths: PathsLike,
+        batch_size: int = 32,
+        resize: int = 256,
+        crop: int = 224,
+        layout: str = "nchw",
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        drop_last: bool = False,
+        workers: Optional[int] = None,
+        skip_errors: bool = True,
+    ) -> None:
+        self._native = _native.image_loader(
+            _paths(paths), batch_size, resize, crop, layout, shuffle, seed, rank, world_size,
+            drop_last, workers, skip_errors,
+        )
+
+
+class AudioLoader(_Loader):
+    """WAV/FLAC/MP3/Ogg/M4A files → batches of ``batch_size x (rate*seconds)`` float32, mono,
+    cropped or zero-padded. Other arguments as :class:`ImageLoader`."""
+
+    def __init__(
+        self,
+        paths: PathsLike,
+        batch_size: int = 32,
+        rate: int = 16000,
+        seconds: float = 4.0,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        drop_last: bool = False,
+        workers: Optional[int] = None,
+        skip_errors: bool = True,
+    ) -> None:
+        self._native = _native.audio_loader(
+            _paths(paths), batch_size, rate, seconds, shuffle, seed, rank, world_size,
+            drop_last, workers, skip_errors,
+        )
+
+
+class Pipeline:
+    """A pipeline of Python callables on flowgate's engine::
+
+        p = flowgate.Pipeline(lambda epoch: range(1000)).map(load, workers=4).batch(32)
+        for batch in p:          # lists of 32 results, one epoch per iteration
+            ...
+
+    ``source``: an iterable, or a callable ``source(epoch)`` returning one. Each ``map``
+    stage runs ``f(item)`` on its own threads (a starting count; the tuner may change it);
+    calls hold the GIL, so the gain is in overlapping I/O and native code that releases it.
+    An exception in ``f`` raises :class:`LoaderError` naming the stage and the item, unless
+    ``skip_errors=True`` (skip and count).
+    """
+
+    def __init__(self, source: Union[Iterable[Any], Callable[[int], Iterable[Any]]],
+                 skip_errors: bool = False) -> None:
+        self._native = _native.Pipeline(source, skip_errors)
+
+    def map(self, f: Callable[[Any], Any], workers: int = 1,
+            name: Optional[str] = None) -> "Pipeline":
+        """Adds a stage applying ``f``."""
+        self._native.map(f, workers, name)
+        return self
+
+    def batch(self, size: int, drop_last: bool = False) -> "Pipeline":
+        """Groups results into lists of ``size``."""
+        self._native.batch(size, drop_last)
+        return self
+
+    def __iter__(self) -> Iterator[Any]:
+        return _Epoch(self._native)
+
+    def close(self) -> None:
+        """Stops the pipeline and joins its threads."""
+        self._native.close()
+
+
+def _paths(paths: PathsLike) -> Any:
+    if isinstance(paths, (str, os.PathLike)):
+        return os.fspath(paths)
+    return [os.fspath(p) for p in paths]

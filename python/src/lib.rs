@@ -1,0 +1,939 @@
+//! `flowgate._native`: the Rust side of the Python package.
+//!
+//! - [`Loader`]: a native pipeline (image or audio files → batches) whose iteration releases
+//!   the GIL while waiting; one epoch per Python iterator; `state_dict` / `load_state_dict`
+//!   through flowgate's exact resume.
+//! - [`PyPipeline`]: a general pipeline whose stages are Python callables (they take the GIL;
+//!   the engine's threads, queues and tuner do not).
+//! - [`Batch`]: a tensor exposing `__array_interface__` and `__dlpack__`, so
+//!   `numpy.asarray(b)`, `numpy.from_dlpack(b)` and `torch.from_dlpack(b)` share its memory.
+
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use flowgate::media::audio::AudioRecipe;
+use flowgate::media::image::{ImageRecipe, Layout};
+use flowgate::media::Files;
+use flowgate::sampler::ShardLengths;
+use flowgate::{DType, FailureBudget, Pipeline, PipelineError, PipelineState, Tensor, Workers};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+
+pyo3::create_exception!(
+    _native,
+    LoaderError,
+    PyRuntimeError,
+    "A pipeline failed: `stage` and `item` name where (None when not about one item)."
+);
+
+fn to_py(e: PipelineError) -> PyErr {
+    let err = LoaderError::new_err(e.to_string());
+    Python::with_gil(|py| {
+        let v = err.value(py);
+        let _ = v.setattr("stage", e.stage());
+        let _ = v.setattr("item", e.item());
+    });
+    err
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batches: zero-copy to NumPy and DLPack consumers.
+
+/// A batch tensor. Its memory stays valid while any NumPy array or DLPack consumer made from
+/// it is alive (they hold a reference to the batch).
+#[pyclass(frozen, module = "flowgate._native")]
+struct Batch {
+    t: Tensor,
+}
+
+fn typestr(d: DType) -> &'static str {
+    match d {
+        DType::U8 => "|u1",
+        DType::F32 => "<f4",
+        DType::I64 => "<i8",
+    }
+}
+
+fn dtype_name(d: DType) -> &'static str {
+    match d {
+        DType::U8 => "uint8",
+        DType::F32 => "float32",
+        DType::I64 => "int64",
+    }
+}
+
+#[repr(C)]
+struct DLDevice {
+    device_type: i32,
+    device_id: i32,
+}
+
+#[repr(C)]
+struct DLDataType {
+    code: u8,
+    bits: u8,
+    lanes: u16,
+}
+
+#[repr(C)]
+struct DLTensor {
+    data: *mut c_void,
+    device: DLDevice,
+    ndim: i32,
+    dtype: DLDataType,
+    shape: *mut i64,
+    strides: *mut i64,
+    byte_offset: u64,
+}
+
+#[repr(C)]
+struct DLManagedTensor {
+    dl_tensor: DLTensor,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
+}
+
+/// What a DLPack capsule keeps alive: the batch and the shape array.
+struct DlContext {
+    _owner: Py<Batch>,
+    _shape: Vec<i64>,
+}
+
+unsafe extern "C" fn dl_deleter(m: *mut DLManagedTensor) {
+    if m.is_null() {
+        return;
+    }
+    // SAFETY: `m` and its context were made by `Box::into_raw` in `__dlpack__`, and DLPack
+    // calls the deleter once.
+    let m = unsafe { Box::from_raw(m) };
+    let ctx = unsafe { Box::from_raw(m.manager_ctx as *mut DlContext) };
+    Python::with_gil(|_| drop(ctx));
+}
+
+const DLTENSOR: &std::ffi::CStr = c"dltensor";
+
+unsafe extern "C" fn capsule_destructor(capsule: *mut pyo3::ffi::PyObject) {
+    // A consumer renames the capsule to "used_dltensor" and owns the tensor; otherwise the
+    // tensor was never taken and is freed here.
+    // SAFETY: called by Python with the GIL held on a capsule we made.
+    unsafe {
+        if pyo3::ffi::PyCapsule_IsValid(capsule, DLTENSOR.as_ptr()) == 1 {
+            let m =
+                pyo3::ffi::PyCapsule_GetPointer(capsule, DLTENSOR.as_ptr()) as *mut DLManagedTensor;
+            if let Some(d) = (*m).deleter {
+                d(m);
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl Batch {
+    /// The dimensions.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.t.shape())
+    }
+
+    /// The element type's NumPy name (`uint8`, `float32`, `int64`).
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        dtype_name(self.t.dtype())
+    }
+
+    /// Size in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.t.nbytes()
+    }
+
+    /// Address of the first byte (equal to the NumPy array's `ctypes.data`: no copy).
+    #[getter]
+    fn data_ptr(&self) -> usize {
+        self.t.bytes().as_ptr() as usize
+    }
+
+    fn __len__(&self) -> usize {
+        self.t.shape().first().copied().unwrap_or(0)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Batch(shape={:?}, dtype={})",
+            self.t.shape(),
+            dtype_name(self.t.dtype())
+        )
+    }
+
+    /// NumPy's array interface (version 3): `numpy.asarray(batch)` is a view.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("shape", PyTuple::new(py, self.t.shape())?)?;
+        d.set_item("typestr", typestr(self.t.dtype()))?;
+        d.set_item("data", (self.data_ptr(), false))?;
+        d.set_item("version", 3)?;
+        Ok(d)
+    }
+
+    /// DLPack export (CPU): `torch.from_dlpack(batch)` / `numpy.from_dlpack(batch)` share the
+    /// memory, which stays alive until the consumer's tensor is freed.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        slf: &Bound<'py, Self>,
+        stream: Option<PyObject>,
+        max_version: Option<PyObject>,
+        dl_device: Option<PyObject>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = (stream, max_version, dl_device);
+        if copy == Some(true) {
+            return Err(PyValueError::new_err(
+                "flowgate batches are exported without copying",
+            ));
+        }
+        let py = slf.py();
+        let b = slf.get();
+        let mut shape: Vec<i64> = b.t.shape().iter().map(|&d| d as i64).collect();
+        let (code, bits) = match b.t.dtype() {
+            DType::U8 => (1, 8),
+            DType::F32 => (2, 32),
+            DType::I64 => (0, 64),
+        };
+        let tensor = DLTensor {
+            data: b.t.bytes().as_ptr() as *mut c_void,
+            device: DLDevice {
+                device_type: 1, // kDLCPU
+                device_id: 0,
+            },
+            ndim: shape.len() as i32,
+            dtype: DLDataType {
+                code,
+                bits,
+                lanes: 1,
+            },
+            shape: shape.as_mut_ptr(),
+            strides: std::ptr::null_mut(), // compact row-major
+            byte_offset: 0,
+        };
+        let ctx = Box::new(DlContext {
+            _owner: slf.clone().unbind(),
+            _shape: shape,
+        });
+        let managed = Box::into_raw(Box::new(DLManagedTensor {
+            dl_tensor: tensor,
+            manager_ctx: Box::into_raw(ctx) as *mut c_void,
+            deleter: Some(dl_deleter),
+        }));
+        // SAFETY: a new capsule over our pointer, with a destructor for unconsumed tensors.
+        unsafe {
+            let cap = pyo3::ffi::PyCapsule_New(
+                managed as *mut c_void,
+                DLTENSOR.as_ptr(),
+                Some(capsule_destructor),
+            );
+            if cap.is_null() {
+                dl_deleter(managed);
+                return Err(PyErr::fetch(py));
+            }
+            Ok(Bound::from_owned_ptr(py, cap))
+        }
+    }
+
+    /// Where the memory is: `(kDLCPU, 0)`.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        (1, 0)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Native loaders.
+
+type Make = Box<dyn Fn() -> Result<Pipeline<Tensor>, PipelineError> + Send + Sync>;
+
+/// Decodes one file into one item.
+type Decode =
+    Arc<dyn Fn(&std::path::Path) -> Result<Tensor, flowgate::media::MediaError> + Send + Sync>;
+
+/// One failure the loader skipped: (stage, item, message).
+type Failure = (String, String, String);
+
+struct Core {
+    make: Make,
+    pipeline: Option<Pipeline<Tensor>>,
+    /// Whether an epoch is being iterated (a new Python iterator then starts the next one).
+    in_epoch: bool,
+    batches_per_epoch: usize,
+}
+
+impl Core {
+    fn pipeline(&mut self) -> Result<&mut Pipeline<Tensor>, PipelineError> {
+        if self.pipeline.is_none() {
+            self.pipeline = Some((self.make)()?);
+        }
+        Ok(self.pipeline.as_mut().expect("built"))
+    }
+
+    /// Starts an epoch; if the last one was left mid-way, the pipeline is rebuilt to start
+    /// the next one cleanly (dropping it stops its threads at once).
+    fn start_epoch(&mut self) -> Result<(), PipelineError> {
+        if self.in_epoch {
+            let next = self.pipeline()?.epoch() + 1;
+            self.pipeline = None;
+            let p = self.pipeline()?;
+            p.resume(&PipelineState {
+                epoch: next,
+                ..Default::default()
+            })?;
+        }
+        self.in_epoch = true;
+        Ok(())
+    }
+
+    fn next(&mut self) -> Result<Option<Tensor>, PipelineError> {
+        if !self.in_epoch {
+            return Ok(None);
+        }
+        let r = self.pipeline()?.iter().next();
+        match r {
+            Some(Ok(t)) => Ok(Some(t)),
+            Some(Err(e)) => {
+                self.in_epoch = false;
+                self.pipeline = None; // a failed pipeline is rebuilt for the next epoch
+                Err(e)
+            }
+            None => {
+                self.in_epoch = false;
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// A native loader; see `flowgate.ImageLoader` and `flowgate.AudioLoader`.
+#[pyclass(module = "flowgate._native")]
+struct Loader {
+    core: Mutex<Core>,
+    failures: Arc<Mutex<Vec<Failure>>>,
+}
+
+/// Keeps the last this many skipped failures.
+const KEEP_FAILURES: usize = 1000;
+
+#[allow(clippy::too_many_arguments)]
+fn files_of(
+    paths: &Bound<'_, PyAny>,
+    extensions: &[&str],
+    shuffle: bool,
+    seed: u64,
+    rank: Option<usize>,
+    world_size: Option<usize>,
+    drop_last: bool,
+) -> PyResult<Files> {
+    let files = if let Ok(s) = paths.extract::<PathBuf>() {
+        if s.is_dir() {
+            Files::dir(&s, extensions)
+        } else {
+            Files::list(&s)
+        }
+        .map_err(to_py)?
+    } else {
+        let v: Vec<PathBuf> = paths.extract()?;
+        Files::new(v)
+    };
+    let mut files = if shuffle { files.shuffle(seed) } else { files };
+    files = match (rank, world_size) {
+        (Some(r), Some(w)) => files.shard(r, w),
+        (None, None) => files.shard_from_env(),
+        _ => {
+            return Err(PyValueError::new_err(
+                "give both rank and world_size, or neither",
+            ))
+        }
+    };
+    if drop_last {
+        files = files.shard_lengths(ShardLengths::Drop);
+    }
+    Ok(files)
+}
+
+impl Loader {
+    fn new(
+        files: Files,
+        decode: Decode,
+        batch_size: usize,
+        drop_last: bool,
+        workers: Option<usize>,
+        skip_errors: bool,
+    ) -> PyResult<Self> {
+        if batch_size == 0 {
+            return Err(PyValueError::new_err("batch_size must be at least 1"));
+        }
+        let n = files.epoch(0).len();
+        let batches_per_epoch = if drop_last {
+            n / batch_size
+        } else {
+            n.div_ceil(batch_size)
+        };
+        let failures: Arc<Mutex<Vec<Failure>>> = Arc::default();
+        let seen = Arc::clone(&failures);
+        let make: Make = Box::new(move || {
+            let files = files.clone();
+            let decode = Arc::clone(&decode);
+            let seen = Arc::clone(&seen);
+            Pipeline::builder()
+                .source_epochs(move |e| files.epoch(e))
+                .describe(|p: &PathBuf| p.display().to_string())
+                .pipe(
+                    "decode",
+                    move |p: PathBuf| decode(&p),
+                    workers.map_or(Workers::initial(1), Workers::fixed),
+                )
+                .measure(Tensor::nbytes)
+                .aggregate(batch_size, drop_last)
+                .pipe(
+                    "collate",
+                    |v: Vec<Tensor>| {
+                        Tensor::stack(&v).ok_or(PipelineError::config("items of different shapes"))
+                    },
+                    1,
+                )
+                .measure(Tensor::nbytes)
+                .max_failures(if skip_errors {
+                    FailureBudget::unlimited()
+                } else {
+                    FailureBudget::fail_fast()
+                })
+                .on_failure(move |e| {
+                    let mut f = seen.lock().expect("failures");
+                    if f.len() == KEEP_FAILURES {
+                        f.remove(0);
+                    }
+                    f.push((e.stage().to_owned(), e.item().to_owned(), e.to_string()));
+                })
+                .build()
+        });
+        Ok(Self {
+            core: Mutex::new(Core {
+                make,
+                pipeline: None,
+                in_epoch: false,
+                batches_per_epoch,
+            }),
+            failures,
+        })
+    }
+}
+
+#[pymethods]
+impl Loader {
+    /// Starts an epoch (the next one, or the resumed one after `load_state_dict`).
+    fn _start_epoch(&self, py: Python<'_>) -> PyResult<()> {
+        let core = &self.core;
+        py.allow_threads(|| core.lock().expect("loader").start_epoch())
+            .map_err(to_py)
+    }
+
+    /// The next batch of the epoch, or None at its end. Releases the GIL while waiting.
+    fn _next(&self, py: Python<'_>) -> PyResult<Option<Batch>> {
+        let core = &self.core;
+        let t = py
+            .allow_threads(|| core.lock().expect("loader").next())
+            .map_err(to_py)?;
+        Ok(t.map(|t| Batch { t }))
+    }
+
+    /// Batches per epoch.
+    fn __len__(&self) -> usize {
+        self.core.lock().expect("loader").batches_per_epoch
+    }
+
+    /// The epoch being iterated, or the next one.
+    #[getter]
+    fn epoch(&self) -> PyResult<u64> {
+        let mut c = self.core.lock().expect("loader");
+        Ok(c.pipeline().map_err(to_py)?.epoch())
+    }
+
+    /// Statistics: delivered batches, failures, consumer wait, per-stage workers and rates.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let mut c = self.core.lock().expect("loader");
+        let s = c.pipeline().map_err(to_py)?.stats();
+        let d = PyDict::new(py);
+        d.set_item("delivered", s.delivered)?;
+        d.set_item("failures", s.failures)?;
+        d.set_item("consumer_wait_s", s.consumer_wait.as_secs_f64())?;
+        let stages = PyDict::new(py);
+        for st in &s.stages {
+            let x = PyDict::new(py);
+            x.set_item("workers", st.workers)?;
+            x.set_item("items_in", st.items_in)?;
+            x.set_item("items_out", st.items_out)?;
+            x.set_item("items_per_s", st.items_per_s)?;
+            stages.set_item(&st.name, x)?;
+        }
+        d.set_item("stages", stages)?;
+        Ok(d)
+    }
+
+    /// The failures skipped so far (the last 1,000): (stage, item, message) tuples.
+    fn failures(&self) -> Vec<Failure> {
+        self.failures.lock().expect("failures").clone()
+    }
+
+    /// A checkpoint of the consumer's progress (plain ints and lists: picklable, JSON-able).
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let mut c = self.core.lock().expect("loader");
+        let in_epoch = c.in_epoch;
+        let mut s = c.pipeline().map_err(to_py)?.state();
+        if !in_epoch && s.delivered_items > 0 {
+            // An epoch left mid-way counts as done: the next iterator starts the next epoch.
+            s = PipelineState {
+                epoch: s.epoch + 1,
+                ..Default::default()
+            };
+        }
+        let d = PyDict::new(py);
+        d.set_item("epoch", s.epoch)?;
+        d.set_item(
+            "delivered",
+            PyList::new(py, s.delivered.iter().map(|&(a, b)| (a, b)))?,
+        )?;
+        d.set_item("delivered_items", s.delivered_items)?;
+        d.set_item(
+            "partial",
+            PyList::new(py, s.partial.iter().map(|&(a, b)| (a, b)))?,
+        )?;
+        Ok(d)
+    }
+
+    /// Continues from `state_dict()`: the next iterator yields exactly what was not delivered
+    /// yet in that epoch.
+    fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
+        let get = |k: &str| {
+            state
+                .get_item(k)?
+                .ok_or_else(|| PyValueError::new_err(format!("state_dict without `{k}`")))
+        };
+        let s = PipelineState {
+            epoch: get("epoch")?.extract()?,
+            delivered: get("delivered")?.extract()?,
+            delivered_items: get("delivered_items")?.extract()?,
+            partial: match state.get_item("partial")? {
+                Some(p) => p.extract()?,
+                None => Vec::new(),
+            },
+        };
+        let core = &self.core;
+        py.allow_threads(|| {
+            let mut c = core.lock().expect("loader");
+            c.pipeline = None;
+            c.in_epoch = false;
+            c.pipeline()?.resume(&s)
+        })
+        .map_err(to_py)
+    }
+
+    /// Stops the pipeline and joins its threads (also done when the loader is freed).
+    fn close(&self, py: Python<'_>) {
+        let core = &self.core;
+        py.allow_threads(|| {
+            let mut c = core.lock().expect("loader");
+            c.pipeline = None;
+            c.in_epoch = false;
+        });
+    }
+}
+
+/// An image loader (see `flowgate.ImageLoader`).
+#[pyfunction]
+#[pyo3(signature = (paths, batch_size=32, resize=256, crop=224, layout="nchw", shuffle=true,
+    seed=0, rank=None, world_size=None, drop_last=false, workers=None, skip_errors=true))]
+#[allow(clippy::too_many_arguments)]
+fn image_loader(
+    paths: &Bound<'_, PyAny>,
+    batch_size: usize,
+    resize: u32,
+    crop: u32,
+    layout: &str,
+    shuffle: bool,
+    seed: u64,
+    rank: Option<usize>,
+    world_size: Option<usize>,
+    drop_last: bool,
+    workers: Option<usize>,
+    skip_errors: bool,
+) -> PyResult<Loader> {
+    let layout = match layout {
+        "nchw" => Layout::Nchw,
+        "nhwc" => Layout::Nhwc,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "layout must be \"nchw\" or \"nhwc\", not {other:?}"
+            )))
+        }
+    };
+    let recipe = ImageRecipe {
+        resize,
+        crop,
+        layout,
+        ..ImageRecipe::default()
+    };
+    let files = files_of(
+        paths,
+        &["jpg", "jpeg", "png", "webp"],
+        shuffle,
+        seed,
+        rank,
+        world_size,
+        drop_last,
+    )?;
+    Loader::new(
+        files,
+        Arc::new(move |p| recipe.load(p)),
+        batch_size,
+        drop_last,
+        workers,
+        skip_errors,
+    )
+}
+
+/// An audio loader (see `flowgate.AudioLoader`).
+#[pyfunction]
+#[pyo3(signature = (paths, batch_size=32, rate=16000, seconds=4.0, shuffle=true, seed=0,
+    rank=None, world_size=None, drop_last=false, workers=None, skip_errors=true))]
+#[allow(clippy::too_many_arguments)]
+fn audio_loader(
+    paths: &Bound<'_, PyAny>,
+    batch_size: usize,
+    rate: u32,
+    seconds: f64,
+    shuffle: bool,
+    seed: u64,
+    rank: Option<usize>,
+    world_size: Option<usize>,
+    drop_last: bool,
+    workers: Option<usize>,
+    skip_errors: bool,
+) -> PyResult<Loader> {
+    let recipe = AudioRecipe {
+        rate,
+        samples: (seconds * f64::from(rate)).round() as usize,
+        ..AudioRecipe::default()
+    };
+    let files = files_of(
+        paths,
+        &["flac", "wav", "mp3", "ogg", "m4a"],
+        shuffle,
+        seed,
+        rank,
+        world_size,
+        drop_last,
+    )?;
+    Loader::new(
+        files,
+        Arc::new(move |p| recipe.load(p)),
+        batch_size,
+        drop_last,
+        workers,
+        skip_errors,
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pipelines of Python callables.
+
+/// A Python exception raised by a stage's callable (its type and message).
+#[derive(Debug)]
+struct PyStageError(String);
+
+impl std::fmt::Display for PyStageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for PyStageError {}
+
+fn py_error(py: Python<'_>, e: PyErr) -> PyStageError {
+    let ty = e
+        .get_type(py)
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "Exception".into());
+    PyStageError(format!("{ty}: {}", e.value(py)))
+}
+
+/// An exception raised by the source iterable: it ends the epoch and is raised to the
+/// consumer when the epoch's results run out.
+type SourceError = Arc<Mutex<Option<PyErr>>>;
+
+/// Pulls items from a Python iterator (taking the GIL per item).
+struct PyItems {
+    it: Option<Py<PyAny>>,
+    error: SourceError,
+}
+
+impl Iterator for PyItems {
+    type Item = Py<PyAny>;
+    fn next(&mut self) -> Option<Py<PyAny>> {
+        let it = self.it.as_ref()?;
+        Python::with_gil(|py| match it.bind(py).call_method0("__next__") {
+            Ok(x) => Some(x.unbind()),
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyStopIteration>(py) => None,
+            Err(e) => {
+                *self.error.lock().expect("source error") = Some(e);
+                None
+            }
+        })
+    }
+}
+
+enum StageSpec {
+    Map {
+        name: String,
+        f: Py<PyAny>,
+        workers: usize,
+    },
+    Batch {
+        size: usize,
+        drop_last: bool,
+    },
+}
+
+/// A pipeline of Python callables; see `flowgate.Pipeline`.
+#[pyclass(module = "flowgate._native", name = "Pipeline")]
+struct PyPipeline {
+    source: Py<PyAny>,
+    stages: Mutex<Vec<StageSpec>>,
+    skip_errors: bool,
+    running: Mutex<Option<(Pipeline<Py<PyAny>>, bool)>>,
+    source_error: SourceError,
+}
+
+impl Drop for PyPipeline {
+    fn drop(&mut self) {
+        // Worker threads may be waiting for the GIL: release it while they are joined.
+        if let Some(r) = self.running.get_mut().ok().and_then(Option::take) {
+            Python::with_gil(|py| py.allow_threads(move || drop(r)));
+        }
+    }
+}
+
+impl PyPipeline {
+    fn build(&self, py: Python<'_>) -> Result<Pipeline<Py<PyAny>>, PipelineError> {
+        let source = self.source.clone_ref(py);
+        let error = Arc::clone(&self.source_error);
+        let b = Pipeline::builder().source_epochs(move |epoch| {
+            Python::with_gil(|py| {
+                let src = source.bind(py);
+                let iterable = if src.is_callable() {
+                    src.call1((epoch,))
+                } else {
+                    Ok(src.clone())
+                };
+                let it = iterable.and_then(|x| x.try_iter().map(|i| i.into_any().unbind()));
+                let error = Arc::clone(&error);
+                match it {
+                    Ok(it) => PyItems {
+                        it: Some(it),
+                        error,
+                    },
+                    Err(e) => {
+                        *error.lock().expect("source error") = Some(e);
+                        PyItems { it: None, error }
+                    }
+                }
+            })
+        });
+        let mut b = b.describe(|x: &Py<PyAny>| {
+            Python::with_gil(|py| {
+                x.bind(py)
+                    .repr()
+                    .map(|r| r.to_string())
+                    .unwrap_or_else(|_| "<item>".into())
+            })
+        });
+        let budget = if self.skip_errors {
+            FailureBudget::unlimited()
+        } else {
+            FailureBudget::fail_fast()
+        };
+        for s in self.stages.lock().expect("stages").iter() {
+            b = match s {
+                StageSpec::Map { name, f, workers } => {
+                    let f = f.clone_ref(py);
+                    b.pipe(
+                        name,
+                        move |x: Py<PyAny>| {
+                            Python::with_gil(|py| f.call1(py, (x,)).map_err(|e| py_error(py, e)))
+                        },
+                        Workers::initial(*workers),
+                    )
+                }
+                StageSpec::Batch { size, drop_last } => b.aggregate(*size, *drop_last).pipe(
+                    &format!("batch{size}"),
+                    |v: Vec<Py<PyAny>>| {
+                        Python::with_gil(|py| {
+                            PyList::new(py, v)
+                                .map(|l| l.into_any().unbind())
+                                .map_err(|e| py_error(py, e))
+                        })
+                    },
+                    1,
+                ),
+            }
+            .describe(|x: &Py<PyAny>| {
+                Python::with_gil(|py| {
+                    x.bind(py)
+                        .repr()
+                        .map(|r| r.to_string())
+                        .unwrap_or_else(|_| "<item>".into())
+                })
+            });
+        }
+        b.max_failures(budget).build()
+    }
+}
+
+#[pymethods]
+impl PyPipeline {
+    #[new]
+    #[pyo3(signature = (source, skip_errors=false))]
+    fn new(source: Py<PyAny>, skip_errors: bool) -> Self {
+        Self {
+            source,
+            stages: Mutex::new(Vec::new()),
+            skip_errors,
+            running: Mutex::new(None),
+            source_error: Arc::default(),
+        }
+    }
+
+    /// Adds a stage calling `f(item)` on `workers` threads (a starting point: the tuner may
+    /// change it). Python callables hold the GIL while they run.
+    #[pyo3(signature = (f, workers=1, name=None))]
+    fn map<'py>(
+        slf: Bound<'py, Self>,
+        f: Py<PyAny>,
+        workers: usize,
+        name: Option<String>,
+    ) -> Bound<'py, Self> {
+        {
+            let me = slf.borrow();
+            let mut st = me.stages.lock().expect("stages");
+            let name = name.unwrap_or_else(|| format!("map{}", st.len() + 1));
+            st.push(StageSpec::Map {
+                name,
+                f,
+                workers: workers.max(1),
+            });
+        }
+        slf
+    }
+
+    /// Groups items into lists of `size`.
+    #[pyo3(signature = (size, drop_last=false))]
+    fn batch<'py>(
+        slf: Bound<'py, Self>,
+        size: usize,
+        drop_last: bool,
+    ) -> PyResult<Bound<'py, Self>> {
+        if size == 0 {
+            return Err(PyValueError::new_err("size must be at least 1"));
+        }
+        slf.borrow()
+            .stages
+            .lock()
+            .expect("stages")
+            .push(StageSpec::Batch { size, drop_last });
+        Ok(slf)
+    }
+
+    /// Starts an epoch (building the pipeline the first time).
+    fn _start_epoch(&self, py: Python<'_>) -> PyResult<()> {
+        let mut r = self.running.lock().expect("running");
+        match r.as_mut() {
+            Some((_, in_epoch)) if !*in_epoch => *in_epoch = true,
+            _ => {
+                let next = r.as_ref().map(|(p, _)| p.epoch() + 1);
+                let cleared = r.take();
+                py.allow_threads(move || drop(cleared));
+                let mut p = self.build(py).map_err(to_py)?;
+                if let Some(epoch) = next {
+                    p.resume(&PipelineState {
+                        epoch,
+                        ..Default::default()
+                    })
+                    .map_err(to_py)?;
+                }
+                *r = Some((p, true));
+            }
+        }
+        Ok(())
+    }
+
+    fn _next(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        let running = &self.running;
+        let r = py.allow_threads(|| {
+            let mut g = running.lock().expect("running");
+            let Some((p, in_epoch)) = g.as_mut() else {
+                return Ok(None);
+            };
+            if !*in_epoch {
+                return Ok(None);
+            }
+            match p.iter().next() {
+                Some(Ok(x)) => Ok(Some(x)),
+                Some(Err(e)) => {
+                    *g = None;
+                    Err(e)
+                }
+                None => {
+                    *in_epoch = false;
+                    Ok(None)
+                }
+            }
+        });
+        let r = r.map_err(to_py)?;
+        if r.is_none() {
+            if let Some(e) = self.source_error.lock().expect("source error").take() {
+                return Err(e);
+            }
+        }
+        Ok(r)
+    }
+
+    /// Stops the pipeline and joins its threads.
+    fn close(&self, py: Python<'_>) {
+        let r = self.running.lock().expect("running").take();
+        py.allow_threads(move || drop(r));
+    }
+}
+
+/// Native threads of this process (for tests: nothing leaks).
+#[pyfunction]
+fn _thread_count() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Batch>()?;
+    m.add_class::<Loader>()?;
+    m.add_class::<PyPipeline>()?;
+    m.add_function(wrap_pyfunction!(image_loader, m)?)?;
+    m.add_function(wrap_pyfunction!(audio_loader, m)?)?;
+    m.add_function(wrap_pyfunction!(_thread_count, m)?)?;
+    m.add("LoaderError", m.py().get_type::<LoaderError>())?;
+    Ok(())
+}

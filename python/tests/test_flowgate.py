@@ -1,0 +1,181 @@
+"""The Python package: iteration, zero copy, errors, Python stages, interruption, resume."""
+
+import gc
+import hashlib
+import importlib.util
+import pathlib
+import time
+
+import numpy as np
+import pytest
+
+import flowgate
+from flowgate import _native
+
+
+def hashes(batches):
+    return sorted(hashlib.sha1(np.asarray(b)[i].tobytes()).hexdigest()
+                  for b in batches for i in range(len(b)))
+
+
+def test_iterates_the_sample_images(data):
+    loader = flowgate.ImageLoader(data / "images.txt", batch_size=8, shuffle=False)
+    assert len(loader) == 5
+    batches = list(loader)
+    assert len(batches) == 5
+    for b in batches:
+        assert b.shape == (8, 3, 224, 224)
+        assert b.dtype == "uint8"
+        a = np.asarray(b)
+        assert a.shape == (8, 3, 224, 224) and a.dtype == np.uint8
+        assert a.std() > 0, "decoded pixels, not zeros"
+    # A second epoch: the same images (in completion order: batches as decoders finish).
+    assert hashes(list(loader)) == hashes(batches)
+    stats = loader.stats()
+    assert stats["failures"] == 0 and "decode" in stats["stages"]
+
+
+def test_nhwc_and_a_directory(data):
+    loader = flowgate.ImageLoader(data / "images", batch_size=16, layout="nhwc", crop=64,
+                                  resize=80)
+    shapes = [b.shape for b in loader]
+    assert shapes == [(16, 64, 64, 3), (16, 64, 64, 3), (8, 64, 64, 3)]
+    with pytest.raises(ValueError):
+        flowgate.ImageLoader(data / "images", layout="chw")
+
+
+def test_batches_are_zero_copy(data):
+    loader = flowgate.ImageLoader(data / "images.txt", batch_size=4)
+    b = next(iter(loader))
+    a = np.asarray(b)
+    assert a.ctypes.data == b.data_ptr
+    d = np.from_dlpack(b)
+    assert d.ctypes.data == b.data_ptr
+    expected = int(a.sum())
+    del b, loader
+    gc.collect()
+    # The arrays keep the memory alive.
+    assert int(a.sum()) == expected == int(d.sum())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
+def test_torch_from_dlpack_is_zero_copy(data):
+    import torch
+
+    b = next(iter(flowgate.ImageLoader(data / "images.txt", batch_size=4)))
+    t = torch.from_dlpack(b)
+    assert t.data_ptr() == b.data_ptr
+    assert tuple(t.shape) == (4, 3, 224, 224) and t.dtype == torch.uint8
+
+
+def test_audio(data):
+    loader = flowgate.AudioLoader(data / "audio.txt", batch_size=4, seconds=1.0)
+    batches = list(loader)
+    assert [b.shape for b in batches] == [(4, 16000), (4, 16000)]
+    assert batches[0].dtype == "float32"
+    assert np.abs(np.asarray(batches[0])).max() > 0
+
+
+def bad_list(data, tmp_path):
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 this is not a JPEG")
+    lines = (data / "images.txt").read_text().split()[:6]
+    lines = [str((data / l).resolve()) if not pathlib.Path(l).is_absolute() else l for l in lines]
+    lst = tmp_path / "list.txt"
+    lst.write_text("\n".join(lines[:3] + [str(bad), str(tmp_path / "missing.jpg")] + lines[3:]))
+    return lst, bad
+
+
+def test_errors_raise_with_stage_and_path(data, tmp_path):
+    lst, bad = bad_list(data, tmp_path)
+    loader = flowgate.ImageLoader(lst, batch_size=2, shuffle=False, skip_errors=False)
+    with pytest.raises(flowgate.LoaderError) as e:
+        list(loader)
+    assert e.value.stage == "decode"
+    assert e.value.item in (str(bad), str(tmp_path / "missing.jpg"))
+    assert e.value.item in str(e.value)
+
+
+def test_errors_are_skipped_and_counted(data, tmp_path):
+    lst, bad = bad_list(data, tmp_path)
+    loader = flowgate.ImageLoader(lst, batch_size=2, shuffle=False)
+    n = sum(len(b) for b in loader)
+    assert n == 6
+    failed = sorted(item for _, item, _ in loader.failures())
+    assert failed == sorted([str(bad), str(tmp_path / "missing.jpg")])
+    assert loader.stats()["failures"] == 2
+
+
+def test_python_callable_stages():
+    p = flowgate.Pipeline(lambda epoch: range(100)).map(lambda x: x * x, workers=2).batch(10)
+    for _ in range(2):
+        batches = list(p)
+        assert all(isinstance(b, list) for b in batches)
+        assert sorted(x for b in batches for x in b) == [x * x for x in range(100)]
+
+    def boom(x):
+        if x == 7:
+            raise KeyError("seven")
+        return x
+
+    with pytest.raises(flowgate.LoaderError) as e:
+        list(flowgate.Pipeline(range(20)).map(boom, name="explode"))
+    assert e.value.stage == "explode" and e.value.item == "7"
+    assert "KeyError" in str(e.value)
+    got = sorted(flowgate.Pipeline(range(20), skip_errors=True).map(boom))
+    assert got == [x for x in range(20) if x != 7]
+
+
+def test_a_failing_source_raises():
+    def source(epoch):
+        yield 1
+        raise ValueError("source broke")
+
+    with pytest.raises(ValueError, match="source broke"):
+        list(flowgate.Pipeline(source))
+
+
+def wait_for_threads(base, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while _native._thread_count() > base and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return _native._thread_count()
+
+
+def test_break_and_del_stop_without_hanging_or_leaking_threads(data):
+    gc.collect()
+    base = wait_for_threads(0, timeout=2.0)
+    loader = flowgate.ImageLoader(data / "images.txt", batch_size=4)
+    for _ in range(3):
+        for b in loader:
+            break  # abandon the epoch
+    assert _native._thread_count() > base
+    t0 = time.monotonic()
+    del loader, b
+    gc.collect()
+    assert wait_for_threads(base) <= base, "pipeline threads left behind"
+    assert time.monotonic() - t0 < 5
+
+    p = flowgate.Pipeline(lambda e: iter(range(10**9))).map(lambda x: x + 1, workers=2)
+    it = iter(p)
+    next(it)
+    del it, p
+    gc.collect()
+    assert wait_for_threads(base) <= base
+
+
+def test_state_dict_resumes_exactly(data):
+    args = dict(batch_size=8, shuffle=True, seed=3)
+    whole = hashes(list(flowgate.ImageLoader(data / "images.txt", **args)))
+    a = flowgate.ImageLoader(data / "images.txt", **args)
+    it = iter(a)
+    first = [next(it), next(it)]
+    state = a.state_dict()
+    assert state["epoch"] == 0 and state["delivered_items"] == 16
+    a.close()
+    b = flowgate.ImageLoader(data / "images.txt", **args)
+    b.load_state_dict(state)
+    rest = list(b)
+    assert sum(len(x) for x in rest) == 24
+    assert hashes(first + rest) == whole
+    assert b.epoch == 1
