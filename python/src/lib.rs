@@ -547,6 +547,47 @@ impl Loader {
     }
 }
 
+/// What every native loader takes besides its decoder.
+struct Options {
+    batch_size: usize,
+    shuffle: bool,
+    seed: u64,
+    rank: Option<usize>,
+    world_size: Option<usize>,
+    drop_last: bool,
+    workers: Option<usize>,
+    skip_errors: bool,
+}
+
+impl Options {
+    /// A loader of the files `paths` names (a directory walked for `extensions`, a list file
+    /// or a sequence), each decoded by `decode`.
+    fn loader(
+        self,
+        paths: &Bound<'_, PyAny>,
+        extensions: &[&str],
+        decode: Decode,
+    ) -> PyResult<Loader> {
+        let files = files_of(
+            paths,
+            extensions,
+            self.shuffle,
+            self.seed,
+            self.rank,
+            self.world_size,
+            self.drop_last,
+        )?;
+        Loader::new(
+            files,
+            decode,
+            self.batch_size,
+            self.drop_last,
+            self.workers,
+            self.skip_errors,
+        )
+    }
+}
+
 /// An image loader (see `flowgate.ImageLoader`).
 #[pyfunction]
 #[pyo3(signature = (paths, batch_size=32, resize=256, crop=224, layout="nchw", shuffle=true,
@@ -581,22 +622,20 @@ fn image_loader(
         layout,
         ..ImageRecipe::default()
     };
-    let files = files_of(
-        paths,
-        &["jpg", "jpeg", "png", "webp"],
+    let o = Options {
+        batch_size,
         shuffle,
         seed,
         rank,
         world_size,
         drop_last,
-    )?;
-    Loader::new(
-        files,
-        Arc::new(move |p| recipe.load(p)),
-        batch_size,
-        drop_last,
         workers,
         skip_errors,
+    };
+    o.loader(
+        paths,
+        &["jpg", "jpeg", "png", "webp"],
+        Arc::new(move |p| recipe.load(p)),
     )
 }
 
@@ -623,22 +662,20 @@ fn audio_loader(
         samples: (seconds * f64::from(rate)).round() as usize,
         ..AudioRecipe::default()
     };
-    let files = files_of(
-        paths,
-        &["flac", "wav", "mp3", "ogg", "m4a"],
+    let o = Options {
+        batch_size,
         shuffle,
         seed,
         rank,
         world_size,
         drop_last,
-    )?;
-    Loader::new(
-        files,
-        Arc::new(move |p| recipe.load(p)),
-        batch_size,
-        drop_last,
         workers,
         skip_errors,
+    };
+    o.loader(
+        paths,
+        &["flac", "wav", "mp3", "ogg", "m4a"],
+        Arc::new(move |p| recipe.load(p)),
     )
 }
 
