@@ -18,7 +18,7 @@
 //! is the peak of the last quarter of the samples over the peak of the first quarter. It also
 //! compares the thread count before the first pipeline and after the last one is dropped.
 //! Prints one JSON line; exits 1 if anything was lost or duplicated, threads leaked, or RSS
-//! or heap grew 5% or more. `scripts/soak.sh` runs it (with `MALLOC_ARENA_MAX=2`; see there).
+//! or heap grew 5% or more. `scripts/soak.sh` runs it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

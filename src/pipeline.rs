@@ -260,6 +260,27 @@ pub struct Pipeline<T = ()> {
     epoch: Arc<AtomicU64>,
     running: bool,
     finished: bool,
+    /// Declared last, so dropped last: hands the freed buffers back to the system.
+    _trim: TrimOnDrop,
+}
+
+/// Returns free heap memory to the system when a pipeline is dropped. A pipeline's threads
+/// end with it, and glibc keeps what they freed in per-thread arenas; without this a program
+/// that rebuilds pipelines (resuming, changing datasets) sees its RSS creep up.
+#[derive(Debug, Default)]
+struct TrimOnDrop;
+
+impl Drop for TrimOnDrop {
+    fn drop(&mut self) {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        {
+            extern "C" {
+                fn malloc_trim(pad: usize) -> i32;
+            }
+            // SAFETY: malloc_trim only releases free memory; it is thread-safe.
+            unsafe { malloc_trim(0) };
+        }
+    }
 }
 
 impl<T> std::fmt::Debug for Pipeline<T> {
@@ -337,6 +358,7 @@ impl<T: Send + 'static> Pipeline<T> {
             epoch,
             running: false,
             finished: false,
+            _trim: TrimOnDrop,
         })
     }
 
