@@ -8,6 +8,11 @@ use flowgate::media::audio::{AudioRecipe, Channels};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
+    // libfuzzer-sys aborts on every panic, even one the decoder catches and turns into an
+    // error (as it does for panics inside codecs): go back to the default hook. A panic that
+    // escapes the decoder still aborts (libfuzzer-sys catches it and aborts).
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| drop(std::panic::take_hook()));
     let Some((&hint, bytes)) = data.split_first() else {
         return;
     };

@@ -79,7 +79,31 @@ impl AudioRecipe {
         self.decode_source(Box::new(Cursor::new(bytes)), path)
     }
 
+    /// Decodes, turning a panic inside a codec into a typed error: symphonia's probes panic
+    /// on some corrupt input (an ADTS length underflow, found by `fuzz/`), and a caller of
+    /// this function is owed an error, not an unwinding thread.
     fn decode_source(
+        &self,
+        source: Box<dyn MediaSource>,
+        path: &Path,
+    ) -> Result<Tensor, MediaError> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.decode_unguarded(source, path)
+        }))
+        .unwrap_or_else(|payload| {
+            let msg = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            Err(MediaError::Decode {
+                path: path.to_path_buf(),
+                source: format!("the audio decoder panicked on corrupt input: {msg}").into(),
+            })
+        })
+    }
+
+    fn decode_unguarded(
         &self,
         source: Box<dyn MediaSource>,
         path: &Path,
@@ -273,6 +297,25 @@ fn f32_slice_mut(t: &mut Tensor) -> &mut [f32] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Inputs the fuzzer (`scripts/fuzz.sh`) crashed on: each must give a result or a typed
+    /// error. The first byte picks the extension hint, as in `fuzz/fuzz_targets/audio.rs`.
+    #[test]
+    fn fuzz_findings_are_errors_not_panics() {
+        let data: &[u8] = include_bytes!("../../tests/data/fuzz/audio-aac-adts-overflow.bin");
+        let (hint, bytes) = data.split_first().expect("bytes");
+        let ext = ["wav", "flac", "mp3", "ogg", "m4a"][usize::from(*hint) % 5];
+        let recipe = AudioRecipe {
+            rate: 16_000,
+            samples: 4_000,
+            channels: Channels::Mono,
+        };
+        let path = format!("fuzz.{ext}");
+        match recipe.decode(bytes.to_vec(), Path::new(&path)) {
+            Ok(t) => assert_eq!(t.shape(), [4_000]),
+            Err(e) => assert!(e.to_string().contains(&path), "{e}"),
+        }
+    }
 
     fn wav(rate: u32, channels: u16, frames: &[[i16; 2]]) -> Vec<u8> {
         let data = (frames.len() * 2 * channels as usize) as u32;
