@@ -2,7 +2,8 @@
 # Prepares a fresh machine for flowgate's commands; both README commands call it.
 #   scripts/setup.sh          system libraries for the media features (Debian/Ubuntu: apt-get)
 #   scripts/setup.sh --test   the same, plus the local S3 server the integration tests start
-#                             (s3s-fs 0.14.1, built once into target/tools/bin)
+#                             (s3s-fs 0.14.1, built once into target/tools/bin) and python3
+#                             with venv for the Python package's tests
 # Idempotent: what is there already is left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,22 @@ if ((${#missing[@]})); then
   if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; then
     $SUDO apt-get update -q >/dev/null
     $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+fi
+
+# The Python package's tests (--test) need python3 with venv and pip (Debian splits them out).
+if [ "${1:-}" = "--test" ] && ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+    echo "setup: installing python3-venv python3-pip"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get install -y -q --no-install-recommends python3 python3-venv python3-pip >/dev/null \
+      || { $SUDO apt-get update -q >/dev/null
+           $SUDO apt-get install -y -q --no-install-recommends python3 python3-venv python3-pip >/dev/null; }
+  else
+    echo "the Python tests need python3 with the venv module" >&2
+    exit 1
   fi
 fi
 
