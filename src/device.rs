@@ -328,7 +328,12 @@ impl DeviceBatch {
         match &self.memory {
             DeviceMemory::Host(v) => Ok(v.clone()),
             #[cfg(feature = "cuda")]
-            DeviceMemory::Cuda(d, _) => d.stream().clone_dtoh(d).map_err(cuda::driver_error),
+            DeviceMemory::Cuda(d, _) => {
+                // Device buffers are at least one byte long: cut to the batch's size.
+                let mut v = d.stream().clone_dtoh(d).map_err(cuda::driver_error)?;
+                v.truncate(self.nbytes());
+                Ok(v)
+            }
         }
     }
 
