@@ -12,10 +12,11 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
-# FFmpeg 5.1 (feature `video`, ffmpeg-next 9 binds it with bindgen, hence clang), libjpeg-turbo
-# (feature `turbojpeg`), pkg-config to find them; the ffmpeg command writes the sample clips.
+# FFmpeg 5.1 (feature `video`, ffmpeg-next 9 binds it with bindgen, hence clang), libjpeg-turbo's
+# headers (feature `turbojpeg`, on by default), pkg-config; the ffmpeg command writes the sample
+# clips.
 PKGS=(pkg-config clang libclang-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev
-      libswresample-dev libavfilter-dev libavdevice-dev libturbojpeg0-dev ffmpeg fonts-dejavu-core)
+      libswresample-dev libavfilter-dev libavdevice-dev libjpeg-dev ffmpeg fonts-dejavu-core)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -2,13 +2,13 @@
 # The test command (README, CI): unit, integration, property and doc tests of every crate, with
 # the optional features on (S3 against a real local server, video through FFmpeg, the CUDA
 # uploader's no-GPU behaviour, Prometheus), then the image decoder's tests again through
-# libjpeg-turbo, then the Python package: installed with pip into a virtualenv
+# the pure-Rust JPEG path (zune-jpeg; the default build uses libjpeg-turbo), then the Python package: installed with pip into a virtualenv
 # (target/pyvenv) and tested with pytest. scripts/setup.sh installs what they need.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --test
 cargo test --workspace --locked --features flowgate/s3,flowgate/video,flowgate/prometheus,flowgate/cuda "$@"
-cargo test --locked --features turbojpeg --lib media::image
+cargo test --locked --no-default-features --features image --lib media::image
 # Python: a virtualenv, the package built by maturin through pip, pytest.
 VENV=target/pyvenv
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
