@@ -16,7 +16,8 @@
 //! 3. **Allocate.** `workers = ceil(R* × (1 + headroom) × flow × cost)`, plus square-root
 //!    staffing for variable work (`+ cv × sqrt(load)`), for each stage, in one jump (not
 //!    one worker per tick). A stage that waits on others gets fewer. Changes inside the
-//!    deadband are ignored.
+//!    deadband are ignored; a move waits for three ticks wishing the same way (twenty to
+//!    reverse the last move; one for a stage's first scale-up while the consumer starves).
 //! 4. **Test.** After a change the policy waits `settle_ticks`, then compares `trial_ticks` per-tick
 //!    rates before and after with Welch's t-test. A scale-up stays only if the gain is
 //!    significant (`p < p_value`); a scale-down stays unless the loss is. A rejected change is
@@ -42,6 +43,10 @@ const CONFIRM_TICKS: i32 = 3;
 /// Ticks in a row the model must want a stage moved against its last move: reversals are what
 /// noise looks like, so they need ten times the evidence (2 s at the default tick).
 const REVERSE_CONFIRM_TICKS: i32 = 20;
+/// Consumer starvation above which a stage's first scale-up needs no confirming ticks (at
+/// the start of a run the consumer waits for everything; three ticks of confirmation were
+/// ~10% of a two-second epoch).
+const COLD_START_STARVATION: f64 = 0.9;
 /// Core utilisation above which the cores count as all busy (the rest is measurement slack).
 const BUSY_CORES: f64 = 0.85;
 /// Longest a rejected direction stays barred: `cooldown_ticks` doubles per rejection up to
@@ -538,6 +543,11 @@ impl ModelBased {
             };
             let needed = if m.last_dir != 0 && dir != m.last_dir {
                 REVERSE_CONFIRM_TICKS
+            } else if m.last_dir == 0 && dir > 0 && obs.starvation() > COLD_START_STARVATION {
+                // Cold start: a stage never moved yet, a consumer that does nothing but wait.
+                // Waiting for confirmation here only costs throughput; the trial still judges
+                // the move and undoes it if it does not pay.
+                1
             } else {
                 CONFIRM_TICKS
             };
