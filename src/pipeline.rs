@@ -264,7 +264,8 @@ pub struct Pipeline<T = ()> {
     _trim: TrimOnDrop,
 }
 
-/// Returns free heap memory to the system when a pipeline is dropped. A pipeline's threads
+/// Returns free heap memory to the system when a pipeline is dropped (the tensor buffer pool
+/// too). A pipeline's threads
 /// end with it, and glibc keeps what they freed in per-thread arenas; without this a program
 /// that rebuilds pipelines (resuming, changing datasets) sees its RSS creep up.
 #[derive(Debug, Default)]
@@ -272,6 +273,7 @@ struct TrimOnDrop;
 
 impl Drop for TrimOnDrop {
     fn drop(&mut self) {
+        crate::tensor::pool::release();
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         {
             extern "C" {
