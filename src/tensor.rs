@@ -130,11 +130,11 @@ pub(crate) mod pool {
     use std::ptr::NonNull;
 
     /// Most bytes the pool holds.
-    pub const POOL_BYTES: usize = 32 << 20;
+    pub(crate) const POOL_BYTES: usize = 32 << 20;
     /// Smaller buffers are left to the allocator (cheap to make).
-    pub const MIN_LEN: usize = 16 << 10;
+    pub(crate) const MIN_LEN: usize = 16 << 10;
     /// Larger buffers are returned to the system.
-    pub const MAX_LEN: usize = 16 << 20;
+    pub(crate) const MAX_LEN: usize = 16 << 20;
 
     struct Free {
         bufs: Vec<(usize, NonNull<u8>)>,
