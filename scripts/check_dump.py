@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Compares a `bench images --dump` batch with torchvision's geometry computed by Pillow.
+"""Compares a `bench images --dump` batch with torchvision's geometry computed by Pillow, or a
+`bench audio --dump` batch with soundfile's samples (mixed to mono, cropped or zero-padded).
 
 torchvision's Resize(256) + CenterCrop(224) on a PIL image is PIL's antialiased bilinear resize
 to (short 256, long int(256 * long / short)) followed by a crop at round((size - 224) / 2).
@@ -9,6 +10,7 @@ difference in grey levels (the contract: at most 2).
     .peers-venv/bin/pip install pillow   # numpy comes with the peers
     cargo run --release --example bench -- images --list L --dump /tmp/first.npy
     .peers-venv/bin/python scripts/check_dump.py --list L --dump /tmp/first.npy
+    .peers-venv/bin/python scripts/check_dump.py --audio --list A --dump /tmp/audio.npy
 """
 import argparse, json
 import numpy as np
@@ -19,11 +21,23 @@ ap.add_argument("--list", required=True)
 ap.add_argument("--dump", required=True)
 ap.add_argument("--resize", type=int, default=256)
 ap.add_argument("--crop", type=int, default=224)
+ap.add_argument("--audio", action="store_true", help="an audio dump (same rate as the files)")
 a = ap.parse_args()
 
 batch = np.load(a.dump)
 n = batch.shape[0]
 paths = [l.strip() for l in open(a.list) if l.strip()][:n]
+if a.audio:
+    import soundfile as sf
+    worst = 0.0
+    for i, p in enumerate(paths):
+        x, _ = sf.read(p, dtype="float32", always_2d=True)
+        x = x.mean(axis=1, dtype=np.float32)[: batch.shape[1]]
+        ref = np.zeros(batch.shape[1], np.float32)
+        ref[: len(x)] = x
+        worst = max(worst, float(np.abs(batch[i] - ref).max()))
+    print(json.dumps({"clips": n, "max_abs_diff": worst, "ok": worst <= 1e-6}))
+    raise SystemExit(0)
 ref = []
 for p in paths:
     im = Image.open(p).convert("RGB")

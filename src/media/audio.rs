@@ -10,13 +10,15 @@
 use std::io::Cursor;
 use std::path::Path;
 
-use symphonia::core::audio::SampleBuffer;
+use symphonia::core::audio::{AudioBuffer, AudioBufferRef, Signal};
 use symphonia::core::codecs::{DecoderOptions, CODEC_TYPE_NULL};
+use symphonia::core::conv::FromSample;
 use symphonia::core::errors::Error as SymError;
 use symphonia::core::formats::FormatOptions;
 use symphonia::core::io::{MediaSource, MediaSourceStream};
 use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
+use symphonia::core::sample::Sample;
 
 use crate::media::MediaError;
 use crate::tensor::{DType, Tensor};
@@ -161,7 +163,6 @@ impl AudioRecipe {
             Channels::Keep => Tensor::zeros(&[out_ch, cap], DType::F32),
         };
         let mut filled = 0usize;
-        let mut buf: Option<SampleBuffer<f32>> = None;
         let mut ended_early = false;
         // Never more than the stream declares: a codec's last block may carry padding past it
         // (seen with FLAC), which must not become samples.
@@ -181,31 +182,27 @@ impl AudioRecipe {
                 continue;
             }
             let decoded = decoder.decode(&packet).map_err(decode_err)?;
-            let spec = *decoded.spec();
-            let ch = spec.channels.count().max(1);
-            let sb = buf.get_or_insert_with(|| SampleBuffer::new(decoded.capacity() as u64, spec));
-            if sb.capacity() < decoded.capacity() * ch {
-                *sb = SampleBuffer::new(decoded.capacity() as u64, spec);
-            }
-            sb.copy_interleaved_ref(decoded);
-            let frames = sb.samples().len() / ch;
-            let take = frames.min(wanted - filled);
+            let take = decoded.frames().min(wanted - filled);
             let out = f32_slice_mut(&mut t);
-            if ch == 1 {
-                // One channel: mono and planar are the same plane; a straight copy.
-                out[filled..filled + take].copy_from_slice(&sb.samples()[..take]);
-                filled += take;
-                continue;
-            }
-            for (f, frame) in sb.samples().chunks_exact(ch).take(take).enumerate() {
-                match self.channels {
-                    Channels::Mono => out[filled + f] = frame.iter().sum::<f32>() / ch as f32,
-                    Channels::Keep => {
-                        for (c, &v) in frame.iter().enumerate().take(out_ch) {
-                            out[c * cap + filled + f] = v;
-                        }
-                    }
-                }
+            let to = Dest {
+                out,
+                at: filled,
+                take,
+                cap,
+                channels: self.channels,
+                out_ch,
+            };
+            match decoded {
+                AudioBufferRef::U8(b) => to.put(&b),
+                AudioBufferRef::U16(b) => to.put(&b),
+                AudioBufferRef::U24(b) => to.put(&b),
+                AudioBufferRef::U32(b) => to.put(&b),
+                AudioBufferRef::S8(b) => to.put(&b),
+                AudioBufferRef::S16(b) => to.put(&b),
+                AudioBufferRef::S24(b) => to.put(&b),
+                AudioBufferRef::S32(b) => to.put(&b),
+                AudioBufferRef::F32(b) => to.put(&b),
+                AudioBufferRef::F64(b) => to.put(&b),
             }
             filled += take;
         }
@@ -228,6 +225,55 @@ impl AudioRecipe {
                 Channels::Mono => out.reshaped(&[self.samples]),
                 Channels::Keep => out,
             })
+    }
+}
+
+/// Where a decoded packet's frames go: `take` frames at frame `at` of `out` (planes of `cap`).
+struct Dest<'a> {
+    out: &'a mut [f32],
+    at: usize,
+    take: usize,
+    cap: usize,
+    channels: Channels,
+    out_ch: usize,
+}
+
+impl Dest<'_> {
+    /// Converts (as symphonia's `SampleBuffer` does) straight from the decoder's planes,
+    /// mixing to mono or keeping channels: one pass, no interleaved copy.
+    fn put<S: Sample>(self, b: &AudioBuffer<S>)
+    where
+        f32: FromSample<S>,
+    {
+        let ch = b.spec().channels.count().max(1);
+        let (at, take) = (self.at, self.take);
+        match self.channels {
+            Channels::Mono => {
+                let dst = &mut self.out[at..at + take];
+                for (d, &s) in dst.iter_mut().zip(&b.chan(0)[..take]) {
+                    *d = f32::from_sample(s);
+                }
+                if ch > 1 {
+                    for c in 1..ch {
+                        for (d, &s) in dst.iter_mut().zip(&b.chan(c)[..take]) {
+                            *d += f32::from_sample(s);
+                        }
+                    }
+                    let n = ch as f32;
+                    for d in dst.iter_mut() {
+                        *d /= n;
+                    }
+                }
+            }
+            Channels::Keep => {
+                for c in 0..ch.min(self.out_ch) {
+                    let dst = &mut self.out[c * self.cap + at..c * self.cap + at + take];
+                    for (d, &s) in dst.iter_mut().zip(&b.chan(c)[..take]) {
+                        *d = f32::from_sample(s);
+                    }
+                }
+            }
+        }
     }
 }
 
