@@ -366,6 +366,40 @@ fn failures_are_skipped_and_counted_by_default() {
 }
 
 #[test]
+fn an_error_that_names_its_item_overrides_the_description() {
+    // Sync and async stages: the failure record takes the `Described` item, not `input #N`
+    // or the stage's `describe`.
+    for use_async in [false, true] {
+        let b = Pipeline::builder()
+            .source(0..100u64)
+            .describe(|x: &u64| format!("described-{x}"));
+        let fail = |x: u64| {
+            if x == 42 {
+                Err(flowgate::Described::new(
+                    format!("the answer ({x})"),
+                    Injected(x),
+                ))
+            } else {
+                Ok(x)
+            }
+        };
+        let b = if use_async {
+            b.pipe_async("check", move |x| async move { fail(x) }, 2)
+        } else {
+            b.pipe("check", fail, 2)
+        };
+        let mut p = b
+            .stage_max_failures(FailureBudget::fail_fast())
+            .build()
+            .unwrap();
+        let err = p.iter().find_map(Result::err).expect("the failure");
+        assert_eq!(err.stage(), Some("check"));
+        assert_eq!(err.item(), Some("the answer (42)"), "async: {use_async}");
+        assert!(err.to_string().contains("the answer (42)"), "{err}");
+    }
+}
+
+#[test]
 fn a_panic_past_the_budget_is_reported_with_the_stage_and_item() {
     quiet_injected_panics();
     let mut p = Pipeline::builder()

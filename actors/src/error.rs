@@ -40,6 +40,43 @@ impl fmt::Display for Panicked {
 
 impl std::error::Error for Panicked {}
 
+/// An error that names the item it failed on: a stage that describes items only when they
+/// fail returns this instead of registering a `describe` function, which runs for every item
+/// (costly when describing means, say, taking Python's GIL for `repr()`). The failure record
+/// takes `item` as the item's description and `cause` as the cause.
+#[derive(Debug)]
+pub struct Described {
+    item: String,
+    cause: BoxError,
+}
+
+impl Described {
+    /// `cause`, for the item described as `item`.
+    pub fn new(item: impl Into<String>, cause: impl Into<BoxError>) -> Self {
+        Self {
+            item: item.into(),
+            cause: cause.into(),
+        }
+    }
+
+    /// The item's description and the cause.
+    pub fn into_parts(self) -> (String, BoxError) {
+        (self.item, self.cause)
+    }
+}
+
+impl fmt::Display for Described {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.cause.fmt(f)
+    }
+}
+
+impl std::error::Error for Described {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause.source()
+    }
+}
+
 /// One item failed in one stage. Cheap to clone; the cause is shared.
 #[derive(Debug, Clone)]
 pub struct ItemError {

@@ -83,6 +83,11 @@ impl StageCore {
     /// Records a failed item; `local` are the caller's unflushed counters. Returns whether the
     /// failure was fatal.
     pub fn fail(&self, local: &mut Counters, item: String, cause: BoxError) -> bool {
+        // An error that names its item overrides the stage's description.
+        let (item, cause) = match cause.downcast::<crate::error::Described>() {
+            Ok(d) => d.into_parts(),
+            Err(cause) => (item, cause),
+        };
         local.failures += 1;
         let seen = self.metrics.items_in() + local.items_in;
         self.ledger.record(

@@ -16,7 +16,9 @@ use flowgate::media::audio::AudioRecipe;
 use flowgate::media::image::{ImageRecipe, Layout};
 use flowgate::media::Files;
 use flowgate::sampler::ShardLengths;
-use flowgate::{DType, FailureBudget, Pipeline, PipelineError, PipelineState, Tensor, Workers};
+use flowgate::{
+    DType, Described, FailureBudget, Pipeline, PipelineError, PipelineState, Tensor, Workers,
+};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
@@ -694,6 +696,14 @@ impl std::fmt::Display for PyStageError {
 
 impl std::error::Error for PyStageError {}
 
+/// `repr(x)`, for naming an item that failed.
+fn py_repr(py: Python<'_>, x: &Py<PyAny>) -> String {
+    x.bind(py)
+        .repr()
+        .map(|r| r.to_string())
+        .unwrap_or_else(|_| "<item>".into())
+}
+
 fn py_error(py: Python<'_>, e: PyErr) -> PyStageError {
     let ty = e
         .get_type(py)
@@ -785,14 +795,8 @@ impl PyPipeline {
                 }
             })
         });
-        let mut b = b.describe(|x: &Py<PyAny>| {
-            Python::with_gil(|py| {
-                x.bind(py)
-                    .repr()
-                    .map(|r| r.to_string())
-                    .unwrap_or_else(|_| "<item>".into())
-            })
-        });
+        // Items are described (`repr()`, under the GIL) only when they fail: see `Described`.
+        let mut b = b;
         let budget = if self.skip_errors {
             FailureBudget::unlimited()
         } else {
@@ -805,7 +809,10 @@ impl PyPipeline {
                     b.pipe(
                         name,
                         move |x: Py<PyAny>| {
-                            Python::with_gil(|py| f.call1(py, (x,)).map_err(|e| py_error(py, e)))
+                            Python::with_gil(|py| {
+                                f.call1(py, (x.clone_ref(py),))
+                                    .map_err(|e| Described::new(py_repr(py, &x), py_error(py, e)))
+                            })
                         },
                         Workers::initial(*workers),
                     )
@@ -821,15 +828,7 @@ impl PyPipeline {
                     },
                     1,
                 ),
-            }
-            .describe(|x: &Py<PyAny>| {
-                Python::with_gil(|py| {
-                    x.bind(py)
-                        .repr()
-                        .map(|r| r.to_string())
-                        .unwrap_or_else(|_| "<item>".into())
-                })
-            });
+            };
         }
         b.max_failures(budget).build()
     }
