@@ -159,8 +159,9 @@ impl AudioRecipe {
         };
         // Planar output, filled as frames arrive (mono: one plane, shape `[samples]`).
         let mut t = match self.channels {
-            Channels::Mono => Tensor::zeros(&[cap], DType::F32),
-            Channels::Keep => Tensor::zeros(&[out_ch, cap], DType::F32),
+            // Decoded frames overwrite the start of every plane; the rest is zeroed below.
+            Channels::Mono => Tensor::for_overwrite(&[cap], DType::F32),
+            Channels::Keep => Tensor::for_overwrite(&[out_ch, cap], DType::F32),
         };
         let mut filled = 0usize;
         let mut ended_early = false;
@@ -205,6 +206,11 @@ impl AudioRecipe {
                 AudioBufferRef::F64(b) => to.put(&b),
             }
             filled += take;
+        }
+        // Zero padding past the decoded frames (and any plane the stream did not fill).
+        let planes_filled = f32_slice_mut(&mut t);
+        for plane in planes_filled.chunks_exact_mut(cap) {
+            plane[filled..].fill(0.0);
         }
         if ended_early {
             if let Some(declared) = params.n_frames {
@@ -266,10 +272,15 @@ impl Dest<'_> {
                 }
             }
             Channels::Keep => {
-                for c in 0..ch.min(self.out_ch) {
+                for c in 0..self.out_ch {
                     let dst = &mut self.out[c * self.cap + at..c * self.cap + at + take];
-                    for (d, &s) in dst.iter_mut().zip(&b.chan(c)[..take]) {
-                        *d = f32::from_sample(s);
+                    if c < ch {
+                        for (d, &s) in dst.iter_mut().zip(&b.chan(c)[..take]) {
+                            *d = f32::from_sample(s);
+                        }
+                    } else {
+                        // A packet with fewer channels than the stream declared: silence.
+                        dst.fill(0.0);
                     }
                 }
             }
@@ -444,6 +455,10 @@ mod tests {
             samples: 9000,
             ..AudioRecipe::default()
         };
+        // A recycled buffer full of NaNs, so that padding must really be written.
+        let mut dirty = Tensor::for_overwrite(&[9000], DType::F32);
+        dirty.bytes_mut().fill(0xff);
+        drop(dirty);
         let v = floats(
             &r.decode(sink.as_slice().to_vec(), Path::new("c.flac"))
                 .unwrap(),
