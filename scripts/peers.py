@@ -54,6 +54,12 @@ def timed(cmd, cwd=None):
             "rss_mb": rss_kb / 1024, "items": r["items"], "shape": r.get("batch_shape")}
 
 
+def best_of(workload, peer, lst):
+    """Every setting of a peer runs; its best of this repetition counts."""
+    return max((timed([PY, c[0], *c[1:], "--list", lst], cwd=PEERS)
+                for c in SETTINGS[workload][peer]), key=lambda r: r["items_per_s"])
+
+
 def span(xs, fmt="{:.0f}"):
     return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}–{fmt.format(max(xs))})"
 
@@ -75,18 +81,12 @@ def main():
         runs = {"flowgate": [], "spdl": [], "torch": []}
         for rep in range(args.reps):
             runs["flowgate"].append(timed([bench, workload, "--list", lst]))
-            # Every setting of a peer runs; its best of this repetition counts.
-            best = max((timed([PY, c[0], *c[1:], "--list", lst], cwd=PEERS)
-                        for c in SETTINGS[workload]["spdl"]), key=lambda r: r["items_per_s"])
-            runs["spdl"].append(best)
-            if args.torch:
-                runs["torch"].append(max((timed([PY, c[0], *c[1:], "--list", lst], cwd=PEERS)
-                                          for c in SETTINGS[workload]["torch"]),
-                                         key=lambda r: r["items_per_s"]))
+            for peer in ("spdl", "torch") if args.torch else ("spdl",):
+                runs[peer].append(best_of(workload, peer, lst))
             print(f"{workload} rep {rep + 1}: " + ", ".join(
                 f"{k} {v[-1]['items_per_s']:.0f}/s" for k, v in runs.items() if v), file=sys.stderr)
         results[workload] = runs
-        f, s = runs["flowgate"], runs["spdl"]
+        f = runs["flowgate"]
         ratio = lambda key, peer: [a[key] / b[key] for a, b in zip(f, runs[peer])]
         print(f"\n{workload} ({lst}, {f[0]['items']} items, {args.reps} interleaved repetitions;"
               " median (min–max))\n")

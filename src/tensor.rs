@@ -247,23 +247,23 @@ pub struct Tensor {
 impl Tensor {
     /// A zero tensor.
     pub fn zeros(shape: &[usize], dtype: DType) -> Self {
-        let n: usize = shape.iter().product();
-        Self {
-            shape: shape.to_vec(),
-            dtype,
-            data: Storage::Aligned(AlignedBuf::zeroed(n * dtype.size())),
-        }
+        Self::aligned(shape, dtype, AlignedBuf::zeroed)
     }
 
     /// A tensor whose contents are unspecified (zeros, or the old bytes of a recycled buffer):
     /// for a writer that sets every element, such as a decoder filling its output. Cheaper
     /// than [`zeros`](Self::zeros) for large tensors made over and over.
     pub fn for_overwrite(shape: &[usize], dtype: DType) -> Self {
+        Self::aligned(shape, dtype, AlignedBuf::for_overwrite)
+    }
+
+    /// A tensor in its own aligned buffer of the right length, made by `buf`.
+    fn aligned(shape: &[usize], dtype: DType, buf: fn(usize) -> AlignedBuf) -> Self {
         let n: usize = shape.iter().product();
         Self {
             shape: shape.to_vec(),
             dtype,
-            data: Storage::Aligned(AlignedBuf::for_overwrite(n * dtype.size())),
+            data: Storage::Aligned(buf(n * dtype.size())),
         }
     }
 

@@ -109,7 +109,7 @@ impl Normalize {
 struct Scratch {
     resizer: Resizer,
     /// The resized image before it is transposed, flipped or normalised.
-    chw: Vec<u8>,
+    resized: Vec<u8>,
     /// Decoded pixels (interleaved RGB).
     pixels: Vec<u8>,
 }
@@ -274,12 +274,14 @@ impl ImageRecipe {
             };
             let Scratch {
                 resizer,
-                chw,
+                resized,
                 pixels,
             } = &mut *cell.borrow_mut();
             let got = decode_rgb(bytes, path, pixels, geometry);
             let got = got.and_then(|region| {
-                self.finish(region, window, &mut rng, resizer, pixels, chw, out, path)
+                self.finish(
+                    region, window, &mut rng, resizer, pixels, resized, out, path,
+                )
             });
             if pixels.capacity() > KEEP_DECODE_BUFFER {
                 *pixels = Vec::new();
