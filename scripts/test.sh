@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --test
+# A CI run builds once from a clean clone: incremental caches would only take disk.
+if [ "${CI:-}" = true ]; then export CARGO_INCREMENTAL=0; fi
 cargo test --workspace --locked --features flowgate/s3,flowgate/video,flowgate/prometheus,flowgate/cuda "$@"
 cargo test --locked --no-default-features --features image --lib media::image
 # Python: a virtualenv, the package built by maturin through pip, pytest.
