@@ -11,7 +11,6 @@
 //! dataset's folders, sorted. `RANK`/`WORLD_SIZE` shard the list. Each epoch reshuffles and
 //! re-seeds the augmentation, so epochs differ but a rerun repeats them exactly.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -47,17 +46,9 @@ fn main() -> Result<(), PipelineError> {
         })?
         .shuffle(0)
         .shard_from_env();
-    // ImageFolder labels: the parent folder's index among the sorted folders.
-    let classes: BTreeMap<PathBuf, i64> = {
-        let mut dirs: Vec<PathBuf> = files
-            .epoch(0)
-            .iter()
-            .filter_map(|p| p.parent().map(PathBuf::from))
-            .collect();
-        dirs.sort();
-        dirs.dedup();
-        dirs.into_iter().zip(0..).collect()
-    };
+    // ImageFolder labels: the parent folder's index among the dataset's sorted folders
+    // (the whole dataset's, so every rank numbers the classes alike).
+    let classes = files.folder_labels();
     let n_classes = classes.len();
     let recipe = ImageRecipe::train(size);
     let n = files.len();
@@ -68,11 +59,9 @@ fn main() -> Result<(), PipelineError> {
             "decode",
             move |(path, epoch): (PathBuf, u64)| -> Result<Sample, MediaError> {
                 let image = recipe.reseeded(epoch).load(&path)?;
-                let label = path
-                    .parent()
-                    .and_then(|d| classes.get(d))
-                    .copied()
-                    .unwrap_or(0);
+                let label = classes
+                    .label(&path)
+                    .expect("every file's folder is a class");
                 Ok(Sample::new().with("image", image).with("label", label))
             },
             1,

@@ -19,7 +19,8 @@ threads, queues and tuner do not).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence,
+                    Tuple, Union)
 
 from . import _native
 from ._native import Batch, LoaderError
@@ -27,6 +28,7 @@ from ._native import Batch, LoaderError
 __all__ = ["ImageLoader", "AudioLoader", "Pipeline", "Batch", "LoaderError"]
 
 PathsLike = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
+Labels = Union[None, str, Sequence[int], Mapping[Union[str, "os.PathLike[str]"], int]]
 
 
 class _Epoch:
@@ -49,14 +51,21 @@ class _Epoch:
 class _Loader:
     _native: Any
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[Any]:
         """Iterates one epoch; the next ``iter()`` starts the next epoch (a loop left with
-        ``break`` is abandoned: its pipeline stops at once)."""
+        ``break`` is abandoned: its pipeline stops at once). Yields a :class:`Batch`, or with
+        ``labels`` and/or ``return_paths`` a tuple ``(batch, labels, paths)`` of what was asked
+        for."""
         return _Epoch(self._native)
 
     def __len__(self) -> int:
         """Batches per epoch (on this rank)."""
         return len(self._native)
+
+    @property
+    def classes(self) -> Optional[List[str]]:
+        """With ``labels="folder"``: the class names, index = label; otherwise None."""
+        return self._native.classes
 
     @property
     def epoch(self) -> int:
@@ -102,6 +111,14 @@ class ImageLoader(_Loader):
     ``drop_last``: equal shards and no partial last batch. ``workers``: pin the decode
     concurrency (default: the tuner decides). ``skip_errors``: skip and count unreadable
     files (default) instead of raising :class:`LoaderError`.
+
+    ``labels``: ``"folder"`` (torchvision ``ImageFolder``'s: the index of each file's folder
+    among the dataset's sorted folders; names in :attr:`classes`), a sequence of ints (one
+    per file, in dataset order: the list's, the sequence's, or the sorted directory walk's),
+    or a mapping from path (as the loader reads it) to int. Each batch then comes as
+    ``(images, labels)``, ``labels`` an int64 :class:`Batch` of the batch's length, aligned
+    with the images even when files are skipped. ``return_paths``: add the batch's file
+    paths (a list of str) as the tuple's last element.
     """
 
     def __init__(
@@ -118,16 +135,19 @@ class ImageLoader(_Loader):
         drop_last: bool = False,
         workers: Optional[int] = None,
         skip_errors: bool = True,
+        labels: Labels = None,
+        return_paths: bool = False,
     ) -> None:
         self._native = _native.image_loader(
             _paths(paths), batch_size, resize, crop, layout, shuffle, seed, rank, world_size,
-            drop_last, workers, skip_errors,
+            drop_last, workers, skip_errors, _labels(labels), return_paths,
         )
 
 
 class AudioLoader(_Loader):
     """WAV/FLAC/MP3/Ogg/M4A files → batches of ``batch_size x (rate*seconds)`` float32, mono,
-    cropped or zero-padded. Other arguments as :class:`ImageLoader`."""
+    cropped or zero-padded. Other arguments (``labels`` and ``return_paths`` too) as
+    :class:`ImageLoader`."""
 
     def __init__(
         self,
@@ -142,10 +162,12 @@ class AudioLoader(_Loader):
         drop_last: bool = False,
         workers: Optional[int] = None,
         skip_errors: bool = True,
+        labels: Labels = None,
+        return_paths: bool = False,
     ) -> None:
         self._native = _native.audio_loader(
             _paths(paths), batch_size, rate, seconds, shuffle, seed, rank, world_size,
-            drop_last, workers, skip_errors,
+            drop_last, workers, skip_errors, _labels(labels), return_paths,
         )
 
 
@@ -190,3 +212,11 @@ def _paths(paths: PathsLike) -> Any:
     if isinstance(paths, (str, os.PathLike)):
         return os.fspath(paths)
     return [os.fspath(p) for p in paths]
+
+
+def _labels(labels: Labels) -> Any:
+    if labels is None or isinstance(labels, str):
+        return labels
+    if isinstance(labels, Mapping):
+        return {os.fspath(k): int(v) for k, v in labels.items()}
+    return [int(v) for v in labels]

@@ -253,7 +253,13 @@ impl Batch {
 // ---------------------------------------------------------------------------------------------
 // Native loaders.
 
-type Make = Box<dyn Fn() -> Result<Pipeline<Tensor>, PipelineError> + Send + Sync>;
+type Make = Box<dyn Fn() -> Result<Pipeline<Loaded>, PipelineError> + Send + Sync>;
+
+/// A collated batch and the dataset indices of its files (for labels and paths).
+struct Loaded {
+    x: Tensor,
+    files: Vec<usize>,
+}
 
 /// Decodes one file into one item.
 type Decode =
@@ -264,14 +270,14 @@ type Failure = (String, String, String);
 
 struct Core {
     make: Make,
-    pipeline: Option<Pipeline<Tensor>>,
+    pipeline: Option<Pipeline<Loaded>>,
     /// Whether an epoch is being iterated (a new Python iterator then starts the next one).
     in_epoch: bool,
     batches_per_epoch: usize,
 }
 
 impl Core {
-    fn pipeline(&mut self) -> Result<&mut Pipeline<Tensor>, PipelineError> {
+    fn pipeline(&mut self) -> Result<&mut Pipeline<Loaded>, PipelineError> {
         if self.pipeline.is_none() {
             self.pipeline = Some((self.make)()?);
         }
@@ -294,7 +300,7 @@ impl Core {
         Ok(())
     }
 
-    fn next(&mut self) -> Result<Option<Tensor>, PipelineError> {
+    fn next(&mut self) -> Result<Option<Loaded>, PipelineError> {
         if !self.in_epoch {
             return Ok(None);
         }
@@ -319,6 +325,77 @@ impl Core {
 struct Loader {
     core: Mutex<Core>,
     failures: Arc<Mutex<Vec<Failure>>>,
+    /// The dataset's paths (every rank's), indexed by `Loaded::files`.
+    paths: Arc<[PathBuf]>,
+    /// A label per dataset path, when batches carry labels.
+    labels: Option<Vec<i64>>,
+    /// The class names, when the labels come from folders.
+    classes: Option<Vec<String>>,
+    /// Whether batches carry their files' paths.
+    return_paths: bool,
+}
+
+/// What a loader's batches carry besides the tensor.
+struct Extras {
+    labels: Option<Vec<i64>>,
+    classes: Option<Vec<String>>,
+    return_paths: bool,
+}
+
+impl Extras {
+    /// Reads the `labels` argument: `"folder"`, a sequence of ints (one per file, in dataset
+    /// order) or a mapping from path to int.
+    fn new(labels: Option<&Bound<'_, PyAny>>, files: &Files, return_paths: bool) -> PyResult<Self> {
+        let mut e = Self {
+            labels: None,
+            classes: None,
+            return_paths,
+        };
+        let Some(labels) = labels else {
+            return Ok(e);
+        };
+        if let Ok(kind) = labels.extract::<String>() {
+            if kind != "folder" {
+                return Err(PyValueError::new_err(format!(
+                    "labels must be \"folder\", a sequence of ints or a mapping from path to int, not {kind:?}"
+                )));
+            }
+            let folders = files.folder_labels();
+            e.labels = Some(
+                files
+                    .paths()
+                    .iter()
+                    .map(|p| {
+                        folders
+                            .label(p)
+                            .expect("a dataset file's folder is a class")
+                    })
+                    .collect(),
+            );
+            e.classes = Some(folders.classes());
+        } else if let Ok(map) = labels.downcast::<PyDict>() {
+            let mut v = Vec::with_capacity(files.len());
+            for p in files.paths() {
+                let key = p.to_string_lossy();
+                let label = map.get_item(key.as_ref())?.ok_or_else(|| {
+                    PyValueError::new_err(format!("labels has no entry for {key:?}"))
+                })?;
+                v.push(label.extract::<i64>()?);
+            }
+            e.labels = Some(v);
+        } else {
+            let v: Vec<i64> = labels.extract()?;
+            if v.len() != files.len() {
+                return Err(PyValueError::new_err(format!(
+                    "{} labels for {} files",
+                    v.len(),
+                    files.len()
+                )));
+            }
+            e.labels = Some(v);
+        }
+        Ok(e)
+    }
 }
 
 /// Keeps the last this many skipped failures.
@@ -364,6 +441,7 @@ fn files_of(
 impl Loader {
     fn new(
         files: Files,
+        extras: Extras,
         decode: Decode,
         batch_size: usize,
         drop_last: bool,
@@ -381,28 +459,34 @@ impl Loader {
         };
         let failures: Arc<Mutex<Vec<Failure>>> = Arc::default();
         let seen = Arc::clone(&failures);
+        let paths: Arc<[PathBuf]> = files.paths().into();
+        let all = Arc::clone(&paths);
         let make: Make = Box::new(move || {
             let files = files.clone();
             let decode = Arc::clone(&decode);
             let seen = Arc::clone(&seen);
+            let (named, read) = (Arc::clone(&all), Arc::clone(&all));
             Pipeline::builder()
-                .source_epochs(move |e| files.epoch(e))
-                .describe(|p: &PathBuf| p.display().to_string())
+                .source_epochs(move |e| files.epoch_indices(e))
+                .describe(move |&i: &usize| named[i].display().to_string())
                 .pipe(
                     "decode",
-                    move |p: PathBuf| decode(&p),
+                    move |i: usize| decode(&read[i]).map(|t| (t, i)),
                     workers.map_or(Workers::initial(1), Workers::fixed),
                 )
-                .measure(Tensor::nbytes)
+                .measure(|(t, _): &(Tensor, usize)| t.nbytes())
                 .aggregate(batch_size, drop_last)
                 .pipe(
                     "collate",
-                    |v: Vec<Tensor>| {
-                        Tensor::stack(&v).ok_or(PipelineError::config("items of different shapes"))
+                    |v: Vec<(Tensor, usize)>| {
+                        let (tensors, files): (Vec<Tensor>, Vec<usize>) = v.into_iter().unzip();
+                        let x = Tensor::stack(&tensors)
+                            .ok_or(PipelineError::config("items of different shapes"))?;
+                        Ok::<_, PipelineError>(Loaded { x, files })
                     },
                     1,
                 )
-                .measure(Tensor::nbytes)
+                .measure(|b: &Loaded| b.x.nbytes())
                 .max_failures(if skip_errors {
                     FailureBudget::unlimited()
                 } else {
@@ -425,6 +509,10 @@ impl Loader {
                 batches_per_epoch,
             }),
             failures,
+            paths,
+            labels: extras.labels,
+            classes: extras.classes,
+            return_paths: extras.return_paths,
         })
     }
 }
@@ -438,13 +526,45 @@ impl Loader {
             .map_err(to_py)
     }
 
-    /// The next batch of the epoch, or None at its end. Releases the GIL while waiting.
-    fn _next(&self, py: Python<'_>) -> PyResult<Option<Batch>> {
+    /// The next batch of the epoch, or None at its end: a `Batch`, or a tuple of it, the
+    /// labels (an int64 `Batch`) and the paths (a list of str), as configured. Releases the
+    /// GIL while waiting.
+    fn _next<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let core = &self.core;
-        let t = py
+        let loaded = py
             .allow_threads(|| core.lock().expect("loader").next())
             .map_err(to_py)?;
-        Ok(t.map(|t| Batch { t }))
+        let Some(Loaded { x, files }) = loaded else {
+            return Ok(None);
+        };
+        let x = Bound::new(py, Batch { t: x })?.into_any();
+        if self.labels.is_none() && !self.return_paths {
+            return Ok(Some(x));
+        }
+        let mut out = vec![x];
+        if let Some(labels) = &self.labels {
+            let v: Vec<i64> = files.iter().map(|&i| labels[i]).collect();
+            out.push(
+                Bound::new(
+                    py,
+                    Batch {
+                        t: Tensor::from_i64(&v),
+                    },
+                )?
+                .into_any(),
+            );
+        }
+        if self.return_paths {
+            let paths = files.iter().map(|&i| self.paths[i].to_string_lossy());
+            out.push(PyList::new(py, paths)?.into_any());
+        }
+        Ok(Some(PyTuple::new(py, out)?.into_any()))
+    }
+
+    /// The class names, index = label (`labels="folder"`), or None.
+    #[getter]
+    fn classes(&self) -> Option<Vec<String>> {
+        self.classes.clone()
     }
 
     /// Batches per epoch.
@@ -559,6 +679,7 @@ struct Options {
     drop_last: bool,
     workers: Option<usize>,
     skip_errors: bool,
+    return_paths: bool,
 }
 
 impl Options {
@@ -567,6 +688,7 @@ impl Options {
     fn loader(
         self,
         paths: &Bound<'_, PyAny>,
+        labels: Option<&Bound<'_, PyAny>>,
         extensions: &[&str],
         decode: Decode,
     ) -> PyResult<Loader> {
@@ -579,8 +701,10 @@ impl Options {
             self.world_size,
             self.drop_last,
         )?;
+        let extras = Extras::new(labels, &files, self.return_paths)?;
         Loader::new(
             files,
+            extras,
             decode,
             self.batch_size,
             self.drop_last,
@@ -593,7 +717,8 @@ impl Options {
 /// An image loader (see `flowgate.ImageLoader`).
 #[pyfunction]
 #[pyo3(signature = (paths, batch_size=32, resize=256, crop=224, layout="nchw", shuffle=true,
-    seed=0, rank=None, world_size=None, drop_last=false, workers=None, skip_errors=true))]
+    seed=0, rank=None, world_size=None, drop_last=false, workers=None, skip_errors=true,
+    labels=None, return_paths=false))]
 #[allow(clippy::too_many_arguments)]
 fn image_loader(
     paths: &Bound<'_, PyAny>,
@@ -608,6 +733,8 @@ fn image_loader(
     drop_last: bool,
     workers: Option<usize>,
     skip_errors: bool,
+    labels: Option<&Bound<'_, PyAny>>,
+    return_paths: bool,
 ) -> PyResult<Loader> {
     let layout = match layout {
         "nchw" => Layout::Nchw,
@@ -633,9 +760,11 @@ fn image_loader(
         drop_last,
         workers,
         skip_errors,
+        return_paths,
     };
     o.loader(
         paths,
+        labels,
         &["jpg", "jpeg", "png", "webp"],
         Arc::new(move |p| recipe.load(p)),
     )
@@ -644,7 +773,8 @@ fn image_loader(
 /// An audio loader (see `flowgate.AudioLoader`).
 #[pyfunction]
 #[pyo3(signature = (paths, batch_size=32, rate=16000, seconds=4.0, shuffle=true, seed=0,
-    rank=None, world_size=None, drop_last=false, workers=None, skip_errors=true))]
+    rank=None, world_size=None, drop_last=false, workers=None, skip_errors=true, labels=None,
+    return_paths=false))]
 #[allow(clippy::too_many_arguments)]
 fn audio_loader(
     paths: &Bound<'_, PyAny>,
@@ -658,6 +788,8 @@ fn audio_loader(
     drop_last: bool,
     workers: Option<usize>,
     skip_errors: bool,
+    labels: Option<&Bound<'_, PyAny>>,
+    return_paths: bool,
 ) -> PyResult<Loader> {
     let recipe = AudioRecipe {
         rate,
@@ -673,9 +805,11 @@ fn audio_loader(
         drop_last,
         workers,
         skip_errors,
+        return_paths,
     };
     o.loader(
         paths,
+        labels,
         &["flac", "wav", "mp3", "ogg", "m4a"],
         Arc::new(move |p| recipe.load(p)),
     )

@@ -179,3 +179,60 @@ def test_state_dict_resumes_exactly(data):
     assert sum(len(x) for x in rest) == 24
     assert hashes(first + rest) == whole
     assert b.epoch == 1
+
+
+def image_folder(data, root):
+    """root/{cat,dog,zebra}/*.jpg from the sample images, and a corrupt file in cat/."""
+    sources = sorted((data / "images").glob("*.jpg"))[:12]
+    for i, src in enumerate(sources):
+        d = root / ("dog", "cat", "zebra")[i % 3]
+        d.mkdir(parents=True, exist_ok=True)
+        (d / src.name).write_bytes(src.read_bytes())
+    (root / "cat" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a JPEG")
+    return root
+
+
+def one_image(path):
+    (b,) = list(flowgate.ImageLoader([path], batch_size=1, shuffle=False))
+    return np.asarray(b)[0].tobytes()
+
+
+def test_folder_labels_and_paths_stay_aligned_with_their_images(data, tmp_path):
+    root = image_folder(data, tmp_path / "train")
+    loader = flowgate.ImageLoader(root, batch_size=5, seed=1, labels="folder", return_paths=True)
+    assert loader.classes == ["cat", "dog", "zebra"]
+    seen = []
+    for x, y, paths in loader:
+        assert len(x) == len(y) == len(paths)
+        assert y.dtype == "int64" and y.shape == (len(x),)
+        labels = np.asarray(y)
+        for i, p in enumerate(paths):
+            assert labels[i] == loader.classes.index(pathlib.Path(p).parent.name)
+            assert np.asarray(x)[i].tobytes() == one_image(p), "image and path disagree"
+        seen += paths
+    assert sorted(seen) == sorted(str(p) for p in root.glob("*/*.jpg") if p.name != "broken.jpg")
+    assert [item for _, item, _ in loader.failures()] == [str(root / "cat" / "broken.jpg")]
+    # Every rank numbers the classes alike.
+    ranks = [flowgate.ImageLoader(root, labels="folder", rank=r, world_size=2) for r in (0, 1)]
+    assert [r.classes for r in ranks] == [loader.classes] * 2
+
+
+def test_labels_from_a_sequence_or_a_mapping(data, tmp_path):
+    paths = [str(p) for p in sorted((data / "images").glob("*.jpg"))[:6]]
+    by_seq = flowgate.ImageLoader(paths, batch_size=6, labels=[10, 11, 12, 13, 14, 15],
+                                  return_paths=True, crop=32, resize=40)
+    ((_, y, got),) = list(by_seq)
+    assert dict(zip(got, np.asarray(y).tolist())) == {p: 10 + i for i, p in enumerate(paths)}
+    assert by_seq.classes is None
+    mapping = {pathlib.Path(p): 7 * i for i, p in enumerate(paths)}
+    ((x, y),) = list(flowgate.ImageLoader(paths, batch_size=6, shuffle=False, labels=mapping))
+    assert np.asarray(y).tolist() == [7 * i for i in range(6)] and len(x) == 6
+    ((_, only_paths),) = list(flowgate.ImageLoader(paths, batch_size=6, shuffle=False,
+                                                   return_paths=True))
+    assert only_paths == paths
+    with pytest.raises(ValueError, match="5 labels for 6 files"):
+        flowgate.ImageLoader(paths, labels=[0] * 5)
+    with pytest.raises(ValueError, match="no entry for"):
+        flowgate.ImageLoader(paths, labels={paths[0]: 1})
+    with pytest.raises(ValueError, match="folder"):
+        flowgate.ImageLoader(paths, labels="folders")

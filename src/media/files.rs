@@ -135,11 +135,70 @@ impl Files {
 
     /// This shard's files for `epoch`, in order.
     pub fn epoch(&self, epoch: u64) -> Vec<PathBuf> {
-        self.sampler
-            .epoch(epoch)
+        self.epoch_indices(epoch)
             .into_iter()
             .map(|i| self.paths[i].clone())
             .collect()
+    }
+
+    /// This shard's files for `epoch` as indices into [`paths`](Self::paths), in order: for
+    /// items that carry per-file data (labels) along with the file.
+    pub fn epoch_indices(&self, epoch: u64) -> Vec<usize> {
+        self.sampler.epoch(epoch)
+    }
+
+    /// ImageFolder-style classes: every file's label is the index of its parent folder among
+    /// the dataset's sorted parent folders. Computed over the whole dataset, not this shard,
+    /// so every rank and every epoch agree.
+    pub fn folder_labels(&self) -> FolderLabels {
+        let mut dirs: Vec<PathBuf> = self
+            .paths
+            .iter()
+            .filter_map(|p| p.parent().map(Path::to_path_buf))
+            .collect();
+        dirs.sort();
+        dirs.dedup();
+        FolderLabels { dirs }
+    }
+}
+
+/// Labels from folder names (see [`Files::folder_labels`]): `root/cat/1.jpg` → the index of
+/// `root/cat` among the sorted folders holding files, as torchvision's `ImageFolder` numbers
+/// the classes of a `root/<class>/<file>` tree.
+#[derive(Clone, Debug)]
+pub struct FolderLabels {
+    dirs: Vec<PathBuf>,
+}
+
+impl FolderLabels {
+    /// The label of `path`, or `None` if its folder holds none of the dataset's files.
+    pub fn label(&self, path: &Path) -> Option<i64> {
+        let dir = path.parent()?;
+        let i = self.dirs.binary_search_by(|d| d.as_path().cmp(dir)).ok()?;
+        i64::try_from(i).ok()
+    }
+
+    /// The class names (the folders' names), in label order.
+    pub fn classes(&self) -> Vec<String> {
+        self.dirs
+            .iter()
+            .map(|d| {
+                d.file_name().map_or_else(
+                    || d.display().to_string(),
+                    |n| n.to_string_lossy().into_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// Number of classes.
+    pub fn len(&self) -> usize {
+        self.dirs.len()
+    }
+
+    /// Whether there are no classes (no files).
+    pub fn is_empty(&self) -> bool {
+        self.dirs.is_empty()
     }
 }
 
@@ -171,5 +230,32 @@ mod tests {
             all,
             "no shuffle: list order"
         );
+    }
+
+    #[test]
+    fn folder_labels_number_the_sorted_folders_of_the_whole_dataset() {
+        let paths = ["d/zebra/1.jpg", "d/cat/2.jpg", "d/dog/3.jpg", "d/cat/4.jpg"];
+        let files = Files::new(paths).shuffle(3).shard(1, 2);
+        let labels = files.folder_labels();
+        assert_eq!(labels.classes(), ["cat", "dog", "zebra"]);
+        assert_eq!(labels.len(), 3);
+        let of = |p: &str| labels.label(Path::new(p));
+        assert_eq!(
+            [of("d/cat/4.jpg"), of("d/dog/3.jpg"), of("d/zebra/1.jpg")],
+            [Some(0), Some(1), Some(2)]
+        );
+        assert_eq!(of("d/cow/5.jpg"), None, "a folder the dataset lacks");
+        // Every rank numbers the same way, whatever its shard holds.
+        let other = Files::new(paths).shuffle(3).shard(0, 2).folder_labels();
+        assert_eq!(other.classes(), labels.classes());
+        // Indices name the same files as paths.
+        for e in 0..3 {
+            let by_index: Vec<PathBuf> = files
+                .epoch_indices(e)
+                .into_iter()
+                .map(|i| files.paths()[i].clone())
+                .collect();
+            assert_eq!(by_index, files.epoch(e));
+        }
     }
 }

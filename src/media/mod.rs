@@ -25,4 +25,4 @@ pub mod synth;
 pub mod video;
 
 pub use error::MediaError;
-pub use files::Files;
+pub use files::{Files, FolderLabels};
