@@ -351,6 +351,10 @@ impl Actor for TunerActor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         tracing::debug!(policy = self.policy.name(), tick = ?self.tick, "tuner started");
+        // The baseline of the first window: the first tick then observes (and may act)
+        // instead of only taking a snapshot, a tick sooner on a cold start.
+        let snaps = self.stages.iter().map(|(c, _)| c.snapshot()).collect();
+        self.prev = Some((Instant::now(), snaps));
         ctx.run_interval(self.tick, |this, _| this.tick());
     }
 

@@ -251,6 +251,22 @@ fn d_consumer_bound_does_not_over_allocate() {
 }
 
 #[test]
+fn f_steady_work_is_not_oversubscribed() {
+    let (sc, runs, _) = scenario_reaches_best_static("f_steady_two_cores.toml");
+    // Steady CPU work gains nothing from more workers than cores (headroom and staffing
+    // would ask for three on two cores; on a real machine that costs ~5% in switching).
+    for t in runs.iter().flat_map(|r| &r.ticks) {
+        assert!(
+            t.workers[0] <= sc.cores,
+            "{} decode workers on {} cores at {} s",
+            t.workers[0],
+            sc.cores,
+            t.t
+        );
+    }
+}
+
+#[test]
 fn e_shifts() {
     let sc = load("e_shift.toml");
     let runs = tuned_runs(&sc, 60.0);

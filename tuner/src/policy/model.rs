@@ -15,7 +15,7 @@
 //!    when more stops helping.
 //! 3. **Allocate.** `workers = ceil(R* × (1 + headroom) × flow × cost)`, plus square-root
 //!    staffing for variable work (`+ cv × sqrt(load)`), for each stage, in one jump (not
-//!    one worker per tick). A stage that waits on others gets fewer. Changes inside the
+//!    one worker per tick); a CPU stage of steady cost (CV < 0.5) gets no more than the cores. A stage that waits on others gets fewer. Changes inside the
 //!    deadband are ignored; a move waits for three ticks wishing the same way (twenty to
 //!    reverse the last move; one for a stage's first scale-up while the consumer starves).
 //! 4. **Test.** After a change the policy waits `settle_ticks`, then compares `trial_ticks` per-tick
@@ -37,6 +37,9 @@ const STAFFING_BETA: f64 = 1.0;
 /// The CV is capped here: beyond it (infinite-variance tails) the sample CV only measures how
 /// long the stage has run, and more spare workers stop helping under processor sharing.
 const MAX_CV: f64 = 1.0;
+/// Cost CV below which a CPU stage's work counts as steady: its workers are then capped at
+/// the cores (image decoding, with sizes varying ±30%, has a CV around 0.3; heavy tails 1).
+const STEADY_CV: f64 = 0.5;
 /// Ticks in a row the model must want a stage moved the same way before it moves: a single
 /// noisy tick (a heavy-tailed item finishing) must not move workers; a real shift persists.
 const CONFIRM_TICKS: i32 = 3;
@@ -296,6 +299,7 @@ impl ModelBased {
     fn targets(&self, obs: &Observation, n: usize) -> Vec<usize> {
         let rate = self.target_rate(obs, n);
         let h = self.s.headroom;
+        let cores = obs.budgets.map_or(1, |b| b.cores).max(1);
         let mut out: Vec<usize> = (0..n)
             .map(|i| {
                 let s = &obs.stages[i];
@@ -311,10 +315,19 @@ impl ModelBased {
                 let cur = s.workers;
                 // Inside [need, need × (1 + 2h)] the allocation holds: noise in the estimates
                 // moves `need` by a few percent, and must not move workers.
-                if cur as f64 >= need && (cur as f64) <= (need * (1.0 + 2.0 * h)).ceil() {
+                let w = if cur as f64 >= need && (cur as f64) <= (need * (1.0 + 2.0 * h)).ceil() {
                     cur
                 } else {
                     (need * (1.0 + h)).ceil() as usize
+                };
+                // A CPU stage of steady cost cannot run more items at once than there are
+                // cores: headroom and staffing beyond them only oversubscribe. (Heavy-tailed
+                // work keeps them: spare workers let short items pass a long one. The boost
+                // below still adds workers when cores sit idle because workers block.)
+                if s.is_cpu() && cv < STEADY_CV {
+                    w.min(cores.max(cur.min(w)))
+                } else {
+                    w
                 }
             })
             .collect();
