@@ -11,9 +11,9 @@ cd "$(dirname "$0")/.."
 if [ "${CI:-}" = true ]; then export CARGO_INCREMENTAL=0; fi
 cargo test --workspace --locked --features flowgate/s3,flowgate/video,flowgate/prometheus,flowgate/cuda "$@"
 cargo test --locked --no-default-features --features image --lib media::image
-# Python: a virtualenv, the package built by maturin through pip, pytest.
+# Python: a virtualenv, the package built by maturin through pip (with VideoLoader), pytest.
 VENV=target/pyvenv
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install --quiet --upgrade "maturin>=1.5,<2" "numpy>=1.22" "pytest>=7"
-"$VENV/bin/pip" install --quiet --force-reinstall --no-deps ./python
+MATURIN_PEP517_ARGS="--features video" "$VENV/bin/pip" install --quiet --force-reinstall --no-deps ./python
 "$VENV/bin/python" -m pytest -q python/tests

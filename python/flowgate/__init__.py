@@ -25,7 +25,7 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Opti
 from . import _native
 from ._native import Batch, LoaderError
 
-__all__ = ["ImageLoader", "AudioLoader", "Pipeline", "Batch", "LoaderError"]
+__all__ = ["ImageLoader", "AudioLoader", "VideoLoader", "Pipeline", "Batch", "LoaderError"]
 
 PathsLike = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 Labels = Union[None, str, Sequence[int], Mapping[Union[str, "os.PathLike[str]"], int]]
@@ -168,6 +168,55 @@ class AudioLoader(_Loader):
         self._native = _native.audio_loader(
             _paths(paths), batch_size, rate, seconds, shuffle, seed, rank, world_size,
             drop_last, workers, skip_errors, _labels(labels), return_paths,
+        )
+
+
+class VideoLoader(_Loader):
+    """MP4/MKV/WebM/MOV/AVI clips → batches of ``batch_size x frames x crop x crop x 3``
+    uint8 (``"nthwc"``) or ``batch_size x 3 x frames x crop x crop`` (``"ncthw"``): ``frames``
+    frames at the middles of equal spans of each clip, the shorter side scaled to ``resize``,
+    center-cropped; only what the samples need is decoded (seeking across long gaps).
+    ``threads``: FFmpeg decoder threads per clip (1: clips decode in parallel instead).
+
+    ``audio_seconds``: also the clip's audio track, mono float32 at ``audio_rate``, cropped
+    or zero-padded to that length: each batch is then ``(frames, audio, ...)``. Other
+    arguments (``labels`` and ``return_paths`` too) as :class:`ImageLoader`.
+
+    Needs the package built with video support (FFmpeg's libraries, which
+    ``scripts/setup.sh`` installs): ``MATURIN_PEP517_ARGS="--features video" pip install
+    ./python``.
+    """
+
+    def __init__(
+        self,
+        paths: PathsLike,
+        batch_size: int = 8,
+        frames: int = 8,
+        resize: int = 128,
+        crop: int = 112,
+        layout: str = "nthwc",
+        threads: int = 1,
+        audio_seconds: Optional[float] = None,
+        audio_rate: int = 16000,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        drop_last: bool = False,
+        workers: Optional[int] = None,
+        skip_errors: bool = True,
+        labels: Labels = None,
+        return_paths: bool = False,
+    ) -> None:
+        if not hasattr(_native, "video_loader"):
+            raise RuntimeError(
+                "flowgate was built without video support; rebuild it with "
+                'MATURIN_PEP517_ARGS="--features video" pip install ./python'
+            )
+        self._native = _native.video_loader(
+            _paths(paths), batch_size, frames, resize, crop, layout, threads, audio_seconds,
+            audio_rate, shuffle, seed, rank, world_size, drop_last, workers, skip_errors,
+            _labels(labels), return_paths,
         )
 
 

@@ -57,4 +57,12 @@ def audio_loader(paths: Any, batch_size: int = ..., rate: int = ..., seconds: fl
                  world_size: Optional[int] = ..., drop_last: bool = ..., workers: Optional[int] = ...,
                  skip_errors: bool = ..., labels: Any = ...,
                  return_paths: bool = ...) -> Loader: ...
+def video_loader(paths: Any, batch_size: int = ..., frames: int = ..., resize: int = ...,
+                 crop: int = ..., layout: str = ..., threads: int = ...,
+                 audio_seconds: Optional[float] = ..., audio_rate: int = ...,
+                 shuffle: bool = ..., seed: int = ..., rank: Optional[int] = ...,
+                 world_size: Optional[int] = ..., drop_last: bool = ..., workers: Optional[int] = ...,
+                 skip_errors: bool = ..., labels: Any = ...,
+                 return_paths: bool = ...) -> Loader:
+    """Only when built with the ``video`` feature."""
 def _thread_count() -> int: ...

@@ -255,15 +255,16 @@ impl Batch {
 
 type Make = Box<dyn Fn() -> Result<Pipeline<Loaded>, PipelineError> + Send + Sync>;
 
-/// A collated batch and the dataset indices of its files (for labels and paths).
+/// A collated batch (one tensor per field: frames, or frames and audio) and the dataset
+/// indices of its files (for labels and paths).
 struct Loaded {
-    x: Tensor,
+    fields: Vec<Tensor>,
     files: Vec<usize>,
 }
 
-/// Decodes one file into one item.
+/// Decodes one file into one item: a tensor per field.
 type Decode =
-    Arc<dyn Fn(&std::path::Path) -> Result<Tensor, flowgate::media::MediaError> + Send + Sync>;
+    Arc<dyn Fn(&std::path::Path) -> Result<Vec<Tensor>, flowgate::media::MediaError> + Send + Sync>;
 
 /// One failure the loader skipped: (stage, item, message).
 type Failure = (String, String, String);
@@ -438,6 +439,29 @@ fn files_of(
     Ok(files)
 }
 
+fn nbytes(fields: &[Tensor]) -> usize {
+    fields.iter().map(Tensor::nbytes).sum()
+}
+
+/// Stacks each field of the items into one batch tensor.
+fn collate(items: Vec<(Vec<Tensor>, usize)>) -> Result<Loaded, PipelineError> {
+    let n_fields = items.first().map_or(0, |(f, _)| f.len());
+    let fields = (0..n_fields)
+        .map(|k| {
+            let column: Vec<&Tensor> = items.iter().filter_map(|(f, _)| f.get(k)).collect();
+            if column.len() != items.len() {
+                return None;
+            }
+            Tensor::stack(&column)
+        })
+        .collect::<Option<Vec<Tensor>>>()
+        .ok_or(PipelineError::config("items of different shapes"))?;
+    Ok(Loaded {
+        fields,
+        files: items.into_iter().map(|(_, i)| i).collect(),
+    })
+}
+
 impl Loader {
     fn new(
         files: Files,
@@ -474,19 +498,10 @@ impl Loader {
                     move |i: usize| decode(&read[i]).map(|t| (t, i)),
                     workers.map_or(Workers::initial(1), Workers::fixed),
                 )
-                .measure(|(t, _): &(Tensor, usize)| t.nbytes())
+                .measure(|(t, _): &(Vec<Tensor>, usize)| nbytes(t))
                 .aggregate(batch_size, drop_last)
-                .pipe(
-                    "collate",
-                    |v: Vec<(Tensor, usize)>| {
-                        let (tensors, files): (Vec<Tensor>, Vec<usize>) = v.into_iter().unzip();
-                        let x = Tensor::stack(&tensors)
-                            .ok_or(PipelineError::config("items of different shapes"))?;
-                        Ok::<_, PipelineError>(Loaded { x, files })
-                    },
-                    1,
-                )
-                .measure(|b: &Loaded| b.x.nbytes())
+                .pipe("collate", collate, 1)
+                .measure(|b: &Loaded| nbytes(&b.fields))
                 .max_failures(if skip_errors {
                     FailureBudget::unlimited()
                 } else {
@@ -534,14 +549,16 @@ impl Loader {
         let loaded = py
             .allow_threads(|| core.lock().expect("loader").next())
             .map_err(to_py)?;
-        let Some(Loaded { x, files }) = loaded else {
+        let Some(Loaded { fields, files }) = loaded else {
             return Ok(None);
         };
-        let x = Bound::new(py, Batch { t: x })?.into_any();
-        if self.labels.is_none() && !self.return_paths {
-            return Ok(Some(x));
+        let mut out = fields
+            .into_iter()
+            .map(|t| Ok(Bound::new(py, Batch { t })?.into_any()))
+            .collect::<PyResult<Vec<_>>>()?;
+        if out.len() == 1 && self.labels.is_none() && !self.return_paths {
+            return Ok(out.pop());
         }
-        let mut out = vec![x];
         if let Some(labels) = &self.labels {
             let v: Vec<i64> = files.iter().map(|&i| labels[i]).collect();
             out.push(
@@ -766,7 +783,7 @@ fn image_loader(
         paths,
         labels,
         &["jpg", "jpeg", "png", "webp"],
-        Arc::new(move |p| recipe.load(p)),
+        Arc::new(move |p| recipe.load(p).map(|t| vec![t])),
     )
 }
 
@@ -811,7 +828,89 @@ fn audio_loader(
         paths,
         labels,
         &["flac", "wav", "mp3", "ogg", "m4a"],
-        Arc::new(move |p| recipe.load(p)),
+        Arc::new(move |p| recipe.load(p).map(|t| vec![t])),
+    )
+}
+
+/// A video loader (see `flowgate.VideoLoader`; feature `video`): `frames` frames per clip,
+/// and with `audio_seconds` the clip's audio track too.
+#[cfg(feature = "video")]
+#[pyfunction]
+#[pyo3(signature = (paths, batch_size=8, frames=8, resize=128, crop=112, layout="nthwc",
+    threads=1, audio_seconds=None, audio_rate=16000, shuffle=true, seed=0, rank=None,
+    world_size=None, drop_last=false, workers=None, skip_errors=true, labels=None,
+    return_paths=false))]
+#[allow(clippy::too_many_arguments)]
+fn video_loader(
+    paths: &Bound<'_, PyAny>,
+    batch_size: usize,
+    frames: usize,
+    resize: u32,
+    crop: u32,
+    layout: &str,
+    threads: usize,
+    audio_seconds: Option<f64>,
+    audio_rate: u32,
+    shuffle: bool,
+    seed: u64,
+    rank: Option<usize>,
+    world_size: Option<usize>,
+    drop_last: bool,
+    workers: Option<usize>,
+    skip_errors: bool,
+    labels: Option<&Bound<'_, PyAny>>,
+    return_paths: bool,
+) -> PyResult<Loader> {
+    use flowgate::media::video::{Sampling, VideoLayout, VideoRecipe};
+    let layout = match layout {
+        "nthwc" => VideoLayout::Nthwc,
+        "ncthw" => VideoLayout::Ncthw,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "layout must be \"nthwc\" or \"ncthw\", not {other:?}"
+            )))
+        }
+    };
+    if frames == 0 || crop == 0 || crop > resize {
+        return Err(PyValueError::new_err(
+            "frames and crop must be at least 1, and crop at most resize",
+        ));
+    }
+    let video = VideoRecipe {
+        sampling: Sampling::Uniform(frames),
+        resize,
+        crop,
+        layout,
+        threads: threads.max(1),
+        ..VideoRecipe::default()
+    };
+    let audio = audio_seconds.map(|seconds| AudioRecipe {
+        rate: audio_rate,
+        samples: (seconds * f64::from(audio_rate)).round() as usize,
+        ..AudioRecipe::default()
+    });
+    let o = Options {
+        batch_size,
+        shuffle,
+        seed,
+        rank,
+        world_size,
+        drop_last,
+        workers,
+        skip_errors,
+        return_paths,
+    };
+    o.loader(
+        paths,
+        labels,
+        &["mp4", "mkv", "webm", "mov", "avi"],
+        Arc::new(move |p| {
+            let mut fields = vec![video.load(p)?];
+            if let Some(a) = &audio {
+                fields.push(a.load(p)?);
+            }
+            Ok(fields)
+        }),
     )
 }
 
@@ -1103,6 +1202,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPipeline>()?;
     m.add_function(wrap_pyfunction!(image_loader, m)?)?;
     m.add_function(wrap_pyfunction!(audio_loader, m)?)?;
+    #[cfg(feature = "video")]
+    m.add_function(wrap_pyfunction!(video_loader, m)?)?;
     m.add_function(wrap_pyfunction!(_thread_count, m)?)?;
     m.add("LoaderError", m.py().get_type::<LoaderError>())?;
     Ok(())

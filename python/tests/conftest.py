@@ -18,3 +18,16 @@ def data() -> pathlib.Path:
             cwd=ROOT, check=True,
         )
     return d
+
+
+@pytest.fixture(scope="session")
+def videos() -> pathlib.Path:
+    """Four generated MP4 clips (H.264 + an AAC tone; flowgate gen-data, which runs ffmpeg)."""
+    d = pathlib.Path(os.environ.get("FLOWGATE_TEST_VIDEO", ROOT / "target" / "pytest-video"))
+    if not (d / "video.txt").exists():
+        subprocess.run(
+            ["cargo", "run", "--quiet", "--locked", "--bin", "flowgate", "--",
+             "gen-data", "--out", str(d), "--images", "0", "--video", "4"],
+            cwd=ROOT, check=True,
+        )
+    return d

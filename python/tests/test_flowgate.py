@@ -236,3 +236,35 @@ def test_labels_from_a_sequence_or_a_mapping(data, tmp_path):
         flowgate.ImageLoader(paths, labels={paths[0]: 1})
     with pytest.raises(ValueError, match="folder"):
         flowgate.ImageLoader(paths, labels="folders")
+
+
+video = pytest.mark.skipif(not hasattr(_native, "video_loader"),
+                           reason="built without the video feature")
+
+
+@video
+def test_video_frames_audio_labels_and_a_broken_clip(videos, tmp_path):
+    clips = (videos / "video.txt").read_text().split()
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"\0\0\0\x18ftypmp42 truncated")
+    paths = clips + [str(broken)]
+    loader = flowgate.VideoLoader(paths, batch_size=3, frames=4, resize=64, crop=48,
+                                  audio_seconds=0.5, labels=list(range(len(paths))),
+                                  return_paths=True, shuffle=False)
+    got = list(loader)
+    assert sum(len(x) for x, *_ in got) == 4
+    for x, audio, y, ps in got:
+        assert x.shape == (len(ps), 4, 48, 48, 3) and x.dtype == "uint8"
+        assert audio.shape == (len(ps), 8000) and audio.dtype == "float32"
+        assert np.abs(np.asarray(audio)).max() > 0, "the clip's tone"
+        assert np.asarray(y).tolist() == [paths.index(p) for p in ps]
+        # Frames differ over time (a moving pattern), so the samples are distinct frames.
+        frames = np.asarray(x)[0]
+        assert len({frames[t].tobytes() for t in range(4)}) == 4
+    assert [item for _, item, _ in loader.failures()] == [str(broken)]
+    ncthw = next(iter(flowgate.VideoLoader(clips, batch_size=2, frames=4, resize=64, crop=48,
+                                           layout="ncthw", shuffle=False)))
+    assert ncthw.shape == (2, 3, 4, 48, 48)
+    assert np.array_equal(np.asarray(ncthw).transpose(0, 2, 3, 4, 1), np.asarray(got[0][0])[:2])
+    with pytest.raises(ValueError, match="layout"):
+        flowgate.VideoLoader(clips, layout="nchw")
