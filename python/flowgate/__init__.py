@@ -139,9 +139,7 @@ class ImageLoader(_Loader):
         return_paths: bool = False,
     ) -> None:
         self._native = _native.image_loader(
-            _paths(paths), batch_size, resize, crop, layout, shuffle, seed, rank, world_size,
-            drop_last, workers, skip_errors, _labels(labels), return_paths,
-        )
+            _paths(paths), _options(locals()), resize, crop, layout)
 
 
 class AudioLoader(_Loader):
@@ -165,10 +163,7 @@ class AudioLoader(_Loader):
         labels: Labels = None,
         return_paths: bool = False,
     ) -> None:
-        self._native = _native.audio_loader(
-            _paths(paths), batch_size, rate, seconds, shuffle, seed, rank, world_size,
-            drop_last, workers, skip_errors, _labels(labels), return_paths,
-        )
+        self._native = _native.audio_loader(_paths(paths), _options(locals()), rate, seconds)
 
 
 class VideoLoader(_Loader):
@@ -214,10 +209,8 @@ class VideoLoader(_Loader):
                 'MATURIN_PEP517_ARGS="--features video" pip install ./python'
             )
         self._native = _native.video_loader(
-            _paths(paths), batch_size, frames, resize, crop, layout, threads, audio_seconds,
-            audio_rate, shuffle, seed, rank, world_size, drop_last, workers, skip_errors,
-            _labels(labels), return_paths,
-        )
+            _paths(paths), _options(locals()), frames, resize, crop, layout, threads,
+            audio_seconds, audio_rate)
 
 
 class Pipeline:
@@ -261,6 +254,15 @@ def _paths(paths: PathsLike) -> Any:
     if isinstance(paths, (str, os.PathLike)):
         return os.fspath(paths)
     return [os.fspath(p) for p in paths]
+
+
+_OPTIONS = ("batch_size", "shuffle", "seed", "rank", "world_size", "drop_last", "workers",
+            "skip_errors", "return_paths")
+
+
+def _options(args: Dict[str, Any]) -> Any:
+    """The arguments every loader shares (taken from its ``locals()``), as native options."""
+    return _native.Options(labels=_labels(args["labels"]), **{k: args[k] for k in _OPTIONS})
 
 
 def _labels(labels: Labels) -> Any:

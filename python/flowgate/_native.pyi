@@ -47,22 +47,19 @@ class Pipeline:
     def _next(self) -> Optional[Any]: ...
     def close(self) -> None: ...
 
-def image_loader(paths: Any, batch_size: int = ..., resize: int = ..., crop: int = ...,
-                 layout: str = ..., shuffle: bool = ..., seed: int = ..., rank: Optional[int] = ...,
-                 world_size: Optional[int] = ..., drop_last: bool = ..., workers: Optional[int] = ...,
-                 skip_errors: bool = ..., labels: Any = ...,
-                 return_paths: bool = ...) -> Loader: ...
-def audio_loader(paths: Any, batch_size: int = ..., rate: int = ..., seconds: float = ...,
-                 shuffle: bool = ..., seed: int = ..., rank: Optional[int] = ...,
-                 world_size: Optional[int] = ..., drop_last: bool = ..., workers: Optional[int] = ...,
-                 skip_errors: bool = ..., labels: Any = ...,
-                 return_paths: bool = ...) -> Loader: ...
-def video_loader(paths: Any, batch_size: int = ..., frames: int = ..., resize: int = ...,
+class Options:
+    """The arguments every loader shares."""
+    def __init__(self, batch_size: int = ..., shuffle: bool = ..., seed: int = ...,
+                 rank: Optional[int] = ..., world_size: Optional[int] = ...,
+                 drop_last: bool = ..., workers: Optional[int] = ..., skip_errors: bool = ...,
+                 labels: Any = ..., return_paths: bool = ...) -> None: ...
+
+def image_loader(paths: Any, options: Options, resize: int = ..., crop: int = ...,
+                 layout: str = ...) -> Loader: ...
+def audio_loader(paths: Any, options: Options, rate: int = ...,
+                 seconds: float = ...) -> Loader: ...
+def video_loader(paths: Any, options: Options, frames: int = ..., resize: int = ...,
                  crop: int = ..., layout: str = ..., threads: int = ...,
-                 audio_seconds: Optional[float] = ..., audio_rate: int = ...,
-                 shuffle: bool = ..., seed: int = ..., rank: Optional[int] = ...,
-                 world_size: Optional[int] = ..., drop_last: bool = ..., workers: Optional[int] = ...,
-                 skip_errors: bool = ..., labels: Any = ...,
-                 return_paths: bool = ...) -> Loader:
+                 audio_seconds: Optional[float] = ..., audio_rate: int = ...) -> Loader:
     """Only when built with the ``video`` feature."""
 def _thread_count() -> int: ...

@@ -686,7 +686,9 @@ impl Loader {
     }
 }
 
-/// What every native loader takes besides its decoder.
+/// What every native loader takes besides its decoder (built once by the Python wrappers, so
+/// the loader functions below list only their own arguments).
+#[pyclass(frozen, module = "flowgate._native")]
 struct Options {
     batch_size: usize,
     shuffle: bool,
@@ -696,16 +698,49 @@ struct Options {
     drop_last: bool,
     workers: Option<usize>,
     skip_errors: bool,
+    labels: Option<Py<PyAny>>,
     return_paths: bool,
+}
+
+#[pymethods]
+impl Options {
+    #[new]
+    #[pyo3(signature = (batch_size=32, shuffle=true, seed=0, rank=None, world_size=None,
+        drop_last=false, workers=None, skip_errors=true, labels=None, return_paths=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        batch_size: usize,
+        shuffle: bool,
+        seed: u64,
+        rank: Option<usize>,
+        world_size: Option<usize>,
+        drop_last: bool,
+        workers: Option<usize>,
+        skip_errors: bool,
+        labels: Option<Py<PyAny>>,
+        return_paths: bool,
+    ) -> Self {
+        Self {
+            batch_size,
+            shuffle,
+            seed,
+            rank,
+            world_size,
+            drop_last,
+            workers,
+            skip_errors,
+            labels,
+            return_paths,
+        }
+    }
 }
 
 impl Options {
     /// A loader of the files `paths` names (a directory walked for `extensions`, a list file
     /// or a sequence), each decoded by `decode`.
     fn loader(
-        self,
+        &self,
         paths: &Bound<'_, PyAny>,
-        labels: Option<&Bound<'_, PyAny>>,
         extensions: &[&str],
         decode: Decode,
     ) -> PyResult<Loader> {
@@ -718,6 +753,7 @@ impl Options {
             self.world_size,
             self.drop_last,
         )?;
+        let labels = self.labels.as_ref().map(|l| l.bind(paths.py()));
         let extras = Extras::new(labels, &files, self.return_paths)?;
         Loader::new(
             files,
@@ -733,25 +769,13 @@ impl Options {
 
 /// An image loader (see `flowgate.ImageLoader`).
 #[pyfunction]
-#[pyo3(signature = (paths, batch_size=32, resize=256, crop=224, layout="nchw", shuffle=true,
-    seed=0, rank=None, world_size=None, drop_last=false, workers=None, skip_errors=true,
-    labels=None, return_paths=false))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (paths, options, resize=256, crop=224, layout="nchw"))]
 fn image_loader(
     paths: &Bound<'_, PyAny>,
-    batch_size: usize,
+    options: &Options,
     resize: u32,
     crop: u32,
     layout: &str,
-    shuffle: bool,
-    seed: u64,
-    rank: Option<usize>,
-    world_size: Option<usize>,
-    drop_last: bool,
-    workers: Option<usize>,
-    skip_errors: bool,
-    labels: Option<&Bound<'_, PyAny>>,
-    return_paths: bool,
 ) -> PyResult<Loader> {
     let layout = match layout {
         "nchw" => Layout::Nchw,
@@ -768,20 +792,8 @@ fn image_loader(
         layout,
         ..ImageRecipe::default()
     };
-    let o = Options {
-        batch_size,
-        shuffle,
-        seed,
-        rank,
-        world_size,
-        drop_last,
-        workers,
-        skip_errors,
-        return_paths,
-    };
-    o.loader(
+    options.loader(
         paths,
-        labels,
         &["jpg", "jpeg", "png", "webp"],
         Arc::new(move |p| recipe.load(p).map(|t| vec![t])),
     )
@@ -789,44 +801,20 @@ fn image_loader(
 
 /// An audio loader (see `flowgate.AudioLoader`).
 #[pyfunction]
-#[pyo3(signature = (paths, batch_size=32, rate=16000, seconds=4.0, shuffle=true, seed=0,
-    rank=None, world_size=None, drop_last=false, workers=None, skip_errors=true, labels=None,
-    return_paths=false))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (paths, options, rate=16000, seconds=4.0))]
 fn audio_loader(
     paths: &Bound<'_, PyAny>,
-    batch_size: usize,
+    options: &Options,
     rate: u32,
     seconds: f64,
-    shuffle: bool,
-    seed: u64,
-    rank: Option<usize>,
-    world_size: Option<usize>,
-    drop_last: bool,
-    workers: Option<usize>,
-    skip_errors: bool,
-    labels: Option<&Bound<'_, PyAny>>,
-    return_paths: bool,
 ) -> PyResult<Loader> {
     let recipe = AudioRecipe {
         rate,
         samples: (seconds * f64::from(rate)).round() as usize,
         ..AudioRecipe::default()
     };
-    let o = Options {
-        batch_size,
-        shuffle,
-        seed,
-        rank,
-        world_size,
-        drop_last,
-        workers,
-        skip_errors,
-        return_paths,
-    };
-    o.loader(
+    options.loader(
         paths,
-        labels,
         &["flac", "wav", "mp3", "ogg", "m4a"],
         Arc::new(move |p| recipe.load(p).map(|t| vec![t])),
     )
@@ -836,14 +824,12 @@ fn audio_loader(
 /// and with `audio_seconds` the clip's audio track too.
 #[cfg(feature = "video")]
 #[pyfunction]
-#[pyo3(signature = (paths, batch_size=8, frames=8, resize=128, crop=112, layout="nthwc",
-    threads=1, audio_seconds=None, audio_rate=16000, shuffle=true, seed=0, rank=None,
-    world_size=None, drop_last=false, workers=None, skip_errors=true, labels=None,
-    return_paths=false))]
+#[pyo3(signature = (paths, options, frames=8, resize=128, crop=112, layout="nthwc", threads=1,
+    audio_seconds=None, audio_rate=16000))]
 #[allow(clippy::too_many_arguments)]
 fn video_loader(
     paths: &Bound<'_, PyAny>,
-    batch_size: usize,
+    options: &Options,
     frames: usize,
     resize: u32,
     crop: u32,
@@ -851,15 +837,6 @@ fn video_loader(
     threads: usize,
     audio_seconds: Option<f64>,
     audio_rate: u32,
-    shuffle: bool,
-    seed: u64,
-    rank: Option<usize>,
-    world_size: Option<usize>,
-    drop_last: bool,
-    workers: Option<usize>,
-    skip_errors: bool,
-    labels: Option<&Bound<'_, PyAny>>,
-    return_paths: bool,
 ) -> PyResult<Loader> {
     use flowgate::media::video::{Sampling, VideoLayout, VideoRecipe};
     let layout = match layout {
@@ -889,20 +866,8 @@ fn video_loader(
         samples: (seconds * f64::from(audio_rate)).round() as usize,
         ..AudioRecipe::default()
     });
-    let o = Options {
-        batch_size,
-        shuffle,
-        seed,
-        rank,
-        world_size,
-        drop_last,
-        workers,
-        skip_errors,
-        return_paths,
-    };
-    o.loader(
+    options.loader(
         paths,
-        labels,
         &["mp4", "mkv", "webm", "mov", "avi"],
         Arc::new(move |p| {
             let mut fields = vec![video.load(p)?];
@@ -1199,6 +1164,7 @@ fn _thread_count() -> usize {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Batch>()?;
     m.add_class::<Loader>()?;
+    m.add_class::<Options>()?;
     m.add_class::<PyPipeline>()?;
     m.add_function(wrap_pyfunction!(image_loader, m)?)?;
     m.add_function(wrap_pyfunction!(audio_loader, m)?)?;
