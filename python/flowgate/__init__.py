@@ -27,6 +27,9 @@ from ._native import Batch, LoaderError
 
 __all__ = ["ImageLoader", "AudioLoader", "VideoLoader", "Pipeline", "Batch", "LoaderError"]
 
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
 PathsLike = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 Labels = Union[None, str, Sequence[int], Mapping[Union[str, "os.PathLike[str]"], int]]
 
@@ -112,6 +115,12 @@ class ImageLoader(_Loader):
     concurrency (default: the tuner decides). ``skip_errors``: skip and count unreadable
     files (default) instead of raising :class:`LoaderError`.
 
+    ``train``: torchvision's ``RandomResizedCrop(crop, scale, ratio)`` (bilinear) and
+    ``RandomHorizontalFlip`` instead of resize + center crop (``resize`` unused), drawn anew
+    every epoch and reproducibly from ``seed``, the epoch and the file (an exact resume redraws
+    the same crops). ``normalize``: float32 ``(x / 255 - mean) / std`` per channel instead of
+    uint8: ``True`` for ImageNet's statistics, or a ``(mean, std)`` pair of 3 floats each.
+
     ``labels``: ``"folder"`` (torchvision ``ImageFolder``'s: the index of each file's folder
     among the dataset's sorted folders; names in :attr:`classes`), a sequence of ints (one
     per file, in dataset order: the list's, the sequence's, or the sorted directory walk's),
@@ -128,6 +137,10 @@ class ImageLoader(_Loader):
         resize: int = 256,
         crop: int = 224,
         layout: str = "nchw",
+        train: bool = False,
+        scale: Tuple[float, float] = (0.08, 1.0),
+        ratio: Tuple[float, float] = (3 / 4, 4 / 3),
+        normalize: Union[bool, Tuple[Sequence[float], Sequence[float]]] = False,
         shuffle: bool = True,
         seed: int = 0,
         rank: Optional[int] = None,
@@ -138,8 +151,12 @@ class ImageLoader(_Loader):
         labels: Labels = None,
         return_paths: bool = False,
     ) -> None:
+        if normalize is True:
+            normalize = (IMAGENET_MEAN, IMAGENET_STD)
+        norm = (tuple(normalize[0]), tuple(normalize[1])) if normalize else None
         self._native = _native.image_loader(
-            _paths(paths), _options(locals()), resize, crop, layout)
+            _paths(paths), _options(locals()), resize, crop, layout, train, tuple(scale),
+            tuple(ratio), norm)
 
 
 class AudioLoader(_Loader):

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use flowgate::media::audio::AudioRecipe;
-use flowgate::media::image::{ImageRecipe, Layout};
+use flowgate::media::image::{ImageRecipe, Layout, Normalize, RandomCrop};
 use flowgate::media::Files;
 use flowgate::sampler::ShardLengths;
 use flowgate::{
@@ -262,9 +262,11 @@ struct Loaded {
     files: Vec<usize>,
 }
 
-/// Decodes one file into one item: a tensor per field.
-type Decode =
-    Arc<dyn Fn(&std::path::Path) -> Result<Vec<Tensor>, flowgate::media::MediaError> + Send + Sync>;
+/// Decodes one file, in an epoch (which seeds random augmentation), into one item: a tensor
+/// per field.
+type Decode = Arc<
+    dyn Fn(&std::path::Path, u64) -> Result<Vec<Tensor>, flowgate::media::MediaError> + Send + Sync,
+>;
 
 /// One failure the loader skipped: (stage, item, message).
 type Failure = (String, String, String);
@@ -491,11 +493,11 @@ impl Loader {
             let seen = Arc::clone(&seen);
             let (named, read) = (Arc::clone(&all), Arc::clone(&all));
             Pipeline::builder()
-                .source_epochs(move |e| files.epoch_indices(e))
-                .describe(move |&i: &usize| named[i].display().to_string())
+                .source_epochs(move |e| files.epoch_indices(e).into_iter().map(move |i| (i, e)))
+                .describe(move |&(i, _): &(usize, u64)| named[i].display().to_string())
                 .pipe(
                     "decode",
-                    move |i: usize| decode(&read[i]).map(|t| (t, i)),
+                    move |(i, epoch): (usize, u64)| decode(&read[i], epoch).map(|t| (t, i)),
                     workers.map_or(Workers::initial(1), Workers::fixed),
                 )
                 .measure(|(t, _): &(Vec<Tensor>, usize)| nbytes(t))
@@ -769,13 +771,19 @@ impl Options {
 
 /// An image loader (see `flowgate.ImageLoader`).
 #[pyfunction]
-#[pyo3(signature = (paths, options, resize=256, crop=224, layout="nchw"))]
+#[pyo3(signature = (paths, options, resize=256, crop=224, layout="nchw", train=false,
+    scale=(0.08, 1.0), ratio=(0.75, 4.0 / 3.0), normalize=None))]
+#[allow(clippy::too_many_arguments)]
 fn image_loader(
     paths: &Bound<'_, PyAny>,
     options: &Options,
     resize: u32,
     crop: u32,
     layout: &str,
+    train: bool,
+    scale: (f64, f64),
+    ratio: (f64, f64),
+    normalize: Option<([f32; 3], [f32; 3])>,
 ) -> PyResult<Loader> {
     let layout = match layout {
         "nchw" => Layout::Nchw,
@@ -786,16 +794,44 @@ fn image_loader(
             )))
         }
     };
+    let bad = |what: &str| Err(PyValueError::new_err(what.to_owned()));
+    if crop == 0 || (!train && crop > resize) {
+        return bad("crop must be at least 1, and at most resize");
+    }
+    if train && !(0.0 < scale.0 && scale.0 <= scale.1 && scale.1 <= 1.0) {
+        return bad("scale must be (lo, hi) with 0 < lo <= hi <= 1");
+    }
+    if train && !(0.0 < ratio.0 && ratio.0 <= ratio.1) {
+        return bad("ratio must be (lo, hi) with 0 < lo <= hi");
+    }
+    if let Some((_, std)) = normalize {
+        if std.iter().any(|&s| s.is_nan() || s <= 0.0) {
+            return bad("normalize's std must be positive");
+        }
+    }
     let recipe = ImageRecipe {
         resize,
         crop,
         layout,
+        random_crop: train.then_some(RandomCrop { scale, ratio }),
+        flip: train,
+        normalize: normalize.map(|(mean, std)| Normalize { mean, std }),
         ..ImageRecipe::default()
     };
+    // A new augmentation every epoch, the same one for the same (seed, epoch, file): an
+    // exact resume redraws what the interrupted run would have.
+    let seed = options.seed;
     options.loader(
         paths,
         &["jpg", "jpeg", "png", "webp"],
-        Arc::new(move |p| recipe.load(p).map(|t| vec![t])),
+        Arc::new(move |p, epoch| {
+            let r = if train {
+                recipe.reseeded(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ epoch)
+            } else {
+                recipe
+            };
+            r.load(p).map(|t| vec![t])
+        }),
     )
 }
 
@@ -816,7 +852,7 @@ fn audio_loader(
     options.loader(
         paths,
         &["flac", "wav", "mp3", "ogg", "m4a"],
-        Arc::new(move |p| recipe.load(p).map(|t| vec![t])),
+        Arc::new(move |p, _| recipe.load(p).map(|t| vec![t])),
     )
 }
 
@@ -869,7 +905,7 @@ fn video_loader(
     options.loader(
         paths,
         &["mp4", "mkv", "webm", "mov", "avi"],
-        Arc::new(move |p| {
+        Arc::new(move |p, _| {
             let mut fields = vec![video.load(p)?];
             if let Some(a) = &audio {
                 fields.push(a.load(p)?);

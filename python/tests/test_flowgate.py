@@ -268,3 +268,53 @@ def test_video_frames_audio_labels_and_a_broken_clip(videos, tmp_path):
     assert np.array_equal(np.asarray(ncthw).transpose(0, 2, 3, 4, 1), np.asarray(got[0][0])[:2])
     with pytest.raises(ValueError, match="layout"):
         flowgate.VideoLoader(clips, layout="nchw")
+
+
+def by_path(loader):
+    """{path: image bytes} over one epoch."""
+    return {p: np.asarray(x)[i].tobytes() for x, paths in loader for i, p in enumerate(paths)}
+
+
+def test_train_augmentation_is_new_each_epoch_reproducible_and_resumable(data):
+    paths = [str(p) for p in sorted((data / "images").glob("*.jpg"))[:12]]
+    args = dict(batch_size=4, crop=64, train=True, seed=5, return_paths=True)
+    a = flowgate.ImageLoader(paths, **args)
+    e0, e1 = by_path(a), by_path(a)
+    assert sorted(e0) == sorted(paths) and len(next(iter(e0.values()))) == 3 * 64 * 64
+    assert sum(e0[p] != e1[p] for p in paths) >= 10, "a new crop/flip every epoch"
+    eval_crops = by_path(flowgate.ImageLoader(paths, batch_size=4, resize=64, crop=64,
+                                              return_paths=True))
+    assert sum(e0[p] != eval_crops[p] for p in paths) >= 10, "not the center crop"
+    b = flowgate.ImageLoader(paths, **args)
+    assert by_path(b) == e0, "same seed and epoch: same augmentation"
+    # An exact resume mid-epoch 1 redraws epoch 1's crops.
+    c = flowgate.ImageLoader(paths, **args)
+    list(c)
+    it = iter(c)
+    first = next(it)
+    state = c.state_dict()
+    c.close()
+    d = flowgate.ImageLoader(paths, **args)
+    d.load_state_dict(state)
+    got = {p: np.asarray(first[0])[i].tobytes() for i, p in enumerate(first[1])}
+    got.update(by_path(d))
+    assert got == e1
+    other = by_path(flowgate.ImageLoader(paths, **{**args, "seed": 6}))
+    assert sum(e0[p] != other[p] for p in paths) >= 10, "another seed, other crops"
+    with pytest.raises(ValueError, match="scale"):
+        flowgate.ImageLoader(paths, train=True, scale=(0.5, 0.2))
+
+
+def test_normalize_gives_float32_of_the_uint8_pixels(data):
+    paths = [str(p) for p in sorted((data / "images").glob("*.jpg"))[:4]]
+    raw = np.asarray(next(iter(flowgate.ImageLoader(paths, batch_size=4, shuffle=False))))
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    for norm, (m, s) in [(True, (flowgate.IMAGENET_MEAN, flowgate.IMAGENET_STD)),
+                         ((mean, std), (mean, std))]:
+        b = next(iter(flowgate.ImageLoader(paths, batch_size=4, shuffle=False, normalize=norm)))
+        assert b.dtype == "float32" and b.shape == (4, 3, 224, 224)
+        m = np.array(m, np.float32).reshape(1, 3, 1, 1)
+        s = np.array(s, np.float32).reshape(1, 3, 1, 1)
+        np.testing.assert_allclose(np.asarray(b), (raw / 255.0 - m) / s, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="std"):
+        flowgate.ImageLoader(paths, normalize=(mean, (0.2, 0.0, 0.3)))
