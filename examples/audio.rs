@@ -1,10 +1,11 @@
 //! Speech-style training input: audio files of any supported format and rate → 16 kHz mono
-//! `f32`, random-free fixed crops of `--seconds`, batched with each clip's true length.
+//! `f32` crops of `--seconds` (from the start, or with `--train` at a random offset that changes
+//! every epoch), batched with each clip's true length.
 //!
 //! ```text
 //! cargo run --release --example make_dataset -- --out target/sample-data --images 0 --audio 200
 //! cargo run --release --example audio -- [--list target/sample-data/audio.txt] [--epochs 2]
-//!     [--batch 32] [--rate 16000] [--seconds 4]
+//!     [--batch 32] [--rate 16000] [--seconds 4] [--train]
 //! ```
 //!
 //! Files at another rate are resampled; shorter clips are zero-padded, and the batch's `length`
@@ -21,8 +22,13 @@ use flowgate::{Pipeline, PipelineError};
 fn main() -> Result<(), PipelineError> {
     let mut list = PathBuf::from("target/sample-data/audio.txt");
     let (mut epochs, mut batch, mut rate, mut seconds) = (2u64, 32usize, 16_000u32, 4.0f64);
+    let mut train = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
+        if flag == "--train" {
+            train = true;
+            continue;
+        }
         let v = args.next().unwrap_or_default();
         let bad = || PipelineError::config(format!("{flag}: {v}"));
         match flag.as_str() {
@@ -45,19 +51,19 @@ fn main() -> Result<(), PipelineError> {
     let recipe = AudioRecipe {
         rate,
         samples: (seconds * f64::from(rate)).round() as usize,
+        random_crop: train,
         ..AudioRecipe::default()
     };
     let n = files.len();
     let mut pipeline = Pipeline::builder()
-        .source_epochs(move |epoch| files.epoch(epoch))
-        .describe(|p| p.display().to_string())
+        .source_epochs(move |epoch| files.epoch(epoch).into_iter().map(move |p| (p, epoch)))
+        .describe(|(p, _)| p.display().to_string())
         .pipe(
             "decode",
-            move |path: PathBuf| -> Result<Sample, MediaError> {
-                let audio = recipe.load(&path)?;
-                // The real length: samples up to the last non-zero one (padding is exact zeros).
-                let mut floats = audio.bytes().chunks_exact(4);
-                let length = floats.rposition(|b| b != [0; 4]).map_or(0, |i| i + 1);
+            move |(path, epoch): (PathBuf, u64)| -> Result<Sample, MediaError> {
+                // A new random window every epoch (with --train); the real length of a clip
+                // shorter than the window (the rest is zero padding).
+                let (audio, length) = recipe.reseeded(epoch).load_with_length(&path)?;
                 Ok(Sample::new()
                     .with("audio", audio)
                     .with("length", length as i64))
@@ -68,7 +74,8 @@ fn main() -> Result<(), PipelineError> {
         .aggregate(batch, false)
         .pipe("collate", Batch::collate, 1)
         .build()?;
-    println!("{n} clips → {rate} Hz mono, {seconds} s crops, batches of {batch}");
+    let crops = if train { "random" } else { "leading" };
+    println!("{n} clips → {rate} Hz mono, {seconds} s {crops} crops, batches of {batch}");
     for epoch in 0..epochs {
         let started = Instant::now();
         let (mut clips, mut shape) = (0, Vec::new());

@@ -803,6 +803,7 @@ impl PipelineSpec {
                 } else {
                     crate::media::audio::Channels::Mono
                 },
+                ..Default::default()
             })),
             #[cfg(not(feature = "audio"))]
             DecodeSpec::Audio { .. } => Err(missing("audio", "audio")),

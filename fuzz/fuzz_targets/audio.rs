@@ -25,6 +25,8 @@ fuzz_target!(|data: &[u8]| {
         } else {
             Channels::Keep
         },
+        random_crop: hint & 0x40 != 0,
+        seed: u64::from(hint),
     };
     let path = format!("fuzz.{ext}");
     if let Ok(t) = recipe.decode(bytes.to_vec(), Path::new(&path)) {

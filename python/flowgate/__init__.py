@@ -161,7 +161,11 @@ class ImageLoader(_Loader):
 
 class AudioLoader(_Loader):
     """WAV/FLAC/MP3/Ogg/M4A files → batches of ``batch_size x (rate*seconds)`` float32, mono,
-    cropped or zero-padded. Other arguments (``labels`` and ``return_paths`` too) as
+    cropped or zero-padded (at another sample rate, resampled). ``train``: a window at a random
+    offset in each clip, new every epoch and reproducible from ``seed`` (clips no longer than
+    the window are taken whole). ``return_lengths``: each batch is ``(audio, lengths, ...)``,
+    ``lengths`` an int64 :class:`Batch` of each clip's real samples (the rest is padding), for
+    masking or ragged models. Other arguments (``labels`` and ``return_paths`` too) as
     :class:`ImageLoader`."""
 
     def __init__(
@@ -170,6 +174,8 @@ class AudioLoader(_Loader):
         batch_size: int = 32,
         rate: int = 16000,
         seconds: float = 4.0,
+        train: bool = False,
+        return_lengths: bool = False,
         shuffle: bool = True,
         seed: int = 0,
         rank: Optional[int] = None,
@@ -180,7 +186,8 @@ class AudioLoader(_Loader):
         labels: Labels = None,
         return_paths: bool = False,
     ) -> None:
-        self._native = _native.audio_loader(_paths(paths), _options(locals()), rate, seconds)
+        self._native = _native.audio_loader(_paths(paths), _options(locals()), rate, seconds,
+                                            train, return_lengths)
 
 
 class VideoLoader(_Loader):

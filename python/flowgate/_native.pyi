@@ -59,8 +59,8 @@ def image_loader(paths: Any, options: Options, resize: int = ..., crop: int = ..
                  ratio: Tuple[float, float] = ...,
                  normalize: Optional[Tuple[Tuple[float, float, float],
                                            Tuple[float, float, float]]] = ...) -> Loader: ...
-def audio_loader(paths: Any, options: Options, rate: int = ...,
-                 seconds: float = ...) -> Loader: ...
+def audio_loader(paths: Any, options: Options, rate: int = ..., seconds: float = ...,
+                 train: bool = ..., return_lengths: bool = ...) -> Loader: ...
 def video_loader(paths: Any, options: Options, frames: int = ..., resize: int = ...,
                  crop: int = ..., layout: str = ..., threads: int = ...,
                  audio_seconds: Optional[float] = ..., audio_rate: int = ...) -> Loader:

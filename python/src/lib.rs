@@ -826,7 +826,7 @@ fn image_loader(
         &["jpg", "jpeg", "png", "webp"],
         Arc::new(move |p, epoch| {
             let r = if train {
-                recipe.reseeded(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ epoch)
+                recipe.reseeded(augmentation_seed(seed, epoch))
             } else {
                 recipe
             };
@@ -837,23 +837,48 @@ fn image_loader(
 
 /// An audio loader (see `flowgate.AudioLoader`).
 #[pyfunction]
-#[pyo3(signature = (paths, options, rate=16000, seconds=4.0))]
+#[pyo3(signature = (paths, options, rate=16000, seconds=4.0, train=false, return_lengths=false))]
 fn audio_loader(
     paths: &Bound<'_, PyAny>,
     options: &Options,
     rate: u32,
     seconds: f64,
+    train: bool,
+    return_lengths: bool,
 ) -> PyResult<Loader> {
+    let samples = (seconds * f64::from(rate)).round();
+    if rate == 0 || !samples.is_finite() || samples < 1.0 {
+        return Err(PyValueError::new_err(
+            "rate and seconds must give at least one sample",
+        ));
+    }
     let recipe = AudioRecipe {
         rate,
-        samples: (seconds * f64::from(rate)).round() as usize,
+        samples: samples as usize,
+        random_crop: train,
         ..AudioRecipe::default()
     };
+    let seed = options.seed;
     options.loader(
         paths,
         &["flac", "wav", "mp3", "ogg", "m4a"],
-        Arc::new(move |p, _| recipe.load(p).map(|t| vec![t])),
+        Arc::new(move |p, epoch| {
+            let (t, len) = recipe
+                .reseeded(augmentation_seed(seed, epoch))
+                .load_with_length(p)?;
+            Ok(if return_lengths {
+                let len = i64::try_from(len).unwrap_or(i64::MAX);
+                vec![t, Tensor::from_i64(&[len]).reshaped(&[])]
+            } else {
+                vec![t]
+            })
+        }),
     )
+}
+
+/// The augmentation seed of an epoch: new every epoch, the same for the same (seed, epoch).
+fn augmentation_seed(seed: u64, epoch: u64) -> u64 {
+    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ epoch
 }
 
 /// A video loader (see `flowgate.VideoLoader`; feature `video`): `frames` frames per clip,

@@ -318,3 +318,28 @@ def test_normalize_gives_float32_of_the_uint8_pixels(data):
         np.testing.assert_allclose(np.asarray(b), (raw / 255.0 - m) / s, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="std"):
         flowgate.ImageLoader(paths, normalize=(mean, (0.2, 0.0, 0.3)))
+
+
+def test_audio_random_crops_and_lengths(data):
+    clips = (data / "audio.txt").read_text().split()
+    args = dict(batch_size=len(clips), seconds=1.0, train=True, seed=2, return_paths=True,
+                return_lengths=True)
+    a = flowgate.AudioLoader(clips, **args)
+
+    def epoch(loader):
+        ((x, lengths, paths),) = list(loader)
+        assert np.asarray(lengths).tolist() == [16000] * len(clips), "every clip is >= 1 s"
+        return {p: np.asarray(x)[i].tobytes() for i, p in enumerate(paths)}
+
+    e0, e1 = epoch(a), epoch(a)
+    assert sum(e0[p] != e1[p] for p in clips) >= len(clips) - 1, "a new window every epoch"
+    assert epoch(flowgate.AudioLoader(clips, **args)) == e0, "reproducible"
+    start = epoch(flowgate.AudioLoader(clips, **{**args, "train": False}))
+    assert sum(e0[p] != start[p] for p in clips) >= len(clips) - 1, "not the clip's start"
+    # Longer than the clips (3-10 s): padded, and the lengths say how much is real.
+    ((x, lengths),) = list(flowgate.AudioLoader(clips, batch_size=len(clips), seconds=12.0,
+                                                return_lengths=True, shuffle=False))
+    x, lengths = np.asarray(x), np.asarray(lengths)
+    assert lengths.dtype == np.int64 and 3 * 16000 <= lengths.min() < lengths.max() <= 10 * 16000
+    for row, n in zip(x, lengths):
+        assert not row[n:].any() and row[n - 1600:n].any(), "zeros exactly past the length"

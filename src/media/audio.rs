@@ -42,6 +42,14 @@ pub struct AudioRecipe {
     pub samples: usize,
     /// Mono or every channel.
     pub channels: Channels,
+    /// Crop a window of `samples` at a random offset (uniform over the clip, drawn from
+    /// `seed` and the file's path) instead of from the start: training's random crop. A clip
+    /// no longer than the window, or whose container does not declare its length, is taken
+    /// from the start. The frames before the window are decoded and dropped.
+    pub random_crop: bool,
+    /// Seeds the random crop (use [`reseeded`](Self::reseeded) with the epoch for a new window
+    /// each epoch).
+    pub seed: u64,
 }
 
 impl Default for AudioRecipe {
@@ -51,13 +59,32 @@ impl Default for AudioRecipe {
             rate: 16_000,
             samples: 64_000,
             channels: Channels::Mono,
+            random_crop: false,
+            seed: 0,
         }
     }
 }
 
 impl AudioRecipe {
+    /// The same recipe with another crop seed (for example the epoch).
+    pub fn reseeded(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Like [`load`](Self::load), with the number of real (not padded) samples: the lengths
+    /// vector of a batch of clips shorter than the window.
+    pub fn load_with_length(&self, path: &Path) -> Result<(Tensor, usize), MediaError> {
+        let source = self.open(path)?;
+        self.decode_source(source, path)
+    }
+
     /// Reads and decodes `path`, reading only as much of the file as the crop needs.
     pub fn load(&self, path: &Path) -> Result<Tensor, MediaError> {
+        self.load_with_length(path).map(|(t, _)| t)
+    }
+
+    fn open(&self, path: &Path) -> Result<Box<dyn MediaSource>, MediaError> {
         let read_err = |source| MediaError::Read {
             path: path.to_path_buf(),
             source,
@@ -68,7 +95,7 @@ impl AudioRecipe {
                 path: path.to_path_buf(),
             });
         }
-        self.decode_source(Box::new(file), path)
+        Ok(Box::new(file))
     }
 
     /// Decodes the contents of `path` (named in errors).
@@ -79,6 +106,7 @@ impl AudioRecipe {
             });
         }
         self.decode_source(Box::new(Cursor::new(bytes)), path)
+            .map(|(t, _)| t)
     }
 
     /// Decodes, turning a panic inside a codec into a typed error: symphonia's probes panic
@@ -88,7 +116,7 @@ impl AudioRecipe {
         &self,
         source: Box<dyn MediaSource>,
         path: &Path,
-    ) -> Result<Tensor, MediaError> {
+    ) -> Result<(Tensor, usize), MediaError> {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.decode_unguarded(source, path)
         }))
@@ -109,7 +137,7 @@ impl AudioRecipe {
         &self,
         source: Box<dyn MediaSource>,
         path: &Path,
-    ) -> Result<Tensor, MediaError> {
+    ) -> Result<(Tensor, usize), MediaError> {
         let decode_err = |e: SymError| MediaError::Decode {
             path: path.to_path_buf(),
             source: Box::new(e),
@@ -143,11 +171,23 @@ impl AudioRecipe {
         }
         // At another rate, decode what the crop needs at the file's rate (plus the resampler's
         // look-ahead), then resample.
-        let cap = if rate == self.rate {
+        let span = if rate == self.rate {
             self.samples
         } else {
             (self.samples as u64 * u64::from(rate)).div_ceil(u64::from(self.rate)) as usize
-                + RESAMPLE_CHUNK
+        };
+        let cap = if rate == self.rate {
+            span
+        } else {
+            span + RESAMPLE_CHUNK
+        };
+        // A random window: the frames before it are decoded and dropped.
+        let skip = match (self.random_crop, params.n_frames) {
+            (true, Some(n)) if n > span as u64 => {
+                let mut rng = flowgate_tuner::Rng::new(self.seed ^ super::path_hash(path));
+                rng.next_u64() % (n - span as u64 + 1)
+            }
+            _ => 0,
         };
         let mut decoder = symphonia::default::get_codecs()
             .make(&params, &DecoderOptions::default())
@@ -169,7 +209,8 @@ impl AudioRecipe {
         // (seen with FLAC), which must not become samples.
         let wanted = params
             .n_frames
-            .map_or(cap, |n| (n.min(cap as u64)) as usize);
+            .map_or(cap, |n| (n.saturating_sub(skip).min(cap as u64)) as usize);
+        let mut to_skip = skip;
         while filled < wanted {
             let packet = match format.next_packet() {
                 Ok(p) => p,
@@ -183,10 +224,18 @@ impl AudioRecipe {
                 continue;
             }
             let decoded = decoder.decode(&packet).map_err(decode_err)?;
-            let take = decoded.frames().min(wanted - filled);
+            let dropped = decoded
+                .frames()
+                .min(usize::try_from(to_skip).unwrap_or(usize::MAX));
+            to_skip -= dropped as u64;
+            let take = (decoded.frames() - dropped).min(wanted - filled);
+            if take == 0 {
+                continue;
+            }
             let out = f32_slice_mut(&mut t);
             let to = Dest {
                 out,
+                from: dropped,
                 at: filled,
                 take,
                 cap,
@@ -214,7 +263,7 @@ impl AudioRecipe {
         }
         if ended_early {
             if let Some(declared) = params.n_frames {
-                if (filled as u64) < declared.min(cap as u64) {
+                if (filled as u64) < declared.saturating_sub(skip).min(cap as u64) {
                     return Err(geometry(format!(
                         "truncated: the stream ended after {filled} of {declared} frames"
                     )));
@@ -222,21 +271,25 @@ impl AudioRecipe {
             }
         }
         if rate == self.rate {
-            return Ok(t);
+            return Ok((t, filled));
         }
+        let real = ((filled as u64 * u64::from(self.rate)).div_ceil(u64::from(rate)) as usize)
+            .min(self.samples);
         let planes: Vec<&[f32]> = f32_slice(&t).chunks_exact(cap).collect();
         resample(&planes, filled, rate, self.rate, self.samples)
             .map_err(|e| geometry(format!("resampling {rate} Hz to {} Hz: {e}", self.rate)))
             .map(|out| match self.channels {
-                Channels::Mono => out.reshaped(&[self.samples]),
-                Channels::Keep => out,
+                Channels::Mono => (out.reshaped(&[self.samples]), real),
+                Channels::Keep => (out, real),
             })
     }
 }
 
-/// Where a decoded packet's frames go: `take` frames at frame `at` of `out` (planes of `cap`).
+/// Where a decoded packet's frames go: its frames `from..from + take` at frame `at` of `out`
+/// (planes of `cap`).
 struct Dest<'a> {
     out: &'a mut [f32],
+    from: usize,
     at: usize,
     take: usize,
     cap: usize,
@@ -252,16 +305,16 @@ impl Dest<'_> {
         f32: FromSample<S>,
     {
         let ch = b.spec().channels.count().max(1);
-        let (at, take) = (self.at, self.take);
+        let (from, at, take) = (self.from, self.at, self.take);
         match self.channels {
             Channels::Mono => {
                 let dst = &mut self.out[at..at + take];
-                for (d, &s) in dst.iter_mut().zip(&b.chan(0)[..take]) {
+                for (d, &s) in dst.iter_mut().zip(&b.chan(0)[from..from + take]) {
                     *d = f32::from_sample(s);
                 }
                 if ch > 1 {
                     for c in 1..ch {
-                        for (d, &s) in dst.iter_mut().zip(&b.chan(c)[..take]) {
+                        for (d, &s) in dst.iter_mut().zip(&b.chan(c)[from..from + take]) {
                             *d += f32::from_sample(s);
                         }
                     }
@@ -275,7 +328,7 @@ impl Dest<'_> {
                 for c in 0..self.out_ch {
                     let dst = &mut self.out[c * self.cap + at..c * self.cap + at + take];
                     if c < ch {
-                        for (d, &s) in dst.iter_mut().zip(&b.chan(c)[..take]) {
+                        for (d, &s) in dst.iter_mut().zip(&b.chan(c)[from..from + take]) {
                             *d = f32::from_sample(s);
                         }
                     } else {
@@ -365,7 +418,7 @@ mod tests {
         let recipe = AudioRecipe {
             rate: 16_000,
             samples: 4_000,
-            channels: Channels::Mono,
+            ..AudioRecipe::default()
         };
         let path = format!("fuzz.{ext}");
         match recipe.decode(bytes.to_vec(), Path::new(&path)) {
@@ -402,6 +455,70 @@ mod tests {
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
             .collect()
+    }
+
+    #[test]
+    fn random_crops_are_windows_of_the_clip_seeded_by_file_and_seed() {
+        // A ramp: sample i is i, so a window's first sample is its offset.
+        let frames: Vec<[i16; 2]> = (0..3000).map(|i| [i as i16, 0]).collect();
+        let clip = wav(16_000, 1, &frames);
+        let r = AudioRecipe {
+            samples: 1000,
+            random_crop: true,
+            ..AudioRecipe::default()
+        };
+        let offsets: Vec<usize> = (0..40)
+            .map(|seed| {
+                let t = r
+                    .reseeded(seed)
+                    .decode(clip.clone(), Path::new("r.wav"))
+                    .unwrap();
+                let v = floats(&t);
+                let start = (v[0] * 32768.0).round() as usize;
+                for (k, &x) in v.iter().enumerate() {
+                    assert_eq!(
+                        (x * 32768.0).round() as usize,
+                        start + k,
+                        "a contiguous window"
+                    );
+                }
+                start
+            })
+            .collect();
+        assert!(offsets.iter().all(|&o| o <= 2000), "inside the clip");
+        let mut distinct = offsets.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(distinct.len() > 30, "spread over the clip: {offsets:?}");
+        let again = r
+            .reseeded(7)
+            .decode(clip.clone(), Path::new("r.wav"))
+            .unwrap();
+        let other = r
+            .reseeded(7)
+            .decode(clip.clone(), Path::new("s.wav"))
+            .unwrap();
+        assert_eq!(
+            floats(&again)[0] * 32768.0,
+            offsets[7] as f32,
+            "reproducible"
+        );
+        assert_ne!(
+            floats(&other)[0],
+            floats(&again)[0],
+            "another file, another window"
+        );
+        // A clip shorter than the window: from the start, padded, and its real length told.
+        let short = AudioRecipe { samples: 4000, ..r };
+        let dir = std::env::temp_dir().join(format!("flowgate-audio-len-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("short.wav");
+        std::fs::write(&p, &clip).unwrap();
+        let (t, len) = short.load_with_length(&p).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!((t.shape(), len), (&[4000][..], 3000));
+        assert_eq!(floats(&t)[0], 0.0);
+        assert!(floats(&t)[3000..].iter().all(|&x| x == 0.0));
     }
 
     #[test]
@@ -459,6 +576,24 @@ mod tests {
         let mut dirty = Tensor::for_overwrite(&[9000], DType::F32);
         dirty.bytes_mut().fill(0xff);
         drop(dirty);
+        // Random windows across FLAC's 4096-frame blocks are the samples at their offsets.
+        let window = AudioRecipe {
+            samples: 1500,
+            random_crop: true,
+            ..AudioRecipe::default()
+        };
+        for seed in 0..12 {
+            let w = floats(
+                &window
+                    .reseeded(seed)
+                    .decode(sink.as_slice().to_vec(), Path::new("c.flac"))
+                    .unwrap(),
+            );
+            let at = (0..=3500)
+                .find(|&o| (0..1500).all(|k| (w[k] * 32768.0).round() as i32 == samples[o + k]))
+                .expect("a window of the clip");
+            assert!(at + 1500 <= 5000);
+        }
         let v = floats(
             &r.decode(sink.as_slice().to_vec(), Path::new("c.flac"))
                 .unwrap(),
@@ -485,6 +620,7 @@ mod tests {
             rate: 16_000,
             samples: 10_000,
             channels: Channels::Keep,
+            ..AudioRecipe::default()
         };
         let t = r
             .decode(wav(44_100, 2, &frames), Path::new("tone.wav"))

@@ -239,7 +239,7 @@ impl ImageRecipe {
             });
         }
         SCRATCH.with(|cell| {
-            let mut rng = flowgate_tuner::Rng::new(self.seed ^ path_hash(path));
+            let mut rng = flowgate_tuner::Rng::new(self.seed ^ super::path_hash(path));
             // The source window that becomes the output square, known once the header is read.
             let mut window = (0.0, 0.0, 0.0, 0.0);
             let geometry = |w: u32, h: u32| -> Result<Rect, MediaError> {
@@ -380,17 +380,6 @@ fn needed(window: (f64, f64, f64, f64), w: u32, h: u32, crop: u32) -> Rect {
         w: x1.saturating_sub(x0),
         h: y1.saturating_sub(y0),
     }
-}
-
-/// A stable hash of a path (FNV-1a), so augmentation depends on the file, not on the thread or
-/// the order items arrive in.
-fn path_hash(path: &Path) -> u64 {
-    path.as_os_str()
-        .as_encoded_bytes()
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        })
 }
 
 /// torchvision's `RandomResizedCrop.get_params`: ten tries at a window of a random area and

@@ -26,3 +26,14 @@ pub mod video;
 
 pub use error::MediaError;
 pub use files::{Files, FolderLabels};
+
+/// A stable hash of a path (FNV-1a), so augmentation depends on the file, not on the thread or
+/// the order items arrive in.
+pub(crate) fn path_hash(path: &std::path::Path) -> u64 {
+    path.as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
