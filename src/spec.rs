@@ -127,7 +127,7 @@ pub enum DecodeSpec {
         /// `nchw` or `nhwc`.
         #[serde(default)]
         layout: crate::media::image::Layout,
-        /// Training geometry: random resized crops and flips.
+        /// Training geometry: random resized crops and flips, drawn anew every epoch.
         #[serde(default)]
         train: bool,
         /// `f32` normalised with ImageNet's statistics instead of `u8`.
@@ -148,6 +148,9 @@ pub enum DecodeSpec {
         /// Keep every channel instead of mixing to mono.
         #[serde(default)]
         keep_channels: bool,
+        /// A window at a random offset in each clip, drawn anew every epoch.
+        #[serde(default)]
+        train: bool,
         /// Fixed decode workers; the tuner decides when absent.
         #[serde(default)]
         workers: Option<usize>,
@@ -676,6 +679,19 @@ enum Decoder {
 }
 
 impl Decoder {
+    /// The decoder of `epoch`: random crops and flips are drawn anew every epoch (and the same
+    /// for the same epoch and file, so an exact resume redraws them).
+    fn for_epoch(&self, epoch: u64) -> Decoder {
+        match self {
+            #[cfg(feature = "image")]
+            Decoder::Image(r) => Decoder::Image(r.reseeded(epoch)),
+            #[cfg(feature = "audio")]
+            Decoder::Audio(r) => Decoder::Audio(r.reseeded(epoch)),
+            #[cfg(feature = "video")]
+            Decoder::Video(r) => Decoder::Video(r.clone()),
+        }
+    }
+
     fn load(&self, path: &Path) -> Result<crate::Tensor, crate::media::MediaError> {
         match self {
             #[cfg(feature = "image")]
@@ -794,6 +810,7 @@ impl PipelineSpec {
                 rate,
                 seconds,
                 keep_channels,
+                train,
                 ..
             } => Ok(Decoder::Audio(crate::media::audio::AudioRecipe {
                 rate: *rate,
@@ -803,6 +820,7 @@ impl PipelineSpec {
                 } else {
                     crate::media::audio::Channels::Mono
                 },
+                random_crop: *train,
                 ..Default::default()
             })),
             #[cfg(not(feature = "audio"))]
@@ -874,9 +892,15 @@ impl PipelineSpec {
             let load = decoder;
             let pipeline = finish(
                 Pipeline::builder()
-                    .source_epochs(move |epoch| files.epoch(epoch))
-                    .describe(|p| p.display().to_string())
-                    .pipe("decode", move |p: PathBuf| load.load(&p), workers),
+                    .source_epochs(move |epoch| {
+                        files.epoch(epoch).into_iter().map(move |p| (p, epoch))
+                    })
+                    .describe(|(p, _)| p.display().to_string())
+                    .pipe(
+                        "decode",
+                        move |(p, epoch): (PathBuf, u64)| load.for_epoch(epoch).load(&p),
+                        workers,
+                    ),
             )?;
             return Ok(Loader {
                 pipeline,
@@ -908,7 +932,7 @@ impl PipelineSpec {
             crate::PipelineBuilder<crate::Tensor>,
         ) -> Result<crate::Pipeline<crate::Tensor>, crate::PipelineError>,
     ) -> Result<Loader, crate::PipelineError> {
-        use crate::s3::{LocalServer, S3Config, S3};
+        use crate::s3::{LocalServer, S3Config, S3Error, S3};
         use crate::{Blob, Pipeline, PipelineError};
         let SourceSpec::S3 {
             bucket,
@@ -981,17 +1005,33 @@ impl PipelineSpec {
         });
         let fetch = s3.fetcher::<PathBuf>();
         let b = Pipeline::builder()
-            .source_epochs(move |epoch| files.epoch(epoch))
-            .describe(|p| p.display().to_string());
+            .source_epochs(move |epoch| files.epoch(epoch).into_iter().map(move |p| (p, epoch)))
+            .describe(|(p, _)| p.display().to_string());
+        // The epoch rides along the fetch, for the decoder's per-epoch augmentation.
+        let with_epoch =
+            |f: Box<dyn Fn(PathBuf) -> crate::cache::CacheFuture<S3Error> + Send + Sync>| {
+                move |(key, epoch): (PathBuf, u64)| {
+                    let fetched = f(key);
+                    async move { fetched.await.map(|blob| (blob, epoch)) }
+                }
+            };
         let b = match &cache {
             Some(c) => b
-                .pipe_async("fetch", c.through(fetch), Workers::initial(*concurrency))
+                .pipe_async(
+                    "fetch",
+                    with_epoch(Box::new(c.through(fetch))),
+                    Workers::initial(*concurrency),
+                )
                 .cache(c),
-            None => b.pipe_async("fetch", fetch, Workers::initial(*concurrency)),
+            None => b.pipe_async(
+                "fetch",
+                with_epoch(Box::new(fetch)),
+                Workers::initial(*concurrency),
+            ),
         };
-        let pipeline = finish(b.measure(Blob::len).pipe(
+        let pipeline = finish(b.measure(|(blob, _): &(Blob, u64)| blob.len()).pipe(
             "decode",
-            move |blob: Blob| decoder.decode(blob),
+            move |(blob, epoch): (Blob, u64)| decoder.for_epoch(epoch).decode(blob),
             workers,
         ))?;
         Ok(Loader {

@@ -244,3 +244,43 @@ fn the_prometheus_endpoint_serves_the_documented_metrics() {
         assert!(last.contains(n), "{n} missing from:\n{last}");
     }
 }
+
+/// Every batch of a run of `epochs` epochs, as bytes.
+fn batches(toml: &str, epochs: u64) -> Vec<Vec<u8>> {
+    let spec = PipelineSpec::parse(toml, "t.toml").unwrap();
+    let mut loader = spec.build(Hooks::default()).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..epochs {
+        for b in loader.pipeline.iter() {
+            out.push(b.unwrap().bytes().to_vec());
+        }
+    }
+    out
+}
+
+#[test]
+fn training_augmentation_is_drawn_anew_every_epoch() {
+    let list = dataset().join("images.txt");
+    let audio = dataset().join("audio.txt");
+    for (list, decode) in [
+        (&list, "kind = \"image\"\ncrop = 64\nresize = 64"),
+        (&audio, "kind = \"audio\"\nseconds = 1.0"),
+    ] {
+        let toml = |train: bool| {
+            format!(
+                "[source]\nkind = \"list\"\npath = \"{}\"\n[decode]\n{decode}\nworkers = 1\ntrain = {train}\n[batch]\nsize = 64\n[run]\nepochs = 2\n[tuner]\nenabled = false\n",
+                list.display()
+            )
+        };
+        // One batch per epoch, items in list order (one worker, no shuffle).
+        let fixed = batches(&toml(false), 2);
+        assert_eq!(fixed.len(), 2);
+        assert_eq!(fixed[0], fixed[1], "{decode}: evaluation crops repeat");
+        let train = batches(&toml(true), 2);
+        assert_ne!(
+            train[0], train[1],
+            "{decode}: a new augmentation in epoch 2"
+        );
+        assert_eq!(batches(&toml(true), 2), train, "{decode}: reproducible");
+    }
+}
