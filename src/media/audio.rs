@@ -176,11 +176,7 @@ impl AudioRecipe {
         } else {
             (self.samples as u64 * u64::from(rate)).div_ceil(u64::from(self.rate)) as usize
         };
-        let cap = if rate == self.rate {
-            span
-        } else {
-            span + RESAMPLE_CHUNK
-        };
+        let cap = span + if rate == self.rate { 0 } else { RESAMPLE_CHUNK };
         // A random window: the frames before it are decoded and dropped.
         let skip = match (self.random_crop, params.n_frames) {
             (true, Some(n)) if n > span as u64 => {
