@@ -330,18 +330,16 @@ struct Loader {
     failures: Arc<Mutex<Vec<Failure>>>,
     /// The dataset's paths (every rank's), indexed by `Loaded::files`.
     paths: Arc<[PathBuf]>,
+    extras: Extras,
+}
+
+/// What a loader's batches carry besides the tensor.
+struct Extras {
     /// A label per dataset path, when batches carry labels.
     labels: Option<Vec<i64>>,
     /// The class names, when the labels come from folders.
     classes: Option<Vec<String>>,
     /// Whether batches carry their files' paths.
-    return_paths: bool,
-}
-
-/// What a loader's batches carry besides the tensor.
-struct Extras {
-    labels: Option<Vec<i64>>,
-    classes: Option<Vec<String>>,
     return_paths: bool,
 }
 
@@ -527,9 +525,7 @@ impl Loader {
             }),
             failures,
             paths,
-            labels: extras.labels,
-            classes: extras.classes,
-            return_paths: extras.return_paths,
+            extras,
         })
     }
 }
@@ -558,10 +554,10 @@ impl Loader {
             .into_iter()
             .map(|t| Ok(Bound::new(py, Batch { t })?.into_any()))
             .collect::<PyResult<Vec<_>>>()?;
-        if out.len() == 1 && self.labels.is_none() && !self.return_paths {
+        if out.len() == 1 && self.extras.labels.is_none() && !self.extras.return_paths {
             return Ok(out.pop());
         }
-        if let Some(labels) = &self.labels {
+        if let Some(labels) = &self.extras.labels {
             let v: Vec<i64> = files.iter().map(|&i| labels[i]).collect();
             out.push(
                 Bound::new(
@@ -573,7 +569,7 @@ impl Loader {
                 .into_any(),
             );
         }
-        if self.return_paths {
+        if self.extras.return_paths {
             let paths = files.iter().map(|&i| self.paths[i].to_string_lossy());
             out.push(PyList::new(py, paths)?.into_any());
         }
@@ -583,7 +579,7 @@ impl Loader {
     /// The class names, index = label (`labels="folder"`), or None.
     #[getter]
     fn classes(&self) -> Option<Vec<String>> {
-        self.classes.clone()
+        self.extras.classes.clone()
     }
 
     /// Batches per epoch.

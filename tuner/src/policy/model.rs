@@ -325,7 +325,7 @@ impl ModelBased {
                 // work keeps them: spare workers let short items pass a long one. The boost
                 // below still adds workers when cores sit idle because workers block.)
                 if s.is_cpu() && cv < STEADY_CV {
-                    w.min(cores.max(cur.min(w)))
+                    w.min(cores.max(cur))
                 } else {
                     w
                 }
