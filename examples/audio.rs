@@ -3,7 +3,7 @@
 //! every epoch), batched with each clip's true length.
 //!
 //! ```text
-//! cargo run --release --example make_dataset -- --out target/sample-data --images 0 --audio 200
+//! cargo run --release -p flowgate-tools --bin make_dataset -- --out target/sample-data --images 0 --audio 200
 //! cargo run --release --example audio -- [--list target/sample-data/audio.txt] [--epochs 2]
 //!     [--batch 32] [--rate 16000] [--seconds 4] [--train]
 //! ```
@@ -43,16 +43,15 @@ fn main() -> Result<(), PipelineError> {
     let files = Files::list(&list)
         .map_err(|e| {
             PipelineError::config(format!(
-                "{e} (make one: cargo run --release --example make_dataset -- --out target/sample-data --images 0 --audio 200)"
+                "{e} (make one: cargo run --release -p flowgate-tools --bin make_dataset -- --out target/sample-data --images 0 --audio 200)"
             ))
         })?
         .shuffle(0)
         .shard_from_env();
     let recipe = AudioRecipe {
-        rate,
-        samples: (seconds * f64::from(rate)).round() as usize,
         random_crop: train,
-        ..AudioRecipe::default()
+        ..AudioRecipe::with_seconds(rate, seconds)
+            .map_err(|e| PipelineError::config_from("--rate/--seconds", e))?
     };
     let n = files.len();
     let mut pipeline = Pipeline::builder()
@@ -63,7 +62,7 @@ fn main() -> Result<(), PipelineError> {
             move |(path, epoch): (PathBuf, u64)| -> Result<Sample, MediaError> {
                 // A new random window every epoch (with --train); the real length of a clip
                 // shorter than the window (the rest is zero padding).
-                let (audio, length) = recipe.reseeded(epoch).load_with_length(&path)?;
+                let (audio, length) = recipe.for_epoch(epoch).load_with_length(&path)?;
                 Ok(Sample::new()
                     .with("audio", audio)
                     .with("length", length as i64))

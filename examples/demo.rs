@@ -21,7 +21,7 @@ use std::path::PathBuf;
 
 use flowgate::media::image::ImageRecipe;
 use flowgate::media::Files;
-use flowgate::{Pipeline, PipelineError, PipelineStats, Tensor, TraceRecord, TunerSettings};
+use flowgate::{Pipeline, PipelineError, PipelineStats, TraceRecord, TunerSettings};
 
 fn decode(id: u64) -> Result<Vec<u8>, std::io::Error> {
     let t0 = Instant::now();
@@ -85,14 +85,7 @@ fn images_job(
             move |(path, bytes): (PathBuf, Vec<u8>)| recipe.decode(&bytes, &path),
             1,
         )
-        .measure(Tensor::nbytes)
-        .aggregate(32, false)
-        .pipe(
-            "collate",
-            |v: Vec<Tensor>| Tensor::stack(&v).ok_or(PipelineError::config("shapes")),
-            1,
-        )
-        .measure(Tensor::nbytes)
+        .batch(32, false)
         .autotune(TunerSettings {
             trace,
             ..Default::default()

@@ -2,7 +2,7 @@
 //! normalised `f32` NCHW batches with labels, for a few epochs, self-tuning.
 //!
 //! ```text
-//! cargo run --release --example make_dataset -- --out target/sample-data --images 600
+//! cargo run --release -p flowgate-tools --bin make_dataset -- --out target/sample-data --images 600
 //! cargo run --release --example image_classification -- [--list target/sample-data/images.txt]
 //!     [--epochs 2] [--batch 32] [--size 224] [--step-ms 0]
 //! ```
@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use flowgate::media::image::ImageRecipe;
-use flowgate::media::{Files, MediaError};
+use flowgate::media::{Files, MediaError, Recipe};
 use flowgate::sample::{Batch, Sample};
 use flowgate::{Pipeline, PipelineError};
 
@@ -41,7 +41,7 @@ fn main() -> Result<(), PipelineError> {
     let files = Files::list(&list)
         .map_err(|e| {
             PipelineError::config(format!(
-                "{e} (make one: cargo run --release --example make_dataset -- --out target/sample-data)"
+                "{e} (make one: cargo run --release -p flowgate-tools --bin make_dataset -- --out target/sample-data)"
             ))
         })?
         .shuffle(0)
@@ -50,7 +50,10 @@ fn main() -> Result<(), PipelineError> {
     // (the whole dataset's, so every rank numbers the classes alike).
     let classes = files.folder_labels();
     let n_classes = classes.len();
-    let recipe = ImageRecipe::train(size);
+    // Augmentation seeded by (seed, epoch, file): new every epoch, the same on a rerun.
+    let recipe = Recipe::image(ImageRecipe::train(size))
+        .map_err(|e| PipelineError::config_from("--size", e))?
+        .with_seed(0);
     let n = files.len();
     let mut pipeline = Pipeline::builder()
         .source_epochs(move |epoch| files.epoch(epoch).into_iter().map(move |p| (p, epoch)))
@@ -58,7 +61,7 @@ fn main() -> Result<(), PipelineError> {
         .pipe(
             "decode",
             move |(path, epoch): (PathBuf, u64)| -> Result<Sample, MediaError> {
-                let image = recipe.reseeded(epoch).load(&path)?;
+                let image = recipe.for_epoch(epoch).load(&path)?;
                 let label = classes
                     .label(&path)
                     .expect("every file's folder is a class");

@@ -19,7 +19,7 @@ use flowgate::cache::ByteCache;
 use flowgate::media::image::ImageRecipe;
 use flowgate::media::Files;
 use flowgate::s3::{LocalServer, S3Config, S3};
-use flowgate::{Blob, Pipeline, PipelineError, Tensor};
+use flowgate::{Blob, Pipeline};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut endpoint, mut aws, mut bucket, mut prefix) = (None, false, None, "images/".to_owned());
@@ -65,7 +65,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let s3 = S3::connect(server.config(bucket.as_deref().unwrap_or("flowgate")))?;
         futures::executor::block_on(s3.create_bucket())?;
         let files = Files::list(&list).map_err(|e| {
-            format!("{e} (make one: cargo run --release --example make_dataset -- --out target/sample-data)")
+            format!("{e} (make one: cargo run --release -p flowgate-tools --bin make_dataset -- --out target/sample-data)")
         })?;
         let started = Instant::now();
         for path in files.epoch(0).iter().take(upload) {
@@ -89,12 +89,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .cache(&cache)
         .measure(Blob::len)
         .pipe("decode", move |b: Blob| recipe.decode(&b.bytes, &b.path), 1)
-        .aggregate(32, false)
-        .pipe(
-            "collate",
-            |items: Vec<Tensor>| Tensor::stack(&items).ok_or(PipelineError::config("mixed shapes")),
-            1,
-        )
+        .batch(32, false)
         .build()?;
     for epoch in 0..epochs {
         let requests = s3.stats().attempts;

@@ -2,7 +2,7 @@
 //! `u8` NTHWC) and the clip's audio track (16 kHz mono `f32`), batched field by field.
 //!
 //! ```text
-//! cargo run --release --example make_dataset -- --out target/sample-data --images 0 --video 40
+//! cargo run --release -p flowgate-tools --bin make_dataset -- --out target/sample-data --images 0 --video 40
 //! cargo run --release --features video --example video -- [--list target/sample-data/video.txt]
 //!     [--epochs 2] [--batch 8] [--frames 8]
 //! ```
@@ -34,7 +34,7 @@ fn main() -> Result<(), PipelineError> {
     let files = Files::list(&list)
         .map_err(|e| {
             PipelineError::config(format!(
-                "{e} (make one: cargo run --release --example make_dataset -- --out target/sample-data --images 0 --video 40)"
+                "{e} (make one: cargo run --release -p flowgate-tools --bin make_dataset -- --out target/sample-data --images 0 --video 40)"
             ))
         })?
         .shuffle(0)

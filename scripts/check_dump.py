@@ -8,7 +8,7 @@ This recomputes that with Pillow for the list's first images and prints the mean
 difference in grey levels (the contract: at most 2).
 
     .peers-venv/bin/pip install pillow   # numpy comes with the peers
-    cargo run --release --example bench -- images --list L --dump /tmp/first.npy
+    cargo run --release -p flowgate-tools --bin bench -- images --list L --dump /tmp/first.npy
     .peers-venv/bin/python scripts/check_dump.py --list L --dump /tmp/first.npy
     .peers-venv/bin/python scripts/check_dump.py --audio --list A --dump /tmp/audio.npy
 """

@@ -22,7 +22,7 @@ BIN=gpu-bin
 
 if [ "${1:-}" = "--build" ]; then
   ./scripts/setup.sh
-  cargo build --release --locked --features cuda --bin flowgate --example upload_bench
+  cargo build --release --locked -p flowgate-cli -p flowgate-tools --features flowgate-cli/cuda,flowgate-tools/cuda --bin flowgate --bin upload_bench
   tests=$(cargo test --release --locked --features cuda --test device --no-run \
             --message-format=json 2>/dev/null \
           | python3 -c 'import json,sys
@@ -32,7 +32,7 @@ for l in sys.stdin:
         print(m["executable"])' | tail -n1)
   mkdir -p "$BIN"
   cp target/release/flowgate "$BIN/flowgate"
-  cp target/release/examples/upload_bench "$BIN/upload_bench"
+  cp target/release/upload_bench "$BIN/upload_bench"
   cp "$tests" "$BIN/device-tests"
   strip "$BIN"/* 2>/dev/null || true
   du -ch "$BIN"/* | tail -n1

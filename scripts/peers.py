@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Side by side with the peers, every figure the issue asks for: items/s, CPU seconds per 1,000
-items and peak RSS, for flowgate's `bench` example and the peer scripts in ../shared/peers at
-their best settings, interleaved (flowgate, SPDL settings, PyTorch; repeated), same file list.
+items and peak RSS, for flowgate's `bench` tool and the peers' scripts (SPDL, PyTorch
+DataLoader, in a folder given by --peers or $FLOWGATE_PEERS) at their best settings, interleaved
+(flowgate, SPDL settings, PyTorch; repeated), same file list.
 
-    scripts/peers.py --reps 5 --case images:/tmp/ds/images.txt --case audio:/tmp/ds/audio.txt \
-        [--torch] [--json target/peers.json]
+    scripts/peers.py --peers DIR --reps 5 --case images:/tmp/ds/images.txt \
+        --case audio:/tmp/ds/audio.txt [--torch] [--json target/peers.json]
 
-Needs `cargo build --release --example bench` and the peers' virtualenv (`../shared/peers/setup.sh`,
-`--torch` for PyTorch; PEERS_PY overrides its path). Peak RSS comes from GNU time (`%M`, the
+Needs `cargo build --release -p flowgate-tools --bin bench` and the peers' virtualenv (their
+`setup.sh`; `--torch` for PyTorch; PEERS_PY overrides its path). Peak RSS comes from GNU time (`%M`, the
 largest process: a PyTorch DataLoader's worker processes are not summed, so its RSS is not
 compared). Ratios are per repetition (flowgate over the best SPDL setting of that repetition),
 reported as the median and the range. Prints a Markdown table and writes every run as JSON.
@@ -22,7 +23,6 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-PEERS = os.path.join(ROOT, "..", "shared", "peers")
 PY = os.environ.get("PEERS_PY", os.path.join(ROOT, ".peers-venv", "bin", "python"))
 
 SETTINGS = {
@@ -56,7 +56,7 @@ def timed(cmd, cwd=None):
 
 def best_of(workload, peer, lst):
     """Every setting of a peer runs; its best of this repetition counts."""
-    return max((timed([PY, c[0], *c[1:], "--list", lst], cwd=PEERS)
+    return max((timed([PY, c[0], *c[1:], "--list", lst], cwd=PEERS_DIR)
                 for c in SETTINGS[workload][peer]), key=lambda r: r["items_per_s"])
 
 
@@ -66,12 +66,16 @@ def span(xs, fmt="{:.0f}"):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--peers", default=os.environ.get("FLOWGATE_PEERS"), required="FLOWGATE_PEERS" not in os.environ,
+                    help="the folder of the peers' scripts (or $FLOWGATE_PEERS)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--case", action="append", required=True, help="WORKLOAD:LIST")
     ap.add_argument("--torch", action="store_true", help="also PyTorch DataLoader")
     ap.add_argument("--json", default=os.path.join(ROOT, "target", "peers.json"))
     args = ap.parse_args()
-    bench = os.path.join(ROOT, "target", "release", "examples", "bench")
+    global PEERS_DIR
+    PEERS_DIR = args.peers
+    bench = os.path.join(ROOT, "target", "release", "bench")
     results = {}
     for case in args.case:
         workload, lst = case.split(":", 1)

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 DATA=target/sample-data
 IMAGES=${FLOWGATE_IMAGES:-600}
 CONFIG=${FLOWGATE_CONFIG:-examples/configs/image_classification.toml}
-cargo build --release --locked --bin flowgate
+cargo build --release --locked -p flowgate-cli --bin flowgate
 if [ ! -s "$DATA/images.txt" ] || [ "$(wc -l < "$DATA/images.txt")" -ne "$IMAGES" ]; then
   ./target/release/flowgate gen-data --out "$DATA" --images "$IMAGES"
 fi

@@ -4,7 +4,7 @@
 # resume every third epoch, for a fixed time. Reports items delivered, failed, lost (must be
 # 0) and duplicated (must be 0), RSS growth after the warm-up (target < 5%) and the thread
 # count at the start and end (equal). Exits non-zero if any of those fails.
-#   scripts/soak.sh [SECONDS=600] [more examples/soak.rs flags, e.g. --fault-rate 0.05]
+#   scripts/soak.sh [SECONDS=600] [more tools/src/bin/soak.rs flags, e.g. --fault-rate 0.05]
 # The JSON line also goes to target/soak.json.
 # The heap in use (counted by the example's allocator) is the leak signal; RSS also counts what
 # the allocator keeps (a dropped pipeline hands its freed memory back with malloc_trim).
@@ -12,6 +12,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_TO_RUN=${1:-600}
 shift || true
-cargo build --release --locked --example soak
+cargo build --release --locked -p flowgate-tools --bin soak
 mkdir -p target
-./target/release/examples/soak --seconds "$SECONDS_TO_RUN" "$@" | tee target/soak.json
+./target/release/soak --seconds "$SECONDS_TO_RUN" "$@" | tee target/soak.json

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The test command (README, CI): unit, integration, property and doc tests of every crate, with
-# the optional features on (S3 against a real local server, video through FFmpeg, the CUDA
-# uploader's no-GPU behaviour, Prometheus), then the image decoder's tests again through
+# The test command (README, CI): unit, integration, property and doc tests of every crate (the
+# library, actors, tuner, the `flowgate` command, the tools), with the optional features on (S3
+# against a real local server, video through FFmpeg, the CUDA uploader's no-GPU behaviour,
+# Prometheus), then the image decoder's tests again through
 # the pure-Rust JPEG path (zune-jpeg; the default build uses libjpeg-turbo), then the Python package: installed with pip into a virtualenv
 # (target/pyvenv) and tested with pytest. scripts/setup.sh installs what they need.
 set -euo pipefail
@@ -9,7 +10,12 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh --test
 # A CI run builds once from a clean clone: incremental caches would only take disk.
 if [ "${CI:-}" = true ]; then export CARGO_INCREMENTAL=0; fi
-cargo test --workspace --locked --features flowgate/s3,flowgate/video,flowgate/prometheus,flowgate/cuda "$@"
+# Every optional part on: the library's S3 (with the local test server), video, CUDA (its
+# no-GPU behaviour), pipeline files and the dataset generator; the command's Prometheus
+# endpoint.
+FEATURES=flowgate/s3,flowgate/test-util,flowgate/video,flowgate/cuda,flowgate/spec,flowgate/synth
+FEATURES=$FEATURES,flowgate-cli/s3,flowgate-cli/video,flowgate-cli/prometheus,flowgate-tools/video
+cargo test --workspace --locked --features "$FEATURES" "$@"
 cargo test --locked --no-default-features --features image --lib media::image
 # Python: a virtualenv, the package built by maturin through pip (with VideoLoader), pytest.
 VENV=target/pyvenv

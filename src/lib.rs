@@ -2,29 +2,35 @@
 //!
 //! A thread-based data-loading pipeline for keeping accelerators fed: stages with their own
 //! concurrency, bounded (item *and* byte) budgets between them, and results in completion or
-//! input order. See the [`Pipeline`] builder.
+//! input order. See the [`Pipeline`] builder, and `ARCHITECTURE.md` for a map of the crate.
 
 mod blob;
 mod builder;
 pub mod cache;
+mod checkpoint;
+pub mod collate;
 mod config;
+mod control;
 pub mod device;
+mod engine;
 pub mod media;
 mod pipeline;
 #[cfg(feature = "s3")]
 pub mod s3;
 pub mod sample;
 pub mod sampler;
-#[cfg(feature = "cli")]
+#[cfg(feature = "spec")]
 pub mod spec;
+mod stats;
 pub mod tensor;
 
 pub use blob::Blob;
 pub use builder::{PipelineBuilder, SourceBuilder};
+pub use checkpoint::PipelineState;
 pub use config::Workers;
-pub use pipeline::{
-    ControlHandle, EpochIter, EpochStream, Pipeline, PipelineState, PipelineStats, StopHandle,
-};
+pub use control::{ControlHandle, StopHandle};
+pub use pipeline::{EpochIter, EpochStream, Pipeline};
+pub use stats::{PipelineStats, StatsCallback};
 pub use tensor::{DType, Tensor};
 
 pub use flowgate_actors as actors;
@@ -39,3 +45,15 @@ pub use flowgate_tuner::{LatencySummary, StageKind, StageStats};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide.md")]
+struct GuideDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/tuner.md")]
+struct TunerDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/reliability.md")]
+struct ReliabilityDoctests;

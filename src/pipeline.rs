@@ -1,236 +1,25 @@
-//! A running pipeline: iteration over epochs, statistics, control, and shutdown.
+//! [`Pipeline`]: a running pipeline, driven by its consumer — iteration over epochs,
+//! checkpoints, statistics, control and shutdown.
 //!
-//! # Shutdown
-//!
-//! [`Pipeline::stop`] (also run on drop) closes every channel, which wakes every thread and task
-//! waiting on one; tells each stage to stop; stops the control thread; joins every thread the
-//! pipeline started; and shuts the tokio runtime down. It is idempotent. A [`StopHandle`] does
-//! the first two steps from anywhere (another thread, a signal handler), and the consumer then
-//! sees [`PipelineError::is_stopped`]. A user function or iterator that never returns cannot be
-//! interrupted; everything else returns promptly.
+//! A pipeline is made from finished parts (see
+//! [`PipelineBuilder::build`](crate::PipelineBuilder::build)); the machinery it drives, and
+//! how that shuts down, is in the crate's `engine` module.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
-use actix::{Actor, Addr};
-use flowgate_actors::actor::{ControlPlane, Resize, SetBudget, StageActor};
-use flowgate_actors::channel::Channel;
 use flowgate_actors::error::PipelineError;
-use flowgate_actors::failure::Failures;
 use flowgate_actors::origin::{Delivered, RangeSet};
 use flowgate_actors::sink::{Next, SinkReader};
-use flowgate_actors::stage::StageControl;
-use flowgate_actors::tuner::{TraceLog, TraceRecord, TunerActor};
-use flowgate_tuner::{StageKind, StageStats};
+use flowgate_actors::tuner::{TraceLog, TraceRecord};
 use futures::Stream;
-use parking_lot::Mutex;
 
-use crate::builder::{Autotune, HasBudget, SourceBuilder, SourceStageDyn};
-
-/// A checkpoint of a consumer's progress through an epoch; see [`Pipeline::state`] and
-/// [`Pipeline::resume`]. Serialisable with serde (a few hundred bytes for a typical epoch:
-/// delivered items are kept as index ranges).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct PipelineState {
-    /// The epoch in progress (or the next one, between epochs).
-    pub epoch: u64,
-    /// Positions (in the epoch's source order) of the source items the consumer received,
-    /// as half-open `[start, end)` ranges.
-    pub delivered: Vec<(u64, u64)>,
-    /// How many source items that is.
-    pub delivered_items: u64,
-    /// Source items only partly received (split by `disaggregate`): position and share
-    /// received (of 2^40).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub partial: Vec<(u64, u64)>,
-}
-
-/// Statistics of a pipeline: every stage (source first, sink last) and the consumer.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct PipelineStats {
-    /// Per-stage statistics, in pipeline order (`source`, the stages, `sink`).
-    pub stages: Vec<StageStats>,
-    /// Results delivered to the consumer.
-    pub delivered: u64,
-    /// Total time the consumer waited in `next()` for a result (a starved training loop).
-    pub consumer_wait: Duration,
-    /// Failed (skipped) items, all stages.
-    pub failures: u64,
-    /// The last few failures, as messages, oldest first.
-    pub recent_failures: Vec<String>,
-    /// The current epoch.
-    pub epoch: u64,
-}
-
-impl PipelineStats {
-    fn assemble(stages: Vec<StageStats>, ledger: &Failures, epoch: u64) -> Self {
-        let sink = stages.iter().find(|s| s.kind == Some(StageKind::Sink));
-        Self {
-            delivered: sink.map_or(0, |s| s.items_out),
-            consumer_wait: sink.map_or(Duration::ZERO, |s| s.blocked_get),
-            failures: ledger.total(),
-            recent_failures: ledger.recent().iter().map(ToString::to_string).collect(),
-            epoch,
-            stages,
-        }
-    }
-
-    /// The stage called `name`.
-    pub fn stage(&self, name: &str) -> Option<&StageStats> {
-        self.stages.iter().find(|s| s.name == name)
-    }
-}
-
-/// Closes every channel and stops every stage; shared by the pipeline and its stop handles.
-struct Closer {
-    channels: Vec<Arc<dyn HasBudget>>,
-    stages: Mutex<Vec<Arc<dyn StageControl>>>,
-}
-
-impl Closer {
-    fn close(&self) {
-        for c in &self.channels {
-            c.budget().close();
-        }
-        for s in self.stages.lock().iter() {
-            s.stop();
-        }
-    }
-}
-
-/// Owns everything a pipeline started; [`Engine::shutdown`] stops and joins it all.
-pub(crate) struct Engine {
-    closer: Arc<Closer>,
-    source: Option<Arc<SourceStageDyn>>,
-    plane: Option<ControlPlane>,
-    runtime: Option<tokio::runtime::Runtime>,
-    ledger: Arc<Failures>,
-    down: bool,
-}
-
-impl Engine {
-    pub(crate) fn new(channels: Vec<Arc<dyn HasBudget>>, ledger: Arc<Failures>) -> Self {
-        let closer = Arc::new(Closer {
-            channels,
-            stages: Mutex::new(Vec::new()),
-        });
-        // Weak: the stages hold the ledger, and the closer holds the stages.
-        let c = Arc::downgrade(&closer);
-        ledger.on_fatal(move || {
-            if let Some(c) = c.upgrade() {
-                c.close();
-            }
-        });
-        Self {
-            closer,
-            source: None,
-            plane: None,
-            runtime: None,
-            ledger,
-            down: false,
-        }
-    }
-
-    pub(crate) fn set_runtime(&mut self, rt: tokio::runtime::Runtime) {
-        self.runtime = Some(rt);
-    }
-
-    pub(crate) fn add_stage(&mut self, s: Arc<dyn StageControl>) {
-        self.closer.stages.lock().push(s);
-    }
-
-    /// Every stage, in pipeline order (source first, sink last).
-    fn stages(&self) -> Vec<Arc<dyn StageControl>> {
-        self.closer.stages.lock().clone()
-    }
-
-    pub(crate) fn set_source(&mut self, s: Arc<SourceStageDyn>) {
-        self.source = Some(s);
-    }
-
-    fn shutdown(&mut self) {
-        if self.down {
-            return;
-        }
-        self.down = true;
-        self.closer.close();
-        if let Some(mut plane) = self.plane.take() {
-            plane.shutdown();
-        }
-        for s in self.stages() {
-            s.join();
-        }
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_timeout(Duration::from_secs(10));
-        }
-        tracing::debug!("pipeline stopped");
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-/// Stops a pipeline from anywhere; see [`Pipeline::stop_handle`].
-#[derive(Clone)]
-pub struct StopHandle {
-    closer: Arc<Closer>,
-}
-
-impl std::fmt::Debug for StopHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StopHandle").finish_non_exhaustive()
-    }
-}
-
-impl StopHandle {
-    /// Stops the pipeline: the consumer's next call reports
-    /// [`PipelineError::is_stopped`]. Threads are joined when the pipeline is stopped or dropped.
-    pub fn stop(&self) {
-        self.closer.close();
-    }
-}
-
-/// Sends control messages to a pipeline's stage actors; see [`Pipeline::control`].
-#[derive(Clone, Debug)]
-pub struct ControlHandle {
-    stages: Vec<(String, Addr<StageActor>)>,
-}
-
-impl ControlHandle {
-    fn addr(&self, name: &str) -> Result<&Addr<StageActor>, PipelineError> {
-        self.stages
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, a)| a)
-            .ok_or_else(|| PipelineError::config(format!("no stage is named `{name}`")))
-    }
-
-    /// Names of the stages, in pipeline order (`source` first, `sink` last).
-    pub fn stage_names(&self) -> Vec<&str> {
-        self.stages.iter().map(|(n, _)| n.as_str()).collect()
-    }
-
-    /// Sets the active workers of stage `name` (concurrency for async stages; stages with one
-    /// thread by nature answer 1). Returns the number granted: the process-wide CPU cap may
-    /// grant fewer. Items are neither lost nor duplicated by a resize.
-    pub fn resize(&self, name: &str, workers: usize) -> Result<usize, PipelineError> {
-        futures::executor::block_on(self.addr(name)?.send(Resize { workers }))
-            .map_err(|_| PipelineError::stopped())
-    }
-
-    /// Sets how many items and bytes stage `name` may hold (`"sink"`: results waiting for the
-    /// consumer). Shrinking takes effect as items leave.
-    pub fn set_budget(&self, name: &str, items: usize, bytes: u64) -> Result<(), PipelineError> {
-        futures::executor::block_on(self.addr(name)?.send(SetBudget { items, bytes }))
-            .map_err(|_| PipelineError::stopped())
-    }
-}
+use crate::checkpoint::PipelineState;
+use crate::control::{ControlHandle, StopHandle};
+use crate::engine::Engine;
+use crate::stats::PipelineStats;
 
 /// A running pipeline producing items of type `T`.
 ///
@@ -295,65 +84,16 @@ impl<T> std::fmt::Debug for Pipeline<T> {
     }
 }
 
-impl Pipeline {
-    /// Starts building a pipeline.
-    pub fn builder() -> SourceBuilder {
-        SourceBuilder::default()
-    }
-}
-
-type StatsCallback = Box<dyn FnMut(&PipelineStats) + Send>;
-
 impl<T: Send + 'static> Pipeline<T> {
-    pub(crate) fn start(
-        mut engine: Engine,
-        sink: Arc<Channel<T>>,
-        sink_pinned: bool,
-        on_stats: Option<(Duration, StatsCallback)>,
-        autotune: Option<Autotune>,
-    ) -> Result<Self, PipelineError> {
-        let reader = SinkReader::new(sink);
-        engine.add_stage(reader.control(sink_pinned));
-        let all_stages = engine.stages();
-        let plane = ControlPlane::start(all_stages.clone())?;
-        let trace = Arc::new(TraceLog::default());
-        if let Some(a) = autotune {
-            // Everything but the source (index 0), which has no knob to turn.
-            let stages = all_stages[1..]
-                .iter()
-                .cloned()
-                .zip(plane.stages()[1..].iter().map(|(_, addr)| addr.clone()))
-                .collect();
-            let policy = a.policy.unwrap_or_else(|| a.settings.make_policy());
-            let actor = TunerActor::new(
-                stages,
-                &a.settings,
-                policy,
-                Arc::clone(&trace),
-                a.on_decision,
-            )
-            .map_err(|e| PipelineError::config(format!("opening the tuner trace: {e}")))?
-            .with_gpu_sampler(a.gpu);
-            plane.on_control_thread(Box::new(move || {
-                actor.start();
-            }));
-        }
-        let epoch = Arc::new(AtomicU64::new(0));
-        if let Some((every, mut f)) = on_stats {
-            let stages = all_stages;
-            let ledger = Arc::clone(&engine.ledger);
-            let epoch = Arc::clone(&epoch);
-            plane.every(every, move || {
-                let snaps = stages.iter().map(|s| s.snapshot()).collect();
-                f(&PipelineStats::assemble(
-                    snaps,
-                    &ledger,
-                    epoch.load(Ordering::Relaxed),
-                ));
-            });
-        }
-        engine.plane = Some(plane);
-        Ok(Self {
+    /// A pipeline driving `engine`, finished by the builder: its consumer reads `reader`,
+    /// its tuner (if any) records into `trace`, and `epoch` is shared with the stats callback.
+    pub(crate) fn from_parts(
+        engine: Engine,
+        reader: SinkReader<T>,
+        trace: Arc<TraceLog>,
+        epoch: Arc<AtomicU64>,
+    ) -> Self {
+        Self {
             engine,
             reader,
             trace,
@@ -361,7 +101,7 @@ impl<T: Send + 'static> Pipeline<T> {
             running: false,
             finished: false,
             _trim: TrimOnDrop,
-        })
+        }
     }
 
     fn ensure_running(&mut self) {
@@ -369,12 +109,7 @@ impl<T: Send + 'static> Pipeline<T> {
             return;
         }
         let epoch = self.epoch();
-        for c in &self.engine.closer.channels {
-            c.budget().begin(epoch);
-        }
-        if let Some(s) = &self.engine.source {
-            s.run_epoch(epoch);
-        }
+        self.engine.begin_epoch(epoch);
         self.running = true;
         tracing::debug!(epoch, "epoch started");
     }
@@ -394,7 +129,7 @@ impl<T: Send + 'static> Pipeline<T> {
                 self.running = false;
                 Some(Err(self
                     .engine
-                    .ledger
+                    .ledger()
                     .take_fatal()
                     .unwrap_or_else(PipelineError::stopped)))
             }
@@ -459,7 +194,7 @@ impl<T: Send + 'static> Pipeline<T> {
                 "resume: the pipeline is in the middle of an epoch; resume before iterating",
             ));
         }
-        let Some(source) = &self.engine.source else {
+        let Some(source) = self.engine.source() else {
             return Err(PipelineError::config("resume: the pipeline has no source"));
         };
         let done = RangeSet::from_ranges(state.delivered.iter().copied());
@@ -485,11 +220,11 @@ impl<T: Send + 'static> Pipeline<T> {
 
     /// Statistics of every stage, collected through the stage actors.
     pub fn stats(&self) -> PipelineStats {
-        let snaps = match &self.engine.plane {
-            Some(p) => p.snapshot_all(),
-            None => self.engine.stages().iter().map(|s| s.snapshot()).collect(),
-        };
-        PipelineStats::assemble(snaps, &self.engine.ledger, self.epoch())
+        PipelineStats::assemble(
+            self.engine.snapshot_all(),
+            self.engine.ledger(),
+            self.epoch(),
+        )
     }
 
     /// The tuner's recent ticks (signals, decisions and reasons), oldest first; empty when the
@@ -500,14 +235,12 @@ impl<T: Send + 'static> Pipeline<T> {
 
     /// A handle that resizes stages and sets budgets from any thread (a tuner, a test).
     pub fn control(&self) -> ControlHandle {
-        ControlHandle {
-            stages: self
-                .engine
-                .plane
-                .as_ref()
+        ControlHandle::new(
+            self.engine
+                .plane()
                 .map(|p| p.stages().to_vec())
                 .unwrap_or_default(),
-        }
+        )
     }
 
     /// Sets the active workers of stage `name`; see [`ControlHandle::resize`].
@@ -523,7 +256,7 @@ impl<T: Send + 'static> Pipeline<T> {
     }
 
     fn check_running(&self) -> Result<(), PipelineError> {
-        if self.engine.down {
+        if self.engine.is_down() {
             Err(PipelineError::stopped())
         } else {
             Ok(())
@@ -532,9 +265,7 @@ impl<T: Send + 'static> Pipeline<T> {
 
     /// A handle that stops this pipeline from another thread.
     pub fn stop_handle(&self) -> StopHandle {
-        StopHandle {
-            closer: Arc::clone(&self.engine.closer),
-        }
+        StopHandle::new(Arc::clone(self.engine.closer()))
     }
 
     /// Stops the pipeline and joins every thread it started. Idempotent; also done on drop.

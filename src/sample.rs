@@ -198,7 +198,9 @@ impl Batch {
                             _ => return Err(mismatch(i, "not a tensor".into())),
                         }
                     }
-                    Column::Tensor(Tensor::stack(&items).expect("shapes and dtypes checked above"))
+                    Column::Tensor(
+                        crate::collate::collate(&items).expect("shapes and dtypes checked above"),
+                    )
                 }
                 Field::Label(_) => {
                     let mut v = Vec::with_capacity(len);

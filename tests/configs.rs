@@ -1,14 +1,15 @@
 //! Pipeline files: every sample config in `examples/configs/` parses and runs on a generated
-//! sample dataset (S3 and video where those features are built), `flowgate run` works end to end
-//! and reports bad files with the key and line, and `flowgate gen-data` writes the dataset.
-#![cfg(all(feature = "cli", feature = "image", feature = "audio"))]
+//! sample dataset (S3 and video where those features are built), augmentation follows the one
+//! seeding rule, and the Rust API and a pipeline file give the same batches. (The `flowgate`
+//! command's own tests are in `cli/tests/`.)
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 use flowgate::media::synth::{write_dataset, DatasetSpec};
+use flowgate::media::{Files, Recipe};
 use flowgate::spec::{Hooks, PipelineSpec};
+use flowgate::{Pipeline, Workers};
 
 /// One small dataset for every test of this file, kept in cargo's test scratch folder
 /// (`target/tmp`) and rewritten each run (the generator is deterministic).
@@ -85,166 +86,6 @@ fn every_sample_config_runs_on_the_sample_dataset() {
     }
 }
 
-#[test]
-fn flowgate_run_prints_decisions_a_summary_and_json() {
-    let file = std::env::temp_dir().join(format!("flowgate-run-{}.toml", std::process::id()));
-    std::fs::write(&file, config("image_classification.toml")).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_flowgate"))
-        .arg("run")
-        .arg(&file)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(stdout.contains("epoch 3:"), "{stdout}");
-    assert!(stdout.contains("decode"), "the summary table: {stdout}");
-    let json: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().unwrap()).expect("a JSON last line");
-    assert_eq!(json["items"], 120);
-    assert_eq!(json["failures"], 0);
-    assert_eq!(json["batch_shape"][1], 3);
-    assert!(stderr.contains("bottleneck"), "the live view: {stderr}");
-    let _ = std::fs::remove_file(file);
-}
-
-#[test]
-fn bad_files_give_one_error_naming_the_key_and_line() {
-    let cases = [
-        (
-            "size = 32",
-            "size = 32\nbatchsize = 3",
-            "batch.batchsize",
-            "unknown field",
-        ),
-        ("size = 32", "size = \"32\"", "batch.size", "invalid type"),
-        ("crop = 224", "crop = 512", "decode.crop", "must be in"),
-        ("epochs = 3", "epochs = 0", "run.epochs", "at least 1"),
-    ];
-    let good = config("image_classification.toml");
-    for (from, to, key, what) in cases {
-        let text = good.replacen(from, to, 1);
-        let line = text
-            .lines()
-            .position(|l| l.contains(to.lines().last().unwrap()))
-            .unwrap()
-            + 1;
-        let file = std::env::temp_dir().join(format!("flowgate-bad-{}.toml", std::process::id()));
-        std::fs::write(&file, &text).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_flowgate"))
-            .arg("run")
-            .arg(&file)
-            .output()
-            .unwrap();
-        assert!(!out.status.success());
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let want = format!("{}:{line}: {key}: ", file.display());
-        assert!(
-            stderr.contains(&want),
-            "want `{want}` ({what}) in: {stderr}"
-        );
-        assert!(stderr.contains(what), "{stderr}");
-        assert_eq!(stderr.lines().count(), 1, "one error: {stderr}");
-        let _ = std::fs::remove_file(&file);
-    }
-    let missing = "[decode]\nkind = \"image\"\n";
-    let e = PipelineSpec::parse(missing, "m.toml").unwrap_err();
-    assert!(e.to_string().contains("missing field `source`"), "{e}");
-}
-
-#[test]
-fn gen_data_writes_the_lists() {
-    let dir = std::env::temp_dir().join(format!("flowgate-gen-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_flowgate"))
-        .args(["gen-data", "--images", "3", "--audio", "2", "--out"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let images = std::fs::read_to_string(dir.join("images.txt")).unwrap();
-    let audio = std::fs::read_to_string(dir.join("audio.txt")).unwrap();
-    assert_eq!((images.lines().count(), audio.lines().count()), (3, 2));
-    assert!(Path::new(images.lines().next().unwrap()).exists());
-    let _ = std::fs::remove_dir_all(dir);
-}
-
-/// `GET /metrics` over loopback with a plain socket (the client side of the exporter's HTTP).
-#[cfg(feature = "prometheus")]
-fn scrape(port: u16) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(2)))
-        .ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        .ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    Some(body)
-}
-
-#[cfg(feature = "prometheus")]
-#[test]
-fn the_prometheus_endpoint_serves_the_documented_metrics() {
-    use std::time::{Duration, Instant};
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let text = config("image_classification.toml")
-        .replace("epochs = 3", "epochs = 40")
-        .replace("step_ms = 1.0", "step_ms = 40.0")
-        + &format!("\n[metrics]\ninterval_ms = 100\nprometheus = \"127.0.0.1:{port}\"\n");
-    let file = std::env::temp_dir().join(format!("flowgate-prom-{}.toml", std::process::id()));
-    std::fs::write(&file, text).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flowgate"))
-        .args(["run", "--quiet"])
-        .arg(&file)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let names = [
-        "flowgate_delivered_total",
-        "flowgate_failures_total",
-        "flowgate_consumer_wait_seconds_total",
-        "flowgate_epoch",
-        "flowgate_stage_workers{stage=\"decode\"}",
-        "flowgate_stage_items_in_total{stage=\"decode\"}",
-        "flowgate_stage_items_out_total{stage=\"sink\"}",
-        "flowgate_stage_failures_total",
-        "flowgate_stage_queue_items",
-        "flowgate_stage_queue_bytes",
-        "flowgate_stage_budget_items",
-        "flowgate_stage_busy_seconds_total",
-        "flowgate_stage_blocked_put_seconds_total",
-        "flowgate_stage_blocked_get_seconds_total",
-        "flowgate_stage_task_p50_seconds",
-        "flowgate_stage_task_p99_seconds",
-    ];
-    let started = Instant::now();
-    let mut last = String::new();
-    while started.elapsed() < Duration::from_secs(60) {
-        if let Some(body) = scrape(port) {
-            last = body;
-            if names.iter().all(|n| last.contains(n)) {
-                break;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    let _ = std::fs::remove_file(&file);
-    for n in names {
-        assert!(last.contains(n), "{n} missing from:\n{last}");
-    }
-}
-
 /// Every batch of a run of `epochs` epochs, as bytes.
 fn batches(toml: &str, epochs: u64) -> Vec<Vec<u8>> {
     let spec = PipelineSpec::parse(toml, "t.toml").unwrap();
@@ -283,4 +124,89 @@ fn training_augmentation_is_drawn_anew_every_epoch() {
         );
         assert_eq!(batches(&toml(true), 2), train, "{decode}: reproducible");
     }
+}
+
+/// A pipeline file of one worker, tuner off, no shuffle (so batches come in list order).
+fn one_worker_file(list: &Path, decode: &str, batch: usize, epochs: u64) -> String {
+    format!(
+        "[source]\nkind = \"list\"\npath = \"{}\"\n[decode]\n{decode}\nworkers = 1\n[batch]\nsize = {batch}\n[run]\nepochs = {epochs}\n[tuner]\nenabled = false\n",
+        list.display()
+    )
+}
+
+/// The same batches from the Rust API: the same files, recipe, seed and epochs.
+fn rust_batches(list: &Path, recipe: Recipe, batch: usize, epochs: u64) -> Vec<Vec<u8>> {
+    let files = Files::list(list).unwrap();
+    let mut pipeline = Pipeline::builder()
+        .source_epochs(move |e| files.epoch(e).into_iter().map(move |p| (p, e)))
+        .pipe(
+            "decode",
+            move |(p, e): (PathBuf, u64)| recipe.for_epoch(e).load(&p),
+            Workers::fixed(1),
+        )
+        .batch(batch, false)
+        .autotune_off()
+        .build()
+        .unwrap();
+    let mut out = Vec::new();
+    for _ in 0..epochs {
+        for b in pipeline.iter() {
+            out.push(b.unwrap().bytes().to_vec());
+        }
+    }
+    out
+}
+
+#[test]
+fn the_rust_api_and_a_pipeline_file_give_the_same_batches() {
+    use flowgate::media::audio::AudioRecipe;
+    use flowgate::media::image::ImageRecipe;
+    let images = dataset().join("images.txt");
+    let audio = dataset().join("audio.txt");
+    for seed in [0u64, 11] {
+        let image = Recipe::image(ImageRecipe {
+            resize: 72,
+            normalize: None,
+            ..ImageRecipe::train(64)
+        })
+        .unwrap()
+        .with_seed(seed);
+        let file = one_worker_file(
+            &images,
+            &format!("kind = \"image\"\nresize = 72\ncrop = 64\ntrain = true\nseed = {seed}"),
+            16,
+            2,
+        );
+        let (from_file, from_rust) = (batches(&file, 2), rust_batches(&images, image, 16, 2));
+        assert_eq!(from_file.len(), 6, "3 batches per epoch");
+        assert!(from_file == from_rust, "images, seed {seed}");
+        assert_ne!(from_file[0], from_file[3], "epoch 2 draws anew");
+
+        let clip = Recipe::audio(AudioRecipe {
+            random_crop: true,
+            ..AudioRecipe::with_seconds(16_000, 1.0).unwrap()
+        })
+        .unwrap()
+        .with_seed(seed);
+        let file = one_worker_file(
+            &audio,
+            &format!("kind = \"audio\"\nseconds = 1.0\ntrain = true\nseed = {seed}"),
+            4,
+            2,
+        );
+        assert!(
+            batches(&file, 2) == rust_batches(&audio, clip, 4, 2),
+            "audio, seed {seed}"
+        );
+    }
+    // A different seed draws different crops.
+    let file = |seed: u64| {
+        one_worker_file(
+            &images,
+            &format!("kind = \"image\"\nresize = 72\ncrop = 64\ntrain = true\nseed = {seed}"),
+            16,
+            1,
+        )
+    };
+    assert_ne!(batches(&file(0), 1), batches(&file(11), 1));
 }

@@ -653,61 +653,6 @@ fn the_tuner_scales_a_cold_pipeline_and_leaves_pinned_knobs_alone() {
     let _ = std::fs::remove_file(trace);
 }
 
-#[test]
-fn flowgate_plot_draws_a_trace_and_names_bad_lines() {
-    let dir = std::env::temp_dir().join(format!("flowgate-plot-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let svg = dir.join("tuner.svg");
-    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/demo-trace.jsonl");
-    let plot = |trace: &std::path::Path, out: &std::path::Path| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_flowgate"))
-            .arg("plot")
-            .arg(trace)
-            .arg("-o")
-            .arg(out)
-            .output()
-            .unwrap()
-    };
-    let trace = std::path::Path::new(trace);
-    let out = plot(trace, &svg);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let picture = std::fs::read_to_string(&svg).unwrap();
-    for text in [
-        "results per second",
-        "workers per stage",
-        "buffered bytes",
-        "decode",
-    ] {
-        assert!(picture.contains(text), "the picture lacks {text:?}");
-    }
-    let png = dir.join("tuner.png");
-    let out = plot(trace, &png);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let bytes = std::fs::read(&png).unwrap();
-    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 10_000);
-    let bad = dir.join("bad.jsonl");
-    let first = std::fs::read_to_string(trace)
-        .unwrap()
-        .lines()
-        .next()
-        .unwrap()
-        .to_owned();
-    std::fs::write(&bad, format!("{first}\n{{\"t\": \"soon\"}}\n")).unwrap();
-    let out = plot(&bad, &dir.join("x.svg"));
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("bad.jsonl:2:"), "{err}");
-    let _ = std::fs::remove_dir_all(dir);
-}
-
 #[cfg(feature = "image")]
 #[test]
 fn bad_image_files_are_skipped_counted_and_named() {
@@ -851,4 +796,26 @@ fn the_tuner_grows_an_evicting_cache_until_the_data_fits() {
             "the trace records the cache decisions"
         );
     });
+}
+
+#[test]
+fn a_decision_callback_does_not_turn_the_tuner_back_on() {
+    let mut p = Pipeline::builder()
+        .source_epochs(|_| 0..5_000u64)
+        .pipe(
+            "slow",
+            |x| {
+                std::thread::sleep(Duration::from_micros(60));
+                Ok::<_, std::io::Error>(x)
+            },
+            1,
+        )
+        .autotune_off()
+        .on_tuner_decision(|_| panic!("the tuner is off"))
+        .gpu_utilization(|| Some(0.0))
+        .build()
+        .unwrap();
+    assert_eq!(p.iter().count(), 5_000);
+    assert!(p.tuner_trace().is_empty(), "no tuner ticks");
+    assert_eq!(p.stats().stage("slow").unwrap().workers, 1);
 }

@@ -135,10 +135,14 @@ impl std::error::Error for ItemError {
 #[derive(Debug, Clone)]
 enum Kind {
     Config(String),
+    Io(String),
     FailureBudget { scope: String, failures: u64 },
     Stopped,
     Runtime(String),
 }
+
+/// The error behind a [`PipelineError`], shared so that the error stays `Clone`.
+type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
 
 /// What a pipeline reports when it cannot go on, or cannot be built.
 ///
@@ -149,15 +153,38 @@ enum Kind {
 pub struct PipelineError {
     kind: Kind,
     item: Option<ItemError>,
+    cause: Option<Cause>,
 }
 
 impl PipelineError {
+    fn of(kind: Kind) -> Self {
+        Self {
+            kind,
+            item: None,
+            cause: None,
+        }
+    }
+
+    fn with_cause(mut self, cause: impl Into<BoxError>) -> Self {
+        self.cause = Some(Arc::from(cause.into()));
+        self
+    }
+
     /// An invalid configuration.
     pub fn config(msg: impl Into<String>) -> Self {
-        Self {
-            kind: Kind::Config(msg.into()),
-            item: None,
-        }
+        Self::of(Kind::Config(msg.into()))
+    }
+
+    /// An invalid configuration found while `context` (e.g. parsing a value), caused by
+    /// `cause`, which [`source`](std::error::Error::source) returns.
+    pub fn config_from(context: impl Into<String>, cause: impl Into<BoxError>) -> Self {
+        Self::of(Kind::Config(context.into())).with_cause(cause)
+    }
+
+    /// Reading or writing something the pipeline needs (a directory listing, a trace file, a
+    /// remote store) failed while `context`; `cause` is the underlying error.
+    pub fn io(context: impl Into<String>, cause: impl Into<BoxError>) -> Self {
+        Self::of(Kind::Io(context.into())).with_cause(cause)
     }
 
     /// A failure budget was exceeded; `last` is the failure that exceeded it.
@@ -168,28 +195,33 @@ impl PipelineError {
                 failures,
             },
             item: Some(last),
+            cause: None,
         }
     }
 
     /// The pipeline was stopped before the epoch ended.
     pub fn stopped() -> Self {
-        Self {
-            kind: Kind::Stopped,
-            item: None,
-        }
+        Self::of(Kind::Stopped)
     }
 
     /// The runtime could not be started (threads, the control system).
     pub fn runtime(msg: impl Into<String>) -> Self {
-        Self {
-            kind: Kind::Runtime(msg.into()),
-            item: None,
-        }
+        Self::of(Kind::Runtime(msg.into()))
+    }
+
+    /// The runtime could not be started while `context`, because of `cause`.
+    pub fn runtime_from(context: impl Into<String>, cause: impl Into<BoxError>) -> Self {
+        Self::of(Kind::Runtime(context.into())).with_cause(cause)
     }
 
     /// Whether the configuration was invalid.
     pub fn is_config(&self) -> bool {
         matches!(self.kind, Kind::Config(_))
+    }
+
+    /// Whether reading or writing something the pipeline needs failed (see [`io`](Self::io)).
+    pub fn is_io(&self) -> bool {
+        matches!(self.kind, Kind::Io(_))
     }
 
     /// Whether a failure budget (of a stage or of the pipeline) was exceeded.
@@ -221,7 +253,8 @@ impl PipelineError {
 impl fmt::Display for PipelineError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            Kind::Config(m) => write!(f, "invalid pipeline configuration: {m}"),
+            Kind::Config(m) => write!(f, "invalid pipeline configuration: {m}")?,
+            Kind::Io(m) => write!(f, "{m}")?,
             Kind::FailureBudget { scope, failures } => {
                 write!(
                     f,
@@ -230,16 +263,24 @@ impl fmt::Display for PipelineError {
                 if let Some(i) = &self.item {
                     write!(f, "; last: {i}")?;
                 }
-                Ok(())
             }
-            Kind::Stopped => write!(f, "the pipeline was stopped before the epoch ended"),
-            Kind::Runtime(m) => write!(f, "pipeline runtime error: {m}"),
+            Kind::Stopped => write!(f, "the pipeline was stopped before the epoch ended")?,
+            Kind::Runtime(m) => write!(f, "pipeline runtime error: {m}")?,
         }
+        // The cause is part of the message too: most reports print only the top error.
+        if let Some(c) = &self.cause {
+            write!(f, ": {c}")?;
+        }
+        Ok(())
     }
 }
 
 impl std::error::Error for PipelineError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.item.as_ref().map(|e| e as _)
+        match (&self.item, &self.cause) {
+            (Some(e), _) => Some(e as _),
+            (None, Some(c)) => Some(&**c as _),
+            (None, None) => None,
+        }
     }
 }

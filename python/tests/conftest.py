@@ -13,7 +13,7 @@ def data() -> pathlib.Path:
     d = pathlib.Path(os.environ.get("FLOWGATE_TEST_DATA", ROOT / "target" / "pytest-data"))
     if not (d / "images.txt").exists() or not (d / "audio.txt").exists():
         subprocess.run(
-            ["cargo", "run", "--quiet", "--locked", "--bin", "flowgate", "--",
+            ["cargo", "run", "--quiet", "--locked", "-p", "flowgate-cli", "--bin", "flowgate", "--",
              "gen-data", "--out", str(d), "--images", "40", "--audio", "8"],
             cwd=ROOT, check=True,
         )
@@ -26,7 +26,7 @@ def videos() -> pathlib.Path:
     d = pathlib.Path(os.environ.get("FLOWGATE_TEST_VIDEO", ROOT / "target" / "pytest-video"))
     if not (d / "video.txt").exists():
         subprocess.run(
-            ["cargo", "run", "--quiet", "--locked", "--bin", "flowgate", "--",
+            ["cargo", "run", "--quiet", "--locked", "-p", "flowgate-cli", "--bin", "flowgate", "--",
              "gen-data", "--out", str(d), "--images", "0", "--video", "4"],
             cwd=ROOT, check=True,
         )

@@ -47,9 +47,10 @@ pub struct AudioRecipe {
     /// no longer than the window, or whose container does not declare its length, is taken
     /// from the start. The frames before the window are decoded and dropped.
     pub random_crop: bool,
-    /// Seeds the random crop (use [`reseeded`](Self::reseeded) with the epoch for a new window
-    /// each epoch).
+    /// The user's seed of the random crop (see [`item_seed`](super::item_seed)).
     pub seed: u64,
+    /// The epoch whose window to draw (set by [`for_epoch`](Self::for_epoch)).
+    pub epoch: u64,
 }
 
 impl Default for AudioRecipe {
@@ -61,15 +62,41 @@ impl Default for AudioRecipe {
             channels: Channels::Mono,
             random_crop: false,
             seed: 0,
+            epoch: 0,
         }
     }
 }
 
 impl AudioRecipe {
-    /// The same recipe with another crop seed (for example the epoch).
-    pub fn reseeded(mut self, seed: u64) -> Self {
+    /// The same recipe with the user's crop seed `seed`.
+    pub fn with_seed(mut self, seed: u64) -> Self {
         self.seed = seed;
         self
+    }
+
+    /// The same recipe drawing `epoch`'s window.
+    pub fn for_epoch(mut self, epoch: u64) -> Self {
+        self.epoch = epoch;
+        self
+    }
+
+    /// A recipe of `seconds` at `rate` Hz (mono, cropped from the start), checked.
+    pub fn with_seconds(rate: u32, seconds: f64) -> Result<Self, super::RecipeError> {
+        let samples = super::recipe::rules::audio_samples(rate, seconds)?;
+        Ok(Self {
+            rate,
+            samples,
+            ..Self::default()
+        })
+    }
+
+    /// Checks the rate and window (see [`Recipe`](super::Recipe)).
+    pub fn validate(&self) -> Result<(), super::RecipeError> {
+        super::recipe::rules::audio_samples(
+            self.rate,
+            self.samples as f64 / f64::from(self.rate.max(1)),
+        )
+        .map(|_| ())
     }
 
     /// Like [`load`](Self::load), with the number of real (not padded) samples: the lengths
@@ -180,7 +207,8 @@ impl AudioRecipe {
         // A random window: the frames before it are decoded and dropped.
         let skip = match (self.random_crop, params.n_frames) {
             (true, Some(n)) if n > span as u64 => {
-                let mut rng = flowgate_tuner::Rng::new(self.seed ^ super::path_hash(path));
+                let mut rng =
+                    flowgate_tuner::Rng::new(super::item_seed(self.seed, self.epoch, path));
                 rng.next_u64() % (n - span as u64 + 1)
             }
             _ => 0,
@@ -466,7 +494,7 @@ mod tests {
         let offsets: Vec<usize> = (0..40)
             .map(|seed| {
                 let t = r
-                    .reseeded(seed)
+                    .with_seed(seed)
                     .decode(clip.clone(), Path::new("r.wav"))
                     .unwrap();
                 let v = floats(&t);
@@ -487,11 +515,11 @@ mod tests {
         distinct.dedup();
         assert!(distinct.len() > 30, "spread over the clip: {offsets:?}");
         let again = r
-            .reseeded(7)
+            .with_seed(7)
             .decode(clip.clone(), Path::new("r.wav"))
             .unwrap();
         let other = r
-            .reseeded(7)
+            .with_seed(7)
             .decode(clip.clone(), Path::new("s.wav"))
             .unwrap();
         assert_eq!(
@@ -581,7 +609,7 @@ mod tests {
         for seed in 0..12 {
             let w = floats(
                 &window
-                    .reseeded(seed)
+                    .with_seed(seed)
                     .decode(sink.as_slice().to_vec(), Path::new("c.flac"))
                     .unwrap(),
             );

@@ -47,9 +47,11 @@ pub struct ImageRecipe {
     pub flip: bool,
     /// `f32` output, `(x / 255 - mean[c]) / std[c]`, instead of `u8`.
     pub normalize: Option<Normalize>,
-    /// Seeds the random crop and flip, mixed with the file's path: the same seed gives the same
-    /// augmentation (use [`reseeded`](Self::reseeded) with the epoch for a new one each epoch).
+    /// The user's seed of the random crop and flip (see [`item_seed`](super::item_seed): the
+    /// same seed, epoch and file give the same augmentation).
     pub seed: u64,
+    /// The epoch whose augmentation to draw (set by [`for_epoch`](Self::for_epoch)).
+    pub epoch: u64,
 }
 
 impl Default for ImageRecipe {
@@ -63,6 +65,7 @@ impl Default for ImageRecipe {
             flip: false,
             normalize: None,
             seed: 0,
+            epoch: 0,
         }
     }
 }
@@ -151,10 +154,29 @@ impl ImageRecipe {
         }
     }
 
-    /// The same recipe with another augmentation seed (for example the epoch).
-    pub fn reseeded(mut self, seed: u64) -> Self {
+    /// The same recipe with the user's augmentation seed `seed`.
+    pub fn with_seed(mut self, seed: u64) -> Self {
         self.seed = seed;
         self
+    }
+
+    /// The same recipe drawing `epoch`'s augmentation.
+    pub fn for_epoch(mut self, epoch: u64) -> Self {
+        self.epoch = epoch;
+        self
+    }
+
+    /// Checks the geometry (see [`Recipe`](super::Recipe), which does it once for a pipeline).
+    pub fn validate(&self) -> Result<(), super::RecipeError> {
+        use super::recipe::rules;
+        rules::crop(self.crop, self.resize, self.random_crop.is_some())?;
+        if let Some(rc) = self.random_crop {
+            rules::random_crop(rc.scale, rc.ratio)?;
+        }
+        if let Some(n) = &self.normalize {
+            rules::normalize_std(&n.std)?;
+        }
+        Ok(())
     }
 
     /// The element type of the output: `u8`, or `f32` when normalising.
@@ -177,25 +199,47 @@ impl ImageRecipe {
 
     /// Reads and decodes `path` into a new tensor of [`shape`](Self::shape).
     pub fn load(&self, path: &Path) -> Result<Tensor, MediaError> {
+        self.check(path)?;
+        self.load_checked(path)
+    }
+
+    /// [`load`](Self::load) for a recipe already validated (by [`Recipe`](super::Recipe)).
+    pub(crate) fn load_checked(&self, path: &Path) -> Result<Tensor, MediaError> {
         let bytes = std::fs::read(path).map_err(|source| MediaError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        self.decode(&bytes, path)
+        self.decode_checked(&bytes, path)
     }
 
     /// Decodes `bytes` (the contents of `path`, named in errors) into a new tensor.
     pub fn decode(&self, bytes: &[u8], path: &Path) -> Result<Tensor, MediaError> {
+        self.check(path)?;
+        self.decode_checked(bytes, path)
+    }
+
+    /// [`decode`](Self::decode) for a recipe already validated.
+    pub(crate) fn decode_checked(&self, bytes: &[u8], path: &Path) -> Result<Tensor, MediaError> {
         // Every byte is written (or the tensor is dropped with the error).
         let mut t = Tensor::for_overwrite(&self.shape(), self.dtype());
-        self.decode_into(bytes, path, t.bytes_mut())?;
+        self.decode_region_into(bytes, path, t.bytes_mut(), false)?;
         Ok(t)
     }
 
     /// Decodes `bytes` (the contents of `path`, named in errors) into `out`, which must hold
     /// exactly one output image (for example a slot of a batch tensor).
     pub fn decode_into(&self, bytes: &[u8], path: &Path, out: &mut [u8]) -> Result<(), MediaError> {
+        self.check(path)?;
         self.decode_region_into(bytes, path, out, false)
+    }
+
+    /// [`validate`](Self::validate), as the error of the item at `path`: for callers that
+    /// decode with a recipe they never validated.
+    fn check(&self, path: &Path) -> Result<(), MediaError> {
+        self.validate().map_err(|e| MediaError::Geometry {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })
     }
 
     /// [`decode_into`](Self::decode_into), decoding the whole image when `whole` (which must
@@ -211,12 +255,6 @@ impl ImageRecipe {
             path: path.to_path_buf(),
             reason,
         };
-        if self.crop == 0 || (self.random_crop.is_none() && self.crop > self.resize) {
-            return Err(err(format!(
-                "crop {} must be in 1..={}",
-                self.crop, self.resize
-            )));
-        }
         let c = self.crop as usize;
         let need = 3 * c * c * self.dtype().size();
         if out.len() != need {
@@ -239,7 +277,7 @@ impl ImageRecipe {
             });
         }
         SCRATCH.with(|cell| {
-            let mut rng = flowgate_tuner::Rng::new(self.seed ^ super::path_hash(path));
+            let mut rng = flowgate_tuner::Rng::new(super::item_seed(self.seed, self.epoch, path));
             // The source window that becomes the output square, known once the header is read.
             let mut window = (0.0, 0.0, 0.0, 0.0);
             let geometry = |w: u32, h: u32| -> Result<Rect, MediaError> {
@@ -852,10 +890,10 @@ mod tests {
         };
         let (mut flipped, mut kept) = (0, 0);
         for seed in 0..20 {
-            let t = flipping.reseeded(seed).decode(&png, p).unwrap();
+            let t = flipping.with_seed(seed).decode(&png, p).unwrap();
             assert_eq!(
                 t.bytes(),
-                flipping.reseeded(seed).decode(&png, p).unwrap().bytes(),
+                flipping.with_seed(seed).decode(&png, p).unwrap().bytes(),
                 "the same seed gives the same output"
             );
             if t.bytes() == base.bytes() {
@@ -895,7 +933,7 @@ mod tests {
         assert_eq!(a.shape(), [3, 112, 112]);
         assert_ne!(
             a.bytes(),
-            train.reseeded(1).decode(&png, p).unwrap().bytes()
+            train.with_seed(1).decode(&png, p).unwrap().bytes()
         );
     }
 
@@ -949,7 +987,7 @@ mod tests {
                 normalize: None,
                 ..ImageRecipe::train(224)
             },
-            ImageRecipe::train(96).reseeded(7),
+            ImageRecipe::train(96).with_seed(7),
         ];
         let sizes = [(500, 375), (375, 500), (333, 257), (1030, 771), (257, 256)];
         let mut n = 0;
@@ -965,7 +1003,7 @@ mod tests {
                 let bytes = jpeg(&px, w, h, ColorType::Rgb, sampling, progressive);
                 for (k, recipe) in recipes.iter().enumerate() {
                     for seed in 0..2 {
-                        let recipe = recipe.reseeded(seed);
+                        let recipe = recipe.with_seed(seed);
                         let path = std::path::PathBuf::from(format!("p{i}-{k}-{seed}.jpg"));
                         let len = 3 * (recipe.crop as usize).pow(2) * recipe.dtype().size();
                         let (mut part, mut all) = (vec![0; len], vec![1; len]);

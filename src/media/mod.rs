@@ -10,7 +10,10 @@
 //! - [`video`](mod@video) (feature `video`): K frames per clip with FFmpeg, scaled and
 //!   center-cropped into `u8` tensors.
 //!
-//! - [`synth`]: synthetic clips for sample datasets and tests.
+//! - [`Recipe`]: a validated recipe of any modality, and the one seeding rule
+//!   ([`item_seed`]) every path (Rust, pipeline files, Python) uses for augmentation.
+//!
+//! - `synth` (feature `synth`): the sample-dataset generator, for demos, benchmarks and tests.
 //!
 //! Errors are [`MediaError`]s, which always name the file.
 
@@ -20,20 +23,12 @@ mod error;
 mod files;
 #[cfg(feature = "image")]
 pub mod image;
+pub(crate) mod recipe;
+#[cfg(feature = "synth")]
 pub mod synth;
 #[cfg(feature = "video")]
 pub mod video;
 
 pub use error::MediaError;
 pub use files::{Files, FolderLabels};
-
-/// A stable hash of a path (FNV-1a), so augmentation depends on the file, not on the thread or
-/// the order items arrive in.
-pub(crate) fn path_hash(path: &std::path::Path) -> u64 {
-    path.as_os_str()
-        .as_encoded_bytes()
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        })
-}
+pub use recipe::{item_seed, Recipe, RecipeError};

@@ -1,7 +1,7 @@
 //! Synthetic media for sample datasets and tests.
 //!
 //! [`write_dataset`] writes the sample dataset that `flowgate gen-data` and
-//! `examples/make_dataset.rs` produce: photo-like JPEGs, tonal FLAC or WAV clips, MP4 clips, and
+//! `tools/src/bin/make_dataset.rs` produce: photo-like JPEGs, tonal FLAC or WAV clips, MP4 clips, and
 //! list files. [`write_clip`] writes a short MP4 (H.264 video, optionally an AAC tone) with the `ffmpeg`
 //! command, which `scripts/setup.sh` installs: encoding is a dataset-generation chore, not a
 //! loader's job, so the library does not link an encoder for it.
@@ -170,7 +170,6 @@ impl Default for DatasetSpec {
 /// Writes `spec`'s dataset: `images/`, `audio/`, `video/` and the lists `images.txt`,
 /// `audio.txt`, `video.txt` of absolute paths (a list is written only for a kind asked for, so
 /// generating audio later keeps the images' list). Returns the absolute output folder.
-#[cfg(all(feature = "image", feature = "audio"))]
 pub fn write_dataset(spec: &DatasetSpec) -> std::io::Result<std::path::PathBuf> {
     use image::codecs::jpeg::JpegEncoder;
     let DatasetSpec {
@@ -235,16 +234,12 @@ pub fn write_dataset(spec: &DatasetSpec) -> std::io::Result<std::path::PathBuf> 
     Ok(out)
 }
 
-#[cfg(all(feature = "image", feature = "audio"))]
 use image::{Rgb, RgbImage};
 
-#[cfg(all(feature = "image", feature = "audio"))]
 use crate::tuner::Rng;
 
-#[cfg(all(feature = "image", feature = "audio"))]
 const SIZES: [(u32, u32); 4] = [(500, 375), (375, 500), (500, 333), (480, 360)];
 
-#[cfg(all(feature = "image", feature = "audio"))]
 fn photo(rng: &mut Rng) -> RgbImage {
     let (w, h) = SIZES[(rng.next_u64() % SIZES.len() as u64) as usize];
     let mut f = || rng.uniform();
@@ -295,7 +290,6 @@ fn photo(rng: &mut Rng) -> RgbImage {
     img
 }
 
-#[cfg(all(feature = "image", feature = "audio"))]
 fn write_wav(path: &Path, rate: u32, samples: &[i16]) -> std::io::Result<()> {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
     let data = (samples.len() * 2) as u32;
@@ -317,7 +311,6 @@ fn write_wav(path: &Path, rate: u32, samples: &[i16]) -> std::io::Result<()> {
     f.flush()
 }
 
-#[cfg(all(feature = "image", feature = "audio"))]
 fn write_flac(path: &Path, rate: u32, samples: &[i16]) -> std::io::Result<()> {
     use flacenc::component::BitRepr;
     use flacenc::error::Verify;
@@ -335,7 +328,6 @@ fn write_flac(path: &Path, rate: u32, samples: &[i16]) -> std::io::Result<()> {
     std::fs::write(path, sink.as_slice())
 }
 
-#[cfg(all(feature = "image", feature = "audio"))]
 fn clip(rng: &mut Rng, rate: u32) -> Vec<i16> {
     let secs = 3.0 + 7.0 * rng.uniform();
     let n = (secs * rate as f64) as usize;

@@ -1,0 +1,320 @@
+//! The `flowgate` command.
+//!
+//! ```text
+//! flowgate run PIPELINE.toml                # run a pipeline file with a live view
+//! flowgate profile PIPELINE.toml            # each stage alone at several concurrencies
+//! flowgate gen-data --out DIR               # the sample dataset
+//! flowgate plot TRACE.jsonl -o tuner.svg    # draw a tuner decision trace
+//! ```
+//!
+//! `RUST_LOG` sets the log filter (default `warn`); logs go to stderr.
+//!
+//! A trace comes from a pipeline built with `TunerSettings { trace: Some(path), .. }` (for
+//! example `cargo run --release --example demo -- --trace trace.jsonl`).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use flowgate::TraceRecord;
+use plotters::prelude::*;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "flowgate",
+    version,
+    about = "A self-tuning data loading pipeline"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Runs a pipeline file, with a live view of every stage, then a summary.
+    Run {
+        /// The pipeline file (TOML; see `examples/configs/`).
+        pipeline: PathBuf,
+        /// No live view (the summary and the JSON line still print).
+        #[arg(long)]
+        quiet: bool,
+        /// Write every batch into this folder as a NumPy file
+        /// (`epoch{E}-batch{NNNNN}.npy`), to check what a pipeline file delivers.
+        #[arg(long, value_name = "DIR")]
+        dump: Option<PathBuf>,
+    },
+    /// Runs the decode (and fetch) stage alone over a sample at several concurrencies, predicts
+    /// the bottleneck, then runs the tuned pipeline and compares.
+    Profile {
+        /// The pipeline file.
+        pipeline: PathBuf,
+        /// Items in the sample.
+        #[arg(long, default_value_t = 200)]
+        sample: usize,
+        /// Concurrency levels to try.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        levels: Vec<usize>,
+    },
+    /// Writes the sample dataset (`flowgate::media::synth`).
+    GenData {
+        /// The folder.
+        #[arg(long, default_value = "target/sample-data")]
+        out: PathBuf,
+        /// Photo-like JPEGs.
+        #[arg(long, default_value_t = 600)]
+        images: usize,
+        /// Tonal 16 kHz clips.
+        #[arg(long, default_value_t = 0)]
+        audio: usize,
+        /// `flac` or `wav`.
+        #[arg(long, default_value = "flac")]
+        audio_format: String,
+        /// MP4 clips (needs the `ffmpeg` command).
+        #[arg(long, default_value_t = 0)]
+        video: usize,
+        /// Seeds everything.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+    /// Draws a tuner trace: throughput, workers per stage and buffered bytes over time.
+    Plot {
+        /// The trace, one JSON record per tuner tick.
+        trace: PathBuf,
+        /// The picture to write (SVG).
+        #[arg(short, long, default_value = "tuner.svg")]
+        output: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Plot { trace, output } => plot(&trace, &output),
+        Command::Run {
+            pipeline,
+            quiet,
+            dump,
+        } => run::run(&pipeline, quiet, dump.as_deref()),
+        Command::Profile {
+            pipeline,
+            sample,
+            levels,
+        } => run::profile(&pipeline, sample, &levels),
+        Command::GenData {
+            out,
+            images,
+            audio,
+            audio_format,
+            video,
+            seed,
+        } => gen_data(flowgate::media::synth::DatasetSpec {
+            out,
+            images,
+            audio,
+            flac: match audio_format.as_str() {
+                "flac" => true,
+                "wav" => false,
+                other => {
+                    eprintln!("flowgate: --audio-format: flac or wav, not {other}");
+                    return ExitCode::FAILURE;
+                }
+            },
+            video,
+            seed,
+        }),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("flowgate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Error = Box<dyn std::error::Error>;
+
+#[cfg(feature = "prometheus")]
+mod metrics;
+mod run;
+
+fn gen_data(spec: flowgate::media::synth::DatasetSpec) -> Result<(), Error> {
+    let started = std::time::Instant::now();
+    let out = flowgate::media::synth::write_dataset(&spec)?;
+    println!(
+        "wrote {} images, {} audio clips, {} video clips to {} in {:.1} s",
+        spec.images,
+        spec.audio,
+        spec.video,
+        out.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn read_trace(path: &Path) -> Result<Vec<TraceRecord>, Error> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| format!("{}:{}: {e}", path.display(), i + 1).into())
+        })
+        .collect()
+}
+
+const PALETTE: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+];
+
+fn plot(trace: &Path, output: &Path) -> Result<(), Error> {
+    let recs = read_trace(trace)?;
+    if recs.is_empty() {
+        return Err(format!("{}: the trace is empty", trace.display()).into());
+    }
+    let ext = output.extension().and_then(|e| e.to_str());
+    if !matches!(ext, Some("svg" | "png")) {
+        return Err(format!("{}: write .svg or .png", output.display()).into());
+    }
+    // Text is laid out with a TrueType font: DejaVu Sans, which scripts/setup.sh installs
+    // (fonts-dejavu-core), or $FLOWGATE_FONT.
+    let font = std::env::var_os("FLOWGATE_FONT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"));
+    let bytes = std::fs::read(&font).map_err(|e| {
+        format!(
+            "the plot needs a TrueType font: {}: {e} (install fonts-dejavu-core or set FLOWGATE_FONT)",
+            font.display()
+        )
+    })?;
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| format!("{}: not a usable font", font.display()))?;
+    if ext == Some("svg") {
+        draw(
+            SVGBackend::new(output, (960, 900)).into_drawing_area(),
+            &recs,
+        )?;
+    } else {
+        draw(
+            BitMapBackend::new(output, (960, 900)).into_drawing_area(),
+            &recs,
+        )?;
+    }
+    println!(
+        "wrote {} ({} ticks, {} with decisions)",
+        output.display(),
+        recs.len(),
+        recs.iter().filter(|r| !r.decisions.is_empty()).count()
+    );
+    Ok(())
+}
+
+/// Draws the three panels of a trace on `root`.
+fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    recs: &[TraceRecord],
+) -> Result<(), Error>
+where
+    DB::ErrorType: 'static,
+{
+    let (first, last) = (&recs[0], &recs[recs.len() - 1]);
+    let t_end = last.t.max(first.t + 0.1);
+    root.fill(&WHITE)?;
+    let panels = root.split_evenly((3, 1));
+
+    // Throughput, with the decisions marked.
+    let max_rate = recs.iter().map(|r| r.rate).fold(1.0, f64::max) * 1.1;
+    let mut c = ChartBuilder::on(&panels[0])
+        .caption(
+            "results per second (dots: tuner decisions)",
+            ("sans-serif", 18),
+        )
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        .build_cartesian_2d(first.t..t_end, 0.0..max_rate)?;
+    c.configure_mesh().x_desc("seconds").draw()?;
+    c.draw_series(LineSeries::new(
+        recs.iter().map(|r| (r.t, r.rate)),
+        &PALETTE[0],
+    ))?;
+    c.draw_series(
+        recs.iter()
+            .filter(|r| !r.decisions.is_empty())
+            .map(|r| Circle::new((r.t, r.rate), 3, PALETTE[3].filled())),
+    )?;
+
+    // Workers per stage (log scale: async stages run hundreds, CPU stages a few).
+    let max_w = recs
+        .iter()
+        .flat_map(|r| r.workers.iter().copied())
+        .max()
+        .unwrap_or(1) as f64;
+    let mut c = ChartBuilder::on(&panels[1])
+        .caption("workers per stage", ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        .build_cartesian_2d(first.t..t_end, (0.8..max_w * 1.5).log_scale())?;
+    c.configure_mesh().x_desc("seconds").draw()?;
+    for (i, name) in first.stages.iter().enumerate() {
+        if name == "sink" {
+            continue;
+        }
+        let color = PALETTE[i % PALETTE.len()];
+        c.draw_series(LineSeries::new(
+            recs.iter()
+                .filter_map(|r| r.workers.get(i).map(|&w| (r.t, w as f64))),
+            &color,
+        ))?
+        .label(name.clone())
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    c.configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()?;
+
+    // Buffered bytes.
+    let max_b = recs
+        .iter()
+        .map(|r| r.buffered_bytes)
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64
+        * 1.1;
+    let mut c = ChartBuilder::on(&panels[2])
+        .caption(
+            format!(
+                "buffered bytes (memory budget {:.1} GiB)",
+                last.memory_budget as f64 / (1u64 << 30) as f64
+            ),
+            ("sans-serif", 18),
+        )
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        .build_cartesian_2d(first.t..t_end, 0.0..max_b)?;
+    c.configure_mesh().x_desc("seconds").draw()?;
+    c.draw_series(LineSeries::new(
+        recs.iter().map(|r| (r.t, r.buffered_bytes as f64)),
+        &PALETTE[2],
+    ))?;
+    root.present()?;
+    Ok(())
+}

@@ -1,0 +1,270 @@
+//! The `flowgate` command end to end: `run` prints decisions, a summary and a JSON line and
+//! dumps batches, bad files give one error naming the key and line, `gen-data` writes the
+//! lists, `plot` draws a tuner trace, and the Prometheus endpoint serves its metrics.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use flowgate::media::synth::{write_dataset, DatasetSpec};
+use flowgate::spec::PipelineSpec;
+
+/// The repository's sample configs.
+fn configs() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/configs")
+}
+
+/// One small dataset for every test of this file.
+fn dataset() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-dataset");
+        let _ = std::fs::remove_dir_all(&dir);
+        write_dataset(&DatasetSpec {
+            out: dir.clone(),
+            images: 40,
+            audio: 10,
+            flac: true,
+            video: 0,
+            seed: 7,
+        })
+        .expect("write the sample dataset")
+    })
+}
+
+/// A sample config, pointed at the test's dataset.
+fn config(name: &str) -> String {
+    let text = std::fs::read_to_string(configs().join(name)).unwrap();
+    text.replace("target/sample-data/", &format!("{}/", dataset().display()))
+}
+
+#[test]
+fn flowgate_run_prints_decisions_a_summary_and_json() {
+    let file = std::env::temp_dir().join(format!("flowgate-run-{}.toml", std::process::id()));
+    std::fs::write(&file, config("image_classification.toml")).unwrap();
+    let dump = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-dump");
+    let _ = std::fs::remove_dir_all(&dump);
+    let out = Command::new(env!("CARGO_BIN_EXE_flowgate"))
+        .arg("run")
+        .arg(&file)
+        .arg("--dump")
+        .arg(&dump)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("epoch 3:"), "{stdout}");
+    assert!(stdout.contains("decode"), "the summary table: {stdout}");
+    let json: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap()).expect("a JSON last line");
+    assert_eq!(json["items"], 120);
+    assert_eq!(json["failures"], 0);
+    assert_eq!(json["batch_shape"][1], 3);
+    assert!(stderr.contains("bottleneck"), "the live view: {stderr}");
+    // Every batch dumped: 40 images in batches of 32 (the last partial) for 3 epochs.
+    let spec = PipelineSpec::parse(&config("image_classification.toml"), "c.toml").unwrap();
+    let per_epoch = if spec.batch.drop_last { 1 } else { 2 };
+    let mut dumped: Vec<_> = std::fs::read_dir(&dump)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    dumped.sort();
+    assert_eq!(dumped.len(), 3 * per_epoch, "{dumped:?}");
+    let first = std::fs::read(&dumped[0]).unwrap();
+    assert!(first.starts_with(b"\x93NUMPY"), "a NumPy file");
+    assert!(dumped[0].ends_with("epoch0-batch00000.npy"), "{dumped:?}");
+    let _ = std::fs::remove_file(file);
+}
+
+#[test]
+fn bad_files_give_one_error_naming_the_key_and_line() {
+    let cases = [
+        (
+            "size = 32",
+            "size = 32\nbatchsize = 3",
+            "batch.batchsize",
+            "unknown field",
+        ),
+        ("size = 32", "size = \"32\"", "batch.size", "invalid type"),
+        ("crop = 224", "crop = 512", "decode.crop", "must be in"),
+        ("epochs = 3", "epochs = 0", "run.epochs", "at least 1"),
+    ];
+    let good = config("image_classification.toml");
+    for (from, to, key, what) in cases {
+        let text = good.replacen(from, to, 1);
+        let line = text
+            .lines()
+            .position(|l| l.contains(to.lines().last().unwrap()))
+            .unwrap()
+            + 1;
+        let file = std::env::temp_dir().join(format!("flowgate-bad-{}.toml", std::process::id()));
+        std::fs::write(&file, &text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_flowgate"))
+            .arg("run")
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let want = format!("{}:{line}: {key}: ", file.display());
+        assert!(
+            stderr.contains(&want),
+            "want `{want}` ({what}) in: {stderr}"
+        );
+        assert!(stderr.contains(what), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "one error: {stderr}");
+        let _ = std::fs::remove_file(&file);
+    }
+    let missing = "[decode]\nkind = \"image\"\n";
+    let e = PipelineSpec::parse(missing, "m.toml").unwrap_err();
+    assert!(e.to_string().contains("missing field `source`"), "{e}");
+}
+
+#[test]
+fn gen_data_writes_the_lists() {
+    let dir = std::env::temp_dir().join(format!("flowgate-gen-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_flowgate"))
+        .args(["gen-data", "--images", "3", "--audio", "2", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let images = std::fs::read_to_string(dir.join("images.txt")).unwrap();
+    let audio = std::fs::read_to_string(dir.join("audio.txt")).unwrap();
+    assert_eq!((images.lines().count(), audio.lines().count()), (3, 2));
+    assert!(Path::new(images.lines().next().unwrap()).exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `GET /metrics` over loopback with a plain socket (the client side of the exporter's HTTP).
+#[cfg(feature = "prometheus")]
+fn scrape(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+        .ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+#[cfg(feature = "prometheus")]
+#[test]
+fn the_prometheus_endpoint_serves_the_documented_metrics() {
+    use std::time::{Duration, Instant};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let text = config("image_classification.toml")
+        .replace("epochs = 3", "epochs = 40")
+        .replace("step_ms = 1.0", "step_ms = 40.0")
+        + &format!("\n[metrics]\ninterval_ms = 100\nprometheus = \"127.0.0.1:{port}\"\n");
+    let file = std::env::temp_dir().join(format!("flowgate-prom-{}.toml", std::process::id()));
+    std::fs::write(&file, text).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flowgate"))
+        .args(["run", "--quiet"])
+        .arg(&file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let names = [
+        "flowgate_delivered_total",
+        "flowgate_failures_total",
+        "flowgate_consumer_wait_seconds_total",
+        "flowgate_epoch",
+        "flowgate_stage_workers{stage=\"decode\"}",
+        "flowgate_stage_items_in_total{stage=\"decode\"}",
+        "flowgate_stage_items_out_total{stage=\"sink\"}",
+        "flowgate_stage_failures_total",
+        "flowgate_stage_queue_items",
+        "flowgate_stage_queue_bytes",
+        "flowgate_stage_budget_items",
+        "flowgate_stage_busy_seconds_total",
+        "flowgate_stage_blocked_put_seconds_total",
+        "flowgate_stage_blocked_get_seconds_total",
+        "flowgate_stage_task_p50_seconds",
+        "flowgate_stage_task_p99_seconds",
+    ];
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < Duration::from_secs(60) {
+        if let Some(body) = scrape(port) {
+            last = body;
+            if names.iter().all(|n| last.contains(n)) {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&file);
+    for n in names {
+        assert!(last.contains(n), "{n} missing from:\n{last}");
+    }
+}
+
+#[test]
+fn flowgate_plot_draws_a_trace_and_names_bad_lines() {
+    let dir = std::env::temp_dir().join(format!("flowgate-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("tuner.svg");
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/demo-trace.jsonl");
+    let plot = |trace: &std::path::Path, out: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_flowgate"))
+            .arg("plot")
+            .arg(trace)
+            .arg("-o")
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    let trace = std::path::Path::new(trace);
+    let out = plot(trace, &svg);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    for text in [
+        "results per second",
+        "workers per stage",
+        "buffered bytes",
+        "decode",
+    ] {
+        assert!(picture.contains(text), "the picture lacks {text:?}");
+    }
+    let png = dir.join("tuner.png");
+    let out = plot(trace, &png);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 10_000);
+    let bad = dir.join("bad.jsonl");
+    let first = std::fs::read_to_string(trace)
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_owned();
+    std::fs::write(&bad, format!("{first}\n{{\"t\": \"soon\"}}\n")).unwrap();
+    let out = plot(&bad, &dir.join("x.svg"));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.jsonl:2:"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,216 @@
+//! [`Batch`]: a batch tensor shared zero-copy with NumPy (`__array_interface__`) and DLPack
+//! consumers (`__dlpack__`).
+
+use std::ffi::c_void;
+
+use flowgate::{DType, Tensor};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+/// A batch tensor. Its memory stays valid while any NumPy array or DLPack consumer made from
+/// it is alive (they hold a reference to the batch).
+#[pyclass(frozen, module = "flowgate._native")]
+pub(crate) struct Batch {
+    pub(crate) t: Tensor,
+}
+
+fn typestr(d: DType) -> &'static str {
+    match d {
+        DType::U8 => "|u1",
+        DType::F32 => "<f4",
+        DType::I64 => "<i8",
+    }
+}
+
+fn dtype_name(d: DType) -> &'static str {
+    match d {
+        DType::U8 => "uint8",
+        DType::F32 => "float32",
+        DType::I64 => "int64",
+    }
+}
+
+#[repr(C)]
+struct DLDevice {
+    device_type: i32,
+    device_id: i32,
+}
+
+#[repr(C)]
+struct DLDataType {
+    code: u8,
+    bits: u8,
+    lanes: u16,
+}
+
+#[repr(C)]
+struct DLTensor {
+    data: *mut c_void,
+    device: DLDevice,
+    ndim: i32,
+    dtype: DLDataType,
+    shape: *mut i64,
+    strides: *mut i64,
+    byte_offset: u64,
+}
+
+#[repr(C)]
+struct DLManagedTensor {
+    dl_tensor: DLTensor,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
+}
+
+/// What a DLPack capsule keeps alive: the batch and the shape array.
+struct DlContext {
+    _owner: Py<Batch>,
+    _shape: Vec<i64>,
+}
+
+unsafe extern "C" fn dl_deleter(m: *mut DLManagedTensor) {
+    if m.is_null() {
+        return;
+    }
+    // SAFETY: `m` and its context were made by `Box::into_raw` in `__dlpack__`, and DLPack
+    // calls the deleter once.
+    let m = unsafe { Box::from_raw(m) };
+    let ctx = unsafe { Box::from_raw(m.manager_ctx as *mut DlContext) };
+    Python::with_gil(|_| drop(ctx));
+}
+
+const DLTENSOR: &std::ffi::CStr = c"dltensor";
+
+unsafe extern "C" fn capsule_destructor(capsule: *mut pyo3::ffi::PyObject) {
+    // A consumer renames the capsule to "used_dltensor" and owns the tensor; otherwise the
+    // tensor was never taken and is freed here.
+    // SAFETY: called by Python with the GIL held on a capsule we made.
+    unsafe {
+        if pyo3::ffi::PyCapsule_IsValid(capsule, DLTENSOR.as_ptr()) == 1 {
+            let m =
+                pyo3::ffi::PyCapsule_GetPointer(capsule, DLTENSOR.as_ptr()) as *mut DLManagedTensor;
+            if let Some(d) = (*m).deleter {
+                d(m);
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl Batch {
+    /// The dimensions.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.t.shape())
+    }
+
+    /// The element type's NumPy name (`uint8`, `float32`, `int64`).
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        dtype_name(self.t.dtype())
+    }
+
+    /// Size in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.t.nbytes()
+    }
+
+    /// Address of the first byte (equal to the NumPy array's `ctypes.data`: no copy).
+    #[getter]
+    fn data_ptr(&self) -> usize {
+        self.t.bytes().as_ptr() as usize
+    }
+
+    fn __len__(&self) -> usize {
+        self.t.shape().first().copied().unwrap_or(0)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Batch(shape={:?}, dtype={})",
+            self.t.shape(),
+            dtype_name(self.t.dtype())
+        )
+    }
+
+    /// NumPy's array interface (version 3): `numpy.asarray(batch)` is a view.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("shape", PyTuple::new(py, self.t.shape())?)?;
+        d.set_item("typestr", typestr(self.t.dtype()))?;
+        d.set_item("data", (self.data_ptr(), false))?;
+        d.set_item("version", 3)?;
+        Ok(d)
+    }
+
+    /// DLPack export (CPU): `torch.from_dlpack(batch)` / `numpy.from_dlpack(batch)` share the
+    /// memory, which stays alive until the consumer's tensor is freed.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        slf: &Bound<'py, Self>,
+        stream: Option<PyObject>,
+        max_version: Option<PyObject>,
+        dl_device: Option<PyObject>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = (stream, max_version, dl_device);
+        if copy == Some(true) {
+            return Err(PyValueError::new_err(
+                "flowgate batches are exported without copying",
+            ));
+        }
+        let py = slf.py();
+        let b = slf.get();
+        let mut shape: Vec<i64> = b.t.shape().iter().map(|&d| d as i64).collect();
+        let (code, bits) = match b.t.dtype() {
+            DType::U8 => (1, 8),
+            DType::F32 => (2, 32),
+            DType::I64 => (0, 64),
+        };
+        let tensor = DLTensor {
+            data: b.t.bytes().as_ptr() as *mut c_void,
+            device: DLDevice {
+                device_type: 1, // kDLCPU
+                device_id: 0,
+            },
+            ndim: shape.len() as i32,
+            dtype: DLDataType {
+                code,
+                bits,
+                lanes: 1,
+            },
+            shape: shape.as_mut_ptr(),
+            strides: std::ptr::null_mut(), // compact row-major
+            byte_offset: 0,
+        };
+        let ctx = Box::new(DlContext {
+            _owner: slf.clone().unbind(),
+            _shape: shape,
+        });
+        let managed = Box::into_raw(Box::new(DLManagedTensor {
+            dl_tensor: tensor,
+            manager_ctx: Box::into_raw(ctx) as *mut c_void,
+            deleter: Some(dl_deleter),
+        }));
+        // SAFETY: a new capsule over our pointer, with a destructor for unconsumed tensors.
+        unsafe {
+            let cap = pyo3::ffi::PyCapsule_New(
+                managed as *mut c_void,
+                DLTENSOR.as_ptr(),
+                Some(capsule_destructor),
+            );
+            if cap.is_null() {
+                dl_deleter(managed);
+                return Err(PyErr::fetch(py));
+            }
+            Ok(Bound::from_owned_ptr(py, cap))
+        }
+    }
+
+    /// Where the memory is: `(kDLCPU, 0)`.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        (1, 0)
+    }
+}

@@ -1,0 +1,443 @@
+//! [`Loader`]: the native pipeline behind `ImageLoader`, `AudioLoader` and `VideoLoader`:
+//! files → decode → batch → collate, one epoch per Python iterator, labels and paths per
+//! batch, exact resume through `state_dict`.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use flowgate::collate::{collate_fields, CollateError};
+use flowgate::media::Files;
+use flowgate::sampler::ShardLengths;
+use flowgate::{FailureBudget, Pipeline, PipelineError, PipelineState, Tensor, Workers};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+
+use crate::batch::Batch;
+use crate::error::to_py;
+
+type Make = Box<dyn Fn() -> Result<Pipeline<Loaded>, PipelineError> + Send + Sync>;
+
+/// A collated batch (one tensor per field: frames, or frames and audio) and the dataset
+/// indices of its files (for labels and paths).
+struct Loaded {
+    fields: Vec<Tensor>,
+    files: Vec<usize>,
+}
+
+/// Decodes one file, in an epoch (which seeds random augmentation), into one item: a tensor
+/// per field.
+pub(crate) type Decode = Arc<
+    dyn Fn(&std::path::Path, u64) -> Result<Vec<Tensor>, flowgate::media::MediaError> + Send + Sync,
+>;
+
+/// One failure the loader skipped: (stage, item, message).
+type Failure = (String, String, String);
+
+struct Core {
+    make: Make,
+    pipeline: Option<Pipeline<Loaded>>,
+    /// Whether an epoch is being iterated (a new Python iterator then starts the next one).
+    in_epoch: bool,
+    batches_per_epoch: usize,
+}
+
+impl Core {
+    fn pipeline(&mut self) -> Result<&mut Pipeline<Loaded>, PipelineError> {
+        if self.pipeline.is_none() {
+            self.pipeline = Some((self.make)()?);
+        }
+        Ok(self.pipeline.as_mut().expect("built"))
+    }
+
+    /// Starts an epoch; if the last one was left mid-way, the pipeline is rebuilt to start
+    /// the next one cleanly (dropping it stops its threads at once).
+    fn start_epoch(&mut self) -> Result<(), PipelineError> {
+        if self.in_epoch {
+            let next = self.pipeline()?.epoch() + 1;
+            self.pipeline = None;
+            let p = self.pipeline()?;
+            p.resume(&PipelineState {
+                epoch: next,
+                ..Default::default()
+            })?;
+        }
+        self.in_epoch = true;
+        Ok(())
+    }
+
+    fn next(&mut self) -> Result<Option<Loaded>, PipelineError> {
+        if !self.in_epoch {
+            return Ok(None);
+        }
+        let r = self.pipeline()?.iter().next();
+        match r {
+            Some(Ok(t)) => Ok(Some(t)),
+            Some(Err(e)) => {
+                self.in_epoch = false;
+                self.pipeline = None; // a failed pipeline is rebuilt for the next epoch
+                Err(e)
+            }
+            None => {
+                self.in_epoch = false;
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// A native loader; see `flowgate.ImageLoader` and `flowgate.AudioLoader`.
+#[pyclass(module = "flowgate._native")]
+pub(crate) struct Loader {
+    core: Mutex<Core>,
+    failures: Arc<Mutex<Vec<Failure>>>,
+    /// The dataset's paths (every rank's), indexed by `Loaded::files`.
+    paths: Arc<[PathBuf]>,
+    extras: Extras,
+}
+
+/// What a loader's batches carry besides the tensor.
+pub(crate) struct Extras {
+    /// A label per dataset path, when batches carry labels.
+    labels: Option<Vec<i64>>,
+    /// The class names, when the labels come from folders.
+    classes: Option<Vec<String>>,
+    /// Whether batches carry their files' paths.
+    return_paths: bool,
+}
+
+impl Extras {
+    /// Reads the `labels` argument: `"folder"`, a sequence of ints (one per file, in dataset
+    /// order) or a mapping from path to int.
+    pub(crate) fn new(
+        labels: Option<&Bound<'_, PyAny>>,
+        files: &Files,
+        return_paths: bool,
+    ) -> PyResult<Self> {
+        let mut e = Self {
+            labels: None,
+            classes: None,
+            return_paths,
+        };
+        let Some(labels) = labels else {
+            return Ok(e);
+        };
+        if let Ok(kind) = labels.extract::<String>() {
+            if kind != "folder" {
+                return Err(PyValueError::new_err(format!(
+                    "labels must be \"folder\", a sequence of ints or a mapping from path to int, not {kind:?}"
+                )));
+            }
+            let folders = files.folder_labels();
+            e.labels = Some(
+                files
+                    .paths()
+                    .iter()
+                    .map(|p| {
+                        folders
+                            .label(p)
+                            .expect("a dataset file's folder is a class")
+                    })
+                    .collect(),
+            );
+            e.classes = Some(folders.classes());
+        } else if let Ok(map) = labels.downcast::<PyDict>() {
+            let mut v = Vec::with_capacity(files.len());
+            for p in files.paths() {
+                let key = p.to_string_lossy();
+                let label = map.get_item(key.as_ref())?.ok_or_else(|| {
+                    PyValueError::new_err(format!("labels has no entry for {key:?}"))
+                })?;
+                v.push(label.extract::<i64>()?);
+            }
+            e.labels = Some(v);
+        } else {
+            let v: Vec<i64> = labels.extract()?;
+            if v.len() != files.len() {
+                return Err(PyValueError::new_err(format!(
+                    "{} labels for {} files",
+                    v.len(),
+                    files.len()
+                )));
+            }
+            e.labels = Some(v);
+        }
+        Ok(e)
+    }
+}
+
+/// Keeps the last this many skipped failures.
+const KEEP_FAILURES: usize = 1000;
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn files_of(
+    paths: &Bound<'_, PyAny>,
+    extensions: &[&str],
+    shuffle: bool,
+    seed: u64,
+    rank: Option<usize>,
+    world_size: Option<usize>,
+    drop_last: bool,
+) -> PyResult<Files> {
+    let files = if let Ok(s) = paths.extract::<PathBuf>() {
+        if s.is_dir() {
+            Files::dir(&s, extensions)
+        } else {
+            Files::list(&s)
+        }
+        .map_err(to_py)?
+    } else {
+        let v: Vec<PathBuf> = paths.extract()?;
+        Files::new(v)
+    };
+    let mut files = if shuffle { files.shuffle(seed) } else { files };
+    files = match (rank, world_size) {
+        (Some(r), Some(w)) => files.shard(r, w),
+        (None, None) => files.shard_from_env(),
+        _ => {
+            return Err(PyValueError::new_err(
+                "give both rank and world_size, or neither",
+            ))
+        }
+    };
+    if drop_last {
+        files = files.shard_lengths(ShardLengths::Drop);
+    }
+    Ok(files)
+}
+
+fn nbytes(fields: &[Tensor]) -> usize {
+    fields.iter().map(Tensor::nbytes).sum()
+}
+
+/// Stacks each field of the items into one batch tensor (flowgate's collation), keeping the
+/// items' dataset indices.
+fn collate(items: Vec<(Vec<Tensor>, usize)>) -> Result<Loaded, CollateError> {
+    let (fields, files): (Vec<Vec<Tensor>>, Vec<usize>) = items.into_iter().unzip();
+    Ok(Loaded {
+        fields: collate_fields(&fields)?,
+        files,
+    })
+}
+
+impl Loader {
+    pub(crate) fn new(
+        files: Files,
+        extras: Extras,
+        decode: Decode,
+        batch_size: usize,
+        drop_last: bool,
+        workers: Option<usize>,
+        skip_errors: bool,
+    ) -> PyResult<Self> {
+        if batch_size == 0 {
+            return Err(PyValueError::new_err("batch_size must be at least 1"));
+        }
+        let n = files.epoch(0).len();
+        let batches_per_epoch = if drop_last {
+            n / batch_size
+        } else {
+            n.div_ceil(batch_size)
+        };
+        let failures: Arc<Mutex<Vec<Failure>>> = Arc::default();
+        let seen = Arc::clone(&failures);
+        let paths: Arc<[PathBuf]> = files.paths().into();
+        let all = Arc::clone(&paths);
+        let make: Make = Box::new(move || {
+            let files = files.clone();
+            let decode = Arc::clone(&decode);
+            let seen = Arc::clone(&seen);
+            let (named, read) = (Arc::clone(&all), Arc::clone(&all));
+            Pipeline::builder()
+                .source_epochs(move |e| files.epoch_indices(e).into_iter().map(move |i| (i, e)))
+                .describe(move |&(i, _): &(usize, u64)| named[i].display().to_string())
+                .pipe(
+                    "decode",
+                    move |(i, epoch): (usize, u64)| decode(&read[i], epoch).map(|t| (t, i)),
+                    workers.map_or(Workers::initial(1), Workers::fixed),
+                )
+                .measure(|(t, _): &(Vec<Tensor>, usize)| nbytes(t))
+                .aggregate(batch_size, drop_last)
+                .pipe("collate", collate, 1)
+                .measure(|b: &Loaded| nbytes(&b.fields))
+                .max_failures(if skip_errors {
+                    FailureBudget::unlimited()
+                } else {
+                    FailureBudget::fail_fast()
+                })
+                .on_failure(move |e| {
+                    let mut f = seen.lock().expect("failures");
+                    if f.len() == KEEP_FAILURES {
+                        f.remove(0);
+                    }
+                    f.push((e.stage().to_owned(), e.item().to_owned(), e.to_string()));
+                })
+                .build()
+        });
+        Ok(Self {
+            core: Mutex::new(Core {
+                make,
+                pipeline: None,
+                in_epoch: false,
+                batches_per_epoch,
+            }),
+            failures,
+            paths,
+            extras,
+        })
+    }
+}
+
+#[pymethods]
+impl Loader {
+    /// Starts an epoch (the next one, or the resumed one after `load_state_dict`).
+    fn _start_epoch(&self, py: Python<'_>) -> PyResult<()> {
+        let core = &self.core;
+        py.allow_threads(|| core.lock().expect("loader").start_epoch())
+            .map_err(to_py)
+    }
+
+    /// The next batch of the epoch, or None at its end: a `Batch`, or a tuple of it, the
+    /// labels (an int64 `Batch`) and the paths (a list of str), as configured. Releases the
+    /// GIL while waiting.
+    fn _next<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let core = &self.core;
+        let loaded = py
+            .allow_threads(|| core.lock().expect("loader").next())
+            .map_err(to_py)?;
+        let Some(Loaded { fields, files }) = loaded else {
+            return Ok(None);
+        };
+        let mut out = fields
+            .into_iter()
+            .map(|t| Ok(Bound::new(py, Batch { t })?.into_any()))
+            .collect::<PyResult<Vec<_>>>()?;
+        if out.len() == 1 && self.extras.labels.is_none() && !self.extras.return_paths {
+            return Ok(out.pop());
+        }
+        if let Some(labels) = &self.extras.labels {
+            let v: Vec<i64> = files.iter().map(|&i| labels[i]).collect();
+            out.push(
+                Bound::new(
+                    py,
+                    Batch {
+                        t: Tensor::from_i64(&v),
+                    },
+                )?
+                .into_any(),
+            );
+        }
+        if self.extras.return_paths {
+            let paths = files.iter().map(|&i| self.paths[i].to_string_lossy());
+            out.push(PyList::new(py, paths)?.into_any());
+        }
+        Ok(Some(PyTuple::new(py, out)?.into_any()))
+    }
+
+    /// The class names, index = label (`labels="folder"`), or None.
+    #[getter]
+    fn classes(&self) -> Option<Vec<String>> {
+        self.extras.classes.clone()
+    }
+
+    /// Batches per epoch.
+    fn __len__(&self) -> usize {
+        self.core.lock().expect("loader").batches_per_epoch
+    }
+
+    /// The epoch being iterated, or the next one.
+    #[getter]
+    fn epoch(&self) -> PyResult<u64> {
+        let mut c = self.core.lock().expect("loader");
+        Ok(c.pipeline().map_err(to_py)?.epoch())
+    }
+
+    /// Statistics: delivered batches, failures, consumer wait, per-stage workers and rates.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let mut c = self.core.lock().expect("loader");
+        let s = c.pipeline().map_err(to_py)?.stats();
+        let d = PyDict::new(py);
+        d.set_item("delivered", s.delivered)?;
+        d.set_item("failures", s.failures)?;
+        d.set_item("consumer_wait_s", s.consumer_wait.as_secs_f64())?;
+        let stages = PyDict::new(py);
+        for st in &s.stages {
+            let x = PyDict::new(py);
+            x.set_item("workers", st.workers)?;
+            x.set_item("items_in", st.items_in)?;
+            x.set_item("items_out", st.items_out)?;
+            x.set_item("items_per_s", st.items_per_s)?;
+            stages.set_item(&st.name, x)?;
+        }
+        d.set_item("stages", stages)?;
+        Ok(d)
+    }
+
+    /// The failures skipped so far (the last 1,000): (stage, item, message) tuples.
+    fn failures(&self) -> Vec<Failure> {
+        self.failures.lock().expect("failures").clone()
+    }
+
+    /// A checkpoint of the consumer's progress (plain ints and lists: picklable, JSON-able).
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let mut c = self.core.lock().expect("loader");
+        let in_epoch = c.in_epoch;
+        let mut s = c.pipeline().map_err(to_py)?.state();
+        if !in_epoch && s.delivered_items > 0 {
+            // An epoch left mid-way counts as done: the next iterator starts the next epoch.
+            s = PipelineState {
+                epoch: s.epoch + 1,
+                ..Default::default()
+            };
+        }
+        let d = PyDict::new(py);
+        d.set_item("epoch", s.epoch)?;
+        d.set_item(
+            "delivered",
+            PyList::new(py, s.delivered.iter().map(|&(a, b)| (a, b)))?,
+        )?;
+        d.set_item("delivered_items", s.delivered_items)?;
+        d.set_item(
+            "partial",
+            PyList::new(py, s.partial.iter().map(|&(a, b)| (a, b)))?,
+        )?;
+        Ok(d)
+    }
+
+    /// Continues from `state_dict()`: the next iterator yields exactly what was not delivered
+    /// yet in that epoch.
+    fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
+        let get = |k: &str| {
+            state
+                .get_item(k)?
+                .ok_or_else(|| PyValueError::new_err(format!("state_dict without `{k}`")))
+        };
+        let s = PipelineState {
+            epoch: get("epoch")?.extract()?,
+            delivered: get("delivered")?.extract()?,
+            delivered_items: get("delivered_items")?.extract()?,
+            partial: match state.get_item("partial")? {
+                Some(p) => p.extract()?,
+                None => Vec::new(),
+            },
+        };
+        let core = &self.core;
+        py.allow_threads(|| {
+            let mut c = core.lock().expect("loader");
+            c.pipeline = None;
+            c.in_epoch = false;
+            c.pipeline()?.resume(&s)
+        })
+        .map_err(to_py)
+    }
+
+    /// Stops the pipeline and joins its threads (also done when the loader is freed).
+    fn close(&self, py: Python<'_>) {
+        let core = &self.core;
+        py.allow_threads(|| {
+            let mut c = core.lock().expect("loader");
+            c.pipeline = None;
+            c.in_epoch = false;
+        });
+    }
+}

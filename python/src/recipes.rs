@@ -1,0 +1,230 @@
+//! The media loaders' constructors: the arguments every loader shares ([`Options`]) and one
+//! function per modality, each building a validated [`Recipe`] that seeds augmentation by
+//! flowgate's one rule (seed, epoch, file).
+
+use std::sync::Arc;
+
+use flowgate::media::audio::AudioRecipe;
+use flowgate::media::image::{ImageRecipe, Layout, Normalize, RandomCrop};
+use flowgate::media::{Recipe, RecipeError};
+use flowgate::Tensor;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::loader::{files_of, Decode, Extras, Loader};
+
+/// What every native loader takes besides its decoder (built once by the Python wrappers, so
+/// the loader functions below list only their own arguments).
+#[pyclass(frozen, module = "flowgate._native")]
+pub(crate) struct Options {
+    batch_size: usize,
+    shuffle: bool,
+    seed: u64,
+    rank: Option<usize>,
+    world_size: Option<usize>,
+    drop_last: bool,
+    workers: Option<usize>,
+    skip_errors: bool,
+    labels: Option<Py<PyAny>>,
+    return_paths: bool,
+}
+
+#[pymethods]
+impl Options {
+    #[new]
+    #[pyo3(signature = (batch_size=32, shuffle=true, seed=0, rank=None, world_size=None,
+        drop_last=false, workers=None, skip_errors=true, labels=None, return_paths=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        batch_size: usize,
+        shuffle: bool,
+        seed: u64,
+        rank: Option<usize>,
+        world_size: Option<usize>,
+        drop_last: bool,
+        workers: Option<usize>,
+        skip_errors: bool,
+        labels: Option<Py<PyAny>>,
+        return_paths: bool,
+    ) -> Self {
+        Self {
+            batch_size,
+            shuffle,
+            seed,
+            rank,
+            world_size,
+            drop_last,
+            workers,
+            skip_errors,
+            labels,
+            return_paths,
+        }
+    }
+}
+
+impl Options {
+    /// A loader of the files `paths` names (a directory walked for `extensions`, a list file
+    /// or a sequence), each decoded by `decode`.
+    fn loader(
+        &self,
+        paths: &Bound<'_, PyAny>,
+        extensions: &[&str],
+        decode: Decode,
+    ) -> PyResult<Loader> {
+        let files = files_of(
+            paths,
+            extensions,
+            self.shuffle,
+            self.seed,
+            self.rank,
+            self.world_size,
+            self.drop_last,
+        )?;
+        let labels = self.labels.as_ref().map(|l| l.bind(paths.py()));
+        let extras = Extras::new(labels, &files, self.return_paths)?;
+        Loader::new(
+            files,
+            extras,
+            decode,
+            self.batch_size,
+            self.drop_last,
+            self.workers,
+            self.skip_errors,
+        )
+    }
+}
+
+/// An image loader (see `flowgate.ImageLoader`).
+#[pyfunction]
+#[pyo3(signature = (paths, options, resize=256, crop=224, layout="nchw", train=false,
+    scale=(0.08, 1.0), ratio=(0.75, 4.0 / 3.0), normalize=None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn image_loader(
+    paths: &Bound<'_, PyAny>,
+    options: &Options,
+    resize: u32,
+    crop: u32,
+    layout: &str,
+    train: bool,
+    scale: (f64, f64),
+    ratio: (f64, f64),
+    normalize: Option<([f32; 3], [f32; 3])>,
+) -> PyResult<Loader> {
+    let layout = match layout {
+        "nchw" => Layout::Nchw,
+        "nhwc" => Layout::Nhwc,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "layout must be \"nchw\" or \"nhwc\", not {other:?}"
+            )))
+        }
+    };
+    let recipe = Recipe::image(ImageRecipe {
+        resize,
+        crop,
+        layout,
+        random_crop: train.then_some(RandomCrop { scale, ratio }),
+        flip: train,
+        normalize: normalize.map(|(mean, std)| Normalize { mean, std }),
+        ..ImageRecipe::default()
+    })
+    .map_err(invalid)?
+    .with_seed(options.seed);
+    options.loader(
+        paths,
+        &["jpg", "jpeg", "png", "webp"],
+        Arc::new(move |p, epoch| recipe.for_epoch(epoch).load(p).map(|t| vec![t])),
+    )
+}
+
+/// A recipe no item can be decoded with, as Python's `ValueError` naming the argument.
+fn invalid(e: RecipeError) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+/// An audio loader (see `flowgate.AudioLoader`).
+#[pyfunction]
+#[pyo3(signature = (paths, options, rate=16000, seconds=4.0, train=false, return_lengths=false))]
+pub(crate) fn audio_loader(
+    paths: &Bound<'_, PyAny>,
+    options: &Options,
+    rate: u32,
+    seconds: f64,
+    train: bool,
+    return_lengths: bool,
+) -> PyResult<Loader> {
+    let recipe = AudioRecipe {
+        random_crop: train,
+        ..AudioRecipe::with_seconds(rate, seconds).map_err(invalid)?
+    }
+    .with_seed(options.seed);
+    Recipe::audio(recipe).map_err(invalid)?;
+    options.loader(
+        paths,
+        &["flac", "wav", "mp3", "ogg", "m4a"],
+        Arc::new(move |p, epoch| {
+            // The concrete recipe, for the clip's real length; seeded by the same rule.
+            let (t, len) = recipe.for_epoch(epoch).load_with_length(p)?;
+            Ok(if return_lengths {
+                let len = i64::try_from(len).unwrap_or(i64::MAX);
+                vec![t, Tensor::from_i64(&[len]).reshaped(&[])]
+            } else {
+                vec![t]
+            })
+        }),
+    )
+}
+
+/// A video loader (see `flowgate.VideoLoader`; feature `video`): `frames` frames per clip,
+/// and with `audio_seconds` the clip's audio track too.
+#[cfg(feature = "video")]
+#[pyfunction]
+#[pyo3(signature = (paths, options, frames=8, resize=128, crop=112, layout="nthwc", threads=1,
+    audio_seconds=None, audio_rate=16000))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn video_loader(
+    paths: &Bound<'_, PyAny>,
+    options: &Options,
+    frames: usize,
+    resize: u32,
+    crop: u32,
+    layout: &str,
+    threads: usize,
+    audio_seconds: Option<f64>,
+    audio_rate: u32,
+) -> PyResult<Loader> {
+    use flowgate::media::video::{Sampling, VideoLayout, VideoRecipe};
+    let layout = match layout {
+        "nthwc" => VideoLayout::Nthwc,
+        "ncthw" => VideoLayout::Ncthw,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "layout must be \"nthwc\" or \"ncthw\", not {other:?}"
+            )))
+        }
+    };
+    let video = Recipe::video(VideoRecipe {
+        sampling: Sampling::Uniform(frames),
+        resize,
+        crop,
+        layout,
+        threads,
+        ..VideoRecipe::default()
+    })
+    .map_err(invalid)?;
+    let audio = audio_seconds
+        .map(|seconds| AudioRecipe::with_seconds(audio_rate, seconds))
+        .transpose()
+        .map_err(invalid)?;
+    options.loader(
+        paths,
+        &["mp4", "mkv", "webm", "mov", "avi"],
+        Arc::new(move |p, _| {
+            let mut fields = vec![video.load(p)?];
+            if let Some(a) = &audio {
+                fields.push(a.load(p)?);
+            }
+            Ok(fields)
+        }),
+    )
+}

@@ -1,0 +1,143 @@
+//! Turns a [`Plan`] into a running [`Pipeline`]: starts the runtime, the source, every stage
+//! and the sink, the control plane, the tuner actor and the stats callback, in that order, and
+//! hands the finished parts to [`Pipeline::from_parts`]. Nothing is assembled after that.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use actix::Actor;
+use flowgate_actors::actor::ControlPlane;
+use flowgate_actors::cache::WithCache;
+use flowgate_actors::channel::Channel;
+use flowgate_actors::error::PipelineError;
+use flowgate_actors::failure::{FailureBudget, Failures};
+use flowgate_actors::sink::SinkReader;
+use flowgate_actors::stage::{StageControl, StageCore};
+use flowgate_actors::tuner::{TraceLog, TunerActor};
+use flowgate_tuner::StageKind;
+
+use super::plan::{Autotune, BuildCtx, Plan};
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::pipeline::Pipeline;
+use crate::stats::PipelineStats;
+
+/// Starts everything in `plan`; `tail` is the last channel (the sink's), whose items each
+/// stand for `tail_scale` source items.
+pub(crate) fn assemble<T: Send + 'static>(
+    plan: Plan,
+    tail: Arc<Channel<T>>,
+    tail_scale: usize,
+) -> Result<Pipeline<T>, PipelineError> {
+    plan.validate()?;
+    let Plan {
+        cfg,
+        autotune,
+        source,
+        stages,
+        channels,
+        needs_runtime,
+        on_stats,
+        on_failure,
+    } = plan;
+    let ledger = Arc::new(Failures::new(cfg.failures));
+    if let Some(f) = on_failure {
+        ledger.on_failure(f);
+    }
+    let mut engine = Engine::new(channels, Arc::clone(&ledger));
+    let runtime = if needs_runtime {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cfg.io_threads)
+            .thread_name("fg-io")
+            .enable_time()
+            .build()
+            .map_err(|e| PipelineError::runtime_from("starting the tokio runtime", e))?;
+        let handle = rt.handle().clone();
+        engine.set_runtime(rt);
+        Some(handle)
+    } else {
+        None
+    };
+    let ctx = BuildCtx {
+        cfg: cfg.clone(),
+        runtime,
+    };
+    let core = |name: &str, kind, budget: Option<FailureBudget>, pinned| {
+        StageCore::new(
+            name,
+            kind,
+            budget.unwrap_or_default(),
+            Arc::clone(&ledger),
+            pinned,
+        )
+    };
+    let source = source(&ctx, core("source", StageKind::Source, None, true))?;
+    engine.add_stage(Arc::clone(&source).as_control());
+    engine.set_source(source);
+    for s in stages {
+        let chunk = cfg.chunk_at(s.in_scale);
+        let items = s
+            .opts
+            .budget_items
+            .unwrap_or_else(|| Config::default_budget(chunk, s.workers.n));
+        s.input
+            .budget()
+            .set_limits(items, s.opts.budget_bytes.unwrap_or(u64::MAX));
+        let c = core(&s.name, s.kind, s.opts.failures, s.workers.pinned)
+            .with_budget_pinned(s.opts.budget_items.is_some() || s.opts.budget_bytes.is_some());
+        let mut control = (s.spawn)(&ctx, c, s.workers.n)?;
+        if let Some(cache) = s.opts.cache {
+            control = WithCache::new(control, cache.0);
+        }
+        engine.add_stage(control);
+    }
+    let sink_chunk = cfg.chunk_at(tail_scale);
+    let sink_items = cfg.sink_items.unwrap_or(2 * sink_chunk);
+    tail.budget().set_limits(sink_items, cfg.sink_bytes);
+    let reader = SinkReader::new(tail);
+    engine.add_stage(reader.control(cfg.sink_items.is_some()));
+
+    let all_stages = engine.stages();
+    let plane = ControlPlane::start(all_stages.clone())?;
+    let trace = Arc::new(TraceLog::default());
+    if let Some(a) = autotune {
+        start_tuner(&plane, &all_stages, a, Arc::clone(&trace))?;
+    }
+    let epoch = Arc::new(AtomicU64::new(0));
+    if let Some((every, mut f)) = on_stats {
+        let epoch = Arc::clone(&epoch);
+        plane.every(every, move || {
+            let snaps = all_stages.iter().map(|s| s.snapshot()).collect();
+            f(&PipelineStats::assemble(
+                snaps,
+                &ledger,
+                epoch.load(Ordering::Relaxed),
+            ));
+        });
+    }
+    engine.set_plane(plane);
+    Ok(Pipeline::from_parts(engine, reader, trace, epoch))
+}
+
+/// Starts the tuner actor on the control thread, over every stage but the source (which has
+/// no knob to turn).
+fn start_tuner(
+    plane: &ControlPlane,
+    all_stages: &[Arc<dyn StageControl>],
+    a: Autotune,
+    trace: Arc<TraceLog>,
+) -> Result<(), PipelineError> {
+    let stages = all_stages[1..]
+        .iter()
+        .cloned()
+        .zip(plane.stages()[1..].iter().map(|(_, addr)| addr.clone()))
+        .collect();
+    let policy = a.policy.unwrap_or_else(|| a.settings.make_policy());
+    let actor = TunerActor::new(stages, &a.settings, policy, trace, a.on_decision)
+        .map_err(|e| PipelineError::config_from("opening the tuner trace", e))?
+        .with_gpu_sampler(a.gpu);
+    plane.on_control_thread(Box::new(move || {
+        actor.start();
+    }));
+    Ok(())
+}

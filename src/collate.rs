@@ -1,0 +1,123 @@
+//! Collation: stacking items into batch tensors, the one routine every path uses (the Rust
+//! builder's [`batch`](crate::PipelineBuilder::batch), pipeline files, the Python loaders).
+
+use std::borrow::Borrow;
+
+use crate::tensor::{DType, Tensor};
+use crate::PipelineBuilder;
+
+/// Why items could not be stacked into one batch.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CollateError {
+    /// No items (a batch is never empty; this is a caller's mistake).
+    #[error("no items to collate")]
+    Empty,
+    /// An item differs from the first in shape or element type.
+    #[error("item {index} of the batch is {found}, the first is {expected}")]
+    Mismatch {
+        /// Its position in the batch.
+        index: usize,
+        /// The first item's shape and type.
+        expected: String,
+        /// This item's.
+        found: String,
+    },
+    /// Items carry different numbers of fields.
+    #[error("item {index} of the batch has {found} fields, the first has {expected}")]
+    Fields {
+        /// Its position in the batch.
+        index: usize,
+        /// The first item's number of fields.
+        expected: usize,
+        /// This item's.
+        found: usize,
+    },
+}
+
+fn describe(t: &Tensor) -> String {
+    format!("{:?} {:?}", t.dtype(), t.shape())
+}
+
+/// Stacks same-shaped tensors along a new first axis (one copy of each).
+pub fn collate<T: Borrow<Tensor>>(items: &[T]) -> Result<Tensor, CollateError> {
+    // Every byte is copied over.
+    collate_with(items, Tensor::for_overwrite)
+}
+
+/// [`collate`] into a tensor made by `alloc(shape, dtype)` (pinned memory from
+/// [`HostAlloc`](crate::device::HostAlloc), a pool).
+pub fn collate_with<T: Borrow<Tensor>>(
+    items: &[T],
+    alloc: impl FnOnce(&[usize], DType) -> Tensor,
+) -> Result<Tensor, CollateError> {
+    let first = items.first().ok_or(CollateError::Empty)?.borrow();
+    if let Some((index, t)) = items
+        .iter()
+        .map(Borrow::borrow)
+        .enumerate()
+        .find(|(_, t): &(usize, &Tensor)| t.shape() != first.shape() || t.dtype() != first.dtype())
+    {
+        return Err(CollateError::Mismatch {
+            index,
+            expected: describe(first),
+            found: describe(t),
+        });
+    }
+    Ok(Tensor::stack_with(items, alloc).expect("shapes checked"))
+}
+
+/// Collates items of several fields (frames and audio, say) field by field: one batch tensor
+/// per field.
+pub fn collate_fields<F: AsRef<[Tensor]>>(items: &[F]) -> Result<Vec<Tensor>, CollateError> {
+    let n = items.first().ok_or(CollateError::Empty)?.as_ref().len();
+    if let Some((index, f)) = items
+        .iter()
+        .enumerate()
+        .find(|(_, f)| f.as_ref().len() != n)
+    {
+        return Err(CollateError::Fields {
+            index,
+            expected: n,
+            found: f.as_ref().len(),
+        });
+    }
+    (0..n)
+        .map(|k| {
+            let column: Vec<&Tensor> = items.iter().map(|f| &f.as_ref()[k]).collect();
+            collate(&column)
+        })
+        .collect()
+}
+
+impl PipelineBuilder<Tensor> {
+    /// Batches of `size` items, collated into one tensor (a new first axis) by a `collate`
+    /// stage; a partial batch at the end of an epoch is kept, or dropped if `drop_last`. Items
+    /// and batches count for their bytes in budgets.
+    pub fn batch(self, size: usize, drop_last: bool) -> PipelineBuilder<Tensor> {
+        self.measure(Tensor::nbytes)
+            .aggregate(size, drop_last)
+            .pipe("collate", |items: Vec<Tensor>| collate(&items), 1)
+            .measure(Tensor::nbytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collates_and_names_the_odd_item() {
+        let z = |shape: &[usize]| Tensor::zeros(shape, DType::U8);
+        let (a, b, c) = (z(&[2, 3]), z(&[2, 3]), z(&[3, 2]));
+        assert_eq!(collate(&[&a, &b]).unwrap().shape(), [2, 2, 3]);
+        let e = collate(&[&a, &b, &c]).unwrap_err();
+        assert!(matches!(e, CollateError::Mismatch { index: 2, .. }), "{e}");
+        assert_eq!(collate::<Tensor>(&[]).unwrap_err(), CollateError::Empty);
+        let fields =
+            collate_fields(&[vec![z(&[2, 3]), z(&[3, 2])], vec![z(&[2, 3]), z(&[3, 2])]]).unwrap();
+        assert_eq!(fields[1].shape(), [2, 3, 2]);
+        let e = collate_fields(&[vec![z(&[2, 3])], vec![b, c]]).unwrap_err();
+        assert!(matches!(e, CollateError::Fields { index: 1, .. }), "{e}");
+    }
+}

@@ -1,0 +1,43 @@
+//! Declarative pipelines (feature `spec`): a TOML file that says where the data is, how to
+//! decode and batch it, what the training step costs, and how to tune, which
+//! [`PipelineSpec::build`] turns into a running pipeline (what `flowgate run` does).
+//!
+//! ```toml
+//! [source]
+//! kind = "list"                  # list | dir | s3
+//! path = "target/sample-data/images.txt"
+//! shuffle = 0                    # a seed: reshuffled every epoch (omit for file order)
+//!
+//! [decode]
+//! kind = "image"                 # image | audio | video
+//! resize = 256
+//! crop = 224
+//!
+//! [batch]
+//! size = 32
+//!
+//! [run]
+//! epochs = 2
+//! step_ms = 1.0                  # a simulated training step per batch
+//! ```
+//!
+//! Every table rejects unknown keys, and every error names the key and its line
+//! ([`SpecError`]). Relative paths are relative to the working directory.
+//!
+//! Files:
+//! 1. `schema` — the tables and keys ([`PipelineSpec`] and its parts), with their defaults.
+//! 2. `validate` — parsing and the checks no pipeline can run without, each error naming its
+//!    line and key ([`SpecError`]).
+//! 3. `build` — [`PipelineSpec::build`]: the [`Loader`] (source → decode → batch → collate)
+//!    from local files.
+//! 4. `s3` (feature `s3`) — the same from an S3 prefix, with a byte cache.
+
+mod build;
+#[cfg(feature = "s3")]
+mod s3;
+mod schema;
+mod validate;
+
+pub use build::{DecisionHook, Hooks, Loader};
+pub use schema::*;
+pub use validate::SpecError;

@@ -1,0 +1,328 @@
+//! The tables and keys of a pipeline file, with their defaults.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// A pipeline described in a file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSpec {
+    /// Where the items come from.
+    pub source: SourceSpec,
+    /// How each item is decoded.
+    pub decode: DecodeSpec,
+    /// Batching.
+    #[serde(default)]
+    pub batch: BatchSpec,
+    /// An in-memory byte cache in front of the fetch (S3 sources).
+    #[serde(default)]
+    pub cache: Option<CacheSpec>,
+    /// Where batches go.
+    #[serde(default)]
+    pub device: DeviceSpec,
+    /// Epochs and the simulated training step.
+    #[serde(default)]
+    pub run: RunSpec,
+    /// The tuner.
+    #[serde(default)]
+    pub tuner: TunerSpec,
+    /// Metrics export.
+    #[serde(default)]
+    pub metrics: MetricsSpec,
+}
+
+/// Where the items come from.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum SourceSpec {
+    /// A text file with one path per line.
+    List {
+        /// The list file.
+        path: PathBuf,
+        /// Shuffle with this seed, anew every epoch.
+        #[serde(default)]
+        shuffle: Option<u64>,
+    },
+    /// Every file under a directory with one of `extensions`.
+    Dir {
+        /// The directory.
+        path: PathBuf,
+        /// Extensions to keep (without the dot).
+        extensions: Vec<String>,
+        /// Shuffle with this seed, anew every epoch.
+        #[serde(default)]
+        shuffle: Option<u64>,
+    },
+    /// The objects under a prefix of a bucket.
+    S3 {
+        /// The bucket.
+        bucket: String,
+        /// The key prefix.
+        #[serde(default)]
+        prefix: String,
+        /// An S3-compatible endpoint (`http://host:port`); AWS when absent.
+        #[serde(default)]
+        endpoint: Option<String>,
+        /// The region (else the AWS chain's, else `us-east-1`).
+        #[serde(default)]
+        region: Option<String>,
+        /// Objects fetched at once (the tuner starts here).
+        #[serde(default = "default_concurrency")]
+        concurrency: usize,
+        /// Shuffle with this seed, anew every epoch.
+        #[serde(default)]
+        shuffle: Option<u64>,
+        /// Start a local S3-compatible server and upload the files of this list into the
+        /// bucket first (for trying S3 without a store; needs `scripts/setup.sh --test`).
+        #[serde(default)]
+        serve_locally_from: Option<PathBuf>,
+    },
+}
+
+fn default_concurrency() -> usize {
+    16
+}
+
+/// How each item is decoded.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum DecodeSpec {
+    /// JPEG, PNG, WebP.
+    Image {
+        /// Shorter side after resizing (evaluation geometry).
+        #[serde(default = "default_resize")]
+        resize: u32,
+        /// The output square's side.
+        #[serde(default = "default_crop")]
+        crop: u32,
+        /// `nchw` or `nhwc`.
+        #[serde(default)]
+        layout: crate::media::image::Layout,
+        /// Training geometry: random resized crops and flips, drawn anew every epoch.
+        #[serde(default)]
+        train: bool,
+        /// `f32` normalised with ImageNet's statistics instead of `u8`.
+        #[serde(default)]
+        normalize: bool,
+        /// The augmentation's seed (see `flowgate::media::item_seed`); default: the source's
+        /// shuffle seed, else 0.
+        #[serde(default)]
+        seed: Option<u64>,
+        /// Fixed decode workers; the tuner decides when absent.
+        #[serde(default)]
+        workers: Option<usize>,
+    },
+    /// WAV, FLAC, MP3, Vorbis, AAC, ALAC.
+    Audio {
+        /// Output sample rate (Hz); other rates are resampled.
+        #[serde(default = "default_rate")]
+        rate: u32,
+        /// Seconds per clip (cropped or zero-padded).
+        #[serde(default = "default_seconds")]
+        seconds: f64,
+        /// Keep every channel instead of mixing to mono.
+        #[serde(default)]
+        keep_channels: bool,
+        /// A window at a random offset in each clip, drawn anew every epoch.
+        #[serde(default)]
+        train: bool,
+        /// The augmentation's seed (see `flowgate::media::item_seed`); default: the source's
+        /// shuffle seed, else 0.
+        #[serde(default)]
+        seed: Option<u64>,
+        /// Fixed decode workers; the tuner decides when absent.
+        #[serde(default)]
+        workers: Option<usize>,
+    },
+    /// Video clips (needs the `video` feature).
+    Video {
+        /// Frames sampled uniformly per clip.
+        #[serde(default = "default_frames")]
+        frames: usize,
+        /// Shorter side after scaling.
+        #[serde(default = "default_video_resize")]
+        resize: u32,
+        /// The output square's side.
+        #[serde(default = "default_video_crop")]
+        crop: u32,
+        /// Decoder threads per clip.
+        #[serde(default = "one")]
+        threads: usize,
+        /// Fixed decode workers; the tuner decides when absent.
+        #[serde(default)]
+        workers: Option<usize>,
+    },
+}
+
+fn default_resize() -> u32 {
+    256
+}
+fn default_crop() -> u32 {
+    224
+}
+fn default_rate() -> u32 {
+    16_000
+}
+fn default_seconds() -> f64 {
+    4.0
+}
+fn default_frames() -> usize {
+    8
+}
+fn default_video_resize() -> u32 {
+    128
+}
+fn default_video_crop() -> u32 {
+    112
+}
+fn one() -> usize {
+    1
+}
+
+/// Batching.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchSpec {
+    /// Items per batch.
+    #[serde(default = "default_batch")]
+    pub size: usize,
+    /// Drop a last, partial batch.
+    #[serde(default)]
+    pub drop_last: bool,
+}
+
+fn default_batch() -> usize {
+    32
+}
+
+impl Default for BatchSpec {
+    fn default() -> Self {
+        Self {
+            size: default_batch(),
+            drop_last: false,
+        }
+    }
+}
+
+/// A byte cache in front of the fetch.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheSpec {
+    /// Starting capacity in MiB.
+    pub mb: f64,
+    /// The most the tuner may grow it to, in MiB (default 4× `mb`).
+    #[serde(default)]
+    pub max_mb: Option<f64>,
+}
+
+/// Where batches go.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceSpec {
+    /// `cpu` (the batches stay in host memory). `cuda` needs the CUDA uploader (issue #5).
+    #[serde(default)]
+    pub kind: DeviceKind,
+}
+
+/// A device kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    /// Host memory.
+    #[default]
+    Cpu,
+    /// An NVIDIA GPU (not available in this build).
+    Cuda,
+}
+
+/// Epochs and the simulated training step.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSpec {
+    /// Epochs to run.
+    #[serde(default = "one_u64")]
+    pub epochs: u64,
+    /// Milliseconds of simulated training per batch (the consumer's step).
+    #[serde(default)]
+    pub step_ms: f64,
+}
+
+fn one_u64() -> u64 {
+    1
+}
+
+impl Default for RunSpec {
+    fn default() -> Self {
+        Self {
+            epochs: 1,
+            step_ms: 0.0,
+        }
+    }
+}
+
+/// The tuner.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TunerSpec {
+    /// Tune at all.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// `model` (default), `hill-climb` or `static`.
+    #[serde(default)]
+    pub policy: PolicyName,
+    /// Milliseconds between tuner ticks.
+    #[serde(default)]
+    pub tick_ms: Option<u64>,
+    /// The memory budget of all buffers, MiB (default: half the available memory).
+    #[serde(default)]
+    pub memory_mb: Option<f64>,
+    /// Write the decision trace (JSON lines) here.
+    #[serde(default)]
+    pub trace: Option<PathBuf>,
+}
+
+/// A shipped policy, by name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyName {
+    /// The model-based policy.
+    #[default]
+    Model,
+    /// AIMD hill climbing.
+    HillClimb,
+    /// Observe and trace only.
+    Static,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for TunerSpec {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            policy: PolicyName::default(),
+            tick_ms: None,
+            memory_mb: None,
+            trace: None,
+        }
+    }
+}
+
+/// Metrics export.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSpec {
+    /// Append a JSON line of pipeline statistics here every `interval_ms`.
+    #[serde(default)]
+    pub jsonl: Option<PathBuf>,
+    /// Milliseconds between statistics lines and live-view updates (default 500).
+    #[serde(default)]
+    pub interval_ms: Option<u64>,
+    /// Serve Prometheus metrics on this loopback address (`127.0.0.1:9898`; feature
+    /// `prometheus`).
+    #[serde(default)]
+    pub prometheus: Option<String>,
+}

@@ -1,0 +1,263 @@
+//! Parsing a pipeline file and the checks no pipeline can run without; every error names the
+//! file, the line and the dotted key.
+
+use std::path::Path;
+
+use super::schema::*;
+
+/// A bad pipeline file: where, which key, what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {key}: {message}")]
+pub struct SpecError {
+    /// The file.
+    pub file: String,
+    /// The line (1-based; 0 when the file itself is the problem).
+    pub line: usize,
+    /// The key, dotted (`batch.size`), or the table for a missing one.
+    pub key: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl PipelineSpec {
+    /// Reads and checks a pipeline file.
+    pub fn load(path: &Path) -> Result<Self, SpecError> {
+        let text = std::fs::read_to_string(path).map_err(|e| SpecError {
+            file: path.display().to_string(),
+            line: 0,
+            key: String::new(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and checks the text of a pipeline file (`file` names it in errors).
+    pub fn parse(text: &str, file: &str) -> Result<Self, SpecError> {
+        let spec: PipelineSpec = toml::from_str(text).map_err(|e| {
+            let line = e.span().map_or(0, |s| {
+                text[..s.start.min(text.len())].matches('\n').count() + 1
+            });
+            let message = e.message().to_owned();
+            let key = key_at(text, line).unwrap_or_else(|| {
+                // A missing table or key: serde names it in the message.
+                message
+                    .split('`')
+                    .nth(1)
+                    .map_or_else(String::new, str::to_owned)
+            });
+            SpecError {
+                file: file.to_owned(),
+                line,
+                key,
+                message,
+            }
+        })?;
+        spec.check(text, file)?;
+        Ok(spec)
+    }
+
+    /// The numbers no pipeline can run with.
+    fn check(&self, text: &str, file: &str) -> Result<(), SpecError> {
+        let err = |table: &str, key: &str, message: String| SpecError {
+            file: file.to_owned(),
+            line: find_key(text, table, key),
+            key: format!("{table}.{key}"),
+            message,
+        };
+        if self.batch.size == 0 {
+            return Err(err("batch", "size", "must be at least 1".into()));
+        }
+        if self.run.epochs == 0 {
+            return Err(err("run", "epochs", "must be at least 1".into()));
+        }
+        if !(self.run.step_ms >= 0.0 && self.run.step_ms.is_finite()) {
+            return Err(err("run", "step_ms", "must be a finite number ≥ 0".into()));
+        }
+        // The media recipe's own rules (the same ones `Recipe` applies), located here.
+        use crate::media::recipe::rules;
+        let recipe_err =
+            |e: crate::media::RecipeError| err("decode", e.field(), e.message().to_owned());
+        let workers = match &self.decode {
+            DecodeSpec::Image {
+                resize,
+                crop,
+                train,
+                workers,
+                ..
+            } => {
+                rules::crop(*crop, *resize, *train).map_err(recipe_err)?;
+                workers
+            }
+            DecodeSpec::Audio {
+                rate,
+                seconds,
+                workers,
+                ..
+            } => {
+                rules::audio_samples(*rate, *seconds).map_err(recipe_err)?;
+                workers
+            }
+            DecodeSpec::Video {
+                frames,
+                resize,
+                crop,
+                threads,
+                workers,
+            } => {
+                rules::video(*frames, *threads).map_err(recipe_err)?;
+                rules::crop(*crop, *resize, false).map_err(recipe_err)?;
+                workers
+            }
+        };
+        if *workers == Some(0) {
+            return Err(err("decode", "workers", "must be at least 1".into()));
+        }
+        if let SourceSpec::S3 { concurrency, .. } = &self.source {
+            if *concurrency == 0 {
+                return Err(err("source", "concurrency", "must be at least 1".into()));
+            }
+        }
+        if let Some(c) = &self.cache {
+            if !(c.mb > 0.0 && c.mb.is_finite()) {
+                return Err(err("cache", "mb", "must be more than 0".into()));
+            }
+            if c.max_mb.is_some_and(|m| !(m >= c.mb && m.is_finite())) {
+                return Err(err("cache", "max_mb", "must be at least `mb`".into()));
+            }
+        }
+        if let Some(m) = self.tuner.memory_mb {
+            if !(m > 0.0 && m.is_finite()) {
+                return Err(err("tuner", "memory_mb", "must be more than 0".into()));
+            }
+        }
+        if self.tuner.tick_ms == Some(0) {
+            return Err(err("tuner", "tick_ms", "must be at least 1".into()));
+        }
+        if self.metrics.interval_ms == Some(0) {
+            return Err(err("metrics", "interval_ms", "must be at least 1".into()));
+        }
+        if let Some(addr) = &self.metrics.prometheus {
+            match addr.parse::<std::net::SocketAddr>() {
+                Ok(a) if a.ip().is_loopback() => {}
+                Ok(_) => {
+                    return Err(err(
+                        "metrics",
+                        "prometheus",
+                        "must be a loopback address (127.0.0.1:PORT)".into(),
+                    ))
+                }
+                Err(e) => return Err(err("metrics", "prometheus", format!("{e}"))),
+            }
+        }
+        if self.device.kind == DeviceKind::Cuda {
+            return Err(err(
+                "device",
+                "kind",
+                "cuda needs the CUDA uploader, not in this build (use `cpu`)".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The dotted key on `line` (1-based): `table.key` from the nearest header above and the text
+/// before `=`.
+fn key_at(text: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let here = lines.get(line.checked_sub(1)?)?.trim();
+    let table = lines[..line - 1]
+        .iter()
+        .rev()
+        .map(|l| l.trim())
+        .find(|l| l.starts_with('['))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_owned());
+    if here.starts_with('[') {
+        return Some(
+            here.trim_matches(|c| c == '[' || c == ']')
+                .trim()
+                .to_owned(),
+        );
+    }
+    let key = here.split('=').next()?.trim();
+    if key.is_empty() {
+        return None;
+    }
+    Some(match table {
+        Some(t) => format!("{t}.{key}"),
+        None => key.to_owned(),
+    })
+}
+
+/// The line of `key` in `[table]` (1-based), or of the table's header, or 0.
+fn find_key(text: &str, table: &str, key: &str) -> usize {
+    let mut in_table = false;
+    let mut header = 0;
+    for (i, l) in text.lines().enumerate() {
+        let t = l.trim();
+        if t.starts_with('[') {
+            in_table = t.trim_matches(|c| c == '[' || c == ']').trim() == table;
+            if in_table {
+                header = i + 1;
+            }
+            continue;
+        }
+        if in_table && t.split('=').next().map(str::trim) == Some(key) {
+            return i + 1;
+        }
+    }
+    header
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[source]
+kind = "list"
+path = "images.txt"
+
+[decode]
+kind = "image"
+resize = 256
+crop = 224
+
+[batch]
+size = 16
+"#;
+
+    #[test]
+    fn a_good_file_parses_with_defaults() {
+        let s = PipelineSpec::parse(GOOD, "p.toml").unwrap();
+        assert_eq!(s.batch.size, 16);
+        assert_eq!(s.run.epochs, 1);
+        assert!(s.tuner.enabled);
+    }
+
+    fn error(text: &str) -> SpecError {
+        PipelineSpec::parse(text, "p.toml").unwrap_err()
+    }
+
+    #[test]
+    fn bad_files_name_the_key_and_line() {
+        let e = error(&GOOD.replace("size = 16", "size = 16\nsise = 3"));
+        assert_eq!((e.line, e.key.as_str()), (13, "batch.sise"), "{e}");
+        assert!(e.message.contains("unknown field"), "{e}");
+        let e = error(&GOOD.replace("size = 16", "size = \"many\""));
+        assert_eq!((e.line, e.key.as_str()), (12, "batch.size"), "{e}");
+        let e = error(&GOOD.replace("size = 16", "size = 0"));
+        assert_eq!((e.line, e.key.as_str()), (12, "batch.size"), "{e}");
+        let e = error(&GOOD.replace("crop = 224", "crop = 300"));
+        assert_eq!((e.line, e.key.as_str()), (9, "decode.crop"), "{e}");
+        let e = error(&GOOD.replace("kind = \"list\"\npath = \"images.txt\"\n", ""));
+        assert!(e.to_string().contains("kind"), "{e}");
+        let e = error("[decode]\nkind = \"image\"\n");
+        assert!(e.message.contains("missing field `source`"), "{e}");
+        let e = error(&format!(
+            "{GOOD}\n[metrics]\nprometheus = \"0.0.0.0:9000\"\n"
+        ));
+        assert_eq!(e.key, "metrics.prometheus", "{e}");
+        let e = error(&GOOD.replace("kind = \"image\"", "kind = \"hologram\""));
+        assert_eq!(e.line, 7, "{e}");
+    }
+}
