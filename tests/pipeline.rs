@@ -819,3 +819,21 @@ fn a_decision_callback_does_not_turn_the_tuner_back_on() {
     assert!(p.tuner_trace().is_empty(), "no tuner ticks");
     assert_eq!(p.stats().stage("slow").unwrap().workers, 1);
 }
+
+#[test]
+fn errors_keep_their_cause() {
+    use std::error::Error as _;
+    let missing = std::env::temp_dir().join(format!("flowgate-no-such-{}", std::process::id()));
+    for e in [
+        flowgate::media::Files::list(&missing).unwrap_err(),
+        flowgate::media::Files::dir(&missing, &["jpg"]).unwrap_err(),
+    ] {
+        assert!(e.is_io() && !e.is_config(), "{e}");
+        assert!(e.to_string().contains(&*missing.to_string_lossy()), "{e}");
+        let io = e
+            .source()
+            .and_then(|c| c.downcast_ref::<std::io::Error>())
+            .expect("the io::Error is the source");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    }
+}

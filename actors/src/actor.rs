@@ -160,7 +160,7 @@ impl ControlPlane {
                     let _ = runner.run();
                 }
             })
-            .map_err(|e| PipelineError::runtime(format!("spawning the control thread: {e}")))?;
+            .map_err(|e| PipelineError::runtime_from("spawning the control thread", e))?;
         let (system, arbiter, stages) = rx
             .recv()
             .map_err(|_| PipelineError::runtime("the control thread failed to start"))?;

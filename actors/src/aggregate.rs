@@ -71,7 +71,7 @@ impl<T: Send + 'static> AggregateStage<T> {
         let handle = std::thread::Builder::new()
             .name(format!("fg-{}", shared.core.name))
             .spawn(move || Batcher::new(s).run())
-            .map_err(|e| PipelineError::runtime(format!("spawning the aggregate thread: {e}")))?;
+            .map_err(|e| PipelineError::runtime_from("spawning the aggregate thread", e))?;
         Ok(Arc::new(Self {
             shared,
             handle: Mutex::new(Some(handle)),

@@ -204,7 +204,7 @@ impl<T: Send + 'static, U: Send + 'static> PoolStage<T, U> {
             {
                 Ok(h) => th.handles.push(h),
                 Err(e) if idx == 0 => {
-                    return Err(PipelineError::runtime(format!("spawning a worker: {e}")))
+                    return Err(PipelineError::runtime_from("spawning a worker", e))
                 }
                 Err(e) => {
                     tracing::warn!(stage = %self.shared.core.name, error = %e, "could not spawn a worker");

@@ -132,7 +132,7 @@ impl<T: Send + 'static> SourceStage<T> {
                     }
                 }
             })
-            .map_err(|e| PipelineError::runtime(format!("spawning the source thread: {e}")))?;
+            .map_err(|e| PipelineError::runtime_from("spawning the source thread", e))?;
         Ok(Arc::new(Self {
             shared,
             commands: Mutex::new(Some(tx)),

@@ -41,11 +41,10 @@ impl Files {
         let mut stack = vec![root.as_ref().to_path_buf()];
         while let Some(dir) = stack.pop() {
             let entries = std::fs::read_dir(&dir)
-                .map_err(|e| PipelineError::config(format!("listing {}: {e}", dir.display())))?;
+                .map_err(|e| PipelineError::io(format!("listing {}", dir.display()), e))?;
             for entry in entries {
-                let entry = entry.map_err(|e| {
-                    PipelineError::config(format!("listing {}: {e}", dir.display()))
-                })?;
+                let entry = entry
+                    .map_err(|e| PipelineError::io(format!("listing {}", dir.display()), e))?;
                 let path = entry.path();
                 if path.is_dir() {
                     stack.push(path);
@@ -67,9 +66,8 @@ impl Files {
     /// paths are relative to the list's directory).
     pub fn list(file: impl AsRef<Path>) -> Result<Self, PipelineError> {
         let file = file.as_ref();
-        let text = std::fs::read_to_string(file).map_err(|e| {
-            PipelineError::config(format!("reading the list {}: {e}", file.display()))
-        })?;
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| PipelineError::io(format!("reading the list {}", file.display()), e))?;
         let base = file.parent().unwrap_or(Path::new("."));
         Ok(Self::new(
             text.lines()

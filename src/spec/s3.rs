@@ -45,7 +45,7 @@ pub(super) fn build(
     else {
         unreachable!("local sources are built by the caller")
     };
-    let s3_err = |e: crate::s3::S3Error| PipelineError::config(e.to_string());
+    let s3_err = |e: crate::s3::S3Error| PipelineError::io("the S3 source", e);
     let (s3, server): (S3, Option<Box<dyn std::fmt::Debug + Send>>) = match serve_locally_from {
         Some(list) => serve_locally(bucket, prefix, list)?,
         None => {
@@ -122,7 +122,7 @@ fn serve_locally(
     list: &std::path::Path,
 ) -> Result<(S3, Option<Box<dyn std::fmt::Debug + Send>>), PipelineError> {
     use crate::s3::LocalServer;
-    let s3_err = |e: S3Error| PipelineError::config(e.to_string());
+    let s3_err = |e: S3Error| PipelineError::io("the local S3 server", e);
     let dir = std::env::temp_dir().join(format!(
         "flowgate-local-s3-{}-{}",
         std::process::id(),
@@ -131,7 +131,7 @@ fn serve_locally(
             .map_or(0, |d| d.as_nanos())
     ));
     let server = LocalServer::start(&dir)
-        .map_err(|e| PipelineError::config(format!("local S3 server: {e}")))?;
+        .map_err(|e| PipelineError::io("starting the local S3 server", e))?;
     let s3 = S3::connect(server.config(bucket)).map_err(s3_err)?;
     futures::executor::block_on(s3.create_bucket()).map_err(s3_err)?;
     for path in Files::list(list)?.epoch(0) {
@@ -140,7 +140,7 @@ fn serve_locally(
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let bytes = std::fs::read(&path)
-            .map_err(|e| PipelineError::config(format!("reading {}: {e}", path.display())))?;
+            .map_err(|e| PipelineError::io(format!("reading {}", path.display()), e))?;
         futures::executor::block_on(s3.put(&format!("{prefix}{name}"), bytes)).map_err(s3_err)?;
     }
     let local = LocalS3 {
