@@ -1,4 +1,4 @@
-//! Builds the libjpeg-turbo region decoder (`src/media/libjpeg.c`) when the `turbojpeg`
+//! Builds the libjpeg-turbo region decoder (`src/media/image/libjpeg.c`) when the `turbojpeg`
 //! feature is on. Where libjpeg's headers are missing, the build goes on without it (JPEG
 //! then decodes with zune-jpeg) and says so in a warning; `scripts/setup.sh` installs them.
 
@@ -11,9 +11,9 @@ fn main() {
 
 #[cfg(feature = "turbojpeg")]
 fn libjpeg() {
-    println!("cargo::rerun-if-changed=src/media/libjpeg.c");
+    println!("cargo::rerun-if-changed=src/media/image/libjpeg.c");
     let built = cc::Build::new()
-        .file("src/media/libjpeg.c")
+        .file("src/media/image/libjpeg.c")
         .opt_level(2)
         .warnings(true)
         .cargo_warnings(false)

@@ -23,7 +23,8 @@ mod error;
 mod files;
 #[cfg(feature = "image")]
 pub mod image;
-pub(crate) mod recipe;
+mod recipe;
+pub(crate) mod rules;
 #[cfg(feature = "synth")]
 pub mod synth;
 #[cfg(feature = "video")]
@@ -31,4 +32,5 @@ pub mod video;
 
 pub use error::MediaError;
 pub use files::{Files, FolderLabels};
-pub use recipe::{item_seed, Recipe, RecipeError};
+pub use recipe::Recipe;
+pub use rules::{item_seed, RecipeError};

@@ -85,9 +85,9 @@ fn init() {
 impl VideoRecipe {
     /// Checks the geometry, frames and threads (see [`Recipe`](super::Recipe)).
     pub fn validate(&self) -> Result<(), super::RecipeError> {
-        use super::recipe::rules;
-        rules::video(self.frames(), self.threads)?;
-        rules::crop(self.crop, self.resize, false)
+        use super::rules::check;
+        check::video(self.frames(), self.threads)?;
+        check::crop(self.crop, self.resize, false)
     }
 
     /// Frames per clip.

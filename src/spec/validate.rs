@@ -74,7 +74,7 @@ impl PipelineSpec {
             return Err(err("run", "step_ms", "must be a finite number ≥ 0".into()));
         }
         // The media recipe's own rules (the same ones `Recipe` applies), located here.
-        use crate::media::recipe::rules;
+        use crate::media::rules::check;
         let recipe_err =
             |e: crate::media::RecipeError| err("decode", e.field(), e.message().to_owned());
         let workers = match &self.decode {
@@ -85,7 +85,7 @@ impl PipelineSpec {
                 workers,
                 ..
             } => {
-                rules::crop(*crop, *resize, *train).map_err(recipe_err)?;
+                check::crop(*crop, *resize, *train).map_err(recipe_err)?;
                 workers
             }
             DecodeSpec::Audio {
@@ -94,7 +94,7 @@ impl PipelineSpec {
                 workers,
                 ..
             } => {
-                rules::audio_samples(*rate, *seconds).map_err(recipe_err)?;
+                check::audio_samples(*rate, *seconds).map_err(recipe_err)?;
                 workers
             }
             DecodeSpec::Video {
@@ -104,8 +104,8 @@ impl PipelineSpec {
                 threads,
                 workers,
             } => {
-                rules::video(*frames, *threads).map_err(recipe_err)?;
-                rules::crop(*crop, *resize, false).map_err(recipe_err)?;
+                check::video(*frames, *threads).map_err(recipe_err)?;
+                check::crop(*crop, *resize, false).map_err(recipe_err)?;
                 workers
             }
         };

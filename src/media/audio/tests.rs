@@ -1,0 +1,264 @@
+//! The audio decoder's tests: formats, channels, crops and padding, resampling, random
+//! windows, lengths, bad files.
+
+use super::*;
+
+/// Inputs the fuzzer (`scripts/fuzz.sh`) crashed on: each must give a result or a typed
+/// error. The first byte picks the extension hint, as in `fuzz/fuzz_targets/audio.rs`.
+#[test]
+fn fuzz_findings_are_errors_not_panics() {
+    let data: &[u8] = include_bytes!("../../../tests/data/fuzz/audio-aac-adts-overflow.bin");
+    let (hint, bytes) = data.split_first().expect("bytes");
+    let ext = ["wav", "flac", "mp3", "ogg", "m4a"][usize::from(*hint) % 5];
+    let recipe = AudioRecipe {
+        rate: 16_000,
+        samples: 4_000,
+        ..AudioRecipe::default()
+    };
+    let path = format!("fuzz.{ext}");
+    match recipe.decode(bytes.to_vec(), Path::new(&path)) {
+        Ok(t) => assert_eq!(t.shape(), [4_000]),
+        Err(e) => assert!(e.to_string().contains(&path), "{e}"),
+    }
+}
+
+fn wav(rate: u32, channels: u16, frames: &[[i16; 2]]) -> Vec<u8> {
+    let data = (frames.len() * 2 * channels as usize) as u32;
+    let mut v = Vec::new();
+    v.extend_from_slice(b"RIFF");
+    v.extend_from_slice(&(36 + data).to_le_bytes());
+    v.extend_from_slice(b"WAVEfmt ");
+    v.extend_from_slice(&16u32.to_le_bytes());
+    v.extend_from_slice(&1u16.to_le_bytes());
+    v.extend_from_slice(&channels.to_le_bytes());
+    v.extend_from_slice(&rate.to_le_bytes());
+    v.extend_from_slice(&(rate * 2 * channels as u32).to_le_bytes());
+    v.extend_from_slice(&(2 * channels).to_le_bytes());
+    v.extend_from_slice(&16u16.to_le_bytes());
+    v.extend_from_slice(b"data");
+    v.extend_from_slice(&data.to_le_bytes());
+    for f in frames {
+        for s in &f[..channels as usize] {
+            v.extend_from_slice(&s.to_le_bytes());
+        }
+    }
+    v
+}
+
+fn floats(t: &Tensor) -> Vec<f32> {
+    t.bytes()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn random_crops_are_windows_of_the_clip_seeded_by_file_and_seed() {
+    // A ramp: sample i is i, so a window's first sample is its offset.
+    let frames: Vec<[i16; 2]> = (0..3000).map(|i| [i as i16, 0]).collect();
+    let clip = wav(16_000, 1, &frames);
+    let r = AudioRecipe {
+        samples: 1000,
+        random_crop: true,
+        ..AudioRecipe::default()
+    };
+    let offsets: Vec<usize> = (0..40)
+        .map(|seed| {
+            let t = r
+                .with_seed(seed)
+                .decode(clip.clone(), Path::new("r.wav"))
+                .unwrap();
+            let v = floats(&t);
+            let start = (v[0] * 32768.0).round() as usize;
+            for (k, &x) in v.iter().enumerate() {
+                assert_eq!(
+                    (x * 32768.0).round() as usize,
+                    start + k,
+                    "a contiguous window"
+                );
+            }
+            start
+        })
+        .collect();
+    assert!(offsets.iter().all(|&o| o <= 2000), "inside the clip");
+    let mut distinct = offsets.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert!(distinct.len() > 30, "spread over the clip: {offsets:?}");
+    let again = r
+        .with_seed(7)
+        .decode(clip.clone(), Path::new("r.wav"))
+        .unwrap();
+    let other = r
+        .with_seed(7)
+        .decode(clip.clone(), Path::new("s.wav"))
+        .unwrap();
+    assert_eq!(
+        floats(&again)[0] * 32768.0,
+        offsets[7] as f32,
+        "reproducible"
+    );
+    assert_ne!(
+        floats(&other)[0],
+        floats(&again)[0],
+        "another file, another window"
+    );
+    // A clip shorter than the window: from the start, padded, and its real length told.
+    let short = AudioRecipe { samples: 4000, ..r };
+    let dir = std::env::temp_dir().join(format!("flowgate-audio-len-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("short.wav");
+    std::fs::write(&p, &clip).unwrap();
+    let (t, len) = short.load_with_length(&p).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!((t.shape(), len), (&[4000][..], 3000));
+    assert_eq!(floats(&t)[0], 0.0);
+    assert!(floats(&t)[3000..].iter().all(|&x| x == 0.0));
+}
+
+#[test]
+fn mixes_crops_and_pads() {
+    let frames: Vec<[i16; 2]> = (0..100).map(|i| [i * 100, -(i * 100)]).collect();
+    let stereo = wav(16_000, 2, &frames);
+    let r = AudioRecipe {
+        samples: 150,
+        ..AudioRecipe::default()
+    };
+    let mono = r.decode(stereo.clone(), Path::new("a.wav")).unwrap();
+    assert_eq!(mono.shape(), &[150]);
+    assert!(
+        floats(&mono).iter().all(|&v| v.abs() < 1e-6),
+        "L and -L mix to silence"
+    );
+    let keep = AudioRecipe {
+        channels: Channels::Keep,
+        ..r
+    }
+    .decode(stereo, Path::new("a.wav"))
+    .unwrap();
+    assert_eq!(keep.shape(), &[2, 150]);
+    let v = floats(&keep);
+    assert!((v[10] - 1000.0 / 32768.0).abs() < 1e-6);
+    assert!((v[150 + 10] + 1000.0 / 32768.0).abs() < 1e-6);
+    assert!(v[100..150].iter().all(|&x| x == 0.0), "zero-padded");
+    let short = AudioRecipe { samples: 40, ..r }
+        .decode(wav(16_000, 1, &frames), Path::new("m.wav"))
+        .unwrap();
+    assert_eq!(short.shape(), &[40]);
+    assert!(
+        (floats(&short)[39] - 3900.0 / 32768.0).abs() < 1e-6,
+        "cropped"
+    );
+}
+
+#[test]
+fn flac_stops_at_the_declared_length_and_pads_with_zeros() {
+    use flacenc::component::BitRepr;
+    use flacenc::error::Verify;
+    // 5000 samples: the encoder's last 4096-sample block is only partly real.
+    let samples: Vec<i32> = (0..5000).map(|i| ((i * 37) % 2000) - 1000).collect();
+    let config = flacenc::config::Encoder::default().into_verified().unwrap();
+    let source = flacenc::source::MemSource::from_samples(&samples, 1, 16, 16_000);
+    let stream = flacenc::encode_with_fixed_block_size(&config, source, config.block_size).unwrap();
+    let mut sink = flacenc::bitsink::ByteSink::new();
+    stream.write(&mut sink).unwrap();
+    let r = AudioRecipe {
+        samples: 9000,
+        ..AudioRecipe::default()
+    };
+    // A recycled buffer full of NaNs, so that padding must really be written.
+    let mut dirty = Tensor::for_overwrite(&[9000], DType::F32);
+    dirty.bytes_mut().fill(0xff);
+    drop(dirty);
+    // Random windows across FLAC's 4096-frame blocks are the samples at their offsets.
+    let window = AudioRecipe {
+        samples: 1500,
+        random_crop: true,
+        ..AudioRecipe::default()
+    };
+    for seed in 0..12 {
+        let w = floats(
+            &window
+                .with_seed(seed)
+                .decode(sink.as_slice().to_vec(), Path::new("c.flac"))
+                .unwrap(),
+        );
+        let at = (0..=3500)
+            .find(|&o| (0..1500).all(|k| (w[k] * 32768.0).round() as i32 == samples[o + k]))
+            .expect("a window of the clip");
+        assert!(at + 1500 <= 5000);
+    }
+    let v = floats(
+        &r.decode(sink.as_slice().to_vec(), Path::new("c.flac"))
+            .unwrap(),
+    );
+    for (i, &s) in samples.iter().enumerate() {
+        assert!((v[i] - s as f32 / 32768.0).abs() < 1e-6, "sample {i}");
+    }
+    assert!(
+        v[5000..].iter().all(|&x| x == 0.0),
+        "padding past the stream's end is zero"
+    );
+}
+
+#[test]
+fn other_rates_are_resampled_keeping_pitch_and_length() {
+    // 0.5 s of a 1 kHz tone at 44.1 kHz, stereo (right channel silent).
+    let frames: Vec<[i16; 2]> = (0..22_050)
+        .map(|i| {
+            let v = (i as f64 * std::f64::consts::TAU * 1000.0 / 44_100.0).sin();
+            [(v * 16_000.0) as i16, 0]
+        })
+        .collect();
+    let r = AudioRecipe {
+        rate: 16_000,
+        samples: 10_000,
+        channels: Channels::Keep,
+        ..AudioRecipe::default()
+    };
+    let t = r
+        .decode(wav(44_100, 2, &frames), Path::new("tone.wav"))
+        .unwrap();
+    assert_eq!(t.shape(), &[2, 10_000]);
+    let v = floats(&t);
+    let (left, right) = v.split_at(10_000);
+    // 0.5 s at 16 kHz is 8,000 samples, then zeros.
+    assert!(left[8_100..].iter().all(|&x| x == 0.0));
+    assert!(right.iter().all(|&x| x.abs() < 1e-3));
+    // Same pitch: compare with the ideal 1 kHz tone at 16 kHz, away from the edges.
+    for (i, &x) in left.iter().enumerate().take(7_500).skip(500) {
+        let ideal =
+            (i as f64 * std::f64::consts::TAU * 1000.0 / 16_000.0).sin() * 16_000.0 / 32_768.0;
+        assert!(
+            (f64::from(x) - ideal).abs() < 0.01,
+            "sample {i}: {x} vs {ideal}"
+        );
+    }
+    let mono = AudioRecipe {
+        channels: Channels::Mono,
+        ..r
+    }
+    .decode(wav(44_100, 2, &frames), Path::new("tone.wav"))
+    .unwrap();
+    assert_eq!(mono.shape(), &[10_000]);
+}
+
+#[test]
+fn bad_audio_is_a_typed_error_naming_the_file() {
+    let r = AudioRecipe::default();
+    let p = Path::new("clips/bad.flac");
+    assert!(matches!(
+        r.decode(Vec::new(), p),
+        Err(MediaError::Empty { .. })
+    ));
+    let e = r
+        .decode(b"RIFF garbage garbage garbage".to_vec(), p)
+        .unwrap_err();
+    assert!(e.to_string().contains("clips/bad.flac"), "{e}");
+    let frames: Vec<[i16; 2]> = (0..20_000).map(|i| [i as i16, 0]).collect();
+    let full = wav(16_000, 1, &frames);
+    assert!(
+        r.decode(full[..full.len() / 2].to_vec(), p).is_err(),
+        "truncated"
+    );
+}
