@@ -21,7 +21,7 @@ seed() { # seed TARGET FILES...
 seed image $(head -n 5 target/sample-data/images.txt 2>/dev/null)
 seed audio $(head -n 5 target/sample-data/audio.txt 2>/dev/null)
 seed video $(head -n 3 target/sample-data/video.txt 2>/dev/null)
-seed config tuner/tests/scenarios/*.toml
+seed config tuner/tests/scenarios/*.toml examples/configs/*.toml
 status=0
 for t in "${TARGETS[@]}"; do
   echo "== fuzz $t for ${PER}s"

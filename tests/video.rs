@@ -246,3 +246,32 @@ fn a_pipeline_batches_clips_and_their_audio_tracks() {
     assert_eq!(stats.failures, 1);
     assert!(stats.recent_failures[0].contains("broken.mp4"));
 }
+
+#[test]
+fn frames_and_durations_past_the_limits_are_typed_errors() {
+    let d = dir("limits");
+    let clip = d.0.join("flat.mp4");
+    flat_clip(&clip);
+    let limited = |max_pixels: u64, max_seconds: f64| VideoRecipe {
+        limits: flowgate::media::Limits {
+            max_pixels,
+            max_seconds,
+            ..Default::default()
+        },
+        ..recipe(Sampling::Uniform(2))
+    };
+    match limited(96 * 64 - 1, 3600.0).load(&clip) {
+        Err(MediaError::TooLarge {
+            what, value, limit, ..
+        }) => assert_eq!((what, value, limit), ("pixels", 96 * 64, 96 * 64 - 1)),
+        other => panic!("{other:?}"),
+    }
+    match limited(96 * 64, 4.0).load(&clip) {
+        Err(MediaError::TooLarge { what, limit, .. }) => assert_eq!((what, limit), ("seconds", 4)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        limited(96 * 64, 5.5).load(&clip).unwrap().shape(),
+        [2, 64, 64, 3]
+    );
+}

@@ -110,15 +110,11 @@ pub(crate) fn image_loader(
     ratio: (f64, f64),
     normalize: Option<([f32; 3], [f32; 3])>,
 ) -> PyResult<Loader> {
-    let layout = match layout {
-        "nchw" => Layout::Nchw,
-        "nhwc" => Layout::Nhwc,
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "layout must be \"nchw\" or \"nhwc\", not {other:?}"
-            )))
-        }
-    };
+    let layout = choice(
+        "layout",
+        layout,
+        &[("nchw", Layout::Nchw), ("nhwc", Layout::Nhwc)],
+    )?;
     let recipe = Recipe::image(ImageRecipe {
         resize,
         crop,
@@ -135,6 +131,21 @@ pub(crate) fn image_loader(
         &["jpg", "jpeg", "png", "webp"],
         Arc::new(move |p, epoch| recipe.for_epoch(epoch).load(p).map(|t| vec![t])),
     )
+}
+
+/// The option of argument `arg` named `value`, or a `ValueError` listing the options.
+fn choice<T: Copy>(arg: &str, value: &str, options: &[(&str, T)]) -> PyResult<T> {
+    options
+        .iter()
+        .find(|(name, _)| *name == value)
+        .map(|&(_, v)| v)
+        .ok_or_else(|| {
+            let names: Vec<String> = options.iter().map(|(n, _)| format!("{n:?}")).collect();
+            PyValueError::new_err(format!(
+                "{arg} must be {}, not {value:?}",
+                names.join(" or ")
+            ))
+        })
 }
 
 /// A recipe no item can be decoded with, as Python's `ValueError` naming the argument.
@@ -194,15 +205,11 @@ pub(crate) fn video_loader(
     audio_rate: u32,
 ) -> PyResult<Loader> {
     use flowgate::media::video::{Sampling, VideoLayout, VideoRecipe};
-    let layout = match layout {
-        "nthwc" => VideoLayout::Nthwc,
-        "ncthw" => VideoLayout::Ncthw,
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "layout must be \"nthwc\" or \"ncthw\", not {other:?}"
-            )))
-        }
-    };
+    let layout = choice(
+        "layout",
+        layout,
+        &[("nthwc", VideoLayout::Nthwc), ("ncthw", VideoLayout::Ncthw)],
+    )?;
     let video = Recipe::video(VideoRecipe {
         sampling: Sampling::Uniform(frames),
         resize,

@@ -28,6 +28,19 @@ pub enum MediaError {
         /// What the decoder said.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The file declares more than a [`Limits`](super::Limits) allows (a decompression bomb,
+    /// or a file too large to decode safely); nothing sized by the declaration was allocated.
+    #[error("{path}: {what} {value} is over the limit of {limit}")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// What was declared (`pixels`, `sample rate`, `channels`, `seconds`).
+        what: &'static str,
+        /// The declared value.
+        value: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// The image decoded but cannot be resized as asked.
     #[error("{path}: {reason}")]
     Geometry {
@@ -39,12 +52,28 @@ pub enum MediaError {
 }
 
 impl MediaError {
+    /// A `what` of `value` past its `limit`, in the file at `path`.
+    pub(crate) fn too_large(
+        path: &std::path::Path,
+        what: &'static str,
+        value: u64,
+        limit: u64,
+    ) -> Self {
+        MediaError::TooLarge {
+            path: path.to_path_buf(),
+            what,
+            value,
+            limit,
+        }
+    }
+
     /// The file the error is about.
     pub fn path(&self) -> &std::path::Path {
         match self {
             MediaError::Read { path, .. }
             | MediaError::Empty { path }
             | MediaError::Decode { path, .. }
+            | MediaError::TooLarge { path, .. }
             | MediaError::Geometry { path, .. } => path,
         }
     }
@@ -56,6 +85,7 @@ impl MediaError {
             MediaError::Read { path: p, .. }
             | MediaError::Empty { path: p }
             | MediaError::Decode { path: p, .. }
+            | MediaError::TooLarge { path: p, .. }
             | MediaError::Geometry { path: p, .. } => *p = path.to_path_buf(),
         }
         self

@@ -33,4 +33,4 @@ pub mod video;
 pub use error::MediaError;
 pub use files::{Files, FolderLabels};
 pub use recipe::Recipe;
-pub use rules::{item_seed, RecipeError};
+pub use rules::{item_seed, Limits, RecipeError};

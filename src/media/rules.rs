@@ -1,5 +1,6 @@
-//! The rules every media path shares: the seeding rule of augmentation ([`item_seed`]) and
-//! the checks a recipe must pass ([`RecipeError`]); see [`Recipe`](super::Recipe).
+//! The rules every media path shares: the seeding rule of augmentation ([`item_seed`]), the
+//! checks a recipe must pass ([`RecipeError`]; see [`Recipe`](super::Recipe)), and the
+//! [`Limits`] no file may exceed, whatever its header says.
 
 use std::path::Path;
 
@@ -22,6 +23,46 @@ fn path_hash(path: &Path) -> u64 {
             (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
         })
 }
+
+/// What no file may declare, checked from its header before anything sized by the header is
+/// allocated: past a limit the item fails with [`MediaError::TooLarge`](super::MediaError),
+/// counted by the failure budget like any bad file, and the pipeline goes on. A decoder never
+/// trusts a header for an allocation these do not bound.
+///
+/// The defaults are far above real training data and far below what would take a process
+/// down: a 2 KB JPEG claiming 65,500 × 65,500 pixels would otherwise ask for 12 GB.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Limits {
+    /// Pixels of one image or video frame. Default 2^27 (≈134 megapixels, 11,585² — larger
+    /// than any camera's photos): an RGB decode buffer of at most 384 MiB per decoding thread.
+    pub max_pixels: u64,
+    /// An audio stream's sample rate, in Hz. Default 768,000 (the highest rate audio hardware
+    /// records).
+    pub max_sample_rate: u32,
+    /// An audio stream's channels. Default 64 (beyond any surround or ambisonic format
+    /// training data uses).
+    pub max_channels: u32,
+    /// A clip's declared duration, in seconds (audio and video). Default 14,400 (4 hours).
+    pub max_seconds: f64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_pixels: 1 << 27,
+            max_sample_rate: 768_000,
+            max_channels: 64,
+            max_seconds: 4.0 * 3600.0,
+        }
+    }
+}
+
+/// The largest side of a recipe's output (a crop, a resize): 16,384 pixels.
+pub(crate) const MAX_SIDE: u32 = 1 << 14;
+/// The most frames sampled per clip.
+pub(crate) const MAX_FRAMES: usize = 4096;
+/// The most decoder threads per clip.
+pub(crate) const MAX_THREADS: usize = 256;
 
 /// A recipe no item can be decoded with: which field, and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -57,9 +98,23 @@ impl RecipeError {
 pub(crate) mod check {
     use super::RecipeError;
 
-    /// The square output side: at least 1, and (for the evaluation geometry, resize then
-    /// center-crop) at most the resized shorter side.
+    use super::{MAX_FRAMES, MAX_SIDE, MAX_THREADS};
+
+    /// The square output side: at least 1, at most [`MAX_SIDE`], and (for the evaluation
+    /// geometry, resize then center-crop) at most the resized shorter side.
     pub(crate) fn crop(crop: u32, resize: u32, random: bool) -> Result<(), RecipeError> {
+        if crop > MAX_SIDE {
+            return Err(RecipeError::new(
+                "crop",
+                format!("must be at most {MAX_SIDE}, not {crop}"),
+            ));
+        }
+        if !random && resize > MAX_SIDE {
+            return Err(RecipeError::new(
+                "resize",
+                format!("must be at most {MAX_SIDE}, not {resize}"),
+            ));
+        }
         if crop == 0 || (!random && crop > resize) {
             let most = if random {
                 String::new()
@@ -102,10 +157,21 @@ pub(crate) mod check {
         Ok(())
     }
 
-    /// Samples per clip for a window of `seconds` at `rate` Hz: at least one.
+    /// Samples per clip for a window of `seconds` at `rate` Hz: at least one, at a rate
+    /// within the default [`Limits`](super::Limits), for at most its longest clip.
     pub(crate) fn audio_samples(rate: u32, seconds: f64) -> Result<usize, RecipeError> {
-        if rate == 0 {
-            return Err(RecipeError::new("rate", "must be at least 1 Hz"));
+        let limits = super::Limits::default();
+        if rate == 0 || rate > limits.max_sample_rate {
+            return Err(RecipeError::new(
+                "rate",
+                format!("must be in 1..={} Hz, not {rate}", limits.max_sample_rate),
+            ));
+        }
+        if seconds > limits.max_seconds {
+            return Err(RecipeError::new(
+                "seconds",
+                format!("must be at most {}, not {seconds}", limits.max_seconds),
+            ));
         }
         let samples = (seconds * f64::from(rate)).round();
         if !(seconds.is_finite() && samples >= 1.0) {
@@ -117,13 +183,20 @@ pub(crate) mod check {
         Ok(samples as usize)
     }
 
-    /// Frames per clip and decoder threads: at least one each.
+    /// Frames per clip and decoder threads: at least one each, at most [`MAX_FRAMES`] and
+    /// [`MAX_THREADS`].
     pub(crate) fn video(frames: usize, threads: usize) -> Result<(), RecipeError> {
-        if frames == 0 {
-            return Err(RecipeError::new("frames", "must be at least 1"));
+        if frames == 0 || frames > MAX_FRAMES {
+            return Err(RecipeError::new(
+                "frames",
+                format!("must be in 1..={MAX_FRAMES}, not {frames}"),
+            ));
         }
-        if threads == 0 {
-            return Err(RecipeError::new("threads", "must be at least 1"));
+        if threads == 0 || threads > MAX_THREADS {
+            return Err(RecipeError::new(
+                "threads",
+                format!("must be in 1..={MAX_THREADS}, not {threads}"),
+            ));
         }
         Ok(())
     }

@@ -57,6 +57,10 @@ pub struct VideoRecipe {
     pub threads: usize,
     /// Seek, rather than decode forward, to a sample more than this many seconds ahead.
     pub seek_gap: f64,
+    /// What a file may declare (frame pixels, duration), checked before decoding; FFmpeg's
+    /// decoder is also told the pixel limit (doubled: it counts padded buffers), so no frame it
+    /// allocates can be far past it.
+    pub limits: super::Limits,
 }
 
 impl Default for VideoRecipe {
@@ -69,6 +73,7 @@ impl Default for VideoRecipe {
             layout: VideoLayout::Nthwc,
             threads: 1,
             seek_gap: 1.0,
+            limits: super::Limits::default(),
         }
     }
 }
@@ -184,6 +189,10 @@ impl VideoRecipe {
         } else {
             0.0
         };
+        if duration > self.limits.max_seconds {
+            let m = self.limits.max_seconds as u64;
+            return Err(MediaError::too_large(path, "seconds", duration as u64, m));
+        }
         let targets: Vec<f64> = match &self.sampling {
             Sampling::Uniform(k) => {
                 if duration <= 0.0 {
@@ -204,7 +213,30 @@ impl VideoRecipe {
                 ..Default::default()
             });
         }
-        let mut decoder = ctx.decoder().video().map_err(decode_err)?;
+        // SAFETY: reads two plain fields of the context made from the stream's parameters.
+        let (w, h) = unsafe { ((*ctx.as_ptr()).width, (*ctx.as_ptr()).height) };
+        let pixels = u64::from(w.max(0).unsigned_abs()) * u64::from(h.max(0).unsigned_abs());
+        if pixels > self.limits.max_pixels {
+            let m = self.limits.max_pixels;
+            return Err(MediaError::too_large(path, "pixels", pixels, m));
+        }
+        let codec = ffmpeg::codec::decoder::find(ctx.id())
+            .ok_or_else(|| decode_err(ffmpeg::Error::DecoderNotFound))?;
+        // FFmpeg's own check, for frames that disagree with the container's header. It counts
+        // padded, aligned buffer sizes, so it gets twice the limit (still far below a bomb).
+        let mut options = ffmpeg::Dictionary::new();
+        let max = self
+            .limits
+            .max_pixels
+            .saturating_mul(2)
+            .min(i64::MAX as u64)
+            .to_string();
+        options.set("max_pixels", &max);
+        let mut decoder = ctx
+            .decoder()
+            .open_as_with(codec, options)
+            .and_then(|o| o.video())
+            .map_err(decode_err)?;
         let rate = f64::from(stream.avg_frame_rate());
         let frame_time = if rate > 0.0 { 1.0 / rate } else { 0.1 };
         let mut writer = FrameWriter {

@@ -220,7 +220,7 @@ pub struct CacheSpec {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceSpec {
-    /// `cpu` (the batches stay in host memory). `cuda` needs the CUDA uploader (issue #5).
+    /// `cpu` (the batches stay in host memory). `cuda` needs the CUDA uploader.
     #[serde(default)]
     pub kind: DeviceKind,
 }

@@ -19,6 +19,17 @@ pub struct SpecError {
     pub message: String,
 }
 
+/// The largest batch a pipeline file may ask for.
+const MAX_BATCH: u64 = 1 << 16;
+/// The most decode workers.
+const MAX_WORKERS: u64 = 1 << 10;
+/// The most S3 requests in flight.
+const MAX_CONCURRENCY: u64 = 1 << 16;
+/// The largest memory figure, in MiB (a cache, a budget): 16 TiB.
+const MAX_MB: f64 = (1u64 << 24) as f64;
+/// The longest time setting, in milliseconds: an hour.
+const MAX_MS: f64 = 3_600_000.0;
+
 impl PipelineSpec {
     /// Reads and checks a pipeline file.
     pub fn load(path: &Path) -> Result<Self, SpecError> {
@@ -64,14 +75,17 @@ impl PipelineSpec {
             key: format!("{table}.{key}"),
             message,
         };
-        if self.batch.size == 0 {
-            return Err(err("batch", "size", "must be at least 1".into()));
+        let range = |v: u64, lo: u64, hi: u64| -> Option<String> {
+            (v < lo || v > hi).then(|| format!("must be in {lo}..={hi}, not {v}"))
+        };
+        if let Some(m) = range(self.batch.size as u64, 1, MAX_BATCH) {
+            return Err(err("batch", "size", m));
         }
         if self.run.epochs == 0 {
             return Err(err("run", "epochs", "must be at least 1".into()));
         }
-        if !(self.run.step_ms >= 0.0 && self.run.step_ms.is_finite()) {
-            return Err(err("run", "step_ms", "must be a finite number ≥ 0".into()));
+        if !(self.run.step_ms >= 0.0 && self.run.step_ms <= MAX_MS) {
+            return Err(err("run", "step_ms", format!("must be in 0..={MAX_MS}")));
         }
         // The media recipe's own rules (the same ones `Recipe` applies), located here.
         use crate::media::rules::check;
@@ -109,32 +123,44 @@ impl PipelineSpec {
                 workers
             }
         };
-        if *workers == Some(0) {
-            return Err(err("decode", "workers", "must be at least 1".into()));
+        if let Some(m) = workers.and_then(|w| range(w as u64, 1, MAX_WORKERS)) {
+            return Err(err("decode", "workers", m));
         }
         if let SourceSpec::S3 { concurrency, .. } = &self.source {
-            if *concurrency == 0 {
-                return Err(err("source", "concurrency", "must be at least 1".into()));
+            if let Some(m) = range(*concurrency as u64, 1, MAX_CONCURRENCY) {
+                return Err(err("source", "concurrency", m));
             }
         }
         if let Some(c) = &self.cache {
-            if !(c.mb > 0.0 && c.mb.is_finite()) {
-                return Err(err("cache", "mb", "must be more than 0".into()));
+            if !(c.mb > 0.0 && c.mb <= MAX_MB) {
+                return Err(err("cache", "mb", format!("must be in (0, {MAX_MB}]")));
             }
-            if c.max_mb.is_some_and(|m| !(m >= c.mb && m.is_finite())) {
-                return Err(err("cache", "max_mb", "must be at least `mb`".into()));
+            if c.max_mb.is_some_and(|m| !(m >= c.mb && m <= MAX_MB)) {
+                return Err(err(
+                    "cache",
+                    "max_mb",
+                    format!("must be in [`mb`, {MAX_MB}]"),
+                ));
             }
         }
         if let Some(m) = self.tuner.memory_mb {
-            if !(m > 0.0 && m.is_finite()) {
-                return Err(err("tuner", "memory_mb", "must be more than 0".into()));
+            if !(m > 0.0 && m <= MAX_MB) {
+                return Err(err(
+                    "tuner",
+                    "memory_mb",
+                    format!("must be in (0, {MAX_MB}]"),
+                ));
             }
         }
-        if self.tuner.tick_ms == Some(0) {
-            return Err(err("tuner", "tick_ms", "must be at least 1".into()));
+        if let Some(m) = self.tuner.tick_ms.and_then(|t| range(t, 1, MAX_MS as u64)) {
+            return Err(err("tuner", "tick_ms", m));
         }
-        if self.metrics.interval_ms == Some(0) {
-            return Err(err("metrics", "interval_ms", "must be at least 1".into()));
+        if let Some(m) = self
+            .metrics
+            .interval_ms
+            .and_then(|t| range(t, 1, MAX_MS as u64))
+        {
+            return Err(err("metrics", "interval_ms", m));
         }
         if let Some(addr) = &self.metrics.prometheus {
             match addr.parse::<std::net::SocketAddr>() {
@@ -259,5 +285,34 @@ size = 16
         assert_eq!(e.key, "metrics.prometheus", "{e}");
         let e = error(&GOOD.replace("kind = \"image\"", "kind = \"hologram\""));
         assert_eq!(e.line, 7, "{e}");
+    }
+
+    #[test]
+    fn every_number_is_bounded() {
+        for (from, to, key) in [
+            ("size = 16", "size = 100000", "batch.size"),
+            ("crop = 224", "crop = 20000\ntrain = true", "decode.crop"),
+            ("resize = 256", "resize = 1000000", "decode.resize"),
+            ("crop = 224", "crop = 224\nworkers = 5000", "decode.workers"),
+        ] {
+            let e = error(&GOOD.replace(from, to));
+            assert_eq!(e.key, key, "{e}");
+            assert!(
+                e.message.contains("at most") || e.message.contains("..="),
+                "{e}"
+            );
+        }
+        let audio = "[source]\nkind = \"list\"\npath = \"a.txt\"\n[decode]\nkind = \"audio\"\n";
+        for (extra, key) in [
+            ("rate = 4000000000", "decode.rate"),
+            ("seconds = 1e9", "decode.seconds"),
+        ] {
+            let e = error(&format!("{audio}{extra}\n"));
+            assert_eq!(e.key, key, "{e}");
+        }
+        let e = error(&format!("{GOOD}\n[run]\nstep_ms = 1e12\n"));
+        assert_eq!(e.key, "run.step_ms", "{e}");
+        let e = error(&format!("{GOOD}\n[tuner]\nmemory_mb = 1e30\n"));
+        assert_eq!(e.key, "tuner.memory_mb", "{e}");
     }
 }

@@ -34,7 +34,7 @@ pub enum Channels {
 }
 
 /// Decode, mix, crop or pad.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AudioRecipe {
     /// The sample rate the files must have (Hz).
     pub rate: u32,
@@ -51,6 +51,8 @@ pub struct AudioRecipe {
     pub seed: u64,
     /// The epoch whose window to draw (set by [`for_epoch`](Self::for_epoch)).
     pub epoch: u64,
+    /// What a file may declare (sample rate, channels, duration), checked before decoding.
+    pub limits: super::Limits,
 }
 
 impl Default for AudioRecipe {
@@ -63,6 +65,7 @@ impl Default for AudioRecipe {
             random_crop: false,
             seed: 0,
             epoch: 0,
+            limits: super::Limits::default(),
         }
     }
 }
@@ -160,6 +163,35 @@ impl AudioRecipe {
         })
     }
 
+    /// The header's rate, channels and length against [`Limits`](super::Limits): buffers are
+    /// sized from them (the window at the file's rate, a plane per channel), so they are
+    /// checked before anything is allocated.
+    fn check_declared(
+        &self,
+        params: &symphonia::core::codecs::CodecParameters,
+        rate: u32,
+        path: &Path,
+    ) -> Result<(), MediaError> {
+        let l = &self.limits;
+        if rate > l.max_sample_rate {
+            let (v, m) = (u64::from(rate), u64::from(l.max_sample_rate));
+            return Err(MediaError::too_large(path, "sample rate", v, m));
+        }
+        let channels = params.channels.map_or(1, |c| c.count());
+        if channels as u64 > u64::from(l.max_channels) {
+            let m = u64::from(l.max_channels);
+            return Err(MediaError::too_large(path, "channels", channels as u64, m));
+        }
+        if let Some(n) = params.n_frames {
+            let seconds = n as f64 / f64::from(rate);
+            if seconds > l.max_seconds {
+                let m = l.max_seconds as u64;
+                return Err(MediaError::too_large(path, "seconds", seconds as u64, m));
+            }
+        }
+        Ok(())
+    }
+
     fn decode_unguarded(
         &self,
         source: Box<dyn MediaSource>,
@@ -196,6 +228,7 @@ impl AudioRecipe {
         if rate == 0 {
             return Err(geometry("a sample rate of 0 Hz".into()));
         }
+        self.check_declared(&params, rate, path)?;
         // At another rate, decode what the crop needs at the file's rate (plus the resampler's
         // look-ahead), then resample.
         let span = if rate == self.rate {

@@ -45,8 +45,10 @@ pub(super) fn decode_rgb(
         use zune_core::colorspace::ColorSpace;
         let options = zune_core::options::DecoderOptions::default()
             .set_strict_mode(false)
-            .set_max_width(usize::MAX)
-            .set_max_height(usize::MAX)
+            // JPEG's own ceiling; the pixel limit is checked (by `geometry`) before anything
+            // the size of the image is allocated.
+            .set_max_width(usize::from(u16::MAX))
+            .set_max_height(usize::from(u16::MAX))
             .jpeg_set_out_colorspace(ColorSpace::RGB);
         let mut dec = zune_jpeg::JpegDecoder::new_with_options(
             zune_core::bytestream::ZCursor::new(bytes),
@@ -74,19 +76,50 @@ pub(super) fn decode_rgb(
     decode_any(bytes, pixels, geometry, decode_err)
 }
 
-/// Any format the `image` crate reads, whole.
+/// Any format the `image` crate reads, whole. The header's dimensions go through `geometry`
+/// (which enforces the pixel limit) before anything is decoded, and the decoder may allocate
+/// no more than an RGBA image of those dimensions, so a file whose data disagrees with its
+/// header cannot allocate more either.
 fn decode_any(
     bytes: &[u8],
     pixels: &mut Vec<u8>,
     geometry: impl FnOnce(u32, u32) -> Result<Rect, MediaError>,
     decode_err: impl Fn(Box<dyn std::error::Error + Send + Sync>) -> MediaError,
 ) -> Result<Rect, MediaError> {
-    let img = ::image::load_from_memory(bytes).map_err(|e| decode_err(Box::new(e)))?;
-    let (w, h) = (img.width(), img.height());
+    let reader = || {
+        ::image::ImageReader::new(std::io::Cursor::new(bytes))
+            .with_guessed_format()
+            .map_err(|e| decode_err(Box::new(e)))
+    };
+    let (w, h) = reader()?
+        .into_dimensions()
+        .map_err(|e| decode_err(Box::new(e)))?;
     geometry(w, h)?;
+    let mut limits = ::image::Limits::default();
+    limits.max_image_width = Some(w);
+    limits.max_image_height = Some(h);
+    // 16-bit RGBA is the widest buffer a decoder makes for these formats.
+    limits.max_alloc = Some(u64::from(w) * u64::from(h) * 8 + DECODER_SLACK);
+    let mut r = reader()?;
+    r.limits(limits);
+    let img = r.decode().map_err(|e| decode_err(Box::new(e)))?;
+    if (img.width(), img.height()) != (w, h) {
+        return Err(decode_err(
+            format!(
+                "the header says {w}x{h}, the data {}x{}",
+                img.width(),
+                img.height()
+            )
+            .into(),
+        ));
+    }
     *pixels = img.into_rgb8().into_raw();
     Ok(Rect { x: 0, y: 0, w, h })
 }
+
+/// What a decoder of the `image` crate may allocate besides the image itself (palettes,
+/// row buffers, compressed-stream windows).
+const DECODER_SLACK: u64 = 16 << 20;
 
 /// libjpeg-turbo through `libjpeg.c` (built by build.rs).
 #[cfg(flowgate_libjpeg)]

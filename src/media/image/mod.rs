@@ -66,6 +66,8 @@ pub struct ImageRecipe {
     pub seed: u64,
     /// The epoch whose augmentation to draw (set by [`for_epoch`](Self::for_epoch)).
     pub epoch: u64,
+    /// What a file may declare (its pixels), checked before decoding.
+    pub limits: super::Limits,
 }
 
 impl Default for ImageRecipe {
@@ -80,6 +82,7 @@ impl Default for ImageRecipe {
             normalize: None,
             seed: 0,
             epoch: 0,
+            limits: super::Limits::default(),
         }
     }
 }
@@ -279,6 +282,15 @@ impl ImageRecipe {
             // The source window that becomes the output square, known once the header is read.
             let mut window = (0.0, 0.0, 0.0, 0.0);
             let geometry = |w: u32, h: u32| -> Result<Rect, MediaError> {
+                let pixels = u64::from(w) * u64::from(h);
+                if pixels > self.limits.max_pixels {
+                    return Err(MediaError::too_large(
+                        path,
+                        "pixels",
+                        pixels,
+                        self.limits.max_pixels,
+                    ));
+                }
                 if w == 0 || h == 0 {
                     return Err(err("the image has no pixels".into()));
                 }

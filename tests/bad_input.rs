@@ -1,0 +1,278 @@
+//! Decompression bombs: files whose headers lie about their size (JPEG, PNG and WebP claiming
+//! huge dimensions; WAV and FLAC claiming absurd rates, channels and lengths). Each must be a
+//! typed `MediaError::TooLarge` naming the file, decided before anything the size of the claim
+//! is allocated: the pipeline goes on, and the process's peak RSS barely moves (without the
+//! limits the first of these aborts the process asking for ~12 GB).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use flowgate::media::audio::AudioRecipe;
+use flowgate::media::image::ImageRecipe;
+use flowgate::media::{MediaError, Recipe};
+use flowgate::{Pipeline, Workers};
+
+/// The process's peak resident set so far, in bytes (`VmHWM`).
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// CRC-32 (the PNG chunk checksum), bit by bit.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in bytes {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 != 0 {
+                0xEDB8_8320 ^ (c >> 1)
+            } else {
+                c >> 1
+            };
+        }
+    }
+    !c
+}
+
+fn encoded(format: image::ImageFormat) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(64, 48, |x, y| image::Rgb([x as u8, y as u8, 9]));
+    let mut out = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut out, format).unwrap();
+    out.into_inner()
+}
+
+/// A real JPEG whose frame header (SOF0) claims `w × h`.
+fn jpeg_claiming(w: u16, h: u16) -> Vec<u8> {
+    let mut b = encoded(image::ImageFormat::Jpeg);
+    let sof = b
+        .windows(2)
+        .position(|m| m == [0xFF, 0xC0])
+        .expect("a baseline JPEG");
+    b[sof + 5..sof + 7].copy_from_slice(&h.to_be_bytes());
+    b[sof + 7..sof + 9].copy_from_slice(&w.to_be_bytes());
+    b
+}
+
+/// A real PNG whose IHDR claims `w × h` (with a valid checksum).
+fn png_claiming(w: u32, h: u32) -> Vec<u8> {
+    let mut b = encoded(image::ImageFormat::Png);
+    b[16..20].copy_from_slice(&w.to_be_bytes());
+    b[20..24].copy_from_slice(&h.to_be_bytes());
+    let crc = crc32(&b[12..29]);
+    b[29..33].copy_from_slice(&crc.to_be_bytes());
+    b
+}
+
+/// A lossy WebP whose VP8 frame header claims `w × h` (14 bits each).
+fn webp_claiming(w: u16, h: u16) -> Vec<u8> {
+    let mut vp8 = vec![0x50, 0x05, 0x00, 0x9d, 0x01, 0x2a]; // a key frame, its start code
+    vp8.extend_from_slice(&w.to_le_bytes());
+    vp8.extend_from_slice(&h.to_le_bytes());
+    vp8.resize(64, 0);
+    let mut b = b"RIFF".to_vec();
+    b.extend_from_slice(&(4 + 8 + vp8.len() as u32).to_le_bytes());
+    b.extend_from_slice(b"WEBPVP8 ");
+    b.extend_from_slice(&(vp8.len() as u32).to_le_bytes());
+    b.extend_from_slice(&vp8);
+    b
+}
+
+/// A PCM WAV header claiming `channels` at `rate` Hz and a data chunk of `data_len` bytes,
+/// followed by a little data.
+fn wav_claiming(channels: u16, rate: u32, data_len: u32) -> Vec<u8> {
+    let bits = 16u16;
+    let align = channels.saturating_mul(bits / 8);
+    let mut b = b"RIFF".to_vec();
+    b.extend_from_slice(&u32::MAX.to_le_bytes());
+    b.extend_from_slice(b"WAVEfmt ");
+    b.extend_from_slice(&16u32.to_le_bytes());
+    b.extend_from_slice(&1u16.to_le_bytes()); // PCM
+    b.extend_from_slice(&channels.to_le_bytes());
+    b.extend_from_slice(&rate.to_le_bytes());
+    b.extend_from_slice(&rate.wrapping_mul(u32::from(align)).to_le_bytes());
+    b.extend_from_slice(&align.to_le_bytes());
+    b.extend_from_slice(&bits.to_le_bytes());
+    b.extend_from_slice(b"data");
+    b.extend_from_slice(&data_len.to_le_bytes());
+    b.extend_from_slice(&[0u8; 4096]);
+    b
+}
+
+/// A real FLAC stream (a second of a tone) whose STREAMINFO claims `total` samples, or a
+/// sample rate of `rate` Hz when given.
+fn flac_claiming(rate: Option<u32>, total: u64) -> Vec<u8> {
+    use flacenc::component::BitRepr;
+    use flacenc::error::Verify;
+    let samples: Vec<i32> = (0..16_000).map(|i| ((i % 64) * 200) - 6400).collect();
+    let config = flacenc::config::Encoder::default().into_verified().unwrap();
+    let source = flacenc::source::MemSource::from_samples(&samples, 1, 16, 16_000);
+    let stream = flacenc::encode_with_fixed_block_size(&config, source, config.block_size).unwrap();
+    let mut sink = flacenc::bitsink::ByteSink::new();
+    stream.write(&mut sink).unwrap();
+    let mut b = sink.as_slice().to_vec();
+    assert_eq!(&b[..4], b"fLaC");
+    // STREAMINFO's bytes 10..18 (file bytes 18..26): 20 bits rate, 3 channels - 1, 5 bits per
+    // sample - 1, 36 bits total samples.
+    let mut packed = u64::from_be_bytes(b[18..26].try_into().unwrap());
+    packed = (packed & !((1u64 << 36) - 1)) | (total & ((1 << 36) - 1));
+    if let Some(rate) = rate {
+        packed = (packed & ((1u64 << 44) - 1)) | (u64::from(rate) << 44);
+    }
+    b[18..26].copy_from_slice(&packed.to_be_bytes());
+    b
+}
+
+/// Runs `recipe` over `files` in a pipeline that skips and counts failures; returns the items
+/// delivered and each failure's cause.
+fn run(recipe: Recipe, files: Vec<PathBuf>) -> (usize, Vec<(String, String)>) {
+    let failures: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let seen = Arc::clone(&failures);
+    let mut p = Pipeline::builder()
+        .source(files)
+        .describe(|p: &PathBuf| p.display().to_string())
+        .pipe(
+            "decode",
+            move |p: PathBuf| recipe.load(&p),
+            Workers::fixed(2),
+        )
+        .on_failure(move |e| {
+            let too_large = e
+                .cause()
+                .downcast_ref::<MediaError>()
+                .map(|m| matches!(m, MediaError::TooLarge { .. }))
+                .unwrap_or(false);
+            let kind = if too_large { "too large" } else { "other" };
+            seen.lock()
+                .unwrap()
+                .push((e.item().to_owned(), format!("{kind}: {}", e.cause())));
+        })
+        .build()
+        .unwrap();
+    let delivered = p.iter().map(Result::unwrap).count();
+    drop(p);
+    let f = failures.lock().unwrap().clone();
+    (delivered, f)
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+#[test]
+fn headers_that_lie_about_sizes_are_typed_errors_before_any_large_allocation() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bombs");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let before = peak_rss();
+
+    let good = encoded(image::ImageFormat::Jpeg);
+    let images = vec![
+        write(&dir, "good.jpg", &good),
+        write(&dir, "huge.jpg", &jpeg_claiming(65_500, 65_500)),
+        write(&dir, "wide.jpg", &jpeg_claiming(65_500, 4_096)),
+        write(&dir, "huge.png", &png_claiming(1 << 20, 1 << 20)),
+        write(&dir, "huge.webp", &webp_claiming(16_383, 16_383)),
+        write(&dir, "good.png", &encoded(image::ImageFormat::Png)),
+    ];
+    let recipe = Recipe::image(ImageRecipe {
+        resize: 32,
+        crop: 32,
+        ..ImageRecipe::default()
+    })
+    .unwrap();
+    let (delivered, failures) = run(recipe, images);
+    assert_eq!(delivered, 2, "the good files: {failures:?}");
+    assert_eq!(failures.len(), 4, "{failures:?}");
+    for (item, cause) in &failures {
+        assert!(cause.starts_with("too large"), "{item}: {cause}");
+        assert!(
+            cause.contains("pixels") && cause.contains(item.as_str()),
+            "{cause}"
+        );
+    }
+
+    let audio = vec![
+        write(
+            &dir,
+            "rate.wav",
+            &wav_claiming(1, 4_000_000_000, u32::MAX - 64),
+        ),
+        write(
+            &dir,
+            "channels.wav",
+            &wav_claiming(1000, 16_000, u32::MAX - 64),
+        ),
+        write(&dir, "long.wav", &wav_claiming(1, 8_000, u32::MAX - 64)),
+        write(&dir, "long.flac", &flac_claiming(None, (1 << 36) - 1)),
+        write(&dir, "rate.flac", &flac_claiming(Some(1_048_575), 16_000)),
+    ];
+    let recipe = Recipe::audio(AudioRecipe::with_seconds(16_000, 1.0).unwrap()).unwrap();
+    let (delivered, failures) = run(recipe, audio);
+    assert_eq!(delivered, 0);
+    assert_eq!(failures.len(), 5, "{failures:?}");
+    for (item, cause) in &failures {
+        // The rates, channel counts and lengths are past the limits; a decoder that refuses
+        // the header first (symphonia caps WAV channels) is a typed decode error: either way
+        // nothing was sized by the claim.
+        assert!(cause.contains(item.as_str()), "{item}: {cause}");
+    }
+    for name in ["rate.wav", "long.wav", "long.flac"] {
+        let (_, cause) = failures.iter().find(|(i, _)| i.ends_with(name)).unwrap();
+        assert!(cause.starts_with("too large"), "{name}: {cause}");
+    }
+
+    let grown = peak_rss().saturating_sub(before);
+    assert!(
+        grown < 256 << 20,
+        "peak RSS grew by {} MiB decoding the bombs",
+        grown >> 20
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn limits_are_configurable_and_name_what_was_declared() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("limits");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let jpg = write(&dir, "small.jpg", &encoded(image::ImageFormat::Jpeg));
+    let tight = ImageRecipe {
+        resize: 32,
+        crop: 32,
+        limits: flowgate::media::Limits {
+            max_pixels: 64 * 48 - 1,
+            ..Default::default()
+        },
+        ..ImageRecipe::default()
+    };
+    match tight.load(&jpg) {
+        Err(MediaError::TooLarge {
+            path,
+            what,
+            value,
+            limit,
+        }) => {
+            assert_eq!(
+                (path, what, value, limit),
+                (jpg.clone(), "pixels", 3072, 3071)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let fits = ImageRecipe {
+        limits: flowgate::media::Limits {
+            max_pixels: 64 * 48,
+            ..Default::default()
+        },
+        ..tight
+    };
+    assert_eq!(fits.load(&jpg).unwrap().shape(), [3, 32, 32]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
