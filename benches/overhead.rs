@@ -65,11 +65,13 @@ fn handoff(c: &mut Criterion) {
                         let n = tx
                             .budget()
                             .acquire(std::iter::repeat_n(8u64, want))
-                            .unwrap();
+                            .unwrap()
+                            .items;
                         let items = (next..next + n as u64)
                             .map(|x| Envelope {
                                 seq: x,
                                 bytes: 8,
+                                reserved: 0,
                                 item: x,
                                 origin: Default::default(),
                             })

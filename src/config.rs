@@ -74,6 +74,9 @@ pub(crate) struct Config {
     pub(crate) io_threads: usize,
     pub(crate) sink_items: Option<usize>,
     pub(crate) sink_bytes: u64,
+    /// The bytes everything the pipeline holds may take (see
+    /// [`PipelineBuilder::memory_budget`](crate::PipelineBuilder::memory_budget)).
+    pub(crate) memory_bytes: Option<u64>,
 }
 
 impl Default for Config {
@@ -88,6 +91,7 @@ impl Default for Config {
             io_threads: 1,
             sink_items: None,
             sink_bytes: u64::MAX,
+            memory_bytes: None,
         }
     }
 }

@@ -116,7 +116,10 @@ impl<T: Send + 'static> StageControl for AggregateStage<T> {
 struct Batcher<T> {
     s: Arc<Shared<T>>,
     buf: Vec<T>,
+    /// The buffered items' own bytes (the batch's size).
     buf_bytes: u64,
+    /// What the buffered items were charged on admission (their own bytes and any reserve).
+    buf_charged: u64,
     buf_origin: crate::origin::Gather,
     run: Run<Vec<T>>,
     counters: WorkerCounters,
@@ -130,6 +133,7 @@ impl<T: Send + 'static> Batcher<T> {
             s,
             buf,
             buf_bytes: 0,
+            buf_charged: 0,
             buf_origin: Default::default(),
             run: Run::default(),
             counters: WorkerCounters::default(),
@@ -178,6 +182,7 @@ impl<T: Send + 'static> Batcher<T> {
         for env in chunk {
             self.buf.push(env.item);
             self.buf_bytes += env.bytes;
+            self.buf_charged += env.bytes + env.reserved;
             self.buf_origin.add(&env.origin);
             if self.buf.len() == self.s.size {
                 self.seal();
@@ -191,16 +196,18 @@ impl<T: Send + 'static> Batcher<T> {
         let n = self.buf.len();
         let batch = std::mem::replace(&mut self.buf, Vec::with_capacity(self.s.size));
         let bytes = std::mem::take(&mut self.buf_bytes);
+        let charged = std::mem::take(&mut self.buf_charged);
         self.run.out.push(Envelope {
             seq: 0,
             bytes,
+            reserved: 0,
             item: batch,
             origin: self.buf_origin.take(),
         });
         self.run.marks.push(Mark {
             end: self.run.out.len(),
             items: n,
-            bytes,
+            bytes: charged,
         });
         self.counters.c.items_out += 1;
     }
@@ -226,7 +233,8 @@ impl<T: Send + 'static> Batcher<T> {
                 self.s
                     .input
                     .budget()
-                    .release(n, std::mem::take(&mut self.buf_bytes));
+                    .release(n, std::mem::take(&mut self.buf_charged));
+                self.buf_bytes = 0;
             } else {
                 self.seal();
                 self.send()?;

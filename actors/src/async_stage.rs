@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::channel::{Channel, Envelope};
-use crate::emit::{flush_async, Done, Order, Reorder, Run};
+use crate::emit::{flush_async, Done, Order, OutputLedger, Reorder, Run};
 use crate::error::{BoxError, Panicked, PipelineError};
 use crate::metrics::{nanos, WorkerCounters};
 use crate::op::{Describe, Sizer};
@@ -65,6 +65,7 @@ struct Completed<U> {
     seq: u64,
     origin: crate::origin::Origin,
     in_bytes: u64,
+    reserved: u64,
     started: Instant,
     desc: Option<String>,
     result: Result<U, BoxError>,
@@ -124,6 +125,8 @@ impl<T: Send + 'static, U: Send + 'static> AsyncStage<T, U> {
             stopping: AtomicBool::new(false),
             out_seq: AtomicU64::new(0),
         });
+        // Admission reserves for this stage's outputs (see the channel module's docs).
+        shared.input.budget().reserve_outputs();
         let (tx, rx) = mpsc::unbounded_channel();
         let driver = runtime.spawn(drive(Arc::clone(&shared), tx));
         let emitter = runtime.spawn(emit(Arc::clone(&shared), rx));
@@ -203,6 +206,7 @@ async fn drive<T: Send + 'static, U: Send + 'static>(
         let Envelope {
             seq,
             bytes,
+            reserved,
             item,
             origin,
         } = env;
@@ -225,6 +229,7 @@ async fn drive<T: Send + 'static, U: Send + 'static>(
                 seq,
                 origin,
                 in_bytes: bytes,
+                reserved,
                 started,
                 desc,
                 result,
@@ -274,12 +279,15 @@ async fn emit<T: Send + 'static, U: Send + 'static>(
     let mut counters = WorkerCounters::default();
     let mut window = Reorder::default();
     let mut run = Run::default();
+    let mut ledger = OutputLedger::default();
     while let Some(first) = rx.recv().await {
         let mut next = Some(first);
         while let Some(c) = next {
-            accept(&s, c, &mut counters, &mut window, &mut run);
+            accept(&s, c, &mut counters, &mut window, &mut run, &mut ledger);
             next = rx.try_recv().ok();
         }
+        // Outputs are charged before the marks that release them.
+        ledger.apply(s.input.budget());
         if s.order == Order::Input {
             window.drain_ready(&mut run);
         }
@@ -303,6 +311,7 @@ fn accept<T, U>(
     counters: &mut WorkerCounters,
     window: &mut Reorder<U>,
     run: &mut Run<U>,
+    ledger: &mut OutputLedger,
 ) {
     let now = Instant::now();
     let dt = nanos(c.started, now);
@@ -316,6 +325,7 @@ fn accept<T, U>(
             vec![Envelope {
                 seq: 0,
                 bytes: (s.sizer)(&u),
+                reserved: 0,
                 item: u,
                 origin: c.origin,
             }]
@@ -326,17 +336,13 @@ fn accept<T, U>(
             Vec::new()
         }
     };
+    let out_bytes = outputs.iter().map(|e| e.bytes).sum();
+    let in_bytes = ledger.record(c.in_bytes, c.reserved, out_bytes);
     match s.order {
         Order::Completion => {
             run.out.extend(outputs);
-            run.complete_input(c.in_bytes);
+            run.complete_input(in_bytes);
         }
-        Order::Input => window.insert(
-            c.seq,
-            Done {
-                in_bytes: c.in_bytes,
-                outputs,
-            },
-        ),
+        Order::Input => window.insert(c.seq, Done { in_bytes, outputs }),
     }
 }

@@ -15,6 +15,18 @@
 //!   queued, in a worker's hands, or finished and waiting for room downstream. Memory in flight is
 //!   the sum of the budgets, and with a stalled consumer the number of items pulled from the
 //!   source is exactly the sum of the item budgets.
+//! - **Outputs are charged too.** A stage that makes outputs ([`Budget::reserve_outputs`]: pool
+//!   and async stages) keeps a *reserve*: the bytes one input item's outputs take, learnt from
+//!   the outputs it has made (the largest recent item's, decaying slowly). Admission charges
+//!   every item its own bytes plus the reserve ([`Admission::reserved`], recorded in the item's
+//!   [`Envelope::reserved`]), so the budget is checked before the outputs exist; when the outputs
+//!   are made the stage trues the charge up to their real size ([`Budget::adjust`]), and when the
+//!   item leaves, its own bytes and its outputs' are released together. Until the stage has made
+//!   its first output it admits only `floor` items, so even the first chunk cannot overdraw.
+//!   The invariant: **every byte an item or its outputs own is charged to exactly one budget
+//!   from admission until it leaves the pipeline** (briefly to two, while outputs enter the next
+//!   channel before their input is released: an over-count, never an under-count), up to the
+//!   reserve's estimation error for one run of outputs per worker.
 //! - An item that is larger than the whole byte budget is admitted when the stage holds fewer
 //!   than `floor` items (1 by default), so the pipeline cannot wedge on one big item. An
 //!   aggregating stage sets `floor` to its batch size for the same reason.
@@ -38,8 +50,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub struct Envelope<T> {
     /// Position in the producing stage's output stream (consecutive in input order).
     pub seq: u64,
-    /// Bytes charged to the budget for this item.
+    /// The item's own bytes (what its sizer measured).
     pub bytes: u64,
+    /// Bytes charged on top of `bytes` when it was admitted: the consuming stage's reserve
+    /// for its outputs (see the module docs). Set by the sender from [`Admission::reserved`].
+    pub reserved: u64,
     /// The item itself.
     pub item: T,
     /// The source items it carries (see [`crate::origin`]).
@@ -48,6 +63,16 @@ pub struct Envelope<T> {
 
 /// A batch of items sent in one channel operation.
 pub type Chunk<T> = Vec<Envelope<T>>;
+
+/// What [`Budget::acquire`] admitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Admission {
+    /// How many items (a prefix of those asked for).
+    pub items: usize,
+    /// Bytes charged per item on top of its own: the consuming stage's reserve for its
+    /// outputs. The sender records it in each admitted [`Envelope::reserved`].
+    pub reserved: u64,
+}
 
 /// The channel was closed: the pipeline is shutting down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -82,7 +107,15 @@ struct State {
     floor_items: usize,
     epoch: u64,
     finished: bool,
+    /// Whether the consumer reserves for its outputs, and whether it has learnt how much.
+    reserving: bool,
+    reserve_known: bool,
+    /// Bytes charged per admitted item for its outputs.
+    reserve: u64,
 }
+
+/// The reserve loses this fraction (one over it) per run when outputs shrink.
+const RESERVE_DECAY: u64 = 8;
 
 /// The bound, end-of-epoch and shutdown state of a channel (independent of the item type).
 #[derive(Debug)]
@@ -107,6 +140,9 @@ impl Budget {
                 floor_items: 1,
                 epoch: 0,
                 finished: false,
+                reserving: false,
+                reserve_known: false,
+                reserve: 0,
             }),
             closed: AtomicBool::new(false),
             space: Event::new(),
@@ -155,31 +191,36 @@ impl Budget {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// Admits the longest prefix of `sizes` that fits; returns its length (0 if none fits).
-    fn try_admit(&self, sizes: impl Iterator<Item = u64>) -> usize {
+    /// Admits the longest prefix of `sizes` that fits, each charged its size plus the reserve.
+    fn try_admit(&self, sizes: impl Iterator<Item = u64>) -> Admission {
         let mut s = self.state.lock();
+        let reserved = s.reserve;
+        // Until the consumer knows what its outputs take, only the floor is admitted.
+        let cold = s.reserving && !s.reserve_known;
         let mut n = 0;
         let mut bytes = 0u64;
         for size in sizes {
             let items = s.used_items + n;
-            if items >= s.cap_items {
+            if items >= s.cap_items || (cold && items >= s.floor_items) {
                 break;
             }
-            let fits = s.used_bytes + bytes + size <= s.cap_bytes || items < s.floor_items;
+            let charge = size.saturating_add(reserved);
+            let fits = s.used_bytes + bytes + charge <= s.cap_bytes || items < s.floor_items;
             if !fits {
                 break;
             }
             n += 1;
-            bytes += size;
+            bytes += charge;
         }
         s.used_items += n;
         s.used_bytes += bytes;
-        n
+        Admission { items: n, reserved }
     }
 
     /// Blocks until at least one of the items whose sizes are `sizes` (a non-empty, restartable
-    /// iterator) fits, admits the longest prefix that fits, and returns its length.
-    pub fn acquire<I>(&self, sizes: I) -> Result<usize, Closed>
+    /// iterator) fits, admits the longest prefix that fits, and says how many and what was
+    /// reserved for each.
+    pub fn acquire<I>(&self, sizes: I) -> Result<Admission, Closed>
     where
         I: Iterator<Item = u64> + Clone,
     {
@@ -187,24 +228,24 @@ impl Budget {
             if self.is_closed() {
                 return Err(Closed);
             }
-            let n = self.try_admit(sizes.clone());
-            if n > 0 {
-                return Ok(n);
+            let a = self.try_admit(sizes.clone());
+            if a.items > 0 {
+                return Ok(a);
             }
             let listener = self.space.listen();
             if self.is_closed() {
                 return Err(Closed);
             }
-            let n = self.try_admit(sizes.clone());
-            if n > 0 {
-                return Ok(n);
+            let a = self.try_admit(sizes.clone());
+            if a.items > 0 {
+                return Ok(a);
             }
             listener.wait();
         }
     }
 
     /// The async form of [`acquire`](Self::acquire).
-    pub async fn acquire_async<I>(&self, sizes: I) -> Result<usize, Closed>
+    pub async fn acquire_async<I>(&self, sizes: I) -> Result<Admission, Closed>
     where
         I: Iterator<Item = u64> + Clone,
     {
@@ -212,19 +253,54 @@ impl Budget {
             if self.is_closed() {
                 return Err(Closed);
             }
-            let n = self.try_admit(sizes.clone());
-            if n > 0 {
-                return Ok(n);
+            let a = self.try_admit(sizes.clone());
+            if a.items > 0 {
+                return Ok(a);
             }
             let listener = self.space.listen();
             if self.is_closed() {
                 return Err(Closed);
             }
-            let n = self.try_admit(sizes.clone());
-            if n > 0 {
-                return Ok(n);
+            let a = self.try_admit(sizes.clone());
+            if a.items > 0 {
+                return Ok(a);
             }
             listener.await;
+        }
+    }
+
+    /// Makes admission reserve bytes for the consumer's outputs (see the module docs); the
+    /// consumer then reports what its outputs take with [`learn_reserve`](Self::learn_reserve).
+    pub fn reserve_outputs(&self) {
+        self.state.lock().reserving = true;
+    }
+
+    /// Tells admission that one input's outputs took up to `bytes` in the run just made: the
+    /// reserve becomes the larger of that and the old reserve decayed by an eighth (so a lasting
+    /// drop in output sizes lowers it within a few runs, and a spike raises it at once).
+    pub fn learn_reserve(&self, bytes: u64) {
+        let wake = {
+            let mut s = self.state.lock();
+            if !s.reserving {
+                return;
+            }
+            let was_cold = !s.reserve_known;
+            s.reserve = bytes.max(s.reserve - s.reserve / RESERVE_DECAY);
+            s.reserve_known = true;
+            was_cold
+        };
+        if wake {
+            self.space.notify(usize::MAX);
+        }
+    }
+
+    /// Trues up items already admitted: charges `delta` more bytes (outputs larger than
+    /// reserved, a source's items larger than estimated), or releases `-delta`.
+    pub fn adjust(&self, delta: i64) {
+        match delta {
+            d if d > 0 => self.charge(d as u64),
+            d if d < 0 => self.release(0, d.unsigned_abs()),
+            _ => {}
         }
     }
 
@@ -340,9 +416,14 @@ impl<T> Channel<T> {
         self.rx.is_empty()
     }
 
-    /// Acquires room for a prefix of `items` and returns its length; see [`Budget::acquire`].
-    pub fn acquire_for(&self, items: &[Envelope<T>]) -> Result<usize, Closed> {
-        self.budget.acquire(items.iter().map(|e| e.bytes))
+    /// Acquires room for a prefix of `items`, records what was reserved in each admitted
+    /// envelope, and returns the prefix's length; see [`Budget::acquire`].
+    pub fn acquire_for(&self, items: &mut [Envelope<T>]) -> Result<usize, Closed> {
+        let a = self.budget.acquire(items.iter().map(|e| e.bytes))?;
+        for e in &mut items[..a.items] {
+            e.reserved = a.reserved;
+        }
+        Ok(a.items)
     }
 }
 
@@ -357,6 +438,7 @@ mod tests {
         Envelope {
             seq,
             bytes,
+            reserved: 0,
             item: seq,
             origin: Default::default(),
         }
@@ -365,14 +447,14 @@ mod tests {
     #[test]
     fn admits_the_prefix_that_fits_items_and_bytes() {
         let ch = Channel::<u64>::new(3, 100);
-        let items: Vec<_> = (0..5).map(|i| env(i, 40)).collect();
+        let mut items: Vec<_> = (0..5).map(|i| env(i, 40)).collect();
         assert_eq!(
-            ch.acquire_for(&items).unwrap(),
+            ch.acquire_for(&mut items).unwrap(),
             2,
             "80 bytes fit, 120 do not"
         );
         ch.budget().release(1, 40);
-        assert_eq!(ch.acquire_for(&items[..1]).unwrap(), 1);
+        assert_eq!(ch.acquire_for(&mut items[..1]).unwrap(), 1);
         let st = ch.budget().status();
         assert_eq!((st.used_items, st.used_bytes), (2, 80));
     }
@@ -380,10 +462,10 @@ mod tests {
     #[test]
     fn an_oversized_item_is_admitted_alone() {
         let b = Budget::new(10, 10);
-        assert_eq!(b.acquire([1000u64, 1].into_iter()).unwrap(), 1);
+        assert_eq!(b.acquire([1000u64, 1].into_iter()).unwrap().items, 1);
         b.set_floor(3);
         assert_eq!(
-            b.acquire([1000u64, 1000, 5].into_iter()).unwrap(),
+            b.acquire([1000u64, 1000, 5].into_iter()).unwrap().items,
             2,
             "floor of 3 items"
         );
@@ -393,19 +475,57 @@ mod tests {
     #[test]
     fn a_blocked_producer_wakes_on_release_and_on_resize() {
         let b = Arc::new(Budget::new(1, u64::MAX));
-        assert_eq!(b.acquire([1u64].into_iter()).unwrap(), 1);
+        assert_eq!(b.acquire([1u64].into_iter()).unwrap().items, 1);
         let b2 = Arc::clone(&b);
         let t = thread::spawn(move || b2.acquire([1u64, 1].into_iter()));
         thread::sleep(Duration::from_millis(20));
         assert!(!t.is_finished());
         b.set_limits(3, u64::MAX);
-        assert_eq!(t.join().unwrap().unwrap(), 2);
+        assert_eq!(t.join().unwrap().unwrap().items, 2);
 
         let b2 = Arc::clone(&b);
         let t = thread::spawn(move || b2.acquire([1u64].into_iter()));
         thread::sleep(Duration::from_millis(20));
         b.release(1, 1);
-        assert_eq!(t.join().unwrap().unwrap(), 1);
+        assert_eq!(t.join().unwrap().unwrap().items, 1);
+    }
+
+    #[test]
+    fn admission_reserves_for_outputs_and_is_trued_up() {
+        let b = Budget::new(100, 1000);
+        b.reserve_outputs();
+        let a = b.acquire([10u64, 10, 10].into_iter()).unwrap();
+        assert_eq!(
+            a,
+            Admission {
+                items: 1,
+                reserved: 0
+            },
+            "cold: the floor only"
+        );
+        // The first input's outputs took 300 bytes: true it up, learn the reserve.
+        b.adjust(300);
+        b.learn_reserve(300);
+        let a = b.acquire([10u64, 10, 10].into_iter()).unwrap();
+        assert_eq!(
+            a,
+            Admission {
+                items: 2,
+                reserved: 300
+            },
+            "310 + 620 of 1000"
+        );
+        assert_eq!(b.status().used_bytes, 310 + 620);
+        // Smaller outputs than reserved give the difference back.
+        b.adjust(-200);
+        b.release(1, 10 + 300);
+        assert_eq!(b.status().used_bytes, 310 + 620 - 200 - 310);
+        b.learn_reserve(100);
+        assert_eq!(
+            b.state.lock().reserve,
+            300 - 300 / RESERVE_DECAY,
+            "decays, not drops"
+        );
     }
 
     #[test]

@@ -117,7 +117,7 @@ pub fn flush<U>(
             break;
         }
         let t0 = Instant::now();
-        let n = output.acquire_for(&run.out)?;
+        let n = output.acquire_for(&mut run.out)?;
         waited += nanos(t0, Instant::now());
         let chunk = run.take_chunk(n);
         output.send(chunk);
@@ -145,7 +145,11 @@ pub async fn flush_async<U>(
         // Sizes are copied out so the future does not borrow the outputs across the await
         // (which would require them to be `Sync`).
         let sizes: Vec<u64> = run.out.iter().map(|e| e.bytes).collect();
-        let n = output.budget().acquire_async(sizes.into_iter()).await?;
+        let a = output.budget().acquire_async(sizes.into_iter()).await?;
+        let n = a.items;
+        for e in &mut run.out[..n] {
+            e.reserved = a.reserved;
+        }
         waited += nanos(t0, Instant::now());
         let chunk = run.take_chunk(n);
         output.send(chunk);
@@ -155,10 +159,41 @@ pub async fn flush_async<U>(
     Ok(waited)
 }
 
+/// A worker's pending corrections to its input budget: outputs made since the last emit,
+/// against what was reserved for them at admission (see the channel module's docs).
+#[derive(Debug, Default)]
+pub struct OutputLedger {
+    /// Bytes to charge (positive) or give back (negative).
+    adjust: i64,
+    /// The largest outputs one input made since the last emit.
+    largest: Option<u64>,
+}
+
+impl OutputLedger {
+    /// Records that an input admitted as `input_bytes` own bytes plus `reserved` made outputs
+    /// of `out_bytes`; returns the bytes its mark releases (its own and its outputs').
+    #[inline]
+    pub fn record(&mut self, input_bytes: u64, reserved: u64, out_bytes: u64) -> u64 {
+        self.adjust += out_bytes as i64 - reserved as i64;
+        // A failed or filtered input teaches too (that outputs may be small): otherwise a
+        // stage whose first inputs fail would stay cold, admitting one item at a time.
+        self.largest = Some(self.largest.map_or(out_bytes, |l| l.max(out_bytes)));
+        input_bytes + out_bytes
+    }
+
+    /// Applies the corrections to `input` (before any mark recorded since is released).
+    pub fn apply(&mut self, input: &Budget) {
+        input.adjust(std::mem::take(&mut self.adjust));
+        if let Some(l) = self.largest.take() {
+            input.learn_reserve(l);
+        }
+    }
+}
+
 /// The result of one input item, waiting in a [`Reorder`] window.
 #[derive(Debug)]
 pub struct Done<U> {
-    /// The input's bytes, released when the item is emitted.
+    /// The bytes released when the item is emitted: its own and its outputs'.
     pub in_bytes: u64,
     /// The item's outputs (none if it failed or was filtered out).
     pub outputs: Vec<Envelope<U>>,
@@ -221,6 +256,7 @@ mod tests {
         Envelope {
             seq: 0,
             bytes: 1,
+            reserved: 0,
             item: v,
             origin: Default::default(),
         }

@@ -39,7 +39,7 @@ use parking_lot::Mutex;
 
 use crate::cap;
 use crate::channel::{Channel, Closed, Envelope};
-use crate::emit::{flush, Done, Order, Reorder, Run};
+use crate::emit::{flush, Done, Order, OutputLedger, Reorder, Run};
 use crate::error::PipelineError;
 use crate::metrics::{nanos, WorkerCounters};
 use crate::op::{call_caught, Describe, Op, Sizer};
@@ -163,6 +163,8 @@ impl<T: Send + 'static, U: Send + 'static> PoolStage<T, U> {
             out_seq: AtomicU64::new(0),
             in_order: Mutex::new(InOrder::default()),
         });
+        // Admission reserves for this stage's outputs (see the channel module's docs).
+        shared.input.budget().reserve_outputs();
         let stage = Arc::new(Self {
             shared,
             threads: Mutex::new(Threads {
@@ -274,6 +276,10 @@ struct WorkerLoop<T, U> {
     counters: WorkerCounters,
     /// Results not yet sent (completion order) or being emitted (input order).
     run: Run<U>,
+    /// Output bytes made since the last emit, against what their inputs reserved.
+    ledger: OutputLedger,
+    /// The current item's output sizes (reused).
+    sizes: Vec<u64>,
     /// Results not yet deposited in the reorder window (input order).
     pending: Vec<(u64, Done<U>)>,
     /// Outputs of the current item.
@@ -291,6 +297,8 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
             counters: WorkerCounters::default(),
             run: Run::default(),
             pending: Vec::new(),
+            ledger: OutputLedger::default(),
+            sizes: Vec::new(),
             scratch: Vec::new(),
             last: Instant::now(),
         }
@@ -351,7 +359,8 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
     fn process(&mut self, env: Envelope<T>) {
         let Envelope {
             seq,
-            bytes: in_bytes,
+            bytes: own_bytes,
+            reserved,
             item,
             origin,
         } = env;
@@ -373,9 +382,16 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
         let sizer = &self.s.sizer;
         let n = self.scratch.len();
         let mut whole = Some(origin);
+        // Sizes first (into a reused buffer): the input's mark releases its outputs' bytes too.
+        self.sizes.clear();
+        self.sizes.extend(self.scratch.iter().map(|o| sizer(o)));
+        let out_bytes: u64 = self.sizes.iter().sum();
+        let in_bytes = self.ledger.record(own_bytes, reserved, out_bytes);
+        let sizes = &self.sizes;
         let outputs = self.scratch.drain(..).enumerate().map(|(k, o)| Envelope {
             seq: 0,
-            bytes: sizer(&o),
+            bytes: sizes[k],
+            reserved: 0,
             item: o,
             origin: match n {
                 1 => whole.take().unwrap_or_default(),
@@ -398,6 +414,8 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
     /// Sends (or deposits, in input order) the results gathered so far.
     fn emit(&mut self) -> Result<(), Closed> {
         let s = &*self.s;
+        // Outputs are charged before any mark that releases them (both orders).
+        self.ledger.apply(s.input.budget());
         if self.local.is_empty() {
             // End of a run: publish the counters before the results, so that statistics taken
             // once the consumer has every result are exact (a lock and a few adds per run).

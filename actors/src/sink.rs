@@ -131,7 +131,7 @@ impl<T: Send + 'static> SinkReader<T> {
     }
 
     fn deliver(&mut self, e: Envelope<T>) -> Next<T> {
-        self.ch.budget().release(1, e.bytes);
+        self.ch.budget().release(1, e.bytes + e.reserved);
         self.stats.delivered.fetch_add(1, Ordering::Relaxed);
         self.ledger.record(&e.origin);
         Next::Item(e.item)

@@ -3,8 +3,9 @@
 //!
 //! The source acquires item permits for a chunk *before* pulling, so with a stalled pipeline it
 //! never holds an item it cannot place: the items pulled are exactly what the budgets allow.
-//! Byte sizes are only known after pulling, so they are charged after the chunk is pulled; a
-//! byte budget can be exceeded by at most one source chunk. A chunk is sent when it is full or
+//! Byte sizes are only known after pulling, so a chunk's permits are acquired at an estimate
+//! (the largest recent item's size) and trued up to the real sizes once pulled: a byte budget
+//! can be exceeded only by what one chunk's items exceed the estimate by. A chunk is sent when it is full or
 //! when [`SourceSpec::linger`] passed since its first item, so a slow iterator still feeds the
 //! pipeline item by item. A panicking iterator is fatal (its state is unknown afterwards).
 
@@ -19,7 +20,7 @@ use futures::{FutureExt, Stream, StreamExt};
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
 
-use crate::channel::{Channel, Envelope};
+use crate::channel::{Admission, Channel, Envelope};
 use crate::error::{ItemError, Panicked, PipelineError};
 use crate::metrics::{nanos, WorkerCounters};
 use crate::op::Sizer;
@@ -59,6 +60,9 @@ impl<T> std::fmt::Debug for SourceSpec<T> {
 struct Shared<T> {
     spec: SourceSpec<T>,
     seq: AtomicU64,
+    /// The bytes a not-yet-pulled item is admitted at: the largest recent item's, decaying
+    /// by an eighth per chunk (sizes are only known after pulling; each chunk is trued up).
+    item_bytes: AtomicU64,
     /// Items of an epoch already delivered before a checkpoint: skipped when resuming.
     skip: Mutex<Option<(u64, RangeSet)>>,
 }
@@ -108,6 +112,7 @@ impl<T: Send + 'static> SourceStage<T> {
         let shared = Arc::new(Shared {
             spec,
             seq: AtomicU64::new(0),
+            item_bytes: AtomicU64::new(0),
             skip: Mutex::new(None),
         });
         let s = Arc::clone(&shared);
@@ -151,6 +156,7 @@ impl<T: Send + 'static> SourceStage<T> {
         let shared = Arc::new(Shared {
             spec,
             seq: AtomicU64::new(0),
+            item_bytes: AtomicU64::new(0),
             skip: Mutex::new(None),
         });
         let s = Arc::clone(&shared);
@@ -213,6 +219,7 @@ impl<T: Send + 'static> Shared<T> {
         Envelope {
             seq: 0,
             bytes: (self.spec.sizer)(&item),
+            reserved: 0,
             item,
             origin: Origin::source(index),
         }
@@ -232,21 +239,41 @@ impl<T: Send + 'static> Shared<T> {
         }
     }
 
-    /// Numbers, charges and sends a pulled chunk, returning unused permits.
-    fn ship(&self, mut chunk: Vec<Envelope<T>>, permits: usize, c: &mut WorkerCounters) {
+    /// The bytes to admit a not-yet-pulled item at: the largest recent item's size.
+    fn estimate(&self) -> u64 {
+        self.item_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Numbers, trues up and sends a pulled chunk, returning unused permits. `admitted` is
+    /// what the permits were acquired as (each at [`estimate`](Self::estimate) bytes).
+    fn ship(
+        &self,
+        mut chunk: Vec<Envelope<T>>,
+        admitted: Admission,
+        estimate: u64,
+        c: &mut WorkerCounters,
+    ) {
         let n = chunk.len();
+        let permits = admitted.items;
         let budget = self.spec.output.budget();
-        budget.release(permits - n, 0);
+        let per_permit = estimate + admitted.reserved;
+        budget.release(permits - n, (permits - n) as u64 * per_permit);
         if n == 0 {
             return;
         }
         let base = self.seq.fetch_add(n as u64, Ordering::Relaxed);
-        let mut bytes = 0;
+        let (mut bytes, mut largest) = (0u64, 0u64);
         for (i, e) in chunk.iter_mut().enumerate() {
             e.seq = base + i as u64;
+            e.reserved = admitted.reserved;
             bytes += e.bytes;
+            largest = largest.max(e.bytes);
         }
-        budget.charge(bytes);
+        // Each was admitted at the estimate; charge what they really are.
+        budget.adjust(bytes as i64 - (n as u64 * estimate) as i64);
+        let est = self.item_bytes.load(Ordering::Relaxed);
+        self.item_bytes
+            .store(largest.max(est - est / 8), Ordering::Relaxed);
         self.spec.core.ledger.count_source_items(n as u64);
         c.c.items_out += n as u64;
         c.c.items_in += n as u64;
@@ -262,9 +289,11 @@ impl<T: Send + 'static> Shared<T> {
         let mut exhausted = false;
         while !exhausted {
             let t0 = Instant::now();
-            let Ok(permits) = budget.acquire(std::iter::repeat_n(0u64, chunk_max)) else {
+            let estimate = self.estimate();
+            let Ok(admitted) = budget.acquire(std::iter::repeat_n(estimate, chunk_max)) else {
                 return false;
             };
+            let permits = admitted.items;
             let start = Instant::now();
             c.c.put_wait_ns += nanos(t0, start);
             let mut chunk = Vec::with_capacity(permits);
@@ -280,7 +309,7 @@ impl<T: Send + 'static> Shared<T> {
                         break;
                     }
                     Err(p) => {
-                        budget.release(permits, 0);
+                        budget.release(permits, permits as u64 * (estimate + admitted.reserved));
                         self.fatal(&Panicked::from_payload(&*p));
                         return false;
                     }
@@ -291,7 +320,7 @@ impl<T: Send + 'static> Shared<T> {
             }
             let now = Instant::now();
             c.c.busy_ns += nanos(start, now);
-            self.ship(chunk, permits, &mut c);
+            self.ship(chunk, admitted, estimate, &mut c);
             c.maybe_flush(&self.spec.core.metrics, now);
         }
         c.flush(&self.spec.core.metrics, Instant::now());
@@ -311,12 +340,14 @@ impl<T: Send + 'static> Shared<T> {
         let mut index = self.indexer(epoch);
         loop {
             let t0 = Instant::now();
-            let Ok(permits) = budget
-                .acquire_async(std::iter::repeat_n(0u64, chunk_max))
+            let estimate = self.estimate();
+            let Ok(admitted) = budget
+                .acquire_async(std::iter::repeat_n(estimate, chunk_max))
                 .await
             else {
                 return false;
             };
+            let permits = admitted.items;
             c.c.put_wait_ns += nanos(t0, Instant::now());
             let mut chunk = Vec::with_capacity(permits);
             // Wait for one item, then take only what is ready: no added latency.
@@ -342,7 +373,7 @@ impl<T: Send + 'static> Shared<T> {
                     None => break,
                 }
             }
-            self.ship(chunk, permits, &mut c);
+            self.ship(chunk, admitted, estimate, &mut c);
             c.maybe_flush(&self.spec.core.metrics, Instant::now());
             if exhausted {
                 break;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use actix::Actor;
 use flowgate_actors::actor::ControlPlane;
 use flowgate_actors::cache::WithCache;
-use flowgate_actors::channel::Channel;
+use flowgate_actors::channel::{Budget, Channel};
 use flowgate_actors::error::PipelineError;
 use flowgate_actors::failure::{FailureBudget, Failures};
 use flowgate_actors::sink::SinkReader;
@@ -18,7 +18,7 @@ use flowgate_tuner::StageKind;
 
 use super::plan::{Autotune, BuildCtx, Plan};
 use crate::config::Config;
-use crate::engine::Engine;
+use crate::engine::{Engine, HasBudget};
 use crate::pipeline::Pipeline;
 use crate::stats::PipelineStats;
 
@@ -72,6 +72,10 @@ pub(crate) fn assemble<T: Send + 'static>(
         )
     };
     let source = source(&ctx, core("source", StageKind::Source, None, true))?;
+    // Each stage's input budget, and whether its bytes were set by the user.
+    let mut byte_budgets: Vec<(String, Arc<dyn HasBudget>, Option<u64>)> = Vec::new();
+    // Bytes the attached caches start with: the buffers share what they leave.
+    let mut caches = 0u64;
     engine.add_stage(Arc::clone(&source).as_control());
     engine.set_source(source);
     for s in stages {
@@ -83,6 +87,10 @@ pub(crate) fn assemble<T: Send + 'static>(
         s.input
             .budget()
             .set_limits(items, s.opts.budget_bytes.unwrap_or(u64::MAX));
+        byte_budgets.push((s.name.clone(), Arc::clone(&s.input), s.opts.budget_bytes));
+        if let Some(cache) = &s.opts.cache {
+            caches += cache.0.cache_stats().capacity_bytes;
+        }
         let c = core(&s.name, s.kind, s.opts.failures, s.workers.pinned)
             .with_budget_pinned(s.opts.budget_items.is_some() || s.opts.budget_bytes.is_some());
         let mut control = (s.spawn)(&ctx, c, s.workers.n)?;
@@ -94,13 +102,23 @@ pub(crate) fn assemble<T: Send + 'static>(
     let sink_chunk = cfg.chunk_at(tail_scale);
     let sink_items = cfg.sink_items.unwrap_or(2 * sink_chunk);
     tail.budget().set_limits(sink_items, cfg.sink_bytes);
+    let memory = cfg.memory_bytes.map(|m| {
+        let tuner = autotune.as_ref().and_then(|a| a.settings.memory_bytes);
+        tuner.map_or(m, |t| t.min(m))
+    });
+    let memory = memory.or_else(|| autotune.as_ref().map(|a| a.settings.budgets().memory_bytes));
+    if let Some(memory) = memory {
+        share_memory(memory, caches, &byte_budgets, tail.budget())?;
+    }
     let reader = SinkReader::new(tail);
     engine.add_stage(reader.control(cfg.sink_items.is_some()));
 
     let all_stages = engine.stages();
     let plane = ControlPlane::start(all_stages.clone())?;
     let trace = Arc::new(TraceLog::default());
-    if let Some(a) = autotune {
+    if let Some(mut a) = autotune {
+        // One memory budget: the tuner's guard keeps the buffers' limits within it.
+        a.settings.memory_bytes = memory;
         start_tuner(&plane, &all_stages, a, Arc::clone(&trace))?;
     }
     let epoch = Arc::new(AtomicU64::new(0));
@@ -117,6 +135,51 @@ pub(crate) fn assemble<T: Send + 'static>(
     }
     engine.set_plane(plane);
     Ok(Pipeline::from_parts(engine, reader, trace, epoch))
+}
+
+/// Gives every buffer a byte limit so that the limits add up to `memory`: stages with their
+/// own byte budget keep it (`u64::MAX`: no limit, by choice), the other buffers (and the
+/// sink's, unless set) share what they and the attached caches (`caches` bytes) leave,
+/// equally. Fails, naming them, if the stages' own budgets and the caches exceed `memory`.
+fn share_memory(
+    memory: u64,
+    caches: u64,
+    stages: &[(String, Arc<dyn HasBudget>, Option<u64>)],
+    sink: &Budget,
+) -> Result<(), PipelineError> {
+    // A byte budget of `u64::MAX` is a choice of no byte limit: that stage opts out.
+    let own = |s: &(String, Arc<dyn HasBudget>, Option<u64>)| s.2.filter(|&b| b < u64::MAX);
+    let pinned: u64 = stages
+        .iter()
+        .filter_map(own)
+        .fold(caches, u64::saturating_add);
+    if pinned > memory {
+        let names: Vec<String> = stages
+            .iter()
+            .filter(|s| own(s).is_some())
+            .map(|s| format!("`{}`", s.0))
+            .collect();
+        return Err(PipelineError::config(format!(
+            "the byte budgets of {} (and {caches} bytes of caches) add up to {pinned} bytes, more than the memory budget of {memory}",
+            names.join(", ")
+        )));
+    }
+    let sink_free = sink.status().cap_bytes == u64::MAX;
+    let free: Vec<&Budget> = stages
+        .iter()
+        .filter(|s| s.2.is_none())
+        .map(|s| s.1.budget())
+        .chain(sink_free.then_some(sink))
+        .collect();
+    if free.is_empty() {
+        return Ok(());
+    }
+    let share = ((memory - pinned) / free.len() as u64).max(1);
+    for b in free {
+        let st = b.status();
+        b.set_limits(st.cap_items, share);
+    }
+    Ok(())
 }
 
 /// Starts the tuner actor on the control thread, over every stage but the source (which has

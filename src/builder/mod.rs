@@ -426,6 +426,22 @@ impl<T: Send + 'static> PipelineBuilder<T> {
         self
     }
 
+    /// The bytes everything the pipeline holds may take: items queued, in work, finished and
+    /// waiting for room downstream, their outputs, and results waiting for the consumer.
+    /// Every buffer gets a byte limit so that the limits add up to `bytes` (stages with a
+    /// byte [`budget`](Self::budget) of their own keep it, and one of `u64::MAX` opts that
+    /// stage out; the rest share what remains equally), and the tuner keeps the limits within
+    /// it. Building fails if the stages' own byte budgets add up to more.
+    ///
+    /// Default: the tuner's [`memory_bytes`](TunerSettings::memory_bytes) (half of the
+    /// available memory unless set) when the tuner is on; no limit when it is off. The one
+    /// exception to the limit: a buffer admits an item larger than its whole byte limit when
+    /// it holds nothing else, so one huge item cannot wedge the pipeline.
+    pub fn memory_budget(mut self, bytes: u64) -> Self {
+        self.c.cfg.memory_bytes = Some(bytes.max(1));
+        self
+    }
+
     /// How many finished results may wait for the consumer (default: two chunks).
     pub fn sink(mut self, buffer: usize) -> Self {
         self.c.cfg.sink_items = Some(buffer.max(1));

@@ -1,6 +1,13 @@
 //! The guard every decision passes through before it is applied, in the simulator and in the
 //! tuner actor alike: pinned knobs are never touched, workers stay within `1..=max_workers`,
 //! and the buffers' committed bytes never exceed the memory budget.
+//!
+//! Two sums are kept within the budget. The *commitment* (what the buffers would hold if every
+//! item budget filled with items of the size seen so far) bounds how far item budgets grow.
+//! The *limits*: when every buffer has a byte limit (the engine gives every buffer one when the
+//! pipeline has a memory budget, and charges every byte a stage holds against it), none is
+//! raised past what the other buffers' limits leave, so the limits — a hard bound, whatever
+//! the items' sizes turn out to be — add up to at most the budget.
 
 use crate::observation::{Action, Decision, Observation};
 
@@ -25,6 +32,9 @@ pub fn enforce(decisions: Vec<Decision>, obs: &Observation) -> Vec<Decision> {
     let budget = obs.budgets.map_or(u64::MAX, |b| b.memory_bytes);
     // Bytes the buffers (and caches) may hold if every budget fills, per stage.
     let mut committed: Vec<u64> = obs.stages.iter().map(stage_commitment).collect();
+    // The byte limits, per stage, when every buffer has one (a pipeline with a memory budget).
+    let mut limits: Vec<u64> = obs.stages.iter().map(|s| s.budget_bytes).collect();
+    let bounded = limits.iter().all(|&l| l < u64::MAX);
     let mut out = Vec::with_capacity(decisions.len());
     for mut d in decisions {
         match &mut d.action {
@@ -61,6 +71,16 @@ pub fn enforce(decisions: Vec<Decision>, obs: &Observation) -> Vec<Decision> {
                 // Never below one item: a stage with no budget would stall the pipeline.
                 *items = (*items).min(room_items as usize).max(1);
                 *bytes = (*bytes).min(budget.saturating_sub(others).max(per_item));
+                if bounded {
+                    // A bounded buffer stays bounded, within what the others' limits leave.
+                    let other_limits = limits
+                        .iter()
+                        .enumerate()
+                        .filter(|&(i, _)| i != *stage)
+                        .fold(0u64, |a, (_, &l)| a.saturating_add(l));
+                    *bytes = (*bytes).min(budget.saturating_sub(other_limits).max(1));
+                    limits[*stage] = *bytes;
+                }
                 if *items == s.budget_items && *bytes == s.budget_bytes {
                     continue;
                 }
@@ -81,6 +101,19 @@ pub fn enforce(decisions: Vec<Decision>, obs: &Observation) -> Vec<Decision> {
                     .fold(0u64, |a, &b| a.saturating_add(b))
                     .saturating_sub(c.capacity_bytes);
                 *bytes = (*bytes).min(c.max_bytes).min(budget.saturating_sub(others));
+                if bounded {
+                    // Within what the buffers' limits and the other caches leave.
+                    let held = limits.iter().fold(0u64, |a, &l| a.saturating_add(l));
+                    let caches = obs
+                        .stages
+                        .iter()
+                        .enumerate()
+                        .filter(|&(i, _)| i != *stage)
+                        .filter_map(|(_, o)| o.cache.map(|c| c.capacity_bytes))
+                        .fold(0u64, u64::saturating_add);
+                    let room = budget.saturating_sub(held).saturating_sub(caches);
+                    *bytes = (*bytes).min(room);
+                }
                 if *bytes == c.capacity_bytes {
                     continue;
                 }
@@ -90,4 +123,61 @@ pub fn enforce(decisions: Vec<Decision>, obs: &Observation) -> Vec<Decision> {
         out.push(d);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observation::{Budgets, StageObservation};
+
+    fn stage(limit: u64) -> StageObservation {
+        StageObservation {
+            name: "s".into(),
+            workers: 1,
+            max_workers: 4,
+            budget_items: 8,
+            budget_bytes: limit,
+            item_bytes: 1 << 20,
+            ..StageObservation::default()
+        }
+    }
+
+    fn grow(stage: usize) -> Decision {
+        Decision {
+            action: Action::SetPrefetch {
+                stage,
+                items: 64,
+                bytes: u64::MAX,
+            },
+            reason: "grow".into(),
+        }
+    }
+
+    #[test]
+    fn bounded_buffers_keep_their_limits_within_the_budget() {
+        let obs = Observation {
+            stages: vec![stage(32 << 20), stage(32 << 20)],
+            budgets: Some(Budgets {
+                memory_bytes: 64 << 20,
+                cores: 2,
+            }),
+            ..Observation::default()
+        };
+        let out = enforce(vec![grow(0), grow(1)], &obs);
+        let limits: Vec<u64> = out
+            .iter()
+            .map(|d| match d.action {
+                Action::SetPrefetch { bytes, .. } => bytes,
+                _ => unreachable!(),
+            })
+            .collect();
+        assert!(limits.iter().all(|&l| l <= 32 << 20), "{limits:?}");
+        // Unbounded buffers (the simulator's) are bounded by the commitment alone.
+        let obs = Observation {
+            stages: vec![stage(u64::MAX), stage(u64::MAX)],
+            ..obs
+        };
+        let out = enforce(vec![grow(0)], &obs);
+        assert!(matches!(out[0].action, Action::SetPrefetch { items, .. } if items <= 64));
+    }
 }

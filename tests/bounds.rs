@@ -1,8 +1,14 @@
-//! Decompression bombs: files whose headers lie about their size (JPEG, PNG and WebP claiming
-//! huge dimensions; WAV and FLAC claiming absurd rates, channels and lengths). Each must be a
-//! typed `MediaError::TooLarge` naming the file, decided before anything the size of the claim
-//! is allocated: the pipeline goes on, and the process's peak RSS barely moves (without the
-//! limits the first of these aborts the process asking for ~12 GB).
+//! Hard bounds, measured on the process's resident memory (each test here takes the RSS lock,
+//! so they do not overlap).
+//!
+//! - The memory budget: large items behind a slow consumer, with the tuner trying to grow the
+//!   buffers: the bytes the pipeline accounts for stay within the budget, and so does the
+//!   process's peak RSS growth (plus a documented overhead).
+//! - Decompression bombs: files whose headers lie about their size (JPEG, PNG and WebP claiming
+//!   huge dimensions; WAV and FLAC claiming absurd rates, channels and lengths). Each must be a
+//!   typed `MediaError::TooLarge` naming the file, decided before anything the size of the
+//!   claim is allocated: the pipeline goes on, and the process's peak RSS barely moves (without
+//!   the limits the first of these aborts the process asking for ~12 GB).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -10,7 +16,15 @@ use std::sync::{Arc, Mutex};
 use flowgate::media::audio::AudioRecipe;
 use flowgate::media::image::ImageRecipe;
 use flowgate::media::{MediaError, Recipe};
-use flowgate::{Pipeline, Workers};
+use flowgate::{Pipeline, TunerSettings, Workers};
+
+/// Tests that measure the process's peak RSS run one at a time.
+static RSS: Mutex<()> = Mutex::new(());
+
+/// Resets the process's peak resident set to its current one (Linux: `clear_refs` 5).
+fn reset_peak_rss() {
+    std::fs::write("/proc/self/clear_refs", "5").expect("resetting VmHWM");
+}
 
 /// The process's peak resident set so far, in bytes (`VmHWM`).
 fn peak_rss() -> u64 {
@@ -167,9 +181,11 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
 
 #[test]
 fn headers_that_lie_about_sizes_are_typed_errors_before_any_large_allocation() {
+    let _one_at_a_time = RSS.lock().unwrap_or_else(|e| e.into_inner());
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bombs");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    reset_peak_rss();
     let before = peak_rss();
 
     let good = encoded(image::ImageFormat::Jpeg);
@@ -275,4 +291,99 @@ fn limits_are_configurable_and_name_what_was_declared() {
     };
     assert_eq!(fits.load(&jpg).unwrap().shape(), [3, 32, 32]);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The bytes every stage's buffer holds now, as the pipeline accounts for them.
+fn accounted<T: Send + 'static>(p: &Pipeline<T>) -> u64 {
+    p.stats().stages.iter().map(|s| s.queue_bytes).sum()
+}
+
+#[test]
+fn the_memory_budget_bounds_accounted_bytes_and_rss_with_large_items() {
+    const ITEM: usize = 4 << 20;
+    const BUDGET: u64 = 64 << 20;
+    // Allocator and thread overhead the budget does not count: a few MiB of thread stacks
+    // and arenas, plus items in transit between two budgets (an output enters the next
+    // buffer just before its input leaves) and the consumer's own item.
+    const OVERHEAD: u64 = 3 * ITEM as u64 + (24 << 20);
+    let _one_at_a_time = RSS.lock().unwrap_or_else(|e| e.into_inner());
+    // A CPU stage untuned and tuned, and an I/O stage (like an S3 fetch: 16 requests in
+    // flight, each bringing 4 MiB) tuned.
+    for (tuned, io) in [(false, false), (true, false), (true, true)] {
+        reset_peak_rss();
+        let before = peak_rss();
+        let make = |i: u64| vec![i as u8 | 1; ITEM]; // every page touched: resident
+        let b = Pipeline::builder().source_epochs(|_| 0..120u64);
+        let b = if io {
+            b.pipe_async(
+                "make",
+                move |i| async move { Ok::<_, std::io::Error>(make(i)) },
+                16,
+            )
+        } else {
+            b.pipe("make", move |i| Ok::<_, std::io::Error>(make(i)), 2)
+        };
+        let mut b = b.measure(Vec::len).memory_budget(BUDGET);
+        b = if tuned {
+            // A tuner that sees a starved-looking consumer would grow every buffer it can.
+            b.autotune(TunerSettings {
+                tick: Some(std::time::Duration::from_millis(20)),
+                ..Default::default()
+            })
+        } else {
+            b.autotune_off()
+        };
+        let mut p = b.build().unwrap();
+        let mut peak_accounted = 0;
+        let mut n = 0;
+        // One item at a time (each `iter()` continues the epoch), so the stats can be taken
+        // between items.
+        while let Some(item) = p.iter().next() {
+            let item = item.unwrap();
+            assert_eq!(item.len(), ITEM);
+            n += 1;
+            std::thread::sleep(std::time::Duration::from_millis(8)); // a slow consumer
+            drop(item);
+            if n % 4 == 0 {
+                peak_accounted = peak_accounted.max(accounted(&p));
+            }
+        }
+        assert_eq!(n, 120);
+        // Outputs enter the next buffer just before their input leaves this one: counted
+        // twice for a moment (a worker's run: up to two items here), never less than once.
+        assert!(
+            peak_accounted <= BUDGET + 2 * ITEM as u64,
+            "tuned {tuned}, io {io}: accounted {} MiB over a budget of {} MiB",
+            peak_accounted >> 20,
+            BUDGET >> 20
+        );
+        assert!(
+            peak_accounted >= BUDGET / 4,
+            "tuned {tuned}, io {io}: the budget binds (accounted {} MiB)",
+            peak_accounted >> 20
+        );
+        drop(p);
+        let grown = peak_rss().saturating_sub(before);
+        assert!(
+            grown <= BUDGET + OVERHEAD,
+            "tuned {tuned}, io {io}: peak RSS grew by {} MiB with a budget of {} MiB",
+            grown >> 20,
+            BUDGET >> 20
+        );
+    }
+}
+
+#[test]
+fn stage_budgets_that_exceed_the_memory_budget_are_refused() {
+    let e = Pipeline::builder()
+        .source_epochs(|_| 0..10u64)
+        .pipe("a", Ok::<_, std::io::Error>, 1)
+        .budget(8, 40 << 20)
+        .pipe("b", Ok::<_, std::io::Error>, 1)
+        .budget(8, 40 << 20)
+        .memory_budget(64 << 20)
+        .build()
+        .unwrap_err();
+    assert!(e.is_config(), "{e}");
+    assert!(e.to_string().contains("`a`, `b`"), "{e}");
 }
