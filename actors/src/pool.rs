@@ -278,8 +278,7 @@ struct WorkerLoop<T, U> {
     run: Run<U>,
     /// Output bytes made since the last emit, against what their inputs reserved.
     ledger: OutputLedger,
-    /// The current item's output sizes (reused).
-    sizes: Vec<u64>,
+
     /// Results not yet deposited in the reorder window (input order).
     pending: Vec<(u64, Done<U>)>,
     /// Outputs of the current item.
@@ -298,7 +297,6 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
             run: Run::default(),
             pending: Vec::new(),
             ledger: OutputLedger::default(),
-            sizes: Vec::new(),
             scratch: Vec::new(),
             last: Instant::now(),
         }
@@ -382,29 +380,31 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
         let sizer = &self.s.sizer;
         let n = self.scratch.len();
         let mut whole = Some(origin);
-        // Sizes first (into a reused buffer): the input's mark releases its outputs' bytes too.
-        self.sizes.clear();
-        self.sizes.extend(self.scratch.iter().map(|o| sizer(o)));
-        let out_bytes: u64 = self.sizes.iter().sum();
-        let in_bytes = self.ledger.record(own_bytes, reserved, out_bytes);
-        let sizes = &self.sizes;
-        let outputs = self.scratch.drain(..).enumerate().map(|(k, o)| Envelope {
-            seq: 0,
-            bytes: sizes[k],
-            reserved: 0,
-            item: o,
-            origin: match n {
-                1 => whole.take().unwrap_or_default(),
-                _ => whole.as_ref().map_or(Origin::None, |w| w.part(k, n)),
-            },
+        // The input's mark releases its outputs' bytes too: sum them as they are made.
+        let mut out_bytes = 0u64;
+        let outputs = self.scratch.drain(..).enumerate().map(|(k, o)| {
+            let bytes = sizer(&o);
+            out_bytes += bytes;
+            Envelope {
+                seq: 0,
+                bytes,
+                reserved: 0,
+                item: o,
+                origin: match n {
+                    1 => whole.take().unwrap_or_default(),
+                    _ => whole.as_ref().map_or(Origin::None, |w| w.part(k, n)),
+                },
+            }
         });
         match self.s.order {
             Order::Completion => {
                 self.run.out.extend(outputs);
+                let in_bytes = self.ledger.record(own_bytes, reserved, out_bytes);
                 self.run.complete_input(in_bytes);
             }
             Order::Input => {
                 let outputs = outputs.collect();
+                let in_bytes = self.ledger.record(own_bytes, reserved, out_bytes);
                 self.pending.push((seq, Done { in_bytes, outputs }));
             }
         }

@@ -74,7 +74,7 @@ pub(crate) fn assemble<T: Send + 'static>(
     let source = source(&ctx, core("source", StageKind::Source, None, true))?;
     // Each stage's input budget, and whether its bytes were set by the user.
     let mut byte_budgets: Vec<(String, Arc<dyn HasBudget>, Option<u64>)> = Vec::new();
-    // Bytes the attached caches start with: the buffers share what they leave.
+    // Bytes the attached caches may grow to: the buffers share what they leave.
     let mut caches = 0u64;
     engine.add_stage(Arc::clone(&source).as_control());
     engine.set_source(source);
@@ -89,7 +89,8 @@ pub(crate) fn assemble<T: Send + 'static>(
             .set_limits(items, s.opts.budget_bytes.unwrap_or(u64::MAX));
         byte_budgets.push((s.name.clone(), Arc::clone(&s.input), s.opts.budget_bytes));
         if let Some(cache) = &s.opts.cache {
-            caches += cache.0.cache_stats().capacity_bytes;
+            // Room for the cache to grow to its ceiling, which the tuner may do.
+            caches += cache.0.cache_stats().max_bytes;
         }
         let c = core(&s.name, s.kind, s.opts.failures, s.workers.pinned)
             .with_budget_pinned(s.opts.budget_items.is_some() || s.opts.budget_bytes.is_some());
