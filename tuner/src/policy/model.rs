@@ -145,6 +145,16 @@ impl Default for ModelSettings {
     }
 }
 
+/// The buffers' commitment at which memory, not the cores, is taken to limit a pipeline.
+const MEMORY_BOUND: f64 = 0.9;
+
+/// Whether the buffers would fill nearly all of the memory budget.
+fn memory_bound(obs: &Observation) -> bool {
+    obs.budgets.is_some_and(|b| {
+        crate::guard::committed_bytes(obs) as f64 >= MEMORY_BOUND * b.memory_bytes as f64
+    })
+}
+
 /// Busy time of the CPU stages over the core time of the window: above 1 the cores are
 /// oversubscribed (and wall-clock costs inflated by that factor), below 1 some sit idle.
 fn cpu_load(obs: &Observation, n: usize) -> f64 {
@@ -300,6 +310,7 @@ impl ModelBased {
         let rate = self.target_rate(obs, n);
         let h = self.s.headroom;
         let cores = obs.budgets.map_or(1, |b| b.cores).max(1);
+        let memory_bound = memory_bound(obs);
         let mut out: Vec<usize> = (0..n)
             .map(|i| {
                 let s = &obs.stages[i];
@@ -324,8 +335,15 @@ impl ModelBased {
                 // cores: headroom and staffing beyond them only oversubscribe. (Heavy-tailed
                 // work keeps them: spare workers let short items pass a long one. The boost
                 // below still adds workers when cores sit idle because workers block.)
-                if s.is_cpu() && cv < STEADY_CV {
+                let w = if s.is_cpu() && cv < STEADY_CV {
                     w.min(cores.max(cur))
+                } else {
+                    w
+                };
+                // A worker needs an item in hand: when the memory budget holds the stage's
+                // buffer down, workers beyond the items it may hold would only idle.
+                if memory_bound {
+                    w.min(s.budget_items.max(cur))
                 } else {
                     w
                 }
@@ -356,8 +374,12 @@ impl ModelBased {
     /// the pipeline needs (heavy tails: workers stuck on long items hold no core but no item
     /// moves either). The busiest CPU stage then gets up to twice its workers, in proportion
     /// to the idle cores; the trial keeps the boost only if it pays.
+    ///
+    /// Not when the buffers' commitment fills the memory budget: memory, not the cores, then
+    /// limits the pipeline (the fetches in flight are what the budget allows), and more
+    /// workers only start trials that fail.
     fn boost(&self, obs: &Observation, n: usize) -> Option<(usize, usize)> {
-        if obs.wait_fraction() <= self.s.dry {
+        if obs.wait_fraction() <= self.s.dry || memory_bound(obs) {
             return None;
         }
         let util = cpu_load(obs, n).min(1.0);
