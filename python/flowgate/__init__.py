@@ -113,7 +113,9 @@ class ImageLoader(_Loader):
     (default: the ``RANK``/``WORLD_SIZE`` environment variables): this rank's shard.
     ``drop_last``: equal shards and no partial last batch. ``workers``: pin the decode
     concurrency (default: the tuner decides). ``skip_errors``: skip and count unreadable
-    files (default) instead of raising :class:`LoaderError`.
+    files (default) instead of raising :class:`LoaderError`. ``memory_mb``: the most the
+    loader may hold — files in work, decoded items, batches waiting — in MiB (default: half
+    the available memory); :meth:`stats` shows what each stage holds against it.
 
     ``train``: torchvision's ``RandomResizedCrop(crop, scale, ratio)`` (bilinear) and
     ``RandomHorizontalFlip`` instead of resize + center crop (``resize`` unused), drawn anew
@@ -150,6 +152,7 @@ class ImageLoader(_Loader):
         skip_errors: bool = True,
         labels: Labels = None,
         return_paths: bool = False,
+        memory_mb: Optional[float] = None,
     ) -> None:
         if normalize is True:
             normalize = (IMAGENET_MEAN, IMAGENET_STD)
@@ -185,6 +188,7 @@ class AudioLoader(_Loader):
         skip_errors: bool = True,
         labels: Labels = None,
         return_paths: bool = False,
+        memory_mb: Optional[float] = None,
     ) -> None:
         self._native = _native.audio_loader(_paths(paths), _options(locals()), rate, seconds,
                                             train, return_lengths)
@@ -226,6 +230,7 @@ class VideoLoader(_Loader):
         skip_errors: bool = True,
         labels: Labels = None,
         return_paths: bool = False,
+        memory_mb: Optional[float] = None,
     ) -> None:
         if not hasattr(_native, "video_loader"):
             raise RuntimeError(
@@ -281,7 +286,7 @@ def _paths(paths: PathsLike) -> Any:
 
 
 _OPTIONS = ("batch_size", "shuffle", "seed", "rank", "world_size", "drop_last", "workers",
-            "skip_errors", "return_paths")
+            "skip_errors", "return_paths", "memory_mb")
 
 
 def _options(args: Dict[str, Any]) -> Any:

@@ -52,7 +52,8 @@ class Options:
     def __init__(self, batch_size: int = ..., shuffle: bool = ..., seed: int = ...,
                  rank: Optional[int] = ..., world_size: Optional[int] = ...,
                  drop_last: bool = ..., workers: Optional[int] = ..., skip_errors: bool = ...,
-                 labels: Any = ..., return_paths: bool = ...) -> None: ...
+                 labels: Any = ..., return_paths: bool = ...,
+                 memory_mb: Optional[float] = ...) -> None: ...
 
 def image_loader(paths: Any, options: Options, resize: int = ..., crop: int = ...,
                  layout: str = ..., train: bool = ..., scale: Tuple[float, float] = ...,

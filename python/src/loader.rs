@@ -221,6 +221,9 @@ fn collate(items: Vec<(Vec<Tensor>, usize)>) -> Result<Loaded, CollateError> {
 }
 
 impl Loader {
+    // The loader's arguments, one each (Options holds them; passing it would tie this file to
+    // the loaders' constructors).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         files: Files,
         extras: Extras,
@@ -229,6 +232,7 @@ impl Loader {
         drop_last: bool,
         workers: Option<usize>,
         skip_errors: bool,
+        memory_bytes: Option<u64>,
     ) -> PyResult<Self> {
         if batch_size == 0 {
             return Err(PyValueError::new_err("batch_size must be at least 1"));
@@ -248,7 +252,7 @@ impl Loader {
             let decode = Arc::clone(&decode);
             let seen = Arc::clone(&seen);
             let (named, read) = (Arc::clone(&all), Arc::clone(&all));
-            Pipeline::builder()
+            let b = Pipeline::builder()
                 .source_epochs(move |e| files.epoch_indices(e).into_iter().map(move |i| (i, e)))
                 .describe(move |&(i, _): &(usize, u64)| named[i].display().to_string())
                 .pipe(
@@ -271,8 +275,11 @@ impl Loader {
                         f.remove(0);
                     }
                     f.push((e.stage().to_owned(), e.item().to_owned(), e.to_string()));
-                })
-                .build()
+                });
+            match memory_bytes {
+                Some(m) => b.memory_budget(m).build(),
+                None => b.build(),
+            }
         });
         Ok(Self {
             core: Mutex::new(Core {
@@ -367,9 +374,17 @@ impl Loader {
             x.set_item("items_in", st.items_in)?;
             x.set_item("items_out", st.items_out)?;
             x.set_item("items_per_s", st.items_per_s)?;
+            // What the stage holds now, as the memory budget counts it, and its limit.
+            x.set_item("bytes", st.queue_bytes)?;
+            x.set_item("budget_bytes", st.budget_bytes)?;
             stages.set_item(&st.name, x)?;
         }
         d.set_item("stages", stages)?;
+        // Everything the loader holds now, as the memory budget counts it.
+        d.set_item(
+            "bytes",
+            s.stages.iter().map(|st| st.queue_bytes).sum::<u64>(),
+        )?;
         Ok(d)
     }
 

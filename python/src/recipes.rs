@@ -27,13 +27,15 @@ pub(crate) struct Options {
     skip_errors: bool,
     labels: Option<Py<PyAny>>,
     return_paths: bool,
+    memory_mb: Option<f64>,
 }
 
 #[pymethods]
 impl Options {
     #[new]
     #[pyo3(signature = (batch_size=32, shuffle=true, seed=0, rank=None, world_size=None,
-        drop_last=false, workers=None, skip_errors=true, labels=None, return_paths=false))]
+        drop_last=false, workers=None, skip_errors=true, labels=None, return_paths=false,
+        memory_mb=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         batch_size: usize,
@@ -46,8 +48,14 @@ impl Options {
         skip_errors: bool,
         labels: Option<Py<PyAny>>,
         return_paths: bool,
-    ) -> Self {
-        Self {
+        memory_mb: Option<f64>,
+    ) -> PyResult<Self> {
+        if memory_mb.is_some_and(|m| !(m > 0.0 && m.is_finite())) {
+            return Err(PyValueError::new_err(
+                "memory_mb must be a positive number of MiB",
+            ));
+        }
+        Ok(Self {
             batch_size,
             shuffle,
             seed,
@@ -58,7 +66,8 @@ impl Options {
             skip_errors,
             labels,
             return_paths,
-        }
+            memory_mb,
+        })
     }
 }
 
@@ -90,6 +99,7 @@ impl Options {
             self.drop_last,
             self.workers,
             self.skip_errors,
+            self.memory_mb.map(|m| (m * 1048576.0) as u64),
         )
     }
 }

@@ -377,3 +377,19 @@ def test_the_python_loader_and_a_pipeline_file_give_the_same_batches(data, tmp_p
         assert got == want, f"epoch {epoch}"
         epochs.append(got)
     assert sum(epochs[0][p] != epochs[1][p] for p in paths) >= len(paths) // 2, "new per epoch"
+
+
+def test_memory_mb_bounds_what_each_stage_holds(data):
+    loader = flowgate.ImageLoader(str(data / "images.txt"), batch_size=8, crop=64, resize=64,
+                                  memory_mb=4, shuffle=False)
+    budgets = []
+    for _ in loader:
+        s = loader.stats()
+        limits = [st["budget_bytes"] for st in s["stages"].values()
+                  if st["budget_bytes"] < 2**64 - 1]
+        budgets.append(sum(limits))
+        assert s["bytes"] <= 4 * 2**20 + 2 * 8 * 3 * 64 * 64, s
+    assert budgets and all(b <= 4 * 2**20 for b in budgets), budgets
+    assert len(budgets) == 5, "40 images in batches of 8: the budget slows, never stops"
+    with pytest.raises(ValueError, match="memory_mb"):
+        flowgate.ImageLoader(str(data / "images.txt"), memory_mb=0)
