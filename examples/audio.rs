@@ -47,7 +47,7 @@ fn main() -> Result<(), PipelineError> {
             ))
         })?
         .shuffle(0)
-        .shard_from_env();
+        .shard_from_env()?;
     let recipe = AudioRecipe {
         random_crop: train,
         ..AudioRecipe::with_seconds(rate, seconds)

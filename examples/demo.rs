@@ -65,7 +65,7 @@ fn images_job(
     step_ms: u64,
     trace: Option<PathBuf>,
 ) -> Result<(), PipelineError> {
-    let files = Files::list(list)?.shuffle(0).shard_from_env();
+    let files = Files::list(list)?.shuffle(0).shard_from_env()?;
     let recipe = ImageRecipe::default();
     let n_files = files.len();
     let mut p = Pipeline::builder()

@@ -45,7 +45,7 @@ fn main() -> Result<(), PipelineError> {
             ))
         })?
         .shuffle(0)
-        .shard_from_env();
+        .shard_from_env()?;
     // ImageFolder labels: the parent folder's index among the dataset's sorted folders
     // (the whole dataset's, so every rank numbers the classes alike).
     let classes = files.folder_labels();

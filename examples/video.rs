@@ -38,7 +38,7 @@ fn main() -> Result<(), PipelineError> {
             ))
         })?
         .shuffle(0)
-        .shard_from_env();
+        .shard_from_env()?;
     let video = VideoRecipe {
         sampling: Sampling::Uniform(frames),
         ..VideoRecipe::default()

@@ -46,7 +46,7 @@ struct Weighted {
 /// use flowgate::sampler::{Sampler, ShardLengths};
 ///
 /// // Rank 1 of 4, a new order every epoch, every rank the same length.
-/// let s = Sampler::new(10).shuffle(7).shard(1, 4).shard_lengths(ShardLengths::Pad);
+/// let s = Sampler::new(10).shuffle(7).shard(1, 4)?.shard_lengths(ShardLengths::Pad);
 /// assert_eq!(s.epoch(0).len(), 3);
 /// assert_ne!(s.epoch(0), s.epoch(1));
 ///
@@ -86,19 +86,58 @@ impl Sampler {
         self
     }
 
-    /// Keeps shard `rank` of `world` (every `world`-th position of the epoch's order).
-    pub fn shard(mut self, rank: usize, world: usize) -> Self {
-        self.world = world.max(1);
-        self.rank = rank.min(self.world - 1);
-        self
+    /// Keeps shard `rank` of `world` (every `world`-th position of the epoch's order). A rank
+    /// outside `0..world` is an error: clamping it would give two ranks the same shard.
+    pub fn shard(mut self, rank: usize, world: usize) -> Result<Self, PipelineError> {
+        if world == 0 || rank >= world {
+            return Err(PipelineError::config(format!(
+                "rank {rank} of a world of {world}: the rank must be in 0..world"
+            )));
+        }
+        self.world = world;
+        self.rank = rank;
+        Ok(self)
     }
 
-    /// Shards by the `RANK` and `WORLD_SIZE` environment variables when both are set.
-    pub fn shard_from_env(self) -> Self {
-        let var = |k| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
-        match (var("RANK"), var("WORLD_SIZE")) {
-            (Some(rank), Some(world)) => self.shard(rank, world),
-            _ => self,
+    /// Shards by the `RANK` and `WORLD_SIZE` environment variables (what `torchrun` sets), or
+    /// leaves the sampler whole when neither is set. A launch that sets only one of them, a
+    /// value that is not a number, a rank outside `0..WORLD_SIZE`, or `LOCAL_RANK` without
+    /// `RANK` is an error naming the variable: any of them would silently read a shard twice.
+    pub fn shard_from_env(self) -> Result<Self, PipelineError> {
+        self.shard_from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// [`shard_from_env`](Self::shard_from_env) over variables from `get`.
+    pub(crate) fn shard_from_vars(
+        self,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, PipelineError> {
+        let num = |k: &str| -> Result<Option<usize>, PipelineError> {
+            get(k)
+                .map(|v| {
+                    v.trim().parse::<usize>().map_err(|_| {
+                        PipelineError::config(format!("{k}={v:?} is not a non-negative integer"))
+                    })
+                })
+                .transpose()
+        };
+        match (num("RANK")?, num("WORLD_SIZE")?) {
+            (Some(rank), Some(world)) => self.shard(rank, world).map_err(|_| {
+                PipelineError::config(format!(
+                    "RANK={rank} with WORLD_SIZE={world}: RANK must be in 0..WORLD_SIZE"
+                ))
+            }),
+            (Some(_), None) => Err(PipelineError::config(
+                "RANK is set but WORLD_SIZE is not: set both to shard, or neither",
+            )),
+            (None, Some(_)) => Err(PipelineError::config(
+                "WORLD_SIZE is set but RANK is not: set both to shard, or neither",
+            )),
+            (None, None) if get("LOCAL_RANK").is_some() => Err(PipelineError::config(
+                "LOCAL_RANK is set but RANK and WORLD_SIZE are not: set both to shard \
+                 (LOCAL_RANK alone cannot say which shard is this process's)",
+            )),
+            (None, None) => Ok(self),
         }
     }
 
@@ -257,6 +296,42 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    #[test]
+    fn misconfigured_launches_are_errors_not_duplicate_shards() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let s = || Sampler::new(100);
+        let ok = s()
+            .shard_from_vars(env(&[("RANK", "1"), ("WORLD_SIZE", "4")]))
+            .unwrap();
+        assert_eq!(ok.epoch(0), s().shard(1, 4).unwrap().epoch(0));
+        assert_eq!(s().shard_from_vars(env(&[])).unwrap().len(), 100);
+        for (vars, says) in [
+            (
+                &[("RANK", "4"), ("WORLD_SIZE", "4")][..],
+                "RANK=4 with WORLD_SIZE=4",
+            ),
+            (&[("RANK", "0"), ("WORLD_SIZE", "0")][..], "WORLD_SIZE=0"),
+            (&[("RANK", "1")][..], "WORLD_SIZE is not"),
+            (&[("WORLD_SIZE", "2")][..], "RANK is not"),
+            (&[("LOCAL_RANK", "0")][..], "LOCAL_RANK is set"),
+            (&[("RANK", "one"), ("WORLD_SIZE", "2")][..], "RANK=\"one\""),
+        ] {
+            let e = s().shard_from_vars(env(vars)).unwrap_err();
+            assert!(
+                e.is_config() && e.to_string().contains(says),
+                "{vars:?}: {e}"
+            );
+        }
+        assert!(s().shard(2, 2).is_err() && s().shard(0, 0).is_err());
+    }
+
     fn sorted(mut v: Vec<usize>) -> Vec<usize> {
         v.sort_unstable();
         v
@@ -269,9 +344,9 @@ mod tests {
         ) {
             let base = Sampler::new(len).shuffle(seed);
             let shards: Vec<Vec<usize>> =
-                (0..world).map(|r| base.clone().shard(r, world).epoch(epoch)).collect();
+                (0..world).map(|r| base.clone().shard(r, world).unwrap().epoch(epoch)).collect();
             for (r, s) in shards.iter().enumerate() {
-                prop_assert_eq!(s.len(), base.clone().shard(r, world).len());
+                prop_assert_eq!(s.len(), base.clone().shard(r, world).unwrap().len());
             }
             let union = sorted(shards.concat());
             prop_assert_eq!(union, (0..len).collect::<Vec<_>>(), "disjoint and complete");
@@ -283,7 +358,7 @@ mod tests {
         ) {
             let base = Sampler::new(len).shuffle(seed);
             let pad: Vec<Vec<usize>> = (0..world)
-                .map(|r| base.clone().shard(r, world).shard_lengths(ShardLengths::Pad).epoch(2))
+                .map(|r| base.clone().shard(r, world).unwrap().shard_lengths(ShardLengths::Pad).epoch(2))
                 .collect();
             let want = len.div_ceil(world);
             prop_assert!(pad.iter().all(|s| s.len() == want));
@@ -293,7 +368,7 @@ mod tests {
             prop_assert_eq!(all.len() - len, want * world - len, "only the padding repeats");
 
             let drop: Vec<Vec<usize>> = (0..world)
-                .map(|r| base.clone().shard(r, world).shard_lengths(ShardLengths::Drop).epoch(2))
+                .map(|r| base.clone().shard(r, world).unwrap().shard_lengths(ShardLengths::Drop).epoch(2))
                 .collect();
             prop_assert!(drop.iter().all(|s| s.len() == len / world));
             let all = sorted(drop.concat());
@@ -382,6 +457,7 @@ mod tests {
             .map(|r| {
                 s.clone()
                     .shard(r, 4)
+                    .unwrap()
                     .shard_lengths(ShardLengths::Drop)
                     .epoch(0)
             })

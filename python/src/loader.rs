@@ -192,8 +192,12 @@ pub(crate) fn files_of(
     };
     let mut files = if shuffle { files.shuffle(seed) } else { files };
     files = match (rank, world_size) {
-        (Some(r), Some(w)) => files.shard(r, w),
-        (None, None) => files.shard_from_env(),
+        (Some(r), Some(w)) => files
+            .shard(r, w)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?,
+        (None, None) => files
+            .shard_from_env()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?,
         _ => {
             return Err(PyValueError::new_err(
                 "give both rank and world_size, or neither",

@@ -14,7 +14,7 @@ use crate::PipelineError;
 ///
 /// let files = Files::dir("/data/train", &["jpg", "jpeg"])?  // or Files::list(..), Files::new(..)
 ///     .shuffle(42)                                          // a new order every epoch
-///     .shard_from_env();                                    // RANK / WORLD_SIZE, if set
+///     .shard_from_env()?;                                   // RANK / WORLD_SIZE, if set
 /// let epoch0: Vec<_> = files.epoch(0);
 /// # Ok::<(), flowgate::PipelineError>(())
 /// ```
@@ -84,14 +84,16 @@ impl Files {
     }
 
     /// Keeps shard `rank` of `world`: every `world`-th file of each epoch's order starting at
-    /// `rank`, so shards are disjoint and together cover the epoch.
-    pub fn shard(self, rank: usize, world: usize) -> Self {
-        self.map_sampler(|s| s.shard(rank, world))
+    /// `rank`, so shards are disjoint and together cover the epoch. A rank outside `0..world`
+    /// is an error (see [`Sampler::shard`]).
+    pub fn shard(self, rank: usize, world: usize) -> Result<Self, PipelineError> {
+        self.try_map_sampler(|s| s.shard(rank, world))
     }
 
-    /// Shards by the `RANK` and `WORLD_SIZE` environment variables when both are set.
-    pub fn shard_from_env(self) -> Self {
-        self.map_sampler(Sampler::shard_from_env)
+    /// Shards by the `RANK` and `WORLD_SIZE` environment variables, or not at all when neither
+    /// is set; a misconfigured launch is an error (see [`Sampler::shard_from_env`]).
+    pub fn shard_from_env(self) -> Result<Self, PipelineError> {
+        self.try_map_sampler(Sampler::shard_from_env)
     }
 
     /// Makes every shard the same length by dropping or repeating; see [`ShardLengths`].
@@ -114,6 +116,14 @@ impl Files {
     fn map_sampler(mut self, f: impl FnOnce(Sampler) -> Sampler) -> Self {
         self.sampler = f(self.sampler);
         self
+    }
+
+    fn try_map_sampler(
+        mut self,
+        f: impl FnOnce(Sampler) -> Result<Sampler, PipelineError>,
+    ) -> Result<Self, PipelineError> {
+        self.sampler = f(self.sampler)?;
+        Ok(self)
     }
 
     /// Number of files in the whole dataset.
@@ -218,7 +228,7 @@ mod tests {
         expected.sort();
         assert_eq!(sorted, expected, "a permutation");
         let mut union: Vec<PathBuf> = (0..4)
-            .flat_map(|r| f.clone().shard(r, 4).epoch(3))
+            .flat_map(|r| f.clone().shard(r, 4).unwrap().epoch(3))
             .collect();
         assert_eq!(union.len(), 103, "disjoint");
         union.sort();
@@ -233,7 +243,7 @@ mod tests {
     #[test]
     fn folder_labels_number_the_sorted_folders_of_the_whole_dataset() {
         let paths = ["d/zebra/1.jpg", "d/cat/2.jpg", "d/dog/3.jpg", "d/cat/4.jpg"];
-        let files = Files::new(paths).shuffle(3).shard(1, 2);
+        let files = Files::new(paths).shuffle(3).shard(1, 2).unwrap();
         let labels = files.folder_labels();
         assert_eq!(labels.classes(), ["cat", "dog", "zebra"]);
         assert_eq!(labels.len(), 3);
@@ -244,7 +254,11 @@ mod tests {
         );
         assert_eq!(of("d/cow/5.jpg"), None, "a folder the dataset lacks");
         // Every rank numbers the same way, whatever its shard holds.
-        let other = Files::new(paths).shuffle(3).shard(0, 2).folder_labels();
+        let other = Files::new(paths)
+            .shuffle(3)
+            .shard(0, 2)
+            .unwrap()
+            .folder_labels();
         assert_eq!(other.classes(), labels.classes());
         // Indices name the same files as paths.
         for e in 0..3 {
