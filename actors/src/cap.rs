@@ -1,18 +1,20 @@
 //! The process-wide cap on active CPU workers.
 //!
 //! Every pool stage always keeps one worker (a stage with none would stall its pipeline); each
-//! worker beyond the first needs a token from this cap. The cap defaults to the number of cores,
-//! so however many pipelines and stages a process runs, the extra workers never oversubscribe the
-//! machine. Tokens are returned when a stage shrinks or shuts down.
+//! worker beyond the first needs a token from this cap. The cap defaults to the process's cores
+//! (its share of the node's when `LOCAL_WORLD_SIZE` ranks share it), so however many pipelines
+//! and stages a process runs, and however many ranks a node runs, the extra workers never
+//! oversubscribe the machine. Tokens are returned when a stage shrinks or shuts down.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 static CAP: AtomicUsize = AtomicUsize::new(0);
 static IN_USE: AtomicUsize = AtomicUsize::new(0);
 
-/// The number of cores this process may use.
+/// The number of cores this process may use: the machine's, divided among the
+/// `LOCAL_WORLD_SIZE` ranks of a node.
 pub fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    flowgate_tuner::process_cores()
 }
 
 /// The cap on extra (beyond one per stage) active CPU workers in this process.

@@ -23,7 +23,10 @@ mod welch;
 
 pub use guard::enforce;
 pub use histogram::{Histogram, LatencySummary};
-pub use observation::{Action, Budgets, Decision, Observation, Policy, StageObservation};
+pub use observation::{
+    local_ranks, machine_cores, node_share, process_cores, Action, Budgets, Decision, Observation,
+    Policy, StageObservation,
+};
 pub use rng::Rng;
 pub use stats::{CacheStats, StageKind, StageStats};
 pub use welch::p_greater;

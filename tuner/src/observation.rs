@@ -72,6 +72,10 @@ pub struct Budgets {
 impl Budgets {
     /// Half of the memory available now (from `/proc/meminfo`; 4 GiB if unknown) and the
     /// number of cores.
+    ///
+    /// On a node shared by `LOCAL_WORLD_SIZE` ranks (`torchrun`), each rank gets its share of
+    /// the cores and of the memory budget, so ranks sizing themselves independently never
+    /// oversubscribe the node together.
     pub fn detect() -> Self {
         let available = std::fs::read_to_string("/proc/meminfo")
             .ok()
@@ -81,11 +85,40 @@ impl Budgets {
                     .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             })
             .map_or(8 << 30, |kb| kb * 1024);
+        let ranks = local_ranks(std::env::var("LOCAL_WORLD_SIZE").ok().as_deref());
         Self {
-            memory_bytes: available / 2,
-            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            memory_bytes: available / 2 / ranks as u64,
+            cores: node_share(machine_cores(), ranks),
         }
     }
+}
+
+/// The cores this machine offers the process (its affinity mask or quota).
+pub fn machine_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// How many processes share this node: `LOCAL_WORLD_SIZE` (what `torchrun` sets for the ranks
+/// on one node), 1 when it is absent or not a positive number.
+pub fn local_ranks(local_world_size: Option<&str>) -> usize {
+    local_world_size
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(1)
+}
+
+/// One rank's share of `cores` when `ranks` processes share the node (at least one): so that
+/// ranks sizing themselves independently never oversubscribe the node together.
+pub fn node_share(cores: usize, ranks: usize) -> usize {
+    (cores / ranks.max(1)).max(1)
+}
+
+/// The cores this process may use: its share of the node's (see [`Budgets::detect`]).
+pub fn process_cores() -> usize {
+    node_share(
+        machine_cores(),
+        local_ranks(std::env::var("LOCAL_WORLD_SIZE").ok().as_deref()),
+    )
 }
 
 /// Everything a policy sees at one tick.
@@ -193,5 +226,23 @@ impl<P: Policy + ?Sized> Policy for Box<P> {
     }
     fn decide(&mut self, obs: &Observation) -> Vec<Decision> {
         (**self).decide(obs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_on_one_node_share_its_cores() {
+        assert_eq!(local_ranks(None), 1);
+        assert_eq!(local_ranks(Some("8")), 8);
+        assert_eq!(local_ranks(Some("0")), 1);
+        assert_eq!(local_ranks(Some("x")), 1);
+        assert_eq!(node_share(32, 8), 4);
+        assert_eq!(node_share(2, 2), 1);
+        assert_eq!(node_share(2, 4), 1, "at least one each");
+        // Eight ranks sizing for their share never ask for more than the node has.
+        assert!(8 * node_share(32, 8) <= 32);
     }
 }
