@@ -77,6 +77,8 @@ pub(crate) struct Config {
     /// The bytes everything the pipeline holds may take (see
     /// [`PipelineBuilder::memory_budget`](crate::PipelineBuilder::memory_budget)).
     pub(crate) memory_bytes: Option<u64>,
+    /// What checkpoints of this pipeline are valid for.
+    pub(crate) fingerprint: crate::checkpoint::Fingerprint,
 }
 
 impl Default for Config {
@@ -92,6 +94,7 @@ impl Default for Config {
             sink_items: None,
             sink_bytes: u64::MAX,
             memory_bytes: None,
+            fingerprint: Default::default(),
         }
     }
 }

@@ -16,7 +16,7 @@ use flowgate_actors::sink::{Next, SinkReader};
 use flowgate_actors::tuner::{TraceLog, TraceRecord};
 use futures::Stream;
 
-use crate::checkpoint::PipelineState;
+use crate::checkpoint::{Fingerprint, PipelineState, STATE_VERSION};
 use crate::control::{ControlHandle, StopHandle};
 use crate::engine::Engine;
 use crate::stats::PipelineStats;
@@ -47,6 +47,8 @@ pub struct Pipeline<T = ()> {
     trace: Arc<TraceLog>,
     /// The epoch being iterated or the next to start (shared with the stats callback).
     epoch: Arc<AtomicU64>,
+    /// What this pipeline's checkpoints are valid for.
+    fingerprint: Fingerprint,
     running: bool,
     finished: bool,
     /// Declared last, so dropped last: hands the freed buffers back to the system.
@@ -92,12 +94,14 @@ impl<T: Send + 'static> Pipeline<T> {
         reader: SinkReader<T>,
         trace: Arc<TraceLog>,
         epoch: Arc<AtomicU64>,
+        fingerprint: Fingerprint,
     ) -> Self {
         Self {
             engine,
             reader,
             trace,
             epoch,
+            fingerprint,
             running: false,
             finished: false,
             _trim: TrimOnDrop,
@@ -175,6 +179,8 @@ impl<T: Send + 'static> Pipeline<T> {
             delivered: ledger.done.ranges().collect(),
             delivered_items: ledger.done.len(),
             partial,
+            version: STATE_VERSION,
+            fingerprint: self.fingerprint.clone(),
         }
     }
 
@@ -194,6 +200,7 @@ impl<T: Send + 'static> Pipeline<T> {
                 "resume: the pipeline is in the middle of an epoch; resume before iterating",
             ));
         }
+        state.check_fits(&self.fingerprint)?;
         let Some(source) = self.engine.source() else {
             return Err(PipelineError::config("resume: the pipeline has no source"));
         };
@@ -216,6 +223,17 @@ impl<T: Send + 'static> Pipeline<T> {
             "resuming"
         );
         Ok(())
+    }
+
+    /// Makes the next [`iter`](Self::iter) run `epoch` in full (skipping the epochs before it):
+    /// a resume with nothing delivered, for a pipeline rebuilt to continue at a given epoch.
+    pub fn start_at_epoch(&mut self, epoch: u64) -> Result<(), PipelineError> {
+        self.resume(&PipelineState {
+            epoch,
+            version: STATE_VERSION,
+            fingerprint: self.fingerprint.clone(),
+            ..Default::default()
+        })
     }
 
     /// Statistics of every stage, collected through the stage actors.

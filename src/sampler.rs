@@ -141,6 +141,33 @@ impl Sampler {
         }
     }
 
+    /// The settings that decide each epoch's order, as named fields (see
+    /// [`Files::fingerprint`](crate::media::Files::fingerprint)).
+    pub fn fingerprint(&self) -> Vec<(&'static str, String)> {
+        let mut f = vec![
+            (
+                "shuffle_seed",
+                self.seed.map_or("none".into(), |s| s.to_string()),
+            ),
+            ("rank", self.rank.to_string()),
+            ("world_size", self.world.to_string()),
+            ("shard_lengths", format!("{:?}", self.lengths)),
+        ];
+        if let Some(w) = &self.weighted {
+            let hash = w.weights.iter().fold(0u64, |h, x| {
+                (h ^ x.to_bits()).wrapping_mul(0x0100_0000_01b3)
+            });
+            f.push((
+                "weights",
+                format!(
+                    "{} draws, replacement {}, {hash:016x}",
+                    w.samples, w.replacement
+                ),
+            ));
+        }
+        f
+    }
+
     /// How uneven shards are made equal (default: left uneven).
     pub fn shard_lengths(mut self, lengths: ShardLengths) -> Self {
         self.lengths = lengths;

@@ -166,7 +166,13 @@ fn state_is_small_and_names_the_next_epoch_between_epochs() {
         seed: 9,
     };
     let mut p = build(shape);
-    assert_eq!(p.state(), PipelineState::default());
+    assert_eq!(
+        p.state(),
+        PipelineState {
+            version: flowgate::STATE_VERSION,
+            ..PipelineState::default()
+        }
+    );
     take(&mut p, 20);
     let s = p.state();
     assert_eq!(s.epoch, 0);
@@ -206,6 +212,7 @@ fn a_fully_delivered_epoch_resumes_to_an_empty_epoch() {
         delivered: vec![(0, ITEMS as u64)],
         delivered_items: ITEMS as u64,
         partial: vec![],
+        ..Default::default()
     };
     let mut q = build(shape);
     q.resume(&state).unwrap();
@@ -248,4 +255,59 @@ fn split_items_are_delivered_when_every_part_is() {
     assert_eq!(first.last(), Some(&100));
     assert_eq!(second[..3], [100, 101, 102], "item 10 again, whole");
     assert_eq!(second.len(), 3 * 40);
+}
+
+#[test]
+fn a_checkpoint_loads_only_into_the_pipeline_it_fits() {
+    use flowgate::media::Files;
+    let paths: Vec<std::path::PathBuf> = (0..50).map(|i| format!("f{i}.jpg").into()).collect();
+    let build = |files: Files, batch: usize| {
+        Pipeline::builder()
+            .source_epochs({
+                let files = files.clone();
+                move |e| files.epoch(e)
+            })
+            .checkpoint_fields(files.fingerprint())
+            .checkpoint_fields([("batch_size", batch)])
+            .pipe("id", Ok::<_, std::io::Error>, 1)
+            .build()
+            .unwrap()
+    };
+    let files = || Files::new(paths.clone()).shuffle(3);
+    let mut p = build(files(), 8);
+    let _: Vec<_> = p.iter().take(10).collect();
+    let state: PipelineState = serde_json::from_str(&serde_json::to_string(&p.state()).unwrap())
+        .expect("a JSON round trip keeps the fingerprint");
+    assert_eq!(state.version, flowgate::STATE_VERSION);
+    assert_eq!(state.fingerprint["shuffle_seed"], "3");
+    drop(p);
+    // The same pipeline resumes.
+    build(files(), 8).resume(&state).unwrap();
+    // Another seed, batch size, file list or world: refused, naming the field.
+    for (mut q, field) in [
+        (
+            build(Files::new(paths.clone()).shuffle(4), 8),
+            "shuffle_seed",
+        ),
+        (build(files(), 16), "batch_size"),
+        (
+            build(Files::new(paths[1..].to_vec()).shuffle(3), 8),
+            "dataset",
+        ),
+        (build(files().shard(0, 2).unwrap(), 8), "world_size"),
+    ] {
+        let e = q.resume(&state).unwrap_err();
+        assert!(
+            e.is_config() && e.to_string().contains(field),
+            "{field}: {e}"
+        );
+    }
+    // A state from before fingerprints were recorded still loads.
+    let legacy = PipelineState {
+        epoch: 0,
+        delivered: vec![(0, 5)],
+        delivered_items: 5,
+        ..Default::default()
+    };
+    build(files(), 8).resume(&legacy).unwrap();
 }

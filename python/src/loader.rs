@@ -57,10 +57,7 @@ impl Core {
             let next = self.pipeline()?.epoch() + 1;
             self.pipeline = None;
             let p = self.pipeline()?;
-            p.resume(&PipelineState {
-                epoch: next,
-                ..Default::default()
-            })?;
+            p.start_at_epoch(next)?;
         }
         self.in_epoch = true;
         Ok(())
@@ -251,6 +248,7 @@ impl Loader {
         let seen = Arc::clone(&failures);
         let paths: Arc<[PathBuf]> = files.paths().into();
         let all = Arc::clone(&paths);
+        let fingerprint = files.fingerprint();
         let make: Make = Box::new(move || {
             let files = files.clone();
             let decode = Arc::clone(&decode);
@@ -280,6 +278,13 @@ impl Loader {
                     }
                     f.push((e.stage().to_owned(), e.item().to_owned(), e.to_string()));
                 });
+            // What a state_dict of this loader is valid for.
+            let b = b
+                .checkpoint_fields(fingerprint.iter().cloned())
+                .checkpoint_fields([
+                    ("batch_size", batch_size.to_string()),
+                    ("drop_last", drop_last.to_string()),
+                ]);
             match memory_bytes {
                 Some(m) => b.memory_budget(m).build(),
                 None => b.build(),
@@ -406,7 +411,10 @@ impl Loader {
             // An epoch left mid-way counts as done: the next iterator starts the next epoch.
             s = PipelineState {
                 epoch: s.epoch + 1,
-                ..Default::default()
+                delivered: Vec::new(),
+                delivered_items: 0,
+                partial: Vec::new(),
+                ..s
             };
         }
         let d = PyDict::new(py);
@@ -416,6 +424,8 @@ impl Loader {
             PyList::new(py, s.delivered.iter().map(|&(a, b)| (a, b)))?,
         )?;
         d.set_item("delivered_items", s.delivered_items)?;
+        d.set_item("version", s.version)?;
+        d.set_item("fingerprint", s.fingerprint.clone())?;
         d.set_item(
             "partial",
             PyList::new(py, s.partial.iter().map(|&(a, b)| (a, b)))?,
@@ -438,6 +448,14 @@ impl Loader {
             partial: match state.get_item("partial")? {
                 Some(p) => p.extract()?,
                 None => Vec::new(),
+            },
+            version: match state.get_item("version")? {
+                Some(v) => v.extract()?,
+                None => 0,
+            },
+            fingerprint: match state.get_item("fingerprint")? {
+                Some(f) => f.extract()?,
+                None => Default::default(),
             },
         };
         let core = &self.core;

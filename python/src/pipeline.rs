@@ -225,11 +225,7 @@ impl PyPipeline {
                 py.allow_threads(move || drop(cleared));
                 let mut p = self.build(py).map_err(to_py)?;
                 if let Some(epoch) = next {
-                    p.resume(&PipelineState {
-                        epoch,
-                        ..Default::default()
-                    })
-                    .map_err(to_py)?;
+                    p.start_at_epoch(epoch).map_err(to_py)?;
                 }
                 *r = Some((p, true));
             }

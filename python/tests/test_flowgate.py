@@ -400,3 +400,19 @@ def test_a_misconfigured_rank_is_an_error_not_a_duplicated_shard(data):
         flowgate.ImageLoader(str(data / "images.txt"), rank=2, world_size=2)
     with pytest.raises(ValueError, match="world of 0"):
         flowgate.ImageLoader(str(data / "images.txt"), rank=0, world_size=0)
+
+
+def test_a_state_dict_loads_only_into_a_loader_it_fits(data):
+    args = dict(batch_size=4, crop=64, resize=64, seed=3)
+    a = flowgate.ImageLoader(str(data / "images.txt"), **args)
+    it = iter(a)
+    next(it)
+    state = a.state_dict()
+    a.close()
+    assert state["fingerprint"]["shuffle_seed"] == "3" and state["version"] >= 1
+    flowgate.ImageLoader(str(data / "images.txt"), **args).load_state_dict(state)
+    for change, field in [({"seed": 4}, "shuffle_seed"), ({"batch_size": 8}, "batch_size"),
+                          ({"drop_last": True}, "drop_last")]:
+        b = flowgate.ImageLoader(str(data / "images.txt"), **{**args, **change})
+        with pytest.raises(flowgate.LoaderError, match=field):
+            b.load_state_dict(state)

@@ -135,7 +135,13 @@ pub(crate) fn assemble<T: Send + 'static>(
         });
     }
     engine.set_plane(plane);
-    Ok(Pipeline::from_parts(engine, reader, trace, epoch))
+    Ok(Pipeline::from_parts(
+        engine,
+        reader,
+        trace,
+        epoch,
+        cfg.fingerprint,
+    ))
 }
 
 /// Gives every buffer a byte limit so that the limits add up to `memory`: stages with their

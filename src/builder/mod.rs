@@ -442,6 +442,22 @@ impl<T: Send + 'static> PipelineBuilder<T> {
         self
     }
 
+    /// Names what this pipeline's checkpoints are valid for (the dataset, the seed, the
+    /// sampler, the batch size…): [`Pipeline::state`] records the fields and
+    /// [`Pipeline::resume`] refuses a state whose fields differ, naming the field. Added to
+    /// any set before; [`Files::fingerprint`](crate::media::Files::fingerprint) gives a file
+    /// list's.
+    pub fn checkpoint_fields<K: Into<String>, V: ToString>(
+        mut self,
+        fields: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        self.c
+            .cfg
+            .fingerprint
+            .extend(fields.into_iter().map(|(k, v)| (k.into(), v.to_string())));
+        self
+    }
+
     /// How many finished results may wait for the consumer (default: two chunks).
     pub fn sink(mut self, buffer: usize) -> Self {
         self.c.cfg.sink_items = Some(buffer.max(1));

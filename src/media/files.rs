@@ -126,6 +126,26 @@ impl Files {
         Ok(self)
     }
 
+    /// What a checkpoint of an epoch over these files depends on, as named fields for
+    /// [`PipelineBuilder::checkpoint_fields`](crate::PipelineBuilder::checkpoint_fields): the
+    /// dataset (a hash of every path, in order, and their number) and the sampler (seed,
+    /// rank and world size, shard lengths, weights).
+    pub fn fingerprint(&self) -> Vec<(&'static str, String)> {
+        let hash = self.paths.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, p| {
+            p.as_os_str()
+                .as_encoded_bytes()
+                .iter()
+                .chain(b"\0")
+                .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+        });
+        let mut f = vec![(
+            "dataset",
+            format!("{} files, {hash:016x}", self.paths.len()),
+        )];
+        f.extend(self.sampler.fingerprint());
+        f
+    }
+
     /// Number of files in the whole dataset.
     pub fn len(&self) -> usize {
         self.paths.len()

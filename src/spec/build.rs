@@ -158,8 +158,15 @@ impl PipelineSpec {
         let interval = Duration::from_millis(self.metrics.interval_ms.unwrap_or(500));
         let batch = self.batch.size;
         let workers = self.decode_workers();
+        let fields = [
+            ("batch_size", batch.to_string()),
+            ("drop_last", self.batch.drop_last.to_string()),
+            ("augmentation_seed", self.augmentation_seed().to_string()),
+        ];
         let finish = |b: crate::PipelineBuilder<Tensor>| {
-            let mut b = b.batch(batch, self.batch.drop_last);
+            let mut b = b
+                .batch(batch, self.batch.drop_last)
+                .checkpoint_fields(fields);
             b = if self.tuner.enabled {
                 b.autotune(self.tuner_settings())
             } else {
@@ -175,12 +182,14 @@ impl PipelineSpec {
         };
         if let Some(files) = self.local_files()? {
             let items = files.len();
+            let dataset = files.fingerprint();
             let load = decoder;
             let pipeline = finish(
                 Pipeline::builder()
                     .source_epochs(move |epoch| {
                         files.epoch(epoch).into_iter().map(move |p| (p, epoch))
                     })
+                    .checkpoint_fields(dataset)
                     .describe(|(p, _)| p.display().to_string())
                     .pipe(
                         "decode",

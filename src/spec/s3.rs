@@ -75,8 +75,10 @@ pub(super) fn build(
         crate::cache::ByteCache::new(mb(c.mb)).max_bytes(mb(c.max_mb.unwrap_or(4.0 * c.mb)))
     });
     let fetch = s3.fetcher::<PathBuf>();
+    let dataset = files.fingerprint();
     let b = Pipeline::builder()
         .source_epochs(move |epoch| files.epoch(epoch).into_iter().map(move |p| (p, epoch)))
+        .checkpoint_fields(dataset)
         .describe(|(p, _)| p.display().to_string());
     // The epoch rides along the fetch, for the decoder's per-epoch augmentation.
     let with_epoch =
