@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use flowgate::{Described, FailureBudget, Pipeline, PipelineError, PipelineState, Workers};
+use flowgate::{Described, FailureBudget, Pipeline, PipelineError, Workers};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
