@@ -39,26 +39,40 @@ struct Core {
     pipeline: Option<Pipeline<Loaded>>,
     /// Whether an epoch is being iterated (a new Python iterator then starts the next one).
     in_epoch: bool,
+    /// The epoch a rebuilt pipeline starts at: the one after an epoch abandoned by an error,
+    /// a `close()` or a `break`, so every epoch keeps its own shuffle and augmentation.
+    resume_at: u64,
     batches_per_epoch: usize,
 }
 
 impl Core {
     fn pipeline(&mut self) -> Result<&mut Pipeline<Loaded>, PipelineError> {
         if self.pipeline.is_none() {
-            self.pipeline = Some((self.make)()?);
+            let mut p = (self.make)()?;
+            if self.resume_at > 0 {
+                p.start_at_epoch(self.resume_at)?;
+            }
+            self.pipeline = Some(p);
         }
         Ok(self.pipeline.as_mut().expect("built"))
     }
 
+    /// Drops the pipeline (stopping its threads at once); the next one continues at the next
+    /// epoch not yet begun (the current one is abandoned if it was being iterated).
+    fn drop_pipeline(&mut self) {
+        if let Some(p) = self.pipeline.take() {
+            self.resume_at = p.epoch() + u64::from(self.in_epoch);
+        }
+        self.in_epoch = false;
+    }
+
     /// Starts an epoch; if the last one was left mid-way, the pipeline is rebuilt to start
-    /// the next one cleanly (dropping it stops its threads at once).
+    /// the next one cleanly.
     fn start_epoch(&mut self) -> Result<(), PipelineError> {
         if self.in_epoch {
-            let next = self.pipeline()?.epoch() + 1;
-            self.pipeline = None;
-            let p = self.pipeline()?;
-            p.start_at_epoch(next)?;
+            self.drop_pipeline();
         }
+        self.pipeline()?;
         self.in_epoch = true;
         Ok(())
     }
@@ -71,8 +85,8 @@ impl Core {
         match r {
             Some(Ok(t)) => Ok(Some(t)),
             Some(Err(e)) => {
-                self.in_epoch = false;
-                self.pipeline = None; // a failed pipeline is rebuilt for the next epoch
+                // A failed pipeline is rebuilt, at the next epoch.
+                self.drop_pipeline();
                 Err(e)
             }
             None => {
@@ -295,6 +309,7 @@ impl Loader {
                 make,
                 pipeline: None,
                 in_epoch: false,
+                resume_at: 0,
                 batches_per_epoch,
             }),
             failures,
@@ -463,6 +478,7 @@ impl Loader {
             let mut c = core.lock().expect("loader");
             c.pipeline = None;
             c.in_epoch = false;
+            c.resume_at = 0; // the state says where to start
             c.pipeline()?.resume(&s)
         })
         .map_err(to_py)
@@ -472,9 +488,7 @@ impl Loader {
     fn close(&self, py: Python<'_>) {
         let core = &self.core;
         py.allow_threads(|| {
-            let mut c = core.lock().expect("loader");
-            c.pipeline = None;
-            c.in_epoch = false;
+            core.lock().expect("loader").drop_pipeline();
         });
     }
 }

@@ -416,3 +416,36 @@ def test_a_state_dict_loads_only_into_a_loader_it_fits(data):
         b = flowgate.ImageLoader(str(data / "images.txt"), **{**args, **change})
         with pytest.raises(flowgate.LoaderError, match=field):
             b.load_state_dict(state)
+
+
+def test_epochs_continue_after_an_error_a_close_or_a_break(data, tmp_path):
+    """Each epoch keeps its own shuffle after an error, close() or break: a rebuilt loader
+    continues at the next epoch instead of repeating epoch 0."""
+    good = [str(p) for p in sorted((data / "images").glob("*.jpg"))[:12]]
+    args = dict(batch_size=4, crop=32, resize=32, seed=5, return_paths=True, workers=1)
+
+    def order(loader):
+        return [p for _, paths in loader for p in paths]
+
+    reference = flowgate.ImageLoader(good, **args)
+    epochs = [order(reference) for _ in range(4)]
+    assert epochs[0] != epochs[1]
+
+    closed = flowgate.ImageLoader(good, **args)
+    it = iter(closed)
+    next(it)
+    closed.close()  # mid-epoch 0
+    assert closed.epoch == 1
+    assert order(closed) == epochs[1]
+    it = iter(closed)
+    next(it)
+    del it  # a break: epoch 2 abandoned
+    assert order(closed) == epochs[3]
+
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"not a jpeg")
+    failing = flowgate.ImageLoader(good + [str(bad)], **{**args, "skip_errors": False,
+                                                        "shuffle": False})
+    with pytest.raises(flowgate.LoaderError):
+        order(failing)
+    assert failing.epoch == 1, "the failed epoch is over; the next is epoch 1"
