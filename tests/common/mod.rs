@@ -1,0 +1,54 @@
+//! Helpers shared by the engine's integration tests (each test file uses some of them).
+#![allow(dead_code)]
+
+use std::sync::Once;
+use std::time::Duration;
+
+/// An error a test injects into a stage.
+#[derive(Debug)]
+pub(crate) struct Injected(pub(crate) u64);
+impl std::fmt::Display for Injected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "injected failure on {}", self.0)
+    }
+}
+impl std::error::Error for Injected {}
+
+/// Keeps injected panics out of the test output, and lets every other panic through.
+pub(crate) fn quiet_injected_panics() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let msg = info
+                .payload()
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| info.payload().downcast_ref::<&str>().copied())
+                .unwrap_or("");
+            if !msg.contains("injected") {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// Runs `f` on its own thread and fails the test if it takes longer than `secs`: a lost item
+/// shows up as an epoch that never ends, and must fail the test rather than hang it.
+pub(crate) fn within<R: Send + 'static>(secs: u64, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(r) => r,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("hung for {secs} s"),
+        Err(e) => panic!("the test body panicked: {e}"),
+    }
+}
+
+pub(crate) fn mix(x: u64, salt: u64) -> u64 {
+    let mut h = x ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    h = (h ^ (h >> 31)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    h ^ (h >> 29)
+}
