@@ -20,7 +20,8 @@
 //!   the outputs it has made (the largest recent item's, decaying slowly). Admission charges
 //!   every item its own bytes plus the reserve ([`Admission::reserved`], recorded in the item's
 //!   [`Envelope::reserved`]), so the budget is checked before the outputs exist; when the outputs
-//!   are made the stage trues the charge up to their real size ([`Budget::adjust`]), and when the
+//!   are made the stage trues the charge up to their real size ([`Budget::settle_outputs`],
+//!   once per run of outputs), and when the
 //!   item leaves, its own bytes and its outputs' are released together. Until the stage has made
 //!   its first output it admits only `floor` items, so even the first chunk cannot overdraw.
 //!   The invariant: **every byte an item or its outputs own is charged to exactly one budget
@@ -270,24 +271,32 @@ impl Budget {
     }
 
     /// Makes admission reserve bytes for the consumer's outputs (see the module docs); the
-    /// consumer then reports what its outputs take with [`learn_reserve`](Self::learn_reserve).
+    /// consumer then reports what its outputs take with [`settle_outputs`](Self::settle_outputs).
     pub fn reserve_outputs(&self) {
         self.state.lock().reserving = true;
     }
 
-    /// Tells admission that one input's outputs took up to `bytes` in the run just made: the
-    /// reserve becomes the larger of that and the old reserve decayed by an eighth (so a lasting
-    /// drop in output sizes lowers it within a few runs, and a spike raises it at once).
-    pub fn learn_reserve(&self, bytes: u64) {
+    /// Settles a run of outputs in one step: trues up the items it came from by `delta` bytes
+    /// (outputs larger or smaller than reserved; see [`adjust`](Self::adjust)) and, when the
+    /// consumer reserves, learns from `largest`, the most one input's outputs took: the reserve
+    /// becomes the larger of that and the old reserve decayed by an eighth (so a lasting drop
+    /// in output sizes lowers it within a few runs, and a spike raises it at once).
+    pub fn settle_outputs(&self, delta: i64, largest: Option<u64>) {
         let wake = {
             let mut s = self.state.lock();
-            if !s.reserving {
-                return;
+            if delta >= 0 {
+                s.used_bytes += delta as u64;
+            } else {
+                debug_assert!(s.used_bytes >= delta.unsigned_abs(), "over-release");
+                s.used_bytes -= delta.unsigned_abs();
             }
-            let was_cold = !s.reserve_known;
-            s.reserve = bytes.max(s.reserve - s.reserve / RESERVE_DECAY);
-            s.reserve_known = true;
-            was_cold
+            let mut was_cold = false;
+            if let Some(bytes) = largest.filter(|_| s.reserving) {
+                was_cold = !s.reserve_known;
+                s.reserve = bytes.max(s.reserve - s.reserve / RESERVE_DECAY);
+                s.reserve_known = true;
+            }
+            delta < 0 || was_cold
         };
         if wake {
             self.space.notify(usize::MAX);
@@ -504,8 +513,7 @@ mod tests {
             "cold: the floor only"
         );
         // The first input's outputs took 300 bytes: true it up, learn the reserve.
-        b.adjust(300);
-        b.learn_reserve(300);
+        b.settle_outputs(300, Some(300));
         let a = b.acquire([10u64, 10, 10].into_iter()).unwrap();
         assert_eq!(
             a,
@@ -520,7 +528,7 @@ mod tests {
         b.adjust(-200);
         b.release(1, 10 + 300);
         assert_eq!(b.status().used_bytes, 310 + 620 - 200 - 310);
-        b.learn_reserve(100);
+        b.settle_outputs(0, Some(100));
         assert_eq!(
             b.state.lock().reserve,
             300 - 300 / RESERVE_DECAY,

@@ -181,11 +181,12 @@ impl OutputLedger {
         input_bytes + out_bytes
     }
 
-    /// Applies the corrections to `input` (before any mark recorded since is released).
+    /// Applies the corrections to `input` (before any mark recorded since is released): one
+    /// lock per run.
     pub fn apply(&mut self, input: &Budget) {
-        input.adjust(std::mem::take(&mut self.adjust));
-        if let Some(l) = self.largest.take() {
-            input.learn_reserve(l);
+        let (delta, largest) = (std::mem::take(&mut self.adjust), self.largest.take());
+        if delta != 0 || largest.is_some() {
+            input.settle_outputs(delta, largest);
         }
     }
 }

@@ -179,7 +179,7 @@ pub(crate) fn audio_loader(
         ..AudioRecipe::with_seconds(rate, seconds).map_err(invalid)?
     }
     .with_seed(options.seed);
-    Recipe::audio(recipe).map_err(invalid)?;
+    recipe.validate().map_err(invalid)?;
     options.loader(
         paths,
         &["flac", "wav", "mp3", "ogg", "m4a"],

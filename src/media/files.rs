@@ -131,12 +131,9 @@ impl Files {
     /// dataset (a hash of every path, in order, and their number) and the sampler (seed,
     /// rank and world size, shard lengths, weights).
     pub fn fingerprint(&self) -> Vec<(&'static str, String)> {
-        let hash = self.paths.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, p| {
-            p.as_os_str()
-                .as_encoded_bytes()
-                .iter()
-                .chain(b"\0")
-                .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+        use super::rules::{fnv1a, FNV_OFFSET};
+        let hash = self.paths.iter().fold(FNV_OFFSET, |h, p| {
+            fnv1a(fnv1a(h, p.as_os_str().as_encoded_bytes()), b"\0")
         });
         let mut f = vec![(
             "dataset",

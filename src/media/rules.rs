@@ -16,12 +16,17 @@ pub fn item_seed(seed: u64, epoch: u64, path: &Path) -> u64 {
 /// A stable hash of a path (FNV-1a), so augmentation depends on the file, not on the thread or
 /// the order items arrive in.
 fn path_hash(path: &Path) -> u64 {
-    path.as_os_str()
-        .as_encoded_bytes()
+    fnv1a(FNV_OFFSET, path.as_os_str().as_encoded_bytes())
+}
+
+/// FNV-1a's starting state.
+pub(crate) const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a over `bytes`, continuing from `h`.
+pub(crate) fn fnv1a(h: u64, bytes: &[u8]) -> u64 {
+    bytes
         .iter()
-        .fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        })
+        .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// What no file may declare, checked from its header before anything sized by the header is

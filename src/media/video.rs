@@ -165,12 +165,8 @@ impl VideoRecipe {
             path: path.to_path_buf(),
             reason,
         };
-        if self.crop == 0 || self.crop > self.resize {
-            return Err(geometry(format!(
-                "crop {} must be within 1..={} (resize)",
-                self.crop, self.resize
-            )));
-        }
+        // The recipe's own rules (cheap; a `Recipe` checked them already, a direct caller may not).
+        self.validate().map_err(|e| geometry(e.to_string()))?;
         let mut input = ffmpeg::format::input(path).map_err(decode_err)?;
         let stream = input
             .streams()
