@@ -4,7 +4,8 @@
 # against a real local server, video through FFmpeg, the CUDA uploader's no-GPU behaviour,
 # Prometheus), then the image decoder's tests again through
 # the pure-Rust JPEG path (zune-jpeg; the default build uses libjpeg-turbo), then the Python package: installed with pip into a virtualenv
-# (target/pyvenv) and tested with pytest. scripts/setup.sh installs what they need.
+# and tested with pytest, with PyTorch (CPU) for the DLPack and `torchrun` tests. scripts/setup.sh
+# installs what they need.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --test
@@ -17,9 +18,12 @@ FEATURES=flowgate/s3,flowgate/test-util,flowgate/video,flowgate/cuda,flowgate/sp
 FEATURES=$FEATURES,flowgate-cli/s3,flowgate-cli/video,flowgate-cli/prometheus,flowgate-tools/video
 cargo test --workspace --locked --features "$FEATURES" "$@"
 cargo test --locked --no-default-features --features image --lib media::image
-# Python: a virtualenv, the package built by maturin through pip (with VideoLoader), pytest.
-VENV=target/pyvenv
+# Python: a virtualenv kept per machine (PyTorch is ~4 GB with the CUDA packages PyPI's wheel
+# depends on; installed once), the package built by maturin through pip (with VideoLoader),
+# pytest; multi-rank tests run under torchrun (gloo, CPU).
+VENV=${FLOWGATE_PYVENV:-$HOME/.cache/flowgate/pyvenv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install --quiet --upgrade "maturin>=1.5,<2" "numpy>=1.22" "pytest>=7"
+"$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/pip" install --quiet "torch==2.15.0"
 MATURIN_PEP517_ARGS="--features video" "$VENV/bin/pip" install --quiet --force-reinstall --no-deps ./python
 "$VENV/bin/python" -m pytest -q python/tests

@@ -6,11 +6,18 @@
 //! `flowgate_actors::origin`), so the state stays small.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use flowgate_actors::error::PipelineError;
+use flowgate_actors::origin::RangeSet;
+use parking_lot::Mutex;
 
-/// The version of [`PipelineState`]'s layout; a state of another version is refused.
-pub const STATE_VERSION: u32 = 1;
+use crate::sampler::{Layout, Sampler, ShardLengths};
+
+/// The version of [`PipelineState`]'s layout; a state of a later version is refused.
+/// Version 2 added [`PipelineState::shard`] (version 1 kept rank and world size in the
+/// fingerprint).
+pub const STATE_VERSION: u32 = 2;
 
 /// What a checkpoint is valid for: named settings of the pipeline that made it (the dataset,
 /// the seed, the sampler, the batch size, the world…), set with
@@ -42,13 +49,250 @@ pub struct PipelineState {
     /// What the state is valid for (see [`Fingerprint`]); empty if the pipeline set nothing.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub fingerprint: Fingerprint,
+    /// For a pipeline whose source is a [`Sampler`] (see
+    /// [`PipelineBuilder::source_sampled`](crate::PipelineBuilder::source_sampled)): which
+    /// rank of which world took it, so positions can be mapped to the epoch's global order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardState>,
+}
+
+/// Where a sharded pipeline's positions lie in the epoch's global order (a serialisable
+/// [`Layout`]): `delivered` and `partial` of its [`PipelineState`] are positions in this
+/// rank's share.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ShardState {
+    /// The rank that took the state.
+    pub rank: usize,
+    /// Ranks in its world.
+    pub world: usize,
+    /// How uneven shares were made equal.
+    pub lengths: ShardLengths,
+    /// Positions in the epoch's global order.
+    pub global_len: u64,
+    /// Global positions delivered before this world started the epoch (a resume from a
+    /// merged state), as `[start, end)` ranges.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub base: Vec<(u64, u64)>,
+}
+
+impl ShardState {
+    /// The layout these positions are in.
+    pub fn layout(&self) -> Layout {
+        Layout {
+            rank: self.rank,
+            world: self.world,
+            lengths: self.lengths,
+            global_len: self.global_len,
+            base: RangeSet::from_ranges(self.base.iter().copied()),
+        }
+    }
+
+    pub(crate) fn of(layout: &Layout) -> Self {
+        Self {
+            rank: layout.rank,
+            world: layout.world,
+            lengths: layout.lengths,
+            global_len: layout.global_len,
+            base: layout.base.ranges().collect(),
+        }
+    }
+}
+
+/// A state's progress in global positions: fully delivered ones, and shares of partly
+/// delivered ones.
+struct Global {
+    done: RangeSet,
+    partial: BTreeMap<u64, u64>,
 }
 
 impl PipelineState {
+    /// Merges the states that every rank of one world took at the same step into one state
+    /// of the whole world's progress, which a pipeline of any world size resumes (each rank
+    /// gets an equal share of what is left; see [`Layout`]). The states must come from the
+    /// same configuration (fingerprints equal), one per rank `0..world`, all in the same
+    /// epoch, except that a rank which finished the epoch may already name the next one with
+    /// nothing delivered. Partly delivered items keep the largest share any rank received.
+    pub fn merge(states: &[PipelineState]) -> Result<PipelineState, PipelineError> {
+        let bad = |m: String| PipelineError::config(format!("merging checkpoints: {m}"));
+        let states: Vec<PipelineState> = states.iter().map(PipelineState::current).collect();
+        let first = states
+            .first()
+            .ok_or_else(|| bad("no states given".into()))?;
+        let epoch = states.iter().map(|s| s.epoch).min().unwrap_or(0);
+        let mut shards = Vec::with_capacity(states.len());
+        for s in &states {
+            s.check_fits(&first.fingerprint)
+                .map_err(|e| bad(format!("the states differ: {e}")))?;
+            let sh = s.shard.as_ref().ok_or_else(|| {
+                bad("a state without a shard layout (its pipeline's source is not sampled)".into())
+            })?;
+            if sh.global_len == u64::MAX {
+                return Err(bad(
+                    "a version-1 state cannot be merged (resume it at its own rank)".into(),
+                ));
+            }
+            shards.push(sh);
+        }
+        let world = shards[0].world;
+        let mut seen = vec![false; world];
+        for sh in &shards {
+            if sh.world != world
+                || sh.global_len != shards[0].global_len
+                || sh.lengths != shards[0].lengths
+            {
+                return Err(bad(format!(
+                    "states of different worlds or epochs' lengths ({} of {} positions, {} of {})",
+                    shards[0].world, shards[0].global_len, sh.world, sh.global_len
+                )));
+            }
+            match seen.get_mut(sh.rank) {
+                Some(s) if !*s => *s = true,
+                Some(_) => return Err(bad(format!("two states of rank {}", sh.rank))),
+                None => return Err(bad(format!("rank {} of a world of {world}", sh.rank))),
+            }
+        }
+        if let Some(r) = seen.iter().position(|s| !s) {
+            return Err(bad(format!(
+                "no state of rank {r}: every rank's state is needed (its progress is in no other)"
+            )));
+        }
+        // The base of the epoch, from a state still in it.
+        let base = states
+            .iter()
+            .zip(&shards)
+            .find(|(s, _)| s.epoch == epoch)
+            .map(|(_, sh)| sh.base.clone())
+            .unwrap_or_default();
+        let mut done = RangeSet::default();
+        let mut partial = BTreeMap::new();
+        for (s, sh) in states.iter().zip(&shards) {
+            let g = if s.epoch == epoch {
+                if sh.base != base {
+                    return Err(bad(
+                        "states of ranks that resumed from different checkpoints".into(),
+                    ));
+                }
+                s.global()?
+            } else if s.epoch == epoch + 1 && s.delivered_items == 0 && s.partial.is_empty() {
+                // Finished `epoch`: it delivered its whole share of it.
+                let layout = ShardState {
+                    base: base.clone(),
+                    ..(*sh).clone()
+                }
+                .layout();
+                let all = layout.len() as u64;
+                PipelineState {
+                    epoch,
+                    delivered: vec![(0, all)],
+                    delivered_items: all,
+                    shard: Some(ShardState::of(&layout)),
+                    ..Default::default()
+                }
+                .global()?
+            } else {
+                return Err(bad(format!(
+                    "states of epochs {epoch} and {}: take them at the same step",
+                    s.epoch
+                )));
+            };
+            done = RangeSet::from_ranges(done.ranges().chain(g.done.ranges()));
+            for (i, sh) in g.partial {
+                let e = partial.entry(i).or_insert(0);
+                *e = sh.max(*e);
+            }
+        }
+        partial.retain(|i, _| !done.contains(*i));
+        let global_len = shards[0].global_len;
+        let (epoch, delivered, partial) = if done.len() >= global_len && partial.is_empty() {
+            (epoch + 1, Vec::new(), Vec::new())
+        } else {
+            (
+                epoch,
+                done.ranges().collect(),
+                partial.into_iter().collect(),
+            )
+        };
+        Ok(PipelineState {
+            epoch,
+            delivered_items: delivered.iter().map(|(a, b)| b - a).sum(),
+            delivered,
+            partial,
+            version: STATE_VERSION,
+            fingerprint: first.fingerprint.clone(),
+            shard: Some(ShardState {
+                rank: 0,
+                world: 1,
+                lengths: shards[0].lengths,
+                global_len,
+                base: Vec::new(),
+            }),
+        })
+    }
+
+    /// This state's progress in global positions (for a state without a shard layout, its
+    /// own positions).
+    fn global(&self) -> Result<Global, PipelineError> {
+        let Some(sh) = &self.shard else {
+            return Ok(Global {
+                done: RangeSet::from_ranges(self.delivered.iter().copied()),
+                partial: self.partial.iter().copied().collect(),
+            });
+        };
+        let layout = sh.layout();
+        let positions = layout.positions();
+        let at = |p: u64| {
+            positions.get(p as usize).copied().ok_or_else(|| {
+                PipelineError::config(format!(
+                    "checkpoint: position {p} is past rank {}'s {} positions of the epoch",
+                    sh.rank,
+                    positions.len()
+                ))
+            })
+        };
+        let mut done = layout.base.clone();
+        for &(a, b) in &self.delivered {
+            for p in a..b {
+                done.insert(at(p)?);
+            }
+        }
+        let mut partial = BTreeMap::new();
+        for &(p, share) in &self.partial {
+            partial.insert(at(p)?, share);
+        }
+        Ok(Global { done, partial })
+    }
+
     /// Checks that this state fits a pipeline whose fingerprint is `mine`: the same version
     /// and, for every field either side names, the same value. The error names the first
     /// field that differs, with both values.
     pub fn check_fits(&self, mine: &Fingerprint) -> Result<(), PipelineError> {
+        self.current().check_fields(mine)
+    }
+
+    /// This state in the current layout: a version-1 state's rank and world size move from
+    /// the fingerprint to [`shard`](Self::shard) (the epoch's length, unknown to it, is
+    /// `u64::MAX` until a resume fills it in).
+    pub(crate) fn current(&self) -> PipelineState {
+        let mut s = self.clone();
+        if s.version != 1 {
+            return s;
+        }
+        let num = |k: &str| s.fingerprint.get(k).and_then(|v| v.parse::<usize>().ok());
+        if let (Some(rank), Some(world)) = (num("rank"), num("world_size")) {
+            s.shard = Some(ShardState {
+                rank,
+                world,
+                global_len: u64::MAX,
+                ..Default::default()
+            });
+        }
+        s.fingerprint.remove("rank");
+        s.fingerprint.remove("world_size");
+        s.version = STATE_VERSION;
+        s
+    }
+
+    fn check_fields(&self, mine: &Fingerprint) -> Result<(), PipelineError> {
         if self.version > STATE_VERSION {
             return Err(PipelineError::config(format!(
                 "resume: the checkpoint's layout is version {}, this flowgate reads up to {STATE_VERSION}",
@@ -74,5 +318,87 @@ impl PipelineState {
             }
         }
         Ok(())
+    }
+}
+
+/// The source of a pipeline built with
+/// [`source_sampled`](crate::PipelineBuilder::source_sampled): its sampler (this rank's place
+/// in the world) and the base a resume sets for an epoch, shared with the source's epochs.
+#[derive(Clone, Debug)]
+pub(crate) struct Sharding {
+    pub(crate) sampler: Sampler,
+    /// (epoch, global positions delivered before this world started it).
+    pub(crate) base: Arc<Mutex<Option<(u64, RangeSet)>>>,
+}
+
+impl Sharding {
+    pub(crate) fn new(sampler: Sampler) -> Self {
+        Self {
+            sampler,
+            base: Arc::default(),
+        }
+    }
+
+    /// The base of `epoch` (empty unless a resume set one for it).
+    pub(crate) fn base(&self, epoch: u64) -> RangeSet {
+        match &*self.base.lock() {
+            Some((e, b)) if *e == epoch => b.clone(),
+            _ => RangeSet::default(),
+        }
+    }
+
+    /// This rank's layout in `epoch`.
+    pub(crate) fn layout(&self, epoch: u64) -> Layout {
+        self.sampler.layout(self.base(epoch))
+    }
+
+    /// Where a resume from `state` starts in its epoch: sets the epoch's base, and returns
+    /// the local positions to skip and the partial shares, in this rank's positions.
+    pub(crate) fn resume(
+        &self,
+        state: &PipelineState,
+    ) -> Result<(RangeSet, Vec<(u64, u64)>), PipelineError> {
+        let mine = self.sampler.layout(RangeSet::default());
+        let mut state = state.current();
+        // A state that names no place (from a source that was not sampled, or from before
+        // places were recorded) is taken to be this rank's own, as it was then.
+        let theirs = state.shard.get_or_insert(ShardState::of(&mine));
+        if theirs.global_len == u64::MAX {
+            theirs.global_len = mine.global_len;
+        }
+        let theirs = theirs.clone();
+        if theirs.global_len != mine.global_len {
+            return Err(PipelineError::config(format!(
+                "resume: the checkpoint's epoch has {} positions, this pipeline's {}",
+                theirs.global_len, mine.global_len
+            )));
+        }
+        let (base, skip, partial) = if theirs.world == mine.world && theirs.rank == mine.rank {
+            // The same place in the same world: positions are this rank's own.
+            (
+                RangeSet::from_ranges(theirs.base.iter().copied()),
+                RangeSet::from_ranges(state.delivered.iter().copied()),
+                state.partial.clone(),
+            )
+        } else if theirs.world == 1 {
+            // A whole world's progress (one process, or merged): deal out the rest afresh.
+            let g = state.global()?;
+            let layout = self.sampler.layout(g.done.clone());
+            let partial = g
+                .partial
+                .iter()
+                .filter_map(|(&i, &s)| layout.local_of(i).map(|p| (p, s)))
+                .collect();
+            (g.done, RangeSet::default(), partial)
+        } else {
+            return Err(PipelineError::config(format!(
+                "resume: the checkpoint is rank {}'s of a world_size of {}, this pipeline is rank {} of {}: \
+                 merge every rank's checkpoint (PipelineState::merge, flowgate.merge_state_dicts) \
+                 to resume at another world size or rank",
+                theirs.rank, theirs.world, mine.rank, mine.world
+            )));
+        };
+        *self.base.lock() = Some((state.epoch, base));
+        Ok((skip, partial))
     }
 }

@@ -79,6 +79,9 @@ pub(crate) struct Config {
     pub(crate) memory_bytes: Option<u64>,
     /// What checkpoints of this pipeline are valid for.
     pub(crate) fingerprint: crate::checkpoint::Fingerprint,
+    /// The sampler of a sampled source (see `source_sampled`), for checkpoints that merge
+    /// across ranks.
+    pub(crate) sharding: Option<crate::checkpoint::Sharding>,
 }
 
 impl Default for Config {
@@ -95,6 +98,7 @@ impl Default for Config {
             sink_bytes: u64::MAX,
             memory_bytes: None,
             fingerprint: Default::default(),
+            sharding: None,
         }
     }
 }

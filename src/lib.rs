@@ -26,11 +26,11 @@ pub mod tensor;
 
 pub use blob::Blob;
 pub use builder::{PipelineBuilder, SourceBuilder};
-pub use checkpoint::{Fingerprint, PipelineState, STATE_VERSION};
+pub use checkpoint::{Fingerprint, PipelineState, ShardState, STATE_VERSION};
 pub use config::Workers;
 pub use control::{ControlHandle, StopHandle};
 pub use pipeline::{EpochIter, EpochStream, Pipeline};
-pub use stats::{PipelineStats, StatsCallback};
+pub use stats::{Monitor, PipelineStats, StatsCallback};
 pub use tensor::{DType, Tensor};
 
 pub use flowgate_actors as actors;

@@ -16,10 +16,10 @@ use flowgate_actors::sink::{Next, SinkReader};
 use flowgate_actors::tuner::{TraceLog, TraceRecord};
 use futures::Stream;
 
-use crate::checkpoint::{Fingerprint, PipelineState, STATE_VERSION};
+use crate::checkpoint::{Fingerprint, PipelineState, ShardState, Sharding, STATE_VERSION};
 use crate::control::{ControlHandle, StopHandle};
 use crate::engine::Engine;
-use crate::stats::PipelineStats;
+use crate::stats::{Monitor, PipelineStats};
 
 /// A running pipeline producing items of type `T`.
 ///
@@ -49,6 +49,8 @@ pub struct Pipeline<T = ()> {
     epoch: Arc<AtomicU64>,
     /// What this pipeline's checkpoints are valid for.
     fingerprint: Fingerprint,
+    /// The sampler of a sampled source: checkpoints in global positions.
+    sharding: Option<Sharding>,
     running: bool,
     finished: bool,
     /// Declared last, so dropped last: hands the freed buffers back to the system.
@@ -76,6 +78,30 @@ impl Drop for TrimOnDrop {
     }
 }
 
+/// Makes glibc serve allocations of 1 MiB and more (decoded images, batches) from their own
+/// mappings, returned to the system when freed. By default glibc raises that threshold as
+/// large blocks are freed, and then keeps up to twice the largest block free at the top of
+/// every thread's arena, where `malloc_trim` does not reach: a stopped epoch (a `break`, a
+/// rebuilt pipeline) would leave ~100 MB resident per arena. Set once per process, when the
+/// first pipeline is built; `FLOWGATE_KEEP_MALLOC=1` leaves the allocator as it is.
+pub(crate) fn return_large_frees() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("FLOWGATE_KEEP_MALLOC").is_some_and(|v| v == "1") {
+            return;
+        }
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        {
+            extern "C" {
+                fn mallopt(param: i32, value: i32) -> i32;
+            }
+            const M_MMAP_THRESHOLD: i32 = -3;
+            // SAFETY: mallopt only changes allocator settings; it is thread-safe.
+            unsafe { mallopt(M_MMAP_THRESHOLD, 1 << 20) };
+        }
+    });
+}
+
 impl<T> std::fmt::Debug for Pipeline<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pipeline")
@@ -95,6 +121,7 @@ impl<T: Send + 'static> Pipeline<T> {
         trace: Arc<TraceLog>,
         epoch: Arc<AtomicU64>,
         fingerprint: Fingerprint,
+        sharding: Option<Sharding>,
     ) -> Self {
         Self {
             engine,
@@ -102,6 +129,7 @@ impl<T: Send + 'static> Pipeline<T> {
             trace,
             epoch,
             fingerprint,
+            sharding,
             running: false,
             finished: false,
             _trim: TrimOnDrop,
@@ -174,13 +202,18 @@ impl<T: Send + 'static> Pipeline<T> {
         let ledger = self.reader.ledger();
         let mut partial: Vec<(u64, u64)> = ledger.partial.iter().map(|(&i, &s)| (i, s)).collect();
         partial.sort_unstable();
+        let epoch = self.epoch();
         PipelineState {
-            epoch: self.epoch(),
+            epoch,
             delivered: ledger.done.ranges().collect(),
             delivered_items: ledger.done.len(),
             partial,
             version: STATE_VERSION,
             fingerprint: self.fingerprint.clone(),
+            shard: self
+                .sharding
+                .as_ref()
+                .map(|s| ShardState::of(&s.layout(epoch))),
         }
     }
 
@@ -204,12 +237,28 @@ impl<T: Send + 'static> Pipeline<T> {
         let Some(source) = self.engine.source() else {
             return Err(PipelineError::config("resume: the pipeline has no source"));
         };
-        let done = RangeSet::from_ranges(state.delivered.iter().copied());
+        let (done, partial) = match &self.sharding {
+            Some(sharding) => sharding.resume(state)?,
+            None => {
+                if state
+                    .shard
+                    .as_ref()
+                    .is_some_and(|s| s.world > 1 || !s.base.is_empty())
+                {
+                    return Err(PipelineError::config(
+                        "resume: the checkpoint is of a sharded pipeline and this pipeline's \
+                         source is not sampled (PipelineBuilder::source_sampled)",
+                    ));
+                }
+                let done = RangeSet::from_ranges(state.delivered.iter().copied());
+                (done, state.partial.clone())
+            }
+        };
         let mut ledger = Delivered {
             done: done.clone(),
             ..Default::default()
         };
-        for &(i, s) in &state.partial {
+        for (i, s) in partial {
             if !done.contains(i) {
                 ledger.partial.insert(i, s);
             }
@@ -232,6 +281,10 @@ impl<T: Send + 'static> Pipeline<T> {
             epoch,
             version: STATE_VERSION,
             fingerprint: self.fingerprint.clone(),
+            shard: self
+                .sharding
+                .as_ref()
+                .map(|s| ShardState::of(&s.sampler.layout(Default::default()))),
             ..Default::default()
         })
     }
@@ -243,6 +296,16 @@ impl<T: Send + 'static> Pipeline<T> {
             self.engine.ledger(),
             self.epoch(),
         )
+    }
+
+    /// A handle that reads this pipeline's statistics and epoch from any thread without
+    /// waiting for the consumer (while `next()` blocks, for instance).
+    pub fn monitor(&self) -> Monitor {
+        Monitor {
+            stages: self.engine.stages(),
+            ledger: Arc::clone(self.engine.ledger()),
+            epoch: Arc::clone(&self.epoch),
+        }
     }
 
     /// The tuner's recent ticks (signals, decisions and reasons), oldest first; empty when the

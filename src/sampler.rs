@@ -10,12 +10,13 @@
 //! Orders are a pure function of (seed, epoch, rank, world): the property that makes
 //! [`Pipeline::resume`](crate::Pipeline::resume) exact.
 
+use flowgate_actors::origin::RangeSet;
 use flowgate_tuner::Rng;
 
 use crate::PipelineError;
 
 /// How shards of an epoch that does not divide evenly are made equal.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ShardLengths {
     /// Leave them uneven (the first `len % world` ranks get one more): nothing dropped or
     /// repeated.
@@ -141,16 +142,16 @@ impl Sampler {
         }
     }
 
-    /// The settings that decide each epoch's order, as named fields (see
-    /// [`Files::fingerprint`](crate::media::Files::fingerprint)).
+    /// The settings that decide each epoch's global order, as named fields (see
+    /// [`Files::fingerprint`](crate::media::Files::fingerprint)). Rank and world size are not
+    /// among them: a checkpoint records them in its [`ShardState`](crate::ShardState), and a
+    /// merged one resumes at any world size.
     pub fn fingerprint(&self) -> Vec<(&'static str, String)> {
         let mut f = vec![
             (
                 "shuffle_seed",
                 self.seed.map_or("none".into(), |s| s.to_string()),
             ),
-            ("rank", self.rank.to_string()),
-            ("world_size", self.world.to_string()),
             ("shard_lengths", format!("{:?}", self.lengths)),
         ];
         if let Some(w) = &self.weighted {
@@ -236,13 +237,30 @@ impl Sampler {
 
     /// Number of indices this rank visits per epoch.
     pub fn len(&self) -> usize {
-        let global = self.global_len();
-        let w = self.world;
-        match self.lengths {
-            ShardLengths::Uneven => global / w + usize::from(self.rank < global % w),
-            ShardLengths::Drop => global / w,
-            ShardLengths::Pad => global.div_ceil(w),
+        self.layout(RangeSet::default()).len()
+    }
+
+    /// This rank's place in an epoch whose positions in `base` were delivered already (by
+    /// the ranks of an earlier world; empty for an epoch from its start).
+    pub fn layout(&self, base: RangeSet) -> Layout {
+        Layout {
+            rank: self.rank,
+            world: self.world,
+            lengths: self.lengths,
+            global_len: self.global_len() as u64,
+            base,
         }
+    }
+
+    /// This rank's indices for `epoch` once the positions of `base` (in the epoch's global
+    /// order) are left out: the rest of the epoch dealt out afresh to this world's ranks.
+    pub fn epoch_after(&self, epoch: u64, base: RangeSet) -> Vec<usize> {
+        let order = self.global(epoch);
+        self.layout(base)
+            .positions()
+            .into_iter()
+            .map(|g| order[g as usize])
+            .collect()
     }
 
     /// Whether this rank visits nothing.
@@ -250,7 +268,8 @@ impl Sampler {
         self.len() == 0
     }
 
-    fn global_len(&self) -> usize {
+    /// Number of positions in an epoch's global order (before sharding).
+    pub fn global_len(&self) -> usize {
         self.weighted.as_ref().map_or(self.len, |w| w.samples)
     }
 
@@ -300,21 +319,115 @@ impl Sampler {
 
     /// This rank's indices for `epoch`, in order.
     pub fn epoch(&self, epoch: u64) -> Vec<usize> {
-        let mut order = self.global(epoch);
-        let w = self.world;
+        self.epoch_after(epoch, RangeSet::default())
+    }
+}
+
+/// Where one rank's items lie in an epoch's global order.
+///
+/// The positions not in `base` (those delivered before, by an earlier world's ranks) are
+/// dealt out in order: rank `r` of `w` takes the `r`-th, `r + w`-th, … of them, after the
+/// remaining list is made a multiple of `w` as `lengths` says (cut short, or padded by
+/// repeating its start). With an empty `base` this is plain sharding; a pipeline resumed
+/// from a merged checkpoint at a new world size uses the merged delivered set as `base`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Layout {
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the world.
+    pub world: usize,
+    /// How uneven shares are made equal.
+    pub lengths: ShardLengths,
+    /// Positions in the epoch's global order.
+    pub global_len: u64,
+    /// Positions delivered before this world started the epoch.
+    pub base: RangeSet,
+}
+
+impl Layout {
+    /// Number of positions left for the world (not in `base`).
+    fn remaining(&self) -> u64 {
+        let before = self
+            .base
+            .ranges()
+            .map(|(a, b)| {
+                b.min(self.global_len)
+                    .saturating_sub(a.min(self.global_len))
+            })
+            .sum::<u64>();
+        self.global_len - before
+    }
+
+    /// Number of dealt positions (the remaining ones, cut or padded to a multiple of the
+    /// world).
+    fn dealt(&self) -> u64 {
+        let (m, w) = (self.remaining(), self.world.max(1) as u64);
         match self.lengths {
-            ShardLengths::Uneven => {}
-            ShardLengths::Drop => order.truncate(order.len() / w * w),
-            ShardLengths::Pad => {
-                let target = order.len().div_ceil(w) * w;
-                let mut k = 0;
-                while order.len() < target && k < order.len() {
-                    order.push(order[k]);
-                    k += 1;
-                }
-            }
+            ShardLengths::Uneven => m,
+            ShardLengths::Drop => m / w * w,
+            ShardLengths::Pad if m == 0 => 0,
+            ShardLengths::Pad => m.div_ceil(w) * w,
         }
-        order.into_iter().skip(self.rank).step_by(w).collect()
+    }
+
+    /// Number of positions this rank visits.
+    pub fn len(&self) -> usize {
+        let (d, w, r) = (self.dealt(), self.world.max(1) as u64, self.rank as u64);
+        (d / w + u64::from(r < d % w)) as usize
+    }
+
+    /// Whether this rank visits nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The remaining positions, in order.
+    fn remaining_positions(&self) -> Vec<u64> {
+        let mut out = Vec::with_capacity(self.remaining() as usize);
+        let mut at = 0;
+        for (a, b) in self.base.ranges() {
+            out.extend(at..a.min(self.global_len));
+            at = at.max(b);
+        }
+        out.extend(at..self.global_len);
+        out
+    }
+
+    /// This rank's positions in the epoch's global order, in the order it visits them (its
+    /// local position `p` is the `p`-th).
+    pub fn positions(&self) -> Vec<u64> {
+        let rest = self.remaining_positions();
+        let (w, d) = (self.world.max(1), self.dealt() as usize);
+        (self.rank..d)
+            .step_by(w)
+            .map(|k| rest[k % rest.len()])
+            .collect()
+    }
+
+    /// The local position at which this rank visits global position `g` first, if it does.
+    pub fn local_of(&self, g: u64) -> Option<u64> {
+        if g >= self.global_len || self.base.contains(g) {
+            return None;
+        }
+        // g's index among the remaining positions: g minus the base positions before it.
+        let before: u64 = self
+            .base
+            .ranges()
+            .take_while(|&(a, _)| a < g)
+            .map(|(a, b)| b.min(g) - a)
+            .sum();
+        let k = g - before;
+        let (w, d) = (self.world.max(1) as u64, self.dealt());
+        // Padding repeats the start of the list, so later copies sit at k + m, k + 2m, …
+        let m = self.remaining();
+        let mut j = k;
+        while j < d {
+            if j % w == self.rank as u64 {
+                return Some(j / w);
+            }
+            j += m;
+        }
+        None
     }
 }
 

@@ -1,8 +1,11 @@
 //! [`PipelineStats`]: what a pipeline reports about its stages and its consumer.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use flowgate_actors::failure::Failures;
+use flowgate_actors::stage::StageControl;
 use flowgate_tuner::{StageKind, StageStats};
 
 /// A callback that receives a pipeline's statistics (see
@@ -42,5 +45,39 @@ impl PipelineStats {
     /// The stage called `name`.
     pub fn stage(&self, name: &str) -> Option<&StageStats> {
         self.stages.iter().find(|s| s.name == name)
+    }
+}
+
+/// Reads a pipeline's statistics and epoch from any thread, without waiting for its consumer
+/// (a monitoring thread, a progress bar); see [`Pipeline::monitor`](crate::Pipeline::monitor).
+/// It keeps reporting the pipeline's last figures after the pipeline is dropped.
+#[derive(Clone)]
+pub struct Monitor {
+    pub(crate) stages: Vec<Arc<dyn StageControl>>,
+    pub(crate) ledger: Arc<Failures>,
+    pub(crate) epoch: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Monitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Monitor")
+            .field("epoch", &self.epoch())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Monitor {
+    /// The statistics of every stage now (each stage's counters, read without stopping it).
+    pub fn stats(&self) -> PipelineStats {
+        PipelineStats::assemble(
+            self.stages.iter().map(|s| s.snapshot()).collect(),
+            &self.ledger,
+            self.epoch(),
+        )
+    }
+
+    /// The epoch being iterated (or the next one to start).
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
     }
 }

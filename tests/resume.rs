@@ -262,11 +262,9 @@ fn a_checkpoint_loads_only_into_the_pipeline_it_fits() {
     use flowgate::media::Files;
     let paths: Vec<std::path::PathBuf> = (0..50).map(|i| format!("f{i}.jpg").into()).collect();
     let build = |files: Files, batch: usize| {
+        let paths: Vec<std::path::PathBuf> = files.paths().to_vec();
         Pipeline::builder()
-            .source_epochs({
-                let files = files.clone();
-                move |e| files.epoch(e)
-            })
+            .source_sampled(files.sampler().clone(), move |_, i| paths[i].clone())
             .checkpoint_fields(files.fingerprint())
             .checkpoint_fields([("batch_size", batch)])
             .pipe("id", Ok::<_, std::io::Error>, 1)
@@ -294,7 +292,6 @@ fn a_checkpoint_loads_only_into_the_pipeline_it_fits() {
             build(Files::new(paths[1..].to_vec()).shuffle(3), 8),
             "dataset",
         ),
-        (build(files().shard(0, 2).unwrap(), 8), "world_size"),
     ] {
         let e = q.resume(&state).unwrap_err();
         assert!(
@@ -302,6 +299,15 @@ fn a_checkpoint_loads_only_into_the_pipeline_it_fits() {
             "{field}: {e}"
         );
     }
+    // One rank's state does not resume another world (its progress is only its own); the
+    // whole world's state does.
+    let mut rank0 = build(files().shard(0, 2).unwrap(), 8);
+    let _: Vec<_> = rank0.iter().take(4).collect();
+    let e = build(files(), 8).resume(&rank0.state()).unwrap_err();
+    assert!(e.to_string().contains("world_size of 2"), "{e}");
+    build(files().shard(1, 2).unwrap(), 8)
+        .resume(&state)
+        .unwrap();
     // A state from before fingerprints were recorded still loads.
     let legacy = PipelineState {
         epoch: 0,

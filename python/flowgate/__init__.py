@@ -25,7 +25,23 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Opti
 from . import _native
 from ._native import Batch, LoaderError
 
-__all__ = ["ImageLoader", "AudioLoader", "VideoLoader", "Pipeline", "Batch", "LoaderError"]
+__all__ = ["ImageLoader", "AudioLoader", "VideoLoader", "Pipeline", "Batch", "LoaderError",
+           "merge_state_dicts"]
+
+
+def merge_state_dicts(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """Merges the :meth:`~ImageLoader.state_dict` of every rank, taken at the same step,
+    into one checkpoint of the whole world's progress. A loader of any world size resumes
+    it with ``load_state_dict``: the rest of the epoch is dealt out evenly to its ranks
+    (equal counts per rank with ``drop_last`` or padding, as the loaders shard). Raises
+    ``ValueError`` if the states do not fit together (another dataset or seed, a rank
+    missing or given twice, different epochs)::
+
+        states = [None] * world_size
+        torch.distributed.all_gather_object(states, loader.state_dict())
+        merged = flowgate.merge_state_dicts(states)   # save this one
+    """
+    return _native.merge_state_dicts(list(states))
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -39,7 +55,17 @@ class _Epoch:
 
     def __init__(self, native: Any) -> None:
         self._native = native
-        native._start_epoch()
+        self._number = None
+        self._number = native._start_epoch()
+
+    def __del__(self) -> None:
+        # Left with `break` (or dropped mid-way): stop the epoch's pipeline now, so its
+        # threads and buffers do not outlive the loop.
+        if self._number is not None:
+            try:
+                self._native._abandon(self._number)
+            except Exception:  # interpreter shutting down
+                pass
 
     def __iter__(self) -> "_Epoch":
         return self

@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use flowgate::collate::{collate_fields, CollateError};
 use flowgate::media::Files;
 use flowgate::sampler::ShardLengths;
-use flowgate::{FailureBudget, Pipeline, PipelineError, PipelineState, Tensor, Workers};
+use flowgate::{
+    FailureBudget, Monitor, Pipeline, PipelineError, PipelineState, ShardState, Tensor, Workers,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
@@ -42,7 +44,12 @@ struct Core {
     /// The epoch a rebuilt pipeline starts at: the one after an epoch abandoned by an error,
     /// a `close()` or a `break`, so every epoch keeps its own shuffle and augmentation.
     resume_at: u64,
-    batches_per_epoch: usize,
+    /// The current pipeline's monitor, read by `stats()` and `epoch` without this lock
+    /// (which `_next` holds while it waits for a batch).
+    monitor: Arc<Mutex<Option<Monitor>>>,
+    /// Counts started epochs: names the Python iterator of the current one, so that only it
+    /// can abandon it.
+    iterators: u64,
 }
 
 impl Core {
@@ -52,6 +59,7 @@ impl Core {
             if self.resume_at > 0 {
                 p.start_at_epoch(self.resume_at)?;
             }
+            *self.monitor.lock().expect("monitor") = Some(p.monitor());
             self.pipeline = Some(p);
         }
         Ok(self.pipeline.as_mut().expect("built"))
@@ -60,6 +68,7 @@ impl Core {
     /// Drops the pipeline (stopping its threads at once); the next one continues at the next
     /// epoch not yet begun (the current one is abandoned if it was being iterated).
     fn drop_pipeline(&mut self) {
+        *self.monitor.lock().expect("monitor") = None;
         if let Some(p) = self.pipeline.take() {
             self.resume_at = p.epoch() + u64::from(self.in_epoch);
         }
@@ -68,13 +77,14 @@ impl Core {
 
     /// Starts an epoch; if the last one was left mid-way, the pipeline is rebuilt to start
     /// the next one cleanly.
-    fn start_epoch(&mut self) -> Result<(), PipelineError> {
+    fn start_epoch(&mut self) -> Result<u64, PipelineError> {
         if self.in_epoch {
             self.drop_pipeline();
         }
         self.pipeline()?;
         self.in_epoch = true;
-        Ok(())
+        self.iterators += 1;
+        Ok(self.iterators)
     }
 
     fn next(&mut self) -> Result<Option<Loaded>, PipelineError> {
@@ -101,6 +111,9 @@ impl Core {
 #[pyclass(module = "flowgate._native")]
 pub(crate) struct Loader {
     core: Mutex<Core>,
+    /// The monitor of `core`'s pipeline (see `Core::monitor`).
+    monitor: Arc<Mutex<Option<Monitor>>>,
+    batches_per_epoch: usize,
     failures: Arc<Mutex<Vec<Failure>>>,
     /// The dataset's paths (every rank's), indexed by `Loaded::files`.
     paths: Arc<[PathBuf]>,
@@ -269,7 +282,7 @@ impl Loader {
             let seen = Arc::clone(&seen);
             let (named, read) = (Arc::clone(&all), Arc::clone(&all));
             let b = Pipeline::builder()
-                .source_epochs(move |e| files.epoch_indices(e).into_iter().map(move |i| (i, e)))
+                .source_sampled(files.sampler().clone(), |e, i| (i, e))
                 .describe(move |&(i, _): &(usize, u64)| named[i].display().to_string())
                 .pipe(
                     "decode",
@@ -304,14 +317,18 @@ impl Loader {
                 None => b.build(),
             }
         });
+        let monitor = Arc::<Mutex<Option<Monitor>>>::default();
         Ok(Self {
             core: Mutex::new(Core {
                 make,
                 pipeline: None,
                 in_epoch: false,
                 resume_at: 0,
-                batches_per_epoch,
+                monitor: Arc::clone(&monitor),
+                iterators: 0,
             }),
+            monitor,
+            batches_per_epoch,
             failures,
             paths,
             extras,
@@ -319,13 +336,40 @@ impl Loader {
     }
 }
 
+impl Loader {
+    /// The current pipeline's monitor; builds the pipeline (waiting for the lock with the
+    /// GIL released) if there is none yet.
+    fn monitor(&self, py: Python<'_>) -> PyResult<Monitor> {
+        if let Some(m) = &*self.monitor.lock().expect("monitor") {
+            return Ok(m.clone());
+        }
+        let core = &self.core;
+        py.allow_threads(|| core.lock().expect("loader").pipeline().map(|p| p.monitor()))
+            .map_err(to_py)
+    }
+}
+
 #[pymethods]
 impl Loader {
     /// Starts an epoch (the next one, or the resumed one after `load_state_dict`).
-    fn _start_epoch(&self, py: Python<'_>) -> PyResult<()> {
+    /// Returns the epoch's iterator number, for `_abandon`.
+    fn _start_epoch(&self, py: Python<'_>) -> PyResult<u64> {
         let core = &self.core;
         py.allow_threads(|| core.lock().expect("loader").start_epoch())
             .map_err(to_py)
+    }
+
+    /// Called when the Python iterator number `iterator` is freed: if its epoch is still
+    /// being iterated (a `break`), the pipeline stops now and frees its buffers; the next
+    /// iterator starts the next epoch.
+    fn _abandon(&self, py: Python<'_>, iterator: u64) {
+        let core = &self.core;
+        py.allow_threads(|| {
+            let mut c = core.lock().expect("loader");
+            if c.in_epoch && c.iterators == iterator {
+                c.drop_pipeline();
+            }
+        });
     }
 
     /// The next batch of the epoch, or None at its end: a `Batch`, or a tuple of it, the
@@ -373,20 +417,19 @@ impl Loader {
 
     /// Batches per epoch.
     fn __len__(&self) -> usize {
-        self.core.lock().expect("loader").batches_per_epoch
+        self.batches_per_epoch
     }
 
     /// The epoch being iterated, or the next one.
     #[getter]
-    fn epoch(&self) -> PyResult<u64> {
-        let mut c = self.core.lock().expect("loader");
-        Ok(c.pipeline().map_err(to_py)?.epoch())
+    fn epoch(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.monitor(py)?.epoch())
     }
 
     /// Statistics: delivered batches, failures, consumer wait, per-stage workers and rates.
+    /// Returns at once, also from another thread while `_next` waits for a batch.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let mut c = self.core.lock().expect("loader");
-        let s = c.pipeline().map_err(to_py)?.stats();
+        let s = self.monitor(py)?.stats();
         let d = PyDict::new(py);
         d.set_item("delivered", s.delivered)?;
         d.set_item("failures", s.failures)?;
@@ -418,61 +461,39 @@ impl Loader {
     }
 
     /// A checkpoint of the consumer's progress (plain ints and lists: picklable, JSON-able).
+    /// Waits for the loader's lock with the GIL released: between batches it is free at once.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let mut c = self.core.lock().expect("loader");
-        let in_epoch = c.in_epoch;
-        let mut s = c.pipeline().map_err(to_py)?.state();
-        if !in_epoch && s.delivered_items > 0 {
-            // An epoch left mid-way counts as done: the next iterator starts the next epoch.
-            s = PipelineState {
-                epoch: s.epoch + 1,
-                delivered: Vec::new(),
-                delivered_items: 0,
-                partial: Vec::new(),
-                ..s
-            };
-        }
-        let d = PyDict::new(py);
-        d.set_item("epoch", s.epoch)?;
-        d.set_item(
-            "delivered",
-            PyList::new(py, s.delivered.iter().map(|&(a, b)| (a, b)))?,
-        )?;
-        d.set_item("delivered_items", s.delivered_items)?;
-        d.set_item("version", s.version)?;
-        d.set_item("fingerprint", s.fingerprint.clone())?;
-        d.set_item(
-            "partial",
-            PyList::new(py, s.partial.iter().map(|&(a, b)| (a, b)))?,
-        )?;
-        Ok(d)
+        let core = &self.core;
+        let s = py
+            .allow_threads(|| -> Result<PipelineState, PipelineError> {
+                let mut c = core.lock().expect("loader");
+                let in_epoch = c.in_epoch;
+                let s = c.pipeline()?.state();
+                if !in_epoch && s.delivered_items > 0 {
+                    // An epoch left mid-way counts as done: the next iterator starts the
+                    // next epoch, from its start.
+                    return Ok(PipelineState {
+                        epoch: s.epoch + 1,
+                        delivered: Vec::new(),
+                        delivered_items: 0,
+                        partial: Vec::new(),
+                        shard: s.shard.map(|sh| ShardState {
+                            base: Vec::new(),
+                            ..sh
+                        }),
+                        ..s
+                    });
+                }
+                Ok(s)
+            })
+            .map_err(to_py)?;
+        state_to_py(py, &s)
     }
 
     /// Continues from `state_dict()`: the next iterator yields exactly what was not delivered
     /// yet in that epoch.
     fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
-        let get = |k: &str| {
-            state
-                .get_item(k)?
-                .ok_or_else(|| PyValueError::new_err(format!("state_dict without `{k}`")))
-        };
-        let s = PipelineState {
-            epoch: get("epoch")?.extract()?,
-            delivered: get("delivered")?.extract()?,
-            delivered_items: get("delivered_items")?.extract()?,
-            partial: match state.get_item("partial")? {
-                Some(p) => p.extract()?,
-                None => Vec::new(),
-            },
-            version: match state.get_item("version")? {
-                Some(v) => v.extract()?,
-                None => 0,
-            },
-            fingerprint: match state.get_item("fingerprint")? {
-                Some(f) => f.extract()?,
-                None => Default::default(),
-            },
-        };
+        let s = state_from_py(state)?;
         let core = &self.core;
         py.allow_threads(|| {
             let mut c = core.lock().expect("loader");
@@ -491,4 +512,101 @@ impl Loader {
             core.lock().expect("loader").drop_pipeline();
         });
     }
+}
+
+/// A `state_dict` of `s`: plain ints, strings and lists (picklable, JSON-able).
+pub(crate) fn state_to_py<'py>(py: Python<'py>, s: &PipelineState) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("epoch", s.epoch)?;
+    d.set_item("delivered", PyList::new(py, s.delivered.iter().copied())?)?;
+    d.set_item("delivered_items", s.delivered_items)?;
+    d.set_item("version", s.version)?;
+    d.set_item("fingerprint", s.fingerprint.clone())?;
+    d.set_item("partial", PyList::new(py, s.partial.iter().copied())?)?;
+    if let Some(sh) = &s.shard {
+        let x = PyDict::new(py);
+        x.set_item("rank", sh.rank)?;
+        x.set_item("world_size", sh.world)?;
+        x.set_item("shard_lengths", format!("{:?}", sh.lengths).to_lowercase())?;
+        x.set_item("global_len", sh.global_len)?;
+        x.set_item("base", PyList::new(py, sh.base.iter().copied())?)?;
+        d.set_item("shard", x)?;
+    }
+    Ok(d)
+}
+
+/// `[start, end]` pairs from tuples or lists (a state_dict through JSON has lists).
+fn pairs(v: Option<Bound<'_, PyAny>>) -> PyResult<Vec<(u64, u64)>> {
+    let Some(v) = v else { return Ok(Vec::new()) };
+    v.try_iter()?
+        .map(|p| match p?.extract::<Vec<u64>>()?.as_slice() {
+            &[a, b] => Ok((a, b)),
+            other => Err(PyValueError::new_err(format!(
+                "state_dict: {other:?} is not a pair"
+            ))),
+        })
+        .collect()
+}
+
+/// The state a `state_dict` describes (see [`state_to_py`]).
+pub(crate) fn state_from_py(state: &Bound<'_, PyDict>) -> PyResult<PipelineState> {
+    fn get<'py>(d: &Bound<'py, PyDict>, k: &str) -> PyResult<Bound<'py, PyAny>> {
+        d.get_item(k)?
+            .ok_or_else(|| PyValueError::new_err(format!("state_dict without `{k}`")))
+    }
+    let shard = match state.get_item("shard")? {
+        None => None,
+        Some(x) => {
+            let x = x.downcast::<PyDict>()?;
+            let lengths: String = get(x, "shard_lengths")?.extract()?;
+            Some(ShardState {
+                rank: get(x, "rank")?.extract()?,
+                world: get(x, "world_size")?.extract()?,
+                lengths: match lengths.as_str() {
+                    "uneven" => ShardLengths::Uneven,
+                    "drop" => ShardLengths::Drop,
+                    "pad" => ShardLengths::Pad,
+                    other => {
+                        return Err(PyValueError::new_err(format!(
+                            "state_dict: shard_lengths {other:?} (uneven, drop or pad)"
+                        )))
+                    }
+                },
+                global_len: get(x, "global_len")?.extract()?,
+                base: pairs(x.get_item("base")?)?,
+            })
+        }
+    };
+    Ok(PipelineState {
+        epoch: get(state, "epoch")?.extract()?,
+        delivered: pairs(Some(get(state, "delivered")?))?,
+        delivered_items: get(state, "delivered_items")?.extract()?,
+        partial: pairs(state.get_item("partial")?)?,
+        version: match state.get_item("version")? {
+            Some(v) => v.extract()?,
+            None => 0,
+        },
+        fingerprint: match state.get_item("fingerprint")? {
+            Some(f) => f.extract()?,
+            None => Default::default(),
+        },
+        shard,
+    })
+}
+
+/// Merges the `state_dict()`s every rank of one world took at the same step into one that a
+/// loader of any world size resumes: the rest of the epoch is dealt out evenly to the new
+/// ranks. Raises ValueError if they do not fit together (another configuration, a rank
+/// missing or twice, different epochs).
+#[pyfunction]
+pub(crate) fn merge_state_dicts<'py>(
+    py: Python<'py>,
+    states: Vec<Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let states = states
+        .iter()
+        .map(state_from_py)
+        .collect::<PyResult<Vec<_>>>()?;
+    let merged = PipelineState::merge(&states).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    state_to_py(py, &merged)
 }

@@ -148,8 +148,12 @@ def test_break_and_del_stop_without_hanging_or_leaking_threads(data):
     loader = flowgate.ImageLoader(data / "images.txt", batch_size=4)
     for _ in range(3):
         for b in loader:
-            break  # abandon the epoch
+            break  # abandon the epoch: its pipeline stops now, not at the next iter()
+        assert wait_for_threads(base) <= base, "an abandoned epoch's threads keep running"
+    it = iter(loader)
+    next(it)
     assert _native._thread_count() > base
+    del it
     t0 = time.monotonic()
     del loader, b
     gc.collect()

@@ -30,6 +30,7 @@ pub(crate) fn assemble<T: Send + 'static>(
     tail_scale: usize,
 ) -> Result<Pipeline<T>, PipelineError> {
     plan.validate()?;
+    crate::pipeline::return_large_frees();
     let Plan {
         cfg,
         autotune,
@@ -141,6 +142,7 @@ pub(crate) fn assemble<T: Send + 'static>(
         trace,
         epoch,
         cfg.fingerprint,
+        cfg.sharding,
     ))
 }
 

@@ -132,6 +132,45 @@ impl SourceBuilder {
         self.with_source(spawn, sizer, tail, false)
     }
 
+    /// Items of each epoch from a [`Sampler`](crate::sampler::Sampler): `make(epoch, index)`
+    /// for each dataset index of this rank's share, in the sampler's order.
+    ///
+    /// Checkpoints of such a pipeline know where its items lie in the epoch's global order,
+    /// so the states of every rank can be merged with [`PipelineState::merge`] and resumed
+    /// at another world size: the rest of the epoch is dealt out evenly to the new ranks
+    /// (see [`Layout`](crate::sampler::Layout)). The sampler's settings (seed, shard
+    /// lengths, weights) are added to the [checkpoint fields](PipelineBuilder::checkpoint_fields).
+    ///
+    /// [`PipelineState::merge`]: crate::PipelineState::merge
+    pub fn source_sampled<F, U>(
+        mut self,
+        sampler: crate::sampler::Sampler,
+        make: F,
+    ) -> PipelineBuilder<U>
+    where
+        F: Fn(u64, usize) -> U + Send + Sync + 'static,
+        U: Send + 'static,
+    {
+        let sharding = crate::checkpoint::Sharding::new(sampler.clone());
+        let shared = sharding.clone();
+        let make = Arc::new(make);
+        self.cfg.fingerprint.extend(
+            sampler
+                .fingerprint()
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v)),
+        );
+        self.cfg.sharding = Some(sharding);
+        self.source_epochs(move |epoch| {
+            let make = Arc::clone(&make);
+            shared
+                .sampler
+                .epoch_after(epoch, shared.base(epoch))
+                .into_iter()
+                .map(move |i| make(epoch, i))
+        })
+    }
+
     /// Items from an async stream, polled on the pipeline's tokio runtime; used once, like
     /// [`source`](Self::source).
     pub fn source_stream<S>(self, stream: S) -> PipelineBuilder<S::Item>

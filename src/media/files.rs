@@ -153,6 +153,13 @@ impl Files {
         self.paths.is_empty()
     }
 
+    /// How each epoch orders and shards the files (for
+    /// [`PipelineBuilder::source_sampled`](crate::PipelineBuilder::source_sampled), whose
+    /// checkpoints merge across ranks).
+    pub fn sampler(&self) -> &Sampler {
+        &self.sampler
+    }
+
     /// The paths, in dataset order.
     pub fn paths(&self) -> &[PathBuf] {
         &self.paths

@@ -184,10 +184,11 @@ impl PipelineSpec {
             let items = files.len();
             let dataset = files.fingerprint();
             let load = decoder;
+            let paths: std::sync::Arc<[PathBuf]> = files.paths().into();
             let pipeline = finish(
                 Pipeline::builder()
-                    .source_epochs(move |epoch| {
-                        files.epoch(epoch).into_iter().map(move |p| (p, epoch))
+                    .source_sampled(files.sampler().clone(), move |epoch, i| {
+                        (paths[i].clone(), epoch)
                     })
                     .checkpoint_fields(dataset)
                     .describe(|(p, _)| p.display().to_string())

@@ -76,8 +76,11 @@ pub(super) fn build(
     });
     let fetch = s3.fetcher::<PathBuf>();
     let dataset = files.fingerprint();
+    let keys: std::sync::Arc<[PathBuf]> = files.paths().into();
     let b = Pipeline::builder()
-        .source_epochs(move |epoch| files.epoch(epoch).into_iter().map(move |p| (p, epoch)))
+        .source_sampled(files.sampler().clone(), move |epoch, i| {
+            (keys[i].clone(), epoch)
+        })
         .checkpoint_fields(dataset)
         .describe(|(p, _)| p.display().to_string());
     // The epoch rides along the fetch, for the decoder's per-epoch augmentation.

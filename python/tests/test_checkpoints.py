@@ -1,0 +1,144 @@
+"""Checkpoints across ranks and world sizes, and a loader that stays responsive around its
+training loop (stats from another thread, break releasing memory)."""
+
+import gc
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import flowgate
+
+
+def paths_of(data):
+    return [str(p) for p in sorted((data / "images").glob("*.jpg"))]
+
+
+ARGS = dict(batch_size=3, crop=32, resize=32, seed=9, return_paths=True, workers=1)
+
+
+def take(loader, n):
+    """Paths of the first n batches of the loader's current (or next) epoch, and the
+    loader's state_dict after them (taken inside the loop, as a training step would)."""
+    got, it = [], iter(loader)
+    for _ in range(n):
+        try:
+            _, paths = next(it)
+        except StopIteration:
+            break
+        got.extend(paths)
+    return got, loader.state_dict()
+
+
+def test_merged_state_dicts_resume_at_other_world_sizes(data):
+    files = paths_of(data)
+    delivered = []
+    state = None
+    for world, batches in [(3, 2), (2, 1), (5, None)]:
+        states, counts = [], []
+        for rank in range(world):
+            loader = flowgate.ImageLoader(files, rank=rank, world_size=world, **ARGS)
+            if state is not None:
+                loader.load_state_dict(state)
+            got, state_dict = take(loader, batches if batches is not None else 10**6)
+            delivered.extend(got)
+            counts.append(len(got))
+            states.append(state_dict)
+            loader.close()
+        if batches is None:
+            # The rest, dealt out evenly: every rank within one item of the others.
+            assert max(counts) - min(counts) <= 1, counts
+            break
+        # The ranks' states, saved and merged (in any order).
+        state = flowgate.merge_state_dicts(states[::-1])
+        assert state["epoch"] == 0 and state["shard"]["world_size"] == 1
+        assert state["delivered_items"] == len(delivered)
+    assert sorted(delivered) == sorted(files), "every file of the epoch exactly once"
+
+    # The merged state of a finished epoch names the next, whole.
+    with pytest.raises(ValueError, match="no state of rank 1"):
+        flowgate.merge_state_dicts(states[:1])
+
+
+def test_a_rank_state_does_not_load_at_another_rank(data):
+    files = paths_of(data)
+    a = flowgate.ImageLoader(files, rank=0, world_size=2, **ARGS)
+    _, state = take(a, 1)
+    a.close()
+    b = flowgate.ImageLoader(files, rank=1, world_size=2, **ARGS)
+    with pytest.raises(flowgate.LoaderError, match="merge every rank"):
+        b.load_state_dict(state)
+
+
+def fifo_dataset(tmp_path, data):
+    """A list whose first file is a named pipe: reading it blocks until someone writes."""
+    fifo = tmp_path / "slow.jpg"
+    os.mkfifo(fifo)
+    return fifo, [str(fifo)] + paths_of(data)[:4]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_stats_epoch_and_state_dict_answer_while_next_waits(data, tmp_path):
+    fifo, files = fifo_dataset(tmp_path, data)
+    loader = flowgate.ImageLoader(files, batch_size=1, shuffle=False, crop=32, resize=32,
+                                  workers=1)
+    it = iter(loader)
+    waiting = threading.Thread(target=lambda: next(it))
+    waiting.start()
+    time.sleep(0.3)
+    assert waiting.is_alive(), "next() waits for the blocked read"
+    t0 = time.monotonic()
+    stats = loader.stats()
+    epoch = loader.epoch
+    took = time.monotonic() - t0
+    assert stats["delivered"] == 0 and epoch == 0
+    assert took < 0.5, f"stats() took {took:.2f}s while next() waited"
+    # A monitoring thread runs Python meanwhile: the GIL is not held by the waiting call.
+    ticks = []
+    ticker = threading.Thread(target=lambda: [ticks.append(time.sleep(0.01)) for _ in range(10)])
+    ticker.start()
+    ticker.join(timeout=2)
+    assert len(ticks) == 10
+    # Unblock the read (a valid JPEG) and finish.
+    with open(fifo, "wb") as f:
+        f.write(open(files[1], "rb").read())
+    waiting.join(timeout=10)
+    assert not waiting.is_alive()
+    loader.close()
+
+
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
+def test_break_releases_the_epochs_buffers(data):
+    """Leaving an epoch with `break` stops its pipeline at once and gives its buffers back:
+    RSS falls by most of what the buffers held (measured, not only the ledger)."""
+    files = paths_of(data) * 4  # 160 items of 1024x1024x3 = 3 MiB each
+    loader = flowgate.ImageLoader(files, batch_size=8, resize=1024, crop=1024, shuffle=False,
+                                  workers=2, memory_mb=400)
+    gc.collect()
+    before = rss_mb()
+    it = iter(loader)
+    b = next(it)
+    del b
+    # Let the prefetch fill its buffers.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and rss_mb() - before < 100:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    filled, held = rss_mb(), loader.stats()["bytes"] / 2**20
+    assert filled - before > 100, f"RSS grew only {filled - before:.0f} MiB ({held:.0f} held)"
+    del it  # the loop's iterator is freed: the epoch is abandoned
+    gc.collect()
+    after = rss_mb()
+    assert after - before < 0.3 * (filled - before), (
+        f"RSS {before:.0f} -> {filled:.0f} MiB with {held:.0f} MiB buffered, "
+        f"{after:.0f} MiB after the break")
+    assert loader.epoch == 1, "the abandoned epoch is over"
+    loader.close()

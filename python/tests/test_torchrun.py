@@ -1,0 +1,54 @@
+"""Multi-rank behaviour under the real launcher: `torchrun --nproc_per_node=N` on CPU (gloo),
+one flowgate loader per rank, batches all-gathered."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+WORKER = pathlib.Path(__file__).with_name("torchrun_worker.py")
+
+
+def torchrun(n, tmp_path, *args):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(k, None)
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}",
+         "--master_port", str(29500 + os.getpid() % 1000), str(WORKER), *map(str, args)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    return json.loads((tmp_path / "report.json").read_text())
+
+
+def test_ranks_cover_the_epoch_and_merged_checkpoints_resume_at_other_world_sizes(
+        data, tmp_path):
+    files = tmp_path / "files.txt"
+    paths = sorted(str(p) for p in (data / "images").glob("*.jpg"))
+    files.write_text("\n".join(paths) + "\n")
+    # 4 ranks: epoch 0 whole, then 40% of epoch 1 and a merged checkpoint.
+    rep = torchrun(4, tmp_path, files, "--whole-before", 1, "--then", 0.4, "--save", "s1.json")
+    whole = rep["epochs"][0]
+    assert sorted(p for rank in whole for p in rank) == paths, "epoch 0: every file once"
+    assert len({len(rank) for rank in whole}) == 1, "equal batch counts per rank"
+    first = [p for rank in rep["partial"] for p in rank]
+    # 2 ranks: part of the rest, merged again.
+    rep = torchrun(2, tmp_path, files, "--load", "s1.json", "--then", 0.5, "--save", "s2.json")
+    second = [p for rank in rep["partial"] for p in rank]
+    # 5 ranks: the rest of epoch 1, then epoch 2 whole.
+    rep = torchrun(5, tmp_path, files, "--load", "s2.json", "--then", 1.0, "--whole-after", 1)
+    third_by_rank = rep["partial"]
+    counts = rep["batches"]
+    assert max(counts) - min(counts) <= 1, f"batches per rank {counts}"
+    third = [p for rank in third_by_rank for p in rank]
+    epoch1 = first + second + third
+    assert sorted(epoch1) == paths, "epoch 1 across 4, 2 and 5 ranks: every file exactly once"
+    assert len(first) > 0 and len(second) > 0 and len(third) > 0
+    assert sorted(p for rank in rep["epochs"][0] for p in rank) == paths, "epoch 2 whole"
+    assert rep["epoch_numbers"] == [2]

@@ -1,0 +1,194 @@
+//! Elastic resume: the checkpoints of every rank of one world, merged, resume at another
+//! world size; each new rank gets an equal share of the epoch's rest, and the items of the
+//! epoch are delivered exactly once across all worlds (or, with `ShardLengths::Drop` /
+//! `Pad`, at most once / at least once, by no more than the dropped / padded positions).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use flowgate::sampler::{Sampler, ShardLengths};
+use flowgate::{FailureBudget, Order, Pipeline, PipelineState, Workers};
+use proptest::prelude::*;
+
+#[derive(Debug)]
+struct Bad(usize);
+impl std::fmt::Display for Bad {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "item {} is bad", self.0)
+    }
+}
+impl std::error::Error for Bad {}
+
+/// Dataset indices of `sampler`'s share, through a stage with uneven latencies that fails
+/// every 23rd index (failed items are not delivered: a resume attempts them again).
+fn build(sampler: Sampler, order: Order, fail: bool) -> Pipeline<usize> {
+    Pipeline::builder()
+        .source_sampled(sampler, |_epoch, i| i)
+        .pipe(
+            "work",
+            move |i: usize| {
+                if i % 5 == 1 {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                if fail && i % 23 == 4 {
+                    Err(Bad(i))
+                } else {
+                    Ok(i)
+                }
+            },
+            Workers::fixed(2),
+        )
+        .budget(6, u64::MAX)
+        .max_failures(FailureBudget::unlimited())
+        .output_order(order)
+        .autotune_off()
+        .build()
+        .expect("build")
+}
+
+fn lengths() -> impl Strategy<Value = ShardLengths> {
+    prop_oneof![
+        Just(ShardLengths::Uneven),
+        Just(ShardLengths::Drop),
+        Just(ShardLengths::Pad)
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    #[test]
+    fn merged_checkpoints_resume_at_any_world_size(
+        len in 1usize..160,
+        worlds in proptest::collection::vec(1usize..6, 2..4),
+        cuts in proptest::collection::vec(0usize..40, 18),
+        lengths in lengths(),
+        seed in any::<u64>(),
+        epoch in 0u64..2,
+        input_order in any::<bool>(),
+        fail in any::<bool>(),
+    ) {
+        let order = if input_order { Order::Input } else { Order::Completion };
+        let base = Sampler::new(len).shuffle(seed).shard_lengths(lengths);
+        let mut count: BTreeMap<usize, usize> = BTreeMap::new();
+        let mut state: Option<PipelineState> = None;
+        let mut cut = cuts.iter().cycle();
+        let last = worlds.len() - 1;
+        let mut dealt = Vec::new();
+        for (phase, &world) in worlds.iter().enumerate() {
+            dealt.push(world);
+            let mut states = Vec::new();
+            let mut shares = Vec::new();
+            for rank in 0..world {
+                let mut p = build(base.clone().shard(rank, world).unwrap(), order, fail);
+                match &state {
+                    Some(s) => p.resume(s).expect("resume a merged state"),
+                    None => p.start_at_epoch(epoch).unwrap(),
+                }
+                let before = p.stats();
+                let take = if phase == last { usize::MAX } else { *cut.next().unwrap() };
+                let got: Vec<usize> = p.iter().take(take).map(|r| r.unwrap()).collect();
+                for i in &got {
+                    *count.entry(*i).or_default() += 1;
+                }
+                if phase == last || take == usize::MAX {
+                    // Delivered + failed = the rank's share of what was left.
+                    let s = p.stats();
+                    shares.push(got.len() as u64 + s.failures - before.failures);
+                }
+                states.push(p.state());
+            }
+            if phase == last {
+                if lengths != ShardLengths::Uneven {
+                    prop_assert!(shares.windows(2).all(|w| w[0] == w[1]),
+                        "equal shares at world {}: {:?}", world, shares);
+                } else {
+                    let (lo, hi) = (shares.iter().min().unwrap(), shares.iter().max().unwrap());
+                    prop_assert!(hi - lo <= 1, "shares within one: {:?}", shares);
+                }
+                break;
+            }
+            // The ranks' states are saved (JSON) and merged into one, in any order.
+            states.reverse();
+            let states: Vec<PipelineState> = states.iter()
+                .map(|s| serde_json::from_str(&serde_json::to_string(s).unwrap()).unwrap())
+                .collect();
+            let merged = PipelineState::merge(&states).expect("merge");
+            prop_assert!(merged.epoch == epoch || merged.epoch == epoch + 1);
+            if merged.epoch > epoch {
+                break; // every rank finished the epoch
+            }
+            state = Some(merged);
+        }
+        let deliverable: Vec<usize> = (0..len).filter(|i| !fail || i % 23 != 4).collect();
+        let missing = deliverable.iter().filter(|i| !count.contains_key(i)).count();
+        let repeats: usize = count.values().map(|c| c - 1).sum();
+        prop_assert!(count.keys().all(|i| deliverable.contains(i)), "only the epoch's items");
+        let final_world = *dealt.last().unwrap();
+        match lengths {
+            ShardLengths::Uneven => {
+                prop_assert_eq!(missing, 0, "every item");
+                prop_assert_eq!(repeats, 0, "exactly once");
+            }
+            // Only the last dealing drops (earlier ones' dropped positions stay in the rest).
+            ShardLengths::Drop => {
+                prop_assert_eq!(repeats, 0, "at most once");
+                prop_assert!(missing < final_world, "{} dropped at world {}", missing, final_world);
+            }
+            // Every dealing pads by fewer than its world.
+            ShardLengths::Pad => {
+                prop_assert_eq!(missing, 0, "every item");
+                let bound: usize = dealt.iter().map(|w| w - 1).sum();
+                prop_assert!(repeats <= bound, "{} repeats, padding allows {}", repeats, bound);
+            }
+        }
+    }
+}
+
+#[test]
+fn merging_refuses_states_that_do_not_fit_together() {
+    let sampler = || Sampler::new(40).shuffle(1);
+    let state_of = |s: Sampler, n: usize| {
+        let mut p = build(s, Order::Completion, false);
+        let _: Vec<_> = p.iter().take(n).collect();
+        p.state()
+    };
+    let r0 = state_of(sampler().shard(0, 2).unwrap(), 3);
+    let r1 = state_of(sampler().shard(1, 2).unwrap(), 5);
+    let merged = PipelineState::merge(&[r0.clone(), r1.clone()]).unwrap();
+    assert_eq!(merged.epoch, 0);
+    assert!(merged.delivered_items >= 8, "{merged:?}");
+    for (states, says) in [
+        (vec![r0.clone()], "no state of rank 1"),
+        (vec![r0.clone(), r0.clone()], "two states of rank 0"),
+        (
+            vec![
+                r0.clone(),
+                state_of(Sampler::new(40).shuffle(2).shard(1, 2).unwrap(), 1),
+            ],
+            "shuffle_seed",
+        ),
+        (
+            vec![r0.clone(), state_of(sampler().shard(1, 3).unwrap(), 1)],
+            "different worlds",
+        ),
+        (vec![], "no states"),
+    ] {
+        let e = PipelineState::merge(&states).unwrap_err();
+        assert!(e.is_config() && e.to_string().contains(says), "{says}: {e}");
+    }
+    // One rank's own state does not resume another world: it holds only its progress.
+    let mut p = build(sampler().shard(0, 3).unwrap(), Order::Completion, false);
+    let e = p.resume(&r0).unwrap_err();
+    assert!(
+        e.to_string().contains("merge every rank's checkpoint"),
+        "{e}"
+    );
+    // At its own place it does, and the merged state anywhere.
+    build(sampler().shard(0, 2).unwrap(), Order::Completion, false)
+        .resume(&r0)
+        .unwrap();
+    build(sampler().shard(2, 3).unwrap(), Order::Completion, false)
+        .resume(&merged)
+        .unwrap();
+}
