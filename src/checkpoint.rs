@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use flowgate_actors::error::PipelineError;
-use flowgate_actors::origin::RangeSet;
+use flowgate_actors::origin::{RangeSet, UNIT};
 use parking_lot::Mutex;
 
 use crate::sampler::{Layout, Sampler, ShardLengths};
@@ -26,6 +26,10 @@ pub const STATE_VERSION: u32 = 2;
 /// resumed by a pipeline whose fields are the same.
 pub type Fingerprint = BTreeMap<String, String>;
 
+/// A part received of a partly delivered item: `(position, start, end)`, the part
+/// `[start, end)` of the item's `[0, 2^32)`.
+pub type Part = (u64, u64, u64);
+
 /// A checkpoint of a consumer's progress through an epoch; see
 /// [`Pipeline::state`](crate::Pipeline::state) and [`Pipeline::resume`](crate::Pipeline::resume).
 /// Serialisable with serde (a few hundred bytes for a typical epoch: delivered items are kept
@@ -39,10 +43,15 @@ pub struct PipelineState {
     pub delivered: Vec<(u64, u64)>,
     /// How many source items that is.
     pub delivered_items: u64,
-    /// Source items only partly received (split by `disaggregate`): position and share
-    /// received (of 2^40).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub partial: Vec<(u64, u64)>,
+    /// Source items only partly received (split by `disaggregate`): `(position, start,
+    /// end)`, a part `[start, end)` of the item's `[0, 2^32)` received (an item may have
+    /// several). A resume produces such an item again whole and drops the parts received.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "parts_of_this_version"
+    )]
+    pub partial: Vec<Part>,
     /// The layout's version ([`STATE_VERSION`]; 0 in states from before it was recorded).
     #[serde(default)]
     pub version: u32,
@@ -98,11 +107,26 @@ impl ShardState {
     }
 }
 
-/// A state's progress in global positions: fully delivered ones, and shares of partly
-/// delivered ones.
+/// A state's progress in global positions: fully delivered ones, and the parts received of
+/// partly delivered ones.
 struct Global {
     done: RangeSet,
-    partial: BTreeMap<u64, u64>,
+    partial: Vec<Part>,
+}
+
+/// `partial` as this version writes it; the `(position, share)` pairs of version 1 say how
+/// much of an item arrived, not which parts, so they are left out (the item is produced again
+/// whole and all its parts delivered again: nothing lost).
+fn parts_of_this_version<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<Part>, D::Error> {
+    let v: Vec<Vec<u64>> = serde::Deserialize::deserialize(d)?;
+    Ok(v.into_iter()
+        .filter_map(|p| match p[..] {
+            [i, a, b] => Some((i, a, b)),
+            _ => None,
+        })
+        .collect())
 }
 
 impl PipelineState {
@@ -164,7 +188,7 @@ impl PipelineState {
             .map(|(_, sh)| sh.base.clone())
             .unwrap_or_default();
         let mut done = RangeSet::default();
-        let mut partial = BTreeMap::new();
+        let mut partial: BTreeMap<u64, RangeSet> = BTreeMap::new();
         for (s, sh) in states.iter().zip(&shards) {
             let g = if s.epoch == epoch {
                 if sh.base != base {
@@ -196,9 +220,14 @@ impl PipelineState {
                 )));
             };
             done = RangeSet::from_ranges(done.ranges().chain(g.done.ranges()));
-            for (i, sh) in g.partial {
-                let e = partial.entry(i).or_insert(0);
-                *e = sh.max(*e);
+            for (i, a, b) in g.partial {
+                partial.entry(i).or_default().insert_range(a, b);
+            }
+        }
+        // Parts of one item from several ranks (padding repeats items) may complete it.
+        for (i, r) in &partial {
+            if r.covers(0, UNIT) {
+                done.insert(*i);
             }
         }
         partial.retain(|i, _| !done.contains(*i));
@@ -209,7 +238,10 @@ impl PipelineState {
             (
                 epoch,
                 done.ranges().collect(),
-                partial.into_iter().collect(),
+                partial
+                    .iter()
+                    .flat_map(|(&i, r)| r.ranges().map(move |(a, b)| (i, a, b)))
+                    .collect(),
             )
         };
         Ok(PipelineState {
@@ -235,7 +267,7 @@ impl PipelineState {
         let Some(sh) = &self.shard else {
             return Ok(Global {
                 done: RangeSet::from_ranges(self.delivered.iter().copied()),
-                partial: self.partial.iter().copied().collect(),
+                partial: self.partial.clone(),
             });
         };
         let layout = sh.layout();
@@ -255,10 +287,11 @@ impl PipelineState {
                 done.insert(at(p)?);
             }
         }
-        let mut partial = BTreeMap::new();
-        for &(p, share) in &self.partial {
-            partial.insert(at(p)?, share);
-        }
+        let partial = self
+            .partial
+            .iter()
+            .map(|&(p, a, b)| Ok((at(p)?, a, b)))
+            .collect::<Result<_, PipelineError>>()?;
         Ok(Global { done, partial })
     }
 
@@ -357,7 +390,7 @@ impl Sharding {
     pub(crate) fn resume(
         &self,
         state: &PipelineState,
-    ) -> Result<(RangeSet, Vec<(u64, u64)>), PipelineError> {
+    ) -> Result<(RangeSet, Vec<Part>), PipelineError> {
         let mine = self.sampler.layout(RangeSet::default());
         let mut state = state.current();
         // A state that names no place (from a source that was not sampled, or from before
@@ -387,7 +420,7 @@ impl Sharding {
             let partial = g
                 .partial
                 .iter()
-                .filter_map(|(&i, &s)| layout.local_of(i).map(|p| (p, s)))
+                .filter_map(|&(i, a, b)| layout.local_of(i).map(|p| (p, a, b)))
                 .collect();
             (g.done, RangeSet::default(), partial)
         } else {

@@ -26,7 +26,7 @@ pub mod tensor;
 
 pub use blob::Blob;
 pub use builder::{PipelineBuilder, SourceBuilder};
-pub use checkpoint::{Fingerprint, PipelineState, ShardState, STATE_VERSION};
+pub use checkpoint::{Fingerprint, Part, PipelineState, ShardState, STATE_VERSION};
 pub use config::Workers;
 pub use control::{ControlHandle, StopHandle};
 pub use pipeline::{EpochIter, EpochStream, Pipeline};

@@ -200,7 +200,11 @@ impl<T: Send + 'static> Pipeline<T> {
     /// delivered.
     pub fn state(&self) -> PipelineState {
         let ledger = self.reader.ledger();
-        let mut partial: Vec<(u64, u64)> = ledger.partial.iter().map(|(&i, &s)| (i, s)).collect();
+        let mut partial: Vec<(u64, u64, u64)> = ledger
+            .partial
+            .iter()
+            .flat_map(|(&i, r)| r.ranges().map(move |(a, b)| (i, a, b)))
+            .collect();
         partial.sort_unstable();
         let epoch = self.epoch();
         PipelineState {
@@ -258,11 +262,13 @@ impl<T: Send + 'static> Pipeline<T> {
             done: done.clone(),
             ..Default::default()
         };
-        for (i, s) in partial {
+        for (i, a, b) in partial {
             if !done.contains(i) {
-                ledger.partial.insert(i, s);
+                ledger.partial.entry(i).or_default().insert_range(a, b);
             }
         }
+        // Those items are produced again whole: the parts received are recognised and dropped.
+        ledger.reissued = !ledger.partial.is_empty();
         source.skip_in_epoch(state.epoch, done);
         self.reader.set_ledger(ledger);
         self.epoch.store(state.epoch, Ordering::Relaxed);

@@ -1,42 +1,78 @@
 //! Which source items a result carries, so a consumer can checkpoint exactly what it received.
 //!
-//! Every item the source emits is tagged with its position in the epoch (its *index*) and a
-//! full *share* ([`WHOLE`]). A stage that turns one input into one output passes the tag on; a
-//! batch ([`aggregate`](crate::aggregate)) carries the tags of all its items; a stage that turns
-//! one input into several outputs (`disaggregate`, a flat map) splits the shares among them, so
-//! a source item is *delivered* exactly when the shares the consumer received add up to
-//! [`WHOLE`]. Filtered and failed items simply never reach the consumer.
+//! Every item the source emits is tagged with its position in the epoch (its *index*) and the
+//! whole of it ([`Span::WHOLE`], the interval `[0, UNIT)`). A stage that turns one input into
+//! one output passes the tag on; a batch ([`aggregate`](crate::aggregate)) carries the tags of
+//! all its items; a stage that turns one input into several outputs (`disaggregate`, a flat
+//! map) cuts the input's span into consecutive pieces, one per output, so a source item is
+//! *delivered* exactly when the spans the consumer received cover `[0, UNIT)`. Spans, not
+//! amounts: a part received twice (produced again after a resume) covers nothing new, so it
+//! can neither complete an item early nor be counted twice, and the consumer can recognise
+//! it and drop it ([`Delivered::covers`]). Filtered and failed items never reach the consumer.
 //!
 //! [`Delivered`] is the consumer's ledger: ranges of fully delivered indices (compact when the
-//! results arrive roughly in order, which the bounded budgets guarantee) and the shares of
-//! partly delivered ones.
+//! results arrive roughly in order, which the bounded budgets guarantee) and the spans
+//! received of partly delivered ones.
 
 use std::collections::{BTreeMap, HashMap};
 
-/// The share of a whole source item (2^40, so splitting into up to a trillion parts is exact).
-pub const WHOLE: u64 = 1 << 40;
+/// The length of a whole source item's interval (2^32: an item splits into up to four
+/// billion parts exactly).
+pub const UNIT: u64 = 1 << 32;
 
-/// The source items (index in the epoch, share) that a result carries.
+/// A non-empty interval `[lo, hi)` of `[0, UNIT)`: which part of a source item a result
+/// carries. Packed in a `u64` (`lo` high, `hi - 1` low), the size of the share it replaced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Span(u64);
+
+impl Span {
+    /// The whole item.
+    pub const WHOLE: Span = Span(UNIT - 1);
+
+    /// `[lo, hi)`, if non-empty and within `[0, UNIT)`.
+    pub fn new(lo: u64, hi: u64) -> Option<Span> {
+        (lo < hi && hi <= UNIT).then_some(Span((lo << 32) | (hi - 1)))
+    }
+
+    /// The start.
+    pub fn lo(self) -> u64 {
+        self.0 >> 32
+    }
+
+    /// The end (exclusive).
+    pub fn hi(self) -> u64 {
+        (self.0 & (UNIT - 1)) + 1
+    }
+
+    /// Piece `k` of `n` consecutive pieces (empty, `None`, when the span is shorter than `n`).
+    pub fn part(self, k: usize, n: usize) -> Option<Span> {
+        let (lo, len) = (self.lo() as u128, (self.hi() - self.lo()) as u128);
+        let at = |k: usize| (lo + len * k as u128 / n as u128) as u64;
+        Span::new(at(k), at(k + 1))
+    }
+}
+
+/// The source items (index in the epoch, part) that a result carries.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Origin {
     /// Nothing (a result built from no source item).
     #[default]
     None,
-    /// One source item, or a share of one.
-    One(u64, u64),
+    /// One source item, or a part of one.
+    One(u64, Span),
     /// Several (a batch).
-    Many(Box<[(u64, u64)]>),
+    Many(Box<[(u64, Span)]>),
 }
 
 impl Origin {
     /// The whole source item at `index`.
     #[inline]
     pub fn source(index: u64) -> Self {
-        Origin::One(index, WHOLE)
+        Origin::One(index, Span::WHOLE)
     }
 
-    /// Calls `f(index, share)` for each part.
-    pub fn for_each(&self, mut f: impl FnMut(u64, u64)) {
+    /// Calls `f(index, part)` for each part.
+    pub fn for_each(&self, mut f: impl FnMut(u64, Span)) {
         match self {
             Origin::None => {}
             Origin::One(i, s) => f(*i, *s),
@@ -45,8 +81,7 @@ impl Origin {
     }
 
     /// Origins of `n` outputs made from one input of this origin: one output keeps it whole;
-    /// several share it out (the remainder of the division goes to the last), so the shares
-    /// of the outputs add up to the input's.
+    /// several cut each of its spans into `n` consecutive pieces, which together cover it.
     pub fn split(self, n: usize) -> Vec<Origin> {
         match n {
             0 => Vec::new(),
@@ -58,18 +93,15 @@ impl Origin {
     /// The origin of output `k` of `n` made from one input of this origin (see
     /// [`split`](Self::split)); allocates only for batches.
     pub fn part(&self, k: usize, n: usize) -> Origin {
-        let n = n as u64;
-        let share = |s: u64| s / n + if k as u64 == n - 1 { s % n } else { 0 };
         match self {
             Origin::None => Origin::None,
-            Origin::One(i, s) => match share(*s) {
-                0 => Origin::None,
-                s => Origin::One(*i, s),
-            },
+            Origin::One(i, s) => s.part(k, n).map_or(Origin::None, |s| Origin::One(*i, s)),
             Origin::Many(v) => {
                 let mut g = Gather::default();
                 for &(i, s) in v.iter() {
-                    g.add(&Origin::One(i, share(s)));
+                    if let Some(s) = s.part(k, n) {
+                        g.0.push((i, s));
+                    }
                 }
                 g.take()
             }
@@ -79,17 +111,13 @@ impl Origin {
 
 /// Builds the origin of a batch from the origins of its items.
 #[derive(Debug, Default)]
-pub struct Gather(Vec<(u64, u64)>);
+pub struct Gather(Vec<(u64, Span)>);
 
 impl Gather {
     /// Adds an item's origin.
     #[inline]
     pub fn add(&mut self, o: &Origin) {
-        o.for_each(|i, s| {
-            if s > 0 {
-                self.0.push((i, s));
-            }
-        });
+        o.for_each(|i, s| self.0.push((i, s)));
     }
 
     /// The batch's origin; the gatherer is empty again.
@@ -181,6 +209,25 @@ impl RangeSet {
         true
     }
 
+    /// Adds `[a, b)`.
+    pub fn insert_range(&mut self, a: u64, b: u64) {
+        if a + 1 == b {
+            self.insert(a);
+        } else if a < b {
+            *self = Self::from_ranges(self.ranges().chain(std::iter::once((a, b))));
+        }
+    }
+
+    /// Whether all of `[a, b)` is in the set.
+    pub fn covers(&self, a: u64, b: u64) -> bool {
+        a >= b
+            || self
+                .ranges
+                .range(..=a)
+                .next_back()
+                .is_some_and(|(_, &e)| b <= e)
+    }
+
     /// Whether `x` is in the set.
     pub fn contains(&self, x: u64) -> bool {
         self.ranges
@@ -210,8 +257,11 @@ impl RangeSet {
 pub struct Delivered {
     /// Fully delivered indices.
     pub done: RangeSet,
-    /// Shares received of partly delivered indices.
-    pub partial: HashMap<u64, u64>,
+    /// Parts received (spans of `[0, UNIT)`) of partly delivered indices.
+    pub partial: HashMap<u64, RangeSet>,
+    /// Whether results may carry parts received before (a resume with partly delivered
+    /// items, which the source produces again whole): [`covers`](Self::covers) is checked.
+    pub reissued: bool,
 }
 
 impl Delivered {
@@ -219,17 +269,36 @@ impl Delivered {
     #[inline]
     pub fn record(&mut self, o: &Origin) {
         o.for_each(|i, s| {
-            if s >= WHOLE {
+            if s == Span::WHOLE {
                 self.done.insert(i);
+                self.partial.remove(&i);
                 return;
             }
-            let got = self.partial.entry(i).or_insert(0);
-            *got += s;
-            if *got >= WHOLE {
+            if self.done.contains(i) {
+                return;
+            }
+            let got = self.partial.entry(i).or_default();
+            got.insert_range(s.lo(), s.hi());
+            if got.covers(0, UNIT) {
                 self.partial.remove(&i);
                 self.done.insert(i);
             }
         });
+    }
+
+    /// Whether every part `o` carries was received already (`false` for no parts).
+    pub fn covers(&self, o: &Origin) -> bool {
+        let mut any = false;
+        let mut all = true;
+        o.for_each(|i, s| {
+            any = true;
+            all &= self.done.contains(i)
+                || self
+                    .partial
+                    .get(&i)
+                    .is_some_and(|r| r.covers(s.lo(), s.hi()));
+        });
+        any && all
     }
 
     /// Forgets everything (a new epoch).
@@ -250,8 +319,25 @@ mod tests {
         d.record(&parts[0]);
         d.record(&parts[2]);
         assert!(!d.done.contains(7));
+        // A part received again adds nothing (amounts would have made the item whole).
+        d.record(&parts[2]);
+        d.record(&parts[0]);
+        assert!(!d.done.contains(7) && d.covers(&parts[2]) && !d.covers(&parts[1]));
         d.record(&parts[1]);
         assert!(d.done.contains(7) && d.partial.is_empty());
+        // Nested splits cover exactly their parent.
+        let halves = Origin::source(8).split(2);
+        let mut d = Delivered::default();
+        for q in halves[0]
+            .clone()
+            .split(3)
+            .iter()
+            .chain(&halves[1].clone().split(5))
+        {
+            assert!(!d.done.contains(8));
+            d.record(q);
+        }
+        assert!(d.done.contains(8));
     }
 
     #[test]

@@ -130,24 +130,33 @@ impl<T: Send + 'static> SinkReader<T> {
         })
     }
 
-    fn deliver(&mut self, e: Envelope<T>) -> Next<T> {
+    /// Hands `e` to the consumer, or drops it (`None`) if everything it carries was
+    /// delivered before a resume (a part of an item the source produced again whole).
+    fn deliver(&mut self, e: Envelope<T>) -> Option<Next<T>> {
         self.ch.budget().release(1, e.bytes + e.reserved);
+        if self.ledger.reissued && self.ledger.covers(&e.origin) {
+            return None;
+        }
         self.stats.delivered.fetch_add(1, Ordering::Relaxed);
         self.ledger.record(&e.origin);
-        Next::Item(e.item)
+        Some(Next::Item(e.item))
     }
 
     /// Whatever is available without waiting; `None` means wait.
     fn poll_ready(&mut self) -> Option<Next<T>> {
-        if let Some(e) = self.local.pop_front() {
-            return Some(self.deliver(e));
+        loop {
+            let e = match self.local.pop_front() {
+                Some(e) => e,
+                None => {
+                    let chunk = self.ch.try_recv()?;
+                    self.local.extend(chunk);
+                    continue;
+                }
+            };
+            if let Some(n) = self.deliver(e) {
+                return Some(n);
+            }
         }
-        if let Some(chunk) = self.ch.try_recv() {
-            self.local.extend(chunk);
-            let e = self.local.pop_front()?;
-            return Some(self.deliver(e));
-        }
-        None
     }
 
     /// What to report when nothing is queued: end of epoch, closed, or `None` (wait).
@@ -155,7 +164,10 @@ impl<T: Send + 'static> SinkReader<T> {
         // Status before emptiness: `finish` follows the last send.
         let st = self.ch.budget().status();
         if !self.ch.is_empty() {
-            return self.poll_ready();
+            if let Some(n) = self.poll_ready() {
+                return Some(n);
+            }
+            // All of it was dropped as delivered before: what the status says holds.
         }
         if st.closed {
             return Some(Next::Closed);

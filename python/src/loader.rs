@@ -535,17 +535,22 @@ pub(crate) fn state_to_py<'py>(py: Python<'py>, s: &PipelineState) -> PyResult<B
     Ok(d)
 }
 
-/// `[start, end]` pairs from tuples or lists (a state_dict through JSON has lists).
-fn pairs(v: Option<Bound<'_, PyAny>>) -> PyResult<Vec<(u64, u64)>> {
+/// Tuples of `N` ints from tuples or lists (a state_dict through JSON has lists).
+fn tuples<const N: usize>(v: Option<Bound<'_, PyAny>>) -> PyResult<Vec<[u64; N]>> {
     let Some(v) = v else { return Ok(Vec::new()) };
     v.try_iter()?
-        .map(|p| match p?.extract::<Vec<u64>>()?.as_slice() {
-            &[a, b] => Ok((a, b)),
-            other => Err(PyValueError::new_err(format!(
-                "state_dict: {other:?} is not a pair"
-            ))),
+        .map(|p| {
+            let x: Vec<u64> = p?.extract()?;
+            x.as_slice().try_into().map_err(|_| {
+                PyValueError::new_err(format!("state_dict: {x:?} is not {N} integers"))
+            })
         })
         .collect()
+}
+
+/// `[start, end)` pairs (see [`tuples`]).
+fn pairs(v: Option<Bound<'_, PyAny>>) -> PyResult<Vec<(u64, u64)>> {
+    Ok(tuples::<2>(v)?.into_iter().map(|[a, b]| (a, b)).collect())
 }
 
 /// The state a `state_dict` describes (see [`state_to_py`]).
@@ -581,7 +586,19 @@ pub(crate) fn state_from_py(state: &Bound<'_, PyDict>) -> PyResult<PipelineState
         epoch: get(state, "epoch")?.extract()?,
         delivered: pairs(Some(get(state, "delivered")?))?,
         delivered_items: get(state, "delivered_items")?.extract()?,
-        partial: pairs(state.get_item("partial")?)?,
+        // (position, start, end) parts; version 1's (position, share) pairs say which parts
+        // arrived no more, and are left out (the item is delivered again whole).
+        partial: match state
+            .get_item("version")?
+            .map(|v| v.extract::<u32>())
+            .transpose()?
+        {
+            Some(v) if v >= 2 => tuples::<3>(state.get_item("partial")?)?
+                .into_iter()
+                .map(|[i, a, b]| (i, a, b))
+                .collect(),
+            _ => Vec::new(),
+        },
         version: match state.get_item("version")? {
             Some(v) => v.extract()?,
             None => 0,
