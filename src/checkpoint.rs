@@ -117,9 +117,7 @@ struct Global {
 /// `partial` as this version writes it; the `(position, share)` pairs of version 1 say how
 /// much of an item arrived, not which parts, so they are left out (the item is produced again
 /// whole and all its parts delivered again: nothing lost).
-fn parts_of_this_version<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<Vec<Part>, D::Error> {
+fn parts_of_this_version<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Part>, D::Error> {
     let v: Vec<Vec<u64>> = serde::Deserialize::deserialize(d)?;
     Ok(v.into_iter()
         .filter_map(|p| match p[..] {

@@ -311,6 +311,7 @@ impl<T: Send + 'static> Pipeline<T> {
             stages: self.engine.stages(),
             ledger: Arc::clone(self.engine.ledger()),
             epoch: Arc::clone(&self.epoch),
+            trace: Arc::clone(&self.trace),
         }
     }
 

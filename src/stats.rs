@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use flowgate_actors::failure::Failures;
 use flowgate_actors::stage::StageControl;
+use flowgate_actors::tuner::{TraceLog, TraceRecord};
 use flowgate_tuner::{StageKind, StageStats};
 
 /// A callback that receives a pipeline's statistics (see
@@ -56,6 +57,7 @@ pub struct Monitor {
     pub(crate) stages: Vec<Arc<dyn StageControl>>,
     pub(crate) ledger: Arc<Failures>,
     pub(crate) epoch: Arc<AtomicU64>,
+    pub(crate) trace: Arc<TraceLog>,
 }
 
 impl std::fmt::Debug for Monitor {
@@ -79,5 +81,11 @@ impl Monitor {
     /// The epoch being iterated (or the next one to start).
     pub fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::Relaxed)
+    }
+
+    /// The tuner's recent ticks, oldest first (see
+    /// [`Pipeline::tuner_trace`](crate::Pipeline::tuner_trace)).
+    pub fn tuner_trace(&self) -> Vec<TraceRecord> {
+        self.trace.records()
     }
 }

@@ -2,9 +2,11 @@
 //!
 //! Every pool stage always keeps one worker (a stage with none would stall its pipeline); each
 //! worker beyond the first needs a token from this cap. The cap defaults to the process's cores
-//! (its share of the node's when `LOCAL_WORLD_SIZE` ranks share it), so however many pipelines
-//! and stages a process runs, and however many ranks a node runs, the extra workers never
-//! oversubscribe the machine. Tokens are returned when a stage shrinks or shuts down.
+//! (its share of the node's when `LOCAL_WORLD_SIZE` ranks share it) less one — the core the
+//! busiest stage's first worker runs on — so a stage never runs more workers than the
+//! process's share of cores, however many pipelines and stages a process runs: the ranks of a
+//! node together never run more decode workers than it has cores (tested under `torchrun`
+//! with `LOCAL_WORLD_SIZE=2`). Tokens are returned when a stage shrinks or shuts down.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -20,12 +22,13 @@ pub fn cores() -> usize {
 /// The cap on extra (beyond one per stage) active CPU workers in this process.
 pub fn cpu_worker_cap() -> usize {
     match CAP.load(Ordering::Relaxed) {
-        0 => cores(),
+        0 => cores().saturating_sub(1),
         n => n,
     }
 }
 
-/// Sets the cap (`None`: the number of cores). Tokens already granted stay granted.
+/// Sets the cap on extra workers (`None`: the process's cores less one). Tokens already
+/// granted stay granted.
 pub fn set_cpu_worker_cap(cap: Option<usize>) {
     CAP.store(cap.unwrap_or(0), Ordering::Relaxed);
 }

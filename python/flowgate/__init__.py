@@ -105,6 +105,12 @@ class _Loader:
         """Delivered batches, failures, the consumer's wait, and per-stage workers and rates."""
         return self._native.stats()
 
+    def tuner_trace(self) -> List[Dict[str, Any]]:
+        """The tuner's recent ticks, oldest first: ``t``, ``rate`` (batches/s), ``wait``,
+        per-stage ``stages``/``workers``/``budgets``, ``bytes``, ``memory_budget``,
+        ``rss_bytes`` and ``decisions`` (what changed and why). Empty with the tuner off."""
+        return self._native.tuner_trace()
+
     def failures(self) -> List[Tuple[str, str, str]]:
         """Skipped failures (the last 1,000): ``(stage, path, message)``."""
         return self._native.failures()

@@ -455,6 +455,36 @@ impl Loader {
         Ok(d)
     }
 
+    /// The tuner's recent ticks, oldest first: dicts of `t` (seconds since the pipeline
+    /// started), `rate` (batches/s), `wait` (fraction of the tick the consumer waited),
+    /// `stages`, `workers` and `budgets` (per stage), `bytes` (buffered), `memory_budget`,
+    /// `rss_bytes`, and `decisions` (what changed and why, as strings). Empty with the tuner
+    /// off. Returns at once, from any thread.
+    fn tuner_trace<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let records = self.monitor(py)?.tuner_trace();
+        let out = PyList::empty(py);
+        for r in records {
+            let d = PyDict::new(py);
+            d.set_item("t", r.t)?;
+            d.set_item("rate", r.rate)?;
+            d.set_item("wait", r.wait)?;
+            d.set_item("stages", r.stages)?;
+            d.set_item("workers", r.workers)?;
+            d.set_item("budgets", r.budgets)?;
+            d.set_item("bytes", r.buffered_bytes)?;
+            d.set_item("memory_budget", r.memory_budget)?;
+            d.set_item("rss_bytes", r.rss_bytes)?;
+            let decisions: Vec<String> = r
+                .decisions
+                .iter()
+                .map(|x| format!("{:?}: {}", x.action, x.reason))
+                .collect();
+            d.set_item("decisions", decisions)?;
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+
     /// The failures skipped so far (the last 1,000): (stage, item, message) tuples.
     fn failures(&self) -> Vec<Failure> {
         self.failures.lock().expect("failures").clone()

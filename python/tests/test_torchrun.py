@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+import flowgate
+
 torch = pytest.importorskip("torch")
 
 WORKER = pathlib.Path(__file__).with_name("torchrun_worker.py")
@@ -52,3 +54,26 @@ def test_ranks_cover_the_epoch_and_merged_checkpoints_resume_at_other_world_size
     assert len(first) > 0 and len(second) > 0 and len(third) > 0
     assert sorted(p for rank in rep["epochs"][0] for p in rank) == paths, "epoch 2 whole"
     assert rep["epoch_numbers"] == [2]
+
+
+def test_ranks_on_one_node_share_its_cores(data, tmp_path):
+    """torchrun sets LOCAL_WORLD_SIZE: each rank's tuner sizes for its share of the node's
+    cores, so the ranks' decode workers together never exceed the cores."""
+    cores = os.cpu_count()
+    files = tmp_path / "files.txt"
+    files.write_text("\n".join(str(p) for p in sorted((data / "images").glob("*.jpg"))) + "\n")
+    rep = torchrun(2, tmp_path, files, "--trace")
+    assert rep["local_world_size"] == ["2", "2"]
+    traces = rep["traces"]
+    assert all(len(t) >= 3 for t in traces), f"too few tuner ticks: {traces}"
+    share = max(1, cores // 2)
+    for rank, ticks in enumerate(traces):
+        most = max(w for _, w in ticks)
+        assert most <= share, f"rank {rank} ran {most} decode workers, its share is {share}"
+    # The bound binds: alone on the node, the same loader grows decode past the share.
+    paths = [p for p in files.read_text().split()] * 30
+    alone = flowgate.ImageLoader(paths, batch_size=16, resize=256, crop=224)
+    for _ in alone:
+        pass
+    most = max(dict(zip(r["stages"], r["workers"]))["decode"] for r in alone.tuner_trace())
+    assert most > share, f"alone, decode reached only {most} workers"

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import os
 
 import torch.distributed as dist
 
@@ -14,6 +15,7 @@ ap.add_argument("--then", type=float)
 ap.add_argument("--save")
 ap.add_argument("--whole-before", type=int, default=0)
 ap.add_argument("--whole-after", type=int, default=0)
+ap.add_argument("--trace", action="store_true")
 a = ap.parse_args()
 
 dist.init_process_group("gloo")
@@ -37,6 +39,16 @@ def whole_epochs(n):
         paths = [p for _, ps in loader for p in ps]
         report["epochs"].append(gather(paths))
 
+
+if a.trace:
+    # One tuned epoch over the list repeated: the decode workers the tuner chose, per tick.
+    paths = [p for p in open(a.files).read().split()] * 30
+    tuned = flowgate.ImageLoader(paths, batch_size=16, resize=256, crop=224)
+    for _ in tuned:
+        pass
+    ticks = [(r["t"], dict(zip(r["stages"], r["workers"]))["decode"]) for r in tuned.tuner_trace()]
+    report["traces"] = gather(ticks)
+    report["local_world_size"] = gather(os.environ.get("LOCAL_WORLD_SIZE"))
 
 if a.load:
     with open(a.load) as f:
