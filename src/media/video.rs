@@ -167,7 +167,13 @@ impl VideoRecipe {
         };
         // The recipe's own rules (cheap; a `Recipe` checked them already, a direct caller may not).
         self.validate().map_err(|e| geometry(e.to_string()))?;
-        let mut input = ffmpeg::format::input(path).map_err(decode_err)?;
+        let max_pixels = self
+            .limits
+            .max_pixels
+            .saturating_mul(2)
+            .min(i64::MAX as u64)
+            .to_string();
+        let mut input = open_input(path, &max_pixels).map_err(decode_err)?;
         let stream = input
             .streams()
             .best(ffmpeg::media::Type::Video)
@@ -221,13 +227,7 @@ impl VideoRecipe {
         // FFmpeg's own check, for frames that disagree with the container's header. It counts
         // padded, aligned buffer sizes, so it gets twice the limit (still far below a bomb).
         let mut options = ffmpeg::Dictionary::new();
-        let max = self
-            .limits
-            .max_pixels
-            .saturating_mul(2)
-            .min(i64::MAX as u64)
-            .to_string();
-        options.set("max_pixels", &max);
+        options.set("max_pixels", &max_pixels);
         let mut decoder = ctx
             .decoder()
             .open_as_with(codec, options)
@@ -439,5 +439,51 @@ impl FrameWriter<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// Opens `path` as `ffmpeg::format::input` does, but with the decoders of FFmpeg's stream probe
+/// (`avformat_find_stream_info` decodes a few frames of each stream to learn its parameters)
+/// told `max_pixels`: a frame larger than the header claims, or than the limit, then fails in
+/// the probe instead of being allocated there (96 MB for one 8000x8000 frame), before the
+/// limits are checked on the stream's parameters.
+fn open_input(
+    path: &Path,
+    max_pixels: &str,
+) -> Result<ffmpeg::format::context::Input, ffmpeg::Error> {
+    use ffmpeg::ffi;
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    use std::ptr;
+    let c_path =
+        CString::new(path.as_os_str().as_bytes()).map_err(|_| ffmpeg::Error::InvalidData)?;
+    let key = CString::new("max_pixels").expect("no NUL");
+    let value = CString::new(max_pixels).expect("a number");
+    // SAFETY: the FFmpeg calls are made as `ffmpeg::format::input` makes them, with one
+    // options dictionary per stream, freed here after the probe (FFmpeg leaves in them the
+    // options it did not use). On success the context is owned by the returned `Input`; on a
+    // failed probe it is closed here.
+    unsafe {
+        let mut ctx = ptr::null_mut();
+        match ffi::avformat_open_input(&mut ctx, c_path.as_ptr(), ptr::null_mut(), ptr::null_mut())
+        {
+            0 => {}
+            e => return Err(ffmpeg::Error::from(e)),
+        }
+        let mut options: Vec<*mut ffi::AVDictionary> =
+            vec![ptr::null_mut(); (*ctx).nb_streams as usize];
+        for o in &mut options {
+            ffi::av_dict_set(o, key.as_ptr(), value.as_ptr(), 0);
+        }
+        let r = ffi::avformat_find_stream_info(ctx, options.as_mut_ptr());
+        for o in &mut options {
+            ffi::av_dict_free(o);
+        }
+        if r >= 0 {
+            Ok(ffmpeg::format::context::Input::wrap(ctx))
+        } else {
+            ffi::avformat_close_input(&mut ctx);
+            Err(ffmpeg::Error::from(r))
+        }
     }
 }

@@ -1,0 +1,98 @@
+//! A video whose frames are larger than the pixel limit is refused before FFmpeg decodes one:
+//! not only by flowgate's own check, but in FFmpeg's stream probe (`avformat_find_stream_info`
+//! decodes frames to learn the stream's parameters), which is told the limit too. Measured on
+//! the process's peak RSS (this file holds one test, so nothing else runs meanwhile).
+
+use std::path::Path;
+use std::process::Command;
+
+use flowgate::media::video::{Sampling, VideoRecipe};
+use flowgate::media::MediaError;
+
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// Two black 8000x8000 H.264 frames (a ~100 KB file; each decoded frame is 96 MB of YUV).
+fn huge_clip(path: &Path) {
+    let ok = Command::new("ffmpeg")
+        .args(["-loglevel", "error", "-y", "-f", "lavfi", "-i"])
+        .arg("color=black:s=8000x8000:d=0.08:r=25")
+        .args([
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-pix_fmt",
+            "yuv420p",
+        ])
+        .arg(path)
+        .status()
+        .expect("ffmpeg (scripts/setup.sh installs it)")
+        .success();
+    assert!(ok, "ffmpeg failed to make the clip");
+}
+
+#[test]
+fn frames_past_the_pixel_limit_are_refused_before_ffmpeg_decodes_one() {
+    let dir = std::env::temp_dir().join(format!("flowgate-video-bomb-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let clip = dir.join("huge.mp4");
+    huge_clip(&clip);
+    let recipe = VideoRecipe {
+        sampling: Sampling::Uniform(2),
+        resize: 64,
+        crop: 64,
+        limits: flowgate::media::Limits {
+            max_pixels: 1 << 24,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    // Warm up FFmpeg's and the allocator's one-time state on a small clip of the same kind.
+    let small = dir.join("small.mp4");
+    let ok = Command::new("ffmpeg")
+        .args(["-loglevel", "error", "-y", "-f", "lavfi", "-i"])
+        .arg("color=black:s=64x64:d=0.08:r=25")
+        .args([
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-pix_fmt",
+            "yuv420p",
+        ])
+        .arg(&small)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    recipe.load(&small).expect("a small clip decodes");
+    std::fs::write("/proc/self/clear_refs", "5").expect("resetting VmHWM");
+    let before = peak_rss();
+    match recipe.load(&clip) {
+        Err(MediaError::TooLarge {
+            what,
+            value,
+            limit,
+            path,
+        }) => {
+            assert_eq!((what, value, limit), ("pixels", 64_000_000, 1 << 24));
+            assert!(path.ends_with("huge.mp4"));
+        }
+        other => panic!("{other:?}"),
+    }
+    let grew = peak_rss().saturating_sub(before);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        grew < 40 << 20,
+        "peak RSS grew {} MB refusing an 8000x8000 clip (a decoded frame is 96 MB)",
+        grew >> 20
+    );
+}
