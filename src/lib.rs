@@ -13,6 +13,7 @@ mod config;
 mod control;
 pub mod device;
 mod engine;
+pub mod measure;
 pub mod media;
 mod pipeline;
 #[cfg(feature = "s3")]

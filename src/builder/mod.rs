@@ -13,7 +13,7 @@ use flowgate_actors::channel::Channel;
 use flowgate_actors::emit::Order;
 use flowgate_actors::error::{BoxError, ItemError, PipelineError};
 use flowgate_actors::failure::FailureBudget;
-use flowgate_actors::op::{inline_size, Describe, FilterMap, Flatten, Map, Op, Sizer};
+use flowgate_actors::op::{Describe, FilterMap, Flatten, Map, Op, Sizer};
 use flowgate_actors::pool::{PoolSpec, PoolStage};
 use flowgate_actors::source::{IterFactory, SourceSpec, SourceStage, StreamFactory};
 use flowgate_actors::stage::{StageControl, StageCore};
@@ -123,7 +123,7 @@ impl SourceBuilder {
     {
         let factory: IterFactory<I::Item> = Box::new(move |e| Box::new(make(e).into_iter()));
         let tail = Arc::new(Channel::new(1, u64::MAX));
-        let sizer = Arc::new(Mutex::new(inline_size()));
+        let sizer = Arc::new(Mutex::new(crate::measure::auto_sizer()));
         let (out, sz) = (Arc::clone(&tail), Arc::clone(&sizer));
         let spawn: SpawnSource = Box::new(move |ctx, core| {
             let spec = source_spec(ctx, core, out, sz.lock().clone());
@@ -197,7 +197,7 @@ impl SourceBuilder {
     {
         let factory: StreamFactory<S::Item> = Box::new(move |e| Box::pin(make(e)));
         let tail = Arc::new(Channel::new(1, u64::MAX));
-        let sizer = Arc::new(Mutex::new(inline_size()));
+        let sizer = Arc::new(Mutex::new(crate::measure::auto_sizer()));
         let (out, sz) = (Arc::clone(&tail), Arc::clone(&sizer));
         let spawn: SpawnSource = Box::new(move |ctx, core| {
             let spec = source_spec(ctx, core, out, sz.lock().clone());
@@ -246,7 +246,7 @@ impl<T: Send + 'static> PipelineBuilder<T> {
             + 'static,
     ) -> PipelineBuilder<U> {
         let output = Arc::new(Channel::<U>::new(1, u64::MAX));
-        let sizer: Arc<Mutex<Sizer<U>>> = Arc::new(Mutex::new(inline_size()));
+        let sizer: Arc<Mutex<Sizer<U>>> = Arc::new(Mutex::new(crate::measure::auto_sizer()));
         let (input, out, sz, describe) = (
             Arc::clone(&self.tail),
             Arc::clone(&output),
