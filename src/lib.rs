@@ -30,7 +30,7 @@ pub use builder::{PipelineBuilder, SourceBuilder};
 pub use checkpoint::{Fingerprint, Part, PipelineState, ShardState, STATE_VERSION};
 pub use config::Workers;
 pub use control::{ControlHandle, StopHandle};
-pub use pipeline::{EpochIter, EpochStream, Pipeline};
+pub use pipeline::{EpochIter, EpochStream, Pipeline, Within};
 pub use stats::{Monitor, PipelineStats, StatsCallback};
 pub use tensor::{DType, Tensor};
 

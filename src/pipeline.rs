@@ -382,6 +382,39 @@ impl<T: Send + 'static> Iterator for EpochIter<'_, T> {
     }
 }
 
+/// What [`Pipeline::next_within`] found.
+#[derive(Debug)]
+pub enum Within<T> {
+    /// The next result of the epoch (or its error).
+    Next(Result<T, PipelineError>),
+    /// The epoch ended (the next call starts the next epoch).
+    EpochEnd,
+    /// Nothing arrived in time; the epoch goes on.
+    TimedOut,
+}
+
+impl<T: Send + 'static> Pipeline<T> {
+    /// The next result of the current epoch (starting the next epoch if the last ended),
+    /// waiting at most `timeout`: for a consumer that must stay responsive while it waits
+    /// (the Python loaders wait in slices and check for Ctrl-C between them).
+    pub fn next_within(&mut self, timeout: std::time::Duration) -> Within<T> {
+        self.ensure_running();
+        if !self.running {
+            return Within::EpochEnd;
+        }
+        match self
+            .reader
+            .next_until(Some(std::time::Instant::now() + timeout))
+        {
+            None => Within::TimedOut,
+            Some(next) => match self.on_next(next) {
+                Some(r) => Within::Next(r),
+                None => Within::EpochEnd,
+            },
+        }
+    }
+}
+
 /// Async stream over one epoch; see [`Pipeline::stream`].
 #[derive(Debug)]
 pub struct EpochStream<'a, T> {

@@ -177,21 +177,34 @@ impl<T: Send + 'static> SinkReader<T> {
 
     /// Blocks for the next result.
     pub fn next_blocking(&mut self) -> Next<T> {
+        self.next_until(None).expect("no deadline")
+    }
+
+    /// Blocks for the next result until `deadline` (`None`: for ever); `None` if it passed
+    /// first (a caller that must stay responsive, to a signal say, waits in slices).
+    pub fn next_until(&mut self, deadline: Option<Instant>) -> Option<Next<T>> {
         let mut waited_since = None;
         let r = loop {
             if let Some(n) = self.poll_ready() {
-                break n;
+                break Some(n);
             }
             let listener = self.ch.budget().listen_data();
             if let Some(n) = self.poll_end() {
-                break n;
+                break Some(n);
             }
             if waited_since.is_none() {
                 let t0 = Instant::now();
                 waited_since = Some(t0);
                 self.stats.start_wait(t0);
             }
-            listener.wait();
+            match deadline {
+                None => listener.wait(),
+                Some(d) => {
+                    if listener.wait_deadline(d).is_none() {
+                        break None;
+                    }
+                }
+            }
         };
         if let Some(t0) = waited_since {
             self.stats.waited(t0);

@@ -76,7 +76,19 @@ unsafe extern "C" fn dl_deleter(m: *mut DLManagedTensor) {
     // calls the deleter once.
     let m = unsafe { Box::from_raw(m) };
     let ctx = unsafe { Box::from_raw(m.manager_ctx as *mut DlContext) };
-    Python::with_gil(|_| drop(ctx));
+    // A consumer may free the tensor while the interpreter shuts down (a tensor kept in a
+    // module global is freed by `Py_Finalize`'s module cleanup, when Python already says it is
+    // not initialized): taking the GIL then would panic, and a panic cannot leave an `extern
+    // "C"` function (the process aborts). The process is ending: the batch is left to it.
+    // SAFETY: `Py_IsInitialized` may be called at any time.
+    if unsafe { pyo3::ffi::Py_IsInitialized() } == 0 {
+        std::mem::forget(ctx);
+        return;
+    }
+    // Should taking the GIL panic anyway, the batch is leaked rather than the process aborted.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Python::with_gil(|_| drop(ctx));
+    }));
 }
 
 const DLTENSOR: &std::ffi::CStr = c"dltensor";

@@ -9,7 +9,8 @@ use flowgate::collate::{collate_fields, CollateError};
 use flowgate::media::Files;
 use flowgate::sampler::ShardLengths;
 use flowgate::{
-    FailureBudget, Monitor, Pipeline, PipelineError, PipelineState, ShardState, Tensor, Workers,
+    FailureBudget, Monitor, Pipeline, PipelineError, PipelineState, ShardState, Tensor, Within,
+    Workers,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -87,25 +88,30 @@ impl Core {
         Ok(self.iterators)
     }
 
-    fn next(&mut self) -> Result<Option<Loaded>, PipelineError> {
+    /// The next batch of the epoch (`Ok(None)` at its end), waiting at most `SLICE`:
+    /// `Err(None)` if nothing came in that time.
+    fn next(&mut self) -> Result<Option<Loaded>, Option<PipelineError>> {
         if !self.in_epoch {
             return Ok(None);
         }
-        let r = self.pipeline()?.iter().next();
-        match r {
-            Some(Ok(t)) => Ok(Some(t)),
-            Some(Err(e)) => {
+        match self.pipeline().map_err(Some)?.next_within(SLICE) {
+            Within::Next(Ok(t)) => Ok(Some(t)),
+            Within::Next(Err(e)) => {
                 // A failed pipeline is rebuilt, at the next epoch.
                 self.drop_pipeline();
-                Err(e)
+                Err(Some(e))
             }
-            None => {
+            Within::EpochEnd => {
                 self.in_epoch = false;
                 Ok(None)
             }
+            Within::TimedOut => Err(None),
         }
     }
 }
+
+/// How long `_next` waits with the GIL released before it checks for a signal (Ctrl-C).
+const SLICE: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// A native loader; see `flowgate.ImageLoader` and `flowgate.AudioLoader`.
 #[pyclass(module = "flowgate._native")]
@@ -377,9 +383,15 @@ impl Loader {
     /// GIL while waiting.
     fn _next<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let core = &self.core;
-        let loaded = py
-            .allow_threads(|| core.lock().expect("loader").next())
-            .map_err(to_py)?;
+        // Waits in slices, checking for signals between them: Ctrl-C raises
+        // KeyboardInterrupt within a slice, not after the next batch.
+        let loaded = loop {
+            match py.allow_threads(|| core.lock().expect("loader").next()) {
+                Ok(loaded) => break loaded,
+                Err(Some(e)) => return Err(to_py(e)),
+                Err(None) => py.check_signals()?,
+            }
+        };
         let Some(Loaded { fields, files }) = loaded else {
             return Ok(None);
         };

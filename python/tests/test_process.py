@@ -1,0 +1,63 @@
+"""The loader around the training process: a tensor alive at exit, Ctrl-C while waiting."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def run(code, tmp_path, timeout=60):
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(code))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=timeout, cwd=tmp_path)
+
+
+def test_a_batch_tensor_alive_at_exit_does_not_abort_the_process(data, tmp_path):
+    """torch frees a tensor kept in a module global during interpreter shutdown, when Python
+    already says it is not initialized: the DLPack deleter must not take the GIL then."""
+    pytest.importorskip("torch")
+    r = run(f"""
+        import flowgate, torch
+        loader = flowgate.ImageLoader({str(data / "images.txt")!r}, batch_size=4, crop=32,
+                                      resize=32)
+        x = torch.from_dlpack(next(iter(loader)))   # a module global
+        def main():
+            return torch.from_dlpack(next(iter(loader)))
+        y = main()
+        print("done", x.shape[0] + y.shape[0])
+    """, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "done 8" in r.stdout
+    assert "panic" not in r.stderr and "fatal" not in r.stderr, r.stderr[-3000:]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_ctrl_c_interrupts_a_next_that_waits(data, tmp_path):
+    """next() waiting for a batch (its file is a named pipe nobody writes) raises
+    KeyboardInterrupt promptly on SIGINT, not after the next batch."""
+    fifo = tmp_path / "slow.jpg"
+    os.mkfifo(fifo)
+    r = run(f"""
+        import os, signal, threading, time, flowgate
+        loader = flowgate.ImageLoader([{str(fifo)!r}], batch_size=1, crop=32, resize=32,
+                                      workers=1)
+        it = iter(loader)
+        sent = []
+        def interrupt():
+            time.sleep(0.5)
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)
+        threading.Thread(target=interrupt, daemon=True).start()
+        try:
+            next(it)
+            print("no interrupt")
+        except KeyboardInterrupt:
+            print("interrupted after %.3f" % (time.monotonic() - sent[0]))
+        os._exit(0)   # the pipe's reader is still blocked; leave without joining it
+    """, tmp_path, timeout=30)
+    assert "interrupted after" in r.stdout, r.stdout + r.stderr[-2000:]
+    delay = float(r.stdout.split("interrupted after")[1])
+    assert delay < 0.5, f"KeyboardInterrupt came {delay:.3f}s after the signal"
