@@ -142,8 +142,10 @@ class ImageLoader(_Loader):
 
     ``paths``: a directory (walked for image files), a list file (one path per line), or a
     sequence of paths. ``shuffle``/``seed``: a new order every epoch. ``rank``/``world_size``
-    (default: the ``RANK``/``WORLD_SIZE`` environment variables): this rank's shard.
-    ``drop_last``: equal shards and no partial last batch. ``workers``: pin the decode
+    (default: the ``RANK``/``WORLD_SIZE`` environment variables): this rank's shard; every
+    rank gets as many items (an epoch that does not divide is padded by repeating the start
+    of its order, as ``DistributedSampler`` does). ``drop_last``: drop the remainder instead,
+    and no partial last batch. ``workers``: pin the decode
     concurrency (default: the tuner decides). ``skip_errors``: skip and count unreadable
     files (default) instead of raising :class:`LoaderError`. ``memory_mb``: the most the
     loader may hold — files in work, decoded items, batches waiting — in MiB (default: half

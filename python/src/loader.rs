@@ -234,9 +234,14 @@ pub(crate) fn files_of(
             ))
         }
     };
-    if drop_last {
-        files = files.shard_lengths(ShardLengths::Drop);
-    }
+    // Every rank the same number of items, as DDP's collective steps need: `drop_last` drops
+    // the remainder, otherwise it is padded by repeating the start of the epoch's order
+    // (what PyTorch's DistributedSampler does). One process: nothing to pad.
+    files = files.shard_lengths(if drop_last {
+        ShardLengths::Drop
+    } else {
+        ShardLengths::Pad
+    });
     Ok(files)
 }
 

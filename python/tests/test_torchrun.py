@@ -47,10 +47,14 @@ def test_ranks_cover_the_epoch_and_merged_checkpoints_resume_at_other_world_size
     rep = torchrun(5, tmp_path, files, "--load", "s2.json", "--then", 1.0, "--whole-after", 1)
     third_by_rank = rep["partial"]
     counts = rep["batches"]
-    assert max(counts) - min(counts) <= 1, f"batches per rank {counts}"
+    assert max(counts) == min(counts), f"batches per rank {counts}"
     third = [p for rank in third_by_rank for p in rank]
     epoch1 = first + second + third
-    assert sorted(epoch1) == paths, "epoch 1 across 4, 2 and 5 ranks: every file exactly once"
+    # Every file of epoch 1 across 4, 2 and 5 ranks; the shards are padded to equal lengths
+    # (as DistributedSampler does), so a dealing that does not divide repeats fewer files than
+    # it has ranks.
+    assert set(epoch1) == set(paths), "epoch 1 across 4, 2 and 5 ranks: every file"
+    assert len(epoch1) - len(paths) <= 1 + 4, f"{len(epoch1) - len(paths)} repeats"
     assert len(first) > 0 and len(second) > 0 and len(third) > 0
     assert sorted(p for rank in rep["epochs"][0] for p in rank) == paths, "epoch 2 whole"
     assert rep["epoch_numbers"] == [2]
