@@ -18,24 +18,11 @@ use flowgate::media::image::ImageRecipe;
 use flowgate::media::{MediaError, Recipe};
 use flowgate::{Pipeline, TunerSettings, Workers};
 
+mod common;
+use common::{peak_rss, reset_peak_rss};
+
 /// Tests that measure the process's peak RSS run one at a time.
 static RSS: Mutex<()> = Mutex::new(());
-
-/// Resets the process's peak resident set to its current one (Linux: `clear_refs` 5).
-fn reset_peak_rss() {
-    std::fs::write("/proc/self/clear_refs", "5").expect("resetting VmHWM");
-}
-
-/// The process's peak resident set so far, in bytes (`VmHWM`).
-fn peak_rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kb * 1024
-}
 
 /// CRC-32 (the PNG chunk checksum), bit by bit.
 fn crc32(bytes: &[u8]) -> u32 {

@@ -10,14 +10,8 @@ use flowgate::sampler::{Sampler, ShardLengths};
 use flowgate::{FailureBudget, Order, Pipeline, PipelineState, Workers};
 use proptest::prelude::*;
 
-#[derive(Debug)]
-struct Bad(usize);
-impl std::fmt::Display for Bad {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "item {} is bad", self.0)
-    }
-}
-impl std::error::Error for Bad {}
+mod common;
+use common::Injected;
 
 /// Dataset indices of `sampler`'s share, through a stage with uneven latencies that fails
 /// every 23rd index (failed items are not delivered: a resume attempts them again); with
@@ -28,7 +22,7 @@ fn build(sampler: Sampler, order: Order, fail: bool, split: bool) -> Pipeline<(u
         .pipe(
             "parts",
             move |i: usize| {
-                Ok::<_, Bad>(if split {
+                Ok::<_, Injected>(if split {
                     vec![(i, 0), (i, 1)]
                 } else {
                     vec![(i, 0)]
@@ -44,7 +38,7 @@ fn build(sampler: Sampler, order: Order, fail: bool, split: bool) -> Pipeline<(u
                     std::thread::sleep(Duration::from_micros(200));
                 }
                 if fail && i % 23 == 4 {
-                    Err(Bad(i))
+                    Err(Injected(i as u64))
                 } else {
                     Ok((i, k))
                 }

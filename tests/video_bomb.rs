@@ -9,21 +9,14 @@ use std::process::Command;
 use flowgate::media::video::{Sampling, VideoRecipe};
 use flowgate::media::MediaError;
 
-fn peak_rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kb * 1024
-}
+mod common;
+use common::{peak_rss, reset_peak_rss};
 
-/// Two black 8000x8000 H.264 frames (a ~100 KB file; each decoded frame is 96 MB of YUV).
-fn huge_clip(path: &Path) {
+/// Two black `side`² H.264 frames (8000: a ~100 KB file, each decoded frame 96 MB of YUV).
+fn black_clip(path: &Path, side: u32) {
     let ok = Command::new("ffmpeg")
         .args(["-loglevel", "error", "-y", "-f", "lavfi", "-i"])
-        .arg("color=black:s=8000x8000:d=0.08:r=25")
+        .arg(format!("color=black:s={side}x{side}:d=0.08:r=25"))
         .args([
             "-c:v",
             "libx264",
@@ -44,7 +37,7 @@ fn frames_past_the_pixel_limit_are_refused_before_ffmpeg_decodes_one() {
     let dir = std::env::temp_dir().join(format!("flowgate-video-bomb-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let clip = dir.join("huge.mp4");
-    huge_clip(&clip);
+    black_clip(&clip, 8000);
     let recipe = VideoRecipe {
         sampling: Sampling::Uniform(2),
         resize: 64,
@@ -57,24 +50,9 @@ fn frames_past_the_pixel_limit_are_refused_before_ffmpeg_decodes_one() {
     };
     // Warm up FFmpeg's and the allocator's one-time state on a small clip of the same kind.
     let small = dir.join("small.mp4");
-    let ok = Command::new("ffmpeg")
-        .args(["-loglevel", "error", "-y", "-f", "lavfi", "-i"])
-        .arg("color=black:s=64x64:d=0.08:r=25")
-        .args([
-            "-c:v",
-            "libx264",
-            "-preset",
-            "ultrafast",
-            "-pix_fmt",
-            "yuv420p",
-        ])
-        .arg(&small)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
+    black_clip(&small, 64);
     recipe.load(&small).expect("a small clip decodes");
-    std::fs::write("/proc/self/clear_refs", "5").expect("resetting VmHWM");
+    reset_peak_rss();
     let before = peak_rss();
     match recipe.load(&clip) {
         Err(MediaError::TooLarge {

@@ -52,3 +52,19 @@ pub(crate) fn mix(x: u64, salt: u64) -> u64 {
     h = (h ^ (h >> 31)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     h ^ (h >> 29)
 }
+
+/// Resets the process's peak resident set to its current one (Linux: `clear_refs` 5).
+pub(crate) fn reset_peak_rss() {
+    std::fs::write("/proc/self/clear_refs", "5").expect("resetting VmHWM");
+}
+
+/// The process's peak resident set so far, in bytes (`VmHWM`).
+pub(crate) fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
