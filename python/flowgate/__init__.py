@@ -191,6 +191,7 @@ class ImageLoader(_Loader):
         if normalize is True:
             normalize = (IMAGENET_MEAN, IMAGENET_STD)
         norm = (tuple(normalize[0]), tuple(normalize[1])) if normalize else None
+        _check_ints(locals(), resize=1, crop=1)
         self._native = _native.image_loader(
             _paths(paths), _options(locals()), resize, crop, layout, train, tuple(scale),
             tuple(ratio), norm)
@@ -224,6 +225,7 @@ class AudioLoader(_Loader):
         return_paths: bool = False,
         memory_mb: Optional[float] = None,
     ) -> None:
+        _check_ints(locals(), rate=1)
         self._native = _native.audio_loader(_paths(paths), _options(locals()), rate, seconds,
                                             train, return_lengths)
 
@@ -271,6 +273,7 @@ class VideoLoader(_Loader):
                 "flowgate was built without video support; rebuild it with "
                 'MATURIN_PEP517_ARGS="--features video" pip install ./python'
             )
+        _check_ints(locals(), frames=1, resize=1, crop=1, threads=1, audio_rate=1)
         self._native = _native.video_loader(
             _paths(paths), _options(locals()), frames, resize, crop, layout, threads,
             audio_seconds, audio_rate)
@@ -325,7 +328,22 @@ _OPTIONS = ("batch_size", "shuffle", "seed", "rank", "world_size", "drop_last", 
 
 def _options(args: Dict[str, Any]) -> Any:
     """The arguments every loader shares (taken from its ``locals()``), as native options."""
+    _check_ints(args, batch_size=1, seed=0, rank=0, world_size=1, workers=1)
     return _native.Options(labels=_labels(args["labels"]), **{k: args[k] for k in _OPTIONS})
+
+
+def _check_ints(args: Dict[str, Any], **least: int) -> None:
+    """Raises ValueError naming the argument if one of ``least``'s (when given) is not an
+    integer of at least its value (a negative count would otherwise surface as an
+    OverflowError from the native side)."""
+    for name, low in least.items():
+        v = args.get(name)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{name} must be an integer, not {v!r}")
+        if v < low:
+            raise ValueError(f"{name} must be at least {low}, not {v}")
 
 
 def _labels(labels: Labels) -> Any:

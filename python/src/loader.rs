@@ -12,7 +12,7 @@ use flowgate::{
     FailureBudget, Monitor, Pipeline, PipelineError, PipelineState, ShardState, Tensor, Within,
     Workers,
 };
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyFileNotFoundError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
@@ -210,16 +210,35 @@ pub(crate) fn files_of(
     drop_last: bool,
 ) -> PyResult<Files> {
     let files = if let Ok(s) = paths.extract::<PathBuf>() {
-        if s.is_dir() {
-            Files::dir(&s, extensions)
+        let media = s
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| extensions.iter().any(|x| x.eq_ignore_ascii_case(e)));
+        if !s.exists() {
+            return Err(PyFileNotFoundError::new_err((
+                2,
+                "No such file or directory".to_owned(),
+                s.display().to_string(),
+            )));
+        } else if s.is_dir() {
+            Files::dir(&s, extensions).map_err(to_py)?
+        } else if media {
+            // One media file, not a list of them.
+            Files::new([s])
         } else {
-            Files::list(&s)
+            Files::list(&s).map_err(to_py)?
         }
-        .map_err(to_py)?
     } else {
         let v: Vec<PathBuf> = paths.extract()?;
         Files::new(v)
     };
+    if files.is_empty() {
+        return Err(PyValueError::new_err(format!(
+            "no files to load in {} (extensions {})",
+            paths.repr()?,
+            extensions.join(", ")
+        )));
+    }
     let mut files = if shuffle { files.shuffle(seed) } else { files };
     files = match (rank, world_size) {
         (Some(r), Some(w)) => files

@@ -163,3 +163,22 @@ def test_ranks_get_equal_batch_counts_by_default(data):
         assert [len(g) for g in got] == [per_rank - per_rank % 4 if drop_last else per_rank] * 2
         if not drop_last:
             assert set(got[0] + got[1]) == set(files), "every file, one repeated"
+
+
+def test_arguments_are_checked_with_clear_errors(data, tmp_path):
+    images = data / "images.txt"
+    for kw, says in [(dict(batch_size=-1), "batch_size must be at least 1, not -1"),
+                     (dict(crop=-1), "crop must be at least 1, not -1"),
+                     (dict(seed=1.5), "seed must be an integer"),
+                     (dict(workers=0), "workers must be at least 1"),
+                     (dict(crop=300, resize=256), "300")]:
+        with pytest.raises(ValueError, match=says):
+            flowgate.ImageLoader(images, **kw)
+    with pytest.raises(FileNotFoundError):
+        flowgate.ImageLoader(tmp_path / "missing")
+    with pytest.raises(ValueError, match="no files to load"):
+        flowgate.ImageLoader([])
+    # One image file is a dataset of one image, not a list file.
+    one = paths_of(data)[0]
+    (batch,) = list(flowgate.ImageLoader(one, batch_size=4, crop=32, resize=32))
+    assert len(batch) == 1
