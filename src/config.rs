@@ -82,6 +82,9 @@ pub(crate) struct Config {
     /// The sampler of a sampled source (see `source_sampled`), for checkpoints that merge
     /// across ranks.
     pub(crate) sharding: Option<crate::checkpoint::Sharding>,
+    /// Parts of the memory budget set aside for memory held beside the buffers (the
+    /// uploader's staging ring): (what, bytes).
+    pub(crate) reserved: Vec<(String, u64)>,
 }
 
 impl Default for Config {
@@ -99,6 +102,7 @@ impl Default for Config {
             memory_bytes: None,
             fingerprint: Default::default(),
             sharding: None,
+            reserved: Vec::new(),
         }
     }
 }

@@ -325,3 +325,56 @@ fn the_tuner_samples_gpu_utilisation() {
     assert!(!trace.is_empty());
     assert!(trace.iter().all(|r| r.gpu_util == Some(0.42)));
 }
+
+/// The staging ring is part of the memory budget: `upload` reserves its limit, the buffers
+/// share what is left (and the tuner keeps them there), and a budget the ring alone exceeds is
+/// an error at build that names it.
+#[test]
+fn the_staging_ring_is_reserved_in_the_memory_budget() {
+    const BUDGET: u64 = 32 << 20;
+    const RING: usize = 8 << 20;
+    let build = |ring: Option<usize>| {
+        let up = Uploader::new(Simulated::new(1e8, Duration::from_micros(200)));
+        let up = match ring {
+            Some(r) => up.max_staging_bytes(r),
+            None => up,
+        };
+        Pipeline::builder()
+            .source_epochs(|_| 0..40u8)
+            .pipe("make", |k: u8| Ok::<_, DeviceError>(batch(k, 1 << 14)), 2)
+            .memory_budget(BUDGET)
+            .upload(up)
+            .build()
+    };
+    let mut p = build(Some(RING)).unwrap();
+    let monitor = p.monitor();
+    let limits = |m: &flowgate::Monitor| -> u64 {
+        m.stats()
+            .stages
+            .iter()
+            .map(|s| s.budget_bytes)
+            .filter(|&b| b < u64::MAX)
+            .sum()
+    };
+    assert!(
+        limits(&monitor) <= BUDGET - RING as u64,
+        "the buffers' limits ({} bytes) leave the ring its {RING}",
+        limits(&monitor)
+    );
+    let mut n = 0;
+    for b in p.iter() {
+        b.unwrap().wait().unwrap();
+        n += 1;
+        assert!(
+            limits(&monitor) <= BUDGET - RING as u64,
+            "the tuner keeps them there"
+        );
+    }
+    assert_eq!(n, 40);
+    // The default ring (1 GiB) does not fit a 32 MiB budget: said at build.
+    let e = build(None).unwrap_err();
+    assert!(
+        e.is_config() && e.to_string().contains("staging ring"),
+        "{e}"
+    );
+}

@@ -75,8 +75,14 @@ pub(crate) fn assemble<T: Send + 'static>(
     let source = source(&ctx, core("source", StageKind::Source, None, true))?;
     // Each stage's input budget, and whether its bytes were set by the user.
     let mut byte_budgets: Vec<(String, Arc<dyn HasBudget>, Option<u64>)> = Vec::new();
-    // Bytes the attached caches may grow to: the buffers share what they leave.
-    let mut caches = 0u64;
+    // Bytes the attached caches may grow to, and the reserves (the uploader's staging ring):
+    // the buffers share what they leave.
+    let reserved: u64 = cfg
+        .reserved
+        .iter()
+        .map(|r| r.1)
+        .fold(0, u64::saturating_add);
+    let mut caches = reserved;
     engine.add_stage(Arc::clone(&source).as_control());
     engine.set_source(source);
     for s in stages {
@@ -110,7 +116,17 @@ pub(crate) fn assemble<T: Send + 'static>(
     });
     let memory = memory.or_else(|| autotune.as_ref().map(|a| a.settings.budgets().memory_bytes));
     if let Some(memory) = memory {
-        share_memory(memory, caches, &byte_budgets, tail.budget())?;
+        share_memory(memory, caches, &byte_budgets, tail.budget()).map_err(|e| {
+            if cfg.reserved.is_empty() {
+                return e;
+            }
+            let named: Vec<String> = cfg
+                .reserved
+                .iter()
+                .map(|(what, b)| format!("{b} bytes for {what}"))
+                .collect();
+            PipelineError::config(format!("{e}; reserved: {}", named.join(", ")))
+        })?;
     }
     let reader = SinkReader::new(tail);
     engine.add_stage(reader.control(cfg.sink_items.is_some()));
@@ -119,8 +135,9 @@ pub(crate) fn assemble<T: Send + 'static>(
     let plane = ControlPlane::start(all_stages.clone())?;
     let trace = Arc::new(TraceLog::default());
     if let Some(mut a) = autotune {
-        // One memory budget: the tuner's guard keeps the buffers' limits within it.
-        a.settings.memory_bytes = memory;
+        // One memory budget: the tuner's guard keeps the buffers' limits within what the
+        // reserves leave of it (it counts the caches' capacities itself).
+        a.settings.memory_bytes = memory.map(|m| m.saturating_sub(reserved).max(1));
         start_tuner(&plane, &all_stages, a, Arc::clone(&trace))?;
     }
     let epoch = Arc::new(AtomicU64::new(0));
@@ -169,7 +186,7 @@ fn share_memory(
             .map(|s| format!("`{}`", s.0))
             .collect();
         return Err(PipelineError::config(format!(
-            "the byte budgets of {} (and {caches} bytes of caches) add up to {pinned} bytes, more than the memory budget of {memory}",
+            "the byte budgets of {} (and {caches} bytes of caches and reserves) add up to {pinned} bytes, more than the memory budget of {memory}",
             names.join(", ")
         )));
     }

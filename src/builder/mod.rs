@@ -481,6 +481,16 @@ impl<T: Send + 'static> PipelineBuilder<T> {
         self
     }
 
+    /// Sets aside `bytes` of the [memory budget](Self::memory_budget) for memory the
+    /// pipeline holds beside its buffers (`what` names it in errors): the buffers share what
+    /// is left, and the tuner keeps them within it. [`upload`](Self::upload) reserves the
+    /// uploader's staging ring this way. Building fails, naming it, if the reserves, the
+    /// caches and the stages' own byte budgets exceed the memory budget.
+    pub fn reserve_memory(mut self, what: &str, bytes: u64) -> Self {
+        self.c.cfg.reserved.push((what.to_owned(), bytes));
+        self
+    }
+
     /// Names what this pipeline's checkpoints are valid for (the dataset, the seed, the
     /// sampler, the batch size…): [`Pipeline::state`] records the fields and
     /// [`Pipeline::resume`] refuses a state whose fields differ, naming the field. Added to

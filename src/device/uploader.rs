@@ -174,6 +174,12 @@ impl Uploader {
         self
     }
 
+    /// The most staging memory the ring may hold (see
+    /// [`max_staging_bytes`](Self::max_staging_bytes)).
+    pub fn staging_limit(&self) -> usize {
+        self.max_bytes
+    }
+
     /// Allocates batch tensors the backend uploads without a staging copy.
     pub fn host_alloc(&self) -> HostAlloc {
         HostAlloc {
@@ -281,9 +287,19 @@ impl crate::PipelineBuilder<Tensor> {
     /// one stream). The consumer gets [`DeviceBatch`]es; an upload error fails that batch
     /// (counted by the failure budget, like any stage). Collate with
     /// [`Uploader::host_alloc`] so batches are born in pinned memory.
+    ///
+    /// The staging ring's limit ([`Uploader::max_staging_bytes`], 1 GiB unless set) is
+    /// reserved in the pipeline's memory budget (see
+    /// [`reserve_memory`](crate::PipelineBuilder::reserve_memory)): the buffers share what it
+    /// leaves, and a budget smaller than the ring is an error at build naming it.
     pub fn upload(self, uploader: Uploader) -> crate::PipelineBuilder<DeviceBatch> {
+        let ring = uploader.staging_limit() as u64;
         let up = Mutex::new(uploader);
-        self.pipe(
+        self.reserve_memory(
+            "the uploader's staging ring (Uploader::max_staging_bytes)",
+            ring,
+        )
+        .pipe(
             "upload",
             move |t: Tensor| up.lock().upload_owned(t),
             crate::Workers::fixed(1),
