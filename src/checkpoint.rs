@@ -133,7 +133,7 @@ impl PipelineState {
     /// gets an equal share of what is left; see [`Layout`]). The states must come from the
     /// same configuration (fingerprints equal), one per rank `0..world`, all in the same
     /// epoch, except that a rank which finished the epoch may already name the next one with
-    /// nothing delivered. Partly delivered items keep the largest share any rank received.
+    /// nothing delivered. For a partly delivered item, the parts any rank received are kept.
     pub fn merge(states: &[PipelineState]) -> Result<PipelineState, PipelineError> {
         let bad = |m: String| PipelineError::config(format!("merging checkpoints: {m}"));
         let states: Vec<PipelineState> = states.iter().map(PipelineState::current).collect();
@@ -202,15 +202,11 @@ impl PipelineState {
                     ..(*sh).clone()
                 }
                 .layout();
-                let all = layout.len() as u64;
-                PipelineState {
-                    epoch,
-                    delivered: vec![(0, all)],
-                    delivered_items: all,
-                    shard: Some(ShardState::of(&layout)),
-                    ..Default::default()
+                let share = layout.positions().into_iter().map(|g| (g, g + 1));
+                Global {
+                    done: RangeSet::from_ranges(base.iter().copied().chain(share)),
+                    partial: Vec::new(),
                 }
-                .global()?
             } else {
                 return Err(bad(format!(
                     "states of epochs {epoch} and {}: take them at the same step",

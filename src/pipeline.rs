@@ -281,16 +281,13 @@ impl<T: Send + 'static> Pipeline<T> {
     }
 
     /// Makes the next [`iter`](Self::iter) run `epoch` in full (skipping the epochs before it):
-    /// a resume with nothing delivered, for a pipeline rebuilt to continue at a given epoch.
+    /// a resume with nothing delivered (and no place named: this rank's own), for a pipeline
+    /// rebuilt to continue at a given epoch.
     pub fn start_at_epoch(&mut self, epoch: u64) -> Result<(), PipelineError> {
         self.resume(&PipelineState {
             epoch,
             version: STATE_VERSION,
             fingerprint: self.fingerprint.clone(),
-            shard: self
-                .sharding
-                .as_ref()
-                .map(|s| ShardState::of(&s.sampler.layout(Default::default()))),
             ..Default::default()
         })
     }

@@ -271,7 +271,9 @@ impl Delivered {
         o.for_each(|i, s| {
             if s == Span::WHOLE {
                 self.done.insert(i);
-                self.partial.remove(&i);
+                if !self.partial.is_empty() {
+                    self.partial.remove(&i);
+                }
                 return;
             }
             if self.done.contains(i) {

@@ -23,6 +23,7 @@ mod error;
 mod loader;
 mod pipeline;
 mod recipes;
+mod state;
 
 /// Native threads of this process (for tests: nothing leaks).
 #[pyfunction]
@@ -47,7 +48,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(recipes::audio_loader, m)?)?;
     #[cfg(feature = "video")]
     m.add_function(wrap_pyfunction!(recipes::video_loader, m)?)?;
-    m.add_function(wrap_pyfunction!(loader::merge_state_dicts, m)?)?;
+    m.add_function(wrap_pyfunction!(state::merge_state_dicts, m)?)?;
     m.add_function(wrap_pyfunction!(_thread_count, m)?)?;
     m.add("LoaderError", m.py().get_type::<error::LoaderError>())?;
     Ok(())

@@ -84,7 +84,7 @@ def fifo_dataset(tmp_path, data):
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
-def test_stats_epoch_and_state_dict_answer_while_next_waits(data, tmp_path):
+def test_stats_and_epoch_answer_while_next_waits(data, tmp_path):
     fifo, files = fifo_dataset(tmp_path, data)
     loader = flowgate.ImageLoader(files, batch_size=1, shuffle=False, crop=32, resize=32,
                                   workers=1)
