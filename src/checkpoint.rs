@@ -12,7 +12,7 @@ use flowgate_actors::error::PipelineError;
 use flowgate_actors::origin::{RangeSet, UNIT};
 use parking_lot::Mutex;
 
-use crate::sampler::{Layout, Sampler, ShardLengths};
+use crate::sampler::{Blocks, Layout, Sampler, ShardLengths};
 
 /// The version of [`PipelineState`]'s layout; a state of a later version is refused.
 /// Version 2 added [`PipelineState::shard`] (version 1 kept rank and world size in the
@@ -82,6 +82,10 @@ pub struct ShardState {
     /// merged state), as `[start, end)` ranges.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub base: Vec<(u64, u64)>,
+    /// Group sampling's contiguous blocks and shuffle buffer (tar shards); `None`: every
+    /// `world`-th position (and in a merged state, whose positions are global).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<Blocks>,
 }
 
 impl ShardState {
@@ -93,6 +97,7 @@ impl ShardState {
             lengths: self.lengths,
             global_len: self.global_len,
             base: RangeSet::from_ranges(self.base.iter().copied()),
+            blocks: self.blocks,
         }
     }
 
@@ -103,6 +108,7 @@ impl ShardState {
             lengths: layout.lengths,
             global_len: layout.global_len,
             base: layout.base.ranges().collect(),
+            blocks: layout.blocks,
         }
     }
 }
@@ -161,6 +167,7 @@ impl PipelineState {
             if sh.world != world
                 || sh.global_len != shards[0].global_len
                 || sh.lengths != shards[0].lengths
+                || sh.blocks.is_some() != shards[0].blocks.is_some()
             {
                 return Err(bad(format!(
                     "states of different worlds or epochs' lengths ({} of {} positions, {} of {})",
@@ -251,6 +258,8 @@ impl PipelineState {
                 lengths: shards[0].lengths,
                 global_len,
                 base: Vec::new(),
+                // Global positions, in order.
+                blocks: None,
             }),
         })
     }
@@ -376,7 +385,7 @@ impl Sharding {
 
     /// This rank's layout in `epoch`.
     pub(crate) fn layout(&self, epoch: u64) -> Layout {
-        self.sampler.layout(self.base(epoch))
+        self.sampler.layout(epoch, self.base(epoch))
     }
 
     /// Where a resume from `state` starts in its epoch: sets the epoch's base, and returns
@@ -385,8 +394,8 @@ impl Sharding {
         &self,
         state: &PipelineState,
     ) -> Result<(RangeSet, Vec<Part>), PipelineError> {
-        let mine = self.sampler.layout(RangeSet::default());
         let mut state = state.current();
+        let mine = self.sampler.layout(state.epoch, RangeSet::default());
         // A state that names no place (from a source that was not sampled, or from before
         // places were recorded) is taken to be this rank's own, as it was then.
         let theirs = state.shard.get_or_insert(ShardState::of(&mine));
@@ -400,7 +409,9 @@ impl Sharding {
                 theirs.global_len, mine.global_len
             )));
         }
-        let (base, skip, partial) = if theirs.world == mine.world && theirs.rank == mine.rank {
+        let same_place =
+            theirs.world == mine.world && theirs.rank == mine.rank && theirs.blocks == mine.blocks;
+        let (base, skip, partial) = if same_place {
             // The same place in the same world: positions are this rank's own.
             (
                 RangeSet::from_ranges(theirs.base.iter().copied()),
@@ -410,7 +421,7 @@ impl Sharding {
         } else if theirs.world == 1 {
             // A whole world's progress (one process, or merged): deal out the rest afresh.
             let g = state.global()?;
-            let layout = self.sampler.layout(g.done.clone());
+            let layout = self.sampler.layout(state.epoch, g.done.clone());
             let partial = g
                 .partial
                 .iter()

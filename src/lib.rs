@@ -20,6 +20,7 @@ mod pipeline;
 pub mod s3;
 pub mod sample;
 pub mod sampler;
+pub mod shards;
 #[cfg(feature = "spec")]
 pub mod spec;
 mod stats;

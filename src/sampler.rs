@@ -30,6 +30,19 @@ pub enum ShardLengths {
     Pad,
 }
 
+/// How a sampler over groups (the samples of tar shards) deals an epoch to ranks: each rank
+/// takes one contiguous block of the epoch's order (so it reads whole shards, not every
+/// `world`-th sample of all of them), visited through a shuffle buffer of `window` samples
+/// (webdataset's: a seeded random pick among the next `window`), seeded by `seed` (which mixes
+/// the sampler's seed and the epoch) and the rank.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Blocks {
+    /// The shuffle buffer's size in samples (0 or 1: the block in order).
+    pub window: u64,
+    /// The buffer's seed for the epoch.
+    pub seed: u64,
+}
+
 #[derive(Clone, Debug)]
 struct Weighted {
     /// Cumulative weights (for draws with replacement).
@@ -65,6 +78,10 @@ pub struct Sampler {
     world: usize,
     lengths: ShardLengths,
     weighted: Option<Weighted>,
+    /// Group lengths (samples per shard), for group-shuffled, block-dealt epochs.
+    groups: Option<std::sync::Arc<[usize]>>,
+    /// The shuffle buffer of group sampling, in samples.
+    window: usize,
 }
 
 impl Sampler {
@@ -77,7 +94,43 @@ impl Sampler {
             world: 1,
             lengths: ShardLengths::Uneven,
             weighted: None,
+            groups: None,
+            window: 0,
         }
+    }
+
+    /// Treats the dataset as consecutive groups of `lengths` items (the samples of each tar
+    /// shard, in shard order): an epoch's order keeps each group's items together and in
+    /// stream order, shuffling only the groups (with the [`shuffle`](Self::shuffle) seed), and
+    /// each rank takes one contiguous block of it (see [`Blocks`]), so a rank streams through
+    /// whole shards and splits at most two with its neighbours. The lengths must add up to
+    /// the dataset's; weighted sampling cannot be combined with groups.
+    pub fn groups(mut self, lengths: &[usize]) -> Result<Self, PipelineError> {
+        let total: usize = lengths.iter().sum();
+        if total != self.len {
+            return Err(PipelineError::config(format!(
+                "group sampling: the {} groups hold {total} items, the dataset {}",
+                lengths.len(),
+                self.len
+            )));
+        }
+        if self.weighted.is_some() {
+            return Err(PipelineError::config(
+                "group sampling cannot be combined with weighted sampling",
+            ));
+        }
+        self.groups = Some(lengths.into());
+        Ok(self)
+    }
+
+    /// With [`groups`](Self::groups): each rank visits its block through a shuffle buffer of
+    /// `window` samples (webdataset's `shuffle(window)`: a seeded random pick among the next
+    /// `window` samples of the stream), so samples of a shard do not arrive in stream order.
+    /// The buffer holds samples read and not yet consumed: a larger window mixes better and
+    /// holds more. Reseeded every epoch, reproducible for a seed.
+    pub fn buffer(mut self, window: usize) -> Self {
+        self.window = window;
+        self
     }
 
     /// A seeded shuffle, reseeded every epoch from `seed` and the epoch number (and the seed
@@ -154,6 +207,13 @@ impl Sampler {
             ),
             ("shard_lengths", format!("{:?}", self.lengths)),
         ];
+        if let Some(g) = &self.groups {
+            let hash = g
+                .iter()
+                .fold(0u64, |h, &x| (h ^ x as u64).wrapping_mul(0x0100_0000_01b3));
+            f.push(("groups", format!("{} groups, {hash:016x}", g.len())));
+            f.push(("shuffle_buffer", self.window.to_string()));
+        }
         if let Some(w) = &self.weighted {
             let hash = w.weights.iter().fold(0u64, |h, x| {
                 (h ^ x.to_bits()).wrapping_mul(0x0100_0000_01b3)
@@ -186,6 +246,11 @@ impl Sampler {
         samples: usize,
         replacement: bool,
     ) -> Result<Self, PipelineError> {
+        if self.groups.is_some() {
+            return Err(PipelineError::config(
+                "weighted sampling cannot be combined with group sampling",
+            ));
+        }
         if weights.len() != self.len {
             return Err(PipelineError::config(format!(
                 "weighted sampling: {} weights for {} items",
@@ -237,18 +302,22 @@ impl Sampler {
 
     /// Number of indices this rank visits per epoch.
     pub fn len(&self) -> usize {
-        self.layout(RangeSet::default()).len()
+        self.layout(0, RangeSet::default()).len()
     }
 
-    /// This rank's place in an epoch whose positions in `base` were delivered already (by
+    /// This rank's place in `epoch` when the positions in `base` were delivered already (by
     /// the ranks of an earlier world; empty for an epoch from its start).
-    pub fn layout(&self, base: RangeSet) -> Layout {
+    pub fn layout(&self, epoch: u64, base: RangeSet) -> Layout {
         Layout {
             rank: self.rank,
             world: self.world,
             lengths: self.lengths,
             global_len: self.global_len() as u64,
             base,
+            blocks: self.groups.as_ref().map(|_| Blocks {
+                window: self.window as u64,
+                seed: self.rng(epoch).next_u64(),
+            }),
         }
     }
 
@@ -256,7 +325,7 @@ impl Sampler {
     /// order) are left out: the rest of the epoch dealt out afresh to this world's ranks.
     pub fn epoch_after(&self, epoch: u64, base: RangeSet) -> Vec<usize> {
         let order = self.global(epoch);
-        self.layout(base)
+        self.layout(epoch, base)
             .positions()
             .into_iter()
             .map(|g| order[g as usize])
@@ -304,13 +373,27 @@ impl Sampler {
                 keyed.truncate(w.samples);
                 keyed.into_iter().map(|(_, i)| i).collect()
             }
+            None if self.groups.is_some() => {
+                let groups = self.groups.as_deref().unwrap_or_default();
+                let mut starts = Vec::with_capacity(groups.len());
+                let mut at = 0;
+                for &g in groups {
+                    starts.push(at);
+                    at += g;
+                }
+                let mut which: Vec<usize> = (0..groups.len()).collect();
+                if self.seed.is_some() {
+                    shuffle(&mut which, &mut rng);
+                }
+                which
+                    .into_iter()
+                    .flat_map(|g| starts[g]..starts[g] + groups[g])
+                    .collect()
+            }
             None => {
                 let mut order: Vec<usize> = (0..self.len).collect();
                 if self.seed.is_some() {
-                    for i in (1..order.len()).rev() {
-                        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
-                        order.swap(i, j);
-                    }
+                    shuffle(&mut order, &mut rng);
                 }
                 order
             }
@@ -323,13 +406,47 @@ impl Sampler {
     }
 }
 
+/// A seeded Fisher-Yates shuffle.
+fn shuffle<T>(v: &mut [T], rng: &mut Rng) {
+    for i in (1..v.len()).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        v.swap(i, j);
+    }
+}
+
+/// `items` in the order a shuffle buffer of `window` (seeded by `rng`) lets them out: the
+/// buffer fills with the first `window`, then each step lets out a random one and takes in
+/// the next; at the end it empties in random order. No item moves earlier by more than
+/// `window - 1` places.
+fn buffered<T: Copy>(items: &[T], window: usize, rng: &mut Rng) -> Vec<T> {
+    if window <= 1 {
+        return items.to_vec();
+    }
+    let mut out = Vec::with_capacity(items.len());
+    let mut buf: Vec<T> = Vec::with_capacity(window);
+    for &x in items {
+        buf.push(x);
+        if buf.len() == window {
+            let j = (rng.next_u64() % window as u64) as usize;
+            out.push(buf.swap_remove(j));
+        }
+    }
+    while !buf.is_empty() {
+        let j = (rng.next_u64() % buf.len() as u64) as usize;
+        out.push(buf.swap_remove(j));
+    }
+    out
+}
+
 /// Where one rank's items lie in an epoch's global order.
 ///
 /// The positions not in `base` (those delivered before, by an earlier world's ranks) are
 /// dealt out in order: rank `r` of `w` takes the `r`-th, `r + w`-th, … of them, after the
 /// remaining list is made a multiple of `w` as `lengths` says (cut short, or padded by
-/// repeating its start). With an empty `base` this is plain sharding; a pipeline resumed
-/// from a merged checkpoint at a new world size uses the merged delivered set as `base`.
+/// repeating its start). With [`blocks`](Self::blocks) (group sampling) rank `r` takes
+/// instead the `r`-th of `w` contiguous blocks of that list, through its shuffle buffer.
+/// With an empty `base` this is plain sharding; a pipeline resumed from a merged checkpoint
+/// at a new world size uses the merged delivered set as `base`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Layout {
     /// This rank.
@@ -342,6 +459,9 @@ pub struct Layout {
     pub global_len: u64,
     /// Positions delivered before this world started the epoch.
     pub base: RangeSet,
+    /// Contiguous blocks per rank, through a shuffle buffer (group sampling); `None`: every
+    /// `world`-th position.
+    pub blocks: Option<Blocks>,
 }
 
 impl Layout {
@@ -373,7 +493,17 @@ impl Layout {
     /// Number of positions this rank visits.
     pub fn len(&self) -> usize {
         let (d, w, r) = (self.dealt(), self.world.max(1) as u64, self.rank as u64);
+        if self.blocks.is_some() {
+            let (a, b) = self.block();
+            return (b - a) as usize;
+        }
         (d / w + u64::from(r < d % w)) as usize
+    }
+
+    /// This rank's block `[start, end)` of the dealt positions (group sampling).
+    fn block(&self) -> (u64, u64) {
+        let (d, w, r) = (self.dealt(), self.world.max(1) as u64, self.rank as u64);
+        (r * d / w, (r + 1) * d / w)
     }
 
     /// Whether this rank visits nothing.
@@ -397,6 +527,14 @@ impl Layout {
     /// local position `p` is the `p`-th).
     pub fn positions(&self) -> Vec<u64> {
         let rest = self.remaining_positions();
+        if let Some(b) = self.blocks {
+            let (start, end) = self.block();
+            let mine: Vec<u64> = (start..end)
+                .map(|k| rest[k as usize % rest.len()])
+                .collect();
+            let mut rng = Rng::new(b.seed ^ (self.rank as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93));
+            return buffered(&mine, b.window as usize, &mut rng);
+        }
         let (w, d) = (self.world.max(1), self.dealt() as usize);
         (self.rank..d)
             .step_by(w)
@@ -408,6 +546,13 @@ impl Layout {
     pub fn local_of(&self, g: u64) -> Option<u64> {
         if g >= self.global_len || self.base.contains(g) {
             return None;
+        }
+        if self.blocks.is_some() {
+            return self
+                .positions()
+                .iter()
+                .position(|&p| p == g)
+                .map(|p| p as u64);
         }
         // g's index among the remaining positions: g minus the base positions before it.
         let before: u64 = self
@@ -516,6 +661,85 @@ mod tests {
             dedup.dedup();
             prop_assert_eq!(dedup.len(), all.len(), "dropped shards are disjoint");
         }
+    }
+
+    proptest! {
+        #[test]
+        fn group_blocks_cover_the_epoch_and_keep_shards_whole(
+            groups in proptest::collection::vec(0usize..40, 1..30),
+            world in 1usize..6, seed in any::<u64>(), window in 0usize..50,
+            lengths in prop_oneof![Just(ShardLengths::Uneven), Just(ShardLengths::Pad), Just(ShardLengths::Drop)],
+        ) {
+            let n: usize = groups.iter().sum();
+            let group_of: Vec<usize> = groups.iter().enumerate().flat_map(|(g, &k)| std::iter::repeat_n(g, k)).collect();
+            let base = Sampler::new(n).groups(&groups).unwrap().shuffle(seed).buffer(window).shard_lengths(lengths);
+            let ranks: Vec<Vec<usize>> = (0..world).map(|r| base.clone().shard(r, world).unwrap().epoch(1)).collect();
+            let lens: Vec<usize> = ranks.iter().map(Vec::len).collect();
+            for (r, l) in lens.iter().enumerate() {
+                prop_assert_eq!(*l, base.clone().shard(r, world).unwrap().len());
+            }
+            let all = sorted(ranks.concat());
+            let mut distinct = all.clone();
+            distinct.dedup();
+            match lengths {
+                ShardLengths::Uneven => {
+                    prop_assert_eq!(&all, &(0..n).collect::<Vec<_>>(), "each sample once");
+                    prop_assert!(lens.iter().max().unwrap() - lens.iter().min().unwrap() <= 1);
+                }
+                ShardLengths::Pad => {
+                    prop_assert_eq!(distinct.len(), n, "every sample");
+                    prop_assert!(lens.iter().all(|&l| l == n.div_ceil(world)));
+                }
+                ShardLengths::Drop => {
+                    prop_assert_eq!(distinct.len(), all.len(), "no sample twice");
+                    prop_assert!(lens.iter().all(|&l| l == n / world));
+                }
+            }
+            // Whole shards: the ranks touching a group are few (a block splits at most the
+            // two groups at its ends), and padding adds at most the first groups again.
+            if lengths != ShardLengths::Pad {
+                let touches: usize = ranks.iter().map(|r| {
+                    let mut g: Vec<usize> = r.iter().map(|&i| group_of[i]).collect();
+                    g.sort_unstable();
+                    g.dedup();
+                    g.len()
+                }).sum();
+                let nonempty = groups.iter().filter(|&&k| k > 0).count();
+                prop_assert!(touches < nonempty + world, "{touches} group touches");
+            }
+            // The buffer moves no sample earlier than `window - 1` places before its place
+            // in the stream.
+            if lengths == ShardLengths::Uneven {
+                let stream = Sampler::new(n).groups(&groups).unwrap().shuffle(seed).shard(0, world).unwrap().epoch(1);
+                let buffered = &ranks[0];
+                for (p, i) in buffered.iter().enumerate() {
+                    let q = stream.iter().position(|x| x == i).unwrap();
+                    prop_assert!(p + window.max(1) > q, "{i} at {p}, stream place {q}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn group_orders_are_reproducible_and_new_every_epoch() {
+        let s = Sampler::new(300)
+            .groups(&[100, 100, 100])
+            .unwrap()
+            .shuffle(9)
+            .buffer(20);
+        assert_eq!(s.epoch(0), s.epoch(0));
+        assert_ne!(s.epoch(0), s.epoch(1));
+        let first: Vec<usize> = (0..30).map(|e| s.epoch(e)[0] / 100).collect();
+        assert!(
+            first.iter().any(|&g| g != first[0]),
+            "the shard order changes"
+        );
+        assert!(Sampler::new(10).groups(&[3, 3]).is_err());
+        assert!(Sampler::new(2)
+            .weighted(&[1.0, 1.0], 2, true)
+            .unwrap()
+            .groups(&[2])
+            .is_err());
     }
 
     #[test]
