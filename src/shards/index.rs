@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::tar::{Input, Member, TarError, Walker};
+use super::tar::{Input, Member, Walker};
 
 /// One field of a sample: a member's extension and its bytes' place in the shard.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,7 +84,18 @@ pub(crate) fn index(input: impl Input, max_member: u64) -> Vec<Entry> {
                 return out;
             }
             Err(e) => {
-                let key = open.take().map_or_else(|| at_of(&e), |o| o.key);
+                // The sample the failing member belongs to is the damaged one; a sample
+                // before it that was open is complete as far as anyone can tell.
+                let failing = e.member().and_then(split_name).map(|(k, _)| k.to_owned());
+                let key = match (open.take(), failing) {
+                    (Some(o), Some(k)) if o.key != k => {
+                        out.push(o);
+                        k
+                    }
+                    (Some(o), _) => o.key,
+                    (None, Some(k)) => k,
+                    (None, None) => format!("@byte {}", e.at()),
+                };
                 out.push(Entry {
                     key,
                     fields: Vec::new(),
@@ -94,16 +105,6 @@ pub(crate) fn index(input: impl Input, max_member: u64) -> Vec<Entry> {
             }
         }
     }
-}
-
-fn at_of(e: &TarError) -> String {
-    let at = match e {
-        TarError::Io { at, .. }
-        | TarError::Truncated { at, .. }
-        | TarError::BadHeader { at, .. }
-        | TarError::TooLarge { at, .. } => *at,
-    };
-    format!("@byte {at}")
 }
 
 fn add(out: &mut Vec<Entry>, open: &mut Option<Entry>, m: Member) {

@@ -42,8 +42,8 @@
 //!     .decode("image", &["jpg", "png", "webp"], Recipe::image(ImageRecipe::train(224)).unwrap())
 //!     .label("label", "cls");
 //! let mut pipeline = Pipeline::builder()
-//!     .checkpoint_fields(shards.fingerprint())
 //!     .source_sampled(shards.sampler().clone(), shards.refs())
+//!     .checkpoint_fields(shards.fingerprint())
 //!     .describe(|r| r.to_string())
 //!     .pipe("decode", move |r| fields.read(&r), Workers::auto())
 //!     .aggregate(32, false)
@@ -600,14 +600,14 @@ impl FieldMap {
 
     /// Makes the fields of `raw` a [`Sample`].
     pub fn apply(&self, mut raw: RawSample) -> Result<Sample, ShardError> {
+        let mut has: Vec<String> = raw.fields.iter().map(|(e, _)| e.clone()).collect();
+        has.sort_unstable();
         let mut sample = Sample::new();
         for rule in &self.rules {
             let Some((ext, bytes)) = raw.take(&rule.exts) else {
                 if rule.optional {
                     continue;
                 }
-                let mut has: Vec<&str> = raw.fields.iter().map(|(e, _)| e.as_str()).collect();
-                has.sort_unstable();
                 return Err(ShardError::Missing {
                     shard: raw.shard.clone(),
                     key: raw.key.clone(),

@@ -34,6 +34,8 @@ pub enum TarError {
         at: u64,
         /// What was being read.
         what: String,
+        /// The member whose data ran out, if the header was read.
+        member: Option<String>,
     },
     /// A block that should be a header is not one (garbage, or not a tar file).
     #[error("byte {at}: not a tar header ({reason})")]
@@ -68,6 +70,27 @@ pub struct Member {
     pub offset: u64,
     /// Its size in bytes.
     pub size: u64,
+}
+
+impl TarError {
+    /// The member the error is about, when its header was read.
+    pub fn member(&self) -> Option<&str> {
+        match self {
+            TarError::Truncated { member, .. } => member.as_deref(),
+            TarError::TooLarge { name, .. } => Some(name),
+            _ => None,
+        }
+    }
+
+    /// The offset where the error was found.
+    pub fn at(&self) -> u64 {
+        match self {
+            TarError::Io { at, .. }
+            | TarError::Truncated { at, .. }
+            | TarError::BadHeader { at, .. }
+            | TarError::TooLarge { at, .. } => *at,
+        }
+    }
 }
 
 impl Member {
@@ -186,6 +209,7 @@ impl<I: Input> Walker<I> {
                 return Err(TarError::Truncated {
                     at: self.pos,
                     what: format!("a header at byte {at} has {got} of 512 bytes"),
+                    member: None,
                 });
             }
             if block.iter().all(|&b| b == 0) {
@@ -290,12 +314,19 @@ impl<I: Input> Walker<I> {
             return Err(TarError::Truncated {
                 at: self.pos,
                 what: format!("{what} at byte {at} declares {size} bytes, {got} follow"),
+                member: None,
             });
         }
         Ok(bytes)
     }
 
-    fn skip_exact(&mut self, n: u64, at: u64, what: &dyn Fn() -> String) -> Result<(), TarError> {
+    fn skip_exact(
+        &mut self,
+        n: u64,
+        at: u64,
+        member: Option<&str>,
+        what: &dyn Fn() -> String,
+    ) -> Result<(), TarError> {
         let skipped = self.input.skip(n).map_err(|source| TarError::Io {
             at: self.pos,
             source,
@@ -305,6 +336,7 @@ impl<I: Input> Walker<I> {
             return Err(TarError::Truncated {
                 at: self.pos,
                 what: format!("{} (header at byte {at})", what()),
+                member: member.map(str::to_owned),
             });
         }
         Ok(())
@@ -312,7 +344,7 @@ impl<I: Input> Walker<I> {
 
     fn skip_data(&mut self, size: u64, at: u64, name: &str) -> Result<(), TarError> {
         let padded = size.div_ceil(BLOCK) * BLOCK;
-        self.skip_exact(size, at, &|| {
+        self.skip_exact(size, at, Some(name), &|| {
             format!("member {name:?} declares {size} bytes, the archive ends before")
         })?;
         // A final member's padding may be cut (some writers omit it); only data counts.
@@ -322,7 +354,7 @@ impl<I: Input> Walker<I> {
 
     fn skip_padding(&mut self, size: u64, at: u64) -> Result<(), TarError> {
         let pad = size.div_ceil(BLOCK) * BLOCK - size;
-        self.skip_exact(pad, at, &|| {
+        self.skip_exact(pad, at, None, &|| {
             "the padding of a long-name or pax header".into()
         })
     }
