@@ -24,6 +24,7 @@ fn dataset() -> &'static Path {
             audio: 10,
             flac: true,
             video: if cfg!(feature = "video") { 3 } else { 0 },
+            shards: 10,
             seed: 7,
         })
         .expect("write the sample dataset")

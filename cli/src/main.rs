@@ -3,7 +3,7 @@
 //! ```text
 //! flowgate run PIPELINE.toml                # run a pipeline file with a live view
 //! flowgate profile PIPELINE.toml            # each stage alone at several concurrencies
-//! flowgate gen-data --out DIR               # the sample dataset
+//! flowgate gen-data --out DIR [--shards 100] # the sample dataset (and tar shards of it)
 //! flowgate plot TRACE.jsonl -o tuner.svg    # draw a tuner decision trace
 //! ```
 //!
@@ -73,6 +73,10 @@ enum Command {
         /// MP4 clips (needs the `ffmpeg` command).
         #[arg(long, default_value_t = 0)]
         video: usize,
+        /// Also write the images as WebDataset tar shards of this many samples
+        /// (`shards/`, pattern in `shards.txt`).
+        #[arg(long, default_value_t = 0)]
+        shards: usize,
         /// Seeds everything.
         #[arg(long, default_value_t = 0)]
         seed: u64,
@@ -114,6 +118,7 @@ fn main() -> ExitCode {
             audio,
             audio_format,
             video,
+            shards,
             seed,
         } => gen_data(flowgate::media::synth::DatasetSpec {
             out,
@@ -128,6 +133,7 @@ fn main() -> ExitCode {
                 }
             },
             video,
+            shards,
             seed,
         }),
     };
@@ -157,6 +163,14 @@ fn gen_data(spec: flowgate::media::synth::DatasetSpec) -> Result<(), Error> {
         out.display(),
         started.elapsed().as_secs_f64()
     );
+    if spec.shards > 0 && spec.images > 0 {
+        let pattern = std::fs::read_to_string(out.join("shards.txt"))?;
+        println!(
+            "and the images as tar shards of {}: {}",
+            spec.shards,
+            pattern.trim()
+        );
+    }
     Ok(())
 }
 

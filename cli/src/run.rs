@@ -377,7 +377,9 @@ pub(crate) fn profile(file: &Path, sample: usize, levels: &[usize]) -> Result<()
     if let SourceSpec::S3 { .. } = spec.source {
         return Err("profile: S3 sources are not profiled yet (profile a local copy)".into());
     }
-    let files = spec.local_files()?.ok_or("profile needs a local source")?;
+    let files = spec
+        .local_files()?
+        .ok_or("profile: only list and dir sources are profiled yet (not tar or s3)")?;
     let items: Vec<PathBuf> = files.epoch(0).into_iter().take(sample.max(1)).collect();
     for p in &items {
         let _ = std::fs::read(p); // warm the page cache: measure decoding, not the disk

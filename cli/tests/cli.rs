@@ -26,6 +26,7 @@ fn dataset() -> &'static Path {
             audio: 10,
             flac: true,
             video: 0,
+            shards: 10,
             seed: 7,
         })
         .expect("write the sample dataset")

@@ -150,6 +150,10 @@ pub struct DatasetSpec {
     pub flac: bool,
     /// 3–6 s MP4 clips (needs the `ffmpeg` command).
     pub video: usize,
+    /// With images: also write them as WebDataset tar shards of this many samples
+    /// (`shards/shard-NNNNNN.tar`: `KEY.jpg`, `KEY.cls` = the image's number modulo 1000,
+    /// `KEY.json`), and their brace pattern to `shards.txt`; 0: no shards.
+    pub shards: usize,
     /// Seeds everything.
     pub seed: u64,
 }
@@ -162,13 +166,14 @@ impl Default for DatasetSpec {
             audio: 0,
             flac: true,
             video: 0,
+            shards: 0,
             seed: 0,
         }
     }
 }
 
 /// Writes `spec`'s dataset: `images/`, `audio/`, `video/` and the lists `images.txt`,
-/// `audio.txt`, `video.txt` of absolute paths (a list is written only for a kind asked for, so
+/// `audio.txt`, `video.txt` of absolute paths (and, if asked, `shards/` and `shards.txt`) (a list is written only for a kind asked for, so
 /// generating audio later keeps the images' list). Returns the absolute output folder.
 pub fn write_dataset(spec: &DatasetSpec) -> std::io::Result<std::path::PathBuf> {
     use image::codecs::jpeg::JpegEncoder;
@@ -178,6 +183,7 @@ pub fn write_dataset(spec: &DatasetSpec) -> std::io::Result<std::path::PathBuf> 
         audio,
         flac,
         video,
+        shards,
         seed,
     } = spec.clone();
     std::fs::create_dir_all(&out)?;
@@ -185,6 +191,7 @@ pub fn write_dataset(spec: &DatasetSpec) -> std::io::Result<std::path::PathBuf> 
     if images > 0 {
         std::fs::create_dir_all(out.join("images"))?;
         let mut list = String::new();
+        let mut paths = Vec::with_capacity(images);
         for i in 0..images {
             let mut rng = Rng::new(seed.wrapping_mul(1_000_003) ^ i as u64);
             let img = photo(&mut rng);
@@ -194,8 +201,16 @@ pub fn write_dataset(spec: &DatasetSpec) -> std::io::Result<std::path::PathBuf> 
                 .encode_image(&img)
                 .map_err(std::io::Error::other)?;
             list.push_str(&format!("{}\n", path.display()));
+            paths.push(path);
         }
         std::fs::write(out.join("images.txt"), list)?;
+        if shards > 0 {
+            let dir = out.join("shards");
+            let _ = std::fs::remove_dir_all(&dir);
+            let pattern =
+                crate::shards::write_shards(&paths, &dir, shards, |i, _| (i % 1000) as i64)?;
+            std::fs::write(out.join("shards.txt"), format!("{pattern}\n"))?;
+        }
     }
     if audio > 0 {
         std::fs::create_dir_all(out.join("audio"))?;

@@ -197,8 +197,25 @@ pub fn expand_braces(pattern: &str) -> Result<Vec<String>, PipelineError> {
 
 impl Shards {
     /// The shards named by `spec`: a path or brace pattern, or several separated by commas
-    /// outside braces (`a.tar,b.tar`); see [`open_paths`](Self::open_paths).
+    /// outside braces (`a.tar,b.tar`), or a directory (its `.tar` files, sorted); see
+    /// [`open_paths`](Self::open_paths).
     pub fn open(spec: &str) -> Result<Self, PipelineError> {
+        let dir = Path::new(spec);
+        if !spec.contains(['{', ',']) && dir.is_dir() {
+            let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+                .map_err(|e| PipelineError::io(format!("listing {}", dir.display()), e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x.eq_ignore_ascii_case("tar")))
+                .collect();
+            paths.sort();
+            if paths.is_empty() {
+                return Err(PipelineError::config(format!(
+                    "{}: a directory with no .tar files",
+                    dir.display()
+                )));
+            }
+            return Self::open_paths(paths);
+        }
         let mut paths = Vec::new();
         let (mut depth, mut start) = (0i32, 0);
         for (i, c) in spec.char_indices() {
@@ -516,6 +533,13 @@ impl RawSample {
         Some(self.fields.swap_remove(i))
     }
 
+    /// The extensions of the fields left, sorted.
+    pub fn extensions(&self) -> Vec<&str> {
+        let mut e: Vec<&str> = self.fields.iter().map(|(e, _)| e.as_str()).collect();
+        e.sort_unstable();
+        e
+    }
+
     /// `SHARD/KEY.EXT`: how errors and augmentation seeds name a field.
     pub fn field_path(&self, ext: &str) -> PathBuf {
         self.shard.join(format!("{}.{ext}", self.key))
@@ -653,6 +677,45 @@ impl FieldMap {
         }
         Ok(sample)
     }
+}
+
+/// Writes the files at `paths` into tar shards of `per_shard` samples in `out` (created if
+/// missing), `shard-000000.tar`, …, as `webdataset` and the peers' scripts lay them out: sample
+/// `i` is `{i:08}.EXT` (the file's bytes, its extension lower-cased), `{i:08}.cls` (the label
+/// `label(i, path)`, as text) and `{i:08}.json` (`{"path": ...}`). Returns the shards' brace
+/// pattern.
+pub fn write_shards(
+    paths: &[PathBuf],
+    out: &Path,
+    per_shard: usize,
+    label: impl Fn(usize, &Path) -> i64,
+) -> std::io::Result<String> {
+    let per_shard = per_shard.max(1);
+    std::fs::create_dir_all(out)?;
+    let n = paths.len().div_ceil(per_shard);
+    for s in 0..n {
+        let mut members = Vec::new();
+        for (i, path) in paths.iter().enumerate().skip(s * per_shard).take(per_shard) {
+            let ext = path
+                .extension()
+                .map_or("bin".into(), |e| e.to_string_lossy().to_ascii_lowercase());
+            let key = format!("{i:08}");
+            members.push((format!("{key}.{ext}"), std::fs::read(path)?));
+            members.push((
+                format!("{key}.cls"),
+                label(i, path).to_string().into_bytes(),
+            ));
+            let json = format!("{{\"path\": {:?}}}", path.display().to_string());
+            members.push((format!("{key}.json"), json.into_bytes()));
+        }
+        let file = std::fs::File::create(out.join(format!("shard-{s:06}.tar")))?;
+        tar::write_archive(std::io::BufWriter::new(file), members)?;
+    }
+    Ok(format!(
+        "{}/shard-{{000000..{:06}}}.tar",
+        out.display(),
+        n.saturating_sub(1)
+    ))
 }
 
 #[cfg(test)]

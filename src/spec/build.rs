@@ -52,6 +52,7 @@ impl PipelineSpec {
         let shuffle = match &self.source {
             SourceSpec::List { shuffle, .. }
             | SourceSpec::Dir { shuffle, .. }
+            | SourceSpec::Tar { shuffle, .. }
             | SourceSpec::S3 { shuffle, .. } => *shuffle,
         };
         decode.or(shuffle).unwrap_or(0)
@@ -205,6 +206,41 @@ impl PipelineSpec {
                 _keep: None,
             });
         }
+        if let Some((shards, exts)) = self.shards()? {
+            let items = shards.len();
+            let dataset = shards.fingerprint();
+            let pipeline = finish(
+                Pipeline::builder()
+                    .source_sampled(shards.sampler().clone(), shards.refs())
+                    .checkpoint_fields(dataset)
+                    .describe(|r| r.to_string())
+                    .pipe(
+                        "decode",
+                        move |r: crate::shards::SampleRef| -> Result<Tensor, crate::shards::ShardError> {
+                            let mut raw = r.read()?;
+                            let Some((ext, bytes)) = raw.take(&exts) else {
+                                return Err(crate::shards::ShardError::Missing {
+                                    shard: raw.shard.clone(),
+                                    key: raw.key.clone(),
+                                    wanted: exts.join(" or "),
+                                    has: raw.extensions().join(", "),
+                                });
+                            };
+                            let path = raw.field_path(&ext);
+                            Ok(decoder
+                                .for_epoch(r.epoch())
+                                .decode(crate::Blob { path, bytes })?)
+                        },
+                        workers,
+                    ),
+            )?;
+            return Ok(Loader {
+                pipeline,
+                cache: None,
+                items,
+                _keep: None,
+            });
+        }
         #[cfg(feature = "s3")]
         {
             super::s3::build(self, decoder, workers, finish)
@@ -243,6 +279,37 @@ impl PipelineSpec {
         w.map_or(Workers::initial(1), Workers::fixed)
     }
 
+    /// The shards of a tar source (shuffled and buffered as asked) and the extensions of the
+    /// field to decode.
+    pub fn shards(
+        &self,
+    ) -> Result<Option<(crate::shards::Shards, Vec<String>)>, crate::PipelineError> {
+        let SourceSpec::Tar {
+            shards,
+            fields,
+            shuffle,
+            buffer,
+        } = &self.source
+        else {
+            return Ok(None);
+        };
+        let mut s = crate::shards::Shards::open(shards)?.buffer(*buffer);
+        if let Some(seed) = shuffle {
+            s = s.shuffle(*seed);
+        }
+        let exts: Vec<String> = if fields.is_empty() {
+            let d: &[&str] = match &self.decode {
+                DecodeSpec::Image { .. } => &["jpg", "jpeg", "png", "webp"],
+                DecodeSpec::Audio { .. } => &["flac", "wav", "mp3", "ogg", "m4a"],
+                DecodeSpec::Video { .. } => &["mp4", "mkv", "webm", "mov"],
+            };
+            d.iter().map(|e| e.to_string()).collect()
+        } else {
+            fields.iter().map(|e| e.to_ascii_lowercase()).collect()
+        };
+        Ok(Some((s, exts)))
+    }
+
     /// The local files of a list or directory source (shuffled if asked).
     pub fn local_files(&self) -> Result<Option<Files>, crate::PipelineError> {
         let (files, shuffle) = match &self.source {
@@ -255,7 +322,7 @@ impl PipelineSpec {
                 let ext: Vec<&str> = extensions.iter().map(String::as_str).collect();
                 (Files::dir(path, &ext)?, shuffle)
             }
-            SourceSpec::S3 { .. } => return Ok(None),
+            SourceSpec::S3 { .. } | SourceSpec::Tar { .. } => return Ok(None),
         };
         Ok(Some(match shuffle {
             Some(seed) => files.shuffle(*seed),

@@ -54,6 +54,24 @@ pub enum SourceSpec {
         #[serde(default)]
         shuffle: Option<u64>,
     },
+    /// WebDataset tar shards (see `flowgate::shards`): each sample's media field is decoded
+    /// (the first of `fields` it has).
+    Tar {
+        /// The shards: a path or brace pattern (`shards/shard-{000000..000063}.tar`), or
+        /// several separated by commas.
+        shards: String,
+        /// The extensions of the field to decode, first present wins; default: the decode
+        /// kind's (`jpg`, `jpeg`, `png`, `webp` for images; `flac`, `wav`, `mp3`, `ogg`, `m4a`
+        /// for audio; `mp4`, `mkv`, `webm`, `mov` for video).
+        #[serde(default)]
+        fields: Vec<String>,
+        /// Shuffle the shards with this seed, anew every epoch.
+        #[serde(default)]
+        shuffle: Option<u64>,
+        /// A shuffle buffer of this many samples over each epoch's stream (0: none).
+        #[serde(default)]
+        buffer: usize,
+    },
     /// The objects under a prefix of a bucket.
     S3 {
         /// The bucket.

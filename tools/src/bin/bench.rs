@@ -10,7 +10,11 @@
 //!     [--frames 8] [--resize 128] [--crop 112] [--workers N] [--dump FILE.npy]
 //! ```
 //!
-//! (`--dir DIR` is accepted instead of `--list`.) One epoch, in-process, from building the
+//! (`--dir DIR` is accepted instead of `--list`, and `--shards PATTERN` reads WebDataset tar
+//! shards instead: a brace pattern or comma list of tar files whose samples are `KEY.jpg` (or
+//! the workload's other extensions) and `KEY.cls`, e.g. from `flowgate gen-data --shards 100`
+//! or `../shared/peers/wds_images.py --make-shards`; each sample's media field is decoded and
+//! its `cls` parsed, in shard order.) One epoch, in-process, from building the
 //! pipeline to the last batch; prints one JSON line:
 //! `{"workload":..,"items":..,"seconds":..,"items_per_s":..,"cpu_seconds":..,"peak_rss_mb":..,
 //! "batch_shape":[..],"dtype":..}`. Without `--workers` the tuner sizes the decode stage from
@@ -24,8 +28,9 @@ use std::time::Instant;
 
 use flowgate::media::audio::AudioRecipe;
 use flowgate::media::image::{ImageRecipe, Layout};
-use flowgate::media::Files;
-use flowgate::{Order, Pipeline, PipelineError, Workers};
+use flowgate::media::{Files, MediaError};
+use flowgate::shards::{SampleRef, ShardError, Shards};
+use flowgate::{Order, Pipeline, PipelineError, Tensor, Workers};
 
 #[cfg(feature = "video")]
 use flowgate::media::video::{Sampling, VideoRecipe};
@@ -38,9 +43,74 @@ enum Work {
     Video(VideoRecipe),
 }
 
+/// One item of the epoch: a file, or a sample of a shard.
+enum Item {
+    File(PathBuf),
+    Sample(SampleRef),
+}
+
+impl Work {
+    fn load(&self, path: &std::path::Path) -> Result<Tensor, MediaError> {
+        match self {
+            Work::Images(r) => r.load(path),
+            Work::Audio(r) => r.load(path),
+            #[cfg(feature = "video")]
+            Work::Video(r) => r.load(path),
+        }
+    }
+
+    /// The extensions of the sample field this workload decodes.
+    fn exts(&self) -> Vec<String> {
+        let e: &[&str] = match self {
+            Work::Images(_) => &["jpg", "jpeg", "png", "webp"],
+            Work::Audio(_) => &["flac", "wav", "mp3", "ogg", "m4a"],
+            #[cfg(feature = "video")]
+            Work::Video(_) => &["mp4", "mkv", "webm", "mov"],
+        };
+        e.iter().map(|x| x.to_string()).collect()
+    }
+
+    /// Reads a shard sample, parses its label and decodes its media field.
+    fn sample(&self, r: &SampleRef, exts: &[String]) -> Result<Tensor, ShardError> {
+        let mut raw = r.read()?;
+        if let Some((ext, cls)) = raw.take(&["cls".to_owned()]) {
+            let ok = std::str::from_utf8(&cls).is_ok_and(|t| t.trim().parse::<i64>().is_ok());
+            if !ok {
+                return Err(ShardError::Field {
+                    shard: raw.shard.clone(),
+                    key: raw.key.clone(),
+                    ext,
+                    reason: "not an integer label".into(),
+                });
+            }
+        }
+        let Some((ext, bytes)) = raw.take(exts) else {
+            return Err(ShardError::Missing {
+                shard: raw.shard.clone(),
+                key: raw.key.clone(),
+                wanted: exts.join(" or "),
+                has: raw
+                    .fields
+                    .iter()
+                    .map(|(e, _)| e.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        };
+        let path = raw.field_path(&ext);
+        Ok(match self {
+            Work::Images(r) => r.decode(&bytes, &path)?,
+            Work::Audio(r) => r.decode(bytes, &path)?,
+            #[cfg(feature = "video")]
+            Work::Video(r) => r.decode(&bytes, &path)?,
+        })
+    }
+}
+
 struct Args {
     workload: String,
     files: Files,
+    shards: Option<Shards>,
     batch: usize,
     recipe: ImageRecipe,
     audio: AudioRecipe,
@@ -58,6 +128,7 @@ fn parse() -> Result<Args, PipelineError> {
     let mut a = Args {
         workload,
         files: Files::new(Vec::<PathBuf>::new()),
+        shards: None,
         batch: 32,
         recipe: ImageRecipe::default(),
         audio: AudioRecipe::default(),
@@ -79,6 +150,7 @@ fn parse() -> Result<Args, PipelineError> {
         };
         match flag.as_str() {
             "--list" => a.files = Files::list(&v)?,
+            "--shards" => a.shards = Some(Shards::open(&v)?),
             "--dir" => {
                 a.files = Files::dir(
                     &v,
@@ -119,8 +191,10 @@ fn parse() -> Result<Args, PipelineError> {
     a.recipe.resize = a.resize.unwrap_or(a.recipe.resize);
     a.recipe.crop = a.crop.unwrap_or(a.recipe.crop);
     a.audio.samples = (a.seconds * a.audio.rate as f64).round() as usize;
-    if a.files.is_empty() {
-        return Err(bad("no files: give --list FILE or --dir DIR".into()));
+    if a.files.is_empty() && a.shards.is_none() {
+        return Err(bad(
+            "no files: give --list FILE, --dir DIR or --shards PATTERN".into(),
+        ));
     }
     Ok(a)
 }
@@ -207,13 +281,17 @@ fn main() -> Result<(), PipelineError> {
             Work::Images(a.recipe)
         }
     };
-    let paths = a.files.epoch(0);
-    let n_files = paths.len();
+    let items: Vec<Item> = match &a.shards {
+        Some(s) => s.epoch(0).into_iter().map(Item::Sample).collect(),
+        None => a.files.epoch(0).into_iter().map(Item::File).collect(),
+    };
+    let n_files = items.len();
+    let exts = work.exts();
     let workers = a.workers.map_or(Workers::initial(1), Workers::fixed);
     let cpu0 = cpu_seconds();
     let t0 = Instant::now();
     let mut p = Pipeline::builder()
-        .source(paths)
+        .source(items)
         .output_order(if a.dump.is_some() {
             Order::Input
         } else {
@@ -221,11 +299,9 @@ fn main() -> Result<(), PipelineError> {
         })
         .pipe(
             "decode",
-            move |path: PathBuf| match &work {
-                Work::Images(r) => r.load(&path),
-                Work::Audio(r) => r.load(&path),
-                #[cfg(feature = "video")]
-                Work::Video(r) => r.load(&path),
+            move |item: Item| match &item {
+                Item::File(path) => work.load(path).map_err(ShardError::from),
+                Item::Sample(r) => work.sample(r, &exts),
             },
             workers,
         )
