@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 PER=${1:-60}
 shift || true
 TARGETS=("$@")
-if [ ${#TARGETS[@]} -eq 0 ]; then TARGETS=(image audio video config); fi
+if [ ${#TARGETS[@]} -eq 0 ]; then TARGETS=(image audio video config tar); fi
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked
 # Seed corpora: a few real files of each kind, and the simulator's scenarios.
 seed() { # seed TARGET FILES...

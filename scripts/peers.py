@@ -6,6 +6,13 @@ DataLoader, in a folder given by --peers or $FLOWGATE_PEERS) at their best setti
 
     scripts/peers.py --peers DIR --reps 5 --case images:/tmp/ds/images.txt \
         --case audio:/tmp/ds/audio.txt [--torch] [--json target/peers.json]
+    scripts/peers.py --peers DIR --reps 5 --torch \
+        --case "shards:/tmp/ds/images.txt:/tmp/ds/shards/shard-{000000..000029}.tar"
+
+A `shards:LIST:PATTERN` case (tar shards of LIST's images, e.g. from `flowgate gen-data
+--shards 100`) runs `bench images --shards PATTERN` beside `bench images --list LIST` (the same
+images as loose files) and, with --torch, webdataset + DataLoader (`wds_images.py`) at 1 to 4
+workers, its best of each repetition.
 
 Needs `cargo build --release -p flowgate-tools --bin bench` and the peers' virtualenv (their
 `setup.sh`; `--torch` for PyTorch; PEERS_PY overrides its path). Peak RSS comes from GNU time (`%M`, the
@@ -14,6 +21,7 @@ compared). Ratios are per repetition (flowgate over the best SPDL setting of tha
 reported as the median and the range. Prints a Markdown table and writes every run as JSON.
 """
 import argparse
+import glob
 import json
 import os
 import statistics
@@ -54,6 +62,42 @@ def timed(cmd, cwd=None):
             "rss_mb": rss_kb / 1024, "items": r["items"], "shape": r.get("batch_shape")}
 
 
+def shards_case(lst, pattern, reps, bench, torch):
+    """Tar shards vs loose files vs webdataset's best worker count, interleaved."""
+    for path in open(lst).read().split() + glob.glob(os.path.join(os.path.dirname(pattern.split("{")[0]), "*.tar")):
+        with open(path, "rb") as f:
+            f.read()
+    runs = {"flowgate shards": [], "flowgate files": [], "webdataset": []}
+    for rep in range(reps):
+        runs["flowgate shards"].append(timed([bench, "images", "--shards", pattern]))
+        runs["flowgate files"].append(timed([bench, "images", "--list", lst]))
+        if torch:
+            runs["webdataset"].append(max(
+                (dict(timed([PY, "wds_images.py", "--num-workers", str(w), "--shards", pattern],
+                            cwd=PEERS_DIR), workers=w) for w in (1, 2, 3, 4)),
+                key=lambda r: r["items_per_s"]))
+        print(f"shards rep {rep + 1}: " + ", ".join(
+            f"{k} {v[-1]['items_per_s']:.0f}/s" for k, v in runs.items() if v), file=sys.stderr)
+    f = runs["flowgate shards"]
+    ratio = lambda key, other: [a[key] / b[key] for a, b in zip(f, runs[other])]
+    print(f"\nimages from tar shards ({pattern}, {f[0]['items']} items, {reps} interleaved "
+          "repetitions; median (min–max))\n")
+    print("| loader | items/s | CPU s per 1000 items | peak RSS MB |\n|---|---|---|---|")
+    for name, r in runs.items():
+        if r:
+            rss = span([x["rss_mb"] for x in r]) if name != "webdataset" else "(not summed)"
+            label = name if name != "webdataset" else \
+                f"webdataset + DataLoader (best of 1–4 workers: {sorted({x['workers'] for x in r})})"
+            print(f"| {label} | {span([x['items_per_s'] for x in r])} | "
+                  f"{span([x['cpu_per_1000'] for x in r], '{:.2f}')} | {rss} |")
+    print(f"| **shards / files** | **{span(ratio('items_per_s', 'flowgate files'), '{:.2f}')}×** | "
+          f"{span(ratio('cpu_per_1000', 'flowgate files'), '{:.2f}')}× | |")
+    if runs["webdataset"]:
+        print(f"| **flowgate shards / webdataset** | **{span(ratio('items_per_s', 'webdataset'), '{:.2f}')}×** | "
+              f"{span(ratio('cpu_per_1000', 'webdataset'), '{:.2f}')}× | |")
+    return runs
+
+
 def best_of(workload, peer, lst):
     """Every setting of a peer runs; its best of this repetition counts."""
     return max((timed([PY, c[0], *c[1:], "--list", lst], cwd=PEERS_DIR)
@@ -79,6 +123,10 @@ def main():
     results = {}
     for case in args.case:
         workload, lst = case.split(":", 1)
+        if workload == "shards":
+            lst, pattern = lst.split(":", 1)
+            results["shards"] = shards_case(lst, pattern, args.reps, bench, args.torch)
+            continue
         for path in open(lst).read().split():  # a warm page cache for everyone
             with open(path, "rb") as f:
                 f.read()

@@ -25,8 +25,8 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Opti
 from . import _native
 from ._native import Batch, LoaderError
 
-__all__ = ["ImageLoader", "AudioLoader", "VideoLoader", "Pipeline", "Batch", "LoaderError",
-           "merge_state_dicts"]
+__all__ = ["ImageLoader", "AudioLoader", "VideoLoader", "Shards", "Pipeline", "Batch",
+           "LoaderError", "merge_state_dicts"]
 
 
 def merge_state_dicts(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
@@ -43,10 +43,48 @@ def merge_state_dicts(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     """
     return _native.merge_state_dicts(list(states))
 
+class Shards:
+    """WebDataset tar shards, for any loader's ``paths``::
+
+        loader = flowgate.ImageLoader(
+            flowgate.Shards("/data/train/shard-{000000..000063}.tar", buffer=1000),
+            labels="cls", batch_size=32, train=True)
+        for images, labels in loader: ...
+
+    ``pattern``: a shard's path, a brace pattern (``shard-{000000..000063}.tar``), several
+    separated by commas, or a directory (its ``.tar`` files). Each sample is the members that
+    share a key (``000123.jpg``, ``000123.cls``, ...); the loader decodes its first field among
+    ``fields`` (default: the loader's extensions: ``jpg``/``jpeg``/``png``/``webp`` for
+    images, ``flac``/``wav``/``mp3``/``ogg``/``m4a`` for audio, ``mp4``/... for video), and
+    ``labels="cls"`` (any field's extension) reads each sample's integer label from that field.
+
+    With the loader's ``shuffle`` (the default), the shard order is reshuffled every epoch from
+    ``seed`` and each rank's samples pass through a shuffle buffer of ``buffer`` samples
+    (webdataset's ``shuffle(buffer)``; it reorders positions, so it holds no data). Ranks
+    (``rank``/``world_size`` or ``RANK``/``WORLD_SIZE``) each read a contiguous run of whole
+    shards, and get as many samples each (padded, or cut with ``drop_last``). ``state_dict``
+    resumes exactly to the sample, reading nothing it skips. A damaged shard (cut off, not a
+    tar file, empty) keeps the samples before the damage; each problem is one skipped failure
+    naming the shard and the key (or raises with ``skip_errors=False``).
+    """
+
+    _flowgate_shards = True
+
+    def __init__(self, pattern: Union[str, "os.PathLike[str]"], buffer: int = 1000,
+                 fields: Optional[Sequence[str]] = None) -> None:
+        _check_ints(locals(), buffer=0)
+        self.pattern = os.fspath(pattern)
+        self.buffer = buffer
+        self.fields = None if fields is None else [str(f) for f in fields]
+
+    def __repr__(self) -> str:
+        return f"Shards({self.pattern!r}, buffer={self.buffer}, fields={self.fields!r})"
+
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-PathsLike = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
+PathsLike = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]], "Shards"]
 Labels = Union[None, str, Sequence[int], Mapping[Union[str, "os.PathLike[str]"], int]]
 
 
@@ -140,8 +178,8 @@ class ImageLoader(_Loader):
     ``batch_size x crop x crop x 3`` (``"nhwc"``): torchvision's ``Resize(resize)`` +
     ``CenterCrop(crop)`` geometry.
 
-    ``paths``: a directory (walked for image files), a list file (one path per line), or a
-    sequence of paths. ``shuffle``/``seed``: a new order every epoch. ``rank``/``world_size``
+    ``paths``: a directory (walked for image files), a list file (one path per line), a
+    sequence of paths, or :class:`Shards` (WebDataset tar shards). ``shuffle``/``seed``: a new order every epoch. ``rank``/``world_size``
     (default: the ``RANK``/``WORLD_SIZE`` environment variables): this rank's shard; every
     rank gets as many items (an epoch that does not divide is padded by repeating the start
     of its order, as ``DistributedSampler`` does). ``drop_last``: drop the remainder instead,
@@ -162,8 +200,9 @@ class ImageLoader(_Loader):
     per file, in dataset order: the list's, the sequence's, or the sorted directory walk's),
     or a mapping from path (as the loader reads it) to int. Each batch then comes as
     ``(images, labels)``, ``labels`` an int64 :class:`Batch` of the batch's length, aligned
-    with the images even when files are skipped. ``return_paths``: add the batch's file
-    paths (a list of str) as the tuple's last element.
+    with the images even when files are skipped. With :class:`Shards`, ``labels`` names the
+    field holding each sample's label (``"cls"``). ``return_paths``: add the batch's file
+    paths (a list of str; ``SHARD:KEY`` for shards) as the tuple's last element.
     """
 
     def __init__(
@@ -317,6 +356,8 @@ class Pipeline:
 
 
 def _paths(paths: PathsLike) -> Any:
+    if isinstance(paths, Shards):
+        return paths
     if isinstance(paths, (str, os.PathLike)):
         return os.fspath(paths)
     return [os.fspath(p) for p in paths]

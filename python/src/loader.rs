@@ -1,13 +1,14 @@
 //! [`Loader`]: the native pipeline behind `ImageLoader`, `AudioLoader` and `VideoLoader`:
-//! files → decode → batch → collate, one epoch per Python iterator, labels and paths per
-//! batch, exact resume through `state_dict`.
+//! files or tar shards' samples → decode → batch → collate, one epoch per Python iterator,
+//! labels and paths per batch, exact resume through `state_dict`.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use flowgate::collate::{collate_fields, CollateError};
-use flowgate::media::Files;
-use flowgate::sampler::ShardLengths;
+use flowgate::media::{Files, MediaError};
+use flowgate::sampler::{Sampler, ShardLengths};
+use flowgate::shards::{ShardError, Shards};
 use flowgate::{
     FailureBudget, Monitor, Pipeline, PipelineError, PipelineState, ShardState, Tensor, Within,
     Workers,
@@ -22,18 +23,109 @@ use crate::state::{state_from_py, state_to_py};
 
 type Make = Box<dyn Fn() -> Result<Pipeline<Loaded>, PipelineError> + Send + Sync>;
 
-/// A collated batch (one tensor per field: frames, or frames and audio) and the dataset
-/// indices of its files (for labels and paths).
+/// A collated batch (one tensor per field: frames, or frames and audio) and where each of
+/// its items came from (for labels and paths).
 struct Loaded {
     fields: Vec<Tensor>,
-    files: Vec<usize>,
+    items: Vec<Meta>,
 }
 
-/// Decodes one file, in an epoch (which seeds random augmentation), into one item: a tensor
-/// per field.
-pub(crate) type Decode = Arc<
-    dyn Fn(&std::path::Path, u64) -> Result<Vec<Tensor>, flowgate::media::MediaError> + Send + Sync,
->;
+/// One item's dataset index, epoch, and label when its sample carried one (tar shards).
+#[derive(Clone, Copy)]
+struct Meta {
+    index: usize,
+    epoch: u64,
+    label: Option<i64>,
+}
+
+/// What a decoder reads: a local file, or a shard sample's field (bytes, named
+/// `SHARD/KEY.EXT`).
+pub(crate) enum Input {
+    Path(PathBuf),
+    Bytes(flowgate::Blob),
+}
+
+/// Decodes one file or field, in an epoch (which seeds random augmentation), into one item:
+/// a tensor per field.
+pub(crate) type Decode = Arc<dyn Fn(Input, u64) -> Result<Vec<Tensor>, MediaError> + Send + Sync>;
+
+/// What a loader reads.
+#[derive(Clone)]
+pub(crate) enum Dataset {
+    /// Local files.
+    Files(Files),
+    /// Tar shards: each sample's first field among `media` is decoded; with `label`, that
+    /// field is read as its label.
+    Shards {
+        shards: Shards,
+        media: Arc<[String]>,
+        label: Option<String>,
+    },
+}
+
+impl Dataset {
+    fn sampler(&self) -> &Sampler {
+        match self {
+            Dataset::Files(f) => f.sampler(),
+            Dataset::Shards { shards, .. } => shards.sampler(),
+        }
+    }
+
+    fn fingerprint(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Dataset::Files(f) => f.fingerprint(),
+            Dataset::Shards {
+                shards,
+                media,
+                label,
+            } => {
+                let mut f = shards.fingerprint();
+                f.push(("fields", media.join(",")));
+                f.push(("label_field", label.clone().unwrap_or_default()));
+                f
+            }
+        }
+    }
+
+    /// The item's name in failures and `return_paths`: its path, or `SHARD:KEY`.
+    fn name(&self, index: usize, epoch: u64) -> String {
+        match self {
+            Dataset::Files(f) => f.paths()[index].display().to_string(),
+            Dataset::Shards { shards, .. } => shards.get(epoch, index).to_string(),
+        }
+    }
+
+    /// Reads and decodes item `index` of `epoch`.
+    fn load(
+        &self,
+        index: usize,
+        epoch: u64,
+        decode: &Decode,
+    ) -> Result<(Vec<Tensor>, Meta), ShardError> {
+        let mut meta = Meta {
+            index,
+            epoch,
+            label: None,
+        };
+        let fields = match self {
+            Dataset::Files(f) => decode(Input::Path(f.paths()[index].clone()), epoch)?,
+            Dataset::Shards {
+                shards,
+                media,
+                label,
+            } => {
+                let mut raw = shards.get(epoch, index).read()?;
+                if let Some(ext) = label {
+                    meta.label = Some(raw.take_label(ext)?);
+                }
+                let (ext, bytes) = raw.take_required(media)?;
+                let path = raw.field_path(&ext);
+                decode(Input::Bytes(flowgate::Blob { path, bytes }), epoch)?
+            }
+        };
+        Ok((fields, meta))
+    }
+}
 
 /// One failure the loader skipped: (stage, item, message).
 type Failure = (String, String, String);
@@ -122,15 +214,17 @@ pub(crate) struct Loader {
     monitor: Arc<Mutex<Option<Monitor>>>,
     batches_per_epoch: usize,
     failures: Arc<Mutex<Vec<Failure>>>,
-    /// The dataset's paths (every rank's), indexed by `Loaded::files`.
-    paths: Arc<[PathBuf]>,
+    /// What the loader reads (names items for `return_paths`).
+    dataset: Dataset,
     extras: Extras,
 }
 
 /// What a loader's batches carry besides the tensor.
 pub(crate) struct Extras {
-    /// A label per dataset path, when batches carry labels.
+    /// A label per dataset path, when batches carry labels given by path.
     labels: Option<Vec<i64>>,
+    /// Whether batches carry the labels their samples carried (tar shards).
+    sample_labels: bool,
     /// The class names, when the labels come from folders.
     classes: Option<Vec<String>>,
     /// Whether batches carry their files' paths.
@@ -139,16 +233,25 @@ pub(crate) struct Extras {
 
 impl Extras {
     /// Reads the `labels` argument: `"folder"`, a sequence of ints (one per file, in dataset
-    /// order) or a mapping from path to int.
+    /// order) or a mapping from path to int; for tar shards, the extension of the field that
+    /// holds each sample's label (already in `dataset`).
     pub(crate) fn new(
         labels: Option<&Bound<'_, PyAny>>,
-        files: &Files,
+        dataset: &Dataset,
         return_paths: bool,
     ) -> PyResult<Self> {
         let mut e = Self {
             labels: None,
+            sample_labels: false,
             classes: None,
             return_paths,
+        };
+        let files = match dataset {
+            Dataset::Files(f) => f,
+            Dataset::Shards { label, .. } => {
+                e.sample_labels = label.is_some();
+                return Ok(e);
+            }
         };
         let Some(labels) = labels else {
             return Ok(e);
@@ -265,17 +368,56 @@ pub(crate) fn files_of(
     Ok(files)
 }
 
+/// The tar shards a `flowgate.Shards` names, shuffled, sharded and equalised like files
+/// (the shuffle buffer only with `shuffle`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn shards_of(
+    pattern: &str,
+    buffer: usize,
+    shuffle: bool,
+    seed: u64,
+    rank: Option<usize>,
+    world_size: Option<usize>,
+    drop_last: bool,
+) -> PyResult<Shards> {
+    let bad = |e: PipelineError| PyValueError::new_err(e.to_string());
+    let mut shards = Shards::open(pattern).map_err(|e| {
+        if e.to_string().contains("No such file") {
+            PyFileNotFoundError::new_err(e.to_string())
+        } else {
+            bad(e)
+        }
+    })?;
+    if shuffle {
+        shards = shards.shuffle(seed).buffer(buffer);
+    }
+    shards = match (rank, world_size) {
+        (Some(r), Some(w)) => shards.shard(r, w).map_err(bad)?,
+        (None, None) => shards.shard_from_env().map_err(bad)?,
+        _ => {
+            return Err(PyValueError::new_err(
+                "give both rank and world_size, or neither",
+            ))
+        }
+    };
+    Ok(shards.shard_lengths(if drop_last {
+        ShardLengths::Drop
+    } else {
+        ShardLengths::Pad
+    }))
+}
+
 fn nbytes(fields: &[Tensor]) -> usize {
     fields.iter().map(Tensor::nbytes).sum()
 }
 
-/// Stacks each field of the items into one batch tensor (flowgate's collation), keeping the
-/// items' dataset indices.
-fn collate(items: Vec<(Vec<Tensor>, usize)>) -> Result<Loaded, CollateError> {
-    let (fields, files): (Vec<Vec<Tensor>>, Vec<usize>) = items.into_iter().unzip();
+/// Stacks each field of the items into one batch tensor (flowgate's collation), keeping
+/// where the items came from.
+fn collate(items: Vec<(Vec<Tensor>, Meta)>) -> Result<Loaded, CollateError> {
+    let (fields, items): (Vec<Vec<Tensor>>, Vec<Meta>) = items.into_iter().unzip();
     Ok(Loaded {
         fields: collate_fields(&fields)?,
-        files,
+        items,
     })
 }
 
@@ -284,7 +426,7 @@ impl Loader {
     // the loaders' constructors).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        files: Files,
+        dataset: Dataset,
         extras: Extras,
         decode: Decode,
         batch_size: usize,
@@ -296,7 +438,7 @@ impl Loader {
         if batch_size == 0 {
             return Err(PyValueError::new_err("batch_size must be at least 1"));
         }
-        let n = files.epoch(0).len();
+        let n = dataset.sampler().len();
         let batches_per_epoch = if drop_last {
             n / batch_size
         } else {
@@ -304,23 +446,21 @@ impl Loader {
         };
         let failures: Arc<Mutex<Vec<Failure>>> = Arc::default();
         let seen = Arc::clone(&failures);
-        let paths: Arc<[PathBuf]> = files.paths().into();
-        let all = Arc::clone(&paths);
-        let fingerprint = files.fingerprint();
+        let fingerprint = dataset.fingerprint();
+        let data = dataset.clone();
         let make: Make = Box::new(move || {
-            let files = files.clone();
             let decode = Arc::clone(&decode);
             let seen = Arc::clone(&seen);
-            let (named, read) = (Arc::clone(&all), Arc::clone(&all));
+            let (named, read) = (data.clone(), data.clone());
             let b = Pipeline::builder()
-                .source_sampled(files.sampler().clone(), |e, i| (i, e))
-                .describe(move |&(i, _): &(usize, u64)| named[i].display().to_string())
+                .source_sampled(data.sampler().clone(), |e, i| (i, e))
+                .describe(move |&(i, e): &(usize, u64)| named.name(i, e))
                 .pipe(
                     "decode",
-                    move |(i, epoch): (usize, u64)| decode(&read[i], epoch).map(|t| (t, i)),
+                    move |(i, epoch): (usize, u64)| read.load(i, epoch, &decode),
                     workers.map_or(Workers::initial(1), Workers::fixed),
                 )
-                .measure(|(t, _): &(Vec<Tensor>, usize)| nbytes(t))
+                .measure(|(t, _): &(Vec<Tensor>, Meta)| nbytes(t))
                 .aggregate(batch_size, drop_last)
                 .pipe("collate", collate, 1)
                 .measure(|b: &Loaded| nbytes(&b.fields))
@@ -361,7 +501,7 @@ impl Loader {
             monitor,
             batches_per_epoch,
             failures,
-            paths,
+            dataset,
             extras,
         })
     }
@@ -417,18 +557,26 @@ impl Loader {
                 Err(None) => py.check_signals()?,
             }
         };
-        let Some(Loaded { fields, files }) = loaded else {
+        let Some(Loaded { fields, items }) = loaded else {
             return Ok(None);
         };
         let mut out = fields
             .into_iter()
             .map(|t| Ok(Bound::new(py, Batch { t })?.into_any()))
             .collect::<PyResult<Vec<_>>>()?;
-        if out.len() == 1 && self.extras.labels.is_none() && !self.extras.return_paths {
+        let labelled = self.extras.labels.is_some() || self.extras.sample_labels;
+        if out.len() == 1 && !labelled && !self.extras.return_paths {
             return Ok(out.pop());
         }
-        if let Some(labels) = &self.extras.labels {
-            let v: Vec<i64> = files.iter().map(|&i| labels[i]).collect();
+        if labelled {
+            let v: Vec<i64> = items
+                .iter()
+                .map(|m| match (&self.extras.labels, m.label) {
+                    (_, Some(l)) => l,
+                    (Some(by_index), None) => by_index[m.index],
+                    (None, None) => unreachable!("a sample without its label failed"),
+                })
+                .collect();
             out.push(
                 Bound::new(
                     py,
@@ -440,7 +588,7 @@ impl Loader {
             );
         }
         if self.extras.return_paths {
-            let paths = files.iter().map(|&i| self.paths[i].to_string_lossy());
+            let paths = items.iter().map(|m| self.dataset.name(m.index, m.epoch));
             out.push(PyList::new(py, paths)?.into_any());
         }
         Ok(Some(PyTuple::new(py, out)?.into_any()))

@@ -11,7 +11,7 @@ use flowgate::Tensor;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::loader::{files_of, Decode, Extras, Loader};
+use crate::loader::{files_of, shards_of, Dataset, Decode, Extras, Input, Loader};
 
 /// What every native loader takes besides its decoder (built once by the Python wrappers, so
 /// the loader functions below list only their own arguments).
@@ -73,26 +73,57 @@ impl Options {
 
 impl Options {
     /// A loader of the files `paths` names (a directory walked for `extensions`, a list file
-    /// or a sequence), each decoded by `decode`.
+    /// or a sequence), or of the samples of a `flowgate.Shards`, each decoded by `decode`.
     fn loader(
         &self,
         paths: &Bound<'_, PyAny>,
         extensions: &[&str],
         decode: Decode,
     ) -> PyResult<Loader> {
-        let files = files_of(
-            paths,
-            extensions,
-            self.shuffle,
-            self.seed,
-            self.rank,
-            self.world_size,
-            self.drop_last,
-        )?;
         let labels = self.labels.as_ref().map(|l| l.bind(paths.py()));
-        let extras = Extras::new(labels, &files, self.return_paths)?;
+        let dataset = if paths.hasattr("_flowgate_shards")? {
+            let pattern: String = paths.getattr("pattern")?.extract()?;
+            let buffer: usize = paths.getattr("buffer")?.extract()?;
+            let fields: Option<Vec<String>> = paths.getattr("fields")?.extract()?;
+            let shards = shards_of(
+                &pattern,
+                buffer,
+                self.shuffle,
+                self.seed,
+                self.rank,
+                self.world_size,
+                self.drop_last,
+            )?;
+            let label = match labels {
+                None => None,
+                Some(l) => Some(l.extract::<String>().map_err(|_| {
+                    PyValueError::new_err(
+                        "with Shards, labels names the field that holds each sample's label \
+                         (an extension such as \"cls\")",
+                    )
+                })?),
+            };
+            let media =
+                fields.unwrap_or_else(|| extensions.iter().map(|e| e.to_string()).collect());
+            Dataset::Shards {
+                shards,
+                media: media.into_iter().map(|e| e.to_ascii_lowercase()).collect(),
+                label: label.map(|l| l.to_ascii_lowercase()),
+            }
+        } else {
+            Dataset::Files(files_of(
+                paths,
+                extensions,
+                self.shuffle,
+                self.seed,
+                self.rank,
+                self.world_size,
+                self.drop_last,
+            )?)
+        };
+        let extras = Extras::new(labels, &dataset, self.return_paths)?;
         Loader::new(
-            files,
+            dataset,
             extras,
             decode,
             self.batch_size,
@@ -139,7 +170,14 @@ pub(crate) fn image_loader(
     options.loader(
         paths,
         &["jpg", "jpeg", "png", "webp"],
-        Arc::new(move |p, epoch| recipe.for_epoch(epoch).load(p).map(|t| vec![t])),
+        Arc::new(move |input, epoch| {
+            let r = recipe.for_epoch(epoch);
+            match input {
+                Input::Path(p) => r.load(&p),
+                Input::Bytes(b) => r.decode(b),
+            }
+            .map(|t| vec![t])
+        }),
     )
 }
 
@@ -183,9 +221,13 @@ pub(crate) fn audio_loader(
     options.loader(
         paths,
         &["flac", "wav", "mp3", "ogg", "m4a"],
-        Arc::new(move |p, epoch| {
+        Arc::new(move |input, epoch| {
             // The concrete recipe, for the clip's real length; seeded by the same rule.
-            let (t, len) = recipe.for_epoch(epoch).load_with_length(p)?;
+            let r = recipe.for_epoch(epoch);
+            let (t, len) = match input {
+                Input::Path(p) => r.load_with_length(&p)?,
+                Input::Bytes(b) => r.decode_with_length(b.bytes, &b.path)?,
+            };
             Ok(if return_lengths {
                 let len = i64::try_from(len).unwrap_or(i64::MAX);
                 vec![t, Tensor::from_i64(&[len]).reshaped(&[])]
@@ -236,12 +278,25 @@ pub(crate) fn video_loader(
     options.loader(
         paths,
         &["mp4", "mkv", "webm", "mov", "avi"],
-        Arc::new(move |p, _| {
-            let mut fields = vec![video.load(p)?];
-            if let Some(a) = &audio {
-                fields.push(a.load(p)?);
-            }
-            Ok(fields)
+        Arc::new(move |input, _| {
+            Ok(match input {
+                Input::Path(p) => {
+                    let mut fields = vec![video.load(&p)?];
+                    if let Some(a) = &audio {
+                        fields.push(a.load(&p)?);
+                    }
+                    fields
+                }
+                Input::Bytes(b) => {
+                    let path = b.path.clone();
+                    let track = audio.as_ref().map(|a| (a, b.bytes.clone()));
+                    let mut fields = vec![video.decode(b)?];
+                    if let Some((a, bytes)) = track {
+                        fields.push(a.decode(bytes, &path)?);
+                    }
+                    fields
+                }
+            })
         }),
     )
 }

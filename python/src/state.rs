@@ -1,7 +1,7 @@
 //! `state_dict`s: a [`PipelineState`] as plain Python ints, strings and lists (picklable,
 //! JSON-able), back, and merged across ranks.
 
-use flowgate::sampler::ShardLengths;
+use flowgate::sampler::{Blocks, ShardLengths};
 use flowgate::{PipelineState, ShardState};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -23,6 +23,11 @@ pub(crate) fn state_to_py<'py>(py: Python<'py>, s: &PipelineState) -> PyResult<B
         x.set_item("shard_lengths", format!("{:?}", sh.lengths).to_lowercase())?;
         x.set_item("global_len", sh.global_len)?;
         x.set_item("base", PyList::new(py, sh.base.iter().copied())?)?;
+        if let Some(b) = &sh.blocks {
+            // Tar shards: each rank's contiguous block and its shuffle buffer.
+            x.set_item("block_window", b.window)?;
+            x.set_item("block_seed", b.seed)?;
+        }
         d.set_item("shard", x)?;
     }
     Ok(d)
@@ -72,6 +77,13 @@ pub(crate) fn state_from_py(state: &Bound<'_, PyDict>) -> PyResult<PipelineState
                 },
                 global_len: get(x, "global_len")?.extract()?,
                 base: pairs(x.get_item("base")?)?,
+                blocks: match (x.get_item("block_window")?, x.get_item("block_seed")?) {
+                    (Some(w), Some(s)) => Some(Blocks {
+                        window: w.extract()?,
+                        seed: s.extract()?,
+                    }),
+                    _ => None,
+                },
             })
         }
     };

@@ -533,6 +533,44 @@ impl RawSample {
         Some(self.fields.swap_remove(i))
     }
 
+    /// Takes the first field whose extension is one of `exts`, or fails naming what the
+    /// sample has.
+    pub fn take_required(&mut self, exts: &[String]) -> Result<(String, Vec<u8>), ShardError> {
+        self.take(exts).ok_or_else(|| ShardError::Missing {
+            shard: self.shard.clone(),
+            key: self.key.clone(),
+            wanted: exts.join(" or "),
+            has: match self.extensions() {
+                e if e.is_empty() => "nothing".into(),
+                e => e.join(", "),
+            },
+        })
+    }
+
+    /// Takes the field `ext` and reads it as an integer label (WebDataset's `cls`: decimal
+    /// text), failing naming the field if it is missing or not an integer.
+    pub fn take_label(&mut self, ext: &str) -> Result<i64, ShardError> {
+        let (ext, bytes) = self.take_required(&[ext.to_owned()])?;
+        self.parse_label(ext, &bytes)
+    }
+
+    fn parse_label(&self, ext: String, bytes: &[u8]) -> Result<i64, ShardError> {
+        let err = |reason: String| ShardError::Field {
+            shard: self.shard.clone(),
+            key: self.key.clone(),
+            ext: ext.clone(),
+            reason,
+        };
+        let text =
+            std::str::from_utf8(bytes).map_err(|_| err("a label that is not text".into()))?;
+        text.trim().parse().map_err(|_| {
+            err(format!(
+                "{:?} is not an integer label",
+                text.chars().take(40).collect::<String>()
+            ))
+        })
+    }
+
     /// The extensions of the fields left, sorted.
     pub fn extensions(&self) -> Vec<&str> {
         let mut e: Vec<&str> = self.fields.iter().map(|(e, _)| e.as_str()).collect();
@@ -624,30 +662,28 @@ impl FieldMap {
 
     /// Makes the fields of `raw` a [`Sample`].
     pub fn apply(&self, mut raw: RawSample) -> Result<Sample, ShardError> {
-        let mut has: Vec<String> = raw.fields.iter().map(|(e, _)| e.clone()).collect();
-        has.sort_unstable();
+        let has = raw.extensions().join(", ");
         let mut sample = Sample::new();
         for rule in &self.rules {
-            let Some((ext, bytes)) = raw.take(&rule.exts) else {
-                if rule.optional {
-                    continue;
+            let (ext, bytes) = match raw.take_required(&rule.exts) {
+                Ok(f) => f,
+                Err(_) if rule.optional => continue,
+                Err(ShardError::Missing {
+                    shard, key, wanted, ..
+                }) => {
+                    // Name every field the sample came with, not only those left.
+                    return Err(ShardError::Missing {
+                        shard,
+                        key,
+                        wanted,
+                        has: if has.is_empty() {
+                            "nothing".into()
+                        } else {
+                            has
+                        },
+                    });
                 }
-                return Err(ShardError::Missing {
-                    shard: raw.shard.clone(),
-                    key: raw.key.clone(),
-                    wanted: rule.exts.join(" or "),
-                    has: if has.is_empty() {
-                        "nothing".into()
-                    } else {
-                        has.join(", ")
-                    },
-                });
-            };
-            let field_err = |reason: String| ShardError::Field {
-                shard: raw.shard.clone(),
-                key: raw.key.clone(),
-                ext: ext.clone(),
-                reason,
+                Err(e) => return Err(e),
             };
             sample = match &rule.kind {
                 Kind::Decode(recipe) => {
@@ -658,19 +694,16 @@ impl FieldMap {
                     sample.with(&rule.name, t)
                 }
                 Kind::Label => {
-                    let text = std::str::from_utf8(&bytes)
-                        .map_err(|_| field_err("a label that is not text".into()))?;
-                    let v: i64 = text.trim().parse().map_err(|_| {
-                        field_err(format!(
-                            "{:?} is not an integer label",
-                            text.chars().take(40).collect::<String>()
-                        ))
-                    })?;
+                    let v = raw.parse_label(ext, &bytes)?;
                     sample.with(&rule.name, v)
                 }
                 Kind::Text => {
-                    let text = String::from_utf8(bytes)
-                        .map_err(|e| field_err(format!("not UTF-8 text ({e})")))?;
+                    let text = String::from_utf8(bytes).map_err(|e| ShardError::Field {
+                        shard: raw.shard.clone(),
+                        key: raw.key.clone(),
+                        ext: ext.clone(),
+                        reason: format!("not UTF-8 text ({e})"),
+                    })?;
                     sample.with(&rule.name, text)
                 }
             };

@@ -589,6 +589,33 @@ mod tests {
         h
     }
 
+    proptest::proptest! {
+        /// Any damage to a valid archive (bytes changed, cut anywhere): no panic, both
+        /// walkers agree, and every member they report lies inside the input.
+        #[test]
+        fn damaged_archives_never_panic_or_point_outside(
+            flips in proptest::collection::vec((0usize..6000, proptest::num::u8::ANY), 0..8),
+            cut in 0usize..6000,
+        ) {
+            let long = format!("{}/k.flac", "x".repeat(120));
+            let mut a = archive(&[("k.jpg", &[7; 900]), ("k.cls", b"12"), (&long, &[3; 2000])]);
+            for (at, b) in flips {
+                let n = a.len();
+                a[at % n] = b;
+            }
+            a.truncate(cut.min(a.len()));
+            let seek = walk_all(&a, true);
+            let fwd = walk_all(&a, false);
+            proptest::prop_assert_eq!(seek.is_ok(), fwd.is_ok());
+            if let (Ok(x), Ok(y)) = (&seek, &fwd) {
+                proptest::prop_assert_eq!(x, y);
+                for m in x {
+                    proptest::prop_assert!(m.offset + m.size <= a.len() as u64);
+                }
+            }
+        }
+    }
+
     #[test]
     fn pax_paths_and_sizes_apply_to_the_next_member() {
         let mut a = Vec::new();

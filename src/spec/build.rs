@@ -218,14 +218,7 @@ impl PipelineSpec {
                         "decode",
                         move |r: crate::shards::SampleRef| -> Result<Tensor, crate::shards::ShardError> {
                             let mut raw = r.read()?;
-                            let Some((ext, bytes)) = raw.take(&exts) else {
-                                return Err(crate::shards::ShardError::Missing {
-                                    shard: raw.shard.clone(),
-                                    key: raw.key.clone(),
-                                    wanted: exts.join(" or "),
-                                    has: raw.extensions().join(", "),
-                                });
-                            };
+                            let (ext, bytes) = raw.take_required(&exts)?;
                             let path = raw.field_path(&ext);
                             Ok(decoder
                                 .for_epoch(r.epoch())

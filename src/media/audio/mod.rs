@@ -130,13 +130,21 @@ impl AudioRecipe {
 
     /// Decodes the contents of `path` (named in errors).
     pub fn decode(&self, bytes: Vec<u8>, path: &Path) -> Result<Tensor, MediaError> {
+        self.decode_with_length(bytes, path).map(|(t, _)| t)
+    }
+
+    /// Like [`decode`](Self::decode), with the number of real (not padded) samples.
+    pub fn decode_with_length(
+        &self,
+        bytes: Vec<u8>,
+        path: &Path,
+    ) -> Result<(Tensor, usize), MediaError> {
         if bytes.is_empty() {
             return Err(MediaError::Empty {
                 path: path.to_path_buf(),
             });
         }
         self.decode_source(Box::new(Cursor::new(bytes)), path)
-            .map(|(t, _)| t)
     }
 
     /// Decodes, turning a panic inside a codec into a typed error: symphonia's probes panic

@@ -73,30 +73,10 @@ impl Work {
     /// Reads a shard sample, parses its label and decodes its media field.
     fn sample(&self, r: &SampleRef, exts: &[String]) -> Result<Tensor, ShardError> {
         let mut raw = r.read()?;
-        if let Some((ext, cls)) = raw.take(&["cls".to_owned()]) {
-            let ok = std::str::from_utf8(&cls).is_ok_and(|t| t.trim().parse::<i64>().is_ok());
-            if !ok {
-                return Err(ShardError::Field {
-                    shard: raw.shard.clone(),
-                    key: raw.key.clone(),
-                    ext,
-                    reason: "not an integer label".into(),
-                });
-            }
+        if raw.fields.iter().any(|(e, _)| e == "cls") {
+            raw.take_label("cls")?;
         }
-        let Some((ext, bytes)) = raw.take(exts) else {
-            return Err(ShardError::Missing {
-                shard: raw.shard.clone(),
-                key: raw.key.clone(),
-                wanted: exts.join(" or "),
-                has: raw
-                    .fields
-                    .iter()
-                    .map(|(e, _)| e.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            });
-        };
+        let (ext, bytes) = raw.take_required(exts)?;
         let path = raw.field_path(&ext);
         Ok(match self {
             Work::Images(r) => r.decode(&bytes, &path)?,
