@@ -43,6 +43,29 @@ pub struct Blocks {
     pub seed: u64,
 }
 
+/// When an epoch of a [mixture](Sampler::mixture) ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MixStop {
+    /// After this many draws; a source drawn to its end starts a new pass (reshuffled), so
+    /// sources cycle.
+    Draws(usize),
+    /// At the first draw from a source that has been drawn to its end (that draw is not
+    /// made): every item at most once per epoch.
+    FirstExhausted,
+    /// Once every source with a positive weight has been drawn to its end at least once
+    /// (sources that ran out earlier start new passes): every item at least once per epoch.
+    AllExhausted,
+}
+
+#[derive(Clone, Debug)]
+struct Mixture {
+    lengths: Vec<usize>,
+    offsets: Vec<usize>,
+    weights: Vec<f64>,
+    cumulative: Vec<f64>,
+    stop: MixStop,
+}
+
 #[derive(Clone, Debug)]
 struct Weighted {
     /// Cumulative weights (for draws with replacement).
@@ -82,6 +105,8 @@ pub struct Sampler {
     groups: Option<std::sync::Arc<[usize]>>,
     /// The shuffle buffer of group sampling, in samples.
     window: usize,
+    /// Several sources drawn by weight.
+    mixture: Option<std::sync::Arc<Mixture>>,
 }
 
 impl Sampler {
@@ -96,6 +121,76 @@ impl Sampler {
             weighted: None,
             groups: None,
             window: 0,
+            mixture: None,
+        }
+    }
+
+    /// A mixture of several sources of `lengths` items (the dataset is their concatenation:
+    /// source `s`'s item `i` is index `offset(s) + i`, see [`Sampler::locate`]): each draw
+    /// picks a source with probability proportional to `weights`, then that source's next
+    /// item in its own order (shuffled per epoch and pass with the [`shuffle`](Self::shuffle)
+    /// seed, else in order); `stop` says when the epoch ends. The epoch's order depends only
+    /// on the seed and the epoch, so it is the same at any world size, is dealt out to ranks
+    /// like any order (every `world`-th draw), and resumes exactly.
+    pub fn mixture(
+        lengths: &[usize],
+        weights: &[f64],
+        stop: MixStop,
+    ) -> Result<Self, PipelineError> {
+        let bad = |m: String| Err(PipelineError::config(format!("mixture: {m}")));
+        if lengths.is_empty() || lengths.len() != weights.len() {
+            return bad(format!(
+                "{} sources and {} weights (one weight per source, at least one source)",
+                lengths.len(),
+                weights.len()
+            ));
+        }
+        for (i, (&n, &w)) in lengths.iter().zip(weights).enumerate() {
+            if !w.is_finite() || w < 0.0 {
+                return bad(format!(
+                    "weight {i} is {w}; weights must be finite and >= 0"
+                ));
+            }
+            if w > 0.0 && n == 0 {
+                return bad(format!("source {i} is empty but has weight {w}"));
+            }
+        }
+        if weights.iter().all(|&w| w == 0.0) {
+            return bad("every weight is 0".into());
+        }
+        let mut offsets = Vec::with_capacity(lengths.len());
+        let mut at = 0;
+        for &n in lengths {
+            offsets.push(at);
+            at += n;
+        }
+        let cumulative = weights
+            .iter()
+            .scan(0.0, |acc, w| {
+                *acc += w;
+                Some(*acc)
+            })
+            .collect();
+        let mut s = Sampler::new(at);
+        s.mixture = Some(std::sync::Arc::new(Mixture {
+            lengths: lengths.to_vec(),
+            offsets,
+            weights: weights.to_vec(),
+            cumulative,
+            stop,
+        }));
+        Ok(s)
+    }
+
+    /// For a [mixture](Self::mixture): which source a dataset index is in, and its index
+    /// there. Otherwise `(0, index)`.
+    pub fn locate(&self, index: usize) -> (usize, usize) {
+        match &self.mixture {
+            Some(m) => {
+                let s = m.offsets.partition_point(|&o| o <= index) - 1;
+                (s, index - m.offsets[s])
+            }
+            None => (0, index),
         }
     }
 
@@ -114,9 +209,9 @@ impl Sampler {
                 self.len
             )));
         }
-        if self.weighted.is_some() {
+        if self.weighted.is_some() || self.mixture.is_some() {
             return Err(PipelineError::config(
-                "group sampling cannot be combined with weighted sampling",
+                "group sampling cannot be combined with weighted sampling or a mixture",
             ));
         }
         self.groups = Some(lengths.into());
@@ -207,6 +302,15 @@ impl Sampler {
             ),
             ("shard_lengths", format!("{:?}", self.lengths)),
         ];
+        if let Some(m) = &self.mixture {
+            f.push((
+                "mixture",
+                format!(
+                    "lengths {:?}, weights {:?}, stop {:?}",
+                    m.lengths, m.weights, m.stop
+                ),
+            ));
+        }
         if let Some(g) = &self.groups {
             let hash = g
                 .iter()
@@ -246,9 +350,9 @@ impl Sampler {
         samples: usize,
         replacement: bool,
     ) -> Result<Self, PipelineError> {
-        if self.groups.is_some() {
+        if self.groups.is_some() || self.mixture.is_some() {
             return Err(PipelineError::config(
-                "weighted sampling cannot be combined with group sampling",
+                "weighted sampling cannot be combined with group sampling or a mixture",
             ));
         }
         if weights.len() != self.len {
@@ -312,7 +416,7 @@ impl Sampler {
             rank: self.rank,
             world: self.world,
             lengths: self.lengths,
-            global_len: self.global_len() as u64,
+            global_len: self.global_len_of(epoch) as u64,
             base,
             blocks: self.groups.as_ref().map(|_| Blocks {
                 window: self.window as u64,
@@ -337,9 +441,74 @@ impl Sampler {
         self.len() == 0
     }
 
-    /// Number of positions in an epoch's global order (before sharding).
+    /// Number of positions in an epoch's global order (before sharding); for a mixture that
+    /// stops when sources run out, epoch 0's (see [`global_len_of`](Self::global_len_of)).
     pub fn global_len(&self) -> usize {
-        self.weighted.as_ref().map_or(self.len, |w| w.samples)
+        self.global_len_of(0)
+    }
+
+    /// Number of positions in `epoch`'s global order. The same for every epoch except for a
+    /// mixture that stops when sources run out, whose epochs end after different numbers of
+    /// draws.
+    pub fn global_len_of(&self, epoch: u64) -> usize {
+        match &self.mixture {
+            Some(m) => match m.stop {
+                MixStop::Draws(n) => n,
+                _ => self.global(epoch).len(),
+            },
+            None => self.weighted.as_ref().map_or(self.len, |w| w.samples),
+        }
+    }
+
+    /// A mixture's global order of `epoch`.
+    fn mixed(&self, m: &Mixture, epoch: u64) -> Vec<usize> {
+        let mut rng = self.rng(epoch);
+        // Each source's order for pass `p`, reseeded per source and pass.
+        let order = |s: usize, pass: u64| -> Vec<usize> {
+            let mut o: Vec<usize> = (0..m.lengths[s]).collect();
+            if self.seed.is_some() {
+                let mut r = Rng::new(
+                    self.rng(epoch).next_u64()
+                        ^ (s as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407)
+                        ^ pass.wrapping_mul(0x9FB2_1C65_1E98_DF25),
+                );
+                shuffle(&mut o, &mut r);
+            }
+            o
+        };
+        let k = m.lengths.len();
+        let mut orders: Vec<Vec<usize>> = (0..k).map(|s| order(s, 0)).collect();
+        let (mut next, mut pass) = (vec![0usize; k], vec![0u64; k]);
+        let mut exhausted = vec![false; k];
+        let live = |e: &[bool]| (0..k).all(|s| m.weights[s] == 0.0 || e[s]);
+        let total = *m.cumulative.last().unwrap_or(&0.0);
+        let mut out = Vec::new();
+        loop {
+            if let MixStop::Draws(n) = m.stop {
+                if out.len() == n {
+                    break;
+                }
+            }
+            let x = rng.uniform() * total;
+            let s = m.cumulative.partition_point(|&c| c <= x).min(k - 1);
+            if next[s] == m.lengths[s] {
+                if m.stop == MixStop::FirstExhausted {
+                    break;
+                }
+                pass[s] += 1;
+                orders[s] = order(s, pass[s]);
+                next[s] = 0;
+            }
+            out.push(m.offsets[s] + orders[s][next[s]]);
+            next[s] += 1;
+            if next[s] == m.lengths[s] {
+                exhausted[s] = true;
+                if m.stop == MixStop::AllExhausted && live(&exhausted) {
+                    break;
+                }
+            }
+        }
+        out
     }
 
     fn rng(&self, epoch: u64) -> Rng {
@@ -348,6 +517,9 @@ impl Sampler {
 
     /// The global order of `epoch`, before sharding.
     fn global(&self, epoch: u64) -> Vec<usize> {
+        if let Some(m) = &self.mixture {
+            return self.mixed(m, epoch);
+        }
         let mut rng = self.rng(epoch);
         match &self.weighted {
             Some(w) if w.replacement => {
@@ -740,6 +912,71 @@ mod tests {
             .unwrap()
             .groups(&[2])
             .is_err());
+    }
+
+    #[test]
+    fn mixtures_follow_their_weights_and_stop_rules() {
+        let lengths = [1000, 700, 300];
+        let weights = [0.5, 0.3, 0.2];
+        let m = Sampler::mixture(&lengths, &weights, MixStop::Draws(100_000))
+            .unwrap()
+            .shuffle(4);
+        let order = m.epoch(0);
+        assert_eq!(order.len(), 100_000);
+        let mut counts = [0usize; 3];
+        for &i in &order {
+            counts[m.locate(i).0] += 1;
+        }
+        for (s, &w) in weights.iter().enumerate() {
+            let share = counts[s] as f64 / 100_000.0;
+            assert!(
+                (share - w).abs() < 0.01,
+                "source {s}: share {share}, weight {w}"
+            );
+        }
+        // Cycling: every source's items come in whole passes (each item of source 2, drawn
+        // ~20,000 times in passes of 300, appears 66 or 67 times).
+        let mut per_item = vec![0usize; 1000 + 700 + 300];
+        for &i in &order {
+            per_item[i] += 1;
+        }
+        let third = &per_item[1700..];
+        let (lo, hi) = (third.iter().min().unwrap(), third.iter().max().unwrap());
+        assert!(hi - lo <= 1, "passes of source 2: {lo}..{hi}");
+        assert_eq!(m.epoch(0), order, "deterministic");
+        assert_ne!(m.epoch(1)[..100], order[..100], "a new order every epoch");
+        // The same draws at any world size: the ranks' shares interleave into the order.
+        let ranks: Vec<Vec<usize>> = (0..3)
+            .map(|r| m.clone().shard(r, 3).unwrap().epoch(0))
+            .collect();
+        let dealt: Vec<usize> = (0..order.len()).map(|p| ranks[p % 3][p / 3]).collect();
+        assert_eq!(dealt, order);
+
+        let first = Sampler::mixture(&lengths, &weights, MixStop::FirstExhausted)
+            .unwrap()
+            .shuffle(1);
+        let o = first.epoch(2);
+        let mut seen = std::collections::HashSet::new();
+        assert!(o.iter().all(|&i| seen.insert(i)), "at most once");
+        assert_eq!(o.len(), first.global_len_of(2));
+        let ends = (0..3)
+            .filter(|&s| o.iter().filter(|&&i| first.locate(i).0 == s).count() == lengths[s])
+            .count();
+        assert_eq!(ends, 1, "exactly one source ran out");
+
+        let all = Sampler::mixture(&lengths, &weights, MixStop::AllExhausted)
+            .unwrap()
+            .shuffle(1);
+        let o = all.epoch(0);
+        let distinct: std::collections::HashSet<usize> = o.iter().copied().collect();
+        assert_eq!(distinct.len(), 2000, "every item at least once");
+        assert_eq!(all.locate(1000), (1, 0));
+        assert_eq!(all.locate(999), (0, 999));
+
+        assert!(Sampler::mixture(&[3, 0], &[1.0, 1.0], MixStop::Draws(5)).is_err());
+        assert!(Sampler::mixture(&[3, 4], &[1.0], MixStop::Draws(5)).is_err());
+        assert!(Sampler::mixture(&[3, 4], &[0.0, 0.0], MixStop::Draws(5)).is_err());
+        assert!(Sampler::mixture(&[3, 4], &[1.0, -1.0], MixStop::Draws(5)).is_err());
     }
 
     #[test]

@@ -45,7 +45,7 @@
 //!     .source_sampled(shards.sampler().clone(), shards.refs())
 //!     .checkpoint_fields(shards.fingerprint())
 //!     .describe(|r| r.to_string())
-//!     .pipe("decode", move |r| fields.read(&r), Workers::auto())
+//!     .pipe("decode", move |r| fields.read(&r), Workers::initial(1))
 //!     .aggregate(32, false)
 //!     .pipe("collate", flowgate::sample::Batch::collate, 1)
 //!     .build()?;
