@@ -14,7 +14,7 @@ if [ "${CI:-}" = true ]; then export CARGO_INCREMENTAL=0; fi
 # Every optional part on: the library's S3 (with the local test server), video, CUDA (its
 # no-GPU behaviour), pipeline files and the dataset generator; the command's Prometheus
 # endpoint.
-FEATURES=flowgate/s3,flowgate/test-util,flowgate/video,flowgate/cuda,flowgate/spec,flowgate/synth
+FEATURES=flowgate/s3,flowgate/test-util,flowgate/video,flowgate/cuda,flowgate/spec,flowgate/synth,flowgate/parquet
 FEATURES=$FEATURES,flowgate-cli/s3,flowgate-cli/video,flowgate-cli/prometheus,flowgate-tools/video
 cargo test --workspace --locked --features "$FEATURES" "$@"
 cargo test --locked --no-default-features --features image --lib media::image
@@ -23,7 +23,7 @@ cargo test --locked --no-default-features --features image --lib media::image
 # pytest; multi-rank tests run under torchrun (gloo, CPU).
 VENV=${FLOWGATE_PYVENV:-$HOME/.cache/flowgate/pyvenv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/pip" install --quiet --upgrade "maturin>=1.5,<2" "numpy>=1.22" "pytest>=7"
+"$VENV/bin/pip" install --quiet --upgrade "maturin>=1.5,<2" "numpy>=1.22" "pytest>=7" "pyarrow>=15"
 "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/pip" install --quiet "torch==2.15.0"
 MATURIN_PEP517_ARGS="--features video" "$VENV/bin/pip" install --quiet --force-reinstall --no-deps ./python
 "$VENV/bin/python" -m pytest -q python/tests

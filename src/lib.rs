@@ -15,6 +15,8 @@ pub mod device;
 mod engine;
 pub mod measure;
 pub mod media;
+#[cfg(feature = "parquet")]
+pub mod parquet;
 mod pipeline;
 #[cfg(feature = "s3")]
 pub mod s3;

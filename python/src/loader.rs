@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use flowgate::collate::{collate_fields, CollateError};
 use flowgate::media::{Files, MediaError};
+use flowgate::parquet::ParquetRows;
 use flowgate::sampler::{Sampler, ShardLengths};
-use flowgate::shards::{ShardError, Shards};
+use flowgate::shards::{RawSample, ShardError, Shards};
 use flowgate::{
     FailureBudget, Monitor, Pipeline, PipelineError, PipelineState, ShardState, Tensor, Within,
     Workers,
@@ -49,15 +50,53 @@ pub(crate) enum Input {
 /// a tensor per field.
 pub(crate) type Decode = Arc<dyn Fn(Input, u64) -> Result<Vec<Tensor>, MediaError> + Send + Sync>;
 
+/// Samples whose fields are bytes: tar shards' (fields by extension) or Parquet rows'
+/// (fields by column).
+#[derive(Clone)]
+pub(crate) enum Records {
+    Tar(Shards),
+    Parquet(ParquetRows),
+}
+
+impl Records {
+    fn sampler(&self) -> &Sampler {
+        match self {
+            Records::Tar(s) => s.sampler(),
+            Records::Parquet(p) => p.sampler(),
+        }
+    }
+
+    fn fingerprint(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Records::Tar(s) => s.fingerprint(),
+            Records::Parquet(p) => p.fingerprint(),
+        }
+    }
+
+    fn name(&self, index: usize, epoch: u64) -> String {
+        match self {
+            Records::Tar(s) => s.get(epoch, index).to_string(),
+            Records::Parquet(p) => p.name(index),
+        }
+    }
+
+    fn read(&self, index: usize, epoch: u64) -> Result<RawSample, ShardError> {
+        match self {
+            Records::Tar(s) => s.get(epoch, index).read(),
+            Records::Parquet(p) => p.read(epoch, index),
+        }
+    }
+}
+
 /// What a loader reads.
 #[derive(Clone)]
 pub(crate) enum Dataset {
     /// Local files.
     Files(Files),
-    /// Tar shards: each sample's first field among `media` is decoded; with `label`, that
-    /// field is read as its label.
-    Shards {
-        shards: Shards,
+    /// Tar shards or Parquet rows: each sample's first field among `media` is decoded; with
+    /// `label`, that field is read as its label.
+    Records {
+        records: Records,
         media: Arc<[String]>,
         label: Option<String>,
     },
@@ -67,19 +106,19 @@ impl Dataset {
     fn sampler(&self) -> &Sampler {
         match self {
             Dataset::Files(f) => f.sampler(),
-            Dataset::Shards { shards, .. } => shards.sampler(),
+            Dataset::Records { records, .. } => records.sampler(),
         }
     }
 
     fn fingerprint(&self) -> Vec<(&'static str, String)> {
         match self {
             Dataset::Files(f) => f.fingerprint(),
-            Dataset::Shards {
-                shards,
+            Dataset::Records {
+                records,
                 media,
                 label,
             } => {
-                let mut f = shards.fingerprint();
+                let mut f = records.fingerprint();
                 f.push(("fields", media.join(",")));
                 f.push(("label_field", label.clone().unwrap_or_default()));
                 f
@@ -91,7 +130,7 @@ impl Dataset {
     fn name(&self, index: usize, epoch: u64) -> String {
         match self {
             Dataset::Files(f) => f.paths()[index].display().to_string(),
-            Dataset::Shards { shards, .. } => shards.get(epoch, index).to_string(),
+            Dataset::Records { records, .. } => records.name(index, epoch),
         }
     }
 
@@ -109,12 +148,12 @@ impl Dataset {
         };
         let fields = match self {
             Dataset::Files(f) => decode(Input::Path(f.paths()[index].clone()), epoch)?,
-            Dataset::Shards {
-                shards,
+            Dataset::Records {
+                records,
                 media,
                 label,
             } => {
-                let mut raw = shards.get(epoch, index).read()?;
+                let mut raw = records.read(index, epoch)?;
                 if let Some(ext) = label {
                     meta.label = Some(raw.take_label(ext)?);
                 }
@@ -248,7 +287,7 @@ impl Extras {
         };
         let files = match dataset {
             Dataset::Files(f) => f,
-            Dataset::Shards { label, .. } => {
+            Dataset::Records { label, .. } => {
                 e.sample_labels = label.is_some();
                 return Ok(e);
             }
@@ -407,6 +446,60 @@ pub(crate) fn shards_of(
     }))
 }
 
+/// The rows of a `flowgate.Parquet`'s files (reading `columns`), shuffled by row group,
+/// sharded and equalised like files.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn parquet_of(
+    paths: Vec<PathBuf>,
+    columns: &[&str],
+    buffer: usize,
+    shuffle: bool,
+    seed: u64,
+    rank: Option<usize>,
+    world_size: Option<usize>,
+    drop_last: bool,
+) -> PyResult<ParquetRows> {
+    let bad = |e: PipelineError| PyValueError::new_err(e.to_string());
+    let mut files = Vec::new();
+    for p in paths {
+        if !p.exists() {
+            return Err(PyFileNotFoundError::new_err((
+                2,
+                "No such file or directory".to_owned(),
+                p.display().to_string(),
+            )));
+        }
+        if p.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(&p)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|x| x.extension().is_some_and(|e| e == "parquet"))
+                .collect();
+            found.sort();
+            files.extend(found);
+        } else {
+            files.push(p);
+        }
+    }
+    let mut rows = ParquetRows::open(files, columns).map_err(bad)?;
+    if shuffle {
+        rows = rows.shuffle(seed).buffer(buffer);
+    }
+    rows = match (rank, world_size) {
+        (Some(r), Some(w)) => rows.shard(r, w).map_err(bad)?,
+        (None, None) => rows.shard_from_env().map_err(bad)?,
+        _ => {
+            return Err(PyValueError::new_err(
+                "give both rank and world_size, or neither",
+            ))
+        }
+    };
+    Ok(rows.shard_lengths(if drop_last {
+        ShardLengths::Drop
+    } else {
+        ShardLengths::Pad
+    }))
+}
+
 fn nbytes(fields: &[Tensor]) -> usize {
     fields.iter().map(Tensor::nbytes).sum()
 }
@@ -476,6 +569,14 @@ impl Loader {
                     }
                     f.push((e.stage().to_owned(), e.item().to_owned(), e.to_string()));
                 });
+            // The Parquet row-group cache is memory the stages do not count.
+            let b = match &data {
+                Dataset::Records {
+                    records: Records::Parquet(p),
+                    ..
+                } => b.reserve_memory("the Parquet row-group cache", p.cache_bytes()),
+                _ => b,
+            };
             // What a state_dict of this loader is valid for.
             let b = b
                 .checkpoint_fields(fingerprint.iter().cloned())

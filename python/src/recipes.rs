@@ -2,6 +2,7 @@
 //! function per modality, each building a validated [`Recipe`] that seeds augmentation by
 //! flowgate's one rule (seed, epoch, file).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use flowgate::media::audio::AudioRecipe;
@@ -11,7 +12,9 @@ use flowgate::Tensor;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::loader::{files_of, shards_of, Dataset, Decode, Extras, Input, Loader};
+use crate::loader::{
+    files_of, parquet_of, shards_of, Dataset, Decode, Extras, Input, Loader, Records,
+};
 
 /// What every native loader takes besides its decoder (built once by the Python wrappers, so
 /// the loader functions below list only their own arguments).
@@ -81,7 +84,43 @@ impl Options {
         decode: Decode,
     ) -> PyResult<Loader> {
         let labels = self.labels.as_ref().map(|l| l.bind(paths.py()));
-        let dataset = if paths.hasattr("_flowgate_shards")? {
+        let label_field = || -> PyResult<Option<String>> {
+            labels
+                .map(|l| {
+                    l.extract::<String>().map_err(|_| {
+                        PyValueError::new_err(
+                            "with Shards or Parquet, labels names the field that holds each \
+                             sample's label (an extension such as \"cls\", or a column)",
+                        )
+                    })
+                })
+                .transpose()
+        };
+        let dataset = if paths.hasattr("_flowgate_parquet")? {
+            let files: Vec<PathBuf> = paths.getattr("paths")?.extract()?;
+            let column: String = paths.getattr("column")?.extract()?;
+            let buffer: usize = paths.getattr("buffer")?.extract()?;
+            let label = label_field()?;
+            let mut columns = vec![column.as_str()];
+            if let Some(l) = &label {
+                columns.push(l.as_str());
+            }
+            let rows = parquet_of(
+                files,
+                &columns,
+                buffer,
+                self.shuffle,
+                self.seed,
+                self.rank,
+                self.world_size,
+                self.drop_last,
+            )?;
+            Dataset::Records {
+                records: Records::Parquet(rows),
+                media: [column.clone()].into(),
+                label,
+            }
+        } else if paths.hasattr("_flowgate_shards")? {
             let pattern: String = paths.getattr("pattern")?.extract()?;
             let buffer: usize = paths.getattr("buffer")?.extract()?;
             let fields: Option<Vec<String>> = paths.getattr("fields")?.extract()?;
@@ -94,19 +133,11 @@ impl Options {
                 self.world_size,
                 self.drop_last,
             )?;
-            let label = match labels {
-                None => None,
-                Some(l) => Some(l.extract::<String>().map_err(|_| {
-                    PyValueError::new_err(
-                        "with Shards, labels names the field that holds each sample's label \
-                         (an extension such as \"cls\")",
-                    )
-                })?),
-            };
+            let label = label_field()?;
             let media =
                 fields.unwrap_or_else(|| extensions.iter().map(|e| e.to_string()).collect());
-            Dataset::Shards {
-                shards,
+            Dataset::Records {
+                records: Records::Tar(shards),
                 media: media.into_iter().map(|e| e.to_ascii_lowercase()).collect(),
                 label: label.map(|l| l.to_ascii_lowercase()),
             }

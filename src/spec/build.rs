@@ -53,6 +53,7 @@ impl PipelineSpec {
             SourceSpec::List { shuffle, .. }
             | SourceSpec::Dir { shuffle, .. }
             | SourceSpec::Tar { shuffle, .. }
+            | SourceSpec::Parquet { shuffle, .. }
             | SourceSpec::S3 { shuffle, .. } => *shuffle,
         };
         decode.or(shuffle).unwrap_or(0)
@@ -234,6 +235,69 @@ impl PipelineSpec {
                 _keep: None,
             });
         }
+        if let SourceSpec::Parquet {
+            path,
+            column,
+            shuffle,
+            buffer,
+        } = &self.source
+        {
+            #[cfg(feature = "parquet")]
+            {
+                let files: Vec<PathBuf> = if path.is_dir() {
+                    let mut v: Vec<PathBuf> = std::fs::read_dir(path)
+                        .map_err(|e| {
+                            crate::PipelineError::io(format!("listing {}", path.display()), e)
+                        })?
+                        .filter_map(|e| e.ok().map(|e| e.path()))
+                        .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+                        .collect();
+                    v.sort();
+                    v
+                } else {
+                    vec![path.clone()]
+                };
+                let mut rows =
+                    crate::parquet::ParquetRows::open(files, &[column.as_str()])?.buffer(*buffer);
+                if let Some(seed) = shuffle {
+                    rows = rows.shuffle(*seed);
+                }
+                let items = rows.len();
+                let (read, names) = (rows.clone(), rows.clone());
+                let column = [column.clone()];
+                let pipeline = finish(
+                    Pipeline::builder()
+                        .source_sampled(rows.sampler().clone(), rows.refs())
+                        .checkpoint_fields(rows.fingerprint())
+                        .reserve_memory("the Parquet row-group cache", rows.cache_bytes())
+                        .describe(move |&(_, i): &(u64, usize)| names.name(i))
+                        .pipe(
+                            "decode",
+                            move |(epoch, i): (u64, usize)| -> Result<Tensor, crate::shards::ShardError> {
+                                let mut raw = read.read(epoch, i)?;
+                                let (col, bytes) = raw.take_required(&column)?;
+                                let path = raw.field_path(&col);
+                                Ok(decoder.for_epoch(epoch).decode(crate::Blob { path, bytes })?)
+                            },
+                            workers,
+                        ),
+                )?;
+                return Ok(Loader {
+                    pipeline,
+                    cache: None,
+                    items,
+                    _keep: None,
+                });
+            }
+            #[cfg(not(feature = "parquet"))]
+            {
+                let _ = (path, column, shuffle, buffer, decoder, finish);
+                return Err(crate::PipelineError::config(
+                    "source.kind = \"parquet\" needs flowgate built with the `parquet` feature"
+                        .to_owned(),
+                ));
+            }
+        }
         #[cfg(feature = "s3")]
         {
             super::s3::build(self, decoder, workers, finish)
@@ -315,7 +379,9 @@ impl PipelineSpec {
                 let ext: Vec<&str> = extensions.iter().map(String::as_str).collect();
                 (Files::dir(path, &ext)?, shuffle)
             }
-            SourceSpec::S3 { .. } | SourceSpec::Tar { .. } => return Ok(None),
+            SourceSpec::S3 { .. } | SourceSpec::Tar { .. } | SourceSpec::Parquet { .. } => {
+                return Ok(None)
+            }
         };
         Ok(Some(match shuffle {
             Some(seed) => files.shuffle(*seed),

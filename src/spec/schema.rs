@@ -72,6 +72,21 @@ pub enum SourceSpec {
         #[serde(default)]
         buffer: usize,
     },
+    /// Parquet files (feature `parquet`; see `flowgate::parquet`): each row's `column` cell
+    /// is decoded (a `struct<bytes, path>` or binary column).
+    Parquet {
+        /// A file, or a directory (its `.parquet` files, sorted).
+        path: PathBuf,
+        /// The column to decode.
+        #[serde(default = "default_column")]
+        column: String,
+        /// Shuffle the row groups with this seed, anew every epoch.
+        #[serde(default)]
+        shuffle: Option<u64>,
+        /// A shuffle buffer of this many rows over each epoch's stream (0: none).
+        #[serde(default)]
+        buffer: usize,
+    },
     /// The objects under a prefix of a bucket.
     S3 {
         /// The bucket.
@@ -96,6 +111,10 @@ pub enum SourceSpec {
         #[serde(default)]
         serve_locally_from: Option<PathBuf>,
     },
+}
+
+fn default_column() -> String {
+    "image".into()
 }
 
 fn default_concurrency() -> usize {
