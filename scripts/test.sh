@@ -15,7 +15,7 @@ if [ "${CI:-}" = true ]; then export CARGO_INCREMENTAL=0; fi
 # no-GPU behaviour), pipeline files and the dataset generator; the command's Prometheus
 # endpoint.
 FEATURES=flowgate/s3,flowgate/test-util,flowgate/video,flowgate/cuda,flowgate/spec,flowgate/synth,flowgate/parquet
-FEATURES=$FEATURES,flowgate-cli/s3,flowgate-cli/video,flowgate-cli/prometheus,flowgate-tools/video
+FEATURES=$FEATURES,flowgate-cli/s3,flowgate-cli/video,flowgate-cli/prometheus,flowgate-cli/parquet,flowgate-tools/video
 cargo test --workspace --locked --features "$FEATURES" "$@"
 cargo test --locked --no-default-features --features image --lib media::image
 # Python: a virtualenv kept per machine (PyTorch is ~4 GB with the CUDA packages PyPI's wheel
