@@ -152,6 +152,27 @@ impl ParquetRows {
         })
     }
 
+    /// The Parquet files at `path`: the file itself, or a directory's `.parquet` files,
+    /// sorted. A path that does not exist is an error naming it.
+    pub fn files_at(path: &Path) -> Result<Vec<PathBuf>, PipelineError> {
+        if !path.is_dir() {
+            if !path.exists() {
+                return Err(PipelineError::io(
+                    format!("opening {}", path.display()),
+                    std::io::Error::from(std::io::ErrorKind::NotFound),
+                ));
+            }
+            return Ok(vec![path.to_path_buf()]);
+        }
+        let mut v: Vec<PathBuf> = std::fs::read_dir(path)
+            .map_err(|e| PipelineError::io(format!("listing {}", path.display()), e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+            .collect();
+        v.sort();
+        Ok(v)
+    }
+
     fn map_sampler(mut self, f: impl FnOnce(Sampler) -> Sampler) -> Self {
         self.sampler = f(self.sampler);
         self

@@ -382,29 +382,8 @@ pub(crate) fn files_of(
             extensions.join(", ")
         )));
     }
-    let mut files = if shuffle { files.shuffle(seed) } else { files };
-    files = match (rank, world_size) {
-        (Some(r), Some(w)) => files
-            .shard(r, w)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?,
-        (None, None) => files
-            .shard_from_env()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?,
-        _ => {
-            return Err(PyValueError::new_err(
-                "give both rank and world_size, or neither",
-            ))
-        }
-    };
-    // Every rank the same number of items, as DDP's collective steps need: `drop_last` drops
-    // the remainder, otherwise it is padded by repeating the start of the epoch's order
-    // (what PyTorch's DistributedSampler does). One process: nothing to pad.
-    files = files.shard_lengths(if drop_last {
-        ShardLengths::Drop
-    } else {
-        ShardLengths::Pad
-    });
-    Ok(files)
+    let files = if shuffle { files.shuffle(seed) } else { files };
+    deal(files, rank, world_size, drop_last)
 }
 
 /// The tar shards a `flowgate.Shards` names, shuffled, sharded and equalised like files
@@ -430,16 +409,53 @@ pub(crate) fn shards_of(
     if shuffle {
         shards = shards.shuffle(seed).buffer(buffer);
     }
-    shards = match (rank, world_size) {
-        (Some(r), Some(w)) => shards.shard(r, w).map_err(bad)?,
-        (None, None) => shards.shard_from_env().map_err(bad)?,
+    deal(shards, rank, world_size, drop_last)
+}
+
+/// What can be dealt out to ranks: files, shards, Parquet rows.
+trait Dealt: Sized {
+    fn shard(self, rank: usize, world: usize) -> Result<Self, PipelineError>;
+    fn shard_from_env(self) -> Result<Self, PipelineError>;
+    fn shard_lengths(self, lengths: ShardLengths) -> Self;
+}
+
+macro_rules! dealt {
+    ($($t:ty),*) => {$(
+        impl Dealt for $t {
+            fn shard(self, rank: usize, world: usize) -> Result<Self, PipelineError> {
+                <$t>::shard(self, rank, world)
+            }
+            fn shard_from_env(self) -> Result<Self, PipelineError> {
+                <$t>::shard_from_env(self)
+            }
+            fn shard_lengths(self, lengths: ShardLengths) -> Self {
+                <$t>::shard_lengths(self, lengths)
+            }
+        }
+    )*};
+}
+dealt!(Files, Shards, ParquetRows);
+
+/// `x`'s share for `rank` of `world_size` (or the environment's), every rank as many items:
+/// `drop_last` drops the remainder, otherwise it is padded by repeating the start of the
+/// epoch's order (what PyTorch's DistributedSampler does). One process: nothing to pad.
+fn deal<T: Dealt>(
+    x: T,
+    rank: Option<usize>,
+    world_size: Option<usize>,
+    drop_last: bool,
+) -> PyResult<T> {
+    let bad = |e: PipelineError| PyValueError::new_err(e.to_string());
+    let x = match (rank, world_size) {
+        (Some(r), Some(w)) => x.shard(r, w).map_err(bad)?,
+        (None, None) => x.shard_from_env().map_err(bad)?,
         _ => {
             return Err(PyValueError::new_err(
                 "give both rank and world_size, or neither",
             ))
         }
     };
-    Ok(shards.shard_lengths(if drop_last {
+    Ok(x.shard_lengths(if drop_last {
         ShardLengths::Drop
     } else {
         ShardLengths::Pad
@@ -469,35 +485,13 @@ pub(crate) fn parquet_of(
                 p.display().to_string(),
             )));
         }
-        if p.is_dir() {
-            let mut found: Vec<PathBuf> = std::fs::read_dir(&p)?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|x| x.extension().is_some_and(|e| e == "parquet"))
-                .collect();
-            found.sort();
-            files.extend(found);
-        } else {
-            files.push(p);
-        }
+        files.extend(ParquetRows::files_at(&p).map_err(bad)?);
     }
     let mut rows = ParquetRows::open(files, columns).map_err(bad)?;
     if shuffle {
         rows = rows.shuffle(seed).buffer(buffer);
     }
-    rows = match (rank, world_size) {
-        (Some(r), Some(w)) => rows.shard(r, w).map_err(bad)?,
-        (None, None) => rows.shard_from_env().map_err(bad)?,
-        _ => {
-            return Err(PyValueError::new_err(
-                "give both rank and world_size, or neither",
-            ))
-        }
-    };
-    Ok(rows.shard_lengths(if drop_last {
-        ShardLengths::Drop
-    } else {
-        ShardLengths::Pad
-    }))
+    deal(rows, rank, world_size, drop_last)
 }
 
 fn nbytes(fields: &[Tensor]) -> usize {

@@ -547,6 +547,20 @@ impl RawSample {
         })
     }
 
+    /// Takes the first field among `exts` and decodes it with `recipe` (the sample's epoch's
+    /// augmentation, seeded by `SHARD/KEY.EXT`).
+    pub fn decode_first(
+        &mut self,
+        exts: &[String],
+        recipe: &Recipe,
+    ) -> Result<crate::Tensor, ShardError> {
+        let (ext, bytes) = self.take_required(exts)?;
+        let path = self.field_path(&ext);
+        Ok(recipe
+            .for_epoch(self.epoch)
+            .decode(crate::Blob { path, bytes })?)
+    }
+
     /// Takes the field `ext` and reads it as an integer label (WebDataset's `cls`: decimal
     /// text), failing naming the field if it is missing or not an integer.
     pub fn take_label(&mut self, ext: &str) -> Result<i64, ShardError> {

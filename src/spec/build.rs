@@ -217,14 +217,7 @@ impl PipelineSpec {
                     .describe(|r| r.to_string())
                     .pipe(
                         "decode",
-                        move |r: crate::shards::SampleRef| -> Result<Tensor, crate::shards::ShardError> {
-                            let mut raw = r.read()?;
-                            let (ext, bytes) = raw.take_required(&exts)?;
-                            let path = raw.field_path(&ext);
-                            Ok(decoder
-                                .for_epoch(r.epoch())
-                                .decode(crate::Blob { path, bytes })?)
-                        },
+                        move |r: crate::shards::SampleRef| r.read()?.decode_first(&exts, &decoder),
                         workers,
                     ),
             )?;
@@ -244,19 +237,7 @@ impl PipelineSpec {
         {
             #[cfg(feature = "parquet")]
             {
-                let files: Vec<PathBuf> = if path.is_dir() {
-                    let mut v: Vec<PathBuf> = std::fs::read_dir(path)
-                        .map_err(|e| {
-                            crate::PipelineError::io(format!("listing {}", path.display()), e)
-                        })?
-                        .filter_map(|e| e.ok().map(|e| e.path()))
-                        .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
-                        .collect();
-                    v.sort();
-                    v
-                } else {
-                    vec![path.clone()]
-                };
+                let files = crate::parquet::ParquetRows::files_at(path)?;
                 let mut rows =
                     crate::parquet::ParquetRows::open(files, &[column.as_str()])?.buffer(*buffer);
                 if let Some(seed) = shuffle {
@@ -273,11 +254,8 @@ impl PipelineSpec {
                         .describe(move |&(_, i): &(u64, usize)| names.name(i))
                         .pipe(
                             "decode",
-                            move |(epoch, i): (u64, usize)| -> Result<Tensor, crate::shards::ShardError> {
-                                let mut raw = read.read(epoch, i)?;
-                                let (col, bytes) = raw.take_required(&column)?;
-                                let path = raw.field_path(&col);
-                                Ok(decoder.for_epoch(epoch).decode(crate::Blob { path, bytes })?)
+                            move |(epoch, i): (u64, usize)| {
+                                read.read(epoch, i)?.decode_first(&column, &decoder)
                             },
                             workers,
                         ),
