@@ -27,6 +27,8 @@ pub struct S3Object {
     pub key: String,
     /// The size in bytes.
     pub size: u64,
+    /// The entity tag (changes when the object is rewritten), when the store sends one.
+    pub etag: Option<String>,
 }
 
 /// Counters of one client since it was built.
@@ -42,6 +44,8 @@ pub struct S3Stats {
     pub bytes: u64,
     /// Tokens left in the retry budget.
     pub budget_left: u64,
+    /// Downloads continued with a ranged GET after their body was cut off.
+    pub resumed: u64,
 }
 
 /// A client for one bucket. Clones share the connection pool, the retry budget and the stats.
@@ -56,6 +60,7 @@ struct Inner {
     runtime: RuntimeHolder,
     retrier: Retrier,
     bytes: AtomicU64,
+    resumed: AtomicU64,
 }
 
 impl std::fmt::Debug for Inner {
@@ -141,6 +146,7 @@ impl S3 {
                 runtime: RuntimeHolder(Some(runtime)),
                 retrier: Retrier::new(cfg.retry, cfg.attempt_timeout, cfg.bucket.clone()),
                 bytes: AtomicU64::new(0),
+                resumed: AtomicU64::new(0),
                 cfg,
             }),
         })
@@ -160,6 +166,7 @@ impl S3 {
             failures: i.retrier.failures.load(Ordering::Relaxed),
             bytes: i.bytes.load(Ordering::Relaxed),
             budget_left: i.retrier.budget_left(),
+            resumed: i.resumed.load(Ordering::Relaxed),
         }
     }
 
@@ -200,6 +207,7 @@ impl S3 {
                     Some(S3Object {
                         key: o.key()?.to_owned(),
                         size: o.size().unwrap_or(0).max(0) as u64,
+                        etag: o.e_tag().map(str::to_owned),
                     })
                 }));
                 match page.next_continuation_token() {
@@ -240,6 +248,41 @@ impl S3 {
             let key = key_of(key.as_ref());
             Box::pin(async move { s3.get_impl(key, None).await })
         }
+    }
+
+    /// Downloads an object into the file `dest` (created or truncated), streamed: never whole
+    /// in memory. A body cut off mid-stream is continued by a ranged GET from the first byte
+    /// not yet written (a retry under the client's policy and budget), so a broken connection
+    /// costs the rest of the object, not all of it again. No attempt is cut off while bytes
+    /// keep arriving; one that receives nothing for the attempt timeout is retried. Returns
+    /// the bytes written.
+    pub async fn download(&self, key: &str, dest: &Path) -> Result<u64, S3Error> {
+        let inner = self.inner.clone();
+        let key = key.to_owned();
+        let dest = dest.to_owned();
+        self.spawn(async move {
+            let file = std::fs::File::create(&dest).map_err(|e| {
+                S3Error::Client(format!(
+                    "creating {} for s3://{}/{key}: {e}",
+                    dest.display(),
+                    inner.cfg.bucket
+                ))
+            })?;
+            let file = Arc::new(std::sync::Mutex::new(file));
+            let written = Arc::new(AtomicU64::new(0));
+            inner
+                .retrier
+                .run_with(&key, false, || {
+                    inner.clone().download_once(
+                        key.clone(),
+                        Arc::clone(&file),
+                        Arc::clone(&written),
+                    )
+                })
+                .await?;
+            Ok(written.load(Ordering::Relaxed))
+        })
+        .await
     }
 
     /// Uploads an object (used to stage datasets and in tests).
@@ -353,6 +396,77 @@ impl Inner {
         }
         self.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         Ok(bytes)
+    }
+
+    /// One attempt of [`S3::download`]: a GET from `written` on, appended to `file`.
+    async fn download_once(
+        self: Arc<Self>,
+        key: String,
+        file: Arc<std::sync::Mutex<std::fs::File>>,
+        written: Arc<AtomicU64>,
+    ) -> Result<(), Failed> {
+        use std::io::Write;
+        let stall = self.cfg.attempt_timeout;
+        let stalled = |what: &str| Failed::Transient {
+            cause: format!("{what}: nothing received for {stall:?}"),
+            timeout: true,
+        };
+        let from = written.load(Ordering::Relaxed);
+        let mut req = self.client.get_object().bucket(&self.cfg.bucket).key(&key);
+        if from > 0 {
+            req = req.range(format!("bytes={from}-"));
+            self.resumed.fetch_add(1, Ordering::Relaxed);
+        }
+        let out = tokio::time::timeout(stall, req.send())
+            .await
+            .map_err(|_| stalled("the request"))?
+            .map_err(|e| self.classify(&key, e))?;
+        let expected = out.content_length().filter(|&n| n >= 0).map(|n| n as u64);
+        let mut body = out.body;
+        let mut got = 0u64;
+        loop {
+            let chunk = tokio::time::timeout(stall, body.next())
+                .await
+                .map_err(|_| stalled("the body"))?;
+            match chunk {
+                None => break,
+                Some(Ok(bytes)) => {
+                    file.lock()
+                        .map_err(|_| {
+                            Failed::Fatal(S3Error::Client(
+                                "a download's file lock was poisoned".into(),
+                            ))
+                        })?
+                        .write_all(&bytes)
+                        .map_err(|e| {
+                            Failed::Fatal(S3Error::Client(format!(
+                                "writing s3://{}/{key} to disk: {e}",
+                                self.cfg.bucket
+                            )))
+                        })?;
+                    got += bytes.len() as u64;
+                    written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    self.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                }
+                Some(Err(e)) => {
+                    return Err(Failed::Transient {
+                        cause: format!(
+                            "the body broke off after byte {}: {}",
+                            from + got,
+                            DisplayErrorContext(&e)
+                        ),
+                        timeout: false,
+                    })
+                }
+            }
+        }
+        match expected {
+            Some(n) if got != n => Err(Failed::Transient {
+                cause: format!("the body ended at byte {} of {}", from + got, from + n),
+                timeout: false,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Sorts an SDK error into fatal and transient.

@@ -79,8 +79,24 @@ impl Retrier {
         *self.budget.lock()
     }
 
-    /// Runs `attempt` until it succeeds, fails fatally, or the attempts or budget run out.
-    pub(super) async fn run<T, F, Fut>(&self, key: &str, mut attempt: F) -> Result<T, S3Error>
+    /// Runs `attempt` until it succeeds, fails fatally, or the attempts or budget run out;
+    /// each attempt is cut off after the client's attempt timeout.
+    pub(super) async fn run<T, F, Fut>(&self, key: &str, attempt: F) -> Result<T, S3Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Failed>>,
+    {
+        self.run_with(key, true, attempt).await
+    }
+
+    /// [`run`](Self::run); with `whole_attempt` false the attempt enforces its own timeouts
+    /// (a long download that keeps receiving is not cut off; one that stalls is).
+    pub(super) async fn run_with<T, F, Fut>(
+        &self,
+        key: &str,
+        whole_attempt: bool,
+        mut attempt: F,
+    ) -> Result<T, S3Error>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, Failed>>,
@@ -91,12 +107,16 @@ impl Retrier {
         loop {
             n += 1;
             self.attempts.fetch_add(1, Ordering::Relaxed);
-            let outcome = match tokio::time::timeout(timeout, attempt()).await {
-                Ok(r) => r,
-                Err(_) => Err(Failed::Transient {
-                    cause: format!("attempt timed out after {timeout:?}"),
-                    timeout: true,
-                }),
+            let outcome = if whole_attempt {
+                match tokio::time::timeout(timeout, attempt()).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Failed::Transient {
+                        cause: format!("attempt timed out after {timeout:?}"),
+                        timeout: true,
+                    }),
+                }
+            } else {
+                attempt().await
             };
             let (cause, timed_out) = match outcome {
                 Ok(v) => {

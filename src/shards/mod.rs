@@ -18,6 +18,16 @@
 //! resumed epoch reads only the others (each sample is a byte range: nothing skipped is read or
 //! decoded).
 //!
+//! Shards on S3 (feature `s3`; [`Shards::open_s3`], or [`Shards::open`] with an
+//! `s3://bucket/pattern` URL) are downloaded whole, one streamed GET each, into a local disk
+//! cache ([`remote::ShardCache`]: a byte limit, least recently used evicted first, but never a
+//! shard with samples of the epoch still to read) and read from there; the next shards of the
+//! rank's order are fetched ahead of the readers ([`prefetch`](Shards::prefetch)), and a body
+//! cut off mid-stream continues with a ranged GET. Sample counts come from a manifest
+//! ([`MANIFEST`], WebDataset's `wids` format, which [`write_shards`] and
+//! [`Shards::write_manifest`] write), so opening reads no shard; without one, every shard is
+//! downloaded and indexed when opened.
+//!
 //! Reading a sample ([`SampleRef::read`]) reads its fields' bytes; [`FieldMap`] turns them
 //! into a [`Sample`] (images, audio and video through their [`Recipe`]s, `cls` into a label,
 //! `txt`/`json` into text). Bad shards never stop the pipeline by themselves: a shard that is
@@ -54,13 +64,17 @@
 //! ```
 
 mod index;
+#[cfg(feature = "s3")]
+pub mod remote;
 pub mod tar;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 pub use index::{split_name, Entry, FieldAt};
+#[cfg(feature = "s3")]
+pub use remote::{CacheStats, ShardCache};
 
 use crate::media::{MediaError, Recipe};
 use crate::sample::Sample;
@@ -126,9 +140,110 @@ pub enum ShardError {
 }
 
 struct Shard {
+    /// The shard's path, or its `s3://bucket/key` URL.
     path: PathBuf,
-    entries: Vec<Entry>,
-    file: OnceLock<Result<File, Arc<std::io::Error>>>,
+    /// Its positions in the dataset: its entries, or a manifest's count of them.
+    len: usize,
+    body: Body,
+}
+
+enum Body {
+    Local {
+        entries: Vec<Entry>,
+        file: OnceLock<Result<File, Arc<std::io::Error>>>,
+    },
+    /// A shard on S3, downloaded into the cache and indexed when first read (or when opened,
+    /// without a manifest).
+    #[cfg(feature = "s3")]
+    Remote {
+        cache: Arc<remote::ShardCache>,
+        slot: usize,
+        max_member: u64,
+        entries: OnceLock<Vec<Entry>>,
+    },
+}
+
+/// What reading a shard needs: its entries and an open file.
+struct Opened<'a> {
+    entries: &'a [Entry],
+    file: FileRef<'a>,
+}
+
+enum FileRef<'a> {
+    Borrowed(&'a File),
+    #[cfg(feature = "s3")]
+    Shared(Arc<File>),
+}
+
+impl std::ops::Deref for FileRef<'_> {
+    type Target = File;
+    fn deref(&self) -> &File {
+        match self {
+            FileRef::Borrowed(f) => f,
+            #[cfg(feature = "s3")]
+            FileRef::Shared(f) => f,
+        }
+    }
+}
+
+impl Shard {
+    /// The entries known without reading anything (all of a local shard's; a remote shard's
+    /// once it has been read).
+    fn known_entries(&self) -> &[Entry] {
+        match &self.body {
+            Body::Local { entries, .. } => entries,
+            #[cfg(feature = "s3")]
+            Body::Remote { entries, .. } => entries.get().map_or(&[], Vec::as_slice),
+        }
+    }
+
+    /// The entries and an open file, fetching a remote shard first.
+    fn open(&self) -> Result<Opened<'_>, std::io::Error> {
+        match &self.body {
+            Body::Local { entries, file } => {
+                match file.get_or_init(|| File::open(&self.path).map_err(Arc::new)) {
+                    Ok(f) => Ok(Opened {
+                        entries,
+                        file: FileRef::Borrowed(f),
+                    }),
+                    Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+                }
+            }
+            #[cfg(feature = "s3")]
+            Body::Remote {
+                cache,
+                slot,
+                max_member,
+                entries,
+            } => {
+                let file = cache
+                    .file(*slot)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                let entries = entries.get_or_init(|| index_file(&file, *max_member));
+                Ok(Opened {
+                    entries,
+                    file: FileRef::Shared(file),
+                })
+            }
+        }
+    }
+}
+
+/// Indexes an open shard file from its start.
+fn index_file(file: &File, max_member: u64) -> Vec<Entry> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = file;
+    let input = f
+        .seek(SeekFrom::Start(0))
+        .and_then(|_| tar::Seekable::new(std::io::BufReader::with_capacity(8 << 10, f)));
+    match input {
+        Ok(input) => index::index(input, max_member),
+        Err(e) => vec![Entry {
+            key: "@byte 0".into(),
+            fields: Vec::new(),
+            problem: Some(format!("reading the shard: {e}").into()),
+        }],
+    }
 }
 
 struct Inner {
@@ -137,11 +252,92 @@ struct Inner {
     at: Vec<(u32, u32)>,
 }
 
+impl Inner {
+    fn new(shards: Vec<Shard>) -> Result<(Self, Sampler), PipelineError> {
+        if shards.is_empty() {
+            return Err(PipelineError::config("no shards given"));
+        }
+        let at: Vec<(u32, u32)> = shards
+            .iter()
+            .enumerate()
+            .flat_map(|(s, sh)| (0..sh.len).map(move |e| (s as u32, e as u32)))
+            .collect();
+        let lengths: Vec<usize> = shards.iter().map(|s| s.len).collect();
+        let sampler = Sampler::new(at.len()).groups(&lengths)?;
+        Ok((Self { shards, at }, sampler))
+    }
+}
+
+/// An epoch, its shards in the order a rank first visits them, and each one's place in it.
+type EpochOrder = (
+    u64,
+    Arc<Vec<u32>>,
+    Arc<std::collections::HashMap<u32, usize>>,
+);
+
+/// Which shards come next in an epoch, for prefetching remote shards ahead of the readers.
+struct Plan {
+    sampler: Sampler,
+    depth: usize,
+    /// The epoch, and its shards in the order this rank first visits them, with each one's
+    /// place in that order.
+    order: Mutex<Option<EpochOrder>>,
+}
+
+impl Plan {
+    /// This rank's samples of each shard in `epoch`.
+    #[cfg(feature = "s3")]
+    fn counts(&self, inner: &Inner, epoch: u64) -> Vec<u32> {
+        let mut counts = vec![0u32; inner.shards.len()];
+        for i in self.sampler.epoch(epoch) {
+            counts[inner.at[i].0 as usize] += 1;
+        }
+        counts
+    }
+
+    /// The `depth` shards this rank visits after `shard` in `epoch`.
+    #[cfg_attr(not(feature = "s3"), allow(dead_code))]
+    fn ahead(&self, inner: &Inner, epoch: u64, shard: u32) -> Vec<u32> {
+        if self.depth == 0 {
+            return Vec::new();
+        }
+        let (order, place) = {
+            let mut o = self.order.lock().unwrap_or_else(|p| p.into_inner());
+            match &*o {
+                Some((e, order, place)) if *e == epoch => (Arc::clone(order), Arc::clone(place)),
+                _ => {
+                    let mut seen = std::collections::HashMap::new();
+                    let mut order = Vec::new();
+                    for i in self.sampler.epoch(epoch) {
+                        let s = inner.at[i].0;
+                        seen.entry(s).or_insert_with(|| {
+                            order.push(s);
+                            order.len() - 1
+                        });
+                    }
+                    let (order, place) = (Arc::new(order), Arc::new(seen));
+                    *o = Some((epoch, Arc::clone(&order), Arc::clone(&place)));
+                    (order, place)
+                }
+            }
+        };
+        match place.get(&shard) {
+            Some(&k) => order.iter().skip(k + 1).take(self.depth).copied().collect(),
+            None => Vec::new(),
+        }
+    }
+}
+
+/// The file name of a shard manifest (WebDataset's `wids` format) beside the shards.
+pub const MANIFEST: &str = "shards.json";
+
 /// A set of tar shards as a dataset of samples; see the [module docs](self).
 #[derive(Clone)]
 pub struct Shards {
     inner: Arc<Inner>,
     sampler: Sampler,
+    /// Remote shards downloaded ahead of the one being read.
+    prefetch: usize,
 }
 
 impl std::fmt::Debug for Shards {
@@ -195,11 +391,39 @@ pub fn expand_braces(pattern: &str) -> Result<Vec<String>, PipelineError> {
         .collect())
 }
 
+/// The paths a spec names: brace patterns, several separated by commas outside braces.
+fn expand_spec(spec: &str) -> Result<Vec<String>, PipelineError> {
+    let mut paths = Vec::new();
+    let (mut depth, mut start) = (0i32, 0);
+    for (i, c) in spec.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                paths.extend(expand_braces(&spec[start..i])?);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    paths.extend(expand_braces(&spec[start..])?);
+    paths.retain(|p| !p.is_empty());
+    Ok(paths)
+}
+
 impl Shards {
     /// The shards named by `spec`: a path or brace pattern, or several separated by commas
     /// outside braces (`a.tar,b.tar`), or a directory (its `.tar` files, sorted); see
     /// [`open_paths`](Self::open_paths).
     pub fn open(spec: &str) -> Result<Self, PipelineError> {
+        if spec.starts_with("s3://") {
+            #[cfg(feature = "s3")]
+            return remote::open_url(spec);
+            #[cfg(not(feature = "s3"))]
+            return Err(PipelineError::config(format!(
+                "{spec}: shards on S3 need flowgate built with the `s3` feature"
+            )));
+        }
         let dir = Path::new(spec);
         if !spec.contains(['{', ',']) && dir.is_dir() {
             let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -216,21 +440,7 @@ impl Shards {
             }
             return Self::open_paths(paths);
         }
-        let mut paths = Vec::new();
-        let (mut depth, mut start) = (0i32, 0);
-        for (i, c) in spec.char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => depth -= 1,
-                ',' if depth == 0 => {
-                    paths.extend(expand_braces(&spec[start..i])?);
-                    start = i + 1;
-                }
-                _ => {}
-            }
-        }
-        paths.extend(expand_braces(&spec[start..])?);
-        Self::open_paths(paths.into_iter().filter(|p| !p.is_empty()))
+        Self::open_paths(expand_spec(spec)?)
     }
 
     /// The shards at `paths`, in this order, indexed with the default member limit. A path
@@ -253,39 +463,33 @@ impl Shards {
             let path: PathBuf = path.into();
             if path.to_string_lossy().starts_with("s3://") {
                 return Err(PipelineError::config(format!(
-                    "{}: shards on S3 are not read yet; copy them locally (aws s3 sync) and \
-                     open the local paths",
+                    "{}: an s3:// URL among local paths; open S3 shards with Shards::open \
+                     (one s3:// pattern) or Shards::open_s3",
                     path.display()
                 )));
             }
             let file = File::open(&path).map_err(|e| {
                 PipelineError::io(format!("opening the shard {}", path.display()), e)
             })?;
-            let input = tar::Seekable::new(std::io::BufReader::with_capacity(8 << 10, file))
-                .map_err(|e| {
-                    PipelineError::io(format!("opening the shard {}", path.display()), e)
-                })?;
-            let entries = index::index(input, max_member);
+            let entries = index_file(&file, max_member);
             shards.push(Shard {
                 path,
-                entries,
-                file: OnceLock::new(),
+                len: entries.len(),
+                body: Body::Local {
+                    entries,
+                    file: OnceLock::new(),
+                },
             });
         }
-        if shards.is_empty() {
-            return Err(PipelineError::config("no shards given"));
-        }
-        let at: Vec<(u32, u32)> = shards
-            .iter()
-            .enumerate()
-            .flat_map(|(s, sh)| (0..sh.entries.len()).map(move |e| (s as u32, e as u32)))
-            .collect();
-        let lengths: Vec<usize> = shards.iter().map(|s| s.entries.len()).collect();
-        let sampler = Sampler::new(at.len()).groups(&lengths)?;
-        Ok(Self {
-            inner: Arc::new(Inner { shards, at }),
+        Ok(Self::of(Inner::new(shards)?))
+    }
+
+    fn of((inner, sampler): (Inner, Sampler)) -> Self {
+        Self {
+            inner: Arc::new(inner),
             sampler,
-        })
+            prefetch: 2,
+        }
     }
 
     fn map_sampler(mut self, f: impl FnOnce(Sampler) -> Sampler) -> Self {
@@ -304,6 +508,13 @@ impl Shards {
     /// are read when their turn comes, so it costs no memory beyond the pipeline's queues.
     pub fn buffer(self, samples: usize) -> Self {
         self.map_sampler(|s| s.buffer(samples))
+    }
+
+    /// Shards on S3: how many are downloaded ahead of the one being read, in this rank's
+    /// order (default 2; 0 fetches each when first read).
+    pub fn prefetch(mut self, shards: usize) -> Self {
+        self.prefetch = shards;
+        self
     }
 
     /// Keeps rank `rank`'s share of a world of `world` (one contiguous block of each epoch's
@@ -344,13 +555,14 @@ impl Shards {
         self.inner.at.is_empty()
     }
 
-    /// The damaged places found when indexing: (shard, key, reason).
+    /// The damaged places found when indexing: (shard, key, reason). Shards on S3 are
+    /// indexed when first read; those not read yet show nothing here.
     pub fn damage(&self) -> Vec<(&Path, &str, &str)> {
         self.inner
             .shards
             .iter()
             .flat_map(|s| {
-                s.entries.iter().filter_map(|e| {
+                s.known_entries().iter().filter_map(|e| {
                     e.problem
                         .as_deref()
                         .map(|p| (s.path.as_path(), e.key.as_str(), p))
@@ -361,14 +573,23 @@ impl Shards {
 
     /// What a checkpoint over these shards depends on (for
     /// [`PipelineBuilder::checkpoint_fields`](crate::PipelineBuilder::checkpoint_fields)):
-    /// the dataset (every shard's path and sample keys, hashed) and the sampler's settings.
+    /// the dataset (every shard's path and sample keys, hashed; for a shard on S3 its URL,
+    /// entity tag, size and sample count) and the sampler's settings.
     pub fn fingerprint(&self) -> Vec<(&'static str, String)> {
         use crate::media::rules::{fnv1a, FNV_OFFSET};
         let hash = self.inner.shards.iter().fold(FNV_OFFSET, |h, s| {
             let h = fnv1a(fnv1a(h, s.path.as_os_str().as_encoded_bytes()), b"\0");
-            s.entries
-                .iter()
-                .fold(h, |h, e| fnv1a(fnv1a(h, e.key.as_bytes()), b"\0"))
+            match &s.body {
+                Body::Local { entries, .. } => entries
+                    .iter()
+                    .fold(h, |h, e| fnv1a(fnv1a(h, e.key.as_bytes()), b"\0")),
+                #[cfg(feature = "s3")]
+                Body::Remote { cache, slot, .. } => {
+                    let o = cache.object(*slot);
+                    let tag = format!("{}/{}/{}", o.etag.as_deref().unwrap_or(""), o.size, s.len);
+                    fnv1a(h, tag.as_bytes())
+                }
+            }
         });
         let mut f = vec![(
             "dataset",
@@ -382,10 +603,23 @@ impl Shards {
         f
     }
 
+    fn plan(&self) -> Arc<Plan> {
+        Arc::new(Plan {
+            sampler: self.sampler.clone(),
+            depth: self.prefetch,
+            order: Mutex::new(None),
+        })
+    }
+
     /// The sample at dataset index `index` in `epoch`.
     pub fn get(&self, epoch: u64, index: usize) -> SampleRef {
+        self.get_with(&self.plan(), epoch, index)
+    }
+
+    fn get_with(&self, plan: &Arc<Plan>, epoch: u64, index: usize) -> SampleRef {
         SampleRef {
             shards: Arc::clone(&self.inner),
+            plan: Arc::clone(plan),
             index,
             epoch,
         }
@@ -395,16 +629,42 @@ impl Shards {
     /// [`source_sampled`](crate::PipelineBuilder::source_sampled).
     pub fn refs(&self) -> impl Fn(u64, usize) -> SampleRef + Send + Sync + 'static {
         let me = self.clone();
-        move |epoch, index| me.get(epoch, index)
+        let plan = self.plan();
+        move |epoch, index| me.get_with(&plan, epoch, index)
     }
 
     /// This rank's samples of `epoch`, in the order it visits them.
     pub fn epoch(&self, epoch: u64) -> Vec<SampleRef> {
+        let plan = self.plan();
         self.sampler
             .epoch(epoch)
             .into_iter()
-            .map(|i| self.get(epoch, i))
+            .map(|i| self.get_with(&plan, epoch, i))
             .collect()
+    }
+
+    /// Writes these shards' manifest to `path` (WebDataset's `wids` format: each shard's URL,
+    /// relative to the manifest's folder where it is under it, and its sample count). Beside
+    /// shards on S3 as `shards.json`, it lets [`open_s3`](Self::open_s3) start without
+    /// reading a shard. [`write_shards`] writes one.
+    pub fn write_manifest(&self, path: &Path) -> std::io::Result<()> {
+        let list: Vec<(PathBuf, usize)> = self
+            .inner
+            .shards
+            .iter()
+            .map(|s| (s.path.clone(), s.len))
+            .collect();
+        let folder = path.parent().unwrap_or(Path::new(""));
+        std::fs::write(path, manifest_json(&list, folder))
+    }
+
+    /// The download cache of shards on S3 (`None` for local shards).
+    #[cfg(feature = "s3")]
+    pub fn cache(&self) -> Option<&Arc<ShardCache>> {
+        self.inner.shards.iter().find_map(|s| match &s.body {
+            Body::Remote { cache, .. } => Some(cache),
+            Body::Local { .. } => None,
+        })
     }
 }
 
@@ -415,6 +675,8 @@ impl Shards {
 #[derive(Clone)]
 pub struct SampleRef {
     shards: Arc<Inner>,
+    #[cfg_attr(not(feature = "s3"), allow(dead_code))]
+    plan: Arc<Plan>,
     index: usize,
     epoch: u64,
 }
@@ -426,27 +688,32 @@ impl std::fmt::Debug for SampleRef {
 }
 
 impl std::fmt::Display for SampleRef {
+    /// `SHARD:KEY`; `SHARD:#N` (the sample's place) for a shard on S3 not read yet.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (shard, entry) = self.place();
-        write!(f, "{}:{}", shard.path.display(), entry.key)
+        let (shard, e) = self.place();
+        match shard.known_entries().get(e) {
+            Some(entry) => write!(f, "{}:{}", shard.path.display(), entry.key),
+            None => write!(f, "{}:#{e}", shard.path.display()),
+        }
     }
 }
 
 impl SampleRef {
-    fn place(&self) -> (&Shard, &Entry) {
+    fn place(&self) -> (&Shard, usize) {
         let (s, e) = self.shards.at[self.index];
-        let shard = &self.shards.shards[s as usize];
-        (shard, &shard.entries[e as usize])
+        (&self.shards.shards[s as usize], e as usize)
     }
 
-    /// The shard's path.
+    /// The shard's path (or `s3://` URL).
     pub fn shard(&self) -> &Path {
         &self.place().0.path
     }
 
-    /// The sample's key.
-    pub fn key(&self) -> &str {
-        &self.place().1.key
+    /// The sample's key, when known without reading (always for local shards; for a shard
+    /// on S3 once it has been read).
+    pub fn key(&self) -> Option<&str> {
+        let (shard, e) = self.place();
+        shard.known_entries().get(e).map(|x| x.key.as_str())
     }
 
     /// The dataset index.
@@ -460,32 +727,64 @@ impl SampleRef {
     }
 
     /// Reads the sample's fields (one positioned read per field; no shared file position, so
-    /// any number of threads read at once).
+    /// any number of threads read at once). A shard on S3 is downloaded first (or waited
+    /// for), and the next shards of this rank's order are started.
     pub fn read(&self) -> Result<RawSample, ShardError> {
-        let (shard, entry) = self.place();
+        let (shard, e) = self.place();
+        #[cfg(feature = "s3")]
+        let _done = match &shard.body {
+            Body::Remote { cache, slot, .. } => {
+                let s = self.shards.at[self.index].0;
+                cache.begin_epoch(self.epoch, || self.plan.counts(&self.shards, self.epoch));
+                for next in self.plan.ahead(&self.shards, self.epoch, s) {
+                    if let Body::Remote { slot, .. } = &self.shards.shards[next as usize].body {
+                        cache.prefetch(*slot);
+                    }
+                }
+                Some(remote::Done(cache, *slot, self.epoch))
+            }
+            Body::Local { .. } => None,
+        };
+        let opened = shard.open().map_err(|source| ShardError::Read {
+            shard: shard.path.clone(),
+            key: format!("#{e}"),
+            source,
+        })?;
+        let damaged = |key: &str, reason: Arc<str>| ShardError::Damaged {
+            shard: shard.path.clone(),
+            key: key.to_owned(),
+            reason,
+        };
+        let found = opened.entries.len();
+        if found != shard.len && (e + 1 >= shard.len || e >= found) {
+            // A manifest that disagrees with the shard: its last place (or every place past
+            // the shard's end) reports it, so no sample goes missing silently.
+            let key = opened
+                .entries
+                .get(e)
+                .map_or(format!("#{e}"), |x| x.key.clone());
+            return Err(damaged(
+                &key,
+                format!(
+                    "the manifest says {} samples, the shard holds {found}",
+                    shard.len
+                )
+                .into(),
+            ));
+        }
+        let entry = &opened.entries[e];
         if let Some(reason) = &entry.problem {
-            return Err(ShardError::Damaged {
-                shard: shard.path.clone(),
-                key: entry.key.clone(),
-                reason: Arc::clone(reason),
-            });
+            return Err(damaged(&entry.key, Arc::clone(reason)));
         }
         let read_err = |source| ShardError::Read {
             shard: shard.path.clone(),
             key: entry.key.clone(),
             source,
         };
-        let file = match shard
-            .file
-            .get_or_init(|| File::open(&shard.path).map_err(Arc::new))
-        {
-            Ok(f) => f,
-            Err(e) => return Err(read_err(std::io::Error::new(e.kind(), e.to_string()))),
-        };
         let mut fields = Vec::with_capacity(entry.fields.len());
         for f in &entry.fields {
             let mut bytes = vec![0u8; f.size as usize];
-            read_at(file, &mut bytes, f.offset).map_err(read_err)?;
+            read_at(&opened.file, &mut bytes, f.offset).map_err(read_err)?;
             fields.push((f.ext.clone(), bytes));
         }
         Ok(RawSample {
@@ -729,8 +1028,8 @@ impl FieldMap {
 /// Writes the files at `paths` into tar shards of `per_shard` samples in `out` (created if
 /// missing), `shard-000000.tar`, …, as `webdataset` and the peers' scripts lay them out: sample
 /// `i` is `{i:08}.EXT` (the file's bytes, its extension lower-cased), `{i:08}.cls` (the label
-/// `label(i, path)`, as text) and `{i:08}.json` (`{"path": ...}`). Returns the shards' brace
-/// pattern.
+/// `label(i, path)`, as text) and `{i:08}.json` (`{"path": ...}`); and their manifest,
+/// [`MANIFEST`]. Returns the shards' brace pattern.
 pub fn write_shards(
     paths: &[PathBuf],
     out: &Path,
@@ -740,6 +1039,7 @@ pub fn write_shards(
     let per_shard = per_shard.max(1);
     std::fs::create_dir_all(out)?;
     let n = paths.len().div_ceil(per_shard);
+    let mut written = Vec::with_capacity(n);
     for s in 0..n {
         let mut members = Vec::new();
         for (i, path) in paths.iter().enumerate().skip(s * per_shard).take(per_shard) {
@@ -755,14 +1055,36 @@ pub fn write_shards(
             let json = format!("{{\"path\": {:?}}}", path.display().to_string());
             members.push((format!("{key}.json"), json.into_bytes()));
         }
-        let file = std::fs::File::create(out.join(format!("shard-{s:06}.tar")))?;
+        let path = out.join(format!("shard-{s:06}.tar"));
+        let file = std::fs::File::create(&path)?;
+        let samples = members.len() / 3;
         tar::write_archive(std::io::BufWriter::new(file), members)?;
+        written.push((path, samples));
     }
+    std::fs::write(out.join(MANIFEST), manifest_json(&written, out))?;
     Ok(format!(
         "{}/shard-{{000000..{:06}}}.tar",
         out.display(),
         n.saturating_sub(1)
     ))
+}
+
+/// The manifest of local shards in WebDataset's `wids` format (`{"shardlist": [{"url",
+/// "nsamples"}]}`), URLs relative to `folder` where they are under it.
+fn manifest_json(shards: &[(PathBuf, usize)], folder: &Path) -> String {
+    let list: Vec<serde_json::Value> = shards
+        .iter()
+        .map(|(p, n)| {
+            let url = p.strip_prefix(folder).unwrap_or(p);
+            serde_json::json!({"url": url.to_string_lossy(), "nsamples": n})
+        })
+        .collect();
+    serde_json::to_string_pretty(&serde_json::json!({
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "shardlist": list,
+    }))
+    .expect("a manifest serialises")
 }
 
 #[cfg(test)]
