@@ -376,5 +376,8 @@ fn missing_shards_and_bad_patterns_are_errors() {
         assert!(e.to_string().contains("`s3` feature"), "{e}");
     }
     let e = Shards::open_paths(["s3://bucket/shard-0.tar"]).unwrap_err();
-    assert!(e.to_string().contains("an s3:// URL among local paths"), "{e}");
+    assert!(
+        e.to_string().contains("an s3:// URL among local paths"),
+        "{e}"
+    );
 }

@@ -269,3 +269,57 @@ fn flowgate_plot_draws_a_trace_and_names_bad_lines() {
     assert!(err.contains("bad.jsonl:2:"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A pipeline file over tar shards on S3: the local S3 server serves the sample shards and
+/// their manifest, `flowgate run` reads them through its disk cache (credentials from the
+/// environment, as on a training machine).
+#[cfg(feature = "s3")]
+#[test]
+fn flowgate_run_reads_tar_shards_from_s3() {
+    use flowgate::s3::{LocalServer, S3};
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-s3-shards");
+    let _ = std::fs::remove_dir_all(&root);
+    let server = LocalServer::start(root.join("server")).expect("start s3s-fs");
+    let s3 = S3::connect(server.config("data")).unwrap();
+    futures::executor::block_on(s3.create_bucket()).unwrap();
+    let mut uploaded = 0;
+    for entry in std::fs::read_dir(dataset().join("shards")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let bytes = std::fs::read(&path).unwrap();
+        futures::executor::block_on(s3.put(&format!("corpus/{name}"), bytes)).unwrap();
+        uploaded += 1;
+    }
+    assert!(uploaded >= 2, "shards and their manifest");
+    let text = config("shards.toml").replace(
+        &format!("shards = \"{}/shards\"", dataset().display()),
+        &format!(
+            "shards = \"s3://data/corpus/\"\nendpoint = \"{}\"\ncache_dir = \"{}\"\ncache_mb = 64",
+            server.endpoint(),
+            root.join("cache").display()
+        ),
+    );
+    assert!(text.contains("s3://data/corpus/"), "{text}");
+    let file = root.join("s3-shards.toml");
+    std::fs::write(&file, text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_flowgate"))
+        .arg("run")
+        .arg(&file)
+        .env("AWS_ACCESS_KEY_ID", LocalServer::ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", LocalServer::SECRET_KEY)
+        .env("AWS_REGION", "us-east-1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let json: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap()).expect("a JSON last line");
+    assert_eq!(json["items"], 120, "40 images, 3 epochs: {stdout}");
+    assert_eq!(json["failures"], 0);
+    let cached = std::fs::read_dir(root.join("cache/data/corpus"))
+        .unwrap()
+        .count();
+    assert!(cached >= 1, "the shards went through the disk cache");
+    let _ = std::fs::remove_dir_all(&root);
+}

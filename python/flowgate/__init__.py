@@ -66,16 +66,35 @@ class Shards:
     resumes exactly to the sample, reading nothing it skips. A damaged shard (cut off, not a
     tar file, empty) keeps the samples before the damage; each problem is one skipped failure
     naming the shard and the key (or raises with ``skip_errors=False``).
+
+    On S3 (a package built with the ``s3`` feature): ``"s3://bucket/train/shard-{000..127}.tar"``,
+    a prefix (``"s3://bucket/train/"``) or a manifest (``"s3://bucket/train/shards.json"``,
+    webdataset's ``wids`` format). Each shard is downloaded whole, in one streamed GET, into a
+    disk cache (``cache_dir``, default ``$FLOWGATE_SHARD_CACHE`` or
+    ``~/.cache/flowgate/shards``) that keeps ``cache_mb`` of shards beyond those being read, and
+    the next ``prefetch`` shards of the rank's order are fetched ahead. Sample counts come from
+    ``shards.json`` beside the shards (``flowgate gen-data --shards`` writes it); without it,
+    opening downloads every shard once to count its samples. Credentials come from the AWS
+    chain (``AWS_ACCESS_KEY_ID``, profiles, instance roles); ``endpoint`` (or
+    ``AWS_ENDPOINT_URL``) reaches S3-compatible stores.
     """
 
     _flowgate_shards = True
 
     def __init__(self, pattern: Union[str, "os.PathLike[str]"], buffer: int = 1000,
-                 fields: Optional[Sequence[str]] = None) -> None:
-        _check_ints(locals(), buffer=0)
+                 fields: Optional[Sequence[str]] = None, endpoint: Optional[str] = None,
+                 cache_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
+                 cache_mb: float = 0.0, prefetch: int = 2) -> None:
+        _check_ints(locals(), buffer=0, prefetch=0)
+        if not isinstance(cache_mb, (int, float)) or isinstance(cache_mb, bool) or cache_mb < 0:
+            raise ValueError(f"cache_mb must be a number of at least 0, not {cache_mb!r}")
         self.pattern = os.fspath(pattern)
         self.buffer = buffer
         self.fields = None if fields is None else [str(f) for f in fields]
+        self.endpoint = endpoint
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self.cache_mb = float(cache_mb)
+        self.prefetch = prefetch
 
     def __repr__(self) -> str:
         return f"Shards({self.pattern!r}, buffer={self.buffer}, fields={self.fields!r})"

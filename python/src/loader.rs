@@ -386,11 +386,52 @@ pub(crate) fn files_of(
     deal(files, rank, world_size, drop_last)
 }
 
+/// How a `flowgate.Shards` on S3 is reached and cached.
+#[cfg_attr(not(feature = "s3"), allow(dead_code))]
+pub(crate) struct Remote {
+    pub(crate) endpoint: Option<String>,
+    pub(crate) cache_dir: Option<std::path::PathBuf>,
+    pub(crate) cache_mb: f64,
+    pub(crate) prefetch: usize,
+}
+
+/// Opens the shards `pattern` names: local paths, or `s3://` (feature `s3`).
+fn open_shards(pattern: &str, remote: &Remote) -> Result<Shards, PipelineError> {
+    if !pattern.starts_with("s3://") {
+        return Shards::open(pattern);
+    }
+    #[cfg(feature = "s3")]
+    {
+        use flowgate::shards::remote::{Endpoint, RemoteOptions};
+        let mut opts = RemoteOptions {
+            cache_bytes: (remote.cache_mb.max(0.0) * 1048576.0) as u64,
+            ..RemoteOptions::default()
+        };
+        if let Some(d) = &remote.cache_dir {
+            opts.cache_dir = d.clone();
+        }
+        let endpoint = Endpoint {
+            url: remote.endpoint.clone(),
+            region: None,
+        };
+        Ok(Shards::open_url(pattern, &endpoint, &opts)?.prefetch(remote.prefetch))
+    }
+    #[cfg(not(feature = "s3"))]
+    {
+        let _ = remote;
+        Err(PipelineError::config(format!(
+            "{pattern}: shards on S3 need the package built with the `s3` feature \
+             (MATURIN_PEP517_ARGS=\"--features s3\" pip install ./python)"
+        )))
+    }
+}
+
 /// The tar shards a `flowgate.Shards` names, shuffled, sharded and equalised like files
 /// (the shuffle buffer only with `shuffle`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn shards_of(
     pattern: &str,
+    remote: &Remote,
     buffer: usize,
     shuffle: bool,
     seed: u64,
@@ -399,7 +440,7 @@ pub(crate) fn shards_of(
     drop_last: bool,
 ) -> PyResult<Shards> {
     let bad = |e: PipelineError| PyValueError::new_err(e.to_string());
-    let mut shards = Shards::open(pattern).map_err(|e| {
+    let mut shards = open_shards(pattern, remote).map_err(|e| {
         if e.to_string().contains("No such file") {
             PyFileNotFoundError::new_err(e.to_string())
         } else {

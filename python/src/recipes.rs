@@ -124,8 +124,15 @@ impl Options {
             let pattern: String = paths.getattr("pattern")?.extract()?;
             let buffer: usize = paths.getattr("buffer")?.extract()?;
             let fields: Option<Vec<String>> = paths.getattr("fields")?.extract()?;
+            let remote = crate::loader::Remote {
+                endpoint: paths.getattr("endpoint")?.extract()?,
+                cache_dir: paths.getattr("cache_dir")?.extract()?,
+                cache_mb: paths.getattr("cache_mb")?.extract()?,
+                prefetch: paths.getattr("prefetch")?.extract()?,
+            };
             let shards = shards_of(
                 &pattern,
+                &remote,
                 buffer,
                 self.shuffle,
                 self.seed,

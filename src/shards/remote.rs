@@ -619,19 +619,50 @@ fn index_all(
     });
 }
 
-/// `s3://bucket/pattern` with the client from the environment: the AWS chain, and
-/// `AWS_ENDPOINT_URL` (path-style) for S3-compatible stores.
+/// Where and how to reach shards on S3 by URL.
+#[derive(Clone, Debug, Default)]
+pub struct Endpoint {
+    /// An S3-compatible endpoint (`http://host:port`, path-style); else `AWS_ENDPOINT_URL`,
+    /// else AWS.
+    pub url: Option<String>,
+    /// The region; else the AWS chain's, else `us-east-1`.
+    pub region: Option<String>,
+}
+
+impl Shards {
+    /// Tar shards at `url`, `s3://bucket/PATTERN` (see [`open_s3`](Self::open_s3) for the
+    /// pattern), with a client for `endpoint` and the AWS credential chain.
+    pub fn open_url(
+        url: &str,
+        endpoint: &Endpoint,
+        opts: &RemoteOptions,
+    ) -> Result<Self, PipelineError> {
+        let rest = url
+            .strip_prefix("s3://")
+            .ok_or_else(|| PipelineError::config(format!("{url}: not an s3:// URL")))?;
+        let (bucket, pattern) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(PipelineError::config(format!("{url}: no bucket")));
+        }
+        let mut cfg = crate::s3::S3Config::new(bucket);
+        if let Some(e) = endpoint
+            .url
+            .clone()
+            .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
+        {
+            cfg = cfg.endpoint(e);
+        }
+        if let Some(r) = &endpoint.region {
+            cfg = cfg.region(r.clone());
+        }
+        let s3 = S3::connect(cfg).map_err(|e| PipelineError::io("connecting to S3", e))?;
+        Shards::open_s3(&s3, pattern, opts)
+    }
+}
+
+/// `s3://bucket/pattern` with the client from the environment (`AWS_ENDPOINT_URL`, the AWS
+/// chain) and the cache's byte limit from `FLOWGATE_SHARD_CACHE_BYTES`.
 pub(super) fn open_url(url: &str) -> Result<Shards, PipelineError> {
-    let rest = url.strip_prefix("s3://").expect("an s3:// URL");
-    let (bucket, pattern) = rest.split_once('/').unwrap_or((rest, ""));
-    if bucket.is_empty() {
-        return Err(PipelineError::config(format!("{url}: no bucket")));
-    }
-    let mut cfg = crate::s3::S3Config::new(bucket);
-    if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
-        cfg = cfg.endpoint(endpoint);
-    }
-    let s3 = S3::connect(cfg).map_err(|e| PipelineError::io("connecting to S3", e))?;
     let mut opts = RemoteOptions::default();
     if let Ok(v) = std::env::var("FLOWGATE_SHARD_CACHE_BYTES") {
         opts.cache_bytes = v.parse().map_err(|_| {
@@ -640,5 +671,5 @@ pub(super) fn open_url(url: &str) -> Result<Shards, PipelineError> {
             ))
         })?;
     }
-    Shards::open_s3(&s3, pattern, &opts)
+    Shards::open_url(url, &Endpoint::default(), &opts)
 }

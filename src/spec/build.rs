@@ -324,11 +324,43 @@ impl PipelineSpec {
             fields,
             shuffle,
             buffer,
+            endpoint,
+            region,
+            cache_mb,
+            cache_dir,
+            prefetch,
         } = &self.source
         else {
             return Ok(None);
         };
-        let mut s = crate::shards::Shards::open(shards)?.buffer(*buffer);
+        let s = if shards.starts_with("s3://") {
+            #[cfg(feature = "s3")]
+            {
+                use crate::shards::remote::{Endpoint, RemoteOptions};
+                let mut opts = RemoteOptions {
+                    cache_bytes: (cache_mb.max(0.0) * 1048576.0) as u64,
+                    ..RemoteOptions::default()
+                };
+                if let Some(d) = cache_dir {
+                    opts.cache_dir = d.clone();
+                }
+                let endpoint = Endpoint {
+                    url: endpoint.clone(),
+                    region: region.clone(),
+                };
+                crate::shards::Shards::open_url(shards, &endpoint, &opts)?
+            }
+            #[cfg(not(feature = "s3"))]
+            {
+                let _ = (endpoint, region, cache_mb, cache_dir);
+                return Err(crate::PipelineError::config(format!(
+                    "source.shards = {shards:?} needs flowgate built with the `s3` feature"
+                )));
+            }
+        } else {
+            crate::shards::Shards::open(shards)?
+        };
+        let mut s = s.prefetch(*prefetch).buffer(*buffer);
         if let Some(seed) = shuffle {
             s = s.shuffle(*seed);
         }

@@ -58,8 +58,27 @@ pub enum SourceSpec {
     /// (the first of `fields` it has).
     Tar {
         /// The shards: a path or brace pattern (`shards/shard-{000000..000063}.tar`), or
-        /// several separated by commas.
+        /// several separated by commas, or a directory; or on S3 (feature `s3`),
+        /// `s3://bucket/PATTERN`, a prefix, or a manifest (`….json`).
         shards: String,
+        /// Shards on S3: an S3-compatible endpoint (`http://host:port`); else
+        /// `AWS_ENDPOINT_URL`, else AWS.
+        #[serde(default)]
+        endpoint: Option<String>,
+        /// Shards on S3: the region.
+        #[serde(default)]
+        region: Option<String>,
+        /// Shards on S3: MiB of shards kept in the disk cache beyond those being read
+        /// (least recently used evicted first).
+        #[serde(default)]
+        cache_mb: f64,
+        /// Shards on S3: the disk cache's folder (default `$FLOWGATE_SHARD_CACHE`, else
+        /// `~/.cache/flowgate/shards`).
+        #[serde(default)]
+        cache_dir: Option<PathBuf>,
+        /// Shards on S3: shards downloaded ahead of the readers.
+        #[serde(default = "default_prefetch")]
+        prefetch: usize,
         /// The extensions of the field to decode, first present wins; default: the decode
         /// kind's (`jpg`, `jpeg`, `png`, `webp` for images; `flac`, `wav`, `mp3`, `ogg`, `m4a`
         /// for audio; `mp4`, `mkv`, `webm`, `mov` for video).
@@ -111,6 +130,10 @@ pub enum SourceSpec {
         #[serde(default)]
         serve_locally_from: Option<PathBuf>,
     },
+}
+
+fn default_prefetch() -> usize {
+    2
 }
 
 fn default_column() -> String {

@@ -1,0 +1,93 @@
+"""Tar shards on S3 through the Python loaders, against a real S3-compatible server (s3s-fs,
+which `scripts/setup.sh --test` installs) started on 127.0.0.1 for each test and stopped
+after it: the same pixels and labels as the local shards, through the disk cache, and a
+missing shard named."""
+
+import os
+import pathlib
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+import flowgate
+from test_shards import ARGS, by_label, paths_of, write_shards
+
+S3S_FS = pathlib.Path(
+    os.environ.get("FLOWGATE_S3S_FS")
+    or pathlib.Path(__file__).resolve().parents[2] / "target/tools/bin/s3s-fs")
+
+
+def _has_s3() -> bool:
+    try:
+        flowgate.ImageLoader(flowgate.Shards("s3://x/y.tar"), **ARGS)
+    except ValueError as e:
+        return "`s3` feature" not in str(e)
+    except Exception:
+        return True
+    return True
+
+
+@pytest.fixture
+def s3_root(tmp_path, monkeypatch):
+    """A server over a folder: its subfolders are buckets, their files objects."""
+    if not S3S_FS.exists() or not _has_s3():
+        if os.environ.get("CI"):
+            pytest.fail(f"{S3S_FS} or the package's s3 feature is missing")
+        pytest.skip("needs s3s-fs (scripts/setup.sh --test) and the package built with s3")
+    root = tmp_path / "s3"
+    (root / "data").mkdir(parents=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [str(S3S_FS), "--host", "127.0.0.1", "--port", str(port), "--access-key", "flowgate",
+         "--secret-key", "flowgate-secret", str(root)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            assert proc.poll() is None, "s3s-fs exited"
+            assert time.monotonic() < deadline, "s3s-fs did not start"
+            time.sleep(0.02)
+    for k, v in (("AWS_ACCESS_KEY_ID", "flowgate"), ("AWS_SECRET_ACCESS_KEY", "flowgate-secret"),
+                 ("AWS_REGION", "us-east-1"), ("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")):
+        monkeypatch.setenv(k, v)
+    try:
+        yield root
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_shards_on_s3_give_the_local_shards_pixels_and_labels(data, tmp_path, s3_root):
+    paths = paths_of(data)
+    pattern = write_shards(paths, s3_root / "data" / "train")
+    want = by_label(flowgate.ImageLoader(flowgate.Shards(pattern, buffer=8), labels="cls",
+                                         return_paths=True, **ARGS))
+    url = "s3://data/train/" + pattern.rsplit("/", 1)[1]
+    cache = tmp_path / "cache"
+    loader = flowgate.ImageLoader(
+        flowgate.Shards(url, buffer=8, cache_dir=cache, cache_mb=64), labels="cls",
+        return_paths=True, **ARGS)
+    got = by_label(loader)
+    assert sorted(got) == sorted(want)
+    for lab, (img, name) in got.items():
+        assert np.array_equal(img, want[lab][0]), name
+        assert name.startswith("s3://data/train/shard-"), name
+    assert list((cache / "data" / "train").glob("shard-*.tar@*")), "shards in the disk cache"
+    # A second epoch from the cache gives the same samples.
+    assert sorted(by_label(loader)) == sorted(want)
+
+
+def test_a_missing_shard_on_s3_is_named(data, tmp_path, s3_root):
+    write_shards(paths_of(data)[:10], s3_root / "data" / "train")
+    with pytest.raises(ValueError, match=r"s3://data/train/shard-000001.tar: no such shard"):
+        flowgate.ImageLoader(
+            flowgate.Shards("s3://data/train/shard-{000000..000001}.tar",
+                            cache_dir=tmp_path / "cache"), **ARGS)
