@@ -211,3 +211,54 @@ fn the_rust_api_and_a_pipeline_file_give_the_same_batches() {
     };
     assert_ne!(batches(&file(0), 1), batches(&file(11), 1));
 }
+
+#[test]
+fn a_mixture_draws_from_each_source_by_weight_and_refuses_what_it_cannot_mix() {
+    let list = dataset().join("images.txt");
+    let shards = dataset().join("shards");
+    let toml = |weights: &str, extra: &str| {
+        format!(
+            "[source]\nkind = \"mix\"\nweights = {weights}\nshuffle = 3\n{extra}\n\
+             [[source.sources]]\nkind = \"tar\"\nshards = \"{}\"\n\
+             [[source.sources]]\nkind = \"list\"\npath = \"{}\"\n\
+             [decode]\nkind = \"image\"\nresize = 16\ncrop = 16\nworkers = 1\n\
+             [batch]\nsize = 10\n",
+            shards.display(),
+            list.display()
+        )
+    };
+    // A number of draws: exactly that many items an epoch.
+    let spec = PipelineSpec::parse(&toml("[0.75, 0.25]", "draws = 400"), "m.toml").unwrap();
+    let mut loader = spec.build(Hooks::default()).unwrap();
+    assert_eq!(loader.items, 400);
+    let n: usize = loader.pipeline.iter().map(|b| b.unwrap().shape()[0]).sum();
+    assert_eq!(n, 400);
+    // "first": at most one pass of each source, so at most 80 items; "all": at least one
+    // pass of each, at least 80.
+    for (stop, check) in [("first", 0usize), ("all", 1)] {
+        let spec =
+            PipelineSpec::parse(&toml("[0.5, 0.5]", &format!("stop = \"{stop}\"")), "m.toml")
+                .unwrap();
+        let mut loader = spec.build(Hooks::default()).unwrap();
+        let n: usize = loader.pipeline.iter().map(|b| b.unwrap().shape()[0]).sum();
+        if check == 0 {
+            assert!((40..=80).contains(&n), "{stop}: {n}");
+        } else {
+            assert!(n >= 80, "{stop}: {n}");
+        }
+    }
+    let e = PipelineSpec::parse(&toml("[1.0]", "draws = 10"), "m.toml").unwrap_err();
+    assert!(e.to_string().contains("weights"), "{e}");
+    assert!(e.to_string().contains("2 sources, 1 weights"), "{e}");
+    let e = PipelineSpec::parse(&toml("[0.0, -1.0]", "draws = 10"), "m.toml").unwrap_err();
+    assert!(e.to_string().contains("weights"), "{e}");
+    let s3 = toml("[1.0, 1.0]", "draws = 10").replace(
+        &format!("shards = \"{}\"", shards.display()),
+        "shards = \"s3://bucket/x/\"",
+    );
+    let e = PipelineSpec::parse(&s3, "m.toml")
+        .unwrap()
+        .build(Hooks::default())
+        .unwrap_err();
+    assert!(e.to_string().contains("source.sources[0]"), "{e}");
+}

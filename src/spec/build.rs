@@ -21,6 +21,21 @@ pub struct Loader {
     pub(super) _keep: Option<Box<dyn std::fmt::Debug + Send>>,
 }
 
+/// Decoded items of one local source by (epoch, index).
+type ReadFn =
+    std::sync::Arc<dyn Fn(u64, usize) -> Result<crate::Tensor, crate::BoxError> + Send + Sync>;
+
+/// A local source, ready to read: its sampler, what its checkpoints depend on, memory it
+/// reserves, and how to read and name an item.
+struct Reader {
+    sampler: crate::sampler::Sampler,
+    items: usize,
+    fingerprint: Vec<(&'static str, String)>,
+    reserve: Vec<(String, u64)>,
+    read: ReadFn,
+    name: std::sync::Arc<dyn Fn(usize) -> String + Send + Sync>,
+}
+
 /// Called with every tuner tick that changed something.
 pub type DecisionHook = Box<dyn FnMut(&crate::TraceRecord) + Send>;
 
@@ -54,6 +69,7 @@ impl PipelineSpec {
             | SourceSpec::Dir { shuffle, .. }
             | SourceSpec::Tar { shuffle, .. }
             | SourceSpec::Parquet { shuffle, .. }
+            | SourceSpec::Mix { shuffle, .. }
             | SourceSpec::S3 { shuffle, .. } => *shuffle,
         };
         decode.or(shuffle).unwrap_or(0)
@@ -182,99 +198,33 @@ impl PipelineSpec {
             }
             b.build()
         };
-        if let Some(files) = self.local_files()? {
-            let items = files.len();
-            let dataset = files.fingerprint();
-            let load = decoder;
-            let paths: std::sync::Arc<[PathBuf]> = files.paths().into();
-            let pipeline = finish(
-                Pipeline::builder()
-                    .source_sampled(files.sampler().clone(), move |epoch, i| {
-                        (paths[i].clone(), epoch)
-                    })
-                    .checkpoint_fields(dataset)
-                    .describe(|(p, _)| p.display().to_string())
-                    .pipe(
-                        "decode",
-                        move |(p, epoch): (PathBuf, u64)| load.for_epoch(epoch).load(&p),
-                        workers,
-                    ),
-            )?;
+        if let Some(r) = self.reader(&self.source, &decoder)? {
+            let Reader {
+                sampler,
+                items,
+                fingerprint,
+                reserve,
+                read,
+                name,
+            } = r;
+            let mut b = Pipeline::builder()
+                .source_sampled(sampler, |epoch, i| (epoch, i))
+                .checkpoint_fields(fingerprint)
+                .describe(move |&(_, i): &(u64, usize)| name(i));
+            for (what, bytes) in reserve {
+                b = b.reserve_memory(&what, bytes);
+            }
+            let pipeline = finish(b.pipe(
+                "decode",
+                move |(epoch, i): (u64, usize)| read(epoch, i),
+                workers,
+            ))?;
             return Ok(Loader {
                 pipeline,
                 cache: None,
                 items,
                 _keep: None,
             });
-        }
-        if let Some((shards, exts)) = self.shards()? {
-            let items = shards.len();
-            let dataset = shards.fingerprint();
-            let pipeline = finish(
-                Pipeline::builder()
-                    .source_sampled(shards.sampler().clone(), shards.refs())
-                    .checkpoint_fields(dataset)
-                    .describe(|r| r.to_string())
-                    .pipe(
-                        "decode",
-                        move |r: crate::shards::SampleRef| r.read()?.decode_first(&exts, &decoder),
-                        workers,
-                    ),
-            )?;
-            return Ok(Loader {
-                pipeline,
-                cache: None,
-                items,
-                _keep: None,
-            });
-        }
-        if let SourceSpec::Parquet {
-            path,
-            column,
-            shuffle,
-            buffer,
-        } = &self.source
-        {
-            #[cfg(feature = "parquet")]
-            {
-                let files = crate::parquet::ParquetRows::files_at(path)?;
-                let mut rows =
-                    crate::parquet::ParquetRows::open(files, &[column.as_str()])?.buffer(*buffer);
-                if let Some(seed) = shuffle {
-                    rows = rows.shuffle(*seed);
-                }
-                let items = rows.len();
-                let (read, names) = (rows.clone(), rows.clone());
-                let column = [column.clone()];
-                let pipeline = finish(
-                    Pipeline::builder()
-                        .source_sampled(rows.sampler().clone(), rows.refs())
-                        .checkpoint_fields(rows.fingerprint())
-                        .reserve_memory("the Parquet row-group cache", rows.cache_bytes())
-                        .describe(move |&(_, i): &(u64, usize)| names.name(i))
-                        .pipe(
-                            "decode",
-                            move |(epoch, i): (u64, usize)| {
-                                read.read(epoch, i)?.decode_first(&column, &decoder)
-                            },
-                            workers,
-                        ),
-                )?;
-                return Ok(Loader {
-                    pipeline,
-                    cache: None,
-                    items,
-                    _keep: None,
-                });
-            }
-            #[cfg(not(feature = "parquet"))]
-            {
-                let _ = (path, column, shuffle, buffer, decoder, finish);
-                return Err(crate::PipelineError::config(
-                    "source.kind = \"parquet\" needs flowgate built with the `parquet` feature"
-                        .to_owned(),
-                ));
-            }
         }
         #[cfg(feature = "s3")]
         {
@@ -282,7 +232,7 @@ impl PipelineSpec {
         }
         #[cfg(not(feature = "s3"))]
         {
-            let _ = (decoder, finish);
+            let _ = (decoder, finish, workers);
             Err(crate::PipelineError::config(
                 "source.kind = \"s3\" needs flowgate built with the `s3` feature".to_owned(),
             ))
@@ -314,88 +264,240 @@ impl PipelineSpec {
         w.map_or(Workers::initial(1), Workers::fixed)
     }
 
+    /// A local source (files, shards, Parquet, or a mixture of them) as a reader of decoded
+    /// items by (epoch, index); `None` for an S3 prefix (fetched through its own stage).
+    fn reader(
+        &self,
+        source: &SourceSpec,
+        decoder: &Recipe,
+    ) -> Result<Option<Reader>, crate::PipelineError> {
+        use std::sync::Arc;
+        if let Some(files) = files_of(source)? {
+            let load = decoder.clone();
+            let paths: Arc<[PathBuf]> = files.paths().into();
+            let names = Arc::clone(&paths);
+            return Ok(Some(Reader {
+                items: files.len(),
+                fingerprint: files.fingerprint(),
+                sampler: files.sampler().clone(),
+                reserve: Vec::new(),
+                read: Arc::new(move |epoch, i| Ok(load.for_epoch(epoch).load(&paths[i])?)),
+                name: Arc::new(move |i| names[i].display().to_string()),
+            }));
+        }
+        if let Some((shards, exts)) = shards_of(source, &self.decode)? {
+            let dec = decoder.clone();
+            let refs = Arc::new(shards.refs());
+            let names = Arc::clone(&refs);
+            return Ok(Some(Reader {
+                items: shards.len(),
+                fingerprint: shards.fingerprint(),
+                sampler: shards.sampler().clone(),
+                reserve: Vec::new(),
+                read: Arc::new(move |epoch, i| {
+                    Ok(refs(epoch, i).read()?.decode_first(&exts, &dec)?)
+                }),
+                name: Arc::new(move |i| names(0, i).to_string()),
+            }));
+        }
+        match source {
+            SourceSpec::Parquet {
+                path,
+                column,
+                shuffle,
+                buffer,
+            } => {
+                #[cfg(feature = "parquet")]
+                {
+                    let files = crate::parquet::ParquetRows::files_at(path)?;
+                    let mut rows = crate::parquet::ParquetRows::open(files, &[column.as_str()])?
+                        .buffer(*buffer);
+                    if let Some(seed) = shuffle {
+                        rows = rows.shuffle(*seed);
+                    }
+                    let (dec, names) = (decoder.clone(), rows.clone());
+                    let column = [column.clone()];
+                    Ok(Some(Reader {
+                        items: rows.len(),
+                        fingerprint: rows.fingerprint(),
+                        sampler: rows.sampler().clone(),
+                        reserve: vec![("the Parquet row-group cache".into(), rows.cache_bytes())],
+                        read: Arc::new(move |epoch, i| {
+                            Ok(rows.read(epoch, i)?.decode_first(&column, &dec)?)
+                        }),
+                        name: Arc::new(move |i| names.name(i)),
+                    }))
+                }
+                #[cfg(not(feature = "parquet"))]
+                {
+                    let _ = (path, column, shuffle, buffer);
+                    Err(crate::PipelineError::config(
+                        "source.kind = \"parquet\" needs flowgate built with the `parquet` feature",
+                    ))
+                }
+            }
+            SourceSpec::Mix {
+                sources,
+                weights,
+                draws,
+                stop,
+                shuffle,
+            } => {
+                let mut parts = Vec::with_capacity(sources.len());
+                for (k, sub) in sources.iter().enumerate() {
+                    let local = match sub {
+                        SourceSpec::Mix { .. } | SourceSpec::S3 { .. } => false,
+                        SourceSpec::Tar { shards, .. } => !shards.starts_with("s3://"),
+                        _ => true,
+                    };
+                    if !local {
+                        return Err(crate::PipelineError::config(format!(
+                            "source.sources[{k}]: a mixture mixes local sources (list, dir, \
+                             tar, parquet); not S3 or another mixture"
+                        )));
+                    }
+                    parts.push(self.reader(sub, decoder)?.expect("a local source reads"));
+                }
+                let lengths: Vec<usize> = parts.iter().map(|p| p.items).collect();
+                let stop = match (draws, stop) {
+                    (Some(n), _) => crate::sampler::MixStop::Draws(*n),
+                    (None, MixStopName::First) => crate::sampler::MixStop::FirstExhausted,
+                    (None, MixStopName::All) => crate::sampler::MixStop::AllExhausted,
+                };
+                let mut sampler = crate::sampler::Sampler::mixture(&lengths, weights, stop)?;
+                if let Some(seed) = shuffle {
+                    sampler = sampler.shuffle(*seed);
+                }
+                let mut fingerprint = sampler.fingerprint();
+                let mut reserve = Vec::new();
+                for (k, p) in parts.iter_mut().enumerate() {
+                    let fields: Vec<String> = p
+                        .fingerprint
+                        .iter()
+                        .map(|(f, v)| format!("{f}={v}"))
+                        .collect();
+                    fingerprint.push(("mixed_source", format!("{k}: {}", fields.join("; "))));
+                    reserve.append(&mut p.reserve);
+                }
+                let parts: Arc<[Reader]> = parts.into();
+                let (at, names) = (sampler.clone(), sampler.clone());
+                let (read_parts, name_parts) = (Arc::clone(&parts), parts);
+                Ok(Some(Reader {
+                    items: sampler.global_len_of(0),
+                    fingerprint,
+                    sampler,
+                    reserve,
+                    read: Arc::new(move |epoch, i| {
+                        let (s, j) = at.locate(i);
+                        (read_parts[s].read)(epoch, j)
+                    }),
+                    name: Arc::new(move |i| {
+                        let (s, j) = names.locate(i);
+                        (name_parts[s].name)(j)
+                    }),
+                }))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// The shards of a tar source (shuffled and buffered as asked) and the extensions of the
     /// field to decode.
     pub fn shards(
         &self,
     ) -> Result<Option<(crate::shards::Shards, Vec<String>)>, crate::PipelineError> {
-        let SourceSpec::Tar {
-            shards,
-            fields,
-            shuffle,
-            buffer,
-            endpoint,
-            region,
-            cache_mb,
-            cache_dir,
-            prefetch,
-        } = &self.source
-        else {
-            return Ok(None);
-        };
-        let s = if shards.starts_with("s3://") {
-            #[cfg(feature = "s3")]
-            {
-                use crate::shards::remote::{Endpoint, RemoteOptions};
-                let mut opts = RemoteOptions {
-                    cache_bytes: (cache_mb.max(0.0) * 1048576.0) as u64,
-                    ..RemoteOptions::default()
-                };
-                if let Some(d) = cache_dir {
-                    opts.cache_dir = d.clone();
-                }
-                let endpoint = Endpoint {
-                    url: endpoint.clone(),
-                    region: region.clone(),
-                };
-                crate::shards::Shards::open_url(shards, &endpoint, &opts)?
-            }
-            #[cfg(not(feature = "s3"))]
-            {
-                let _ = (endpoint, region, cache_mb, cache_dir);
-                return Err(crate::PipelineError::config(format!(
-                    "source.shards = {shards:?} needs flowgate built with the `s3` feature"
-                )));
-            }
-        } else {
-            crate::shards::Shards::open(shards)?
-        };
-        let mut s = s.prefetch(*prefetch).buffer(*buffer);
-        if let Some(seed) = shuffle {
-            s = s.shuffle(*seed);
-        }
-        let exts: Vec<String> = if fields.is_empty() {
-            let d: &[&str] = match &self.decode {
-                DecodeSpec::Image { .. } => &["jpg", "jpeg", "png", "webp"],
-                DecodeSpec::Audio { .. } => &["flac", "wav", "mp3", "ogg", "m4a"],
-                DecodeSpec::Video { .. } => &["mp4", "mkv", "webm", "mov"],
-            };
-            d.iter().map(|e| e.to_string()).collect()
-        } else {
-            fields.iter().map(|e| e.to_ascii_lowercase()).collect()
-        };
-        Ok(Some((s, exts)))
+        shards_of(&self.source, &self.decode)
     }
 
     /// The local files of a list or directory source (shuffled if asked).
     pub fn local_files(&self) -> Result<Option<Files>, crate::PipelineError> {
-        let (files, shuffle) = match &self.source {
-            SourceSpec::List { path, shuffle } => (Files::list(path)?, shuffle),
-            SourceSpec::Dir {
-                path,
-                extensions,
-                shuffle,
-            } => {
-                let ext: Vec<&str> = extensions.iter().map(String::as_str).collect();
-                (Files::dir(path, &ext)?, shuffle)
-            }
-            SourceSpec::S3 { .. } | SourceSpec::Tar { .. } | SourceSpec::Parquet { .. } => {
-                return Ok(None)
-            }
-        };
-        Ok(Some(match shuffle {
-            Some(seed) => files.shuffle(*seed),
-            None => files,
-        }))
+        files_of(&self.source)
     }
+}
+
+/// The shards of a tar source (shuffled and buffered as asked) and the extensions of the
+/// field to decode (`decode`'s kind's, unless the source names them).
+fn shards_of(
+    source: &SourceSpec,
+    decode: &DecodeSpec,
+) -> Result<Option<(crate::shards::Shards, Vec<String>)>, crate::PipelineError> {
+    let SourceSpec::Tar {
+        shards,
+        fields,
+        shuffle,
+        buffer,
+        endpoint,
+        region,
+        cache_mb,
+        cache_dir,
+        prefetch,
+    } = source
+    else {
+        return Ok(None);
+    };
+    let s = if shards.starts_with("s3://") {
+        #[cfg(feature = "s3")]
+        {
+            use crate::shards::remote::{Endpoint, RemoteOptions};
+            let mut opts = RemoteOptions {
+                cache_bytes: (cache_mb.max(0.0) * 1048576.0) as u64,
+                ..RemoteOptions::default()
+            };
+            if let Some(d) = cache_dir {
+                opts.cache_dir = d.clone();
+            }
+            let endpoint = Endpoint {
+                url: endpoint.clone(),
+                region: region.clone(),
+            };
+            crate::shards::Shards::open_url(shards, &endpoint, &opts)?
+        }
+        #[cfg(not(feature = "s3"))]
+        {
+            let _ = (endpoint, region, cache_mb, cache_dir);
+            return Err(crate::PipelineError::config(format!(
+                "source.shards = {shards:?} needs flowgate built with the `s3` feature"
+            )));
+        }
+    } else {
+        crate::shards::Shards::open(shards)?
+    };
+    let mut s = s.prefetch(*prefetch).buffer(*buffer);
+    if let Some(seed) = shuffle {
+        s = s.shuffle(*seed);
+    }
+    let exts: Vec<String> = if fields.is_empty() {
+        let d: &[&str] = match decode {
+            DecodeSpec::Image { .. } => &["jpg", "jpeg", "png", "webp"],
+            DecodeSpec::Audio { .. } => &["flac", "wav", "mp3", "ogg", "m4a"],
+            DecodeSpec::Video { .. } => &["mp4", "mkv", "webm", "mov"],
+        };
+        d.iter().map(|e| e.to_string()).collect()
+    } else {
+        fields.iter().map(|e| e.to_ascii_lowercase()).collect()
+    };
+    Ok(Some((s, exts)))
+}
+
+/// The local files of a list or directory source (shuffled if asked).
+fn files_of(source: &SourceSpec) -> Result<Option<Files>, crate::PipelineError> {
+    let (files, shuffle) = match source {
+        SourceSpec::List { path, shuffle } => (Files::list(path)?, shuffle),
+        SourceSpec::Dir {
+            path,
+            extensions,
+            shuffle,
+        } => {
+            let ext: Vec<&str> = extensions.iter().map(String::as_str).collect();
+            (Files::dir(path, &ext)?, shuffle)
+        }
+        SourceSpec::S3 { .. }
+        | SourceSpec::Tar { .. }
+        | SourceSpec::Parquet { .. }
+        | SourceSpec::Mix { .. } => return Ok(None),
+    };
+    Ok(Some(match shuffle {
+        Some(seed) => files.shuffle(*seed),
+        None => files,
+    }))
 }

@@ -106,6 +106,28 @@ pub enum SourceSpec {
         #[serde(default)]
         buffer: usize,
     },
+    /// Several local sources drawn by weight (see `flowgate::sampler::Sampler::mixture`);
+    /// the same decode for all. Each source's own `shuffle` and `buffer` are not used: the
+    /// mixture orders each source's items (shuffled with its `shuffle` seed, anew every epoch
+    /// and pass).
+    Mix {
+        /// The sources (`[[source.sources]]` tables: list, dir, tar or parquet).
+        sources: Vec<SourceSpec>,
+        /// One weight per source (relative; at least one positive).
+        weights: Vec<f64>,
+        /// Draws per epoch (sources drawn to their end start a new pass, so they cycle); when
+        /// absent, `stop` says when the epoch ends.
+        #[serde(default)]
+        draws: Option<usize>,
+        /// Without `draws`: `"first"` (the epoch ends at the first source drawn to its end:
+        /// each item at most once) or `"all"` (once every source has been drawn to its end:
+        /// each item at least once).
+        #[serde(default)]
+        stop: MixStopName,
+        /// Shuffle with this seed, anew every epoch.
+        #[serde(default)]
+        shuffle: Option<u64>,
+    },
     /// The objects under a prefix of a bucket.
     S3 {
         /// The bucket.
@@ -130,6 +152,17 @@ pub enum SourceSpec {
         #[serde(default)]
         serve_locally_from: Option<PathBuf>,
     },
+}
+
+/// When a mixture's epoch ends, without a number of draws.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum MixStopName {
+    /// At the first source drawn to its end.
+    First,
+    /// Once every source has been drawn to its end.
+    #[default]
+    All,
 }
 
 fn default_prefetch() -> usize {

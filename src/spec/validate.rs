@@ -126,6 +126,31 @@ impl PipelineSpec {
         if let Some(m) = workers.and_then(|w| range(w as u64, 1, MAX_WORKERS)) {
             return Err(err("decode", "workers", m));
         }
+        if let SourceSpec::Mix {
+            sources, weights, ..
+        } = &self.source
+        {
+            if sources.len() != weights.len() || sources.is_empty() {
+                return Err(err(
+                    "source",
+                    "weights",
+                    format!(
+                        "one weight per source: {} sources, {} weights",
+                        sources.len(),
+                        weights.len()
+                    ),
+                ));
+            }
+            if weights.iter().any(|w| !(w.is_finite() && *w >= 0.0))
+                || !weights.iter().any(|w| *w > 0.0)
+            {
+                return Err(err(
+                    "source",
+                    "weights",
+                    "must be finite, at least 0, and one above 0".into(),
+                ));
+            }
+        }
         if let SourceSpec::S3 { concurrency, .. } = &self.source {
             if let Some(m) = range(*concurrency as u64, 1, MAX_CONCURRENCY) {
                 return Err(err("source", "concurrency", m));
