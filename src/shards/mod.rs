@@ -338,6 +338,8 @@ pub struct Shards {
     sampler: Sampler,
     /// Remote shards downloaded ahead of the one being read.
     prefetch: usize,
+    /// Which shards come after which in this order (for prefetching), made when first needed.
+    plan: Arc<OnceLock<Arc<Plan>>>,
 }
 
 impl std::fmt::Debug for Shards {
@@ -489,11 +491,13 @@ impl Shards {
             inner: Arc::new(inner),
             sampler,
             prefetch: 2,
+            plan: Arc::default(),
         }
     }
 
     fn map_sampler(mut self, f: impl FnOnce(Sampler) -> Sampler) -> Self {
         self.sampler = f(self.sampler);
+        self.plan = Arc::default();
         self
     }
 
@@ -514,20 +518,21 @@ impl Shards {
     /// order (default 2; 0 fetches each when first read).
     pub fn prefetch(mut self, shards: usize) -> Self {
         self.prefetch = shards;
+        self.plan = Arc::default();
         self
     }
 
     /// Keeps rank `rank`'s share of a world of `world` (one contiguous block of each epoch's
     /// order).
-    pub fn shard(mut self, rank: usize, world: usize) -> Result<Self, PipelineError> {
-        self.sampler = self.sampler.shard(rank, world)?;
-        Ok(self)
+    pub fn shard(self, rank: usize, world: usize) -> Result<Self, PipelineError> {
+        let sampler = self.sampler.clone().shard(rank, world)?;
+        Ok(self.map_sampler(|_| sampler))
     }
 
     /// Shards by `RANK` and `WORLD_SIZE` (see [`Sampler::shard_from_env`]).
-    pub fn shard_from_env(mut self) -> Result<Self, PipelineError> {
-        self.sampler = self.sampler.shard_from_env()?;
-        Ok(self)
+    pub fn shard_from_env(self) -> Result<Self, PipelineError> {
+        let sampler = self.sampler.clone().shard_from_env()?;
+        Ok(self.map_sampler(|_| sampler))
     }
 
     /// Makes every rank's share the same length (see [`ShardLengths`]).
@@ -603,12 +608,16 @@ impl Shards {
         f
     }
 
+    /// The prefetch plan of this sampler, made once and shared by clones (every builder
+    /// method that changes the order starts a new one).
     fn plan(&self) -> Arc<Plan> {
-        Arc::new(Plan {
-            sampler: self.sampler.clone(),
-            depth: self.prefetch,
-            order: Mutex::new(None),
-        })
+        Arc::clone(self.plan.get_or_init(|| {
+            Arc::new(Plan {
+                sampler: self.sampler.clone(),
+                depth: self.prefetch,
+                order: Mutex::new(None),
+            })
+        }))
     }
 
     /// The sample at dataset index `index` in `epoch`.
