@@ -25,7 +25,7 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Opti
 from . import _native
 from ._native import Batch, LoaderError
 
-__all__ = ["ImageLoader", "AudioLoader", "VideoLoader", "Shards", "Parquet", "Pipeline",
+__all__ = ["ImageLoader", "AudioLoader", "VideoLoader", "Shards", "Parquet", "Mix", "Pipeline",
            "Batch", "LoaderError", "merge_state_dicts"]
 
 
@@ -131,10 +131,64 @@ class Parquet:
         return f"Parquet({self.paths!r}, column={self.column!r}, buffer={self.buffer})"
 
 
+class Mix:
+    """Several :class:`Shards` and :class:`Parquet` sources drawn by weight, for any loader's
+    ``paths`` (multimodal pre-training's blend of corpora)::
+
+        loader = flowgate.ImageLoader(
+            flowgate.Mix([flowgate.Shards("/data/web/shard-{000..127}.tar"),
+                          flowgate.Parquet("/data/hf", column="image")],
+                         weights=[0.7, 0.3], draws=100_000, labels=["cls", "label"]),
+            batch_size=32)
+
+    Each draw picks a source with probability proportional to ``weights``, then that source's
+    next sample in its own order (reshuffled every epoch and pass with the loader's ``seed``
+    when ``shuffle``). ``draws``: samples per epoch (a source drawn to its end starts a new
+    pass, so sources cycle); without it, ``stop="all"`` ends the epoch once every source has
+    been drawn to its end (each sample at least once) and ``stop="first"`` at the first one
+    (each sample at most once). ``labels``: the label field of each source (else the
+    loader's ``labels`` for all). The order depends only on the seed and the epoch: ranks
+    share it out, and ``state_dict`` resumes exactly. The sources' own ``buffer`` is not
+    used, and shards on S3 cannot be mixed yet.
+    """
+
+    _flowgate_mix = True
+
+    def __init__(self, sources: Sequence[Union["Shards", "Parquet"]], weights: Sequence[float],
+                 draws: Optional[int] = None, stop: str = "all",
+                 labels: Optional[Sequence[Optional[str]]] = None) -> None:
+        self.sources = list(sources)
+        if not self.sources:
+            raise ValueError("Mix needs at least one source")
+        for k, s in enumerate(self.sources):
+            if not isinstance(s, (Shards, Parquet)):
+                raise ValueError(f"Mix: sources[{k}] must be a flowgate.Shards or "
+                                 f"flowgate.Parquet, not {type(s).__name__}")
+        self.weights = [float(w) for w in weights]
+        if len(self.weights) != len(self.sources):
+            raise ValueError(f"Mix: one weight per source: {len(self.sources)} sources, "
+                             f"{len(self.weights)} weights")
+        _check_ints(locals(), draws=1)
+        if stop not in ("first", "all"):
+            raise ValueError(f'Mix: stop must be "first" or "all", not {stop!r}')
+        self.draws = draws
+        self.stop = stop
+        if labels is not None:
+            labels = [None if l is None else str(l) for l in labels]
+            if len(labels) != len(self.sources):
+                raise ValueError(f"Mix: one label field per source: {len(self.sources)} "
+                                 f"sources, {len(labels)} labels")
+        self.labels = labels
+
+    def __repr__(self) -> str:
+        return (f"Mix({self.sources!r}, weights={self.weights!r}, draws={self.draws!r}, "
+                f"stop={self.stop!r})")
+
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-PathsLike = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]], "Shards",
+PathsLike = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]], "Shards", "Mix",
                   "Parquet"]
 Labels = Union[None, str, Sequence[int], Mapping[Union[str, "os.PathLike[str]"], int]]
 
@@ -407,7 +461,7 @@ class Pipeline:
 
 
 def _paths(paths: PathsLike) -> Any:
-    if isinstance(paths, (Shards, Parquet)):
+    if isinstance(paths, (Shards, Parquet, Mix)):
         return paths
     if isinstance(paths, (str, os.PathLike)):
         return os.fspath(paths)

@@ -86,6 +86,13 @@ impl Records {
             Records::Parquet(p) => p.read(epoch, index),
         }
     }
+
+    fn len(&self) -> usize {
+        match self {
+            Records::Tar(s) => s.len(),
+            Records::Parquet(p) => p.len(),
+        }
+    }
 }
 
 /// What a loader reads.
@@ -100,6 +107,12 @@ pub(crate) enum Dataset {
         media: Arc<[String]>,
         label: Option<String>,
     },
+    /// Several record sources drawn by weight: item `i` of the mixture is item `j` of part
+    /// `s` (`sampler.locate(i)`).
+    Mix {
+        parts: Arc<[Dataset]>,
+        sampler: Sampler,
+    },
 }
 
 impl Dataset {
@@ -107,6 +120,40 @@ impl Dataset {
         match self {
             Dataset::Files(f) => f.sampler(),
             Dataset::Records { records, .. } => records.sampler(),
+            Dataset::Mix { sampler, .. } => sampler,
+        }
+    }
+
+    /// Items in the whole dataset (every rank's).
+    pub(crate) fn items(&self) -> usize {
+        match self {
+            Dataset::Files(f) => f.len(),
+            Dataset::Records { records, .. } => records.len(),
+            Dataset::Mix { sampler, .. } => sampler.dataset_len(),
+        }
+    }
+
+    /// The bytes of the (process-wide) Parquet row-group cache this dataset reads through;
+    /// 0 without Parquet.
+    fn parquet_cache(&self) -> u64 {
+        match self {
+            Dataset::Records {
+                records: Records::Parquet(p),
+                ..
+            } => p.cache_bytes(),
+            Dataset::Mix { parts, .. } => {
+                parts.iter().map(Dataset::parquet_cache).max().unwrap_or(0)
+            }
+            _ => 0,
+        }
+    }
+
+    /// Whether samples carry a label field.
+    pub(crate) fn has_label(&self) -> bool {
+        match self {
+            Dataset::Files(_) => false,
+            Dataset::Records { label, .. } => label.is_some(),
+            Dataset::Mix { parts, .. } => parts.iter().all(Dataset::has_label),
         }
     }
 
@@ -123,6 +170,18 @@ impl Dataset {
                 f.push(("label_field", label.clone().unwrap_or_default()));
                 f
             }
+            Dataset::Mix { parts, sampler } => {
+                let mut f = sampler.fingerprint();
+                for (k, p) in parts.iter().enumerate() {
+                    let fields: Vec<String> = p
+                        .fingerprint()
+                        .iter()
+                        .map(|(n, v)| format!("{n}={v}"))
+                        .collect();
+                    f.push(("mixed_source", format!("{k}: {}", fields.join("; "))));
+                }
+                f
+            }
         }
     }
 
@@ -131,6 +190,10 @@ impl Dataset {
         match self {
             Dataset::Files(f) => f.paths()[index].display().to_string(),
             Dataset::Records { records, .. } => records.name(index, epoch),
+            Dataset::Mix { parts, sampler } => {
+                let (s, j) = sampler.locate(index);
+                parts[s].name(j, epoch)
+            }
         }
     }
 
@@ -160,6 +223,12 @@ impl Dataset {
                 let (ext, bytes) = raw.take_required(media)?;
                 let path = raw.field_path(&ext);
                 decode(Input::Bytes(flowgate::Blob { path, bytes }), epoch)?
+            }
+            Dataset::Mix { parts, sampler } => {
+                let (s, j) = sampler.locate(index);
+                let (fields, part) = parts[s].load(j, epoch, decode)?;
+                meta.label = part.label;
+                fields
             }
         };
         Ok((fields, meta))
@@ -287,8 +356,8 @@ impl Extras {
         };
         let files = match dataset {
             Dataset::Files(f) => f,
-            Dataset::Records { label, .. } => {
-                e.sample_labels = label.is_some();
+            Dataset::Records { .. } | Dataset::Mix { .. } => {
+                e.sample_labels = dataset.has_label();
                 return Ok(e);
             }
         };
@@ -454,7 +523,7 @@ pub(crate) fn shards_of(
 }
 
 /// What can be dealt out to ranks: files, shards, Parquet rows.
-trait Dealt: Sized {
+pub(crate) trait Dealt: Sized {
     fn shard(self, rank: usize, world: usize) -> Result<Self, PipelineError>;
     fn shard_from_env(self) -> Result<Self, PipelineError>;
     fn shard_lengths(self, lengths: ShardLengths) -> Self;
@@ -475,12 +544,12 @@ macro_rules! dealt {
         }
     )*};
 }
-dealt!(Files, Shards, ParquetRows);
+dealt!(Files, Shards, ParquetRows, Sampler);
 
 /// `x`'s share for `rank` of `world_size` (or the environment's), every rank as many items:
 /// `drop_last` drops the remainder, otherwise it is padded by repeating the start of the
 /// epoch's order (what PyTorch's DistributedSampler does). One process: nothing to pad.
-fn deal<T: Dealt>(
+pub(crate) fn deal<T: Dealt>(
     x: T,
     rank: Option<usize>,
     world_size: Option<usize>,
@@ -605,12 +674,9 @@ impl Loader {
                     f.push((e.stage().to_owned(), e.item().to_owned(), e.to_string()));
                 });
             // The Parquet row-group cache is memory the stages do not count.
-            let b = match &data {
-                Dataset::Records {
-                    records: Records::Parquet(p),
-                    ..
-                } => b.reserve_memory("the Parquet row-group cache", p.cache_bytes()),
-                _ => b,
+            let b = match data.parquet_cache() {
+                0 => b,
+                bytes => b.reserve_memory("the Parquet row-group cache", bytes),
             };
             // What a state_dict of this loader is valid for.
             let b = b

@@ -13,8 +13,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::loader::{
-    files_of, parquet_of, shards_of, Dataset, Decode, Extras, Input, Loader, Records,
+    deal, files_of, parquet_of, shards_of, Dataset, Decode, Extras, Input, Loader, Records,
 };
+use flowgate::sampler::{MixStop, Sampler};
 
 /// What every native loader takes besides its decoder (built once by the Python wrappers, so
 /// the loader functions below list only their own arguments).
@@ -75,6 +76,82 @@ impl Options {
 }
 
 impl Options {
+    /// The samples of a `flowgate.Shards` or `flowgate.Parquet` (`None` for anything else),
+    /// with `label` the field holding each sample's label. A `whole` one (a mixture's part) is
+    /// neither shuffled nor dealt to ranks: the mixture does both.
+    fn records(
+        &self,
+        paths: &Bound<'_, PyAny>,
+        extensions: &[&str],
+        label: Option<String>,
+        whole: bool,
+    ) -> PyResult<Option<Dataset>> {
+        let (shuffle, rank, world_size) = if whole {
+            (false, Some(0), Some(1))
+        } else {
+            (self.shuffle, self.rank, self.world_size)
+        };
+        if paths.hasattr("_flowgate_parquet")? {
+            let files: Vec<PathBuf> = paths.getattr("paths")?.extract()?;
+            let column: String = paths.getattr("column")?.extract()?;
+            let buffer: usize = paths.getattr("buffer")?.extract()?;
+            let mut columns = vec![column.as_str()];
+            if let Some(l) = &label {
+                columns.push(l.as_str());
+            }
+            let rows = parquet_of(
+                files,
+                &columns,
+                buffer,
+                shuffle,
+                self.seed,
+                rank,
+                world_size,
+                self.drop_last,
+            )?;
+            return Ok(Some(Dataset::Records {
+                records: Records::Parquet(rows),
+                media: [column.clone()].into(),
+                label,
+            }));
+        }
+        if paths.hasattr("_flowgate_shards")? {
+            let pattern: String = paths.getattr("pattern")?.extract()?;
+            let buffer: usize = paths.getattr("buffer")?.extract()?;
+            let fields: Option<Vec<String>> = paths.getattr("fields")?.extract()?;
+            let remote = crate::loader::Remote {
+                endpoint: paths.getattr("endpoint")?.extract()?,
+                cache_dir: paths.getattr("cache_dir")?.extract()?,
+                cache_mb: paths.getattr("cache_mb")?.extract()?,
+                prefetch: paths.getattr("prefetch")?.extract()?,
+            };
+            if whole && pattern.starts_with("s3://") {
+                return Err(PyValueError::new_err(
+                    "Mix: shards on S3 cannot be mixed yet (a mixture reads a source's samples \
+                     in random order, which would refetch shards); mix local shards",
+                ));
+            }
+            let shards = shards_of(
+                &pattern,
+                &remote,
+                buffer,
+                shuffle,
+                self.seed,
+                rank,
+                world_size,
+                self.drop_last,
+            )?;
+            let media =
+                fields.unwrap_or_else(|| extensions.iter().map(|e| e.to_string()).collect());
+            return Ok(Some(Dataset::Records {
+                records: Records::Tar(shards),
+                media: media.into_iter().map(|e| e.to_ascii_lowercase()).collect(),
+                label: label.map(|l| l.to_ascii_lowercase()),
+            }));
+        }
+        Ok(None)
+    }
+
     /// A loader of the files `paths` names (a directory walked for `extensions`, a list file
     /// or a sequence), or of the samples of a `flowgate.Shards`, each decoded by `decode`.
     fn loader(
@@ -89,65 +166,67 @@ impl Options {
                 .map(|l| {
                     l.extract::<String>().map_err(|_| {
                         PyValueError::new_err(
-                            "with Shards or Parquet, labels names the field that holds each \
-                             sample's label (an extension such as \"cls\", or a column)",
+                            "with Shards, Parquet or Mix, labels names the field that holds \
+                             each sample's label (an extension such as \"cls\", or a column)",
                         )
                     })
                 })
                 .transpose()
         };
-        let dataset = if paths.hasattr("_flowgate_parquet")? {
-            let files: Vec<PathBuf> = paths.getattr("paths")?.extract()?;
-            let column: String = paths.getattr("column")?.extract()?;
-            let buffer: usize = paths.getattr("buffer")?.extract()?;
-            let label = label_field()?;
-            let mut columns = vec![column.as_str()];
-            if let Some(l) = &label {
-                columns.push(l.as_str());
-            }
-            let rows = parquet_of(
-                files,
-                &columns,
-                buffer,
-                self.shuffle,
-                self.seed,
-                self.rank,
-                self.world_size,
-                self.drop_last,
-            )?;
-            Dataset::Records {
-                records: Records::Parquet(rows),
-                media: [column.clone()].into(),
-                label,
-            }
-        } else if paths.hasattr("_flowgate_shards")? {
-            let pattern: String = paths.getattr("pattern")?.extract()?;
-            let buffer: usize = paths.getattr("buffer")?.extract()?;
-            let fields: Option<Vec<String>> = paths.getattr("fields")?.extract()?;
-            let remote = crate::loader::Remote {
-                endpoint: paths.getattr("endpoint")?.extract()?,
-                cache_dir: paths.getattr("cache_dir")?.extract()?,
-                cache_mb: paths.getattr("cache_mb")?.extract()?,
-                prefetch: paths.getattr("prefetch")?.extract()?,
+        let dataset = if paths.hasattr("_flowgate_mix")? {
+            let sources: Vec<Bound<'_, PyAny>> = paths.getattr("sources")?.extract()?;
+            let weights: Vec<f64> = paths.getattr("weights")?.extract()?;
+            let draws: Option<usize> = paths.getattr("draws")?.extract()?;
+            let stop: String = paths.getattr("stop")?.extract()?;
+            let per_source: Option<Vec<Option<String>>> = paths.getattr("labels")?.extract()?;
+            let common = if per_source.is_none() {
+                label_field()?
+            } else {
+                None
             };
-            let shards = shards_of(
-                &pattern,
-                &remote,
-                buffer,
-                self.shuffle,
-                self.seed,
-                self.rank,
-                self.world_size,
-                self.drop_last,
-            )?;
-            let label = label_field()?;
-            let media =
-                fields.unwrap_or_else(|| extensions.iter().map(|e| e.to_string()).collect());
-            Dataset::Records {
-                records: Records::Tar(shards),
-                media: media.into_iter().map(|e| e.to_ascii_lowercase()).collect(),
-                label: label.map(|l| l.to_ascii_lowercase()),
+            let mut parts = Vec::with_capacity(sources.len());
+            for (k, src) in sources.iter().enumerate() {
+                let label = match &per_source {
+                    Some(l) => l[k].clone(),
+                    None => common.clone(),
+                };
+                parts.push(self.records(src, extensions, label, true)?.ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "Mix: sources[{k}] is not a flowgate.Shards or flowgate.Parquet"
+                    ))
+                })?);
             }
+            let with_labels = parts.iter().filter(|p| p.has_label()).count();
+            if with_labels != 0 && with_labels != parts.len() {
+                return Err(PyValueError::new_err(
+                    "Mix: every source needs a label field, or none (labels=[...] names one \
+                     per source)",
+                ));
+            }
+            let stop = match (draws, stop.as_str()) {
+                (Some(n), _) => MixStop::Draws(n),
+                (None, "first") => MixStop::FirstExhausted,
+                (None, "all") => MixStop::AllExhausted,
+                (None, other) => {
+                    return Err(PyValueError::new_err(format!(
+                        "Mix: stop must be \"first\" or \"all\", not {other:?}"
+                    )))
+                }
+            };
+            let lengths: Vec<usize> = parts.iter().map(Dataset::items).collect();
+            let bad = |e: flowgate::PipelineError| PyValueError::new_err(e.to_string());
+            let mut sampler = Sampler::mixture(&lengths, &weights, stop).map_err(bad)?;
+            if self.shuffle {
+                sampler = sampler.shuffle(self.seed);
+            }
+            let sampler = deal(sampler, self.rank, self.world_size, self.drop_last)?;
+            Dataset::Mix {
+                parts: parts.into(),
+                sampler,
+            }
+        } else if paths.hasattr("_flowgate_shards")? || paths.hasattr("_flowgate_parquet")? {
+            self.records(paths, extensions, label_field()?, false)?
+                .expect("shards or Parquet are records")
         } else {
             Dataset::Files(files_of(
                 paths,
