@@ -44,8 +44,18 @@ use crate::sampler::{Sampler, ShardLengths};
 use crate::shards::{RawSample, ShardError};
 use crate::PipelineError;
 
+/// Where a file's bytes are.
+enum Where {
+    Local(PathBuf),
+    /// An object on S3, read by ranged GETs.
+    #[cfg(feature = "s3")]
+    S3(remote::Object),
+}
+
 struct PqFile {
+    /// Its path, or its `s3://bucket/key` URL.
     path: PathBuf,
+    at: Where,
     meta: ArrowReaderMetadata,
     /// Root column indices of the requested columns.
     projection: Vec<usize>,
@@ -91,17 +101,36 @@ impl ParquetRows {
         paths: impl IntoIterator<Item = impl Into<PathBuf>>,
         columns: &[&str],
     ) -> Result<Self, PipelineError> {
+        Self::open_at(
+            paths.into_iter().map(|p| {
+                let p: PathBuf = p.into();
+                (p.clone(), Where::Local(p))
+            }),
+            columns,
+        )
+    }
+
+    fn open_at(
+        sources: impl IntoIterator<Item = (PathBuf, Where)>,
+        columns: &[&str],
+    ) -> Result<Self, PipelineError> {
         let mut files = Vec::new();
         let mut groups = Vec::new();
         let mut rows = 0usize;
         let mut largest = 0u64;
-        for path in paths {
-            let path: PathBuf = path.into();
+        for (path, at) in sources {
             let bad = |m: String| PipelineError::config(format!("{}: {m}", path.display()));
-            let file = File::open(&path)
-                .map_err(|e| PipelineError::io(format!("opening {}", path.display()), e))?;
-            let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
-                .map_err(|e| bad(format!("not a readable Parquet file ({e})")))?;
+            let opts = ArrowReaderOptions::new();
+            let meta = match &at {
+                Where::Local(p) => {
+                    let file = File::open(p)
+                        .map_err(|e| PipelineError::io(format!("opening {}", p.display()), e))?;
+                    ArrowReaderMetadata::load(&file, opts)
+                }
+                #[cfg(feature = "s3")]
+                Where::S3(o) => ArrowReaderMetadata::load(&o.footer()?, opts),
+            }
+            .map_err(|e| bad(format!("not a readable Parquet file ({e})")))?;
             let schema = meta.schema();
             let projection = columns
                 .iter()
@@ -125,6 +154,7 @@ impl ParquetRows {
             }
             files.push(PqFile {
                 path,
+                at,
                 meta,
                 projection,
             });
@@ -150,6 +180,69 @@ impl ParquetRows {
             }),
             sampler,
         })
+    }
+
+    /// Parquet files on S3: `url` is `s3://bucket/KEY.parquet`, several such keys separated
+    /// by commas, or a prefix (its `.parquet` objects, in key order); the client from
+    /// `endpoint` and the AWS credential chain. Opening reads each file's footer (one ranged
+    /// GET of its last 64 KiB, and one more for a larger footer); a row group is read as one
+    /// ranged GET per run of adjacent requested column chunks, when a worker first needs it.
+    #[cfg(feature = "s3")]
+    pub fn open_url(
+        url: &str,
+        endpoint: &crate::shards::remote::Endpoint,
+        columns: &[&str],
+    ) -> Result<Self, PipelineError> {
+        let (s3, rest) = endpoint.connect(url)?;
+        Self::open_s3(&s3, rest, columns)
+    }
+
+    /// [`open_url`](Self::open_url) with a client: `keys` is a key, several separated by
+    /// commas, or a prefix.
+    #[cfg(feature = "s3")]
+    pub fn open_s3(
+        s3: &crate::s3::S3,
+        keys: &str,
+        columns: &[&str],
+    ) -> Result<Self, PipelineError> {
+        let rest = keys;
+        let bucket = s3.bucket().to_owned();
+        let s3_err = |e: crate::s3::S3Error| PipelineError::io("opening the Parquet files", e);
+        let keys: Vec<&str> = rest.split(',').filter(|k| !k.is_empty()).collect();
+        let objects = if keys.len() == 1 && !keys[0].ends_with(".parquet") {
+            let listed: Vec<_> = s3
+                .list(keys[0])
+                .map_err(s3_err)?
+                .into_iter()
+                .filter(|o| o.key.ends_with(".parquet"))
+                .collect();
+            if listed.is_empty() {
+                return Err(PipelineError::config(format!(
+                    "s3://{bucket}/{}: no .parquet objects under this prefix",
+                    keys[0]
+                )));
+            }
+            listed
+        } else {
+            let mut found = Vec::new();
+            for k in keys {
+                let o = s3.list(k).map_err(s3_err)?.into_iter().find(|o| o.key == k);
+                found.push(o.ok_or_else(|| {
+                    PipelineError::config(format!("s3://{bucket}/{k}: no such object"))
+                })?);
+            }
+            found
+        };
+        Self::open_at(
+            objects.into_iter().map(|o| {
+                let url = PathBuf::from(format!("s3://{bucket}/{}", o.key));
+                (
+                    url,
+                    Where::S3(remote::Object::new(s3.clone(), o.key, o.size)),
+                )
+            }),
+            columns,
+        )
     }
 
     /// The Parquet files at `path`: the file itself, or a directory's `.parquet` files,
@@ -305,38 +398,72 @@ impl ParquetRows {
         let (f, rg, _) = self.inner.groups[g];
         let file = &self.inner.files[f as usize];
         let run = || -> Result<Vec<ArrayRef>, String> {
-            let input = File::open(&file.path).map_err(|e| e.to_string())?;
-            let descr = file.meta.metadata().file_metadata().schema_descr();
-            let mask = ProjectionMask::roots(descr, file.projection.iter().copied());
-            let rows = file.meta.metadata().row_group(rg as usize).num_rows() as usize;
-            let reader =
-                ParquetRecordBatchReaderBuilder::new_with_metadata(input, file.meta.clone())
-                    .with_row_groups(vec![rg as usize])
-                    .with_projection(mask)
-                    .with_batch_size(rows.max(1))
-                    .build()
-                    .map_err(|e| e.to_string())?;
-            let batches: Vec<RecordBatch> = reader
-                .collect::<Result<_, _>>()
-                .map_err(|e| e.to_string())?;
-            let schema = batches
-                .first()
-                .map(|b| b.schema())
-                .ok_or_else(|| "the row group decoded to nothing".to_owned())?;
-            let batch = arrow_select::concat::concat_batches(&schema, &batches)
-                .map_err(|e| e.to_string())?;
-            self.inner
-                .columns
-                .iter()
-                .map(|c| {
-                    batch
-                        .column_by_name(c)
-                        .cloned()
-                        .ok_or_else(|| format!("column {c:?} missing after decoding"))
-                })
-                .collect()
+            match &file.at {
+                Where::Local(p) => {
+                    self.decode_from(File::open(p).map_err(|e| e.to_string())?, file, rg)
+                }
+                #[cfg(feature = "s3")]
+                Where::S3(o) => {
+                    // The requested columns' chunks of this row group, fetched first: one
+                    // ranged GET for each run of adjacent chunks.
+                    let meta = file.meta.metadata();
+                    let descr = meta.file_metadata().schema_descr();
+                    let ranges = meta
+                        .row_group(rg as usize)
+                        .columns()
+                        .iter()
+                        .enumerate()
+                        .filter(|(leaf, _)| {
+                            file.projection.contains(&descr.get_column_root_idx(*leaf))
+                        })
+                        .map(|(_, c)| {
+                            let (start, len) = c.byte_range();
+                            start..start + len
+                        })
+                        .collect();
+                    self.decode_from(o.ranges(ranges)?, file, rg)
+                }
+            }
         };
         run().map(Arc::new).map_err(|e| e.into())
+    }
+
+    /// Decodes row group `rg` of `file` from `input`: the requested columns, in the order
+    /// asked.
+    fn decode_from<T: ::parquet::file::reader::ChunkReader + 'static>(
+        &self,
+        input: T,
+        file: &PqFile,
+        rg: u32,
+    ) -> Result<Vec<ArrayRef>, String> {
+        let descr = file.meta.metadata().file_metadata().schema_descr();
+        let mask = ProjectionMask::roots(descr, file.projection.iter().copied());
+        let rows = file.meta.metadata().row_group(rg as usize).num_rows() as usize;
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(input, file.meta.clone())
+            .with_row_groups(vec![rg as usize])
+            .with_projection(mask)
+            .with_batch_size(rows.max(1))
+            .build()
+            .map_err(|e| e.to_string())?;
+        let batches: Vec<RecordBatch> = reader
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
+        let schema = batches
+            .first()
+            .map(|b| b.schema())
+            .ok_or_else(|| "the row group decoded to nothing".to_owned())?;
+        let batch =
+            arrow_select::concat::concat_batches(&schema, &batches).map_err(|e| e.to_string())?;
+        self.inner
+            .columns
+            .iter()
+            .map(|c| {
+                batch
+                    .column_by_name(c)
+                    .cloned()
+                    .ok_or_else(|| format!("column {c:?} missing after decoding"))
+            })
+            .collect()
     }
 
     /// Reads row `index` (decoding its row group's columns if no worker has yet) in `epoch`:
@@ -378,6 +505,131 @@ impl ParquetRows {
     /// [`read`](Self::read).
     pub fn refs(&self) -> impl Fn(u64, usize) -> (u64, usize) + Send + Sync + 'static {
         |epoch, index| (epoch, index)
+    }
+}
+
+/// Ranged reads of a Parquet object on S3.
+#[cfg(feature = "s3")]
+mod remote {
+    use std::ops::Range;
+    use std::sync::Arc;
+
+    use ::parquet::errors::ParquetError;
+    use ::parquet::file::reader::{ChunkReader, Length};
+    use bytes::{Buf, Bytes};
+    use parking_lot::Mutex;
+
+    use crate::s3::S3;
+    use crate::PipelineError;
+
+    /// How much of a file's end is fetched to read its footer at once.
+    const TAIL: u64 = 64 << 10;
+    /// How much a read at an offset no fetched range covers fetches.
+    const READAHEAD: u64 = 1 << 20;
+
+    /// One Parquet object.
+    pub(super) struct Object {
+        s3: S3,
+        key: String,
+        size: u64,
+    }
+
+    impl Object {
+        pub(super) fn new(s3: S3, key: String, size: u64) -> Self {
+            Self { s3, key, size }
+        }
+
+        /// A reader holding the object's last 64 KiB (its footer, mostly).
+        pub(super) fn footer(&self) -> Result<Ranged, PipelineError> {
+            let tail = self.size.saturating_sub(TAIL)..self.size;
+            self.ranges(vec![tail]).map_err(PipelineError::config)
+        }
+
+        /// A reader holding `ranges` (fetched now; adjacent ones in one GET), fetching
+        /// whatever else is asked for when asked.
+        pub(super) fn ranges(&self, mut ranges: Vec<Range<u64>>) -> Result<Ranged, String> {
+            ranges.sort_by_key(|r| r.start);
+            let mut merged: Vec<Range<u64>> = Vec::new();
+            for r in ranges {
+                match merged.last_mut() {
+                    Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                    _ => merged.push(r),
+                }
+            }
+            let reader = Ranged {
+                s3: self.s3.clone(),
+                key: self.key.clone(),
+                size: self.size,
+                held: Arc::new(Mutex::new(Vec::new())),
+            };
+            for r in merged {
+                reader.fetch(r).map_err(|e| e.to_string())?;
+            }
+            Ok(reader)
+        }
+    }
+
+    /// Byte ranges of one object, fetched by ranged GETs and held in memory.
+    #[derive(Clone)]
+    pub(super) struct Ranged {
+        s3: S3,
+        key: String,
+        size: u64,
+        held: Arc<Mutex<Vec<(u64, Bytes)>>>,
+    }
+
+    impl Ranged {
+        fn fetch(&self, r: Range<u64>) -> Result<Bytes, ParquetError> {
+            let r = r.start..r.end.min(self.size);
+            let blob = futures::executor::block_on(self.s3.get_range(&self.key, r.clone()))
+                .map_err(|e| ParquetError::External(Box::new(e)))?;
+            if blob.bytes.len() as u64 != r.end - r.start {
+                return Err(ParquetError::General(format!(
+                    "s3://{}/{}: asked for bytes {}..{}, got {}",
+                    self.s3.bucket(),
+                    self.key,
+                    r.start,
+                    r.end,
+                    blob.bytes.len()
+                )));
+            }
+            let bytes = Bytes::from(blob.bytes);
+            self.held.lock().push((r.start, bytes.clone()));
+            Ok(bytes)
+        }
+
+        /// The held bytes from `start` on, if a fetched range covers `start..start + len`.
+        fn held(&self, start: u64, len: u64) -> Option<Bytes> {
+            self.held.lock().iter().find_map(|(at, b)| {
+                let end = at + b.len() as u64;
+                (start >= *at && start + len <= end).then(|| b.slice((start - at) as usize..))
+            })
+        }
+    }
+
+    impl Length for Ranged {
+        fn len(&self) -> u64 {
+            self.size
+        }
+    }
+
+    impl ChunkReader for Ranged {
+        type T = bytes::buf::Reader<Bytes>;
+
+        fn get_read(&self, start: u64) -> Result<Self::T, ParquetError> {
+            let bytes = match self.held(start, 1) {
+                Some(b) => b,
+                None => self.fetch(start..start.saturating_add(READAHEAD))?,
+            };
+            Ok(bytes.reader())
+        }
+
+        fn get_bytes(&self, start: u64, length: usize) -> Result<Bytes, ParquetError> {
+            match self.held(start, length as u64) {
+                Some(b) => Ok(b.slice(..length)),
+                None => self.fetch(start..start + length as u64),
+            }
+        }
     }
 }
 

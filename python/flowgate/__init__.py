@@ -115,17 +115,24 @@ class Parquet:
     are reshuffled every epoch and each rank's rows pass a shuffle buffer of ``buffer`` rows;
     ranks read contiguous runs of row groups with equal counts; ``state_dict`` resumes to the
     row. A null or undecodable cell is a skipped failure naming ``FILE:rgG/rowR``.
+
+    On S3 (a package built with the ``s3`` feature): ``"s3://bucket/train/"`` (its ``.parquet``
+    objects) or object URLs of one bucket; footers and row groups are read by ranged GETs of
+    only the requested columns' bytes. ``endpoint`` (or ``AWS_ENDPOINT_URL``) reaches
+    S3-compatible stores; credentials come from the AWS chain.
     """
 
     _flowgate_parquet = True
 
-    def __init__(self, paths: PathsLike, column: str = "image", buffer: int = 1000) -> None:
+    def __init__(self, paths: PathsLike, column: str = "image", buffer: int = 1000,
+                 endpoint: Optional[str] = None) -> None:
         _check_ints(locals(), buffer=0)
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         self.paths = [os.fspath(p) for p in paths]
         self.column = str(column)
         self.buffer = buffer
+        self.endpoint = endpoint
 
     def __repr__(self) -> str:
         return f"Parquet({self.paths!r}, column={self.column!r}, buffer={self.buffer})"

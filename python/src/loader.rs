@@ -572,11 +572,65 @@ pub(crate) fn deal<T: Dealt>(
     }))
 }
 
+/// Parquet files on S3: URLs of one bucket (`s3://bucket/key.parquet`, or one prefix).
+fn parquet_on_s3(
+    paths: &[PathBuf],
+    endpoint: Option<String>,
+    columns: &[&str],
+) -> Result<ParquetRows, PipelineError> {
+    #[cfg(feature = "s3")]
+    {
+        let urls: Vec<String> = paths
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        let bucket = |u: &str| {
+            u.trim_start_matches("s3://")
+                .split('/')
+                .next()
+                .map(str::to_owned)
+        };
+        let first = bucket(&urls[0]);
+        if urls
+            .iter()
+            .any(|u| !u.starts_with("s3://") || bucket(u) != first)
+        {
+            return Err(PipelineError::config(
+                "Parquet: the paths are all local, or all s3:// URLs of one bucket",
+            ));
+        }
+        let keys: Vec<&str> = urls
+            .iter()
+            .map(|u| {
+                u.trim_start_matches("s3://")
+                    .split_once('/')
+                    .map_or("", |(_, k)| k)
+            })
+            .collect();
+        let url = format!("s3://{}/{}", first.unwrap_or_default(), keys.join(","));
+        let endpoint = flowgate::shards::remote::Endpoint {
+            url: endpoint,
+            region: None,
+        };
+        ParquetRows::open_url(&url, &endpoint, columns)
+    }
+    #[cfg(not(feature = "s3"))]
+    {
+        let _ = (endpoint, columns);
+        Err(PipelineError::config(format!(
+            "{}: Parquet on S3 needs the package built with the `s3` feature \
+             (MATURIN_PEP517_ARGS=\"--features s3\" pip install ./python)",
+            paths[0].display()
+        )))
+    }
+}
+
 /// The rows of a `flowgate.Parquet`'s files (reading `columns`), shuffled by row group,
 /// sharded and equalised like files.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn parquet_of(
     paths: Vec<PathBuf>,
+    endpoint: Option<String>,
     columns: &[&str],
     buffer: usize,
     shuffle: bool,
@@ -586,6 +640,17 @@ pub(crate) fn parquet_of(
     drop_last: bool,
 ) -> PyResult<ParquetRows> {
     let bad = |e: PipelineError| PyValueError::new_err(e.to_string());
+    let remote = paths
+        .iter()
+        .filter(|p| p.to_string_lossy().starts_with("s3://"))
+        .count();
+    if remote > 0 {
+        let mut rows = parquet_on_s3(&paths, endpoint, columns).map_err(bad)?;
+        if shuffle {
+            rows = rows.shuffle(seed).buffer(buffer);
+        }
+        return deal(rows, rank, world_size, drop_last);
+    }
     let mut files = Vec::new();
     for p in paths {
         if !p.exists() {

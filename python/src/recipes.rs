@@ -99,8 +99,10 @@ impl Options {
             if let Some(l) = &label {
                 columns.push(l.as_str());
             }
+            let endpoint: Option<String> = paths.getattr("endpoint")?.extract()?;
             let rows = parquet_of(
                 files,
+                endpoint,
                 &columns,
                 buffer,
                 shuffle,

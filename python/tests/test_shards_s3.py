@@ -1,7 +1,7 @@
-"""Tar shards on S3 through the Python loaders, against a real S3-compatible server (s3s-fs,
-which `scripts/setup.sh --test` installs) started on 127.0.0.1 for each test and stopped
-after it: the same pixels and labels as the local shards, through the disk cache, and a
-missing shard named."""
+"""Tar shards and Parquet on S3 through the Python loaders, against a real S3-compatible
+server (s3s-fs, which `scripts/setup.sh --test` installs) started on 127.0.0.1 for each test
+and stopped after it: the same pixels and labels as the local shards and Parquet file,
+shards through the disk cache, and a missing shard named."""
 
 import os
 import pathlib
@@ -91,3 +91,24 @@ def test_a_missing_shard_on_s3_is_named(data, tmp_path, s3_root):
         flowgate.ImageLoader(
             flowgate.Shards("s3://data/train/shard-{000000..000001}.tar",
                             cache_dir=tmp_path / "cache"), **ARGS)
+
+
+def test_parquet_on_s3_gives_the_local_files_rows(data, tmp_path, s3_root):
+    pytest.importorskip("pyarrow")
+    from test_parquet import write as write_parquet
+    paths = paths_of(data)
+    (s3_root / "data" / "hf").mkdir(parents=True)
+    local = write_parquet(paths, s3_root / "data" / "hf" / "train.parquet")
+    want = {}
+    for images, labels in flowgate.ImageLoader(flowgate.Parquet(local), labels="label", **ARGS):
+        for img, lab in zip(np.asarray(images), np.asarray(labels)):
+            want[int(lab)] = img.copy()
+    got = {}
+    remote = flowgate.ImageLoader(flowgate.Parquet("s3://data/hf/"), labels="label", **ARGS)
+    for images, labels in remote:
+        for img, lab in zip(np.asarray(images), np.asarray(labels)):
+            assert int(lab) not in got
+            got[int(lab)] = img.copy()
+    assert sorted(got) == sorted(want) == [7 * i for i in range(len(paths))]
+    for lab, img in got.items():
+        assert np.array_equal(img, want[lab]), lab

@@ -637,26 +637,34 @@ impl Shards {
         endpoint: &Endpoint,
         opts: &RemoteOptions,
     ) -> Result<Self, PipelineError> {
+        let (s3, pattern) = endpoint.connect(url)?;
+        Shards::open_s3(&s3, pattern, opts)
+    }
+}
+
+impl Endpoint {
+    /// A client for the bucket of `url` (`s3://bucket/rest`), and the rest.
+    pub fn connect<'a>(&self, url: &'a str) -> Result<(S3, &'a str), PipelineError> {
         let rest = url
             .strip_prefix("s3://")
             .ok_or_else(|| PipelineError::config(format!("{url}: not an s3:// URL")))?;
-        let (bucket, pattern) = rest.split_once('/').unwrap_or((rest, ""));
+        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
             return Err(PipelineError::config(format!("{url}: no bucket")));
         }
         let mut cfg = crate::s3::S3Config::new(bucket);
-        if let Some(e) = endpoint
+        if let Some(e) = self
             .url
             .clone()
             .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
         {
             cfg = cfg.endpoint(e);
         }
-        if let Some(r) = &endpoint.region {
+        if let Some(r) = &self.region {
             cfg = cfg.region(r.clone());
         }
         let s3 = S3::connect(cfg).map_err(|e| PipelineError::io("connecting to S3", e))?;
-        Shards::open_s3(&s3, pattern, opts)
+        Ok((s3, key))
     }
 }
 

@@ -306,12 +306,33 @@ impl PipelineSpec {
                 column,
                 shuffle,
                 buffer,
+                endpoint,
+                region,
             } => {
                 #[cfg(feature = "parquet")]
                 {
-                    let files = crate::parquet::ParquetRows::files_at(path)?;
-                    let mut rows = crate::parquet::ParquetRows::open(files, &[column.as_str()])?
-                        .buffer(*buffer);
+                    use crate::parquet::ParquetRows;
+                    let url = path.to_string_lossy();
+                    let rows = if url.starts_with("s3://") {
+                        #[cfg(feature = "s3")]
+                        {
+                            let endpoint = crate::shards::remote::Endpoint {
+                                url: endpoint.clone(),
+                                region: region.clone(),
+                            };
+                            ParquetRows::open_url(&url, &endpoint, &[column.as_str()])?
+                        }
+                        #[cfg(not(feature = "s3"))]
+                        {
+                            let _ = (endpoint, region);
+                            return Err(crate::PipelineError::config(format!(
+                                "source.path = {url:?} needs flowgate built with the `s3` feature"
+                            )));
+                        }
+                    } else {
+                        ParquetRows::open(ParquetRows::files_at(path)?, &[column.as_str()])?
+                    };
+                    let mut rows = rows.buffer(*buffer);
                     if let Some(seed) = shuffle {
                         rows = rows.shuffle(*seed);
                     }
@@ -330,7 +351,7 @@ impl PipelineSpec {
                 }
                 #[cfg(not(feature = "parquet"))]
                 {
-                    let _ = (path, column, shuffle, buffer);
+                    let _ = (path, column, shuffle, buffer, endpoint, region);
                     Err(crate::PipelineError::config(
                         "source.kind = \"parquet\" needs flowgate built with the `parquet` feature",
                     ))

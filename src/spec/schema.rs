@@ -94,8 +94,16 @@ pub enum SourceSpec {
     /// Parquet files (feature `parquet`; see `flowgate::parquet`): each row's `column` cell
     /// is decoded (a `struct<bytes, path>` or binary column).
     Parquet {
-        /// A file, or a directory (its `.parquet` files, sorted).
+        /// A file, or a directory (its `.parquet` files, sorted); or on S3 (feature `s3`),
+        /// `s3://bucket/KEY.parquet` or a prefix (its `.parquet` objects).
         path: PathBuf,
+        /// Files on S3: an S3-compatible endpoint (`http://host:port`); else
+        /// `AWS_ENDPOINT_URL`, else AWS.
+        #[serde(default)]
+        endpoint: Option<String>,
+        /// Files on S3: the region.
+        #[serde(default)]
+        region: Option<String>,
         /// The column to decode.
         #[serde(default = "default_column")]
         column: String,
