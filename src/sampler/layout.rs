@@ -1,0 +1,144 @@
+//! [`Layout`]: a rank's place in an epoch's global order.
+
+use flowgate_actors::origin::RangeSet;
+use flowgate_tuner::Rng;
+
+use super::{buffered, Blocks, ShardLengths};
+
+/// Where one rank's items lie in an epoch's global order.
+///
+/// The positions not in `base` (those delivered before, by an earlier world's ranks) are
+/// dealt out in order: rank `r` of `w` takes the `r`-th, `r + w`-th, … of them, after the
+/// remaining list is made a multiple of `w` as `lengths` says (cut short, or padded by
+/// repeating its start). With [`blocks`](Self::blocks) (group sampling) rank `r` takes
+/// instead the `r`-th of `w` contiguous blocks of that list, through its shuffle buffer.
+/// With an empty `base` this is plain sharding; a pipeline resumed from a merged checkpoint
+/// at a new world size uses the merged delivered set as `base`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Layout {
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the world.
+    pub world: usize,
+    /// How uneven shares are made equal.
+    pub lengths: ShardLengths,
+    /// Positions in the epoch's global order.
+    pub global_len: u64,
+    /// Positions delivered before this world started the epoch.
+    pub base: RangeSet,
+    /// Contiguous blocks per rank, through a shuffle buffer (group sampling); `None`: every
+    /// `world`-th position.
+    pub blocks: Option<Blocks>,
+}
+
+impl Layout {
+    /// Number of positions left for the world (not in `base`).
+    fn remaining(&self) -> u64 {
+        let before = self
+            .base
+            .ranges()
+            .map(|(a, b)| {
+                b.min(self.global_len)
+                    .saturating_sub(a.min(self.global_len))
+            })
+            .sum::<u64>();
+        self.global_len - before
+    }
+
+    /// Number of dealt positions (the remaining ones, cut or padded to a multiple of the
+    /// world).
+    fn dealt(&self) -> u64 {
+        let (m, w) = (self.remaining(), self.world.max(1) as u64);
+        match self.lengths {
+            ShardLengths::Uneven => m,
+            ShardLengths::Drop => m / w * w,
+            ShardLengths::Pad if m == 0 => 0,
+            ShardLengths::Pad => m.div_ceil(w) * w,
+        }
+    }
+
+    /// Number of positions this rank visits.
+    pub fn len(&self) -> usize {
+        let (d, w, r) = (self.dealt(), self.world.max(1) as u64, self.rank as u64);
+        if self.blocks.is_some() {
+            let (a, b) = self.block();
+            return (b - a) as usize;
+        }
+        (d / w + u64::from(r < d % w)) as usize
+    }
+
+    /// This rank's block `[start, end)` of the dealt positions (group sampling).
+    fn block(&self) -> (u64, u64) {
+        let (d, w, r) = (self.dealt(), self.world.max(1) as u64, self.rank as u64);
+        (r * d / w, (r + 1) * d / w)
+    }
+
+    /// Whether this rank visits nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The remaining positions, in order.
+    fn remaining_positions(&self) -> Vec<u64> {
+        let mut out = Vec::with_capacity(self.remaining() as usize);
+        let mut at = 0;
+        for (a, b) in self.base.ranges() {
+            out.extend(at..a.min(self.global_len));
+            at = at.max(b);
+        }
+        out.extend(at..self.global_len);
+        out
+    }
+
+    /// This rank's positions in the epoch's global order, in the order it visits them (its
+    /// local position `p` is the `p`-th).
+    pub fn positions(&self) -> Vec<u64> {
+        let rest = self.remaining_positions();
+        if let Some(b) = self.blocks {
+            let (start, end) = self.block();
+            let mine: Vec<u64> = (start..end)
+                .map(|k| rest[k as usize % rest.len()])
+                .collect();
+            let mut rng = Rng::new(b.seed ^ (self.rank as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93));
+            return buffered(&mine, b.window as usize, &mut rng);
+        }
+        let (w, d) = (self.world.max(1), self.dealt() as usize);
+        (self.rank..d)
+            .step_by(w)
+            .map(|k| rest[k % rest.len()])
+            .collect()
+    }
+
+    /// The local position at which this rank visits global position `g` first, if it does.
+    pub fn local_of(&self, g: u64) -> Option<u64> {
+        if g >= self.global_len || self.base.contains(g) {
+            return None;
+        }
+        if self.blocks.is_some() {
+            return self
+                .positions()
+                .iter()
+                .position(|&p| p == g)
+                .map(|p| p as u64);
+        }
+        // g's index among the remaining positions: g minus the base positions before it.
+        let before: u64 = self
+            .base
+            .ranges()
+            .take_while(|&(a, _)| a < g)
+            .map(|(a, b)| b.min(g) - a)
+            .sum();
+        let k = g - before;
+        let (w, d) = (self.world.max(1) as u64, self.dealt());
+        // Padding repeats the start of the list, so later copies sit at k + m, k + 2m, …
+        let m = self.remaining();
+        let mut j = k;
+        while j < d {
+            if j % w == self.rank as u64 {
+                return Some(j / w);
+            }
+            j += m;
+        }
+        None
+    }
+}

@@ -1,0 +1,151 @@
+//! Mixtures: several sources drawn by weight into one epoch order.
+
+use flowgate_tuner::Rng;
+
+use super::{shuffle, Sampler};
+use crate::PipelineError;
+
+/// When an epoch of a [mixture](Sampler::mixture) ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MixStop {
+    /// After this many draws; a source drawn to its end starts a new pass (reshuffled), so
+    /// sources cycle.
+    Draws(usize),
+    /// At the first draw from a source that has been drawn to its end (that draw is not
+    /// made): every item at most once per epoch.
+    FirstExhausted,
+    /// Once every source with a positive weight has been drawn to its end at least once
+    /// (sources that ran out earlier start new passes): every item at least once per epoch.
+    AllExhausted,
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct Mixture {
+    pub(super) lengths: Vec<usize>,
+    pub(super) offsets: Vec<usize>,
+    pub(super) weights: Vec<f64>,
+    pub(super) cumulative: Vec<f64>,
+    pub(super) stop: MixStop,
+}
+
+impl Sampler {
+    /// A mixture of several sources of `lengths` items (the dataset is their concatenation:
+    /// source `s`'s item `i` is index `offset(s) + i`, see [`Sampler::locate`]): each draw
+    /// picks a source with probability proportional to `weights`, then that source's next
+    /// item in its own order (shuffled per epoch and pass with the [`shuffle`](Self::shuffle)
+    /// seed, else in order); `stop` says when the epoch ends. The epoch's order depends only
+    /// on the seed and the epoch, so it is the same at any world size, is dealt out to ranks
+    /// like any order (every `world`-th draw), and resumes exactly.
+    pub fn mixture(
+        lengths: &[usize],
+        weights: &[f64],
+        stop: MixStop,
+    ) -> Result<Self, PipelineError> {
+        let bad = |m: String| Err(PipelineError::config(format!("mixture: {m}")));
+        if lengths.is_empty() || lengths.len() != weights.len() {
+            return bad(format!(
+                "{} sources and {} weights (one weight per source, at least one source)",
+                lengths.len(),
+                weights.len()
+            ));
+        }
+        for (i, (&n, &w)) in lengths.iter().zip(weights).enumerate() {
+            if !w.is_finite() || w < 0.0 {
+                return bad(format!(
+                    "weight {i} is {w}; weights must be finite and >= 0"
+                ));
+            }
+            if w > 0.0 && n == 0 {
+                return bad(format!("source {i} is empty but has weight {w}"));
+            }
+        }
+        if weights.iter().all(|&w| w == 0.0) {
+            return bad("every weight is 0".into());
+        }
+        let mut offsets = Vec::with_capacity(lengths.len());
+        let mut at = 0;
+        for &n in lengths {
+            offsets.push(at);
+            at += n;
+        }
+        let cumulative = weights
+            .iter()
+            .scan(0.0, |acc, w| {
+                *acc += w;
+                Some(*acc)
+            })
+            .collect();
+        let mut s = Sampler::new(at);
+        s.mixture = Some(std::sync::Arc::new(Mixture {
+            lengths: lengths.to_vec(),
+            offsets,
+            weights: weights.to_vec(),
+            cumulative,
+            stop,
+        }));
+        Ok(s)
+    }
+
+    /// For a [mixture](Self::mixture): which source a dataset index is in, and its index
+    /// there. Otherwise `(0, index)`.
+    pub fn locate(&self, index: usize) -> (usize, usize) {
+        match &self.mixture {
+            Some(m) => {
+                let s = m.offsets.partition_point(|&o| o <= index) - 1;
+                (s, index - m.offsets[s])
+            }
+            None => (0, index),
+        }
+    }
+
+    /// A mixture's global order of `epoch`.
+    pub(super) fn mixed(&self, m: &Mixture, epoch: u64) -> Vec<usize> {
+        let mut rng = self.rng(epoch);
+        // Each source's order for pass `p`, reseeded per source and pass.
+        let order = |s: usize, pass: u64| -> Vec<usize> {
+            let mut o: Vec<usize> = (0..m.lengths[s]).collect();
+            if self.seed.is_some() {
+                let mut r = Rng::new(
+                    self.rng(epoch).next_u64()
+                        ^ (s as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407)
+                        ^ pass.wrapping_mul(0x9FB2_1C65_1E98_DF25),
+                );
+                shuffle(&mut o, &mut r);
+            }
+            o
+        };
+        let k = m.lengths.len();
+        let mut orders: Vec<Vec<usize>> = (0..k).map(|s| order(s, 0)).collect();
+        let (mut next, mut pass) = (vec![0usize; k], vec![0u64; k]);
+        let mut exhausted = vec![false; k];
+        let live = |e: &[bool]| (0..k).all(|s| m.weights[s] == 0.0 || e[s]);
+        let total = *m.cumulative.last().unwrap_or(&0.0);
+        let mut out = Vec::new();
+        loop {
+            if let MixStop::Draws(n) = m.stop {
+                if out.len() == n {
+                    break;
+                }
+            }
+            let x = rng.uniform() * total;
+            let s = m.cumulative.partition_point(|&c| c <= x).min(k - 1);
+            if next[s] == m.lengths[s] {
+                if m.stop == MixStop::FirstExhausted {
+                    break;
+                }
+                pass[s] += 1;
+                orders[s] = order(s, pass[s]);
+                next[s] = 0;
+            }
+            out.push(m.offsets[s] + orders[s][next[s]]);
+            next[s] += 1;
+            if next[s] == m.lengths[s] {
+                exhausted[s] = true;
+                if m.stop == MixStop::AllExhausted && live(&exhausted) {
+                    break;
+                }
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,322 @@
+use super::*;
+use proptest::prelude::*;
+
+#[test]
+fn misconfigured_launches_are_errors_not_duplicate_shards() {
+    let env = |pairs: &'static [(&'static str, &'static str)]| {
+        move |k: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    };
+    let s = || Sampler::new(100);
+    let ok = s()
+        .shard_from_vars(env(&[("RANK", "1"), ("WORLD_SIZE", "4")]))
+        .unwrap();
+    assert_eq!(ok.epoch(0), s().shard(1, 4).unwrap().epoch(0));
+    assert_eq!(s().shard_from_vars(env(&[])).unwrap().len(), 100);
+    for (vars, says) in [
+        (
+            &[("RANK", "4"), ("WORLD_SIZE", "4")][..],
+            "RANK=4 with WORLD_SIZE=4",
+        ),
+        (&[("RANK", "0"), ("WORLD_SIZE", "0")][..], "WORLD_SIZE=0"),
+        (&[("RANK", "1")][..], "WORLD_SIZE is not"),
+        (&[("WORLD_SIZE", "2")][..], "RANK is not"),
+        (&[("LOCAL_RANK", "0")][..], "LOCAL_RANK is set"),
+        (&[("RANK", "one"), ("WORLD_SIZE", "2")][..], "RANK=\"one\""),
+    ] {
+        let e = s().shard_from_vars(env(vars)).unwrap_err();
+        assert!(
+            e.is_config() && e.to_string().contains(says),
+            "{vars:?}: {e}"
+        );
+    }
+    assert!(s().shard(2, 2).is_err() && s().shard(0, 0).is_err());
+}
+
+fn sorted(mut v: Vec<usize>) -> Vec<usize> {
+    v.sort_unstable();
+    v
+}
+
+proptest! {
+    #[test]
+    fn shards_are_disjoint_and_complete(
+        len in 0usize..300, world in 1usize..9, seed in any::<u64>(), epoch in 0u64..5,
+    ) {
+        let base = Sampler::new(len).shuffle(seed);
+        let shards: Vec<Vec<usize>> =
+            (0..world).map(|r| base.clone().shard(r, world).unwrap().epoch(epoch)).collect();
+        for (r, s) in shards.iter().enumerate() {
+            prop_assert_eq!(s.len(), base.clone().shard(r, world).unwrap().len());
+        }
+        let union = sorted(shards.concat());
+        prop_assert_eq!(union, (0..len).collect::<Vec<_>>(), "disjoint and complete");
+    }
+
+    #[test]
+    fn padded_and_dropped_shards_are_equal(
+        len in 1usize..300, world in 1usize..9, seed in any::<u64>(),
+    ) {
+        let base = Sampler::new(len).shuffle(seed);
+        let pad: Vec<Vec<usize>> = (0..world)
+            .map(|r| base.clone().shard(r, world).unwrap().shard_lengths(ShardLengths::Pad).epoch(2))
+            .collect();
+        let want = len.div_ceil(world);
+        prop_assert!(pad.iter().all(|s| s.len() == want));
+        let all = pad.concat();
+        let distinct = sorted(all.clone()).into_iter().collect::<std::collections::BTreeSet<_>>();
+        prop_assert_eq!(distinct.len(), len, "padding covers every item");
+        prop_assert_eq!(all.len() - len, want * world - len, "only the padding repeats");
+
+        let drop: Vec<Vec<usize>> = (0..world)
+            .map(|r| base.clone().shard(r, world).unwrap().shard_lengths(ShardLengths::Drop).epoch(2))
+            .collect();
+        prop_assert!(drop.iter().all(|s| s.len() == len / world));
+        let all = sorted(drop.concat());
+        let mut dedup = all.clone();
+        dedup.dedup();
+        prop_assert_eq!(dedup.len(), all.len(), "dropped shards are disjoint");
+    }
+}
+
+proptest! {
+    #[test]
+    fn group_blocks_cover_the_epoch_and_keep_shards_whole(
+        groups in proptest::collection::vec(0usize..40, 1..30),
+        world in 1usize..6, seed in any::<u64>(), window in 0usize..50,
+        lengths in prop_oneof![Just(ShardLengths::Uneven), Just(ShardLengths::Pad), Just(ShardLengths::Drop)],
+    ) {
+        let n: usize = groups.iter().sum();
+        let group_of: Vec<usize> = groups.iter().enumerate().flat_map(|(g, &k)| std::iter::repeat_n(g, k)).collect();
+        let base = Sampler::new(n).groups(&groups).unwrap().shuffle(seed).buffer(window).shard_lengths(lengths);
+        let ranks: Vec<Vec<usize>> = (0..world).map(|r| base.clone().shard(r, world).unwrap().epoch(1)).collect();
+        let lens: Vec<usize> = ranks.iter().map(Vec::len).collect();
+        for (r, l) in lens.iter().enumerate() {
+            prop_assert_eq!(*l, base.clone().shard(r, world).unwrap().len());
+        }
+        let all = sorted(ranks.concat());
+        let mut distinct = all.clone();
+        distinct.dedup();
+        match lengths {
+            ShardLengths::Uneven => {
+                prop_assert_eq!(&all, &(0..n).collect::<Vec<_>>(), "each sample once");
+                prop_assert!(lens.iter().max().unwrap() - lens.iter().min().unwrap() <= 1);
+            }
+            ShardLengths::Pad => {
+                prop_assert_eq!(distinct.len(), n, "every sample");
+                prop_assert!(lens.iter().all(|&l| l == n.div_ceil(world)));
+            }
+            ShardLengths::Drop => {
+                prop_assert_eq!(distinct.len(), all.len(), "no sample twice");
+                prop_assert!(lens.iter().all(|&l| l == n / world));
+            }
+        }
+        // Whole shards: the ranks touching a group are few (a block splits at most the
+        // two groups at its ends), and padding adds at most the first groups again.
+        if lengths != ShardLengths::Pad {
+            let touches: usize = ranks.iter().map(|r| {
+                let mut g: Vec<usize> = r.iter().map(|&i| group_of[i]).collect();
+                g.sort_unstable();
+                g.dedup();
+                g.len()
+            }).sum();
+            let nonempty = groups.iter().filter(|&&k| k > 0).count();
+            prop_assert!(touches < nonempty + world, "{touches} group touches");
+        }
+        // The buffer moves no sample earlier than `window - 1` places before its place
+        // in the stream.
+        if lengths == ShardLengths::Uneven {
+            let stream = Sampler::new(n).groups(&groups).unwrap().shuffle(seed).shard(0, world).unwrap().epoch(1);
+            let buffered = &ranks[0];
+            for (p, i) in buffered.iter().enumerate() {
+                let q = stream.iter().position(|x| x == i).unwrap();
+                prop_assert!(p + window.max(1) > q, "{i} at {p}, stream place {q}");
+            }
+        }
+    }
+}
+
+#[test]
+fn group_orders_are_reproducible_and_new_every_epoch() {
+    let s = Sampler::new(300)
+        .groups(&[100, 100, 100])
+        .unwrap()
+        .shuffle(9)
+        .buffer(20);
+    assert_eq!(s.epoch(0), s.epoch(0));
+    assert_ne!(s.epoch(0), s.epoch(1));
+    let first: Vec<usize> = (0..30).map(|e| s.epoch(e)[0] / 100).collect();
+    assert!(
+        first.iter().any(|&g| g != first[0]),
+        "the shard order changes"
+    );
+    assert!(Sampler::new(10).groups(&[3, 3]).is_err());
+    assert!(Sampler::new(2)
+        .weighted(&[1.0, 1.0], 2, true)
+        .unwrap()
+        .groups(&[2])
+        .is_err());
+}
+
+#[test]
+fn mixtures_follow_their_weights_and_stop_rules() {
+    let lengths = [1000, 700, 300];
+    let weights = [0.5, 0.3, 0.2];
+    let m = Sampler::mixture(&lengths, &weights, MixStop::Draws(100_000))
+        .unwrap()
+        .shuffle(4);
+    let order = m.epoch(0);
+    assert_eq!(order.len(), 100_000);
+    let mut counts = [0usize; 3];
+    for &i in &order {
+        counts[m.locate(i).0] += 1;
+    }
+    for (s, &w) in weights.iter().enumerate() {
+        let share = counts[s] as f64 / 100_000.0;
+        assert!(
+            (share - w).abs() < 0.01,
+            "source {s}: share {share}, weight {w}"
+        );
+    }
+    // Cycling: every source's items come in whole passes (each item of source 2, drawn
+    // ~20,000 times in passes of 300, appears 66 or 67 times).
+    let mut per_item = vec![0usize; 1000 + 700 + 300];
+    for &i in &order {
+        per_item[i] += 1;
+    }
+    let third = &per_item[1700..];
+    let (lo, hi) = (third.iter().min().unwrap(), third.iter().max().unwrap());
+    assert!(hi - lo <= 1, "passes of source 2: {lo}..{hi}");
+    assert_eq!(m.epoch(0), order, "deterministic");
+    assert_ne!(m.epoch(1)[..100], order[..100], "a new order every epoch");
+    // The same draws at any world size: the ranks' shares interleave into the order.
+    let ranks: Vec<Vec<usize>> = (0..3)
+        .map(|r| m.clone().shard(r, 3).unwrap().epoch(0))
+        .collect();
+    let dealt: Vec<usize> = (0..order.len()).map(|p| ranks[p % 3][p / 3]).collect();
+    assert_eq!(dealt, order);
+
+    let first = Sampler::mixture(&lengths, &weights, MixStop::FirstExhausted)
+        .unwrap()
+        .shuffle(1);
+    let o = first.epoch(2);
+    let mut seen = std::collections::HashSet::new();
+    assert!(o.iter().all(|&i| seen.insert(i)), "at most once");
+    assert_eq!(o.len(), first.global_len_of(2));
+    let ends = (0..3)
+        .filter(|&s| o.iter().filter(|&&i| first.locate(i).0 == s).count() == lengths[s])
+        .count();
+    assert_eq!(ends, 1, "exactly one source ran out");
+
+    let all = Sampler::mixture(&lengths, &weights, MixStop::AllExhausted)
+        .unwrap()
+        .shuffle(1);
+    let o = all.epoch(0);
+    let distinct: std::collections::HashSet<usize> = o.iter().copied().collect();
+    assert_eq!(distinct.len(), 2000, "every item at least once");
+    assert_eq!(all.locate(1000), (1, 0));
+    assert_eq!(all.locate(999), (0, 999));
+
+    assert!(Sampler::mixture(&[3, 0], &[1.0, 1.0], MixStop::Draws(5)).is_err());
+    assert!(Sampler::mixture(&[3, 4], &[1.0], MixStop::Draws(5)).is_err());
+    assert!(Sampler::mixture(&[3, 4], &[0.0, 0.0], MixStop::Draws(5)).is_err());
+    assert!(Sampler::mixture(&[3, 4], &[1.0, -1.0], MixStop::Draws(5)).is_err());
+}
+
+#[test]
+fn reshuffles_per_epoch_deterministically() {
+    let s = Sampler::new(50).shuffle(3);
+    assert_eq!(s.epoch(0), s.epoch(0));
+    assert_ne!(s.epoch(0), s.epoch(1));
+    assert_eq!(sorted(s.epoch(1)), (0..50).collect::<Vec<_>>());
+    assert_eq!(Sampler::new(5).epoch(9), vec![0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn weighted_with_replacement_follows_the_weights() {
+    let weights = [0.0, 1.0, 2.0, 3.0, 4.0];
+    let n = 200_000;
+    let s = Sampler::new(5)
+        .shuffle(11)
+        .weighted(&weights, n, true)
+        .unwrap();
+    let mut counts = [0usize; 5];
+    for i in s.epoch(0) {
+        counts[i] += 1;
+    }
+    assert_eq!(counts[0], 0, "a zero weight is never drawn");
+    for (i, &c) in counts.iter().enumerate().skip(1) {
+        let p = weights[i] / 10.0;
+        let sd = (n as f64 * p * (1.0 - p)).sqrt();
+        let dev = (c as f64 - n as f64 * p).abs();
+        assert!(
+            dev < 5.0 * sd,
+            "index {i}: {c} draws, expected {}",
+            n as f64 * p
+        );
+    }
+    assert_ne!(s.epoch(0), s.epoch(1));
+}
+
+#[test]
+fn weighted_without_replacement_draws_distinct_heavy_items_first() {
+    let mut weights = vec![1.0; 100];
+    weights[..10].fill(50.0);
+    weights[99] = 0.0;
+    let s = Sampler::new(100)
+        .shuffle(5)
+        .weighted(&weights, 99, false)
+        .unwrap();
+    let mut firsts = 0;
+    for e in 0..50 {
+        let order = s.epoch(e);
+        assert_eq!(order.len(), 99);
+        assert_eq!(
+            sorted(order.clone()),
+            (0..99).collect::<Vec<_>>(),
+            "distinct"
+        );
+        firsts += order[..10].iter().filter(|&&i| i < 10).count();
+    }
+    // Drawn in proportion to the remaining weight, about 7.5 of the first 10 draws are
+    // heavy (the first with probability 500/590, the tenth 50/139); uniformly it would
+    // be about 1.
+    assert!(
+        firsts > 50 * 6,
+        "{firsts} heavy items among 50 x 10 first draws"
+    );
+    assert!(Sampler::new(3)
+        .weighted(&[1.0, 0.0, 1.0], 3, false)
+        .is_err());
+    assert!(Sampler::new(2).weighted(&[1.0, f64::NAN], 1, true).is_err());
+    assert!(Sampler::new(2).weighted(&[1.0], 1, true).is_err());
+}
+
+#[test]
+fn weighted_draws_are_sharded_too() {
+    let s = Sampler::new(20)
+        .shuffle(1)
+        .weighted(&[1.0; 20], 45, true)
+        .unwrap();
+    let shards: Vec<Vec<usize>> = (0..4)
+        .map(|r| {
+            s.clone()
+                .shard(r, 4)
+                .unwrap()
+                .shard_lengths(ShardLengths::Drop)
+                .epoch(0)
+        })
+        .collect();
+    assert!(shards.iter().all(|x| x.len() == 11));
+    let global = s.epoch(0);
+    let interleaved: Vec<usize> = (0..44).map(|p| shards[p % 4][p / 4]).collect();
+    assert_eq!(
+        interleaved,
+        global[..44].to_vec(),
+        "rank r holds positions r, r+4, ..."
+    );
+}
