@@ -19,6 +19,7 @@
 use pyo3::prelude::*;
 
 mod batch;
+mod dataset;
 mod error;
 mod loader;
 mod pipeline;

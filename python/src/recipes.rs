@@ -12,9 +12,8 @@ use flowgate::Tensor;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::loader::{
-    deal, files_of, parquet_of, shards_of, Dataset, Decode, Extras, Input, Loader, Records,
-};
+use crate::dataset::{deal, files_of, parquet_of, shards_of, Dataset, Decode, Input, Records};
+use crate::loader::{Extras, Loader};
 use flowgate::sampler::{MixStop, Sampler};
 
 /// What every native loader takes besides its decoder (built once by the Python wrappers, so
@@ -121,7 +120,7 @@ impl Options {
             let pattern: String = paths.getattr("pattern")?.extract()?;
             let buffer: usize = paths.getattr("buffer")?.extract()?;
             let fields: Option<Vec<String>> = paths.getattr("fields")?.extract()?;
-            let remote = crate::loader::Remote {
+            let remote = crate::dataset::Remote {
                 endpoint: paths.getattr("endpoint")?.extract()?,
                 cache_dir: paths.getattr("cache_dir")?.extract()?,
                 cache_mb: paths.getattr("cache_mb")?.extract()?,

@@ -1,0 +1,284 @@
+//! Tar shards on S3 against a real S3-compatible server (s3s-fs on 127.0.0.1, started and
+//! stopped by each test), through a proxy that counts every GET or injects faults: ranks,
+//! GETs per shard and epoch, exact resume, cut-off bodies continued by range, bad shards and
+//! manifests named.
+#![cfg(feature = "s3")]
+
+use std::time::Duration;
+
+use flowgate::s3::{RetryPolicy, S3};
+use flowgate::Pipeline;
+
+mod s3_common;
+use s3_common::{fixture, jpeg, proxy_to, put, TempDir};
+
+/// Tar shards on the local S3 server: `shards` shards of `per` samples (`jpg`, `cls`,
+/// `json` holding the sample's number) under `train/`, and, with `manifest`, their
+/// `shards.json`.
+fn upload_shards(s3: &S3, shards: usize, per: usize, manifest: bool) {
+    let mut list = Vec::new();
+    for s in 0..shards {
+        let mut members = Vec::new();
+        for i in 0..per {
+            let n = s * per + i;
+            let key = format!("{n:06}");
+            members.push((format!("{key}.jpg"), jpeg(8, 8, n as u8)));
+            members.push((format!("{key}.cls"), (n % 10).to_string().into_bytes()));
+            members.push((
+                format!("{key}.json"),
+                format!("{{\"n\": {n}}}").into_bytes(),
+            ));
+        }
+        let mut tar = Vec::new();
+        flowgate::shards::tar::write_archive(&mut tar, members).unwrap();
+        put(s3, &format!("train/shard-{s:06}.tar"), tar);
+        list.push(format!(
+            "{{\"url\": \"shard-{s:06}.tar\", \"nsamples\": {per}}}"
+        ));
+    }
+    if manifest {
+        let json = format!("{{\"shardlist\": [{}]}}", list.join(", "));
+        put(s3, "train/shards.json", json.into_bytes());
+    }
+}
+
+/// The sample's number, from its `json` field.
+fn sample_number(r: &flowgate::shards::SampleRef) -> u64 {
+    let raw = r.read().unwrap_or_else(|e| panic!("{r}: {e}"));
+    let (_, json) = raw
+        .fields
+        .iter()
+        .find(|(e, _)| e == "json")
+        .expect("a json field");
+    let text = std::str::from_utf8(json).unwrap();
+    text.trim_matches(|c: char| !c.is_ascii_digit())
+        .parse()
+        .unwrap()
+}
+
+fn open_s3_shards(
+    s3: &S3,
+    pattern: &str,
+    cache: &std::path::Path,
+    cache_bytes: u64,
+) -> flowgate::shards::Shards {
+    let opts = flowgate::shards::remote::RemoteOptions {
+        cache_dir: cache.to_owned(),
+        cache_bytes,
+        ..Default::default()
+    };
+    flowgate::shards::Shards::open_s3(s3, pattern, &opts).unwrap()
+}
+
+#[test]
+fn sixty_four_shards_on_s3_read_by_four_ranks_once_each_with_one_get_per_shard() {
+    use std::collections::HashSet;
+    use std::sync::atomic::Ordering;
+
+    let f = fixture("shards64");
+    upload_shards(&f.s3, 64, 100, true);
+    let proxy = proxy_to(&f, false);
+    let s3 = S3::connect(
+        f.server
+            .config("data")
+            .endpoint(format!("http://{}", proxy.addr)),
+    )
+    .unwrap();
+    let caches = TempDir(f._dir.0.with_extension("cache"));
+    let pattern = "train/shard-{000000..000063}.tar";
+    let rank = |r: usize, seed: u64| {
+        // Each rank its own cache folder, as on its own machine; no disk cache beyond the
+        // working set.
+        open_s3_shards(&s3, pattern, &caches.0.join(format!("rank{r}")), 0)
+            .shuffle(seed)
+            .buffer(300)
+            .shard(r, 4)
+            .unwrap()
+    };
+    let ranks: Vec<_> = (0..4).map(|r| rank(r, 7)).collect();
+    assert_eq!(
+        proxy.counts.gets_of(".tar").len(),
+        0,
+        "with a manifest, opening reads no shard"
+    );
+    let mut orders = Vec::new();
+    for epoch in 0..2u64 {
+        let before = proxy.counts.gets_of(".tar");
+        let mut all = Vec::new();
+        let mut lens = Vec::new();
+        let mut rank0 = Vec::new();
+        for (r, shards) in ranks.iter().enumerate() {
+            let got: Vec<u64> = shards.epoch(epoch).iter().map(sample_number).collect();
+            lens.push(got.len());
+            if r == 0 {
+                rank0 = got.clone();
+            }
+            all.extend(got);
+        }
+        assert_eq!(lens, [1600; 4], "equal shares");
+        let distinct: HashSet<u64> = all.iter().copied().collect();
+        assert_eq!(
+            (all.len(), distinct.len()),
+            (6400, 6400),
+            "each sample once"
+        );
+        let after = proxy.counts.gets_of(".tar");
+        let mut per_shard: Vec<u64> = after
+            .iter()
+            .map(|(k, n)| n - before.get(k).copied().unwrap_or(0))
+            .collect();
+        per_shard.sort_unstable();
+        assert!(
+            per_shard.iter().all(|&n| n <= 1),
+            "epoch {epoch}: at most one GET per shard, got {per_shard:?}"
+        );
+        if epoch == 0 {
+            assert_eq!(
+                per_shard.len(),
+                64,
+                "every shard fetched in the first epoch"
+            );
+        }
+        orders.push(rank0);
+    }
+    assert_ne!(orders[0], orders[1], "the order changes between epochs");
+    assert_eq!(proxy.counts.ranged.load(Ordering::Relaxed), 0);
+    // The same seed repeats the order, from a fresh process's cache.
+    let again = rank(0, 7);
+    let first: Vec<u64> = again.epoch(1).iter().map(sample_number).collect();
+    assert_eq!(first, orders[1], "the same seed, the same order");
+    let c = ranks[0].cache().unwrap().stats();
+    assert!(c.downloads >= 16 && c.evictions > 0, "{c:?}");
+}
+
+#[test]
+fn a_mid_shard_checkpoint_on_s3_resumes_exactly() {
+    use flowgate::{Order, Workers};
+
+    let f = fixture("shards-resume");
+    upload_shards(&f.s3, 12, 40, false);
+    let caches = TempDir(f._dir.0.with_extension("cache"));
+    let build = |cache: &str| {
+        // Without a manifest: opening downloads and indexes every shard, into the cache.
+        let shards = open_s3_shards(&f.s3, "train/", &caches.0.join(cache), 1 << 30)
+            .shuffle(3)
+            .buffer(50)
+            .shard(1, 2)
+            .unwrap();
+        Pipeline::builder()
+            .source_sampled(shards.sampler().clone(), shards.refs())
+            .checkpoint_fields(shards.fingerprint())
+            .describe(|r| r.to_string())
+            .pipe(
+                "read",
+                |r| Ok::<_, String>(sample_number(&r)),
+                Workers::fixed(2),
+            )
+            .output_order(Order::Input)
+            .aggregate(16, false)
+            .build()
+            .unwrap()
+    };
+    let whole: Vec<u64> = build("whole")
+        .iter()
+        .map(Result::unwrap)
+        .collect::<Vec<_>>()
+        .concat();
+    assert_eq!(whole.len(), 240);
+    let mut got = Vec::new();
+    let mut state = None;
+    for (leg, stop_after) in [3usize, 5, usize::MAX].into_iter().enumerate() {
+        // Each leg a fresh loader and cache, as after a restart on another machine.
+        let mut p = build(&format!("leg{leg}"));
+        if let Some(s) = &state {
+            p.resume(s).unwrap();
+        }
+        for b in p.iter().take(stop_after) {
+            got.extend(b.unwrap());
+        }
+        state = Some(p.state());
+    }
+    assert_eq!(got, whole, "chained resumes give the epoch in its order");
+}
+
+#[test]
+fn a_shard_cut_off_mid_stream_is_continued_with_a_ranged_get() {
+    use std::collections::HashSet;
+    use std::sync::atomic::Ordering;
+
+    let f = fixture("shards-cut");
+    upload_shards(&f.s3, 40, 60, true);
+    let proxy = proxy_to(&f, true);
+    let policy = RetryPolicy {
+        max_attempts: 6,
+        base_delay: Duration::from_millis(10),
+        max_delay: Duration::from_millis(100),
+        budget: 5_000,
+        ..RetryPolicy::default()
+    };
+    let s3 = S3::connect(
+        f.server
+            .config("data")
+            .endpoint(format!("http://{}", proxy.addr))
+            .retry(policy)
+            .attempt_timeout(Duration::from_millis(700)),
+    )
+    .unwrap();
+    let caches = TempDir(f._dir.0.with_extension("cache"));
+    let shards = open_s3_shards(&s3, "train/shards.json", &caches.0, 0).shuffle(1);
+    let got: Vec<u64> = shards.epoch(0).iter().map(sample_number).collect();
+    let distinct: HashSet<u64> = got.iter().copied().collect();
+    assert_eq!(
+        (got.len(), distinct.len()),
+        (2400, 2400),
+        "every sample, once"
+    );
+    let c = &proxy.counts;
+    assert!(
+        c.truncated.load(Ordering::Relaxed) > 0,
+        "the proxy cut bodies off"
+    );
+    assert!(
+        c.ranged.load(Ordering::Relaxed) > 0,
+        "cut-off shards continued by range"
+    );
+    assert!(s3.stats().resumed > 0);
+}
+
+#[test]
+fn a_missing_shard_and_a_lying_manifest_fail_naming_the_shard() {
+    let f = fixture("shards-bad");
+    upload_shards(&f.s3, 3, 10, false);
+    let caches = TempDir(f._dir.0.with_extension("cache"));
+    let opts = flowgate::shards::remote::RemoteOptions {
+        cache_dir: caches.0.clone(),
+        ..Default::default()
+    };
+    let err = flowgate::shards::Shards::open_s3(&f.s3, "train/shard-{000000..000003}.tar", &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("s3://data/train/shard-000003.tar: no such shard"),
+        "{err}"
+    );
+    // A manifest that claims 12 samples for a 10-sample shard: the two places past the end
+    // fail naming the shard and the mismatch; the rest read.
+    let json = r#"{"shardlist": [{"url": "shard-000000.tar", "nsamples": 12}]}"#;
+    put(&f.s3, "train/lying.json", json.as_bytes().to_vec());
+    let shards = flowgate::shards::Shards::open_s3(&f.s3, "train/lying.json", &opts).unwrap();
+    assert_eq!(shards.len(), 12);
+    let (ok, bad): (Vec<_>, Vec<_>) = shards
+        .epoch(0)
+        .into_iter()
+        .map(|r| r.read())
+        .partition(Result::is_ok);
+    assert_eq!((ok.len(), bad.len()), (10, 2));
+    for e in bad {
+        let e = e.unwrap_err().to_string();
+        assert!(
+            e.contains("s3://data/train/shard-000000.tar")
+                && e.contains("the manifest says 12 samples, the shard holds 10"),
+            "{e}"
+        );
+    }
+}
