@@ -224,14 +224,16 @@ impl ParquetRows {
             }
             listed
         } else {
-            let mut found = Vec::new();
-            for k in keys {
-                let o = s3.list(k).map_err(s3_err)?.into_iter().find(|o| o.key == k);
-                found.push(o.ok_or_else(|| {
-                    PipelineError::config(format!("s3://{bucket}/{k}: no such object"))
-                })?);
-            }
-            found
+            s3.objects(&keys)
+                .map_err(s3_err)?
+                .into_iter()
+                .zip(&keys)
+                .map(|(o, k)| {
+                    o.ok_or_else(|| {
+                        PipelineError::config(format!("s3://{bucket}/{k}: no such object"))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?
         };
         Self::open_at(
             objects.into_iter().map(|o| {

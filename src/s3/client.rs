@@ -220,6 +220,28 @@ impl S3 {
         .await
     }
 
+    /// The objects named by `keys` (size, entity tag), in that order, from one listing of
+    /// their common prefix; `None` for a key that does not exist. Blocks.
+    pub fn objects<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<Option<S3Object>>, S3Error> {
+        let Some(first) = keys.first() else {
+            return Ok(Vec::new());
+        };
+        let common = keys.iter().fold(first.as_ref(), |p, k| {
+            let n = p
+                .bytes()
+                .zip(k.as_ref().bytes())
+                .take_while(|(a, b)| a == b)
+                .count();
+            &p[..n]
+        });
+        let mut listed: std::collections::HashMap<String, S3Object> = self
+            .list(common)?
+            .into_iter()
+            .map(|o| (o.key.clone(), o))
+            .collect();
+        Ok(keys.iter().map(|k| listed.remove(k.as_ref())).collect())
+    }
+
     /// Fetches a whole object.
     pub async fn get(&self, key: &str) -> Result<Blob, S3Error> {
         self.get_impl(key.to_owned(), None).await

@@ -537,23 +537,13 @@ impl Shards {
             };
             (keys, counts)
         };
-        // Sizes and entity tags, from one listing of the keys' common prefix.
-        let common = keys.iter().fold(keys[0].as_str(), |p, k| {
-            let n = p.bytes().zip(k.bytes()).take_while(|(a, b)| a == b).count();
-            &p[..n]
-        });
-        let listed: std::collections::HashMap<String, S3Object> = s3
-            .list(common)
+        let objects = s3
+            .objects(&keys)
             .map_err(s3_err)?
             .into_iter()
-            .map(|o| (o.key.clone(), o))
-            .collect();
-        let objects = keys
-            .iter()
-            .map(|k| {
-                listed.get(k).cloned().ok_or_else(|| {
-                    PipelineError::config(format!("s3://{bucket}/{k}: no such shard"))
-                })
+            .zip(&keys)
+            .map(|(o, k)| {
+                o.ok_or_else(|| PipelineError::config(format!("s3://{bucket}/{k}: no such shard")))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let cache = ShardCache::new(
