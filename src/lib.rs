@@ -46,6 +46,17 @@ pub use flowgate_actors::tuner::{PolicyChoice, TraceRecord, TunerSettings};
 pub use flowgate_tuner as tuner;
 pub use flowgate_tuner::{LatencySummary, StageKind, StageStats};
 
+/// Makes a process forked from one that ran pipelines ready to run its own: forgets the
+/// worker tokens the parent's pipelines held and the parent's pooled tensor buffers (their
+/// threads and locks do not exist in the child). Call it in the child right after `fork`,
+/// before anything else of flowgate; the parent's pipelines must not be used or dropped in
+/// the child (leak them: dropping one would wait for threads the child does not have).
+/// The Python package does this itself (`os.register_at_fork`).
+pub fn after_fork_in_child() {
+    flowgate_actors::cap::reset_after_fork();
+    tensor::pool::forget_after_fork();
+}
+
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

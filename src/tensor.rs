@@ -189,6 +189,29 @@ pub(crate) mod pool {
         }
     }
 
+    /// Forgets the pool without touching its buffers or waiting for its lock: for a process
+    /// forked while another thread may have held the lock (that thread does not exist in the
+    /// child, so the lock would never be released). The pooled buffers leak (a copy of the
+    /// parent's, at most [`POOL_BYTES`]).
+    pub(crate) fn forget_after_fork() {
+        // SAFETY: called in a freshly forked child before it starts threads, so nothing else
+        // touches the pool. The old contents may be mid-update, so they are overwritten
+        // without being dropped, and a lock held by a thread that no longer exists is
+        // released.
+        unsafe {
+            std::ptr::write(
+                POOL.data_ptr(),
+                Free {
+                    bufs: Vec::new(),
+                    bytes: 0,
+                },
+            );
+            if POOL.is_locked() {
+                POOL.force_unlock();
+            }
+        }
+    }
+
     /// Bytes held now.
     #[cfg(test)]
     pub(crate) fn bytes() -> usize {

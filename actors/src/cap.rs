@@ -60,3 +60,10 @@ pub(crate) fn release(n: usize) {
         IN_USE.fetch_sub(n, Ordering::AcqRel);
     }
 }
+
+/// Forgets every granted token: for a process forked from one whose pipelines held tokens
+/// (their workers do not exist in the child, so they never return them). Only for a child
+/// right after `fork`, before it starts pipelines.
+pub fn reset_after_fork() {
+    IN_USE.store(0, Ordering::Relaxed);
+}

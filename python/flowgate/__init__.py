@@ -19,6 +19,8 @@ threads, queues and tuner do not).
 from __future__ import annotations
 
 import os
+import sys
+import weakref
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence,
                     Tuple, Union)
 
@@ -203,15 +205,18 @@ Labels = Union[None, str, Sequence[int], Mapping[Union[str, "os.PathLike[str]"],
 class _Epoch:
     """An iterator over one epoch of a loader (the GIL is released while waiting)."""
 
-    def __init__(self, native: Any) -> None:
+    def __init__(self, native: Any, convert: Optional[Callable[[Any], Any]] = None) -> None:
         self._native = native
+        self._convert = convert
+        self._pid = os.getpid()
         self._number = None
         self._number = native._start_epoch()
 
     def __del__(self) -> None:
         # Left with `break` (or dropped mid-way): stop the epoch's pipeline now, so its
-        # threads and buffers do not outlive the loop.
-        if self._number is not None:
+        # threads and buffers do not outlive the loop. Not in a forked child: the pipeline's
+        # threads are the parent's.
+        if self._number is not None and os.getpid() == self._pid:
             try:
                 self._native._abandon(self._number)
             except Exception:  # interpreter shutting down
@@ -221,25 +226,178 @@ class _Epoch:
         return self
 
     def __next__(self) -> Any:
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                "this epoch's iterator was made before a fork, and its threads are the parent "
+                "process's; call iter(loader) again in this process")
         item = self._native._next()
         if item is None:
             raise StopIteration
-        return item
+        return item if self._convert is None else self._convert(item)
+
+
+# Loaders alive in this process: before a fork, each notes the epoch a child should start at.
+_LIVE: "weakref.WeakSet[_Loader]" = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    for loader in list(_LIVE):
+        if loader._pid == os.getpid():
+            try:
+                loader._fork_epoch = loader._native._next_epoch()
+            except Exception:
+                pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_native._after_fork_in_child)
+
+
+def _worker_split() -> Optional[Tuple[int, int]]:
+    """``(worker id, workers)`` inside a ``torch.utils.data.DataLoader`` worker of several,
+    else None."""
+    data = sys.modules.get("torch.utils.data")
+    if data is None:
+        return None
+    info = data.get_worker_info()
+    if info is None or info.num_workers <= 1:
+        return None
+    return info.id, info.num_workers
+
+
+def _register_with_torch() -> None:
+    """Makes the loaders ``torch.utils.data.IterableDataset`` instances to ``isinstance`` (an ABC
+    registration; torch is not imported for it), so ``DataLoader(loader, batch_size=None)``
+    takes the iterable route."""
+    data = sys.modules.get("torch.utils.data")
+    if data is not None and not getattr(_register_with_torch, "done", False):
+        data.IterableDataset.register(_Loader)
+        _register_with_torch.done = True  # type: ignore[attr-defined]
+
+
+def _converter(output: str) -> Optional[Callable[[Any], Any]]:
+    """Converts a batch (a :class:`Batch` or a tuple holding some) to ``output``'s type."""
+    if output == "batch":
+        return None
+    if output == "torch":
+        import torch
+        one = torch.from_dlpack
+    else:
+        import numpy
+        one = numpy.asarray
+
+    def convert(item: Any) -> Any:
+        if isinstance(item, tuple):
+            return tuple(one(x) if isinstance(x, Batch) else x for x in item)
+        return one(item)
+    return convert
+
+
+def _rebuild(cls: type, args: Dict[str, Any], epoch: int) -> "_Loader":
+    """Unpickles a loader: built anew from its arguments, at the epoch it was at."""
+    loader = cls.__new__(cls)
+    loader._setup(args)
+    loader.set_epoch(epoch)
+    return loader
 
 
 class _Loader:
+    """What the media loaders share: iteration by epochs, checkpoints, statistics, and how
+    they live in other processes (pickling, ``fork``, ``DataLoader`` workers)."""
+
     _native: Any
+    #: The loader's arguments (what pickling and a forked child rebuild it from).
+    _args: Dict[str, Any]
+    #: The process the native side belongs to, and the DataLoader worker split it was built
+    #: for.
+    _pid: int
+    _split: Optional[Tuple[int, int]]
+    _fork_epoch: int
+    batch_size: int
+    dataset: Any
+
+    def _setup(self, args: Dict[str, Any]) -> None:
+        """Builds the native side from the constructor's arguments (its ``locals()``)."""
+        args = {k: v for k, v in args.items() if k not in ("self", "__class__")}
+        if args.get("output") not in ("batch", "torch", "numpy"):
+            raise ValueError(f'output must be "batch", "torch" or "numpy", not '
+                             f'{args.get("output")!r}')
+        self._args = args
+        #: Samples per batch (the last one of an epoch may be smaller unless ``drop_last``).
+        self.batch_size = args["batch_size"]
+        #: What the loader reads, as given (``paths``).
+        self.dataset = args["paths"]
+        self._split = None
+        self._fork_epoch = 0
+        self._native = self._build(args)
+        self._pid = os.getpid()
+        _LIVE.add(self)
+        _register_with_torch()
+
+    def _build(self, args: Dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def _here(self) -> Any:
+        """The native loader for this process: after a ``fork`` (or in a ``DataLoader``
+        worker of several) a new one, built from the arguments and starting at the epoch the
+        parent was at; in a worker it reads only its share (worker ``w`` of ``W`` on rank
+        ``r`` of ``R`` is rank ``r*W + w`` of ``R*W``)."""
+        split = _worker_split()
+        if os.getpid() == self._pid and split == self._split:
+            return self._native
+        if os.getpid() != self._pid:
+            # The parent's threads do not exist here: freeing its loader would wait for them.
+            _native._leak(self._native)
+            epoch = self._fork_epoch
+        else:
+            epoch = self._native._next_epoch()
+            self._native.close()
+        args = dict(self._args)
+        if split is not None:
+            rank, world = _rank_and_world(args)
+            args["rank"], args["world_size"] = rank * split[1] + split[0], world * split[1]
+        self._native = self._build(args)
+        self._native.set_epoch(epoch)
+        self._pid, self._split = os.getpid(), split
+        return self._native
+
+    def _output(self) -> str:
+        output = self._args["output"]
+        # Batches leave a DataLoader worker pickled; torch tensors go through shared memory.
+        if output == "batch" and self._split is not None:
+            return "torch"
+        return output
 
     def __iter__(self) -> Iterator[Any]:
         """Iterates one epoch; the next ``iter()`` starts the next epoch (a loop left with
         ``break`` is abandoned: its pipeline stops at once). Yields a :class:`Batch`, or with
         ``labels`` and/or ``return_paths`` a tuple ``(batch, labels, paths)`` of what was asked
-        for."""
-        return _Epoch(self._native)
+        for (with ``output="torch"``/``"numpy"``, tensors/arrays instead of batches)."""
+        native = self._here()
+        return _Epoch(native, _converter(self._output()))
+
+    def __getitem__(self, index: Any) -> Any:
+        raise TypeError(
+            "a flowgate loader is an iterable dataset that batches and decodes on its own "
+            "threads, not a map-style one: iterate it directly, or pass it as "
+            "DataLoader(loader, batch_size=None) (import torch before building the loader)")
 
     def __len__(self) -> int:
         """Batches per epoch (on this rank)."""
         return len(self._native)
+
+    def __reduce__(self) -> Any:
+        epoch = self._native._next_epoch() if os.getpid() == self._pid else self._fork_epoch
+        return (_rebuild, (type(self), self._args, epoch))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes ``epoch`` the next epoch iterated (as ``DistributedSampler.set_epoch``):
+        its order and augmentation follow from ``seed`` and the epoch. A no-op when it is
+        the next already (so a loop calling it keeps a position from
+        :meth:`load_state_dict`); an epoch being iterated is abandoned. ``DataLoader``
+        workers start at the epoch set in the parent."""
+        _check_ints({"epoch": epoch}, epoch=0)
+        self._here().set_epoch(epoch)
 
     @property
     def classes(self) -> Optional[List[str]]:
@@ -249,34 +407,36 @@ class _Loader:
     @property
     def epoch(self) -> int:
         """The epoch being iterated, or the next one."""
-        return self._native.epoch
+        return self._here().epoch
 
     def stats(self) -> Dict[str, Any]:
         """Delivered batches, failures, the consumer's wait, and per-stage workers and rates."""
-        return self._native.stats()
+        return self._here().stats()
 
     def tuner_trace(self) -> List[Dict[str, Any]]:
         """The tuner's recent ticks, oldest first: ``t``, ``rate`` (batches/s), ``wait``,
         per-stage ``stages``/``workers``/``budgets``, ``bytes``, ``memory_budget``,
         ``rss_bytes`` and ``decisions`` (what changed and why). Empty with the tuner off."""
-        return self._native.tuner_trace()
+        return self._here().tuner_trace()
 
-    def failures(self) -> List[Tuple[str, str, str]]:
-        """Skipped failures (the last 1,000): ``(stage, path, message)``."""
-        return self._native.failures()
+    def failures(self, epoch: Optional[int] = None) -> List[Tuple[str, str, str]]:
+        """The failures skipped in ``epoch`` (default: the epoch being iterated, or the last
+        one started): ``(stage, path, message)``, of the last 1,000 kept."""
+        return self._here().failures(epoch)
 
     def state_dict(self) -> Dict[str, Any]:
         """A small checkpoint (plain ints and lists) of what this epoch has delivered."""
-        return self._native.state_dict()
+        return self._here().state_dict()
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the next epoch iterated yields exactly the
         batches' items not delivered yet (same loader arguments required)."""
-        self._native.load_state_dict(state)
+        self._here().load_state_dict(state)
 
     def close(self) -> None:
         """Stops the pipeline and joins its threads (also done when the loader is freed)."""
-        self._native.close()
+        if os.getpid() == self._pid:
+            self._native.close()
 
     def __enter__(self) -> "_Loader":
         return self
@@ -315,6 +475,18 @@ class ImageLoader(_Loader):
     with the images even when files are skipped. With :class:`Shards`, ``labels`` names the
     field holding each sample's label (``"cls"``). ``return_paths``: add the batch's file
     paths (a list of str; ``SHARD:KEY`` for shards) as the tuple's last element.
+
+    ``output``: ``"batch"`` (:class:`Batch`, zero-copy to NumPy and DLPack), ``"torch"``
+    (``torch.Tensor`` objects, zero-copy through DLPack) or ``"numpy"`` (arrays, zero-copy).
+
+    The loader runs its own threads, so a ``DataLoader`` adds nothing but processes; where a
+    ``Dataset`` is expected it is an ``IterableDataset`` that batches itself
+    (``DataLoader(loader, batch_size=None, num_workers=N)``; import torch before building the
+    loader): each worker reads its own share (worker ``w`` of ``N`` on rank ``r`` is rank
+    ``r*N + w`` of ``world_size*N``, padded as ranks are) and yields torch tensors; call
+    :meth:`set_epoch` before each epoch as with ``DistributedSampler``. A loader is picklable
+    (rebuilt from its arguments, at its epoch) and fork-safe (a forked child builds its own
+    threads at its first ``iter()``, starting the epoch the parent was at).
     """
 
     def __init__(
@@ -338,14 +510,16 @@ class ImageLoader(_Loader):
         labels: Labels = None,
         return_paths: bool = False,
         memory_mb: Optional[float] = None,
+        output: str = "batch",
     ) -> None:
-        if normalize is True:
-            normalize = (IMAGENET_MEAN, IMAGENET_STD)
-        norm = (tuple(normalize[0]), tuple(normalize[1])) if normalize else None
-        _check_ints(locals(), resize=1, crop=1)
-        self._native = _native.image_loader(
-            _paths(paths), _options(locals()), resize, crop, layout, train, tuple(scale),
-            tuple(ratio), norm)
+        self._setup(locals())
+
+    def _build(self, a: Dict[str, Any]) -> Any:
+        _check_ints(a, resize=1, crop=1)
+        return _native.image_loader(
+            _paths(a["paths"]), _options(a), a["resize"], a["crop"], a["layout"], a["train"],
+            _pair("scale", a["scale"]), _pair("ratio", a["ratio"]),
+            _normalize(a["normalize"]))
 
 
 class AudioLoader(_Loader):
@@ -375,10 +549,14 @@ class AudioLoader(_Loader):
         labels: Labels = None,
         return_paths: bool = False,
         memory_mb: Optional[float] = None,
+        output: str = "batch",
     ) -> None:
-        _check_ints(locals(), rate=1)
-        self._native = _native.audio_loader(_paths(paths), _options(locals()), rate, seconds,
-                                            train, return_lengths)
+        self._setup(locals())
+
+    def _build(self, a: Dict[str, Any]) -> Any:
+        _check_ints(a, rate=1)
+        return _native.audio_loader(_paths(a["paths"]), _options(a), a["rate"], a["seconds"],
+                                    a["train"], a["return_lengths"])
 
 
 class VideoLoader(_Loader):
@@ -418,16 +596,20 @@ class VideoLoader(_Loader):
         labels: Labels = None,
         return_paths: bool = False,
         memory_mb: Optional[float] = None,
+        output: str = "batch",
     ) -> None:
         if not hasattr(_native, "video_loader"):
             raise RuntimeError(
                 "flowgate was built without video support; rebuild it with "
                 'MATURIN_PEP517_ARGS="--features video" pip install ./python'
             )
-        _check_ints(locals(), frames=1, resize=1, crop=1, threads=1, audio_rate=1)
-        self._native = _native.video_loader(
-            _paths(paths), _options(locals()), frames, resize, crop, layout, threads,
-            audio_seconds, audio_rate)
+        self._setup(locals())
+
+    def _build(self, a: Dict[str, Any]) -> Any:
+        _check_ints(a, frames=1, resize=1, crop=1, threads=1, audio_rate=1)
+        return _native.video_loader(
+            _paths(a["paths"]), _options(a), a["frames"], a["resize"], a["crop"], a["layout"],
+            a["threads"], a["audio_seconds"], a["audio_rate"])
 
 
 class Pipeline:
@@ -483,6 +665,41 @@ def _options(args: Dict[str, Any]) -> Any:
     """The arguments every loader shares (taken from its ``locals()``), as native options."""
     _check_ints(args, batch_size=1, seed=0, rank=0, world_size=1, workers=1)
     return _native.Options(labels=_labels(args["labels"]), **{k: args[k] for k in _OPTIONS})
+
+
+def _rank_and_world(args: Dict[str, Any]) -> Tuple[int, int]:
+    """This rank and the world size: the arguments', else ``RANK``/``WORLD_SIZE``, else one
+    process (the native side has checked them when the loader was built)."""
+    if args.get("rank") is not None:
+        return args["rank"], args["world_size"]
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return 0, 1
+
+
+def _pair(name: str, v: Any) -> Tuple[float, float]:
+    try:
+        a, b = v
+        return float(a), float(b)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a pair of numbers (low, high), not {v!r}") from None
+
+
+def _normalize(normalize: Any) -> Optional[Tuple[Tuple[float, ...], Tuple[float, ...]]]:
+    """``normalize`` as (mean, std) of 3 floats each, or None; ValueError naming it."""
+    if normalize is False or normalize is None:
+        return None
+    if normalize is True:
+        return IMAGENET_MEAN, IMAGENET_STD
+    try:
+        mean, std = normalize
+        mean, std = tuple(float(x) for x in mean), tuple(float(x) for x in std)
+    except (TypeError, ValueError):
+        mean = std = ()
+    if len(mean) != 3 or len(std) != 3:
+        raise ValueError(f"normalize must be True, False or (mean, std) with 3 floats each "
+                         f"(one per channel), not {normalize!r}")
+    return mean, std
 
 
 def _check_ints(args: Dict[str, Any], **least: int) -> None:

@@ -138,6 +138,22 @@ impl Batch {
         self.t.shape().first().copied().unwrap_or(0)
     }
 
+    /// Pickling copies the bytes (a batch sent to another process, e.g. from a DataLoader
+    /// worker; torch tensors travel through shared memory instead, see `output="torch"`).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = slf.py();
+        let t = &slf.get().t;
+        let rebuild = py
+            .import("flowgate._native")?
+            .getattr("_batch_from_bytes")?;
+        let args = (
+            pyo3::types::PyBytes::new(py, t.bytes()),
+            dtype_name(t.dtype()),
+            t.shape().to_vec(),
+        );
+        PyTuple::new(py, [rebuild, args.into_pyobject(py)?.into_any()])
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Batch(shape={:?}, dtype={})",
@@ -225,4 +241,28 @@ impl Batch {
     fn __dlpack_device__(&self) -> (i32, i32) {
         (1, 0)
     }
+}
+
+/// A batch from pickled bytes (see `Batch.__reduce__`).
+#[pyfunction]
+pub(crate) fn _batch_from_bytes(bytes: &[u8], dtype: &str, shape: Vec<usize>) -> PyResult<Batch> {
+    let d = match dtype {
+        "uint8" => DType::U8,
+        "float32" => DType::F32,
+        "int64" => DType::I64,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "no batch of dtype {other:?}"
+            )))
+        }
+    };
+    let mut t = Tensor::zeros(&shape, d);
+    if t.nbytes() != bytes.len() {
+        return Err(PyValueError::new_err(format!(
+            "{} bytes for a {dtype} batch of shape {shape:?}",
+            bytes.len()
+        )));
+    }
+    t.bytes_mut().copy_from_slice(bytes);
+    Ok(Batch { t })
 }

@@ -4,8 +4,10 @@ use flowgate::PipelineError;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
+// Defined in the public module, so that pickle finds it as `flowgate.LoaderError` (an
+// exception raised in a DataLoader worker or a subprocess travels pickled).
 pyo3::create_exception!(
-    _native,
+    flowgate,
     LoaderError,
     PyRuntimeError,
     "A pipeline failed: `stage` and `item` name where (None when not about one item)."

@@ -39,6 +39,20 @@ fn _thread_count() -> usize {
         .unwrap_or(0)
 }
 
+/// Makes a forked child ready to run loaders of its own (see
+/// [`flowgate::after_fork_in_child`]); `flowgate` registers it with `os.register_at_fork`.
+#[pyfunction]
+fn _after_fork_in_child() {
+    flowgate::after_fork_in_child();
+}
+
+/// Keeps `obj` alive for the rest of the process: a loader inherited through `fork`, whose
+/// threads are the parent's (freeing it would wait for them).
+#[pyfunction]
+fn _leak(obj: Bound<'_, PyAny>) {
+    std::mem::forget(obj.unbind());
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<batch::Batch>()?;
@@ -51,6 +65,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(recipes::video_loader, m)?)?;
     m.add_function(wrap_pyfunction!(state::merge_state_dicts, m)?)?;
     m.add_function(wrap_pyfunction!(_thread_count, m)?)?;
+    m.add_function(wrap_pyfunction!(batch::_batch_from_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
+    m.add_function(wrap_pyfunction!(_leak, m)?)?;
     m.add("LoaderError", m.py().get_type::<error::LoaderError>())?;
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! files or tar shards' samples → decode → batch → collate, one epoch per Python iterator,
 //! labels and paths per batch, exact resume through `state_dict`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use flowgate::collate::{collate_fields, CollateError};
@@ -30,6 +31,14 @@ struct Loaded {
 /// One failure the loader skipped: (stage, item, message).
 type Failure = (String, String, String);
 
+/// The failures the loader skipped, with the epoch each happened in.
+#[derive(Default)]
+struct Failures {
+    kept: std::collections::VecDeque<(u64, Failure)>,
+    /// The epoch started last: failures from now on are counted in it.
+    epoch: AtomicU64,
+}
+
 struct Core {
     make: Make,
     pipeline: Option<Pipeline<Loaded>>,
@@ -44,6 +53,7 @@ struct Core {
     /// Counts started epochs: names the Python iterator of the current one, so that only it
     /// can abandon it.
     iterators: u64,
+    failures: Arc<Mutex<Failures>>,
 }
 
 impl Core {
@@ -75,10 +85,34 @@ impl Core {
         if self.in_epoch {
             self.drop_pipeline();
         }
-        self.pipeline()?;
+        let epoch = self.pipeline()?.epoch();
+        self.failures
+            .lock()
+            .expect("failures")
+            .epoch
+            .store(epoch, Ordering::Relaxed);
         self.in_epoch = true;
         self.iterators += 1;
         Ok(self.iterators)
+    }
+
+    /// The epoch the next iterator starts (or the one being iterated), without building a
+    /// pipeline.
+    fn next_epoch(&self) -> u64 {
+        self.pipeline
+            .as_ref()
+            .map_or(self.resume_at, Pipeline::epoch)
+    }
+
+    /// Makes `epoch` the next one iterated; a no-op when it already is (so a loop calling
+    /// `set_epoch` keeps a position loaded by `load_state_dict`). An epoch being iterated is
+    /// abandoned.
+    fn set_epoch(&mut self, epoch: u64) {
+        if !self.in_epoch && self.next_epoch() == epoch {
+            return;
+        }
+        self.drop_pipeline();
+        self.resume_at = epoch;
     }
 
     /// The next batch of the epoch (`Ok(None)` at its end), waiting at most `SLICE`:
@@ -104,7 +138,7 @@ impl Core {
 }
 
 /// How long `_next` waits with the GIL released before it checks for a signal (Ctrl-C).
-const SLICE: std::time::Duration = std::time::Duration::from_millis(50);
+pub(crate) const SLICE: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// A native loader; see `flowgate.ImageLoader` and `flowgate.AudioLoader`.
 #[pyclass(module = "flowgate._native")]
@@ -113,7 +147,7 @@ pub(crate) struct Loader {
     /// The monitor of `core`'s pipeline (see `Core::monitor`).
     monitor: Arc<Mutex<Option<Monitor>>>,
     batches_per_epoch: usize,
-    failures: Arc<Mutex<Vec<Failure>>>,
+    failures: Arc<Mutex<Failures>>,
     /// What the loader reads (names items for `return_paths`).
     dataset: Dataset,
     extras: Extras,
@@ -240,7 +274,7 @@ impl Loader {
         } else {
             n.div_ceil(batch_size)
         };
-        let failures: Arc<Mutex<Vec<Failure>>> = Arc::default();
+        let failures: Arc<Mutex<Failures>> = Arc::default();
         let seen = Arc::clone(&failures);
         let fingerprint = dataset.fingerprint();
         let data = dataset.clone();
@@ -267,10 +301,14 @@ impl Loader {
                 })
                 .on_failure(move |e| {
                     let mut f = seen.lock().expect("failures");
-                    if f.len() == KEEP_FAILURES {
-                        f.remove(0);
+                    if f.kept.len() == KEEP_FAILURES {
+                        f.kept.pop_front();
                     }
-                    f.push((e.stage().to_owned(), e.item().to_owned(), e.to_string()));
+                    let epoch = f.epoch.load(Ordering::Relaxed);
+                    f.kept.push_back((
+                        epoch,
+                        (e.stage().to_owned(), e.item().to_owned(), e.to_string()),
+                    ));
                 });
             // The Parquet row-group cache is memory the stages do not count.
             let b = match data.parquet_cache() {
@@ -298,6 +336,7 @@ impl Loader {
                 resume_at: 0,
                 monitor: Arc::clone(&monitor),
                 iterators: 0,
+                failures: Arc::clone(&failures),
             }),
             monitor,
             batches_per_epoch,
@@ -471,9 +510,33 @@ impl Loader {
         Ok(out)
     }
 
-    /// The failures skipped so far (the last 1,000): (stage, item, message) tuples.
-    fn failures(&self) -> Vec<Failure> {
-        self.failures.lock().expect("failures").clone()
+    /// The failures skipped in `epoch` (default: the epoch being iterated, or the last one
+    /// started), of the last 1,000 kept: (stage, item, message) tuples.
+    #[pyo3(signature = (epoch=None))]
+    fn failures(&self, epoch: Option<u64>) -> Vec<Failure> {
+        let f = self.failures.lock().expect("failures");
+        let epoch = epoch.unwrap_or_else(|| f.epoch.load(Ordering::Relaxed));
+        f.kept
+            .iter()
+            .filter(|(e, _)| *e == epoch)
+            .map(|(_, x)| x.clone())
+            .collect()
+    }
+
+    /// Makes `epoch` the next epoch iterated (as `DistributedSampler.set_epoch`): its order
+    /// and augmentation follow from the seed and the epoch. A no-op when it is already the
+    /// next (a position loaded by `load_state_dict` is kept); an epoch being iterated is
+    /// abandoned.
+    fn set_epoch(&self, py: Python<'_>, epoch: u64) {
+        let core = &self.core;
+        py.allow_threads(|| core.lock().expect("loader").set_epoch(epoch));
+    }
+
+    /// The epoch the next iterator starts, or the one being iterated; builds nothing (safe
+    /// to ask just before a `fork`).
+    fn _next_epoch(&self, py: Python<'_>) -> u64 {
+        let core = &self.core;
+        py.allow_threads(|| core.lock().expect("loader").next_epoch())
     }
 
     /// A checkpoint of the consumer's progress (plain ints and lists: picklable, JSON-able).

@@ -3,12 +3,13 @@
 
 use std::sync::{Arc, Mutex};
 
-use flowgate::{Described, FailureBudget, Pipeline, PipelineError, Workers};
+use flowgate::{Described, FailureBudget, Pipeline, PipelineError, Within, Workers};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use crate::error::to_py;
+use crate::loader::SLICE;
 
 /// A Python exception raised by a stage's callable (its type and message).
 #[derive(Debug)]
@@ -235,26 +236,35 @@ impl PyPipeline {
 
     fn _next(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
         let running = &self.running;
-        let r = py.allow_threads(|| {
-            let mut g = running.lock().expect("running");
-            let Some((p, in_epoch)) = g.as_mut() else {
-                return Ok(None);
-            };
-            if !*in_epoch {
-                return Ok(None);
-            }
-            match p.iter().next() {
-                Some(Ok(x)) => Ok(Some(x)),
-                Some(Err(e)) => {
-                    *g = None;
-                    Err(e)
+        // Waits in slices with the GIL released, checking for signals between them: Ctrl-C
+        // raises KeyboardInterrupt within a slice, not after the next item.
+        let r = loop {
+            let r = py.allow_threads(|| {
+                let mut g = running.lock().expect("running");
+                let Some((p, in_epoch)) = g.as_mut() else {
+                    return Some(Ok(None));
+                };
+                if !*in_epoch {
+                    return Some(Ok(None));
                 }
-                None => {
-                    *in_epoch = false;
-                    Ok(None)
+                match p.next_within(SLICE) {
+                    Within::Next(Ok(x)) => Some(Ok(Some(x))),
+                    Within::Next(Err(e)) => {
+                        *g = None;
+                        Some(Err(e))
+                    }
+                    Within::EpochEnd => {
+                        *in_epoch = false;
+                        Some(Ok(None))
+                    }
+                    Within::TimedOut => None,
                 }
+            });
+            match r {
+                Some(r) => break r,
+                None => py.check_signals()?,
             }
-        });
+        };
         let r = r.map_err(to_py)?;
         if r.is_none() {
             if let Some(e) = self.source_error.lock().expect("source error").take() {

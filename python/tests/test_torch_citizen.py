@@ -1,0 +1,194 @@
+"""The loader where PyTorch code expects things: fork, DataLoader workers, pickling, set_epoch,
+per-epoch failures, tensors out, Ctrl-C in a Python pipeline."""
+
+import pickle
+
+import numpy as np
+import pytest
+
+import flowgate
+from test_process import run
+
+# One decode worker: batches are made of the items in the epoch's order (with several, of
+# whichever finish first).
+ARGS = dict(batch_size=4, crop=32, resize=32, seed=3, return_paths=True, workers=1)
+
+
+def paths_of(data):
+    return [str(p) for p in sorted((data / "images").glob("*.jpg"))]
+
+
+def batches(loader):
+    """An epoch's batches as sorted tuples of paths (the shuffle decides what each batch
+    holds; collate on two workers may swap whole batches)."""
+    return sorted(tuple(ps) for _, ps in loader)
+
+
+def test_a_fork_after_iterating_gives_the_child_its_own_batches(data, tmp_path):
+    """The parent is mid-epoch (its threads busy, buffers pooled) when it forks: the child
+    builds its own pipeline and reads the epoch the parent was in, within seconds."""
+    r = run(f"""
+        import os, signal, flowgate
+        loader = flowgate.ImageLoader({str(data / "images.txt")!r}, batch_size=4, crop=32,
+                                      resize=32, return_paths=True, seed=1)
+        it = iter(loader)
+        first = next(it)
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(30)   # a hang ends the child with SIGALRM, not the test's timeout
+            paths = [p for _, ps in loader for p in ps]
+            print("child", len(paths), len(set(paths)), loader.epoch, flush=True)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        rest = [p for _, ps in it for p in ps]
+        print("parent", len(first[1]) + len(rest), "status", status, flush=True)
+    """, tmp_path, timeout=90)
+    assert "child 40 40 1" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "parent 40 status 0" in r.stdout, r.stdout + r.stderr[-3000:]
+
+
+def test_the_dataloader_route_reads_each_image_once(data, tmp_path):
+    """DataLoader(loader, batch_size=None, num_workers=2): the workers split the files (with
+    fork, and with spawn, which pickles the loader), each image once per epoch, tensors out."""
+    r = run(f"""
+        import collections, torch, flowgate
+        from torch.utils.data import DataLoader
+
+        def epoch(loader, context):
+            dl = DataLoader(loader, batch_size=None, num_workers=2,
+                            multiprocessing_context=context)
+            got = []
+            for x, paths in dl:
+                assert isinstance(x, torch.Tensor) and x.shape[1:] == (3, 32, 32), x.shape
+                assert x.shape[0] == len(paths)
+                got += paths
+            return got
+
+        if __name__ == "__main__":
+            files = sorted(open({str(data / "images.txt")!r}).read().split())
+            loader = flowgate.ImageLoader(files, batch_size=4, crop=32, resize=32,
+                                          return_paths=True, seed=2)
+            assert isinstance(loader, torch.utils.data.IterableDataset)
+            for context in ["fork", "spawn"]:
+                for e in range(2):
+                    loader.set_epoch(e)
+                    got = epoch(loader, context)
+                    twice = [p for p, n in collections.Counter(got).items() if n > 1]
+                    print(context, e, len(got), sorted(got) == files, twice[:3], flush=True)
+    """, tmp_path, timeout=240)
+    for line in ["fork 0 40 True []", "fork 1 40 True []", "spawn 0 40 True []",
+                 "spawn 1 40 True []"]:
+        assert line in r.stdout, r.stdout + r.stderr[-3000:]
+
+
+def test_indexing_says_how_to_use_a_dataloader(data):
+    loader = flowgate.ImageLoader(data / "images.txt", batch_size=4)
+    with pytest.raises(TypeError, match=r"DataLoader\(loader, batch_size=None\)"):
+        loader[0]
+
+
+def test_errors_batches_and_loaders_pickle(data, tmp_path):
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"not a jpeg")
+    with pytest.raises(flowgate.LoaderError) as e:
+        list(flowgate.ImageLoader([str(bad)], skip_errors=False, crop=32, resize=32))
+    back = pickle.loads(pickle.dumps(e.value))
+    assert type(back) is flowgate.LoaderError
+    assert (back.stage, back.item, str(back)) == (e.value.stage, e.value.item, str(e.value))
+    assert back.item == str(bad)
+
+    loader = flowgate.ImageLoader(paths_of(data), **ARGS)
+    batch, _ = next(iter(loader))
+    again = pickle.loads(pickle.dumps(batch))
+    assert np.array_equal(np.asarray(again), np.asarray(batch))
+
+    epochs = [batches(loader) for _ in range(2)]  # epochs 1 and 2
+    copy = pickle.loads(pickle.dumps(loader))
+    assert copy.epoch == loader.epoch == 3
+    assert batches(copy) == batches(loader)
+    assert epochs[0] != epochs[1]
+
+
+def test_set_epoch_gives_that_epochs_order_and_keeps_a_loaded_position(data):
+    files = paths_of(data)
+    reference = flowgate.ImageLoader(files, **ARGS)
+    orders = [batches(reference) for _ in range(3)]
+
+    loader = flowgate.ImageLoader(files, **ARGS)
+    loader.set_epoch(2)
+    assert loader.epoch == 2
+    assert batches(loader) == orders[2]
+    loader.set_epoch(1)  # back to an earlier epoch
+    assert batches(loader) == orders[1]
+
+    # A loop calling set_epoch(epoch) after load_state_dict keeps the loaded position.
+    it = iter(loader)
+    seen = [tuple(next(it)[1]) for _ in range(3)]
+    state = loader.state_dict()
+    resumed = flowgate.ImageLoader(files, **ARGS)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(state["epoch"])
+    rest = batches(resumed)
+    assert sorted(seen + rest) == sorted(orders[2])
+    assert len(rest) == len(orders[2]) - 3
+
+    # Mid-epoch, set_epoch abandons the epoch being iterated.
+    it = iter(loader)
+    next(it)
+    loader.set_epoch(0)
+    assert batches(loader) == orders[0]
+    with pytest.raises(ValueError, match="epoch"):
+        loader.set_epoch(-1)
+
+
+def test_failures_are_per_epoch(data, tmp_path):
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"not a jpeg")
+    loader = flowgate.ImageLoader(paths_of(data)[:7] + [str(bad)], batch_size=4, crop=32,
+                                  resize=32)
+    for _ in range(3):
+        assert sum(len(b) for b in loader) == 7
+        assert [item for _, item, _ in loader.failures()] == [str(bad)]
+    assert [len(loader.failures(e)) for e in range(4)] == [1, 1, 1, 0]
+
+
+def test_output_torch_and_numpy_and_the_attributes(data):
+    torch = pytest.importorskip("torch")
+    files = paths_of(data)
+    x, _ = next(iter(flowgate.ImageLoader(files, output="torch", **ARGS)))
+    assert isinstance(x, torch.Tensor) and tuple(x.shape) == (4, 3, 32, 32)
+    y = next(iter(flowgate.ImageLoader(files, output="numpy", batch_size=4, crop=32,
+                                       resize=32)))
+    assert isinstance(y, np.ndarray) and y.shape == (4, 3, 32, 32) and y.dtype == np.uint8
+    with pytest.raises(ValueError, match="output"):
+        flowgate.ImageLoader(files, output="tensor")
+    loader = flowgate.ImageLoader(files, batch_size=8)
+    assert loader.batch_size == 8 and loader.dataset == files
+    for bad in [((0.5, 0.5), (0.5, 0.5)), (0.5, 0.5), "imagenet"]:
+        with pytest.raises(ValueError, match="normalize"):
+            flowgate.ImageLoader(files, normalize=bad)
+    with pytest.raises(ValueError, match="scale"):
+        flowgate.ImageLoader(files, train=True, scale=0.5)
+
+
+def test_ctrl_c_interrupts_a_python_pipeline_that_waits(tmp_path):
+    r = run("""
+        import os, signal, threading, time, flowgate
+        p = flowgate.Pipeline(range(4)).map(lambda x: time.sleep(30), workers=1)
+        it = iter(p)
+        sent = []
+        def interrupt():
+            time.sleep(0.5)
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)
+        threading.Thread(target=interrupt, daemon=True).start()
+        try:
+            next(it)
+            print("no interrupt")
+        except KeyboardInterrupt:
+            print("interrupted after %.3f" % (time.monotonic() - sent[0]))
+        os._exit(0)
+    """, tmp_path, timeout=30)
+    assert "interrupted after" in r.stdout, r.stdout + r.stderr[-2000:]
+    delay = float(r.stdout.split("interrupted after")[1])
+    assert delay < 0.5, f"KeyboardInterrupt came {delay:.3f}s after the signal"
