@@ -163,6 +163,14 @@ def test_ranks_get_equal_batch_counts_by_default(data):
         assert [len(g) for g in got] == [per_rank - per_rank % 4 if drop_last else per_rank] * 2
         if not drop_last:
             assert set(got[0] + got[1]) == set(files), "every file, one repeated"
+    # The case: 65 files, batches of 32 on 2 ranks (33 items each: 2 batches).
+    many = (paths_of(data) * 2)[:65]
+    counts = []
+    for rank in range(2):
+        loader = flowgate.ImageLoader(many, rank=rank, world_size=2, batch_size=32, crop=32,
+                                      resize=32)
+        counts.append((len(loader), sum(1 for _ in loader)))
+    assert counts == [(2, 2), (2, 2)], counts
 
 
 def test_arguments_are_checked_with_clear_errors(data, tmp_path):

@@ -20,17 +20,18 @@ def test_a_batch_tensor_alive_at_exit_does_not_abort_the_process(data, tmp_path)
     already says it is not initialized: the DLPack deleter must not take the GIL then."""
     pytest.importorskip("torch")
     r = run(f"""
-        import flowgate, torch
+        import flowgate, numpy, torch
         loader = flowgate.ImageLoader({str(data / "images.txt")!r}, batch_size=4, crop=32,
                                       resize=32)
-        x = torch.from_dlpack(next(iter(loader)))   # a module global
+        x = torch.from_dlpack(next(iter(loader)))   # module globals
+        n = numpy.from_dlpack(next(iter(loader)))
         def main():
             return torch.from_dlpack(next(iter(loader)))
         y = main()
-        print("done", x.shape[0] + y.shape[0])
+        print("done", x.shape[0] + y.shape[0] + n.shape[0])
     """, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "done 8" in r.stdout
+    assert "done 12" in r.stdout
     assert "panic" not in r.stderr and "fatal" not in r.stderr, r.stderr[-3000:]
 
 
