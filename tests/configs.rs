@@ -34,7 +34,10 @@ fn dataset() -> &'static Path {
 /// A sample config, pointed at the test's dataset.
 fn config(name: &str) -> String {
     let text = std::fs::read_to_string(Path::new("examples/configs").join(name)).unwrap();
-    text.replace("target/sample-data/", &format!("{}/", dataset().display()))
+    text.replace(
+        "../../target/sample-data/",
+        &format!("{}/", dataset().display()),
+    )
 }
 
 fn run(name: &str) -> Result<usize, String> {

@@ -98,15 +98,20 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(view::LogWriter::default)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    view::route_panics();
     let result = match cli.command {
         Command::Plot { trace, output } => plot(&trace, &output),
         Command::Run {
             pipeline,
             quiet,
             dump,
-        } => run::run(&pipeline, quiet, dump.as_deref()),
+        } => match run::run(&pipeline, quiet, dump.as_deref()) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
         Command::Profile {
             pipeline,
             sample,
@@ -151,6 +156,7 @@ type Error = Box<dyn std::error::Error>;
 #[cfg(feature = "prometheus")]
 mod metrics;
 mod run;
+mod view;
 
 fn gen_data(spec: flowgate::media::synth::DatasetSpec) -> Result<(), Error> {
     let started = std::time::Instant::now();

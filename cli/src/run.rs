@@ -3,24 +3,61 @@
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write as _};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use flowgate::spec::{PipelineSpec, SourceSpec};
-use flowgate::{Pipeline, PipelineStats, StageKind, StageStats, Workers};
+use flowgate::{Pipeline, PipelineStats, Within, Workers};
+
+use crate::view;
 
 type Error = Box<dyn std::error::Error>;
 
-/// Runs a pipeline file: live view on stderr, summary and a JSON line on stdout.
-pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<(), Error> {
+/// Set by Ctrl-C (SIGINT): the run stops after the batch in hand, prints its summary and
+/// exits 130.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+    // A second Ctrl-C ends the process at once.
+    // SAFETY: signal() is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+    }
+}
+
+/// How a run ended.
+enum Ended {
+    /// Every epoch ran.
+    Done,
+    /// The pipeline stopped: a failure budget was exceeded, or an error.
+    Failed(String),
+    /// An epoch delivered nothing (every item failed, or there were none).
+    Empty(u64),
+    /// Ctrl-C.
+    Interrupted,
+}
+
+impl Ended {
+    fn status(&self) -> &'static str {
+        match self {
+            Ended::Done => "ok",
+            Ended::Failed(_) => "failed",
+            Ended::Empty(_) => "empty",
+            Ended::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// Runs a pipeline file: live view on stderr, summary and a JSON line on stdout. The exit
+/// code is 0 when every epoch ran, 1 when the pipeline failed (`run.max_failures` exceeded)
+/// or an epoch delivered nothing, 130 after Ctrl-C (the summary and JSON still print).
+pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitCode, Error> {
     let spec = PipelineSpec::load(file)?;
     if let Some(dir) = dump {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     }
-    let view = Arc::new(Mutex::new(LiveView::new(
-        !quiet,
-        std::io::stderr().is_terminal(),
-    )));
     let jsonl = match &spec.metrics.jsonl {
         Some(p) => {
             Some(std::fs::File::create(p).map_err(|e| format!("creating {}: {e}", p.display()))?)
@@ -30,7 +67,6 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<(), E
     let metrics = metrics_exporter(&spec)?;
     let started = Instant::now();
     let hook = {
-        let view = Arc::clone(&view);
         let mut jsonl = jsonl;
         Box::new(move |stats: &PipelineStats| {
             if let Some(f) = jsonl.as_mut() {
@@ -43,102 +79,185 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<(), E
             if let Some(m) = &metrics {
                 m.update(stats);
             }
-            view.lock().expect("view lock").update(stats);
+            view::with(|v| v.update(stats));
         }) as flowgate::StatsCallback
     };
-    let on_decision = {
-        let view = Arc::clone(&view);
-        Box::new(move |r: &flowgate::TraceRecord| {
-            let mut v = view.lock().expect("view lock");
-            for d in &r.decisions {
-                let line = format!(
-                    "tuner @{:>5.1}s {:>7.1} results/s  {}: {}",
-                    r.t,
-                    r.rate,
-                    describe(&d.action, &r.stages),
-                    d.reason
-                );
-                v.log(line);
+    let on_decision = Box::new(move |r: &flowgate::TraceRecord| {
+        for d in &r.decisions {
+            let what = describe(&d.action, &r.stages, r.memory_budget);
+            let line = format!(
+                "tuner @{:>5.1}s {:>7.1} batches/s  {what}: {}",
+                r.t,
+                r.rate,
+                d.reason.replace("results/s", "batches/s")
+            );
+            let mut logged = false;
+            view::with(|v| {
+                v.decision(r, line.clone(), what.clone());
+                logged = true;
+            });
+            if !logged {
+                eprintln!("{line}");
             }
-        }) as flowgate::spec::DecisionHook
+        }
+    }) as flowgate::spec::DecisionHook;
+    let on_failure = Box::new(|e: &flowgate::ItemError| view::with(|v| v.failure(e)))
+        as flowgate::spec::FailureHook;
+    let mode = if quiet {
+        view::Mode::Off
+    } else if std::io::stderr().is_terminal() {
+        view::Mode::Terminal
+    } else {
+        view::Mode::Lines(Duration::from_secs_f64(spec.run.progress_s))
     };
     let mut loader = spec.build(flowgate::spec::Hooks {
         on_stats: Some(hook),
         on_decision: Some(on_decision),
+        on_failure: Some(on_failure),
     })?;
-    let started = Instant::now(); // after the build (and any upload to a local S3 server)
-    let step = Duration::from_secs_f64(spec.run.step_ms / 1000.0);
+    let policy = spec
+        .tuner
+        .enabled
+        .then(|| spec.tuner_settings().make_policy().name().to_owned());
     eprintln!(
         "{}: {} items per epoch, {} epoch(s), batches of {}{}",
         file.display(),
         loader.items,
         spec.run.epochs,
         spec.batch.size,
-        if spec.tuner.enabled {
-            ", self-tuning"
-        } else {
-            ", tuner off"
+        match &policy {
+            Some(p) => format!(", self-tuning ({p} policy)"),
+            None => ", tuner off".to_owned(),
         }
     );
+    view::start(mode, spec.run.epochs, loader.items, policy);
+    // SAFETY: the handler only stores an atomic and resets itself.
+    unsafe {
+        libc::signal(
+            libc::SIGINT,
+            on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        );
+    }
+    let started = Instant::now(); // after the build (and any upload to a local S3 server)
+    let step = Duration::from_secs_f64(spec.run.step_ms / 1000.0);
     let mut epochs = Vec::new();
-    let mut shape = Vec::new();
-    for epoch in 0..spec.run.epochs {
-        view.lock().expect("view lock").epoch = (epoch + 1, spec.run.epochs);
+    let mut shape: Option<Vec<usize>> = None;
+    let mut ended = Ended::Done;
+    'run: for epoch in 0..spec.run.epochs {
+        view::with(|v| {
+            v.epoch.0 = epoch + 1;
+            v.done = 0;
+        });
         let t0 = Instant::now();
         let mut items = 0usize;
-        for (index, batch) in loader.pipeline.iter().enumerate() {
-            let batch = batch?;
-            items += batch.shape()[0];
+        let mut index = 0usize;
+        loop {
+            if INTERRUPTED.load(Ordering::SeqCst) {
+                epochs.push((items, t0.elapsed().as_secs_f64()));
+                ended = Ended::Interrupted;
+                break 'run;
+            }
+            let batch = match loader.pipeline.next_within(Duration::from_millis(100)) {
+                Within::Next(Ok(b)) => b,
+                Within::Next(Err(e)) => {
+                    epochs.push((items, t0.elapsed().as_secs_f64()));
+                    ended = Ended::Failed(e.to_string());
+                    break 'run;
+                }
+                Within::EpochEnd => break,
+                Within::TimedOut => continue,
+            };
+            let n = batch.shape()[0];
+            items += n;
+            view::with(|v| {
+                v.done += n;
+                v.done_total += n;
+            });
             if let Some(dir) = dump {
                 let path = dir.join(format!("epoch{epoch}-batch{index:05}.npy"));
                 std::fs::write(&path, batch.to_npy())
                     .map_err(|e| format!("writing {}: {e}", path.display()))?;
             }
-            shape = batch.shape().to_vec();
+            index += 1;
+            // The batch shape a full batch has (not the last, partial one).
+            if shape.as_ref().is_none_or(|s| s[0] < n) {
+                shape = Some(batch.shape().to_vec());
+            }
             if !step.is_zero() {
                 std::thread::sleep(step); // the simulated training step
             }
         }
         epochs.push((items, t0.elapsed().as_secs_f64()));
+        if items == 0 {
+            ended = Ended::Empty(epoch + 1);
+            break;
+        }
     }
     let total = started.elapsed().as_secs_f64();
     let stats = loader.pipeline.stats();
-    view.lock().expect("view lock").finish();
+    let groups = view::finish();
+    // SAFETY: as above; back to the default for the rest of the process.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+    }
     drop(loader.pipeline);
-    print!("{}", summary(&stats, &epochs));
+    print!("{}", summary(&stats, &epochs, &groups));
     if let Some(c) = loader.cache.as_ref().map(|c| c.stats()) {
         println!(
-            "cache: {} hits, {} misses, {:.1} of {:.1} MiB, {:.1} MiB evicted",
+            "cache: {} hits, {} misses, {} of {}, {} evicted",
             c.hits,
             c.misses,
-            mib(c.bytes),
-            mib(c.capacity_bytes),
-            mib(c.evicted_bytes)
+            view::bytes(c.bytes),
+            view::bytes(c.capacity_bytes),
+            view::bytes(c.evicted_bytes)
         );
     }
     let items: usize = epochs.iter().map(|e| e.0).sum();
+    let error = match &ended {
+        Ended::Done => None,
+        Ended::Failed(e) => Some(e.clone()),
+        Ended::Empty(epoch) => Some(format!(
+            "epoch {epoch} delivered nothing ({} failed items{})",
+            stats.failures,
+            stats
+                .recent_failures
+                .last()
+                .map_or_else(String::new, |f| format!("; last: {f}"))
+        )),
+        Ended::Interrupted => Some("interrupted".to_owned()),
+    };
     println!(
         "{}",
         serde_json::json!({
             "pipeline": file.display().to_string(),
+            "status": ended.status(),
+            "error": error,
+            "epochs": epochs.len(),
             "items": items,
             "seconds": total,
             "items_per_s": items as f64 / total,
             "failures": stats.failures,
             "consumer_wait_fraction": stats.consumer_wait.as_secs_f64() / total.max(1e-9),
-            "batch_shape": shape,
+            "batch_shape": shape.unwrap_or_default(),
             "workers": stats.stages.iter().map(|s| (s.name.clone(), s.workers)).collect::<std::collections::BTreeMap<_, _>>(),
         })
     );
-    Ok(())
-}
-
-fn mib(b: u64) -> f64 {
-    b as f64 / 1048576.0
+    let _ = std::io::stdout().flush();
+    Ok(match ended {
+        Ended::Done => ExitCode::SUCCESS,
+        Ended::Interrupted => {
+            eprintln!("flowgate: interrupted");
+            ExitCode::from(130)
+        }
+        Ended::Failed(_) | Ended::Empty(_) => {
+            eprintln!("flowgate: {}", error.unwrap_or_default());
+            ExitCode::FAILURE
+        }
+    })
 }
 
 /// The per-stage table after a run.
-fn summary(stats: &PipelineStats, epochs: &[(usize, f64)]) -> String {
+fn summary(stats: &PipelineStats, epochs: &[(usize, f64)], groups: &view::FailureGroups) -> String {
     let mut s = String::new();
     for (i, (items, secs)) in epochs.iter().enumerate() {
         let _ = writeln!(
@@ -176,170 +295,52 @@ fn summary(stats: &PipelineStats, epochs: &[(usize, f64)]) -> String {
         stats.failures,
         stats.consumer_wait.as_secs_f64()
     );
-    for f in &stats.recent_failures {
-        let _ = writeln!(s, "  failed: {f}");
+    // Failures by reason (the same reason on many files is one line), then the last one.
+    for (reason, n, item) in groups.iter().take(5) {
+        let _ = writeln!(s, "  {n} failed: {reason} (latest: {item})");
+    }
+    if groups.len() > 5 {
+        let _ = writeln!(s, "  ... and {} more reasons", groups.len() - 5);
+    }
+    if let Some(f) = stats.recent_failures.last() {
+        let _ = writeln!(s, "  last failure: {f}");
     }
     s
 }
 
-/// A tuner action in words.
-fn describe(action: &flowgate::tuner::Action, stages: &[String]) -> String {
+/// `n` things, singular or plural.
+fn count(n: usize, one: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {one}s")
+    }
+}
+
+/// A tuner action in words (`memory_budget`: the whole pipeline's, not shown as a queue's).
+fn describe(action: &flowgate::tuner::Action, stages: &[String], memory_budget: u64) -> String {
     use flowgate::tuner::Action;
     let name = |i: usize| stages.get(i).map_or("?", String::as_str).to_owned();
     match *action {
-        Action::SetWorkers { stage, workers } => format!("{} → {workers} workers", name(stage)),
+        Action::SetWorkers { stage, workers } => {
+            format!("{} → {}", name(stage), count(workers, "worker"))
+        }
         Action::SetPrefetch {
             stage,
             items,
             bytes,
         } => {
-            if bytes == u64::MAX {
-                format!("{} budget → {items} items", name(stage))
+            let queue = format!("{} queue → {}", name(stage), count(items, "item"));
+            if bytes == u64::MAX || bytes >= memory_budget {
+                queue
             } else {
-                format!(
-                    "{} budget → {items} items, {:.1} MiB",
-                    name(stage),
-                    mib(bytes)
-                )
+                format!("{queue}, at most {}", view::bytes(bytes))
             }
         }
         Action::SetCacheBytes { stage, bytes } => {
-            format!("{} cache → {:.1} MiB", name(stage), mib(bytes))
+            format!("{} cache → {}", name(stage), view::bytes(bytes))
         }
     }
-}
-
-/// The live view: tuner decisions as lines, and a block of per-stage lines below them, redrawn
-/// in place on a terminal, appended otherwise.
-struct LiveView {
-    enabled: bool,
-    tty: bool,
-    drawn: usize,
-    prev: Option<(Instant, PipelineStats)>,
-    epoch: (u64, u64),
-    pending: Vec<String>,
-}
-
-impl LiveView {
-    fn new(enabled: bool, tty: bool) -> Self {
-        Self {
-            enabled,
-            tty,
-            drawn: 0,
-            prev: None,
-            epoch: (0, 0),
-            pending: Vec::new(),
-        }
-    }
-
-    /// A line to print above the block at the next update (every line when not live).
-    fn log(&mut self, line: String) {
-        if self.enabled {
-            self.pending.push(line);
-        } else {
-            eprintln!("{line}");
-        }
-    }
-
-    fn update(&mut self, stats: &PipelineStats) {
-        let now = Instant::now();
-        let Some((then, prev)) = self.prev.replace((now, stats.clone())) else {
-            return;
-        };
-        if !self.enabled {
-            return;
-        }
-        let text = render(stats, &prev, now.duration_since(then), self.epoch);
-        let mut err = std::io::stderr().lock();
-        if self.tty && self.drawn > 0 {
-            // Up over the last block, clear to the end of the screen.
-            let _ = write!(err, "\x1b[{}A\x1b[J", self.drawn);
-        }
-        for line in self.pending.drain(..) {
-            let _ = writeln!(err, "{line}");
-        }
-        let _ = err.write_all(text.as_bytes());
-        self.drawn = text.lines().count();
-    }
-
-    fn finish(&mut self) {
-        let mut err = std::io::stderr().lock();
-        for line in self.pending.drain(..) {
-            let _ = writeln!(err, "{line}");
-        }
-        self.enabled = false;
-    }
-}
-
-/// One frame of the live view, from the statistics now and a window ago.
-fn render(now: &PipelineStats, prev: &PipelineStats, dt: Duration, epoch: (u64, u64)) -> String {
-    let dt = dt.as_secs_f64().max(1e-9);
-    let find = |name: &str| prev.stages.iter().find(|s| s.name == name);
-    let rate = |s: &StageStats| {
-        let p = find(&s.name).map_or(0, |p| p.items_out);
-        s.items_out.saturating_sub(p) as f64 / dt
-    };
-    let busy = |s: &StageStats| {
-        let p = find(&s.name).map_or(Duration::ZERO, |p| p.busy);
-        s.busy.saturating_sub(p).as_secs_f64() / (dt * s.workers.max(1) as f64)
-    };
-    let wait = now
-        .consumer_wait
-        .saturating_sub(prev.consumer_wait)
-        .as_secs_f64()
-        / dt;
-    let work = |s: &&StageStats| !matches!(s.kind, Some(StageKind::Source | StageKind::Sink));
-    let bottleneck = if wait < 0.05 {
-        "the consumer (the loader keeps up)".to_owned()
-    } else {
-        now.stages
-            .iter()
-            .filter(work)
-            .max_by(|a, b| busy(a).total_cmp(&busy(b)))
-            .map_or_else(
-                || "-".to_owned(),
-                |s| format!("{} ({:.0}% busy)", s.name, 100.0 * busy(s)),
-            )
-    };
-    let delivered = now.delivered.saturating_sub(prev.delivered) as f64 / dt;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "epoch {}/{}  {:>8.1} batches/s  consumer wait {:>3.0}%  bottleneck: {}  failed {}",
-        epoch.0,
-        epoch.1,
-        delivered,
-        100.0 * wait.min(1.0),
-        bottleneck,
-        now.failures
-    );
-    let _ = writeln!(
-        out,
-        "  {:<12} {:>7} {:>13} {:>10} {:>6}",
-        "stage", "workers", "queue", "items/s", "busy"
-    );
-    for s in &now.stages {
-        let queue = if s.budget_items == 0 || s.budget_items == usize::MAX {
-            format!("{}", s.queue_items)
-        } else {
-            format!("{}/{}", s.queue_items, s.budget_items)
-        };
-        let b = if work(&s) {
-            format!("{:.0}%", 100.0 * busy(s).min(1.0))
-        } else {
-            "-".to_owned()
-        };
-        let _ = writeln!(
-            out,
-            "  {:<12} {:>7} {:>13} {:>10.0} {:>6}",
-            s.name,
-            s.workers,
-            queue,
-            rate(s),
-            b
-        );
-    }
-    out
 }
 
 /// Prometheus metrics, when built with the feature and asked for.

@@ -2,42 +2,13 @@
 //! dumps batches, bad files give one error naming the key and line, `gen-data` writes the
 //! lists, `plot` draws a tuner trace, and the Prometheus endpoint serves its metrics.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::sync::OnceLock;
 
-use flowgate::media::synth::{write_dataset, DatasetSpec};
 use flowgate::spec::PipelineSpec;
 
-/// The repository's sample configs.
-fn configs() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/configs")
-}
-
-/// One small dataset for every test of this file.
-fn dataset() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-dataset");
-        let _ = std::fs::remove_dir_all(&dir);
-        write_dataset(&DatasetSpec {
-            out: dir.clone(),
-            images: 40,
-            audio: 10,
-            flac: true,
-            video: 0,
-            shards: 10,
-            seed: 7,
-        })
-        .expect("write the sample dataset")
-    })
-}
-
-/// A sample config, pointed at the test's dataset.
-fn config(name: &str) -> String {
-    let text = std::fs::read_to_string(configs().join(name)).unwrap();
-    text.replace("target/sample-data/", &format!("{}/", dataset().display()))
-}
+mod common;
+use common::config;
 
 #[test]
 fn flowgate_run_prints_decisions_a_summary_and_json() {
@@ -283,7 +254,7 @@ fn flowgate_run_reads_tar_shards_from_s3() {
     let s3 = S3::connect(server.config("data")).unwrap();
     futures::executor::block_on(s3.create_bucket()).unwrap();
     let mut uploaded = 0;
-    for entry in std::fs::read_dir(dataset().join("shards")).unwrap() {
+    for entry in std::fs::read_dir(common::dataset().join("shards")).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         let bytes = std::fs::read(&path).unwrap();
@@ -292,7 +263,7 @@ fn flowgate_run_reads_tar_shards_from_s3() {
     }
     assert!(uploaded >= 2, "shards and their manifest");
     let text = config("shards.toml").replace(
-        &format!("shards = \"{}/shards\"", dataset().display()),
+        &format!("shards = \"{}/shards\"", common::dataset().display()),
         &format!(
             "shards = \"s3://data/corpus/\"\nendpoint = \"{}\"\ncache_dir = \"{}\"\ncache_mb = 64",
             server.endpoint(),

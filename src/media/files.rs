@@ -34,47 +34,86 @@ impl Files {
         }
     }
 
-    /// Every file under `root` (recursively) whose extension is one of `extensions`
-    /// (case-insensitive; empty: every file), in sorted order.
+    /// Every file under `root` (recursively, following symbolic links) whose extension is one
+    /// of `extensions` (case-insensitive; empty: every file), in sorted order.
+    ///
+    /// Each directory is entered once and each file listed once, by device and inode: a
+    /// symbolic link back up the tree (a loop) or a second link to a folder or file already
+    /// seen is skipped, and reported once in a warning with how many were skipped, so a tree
+    /// with loops still lists each real file once, in bounded time.
     pub fn dir(root: impl AsRef<Path>, extensions: &[&str]) -> Result<Self, PipelineError> {
+        let root = root.as_ref();
+        let listing = |dir: &Path, e| PipelineError::io(format!("listing {}", dir.display()), e);
+        let mut seen = Seen::default();
         let mut paths = Vec::new();
-        let mut stack = vec![root.as_ref().to_path_buf()];
+        let meta = std::fs::metadata(root).map_err(|e| listing(root, e))?;
+        seen.first(&meta);
+        let mut stack = vec![root.to_path_buf()];
         while let Some(dir) = stack.pop() {
-            let entries = std::fs::read_dir(&dir)
-                .map_err(|e| PipelineError::io(format!("listing {}", dir.display()), e))?;
-            for entry in entries {
-                let entry = entry
-                    .map_err(|e| PipelineError::io(format!("listing {}", dir.display()), e))?;
-                let path = entry.path();
-                if path.is_dir() {
-                    stack.push(path);
-                } else if extensions.is_empty()
+            let mut entries = std::fs::read_dir(&dir)
+                .map_err(|e| listing(&dir, e))?
+                .map(|e| e.map(|e| e.path()))
+                .collect::<Result<Vec<PathBuf>, _>>()
+                .map_err(|e| listing(&dir, e))?;
+            entries.sort();
+            let mut subdirs = Vec::new();
+            for path in entries {
+                // Links are followed.
+                let wanted = extensions.is_empty()
                     || path
                         .extension()
                         .and_then(|e| e.to_str())
-                        .is_some_and(|e| extensions.iter().any(|x| x.eq_ignore_ascii_case(e)))
-                {
-                    paths.push(path);
+                        .is_some_and(|e| extensions.iter().any(|x| x.eq_ignore_ascii_case(e)));
+                match std::fs::metadata(&path) {
+                    Ok(meta) if meta.is_dir() => {
+                        if seen.first(&meta) {
+                            subdirs.push(path);
+                        } else {
+                            seen.dirs_skipped(&path);
+                        }
+                    }
+                    Ok(meta) if wanted => {
+                        if seen.first(&meta) {
+                            paths.push(path);
+                        } else {
+                            seen.files_skipped(&path);
+                        }
+                    }
+                    Ok(_) => {}
+                    // A dangling link: a file the decoder will report missing.
+                    Err(_) if wanted => paths.push(path),
+                    Err(_) => {}
                 }
             }
+            // Depth first, in sorted order: the first path to reach a folder is the same on
+            // every run.
+            stack.extend(subdirs.into_iter().rev());
         }
+        seen.report(root);
         paths.sort();
         Ok(Self::new(paths))
     }
 
     /// The paths in a list file, one per line (blank lines and `#` comments skipped; relative
-    /// paths are relative to the list's directory).
+    /// paths are relative to the list's directory). A line is taken as the file name's bytes
+    /// (on Unix a name need not be UTF-8); only a trailing `\r` and surrounding spaces and
+    /// tabs are trimmed.
     pub fn list(file: impl AsRef<Path>) -> Result<Self, PipelineError> {
         let file = file.as_ref();
-        let text = std::fs::read_to_string(file)
+        let bytes = std::fs::read(file)
             .map_err(|e| PipelineError::io(format!("reading the list {}", file.display()), e))?;
         let base = file.parent().unwrap_or(Path::new("."));
-        Ok(Self::new(
-            text.lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty() && !l.starts_with('#'))
-                .map(|l| base.join(l)),
-        ))
+        let mut paths = Vec::new();
+        for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
+            let line = line.trim_ascii();
+            if line.is_empty() || line.starts_with(b"#") {
+                continue;
+            }
+            paths.push(base.join(path_from_bytes(line).map_err(|e| {
+                PipelineError::config(format!("{}:{}: {e}", file.display(), i + 1))
+            })?));
+        }
+        Ok(Self::new(paths))
     }
 
     /// Shuffles every epoch with a seed derived from `seed` and the epoch number: the same seed
@@ -194,6 +233,70 @@ impl Files {
     }
 }
 
+/// A path from a list line's bytes: any bytes on Unix; UTF-8 elsewhere.
+fn path_from_bytes(b: &[u8]) -> Result<PathBuf, String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        Ok(PathBuf::from(std::ffi::OsStr::from_bytes(b)))
+    }
+    #[cfg(not(unix))]
+    {
+        std::str::from_utf8(b)
+            .map(PathBuf::from)
+            .map_err(|_| "a file name that is not UTF-8 (only Unix takes any bytes)".to_owned())
+    }
+}
+
+/// What a directory walk has entered or listed, by device and inode (on Unix; elsewhere
+/// every path is new), and what it skipped.
+#[derive(Default)]
+struct Seen {
+    ids: std::collections::HashSet<(u64, u64)>,
+    dirs: usize,
+    files: usize,
+    example: Option<PathBuf>,
+}
+
+impl Seen {
+    /// Whether `meta`'s file is new (and notes it).
+    fn first(&mut self, meta: &std::fs::Metadata) -> bool {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            self.ids.insert((meta.dev(), meta.ino()))
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = meta;
+            true
+        }
+    }
+
+    fn dirs_skipped(&mut self, path: &Path) {
+        self.dirs += 1;
+        self.example.get_or_insert_with(|| path.to_path_buf());
+    }
+
+    fn files_skipped(&mut self, path: &Path) {
+        self.files += 1;
+        self.example.get_or_insert_with(|| path.to_path_buf());
+    }
+
+    fn report(&self, root: &Path) {
+        if let Some(example) = &self.example {
+            tracing::warn!(
+                "{}: skipped {} folder(s) and {} file(s) reached a second time through symbolic \
+                 links (loops or aliases), e.g. {}",
+                root.display(),
+                self.dirs,
+                self.files,
+                example.display()
+            );
+        }
+    }
+}
+
 /// Labels from folder names (see [`Files::folder_labels`]): `root/cat/1.jpg` → the index of
 /// `root/cat` among the sorted folders holding files, as torchvision's `ImageFolder` numbers
 /// the classes of a `root/<class>/<file>` tree.
@@ -293,5 +396,72 @@ mod tests {
                 .collect();
             assert_eq!(by_index, files.epoch(e));
         }
+    }
+
+    /// A fresh folder in the system's temporary directory.
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("flowgate-files-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn symlink_loops_and_aliases_list_each_real_file_once() {
+        use std::os::unix::fs::symlink;
+        let root = scratch("loops");
+        for d in ["a", "b/c"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        for f in ["a/1.jpg", "a/2.JPG", "b/3.jpg", "b/c/4.jpg", "b/notes.txt"] {
+            std::fs::write(root.join(f), f).unwrap();
+        }
+        // Two loops (to the root and to a parent), a second link to a folder, one to a file,
+        // and a dangling link (kept: the decoder reports it missing).
+        symlink(&root, root.join("a/up")).unwrap();
+        symlink("..", root.join("b/c/back")).unwrap();
+        symlink(root.join("a"), root.join("b/alias")).unwrap();
+        symlink(root.join("a/1.jpg"), root.join("b/same.jpg")).unwrap();
+        symlink(root.join("gone.jpg"), root.join("b/dangling.jpg")).unwrap();
+        let files = Files::dir(&root, &["jpg"]).unwrap();
+        let rel: Vec<String> = files
+            .paths()
+            .iter()
+            .map(|p| p.strip_prefix(&root).unwrap().display().to_string())
+            .collect();
+        assert_eq!(
+            rel,
+            [
+                "a/1.jpg",
+                "a/2.JPG",
+                "b/3.jpg",
+                "b/c/4.jpg",
+                "b/dangling.jpg"
+            ]
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_list_takes_any_file_name_bytes() {
+        use std::os::unix::ffi::OsStrExt;
+        let root = scratch("list");
+        let name = std::ffi::OsStr::from_bytes(b"caf\xe9.jpg");
+        let mut list = b"# comment\n\n  one.jpg \r\n".to_vec();
+        list.extend_from_slice(name.as_bytes());
+        list.extend_from_slice(b"\n/abs/two.jpg\n");
+        std::fs::write(root.join("list.txt"), &list).unwrap();
+        let files = Files::list(root.join("list.txt")).unwrap();
+        assert_eq!(
+            files.paths(),
+            [
+                root.join("one.jpg"),
+                root.join(name),
+                PathBuf::from("/abs/two.jpg")
+            ]
+        );
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

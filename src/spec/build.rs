@@ -38,6 +38,9 @@ struct Reader {
 
 /// Called with every tuner tick that changed something.
 pub type DecisionHook = Box<dyn FnMut(&crate::TraceRecord) + Send>;
+/// A callback with each item failure, as it happens (see
+/// [`PipelineBuilder::on_failure`](crate::PipelineBuilder::on_failure)).
+pub type FailureHook = Box<dyn Fn(&crate::ItemError) + Send + Sync>;
 
 /// What to call while a spec's pipeline runs.
 #[derive(Default)]
@@ -46,6 +49,8 @@ pub struct Hooks {
     pub on_stats: Option<crate::StatsCallback>,
     /// Tuner decisions.
     pub on_decision: Option<DecisionHook>,
+    /// Item failures (skipped or not).
+    pub on_failure: Option<FailureHook>,
 }
 
 impl std::fmt::Debug for Hooks {
@@ -53,6 +58,7 @@ impl std::fmt::Debug for Hooks {
         f.debug_struct("Hooks")
             .field("on_stats", &self.on_stats.is_some())
             .field("on_decision", &self.on_decision.is_some())
+            .field("on_failure", &self.on_failure.is_some())
             .finish()
     }
 }
@@ -185,6 +191,12 @@ impl PipelineSpec {
             let mut b = b
                 .batch(batch, self.batch.drop_last)
                 .checkpoint_fields(fields);
+            if let Some(m) = self.run.max_failures {
+                b = b.max_failures(match m {
+                    super::MaxFailures::Count(n) => crate::FailureBudget::count(n),
+                    super::MaxFailures::Rate(r) => crate::FailureBudget::rate(r),
+                });
+            }
             b = if self.tuner.enabled {
                 b.autotune(self.tuner_settings())
             } else {
@@ -195,6 +207,9 @@ impl PipelineSpec {
             }
             if let Some(f) = hooks.on_decision {
                 b = b.on_tuner_decision(f);
+            }
+            if let Some(f) = hooks.on_failure {
+                b = b.on_failure(f);
             }
             b.build()
         };

@@ -38,6 +38,6 @@ mod s3;
 mod schema;
 mod validate;
 
-pub use build::{DecisionHook, Hooks, Loader};
+pub use build::{DecisionHook, FailureHook, Hooks, Loader};
 pub use schema::*;
 pub use validate::SpecError;

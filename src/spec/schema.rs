@@ -337,7 +337,7 @@ pub enum DeviceKind {
     Cuda,
 }
 
-/// Epochs and the simulated training step.
+/// Epochs, the simulated training step and how many failures a run tolerates.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunSpec {
@@ -347,6 +347,28 @@ pub struct RunSpec {
     /// Milliseconds of simulated training per batch (the consumer's step).
     #[serde(default)]
     pub step_ms: f64,
+    /// The failure budget: an integer is a count (`0`: the first failure stops the run), a
+    /// number with a fraction a rate of the items seen (`0.01`: 1%, applied once 100 items
+    /// were seen). Absent: failing items are skipped and counted, never fatal.
+    #[serde(default)]
+    pub max_failures: Option<MaxFailures>,
+    /// `flowgate run` when stderr is not a terminal: seconds between progress lines.
+    #[serde(default = "ten")]
+    pub progress_s: f64,
+}
+
+fn ten() -> f64 {
+    10.0
+}
+
+/// `run.max_failures`: a count or a rate.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum MaxFailures {
+    /// At most this many failed items.
+    Count(u64),
+    /// At most this fraction of the items seen.
+    Rate(f64),
 }
 
 fn one_u64() -> u64 {
@@ -358,6 +380,8 @@ impl Default for RunSpec {
         Self {
             epochs: 1,
             step_ms: 0.0,
+            max_failures: None,
+            progress_s: 10.0,
         }
     }
 }

@@ -1,13 +1,12 @@
 //! Parsing a pipeline file and the checks no pipeline can run without; every error names the
 //! file, the line and the dotted key.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::schema::*;
 
 /// A bad pipeline file: where, which key, what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}:{line}: {key}: {message}")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpecError {
     /// The file.
     pub file: String,
@@ -18,6 +17,22 @@ pub struct SpecError {
     /// What is wrong.
     pub message: String,
 }
+
+impl std::fmt::Display for SpecError {
+    /// `FILE:LINE: KEY: MESSAGE`, leaving out a line or key that is not known.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.file)?;
+        if self.line > 0 {
+            write!(f, ":{}", self.line)?;
+        }
+        if !self.key.is_empty() {
+            write!(f, ": {}", self.key)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for SpecError {}
 
 /// The largest batch a pipeline file may ask for.
 const MAX_BATCH: u64 = 1 << 16;
@@ -31,7 +46,8 @@ const MAX_MB: f64 = (1u64 << 24) as f64;
 const MAX_MS: f64 = 3_600_000.0;
 
 impl PipelineSpec {
-    /// Reads and checks a pipeline file.
+    /// Reads and checks a pipeline file. Relative paths in it (sources, caches, traces,
+    /// metrics files) are relative to the file's folder, so the file runs from any directory.
     pub fn load(path: &Path) -> Result<Self, SpecError> {
         let text = std::fs::read_to_string(path).map_err(|e| SpecError {
             file: path.display().to_string(),
@@ -39,7 +55,70 @@ impl PipelineSpec {
             key: String::new(),
             message: format!("cannot read: {e}"),
         })?;
-        Self::parse(&text, &path.display().to_string())
+        let mut spec = Self::parse(&text, &path.display().to_string())?;
+        spec.relative_to(path.parent().unwrap_or(Path::new("")));
+        Ok(spec)
+    }
+
+    /// Makes the file's relative local paths relative to `base` (what [`load`](Self::load)
+    /// does with the file's folder); S3 URLs and absolute paths stay as they are.
+    pub fn relative_to(&mut self, base: &Path) {
+        fn fix(p: &mut PathBuf, base: &Path) {
+            if p.is_relative() && !p.to_string_lossy().starts_with("s3://") {
+                *p = base.join(&*p);
+            }
+        }
+        fn source(s: &mut SourceSpec, base: &Path) {
+            match s {
+                SourceSpec::List { path, .. }
+                | SourceSpec::Dir { path, .. }
+                | SourceSpec::Parquet { path, .. } => fix(path, base),
+                SourceSpec::Tar {
+                    shards, cache_dir, ..
+                } => {
+                    if let Some(d) = cache_dir {
+                        fix(d, base);
+                    }
+                    // A comma list of patterns, folders or S3 URLs.
+                    *shards = shards
+                        .split(',')
+                        .map(|part| {
+                            let t = part.trim();
+                            let mut p = PathBuf::from(t);
+                            fix(&mut p, base);
+                            if t.is_empty() {
+                                part.to_owned()
+                            } else {
+                                p.to_string_lossy().into_owned()
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                        .join(",");
+                }
+                SourceSpec::Mix { sources, .. } => {
+                    for s in sources {
+                        source(s, base);
+                    }
+                }
+                SourceSpec::S3 {
+                    serve_locally_from, ..
+                } => {
+                    if let Some(p) = serve_locally_from {
+                        fix(p, base);
+                    }
+                }
+            }
+        }
+        if base.as_os_str().is_empty() {
+            return;
+        }
+        source(&mut self.source, base);
+        for p in [&mut self.tuner.trace, &mut self.metrics.jsonl]
+            .into_iter()
+            .flatten()
+        {
+            fix(p, base);
+        }
     }
 
     /// Parses and checks the text of a pipeline file (`file` names it in errors).
@@ -86,6 +165,22 @@ impl PipelineSpec {
         }
         if !(self.run.step_ms >= 0.0 && self.run.step_ms <= MAX_MS) {
             return Err(err("run", "step_ms", format!("must be in 0..={MAX_MS}")));
+        }
+        if !(self.run.progress_s >= 0.1 && self.run.progress_s <= MAX_MS / 1000.0) {
+            return Err(err(
+                "run",
+                "progress_s",
+                format!("must be in 0.1..={}", MAX_MS / 1000.0),
+            ));
+        }
+        if let Some(MaxFailures::Rate(r)) = self.run.max_failures {
+            if !(0.0..=1.0).contains(&r) {
+                return Err(err(
+                    "run",
+                    "max_failures",
+                    format!("a count (an integer) or a rate in 0..=1, not {r}"),
+                ));
+            }
         }
         // The media recipe's own rules (the same ones `Recipe` applies), located here.
         use crate::media::rules::check;
@@ -287,6 +382,44 @@ size = 16
 
     fn error(text: &str) -> SpecError {
         PipelineSpec::parse(text, "p.toml").unwrap_err()
+    }
+
+    #[test]
+    fn relative_paths_are_the_files() {
+        let text = "[source]\nkind = \"mix\"\nweights = [1, 1, 1]\n\
+                    [[source.sources]]\nkind = \"list\"\npath = \"images.txt\"\n\
+                    [[source.sources]]\nkind = \"tar\"\n\
+                    shards = \"a/s-{0..1}.tar, /abs/b.tar,s3://bucket/c.tar\"\n\
+                    [[source.sources]]\nkind = \"parquet\"\npath = \"s3://bucket/p.parquet\"\n\
+                    [decode]\nkind = \"image\"\n[batch]\nsize = 4\n\
+                    [tuner]\ntrace = \"trace.jsonl\"\n";
+        let mut s = PipelineSpec::parse(text, "p.toml").unwrap();
+        s.relative_to(Path::new("/cfg"));
+        let SourceSpec::Mix { sources, .. } = &s.source else {
+            panic!("a mix")
+        };
+        match (&sources[0], &sources[1], &sources[2]) {
+            (
+                SourceSpec::List { path, .. },
+                SourceSpec::Tar { shards, .. },
+                SourceSpec::Parquet { path: p, .. },
+            ) => {
+                assert_eq!(path, Path::new("/cfg/images.txt"));
+                assert_eq!(shards, "/cfg/a/s-{0..1}.tar,/abs/b.tar,s3://bucket/c.tar");
+                assert_eq!(p, Path::new("s3://bucket/p.parquet"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            s.tuner.trace.as_deref(),
+            Some(Path::new("/cfg/trace.jsonl"))
+        );
+        // A file that cannot be read: its path and why, without an empty line or key.
+        let e = PipelineSpec::load(Path::new("/no/such.toml")).unwrap_err();
+        assert!(
+            e.to_string().starts_with("/no/such.toml: cannot read"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -618,7 +618,7 @@ impl ModelBased {
             return Self::worker_decisions(
                 obs,
                 &targets,
-                &format!("model: target {rate:.0} items/s"),
+                &format!("model: target {rate:.0} results/s"),
             );
         }
         self.buffers(obs, n)

@@ -1,0 +1,597 @@
+//! The live view of `flowgate run`: on a terminal, a block of lines redrawn in place (each cut
+//! to the terminal's width, so nothing wraps and a redraw leaves no stale line), with log lines
+//! (tuner decisions, library warnings, panic messages) printed above it; elsewhere (a batch
+//! job's log) one concise line per interval.
+//!
+//! Everything flowgate writes to stderr while a run is on goes through [`log`]: the tracing
+//! subscriber's writer ([`LogWriter`]) and the panic hook ([`route_panics`]) too, so no message
+//! lands inside a frame.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use flowgate::{PipelineStats, StageKind, StageStats};
+
+/// How the view shows itself.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Mode {
+    /// Nothing but the log lines (`--quiet`).
+    Off,
+    /// A frame redrawn in place on a terminal.
+    Terminal,
+    /// One line per interval (stderr is a file or a pipe).
+    Lines(Duration),
+}
+
+/// What the view knows of the run.
+pub(crate) struct View {
+    mode: Mode,
+    /// Lines of the frame on screen (to move up over).
+    drawn: usize,
+    /// The statistics of the previous update, for rates, and of the first (for the whole
+    /// run's, at the end).
+    prev: Option<(Instant, PipelineStats)>,
+    first: Option<(Instant, PipelineStats)>,
+    /// When the last progress line was written (line mode).
+    last_line: Option<Instant>,
+    started: Instant,
+    /// The epoch being run (1-based) and how many.
+    pub(crate) epoch: (u64, u64),
+    /// Items per epoch (this rank's), and delivered so far: this epoch, and in all.
+    pub(crate) epoch_items: usize,
+    pub(crate) done: usize,
+    pub(crate) done_total: usize,
+    /// Lines to print above the frame at the next redraw.
+    pending: Vec<String>,
+    /// CPU seconds of the process at the previous update.
+    cpu: Option<(Instant, f64)>,
+    /// The tuner: its policy, the memory budget, the last decision and when.
+    pub(crate) policy: Option<String>,
+    memory_budget: Option<u64>,
+    last_decision: Option<(Instant, String)>,
+    /// Failures by reason: how many, and the latest item.
+    failures: BTreeMap<String, (u64, String)>,
+    latest_failure: Option<String>,
+}
+
+static VIEW: Mutex<Option<View>> = Mutex::new(None);
+
+/// The view, locked (`None` before [`start`] and after [`finish`]).
+fn view() -> MutexGuard<'static, Option<View>> {
+    VIEW.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Starts the view.
+pub(crate) fn start(mode: Mode, epochs: u64, epoch_items: usize, policy: Option<String>) {
+    *view() = Some(View {
+        mode,
+        drawn: 0,
+        prev: None,
+        first: None,
+        last_line: None,
+        started: Instant::now(),
+        epoch: (0, epochs),
+        epoch_items,
+        done: 0,
+        done_total: 0,
+        pending: Vec::new(),
+        cpu: None,
+        policy,
+        memory_budget: None,
+        last_decision: None,
+        failures: BTreeMap::new(),
+        latest_failure: None,
+    });
+}
+
+/// Runs `f` on the view, if it is on.
+pub(crate) fn with(f: impl FnOnce(&mut View)) {
+    if let Some(v) = view().as_mut() {
+        f(v);
+    }
+}
+
+/// A line for stderr: above the frame on a terminal (at the next redraw, which happens at once
+/// when `now`), straight to stderr otherwise.
+pub(crate) fn log(line: String) {
+    let mut g = view();
+    match g.as_mut() {
+        Some(v) if v.mode == Mode::Terminal => {
+            v.pending.push(line);
+        }
+        _ => {
+            drop(g);
+            eprintln!("{line}");
+        }
+    }
+}
+
+/// The failures of a run grouped by reason: (reason, how many, the latest item), most
+/// frequent first.
+pub(crate) type FailureGroups = Vec<(String, u64, String)>;
+
+/// Prints what is pending and leaves the last frame on screen; the view is off afterwards.
+/// Returns the run's failures by reason.
+pub(crate) fn finish() -> FailureGroups {
+    let Some(mut v) = view().take() else {
+        return Vec::new();
+    };
+    {
+        let mut err = std::io::stderr().lock();
+        if v.mode == Mode::Terminal {
+            v.clear(&mut err);
+        }
+        for line in v.pending.drain(..) {
+            let _ = writeln!(err, "{line}");
+        }
+        // The last frame (or line), over the whole run: a record of where it ended.
+        if let (Some((t0, first)), Some((t1, last))) = (v.first.clone(), v.prev.clone()) {
+            let dt = t1.duration_since(t0);
+            match v.mode {
+                Mode::Terminal => {
+                    let frame = v.frame(&last, &first, dt, width());
+                    let _ = err.write_all(frame.as_bytes());
+                }
+                Mode::Lines(_) => {
+                    let line = v.line(&last, &first, dt);
+                    let _ = writeln!(err, "{line}");
+                }
+                Mode::Off => {}
+            }
+        }
+    }
+    let mut groups: FailureGroups = std::mem::take(&mut v.failures)
+        .into_iter()
+        .map(|(reason, (n, item))| (reason, n, item))
+        .collect();
+    groups.sort_by_key(|g| std::cmp::Reverse(g.1));
+    groups
+}
+
+/// Tracing's writer: each event becomes a [`log`] line.
+#[derive(Default)]
+pub(crate) struct LogWriter(Vec<u8>);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for LogWriter {
+    fn drop(&mut self) {
+        let text = String::from_utf8_lossy(&self.0);
+        for line in text.lines().filter(|l| !l.is_empty()) {
+            log(line.to_owned());
+        }
+    }
+}
+
+/// Panic messages (a library's, a worker's) go through [`log`] instead of into a frame.
+pub(crate) fn route_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        log(format!(
+            "panic in thread '{}': {info}",
+            thread.name().unwrap_or("<unnamed>")
+        ));
+    }));
+}
+
+impl View {
+    /// A tuner decision: logged above the frame, and remembered as the tuner's state.
+    pub(crate) fn decision(&mut self, r: &flowgate::TraceRecord, line: String, what: String) {
+        self.memory_budget = Some(r.memory_budget);
+        self.last_decision = Some((Instant::now(), what));
+        if self.mode == Mode::Terminal {
+            self.pending.push(line);
+        } else {
+            eprintln!("{line}");
+        }
+    }
+
+    /// An item failure, grouped by its reason.
+    pub(crate) fn failure(&mut self, e: &flowgate::ItemError) {
+        let reason = reason(&e.cause().to_string(), e.item());
+        let entry = self.failures.entry(reason).or_insert((0, String::new()));
+        entry.0 += 1;
+        entry.1 = e.item().to_owned();
+        self.latest_failure = Some(format!("{}: {}", e.item(), e.cause()));
+    }
+
+    /// New statistics: a redraw on a terminal, a line per interval otherwise.
+    pub(crate) fn update(&mut self, stats: &PipelineStats) {
+        let now = Instant::now();
+        if self.first.is_none() {
+            self.first = Some((now, stats.clone()));
+        }
+        let Some((then, prev)) = self.prev.replace((now, stats.clone())) else {
+            return;
+        };
+        match self.mode {
+            Mode::Off => {}
+            Mode::Terminal => {
+                let frame = self.frame(stats, &prev, now.duration_since(then), width());
+                let mut err = std::io::stderr().lock();
+                self.clear(&mut err);
+                for line in self.pending.drain(..) {
+                    let _ = writeln!(err, "{line}");
+                }
+                let _ = err.write_all(frame.as_bytes());
+                let _ = err.flush();
+                self.drawn = frame.lines().count();
+            }
+            Mode::Lines(every) => {
+                if self
+                    .last_line
+                    .is_some_and(|t| now.duration_since(t) < every)
+                {
+                    // Rates over the whole interval: keep the interval's first statistics.
+                    self.prev = Some((then, prev));
+                    return;
+                }
+                self.last_line = Some(now);
+                let line = self.line(stats, &prev, now.duration_since(then));
+                eprintln!("{line}");
+            }
+        }
+    }
+
+    /// Moves up over the frame on screen and clears to the end of the screen.
+    fn clear(&mut self, err: &mut impl std::io::Write) {
+        if self.drawn > 0 {
+            let _ = write!(err, "\r\x1b[{}A\x1b[J", self.drawn);
+            self.drawn = 0;
+        }
+    }
+
+    /// Seconds to the end of the run at the run's rate so far, if known.
+    fn eta(&self) -> Option<f64> {
+        let elapsed = self.started.elapsed().as_secs_f64();
+        if self.done_total == 0 || elapsed <= 0.0 {
+            return None;
+        }
+        let rate = self.done_total as f64 / elapsed;
+        let left_epochs = self.epoch.1.saturating_sub(self.epoch.0) as usize;
+        let left = self.epoch_items.saturating_sub(self.done) + left_epochs * self.epoch_items;
+        Some(left as f64 / rate)
+    }
+
+    /// The process's CPU use in cores since the previous call.
+    fn cpu_cores(&mut self) -> Option<f64> {
+        let now = (Instant::now(), cpu_seconds()?);
+        let prev = self.cpu.replace(now)?;
+        let dt = now.0.duration_since(prev.0).as_secs_f64();
+        (dt > 0.0).then(|| (now.1 - prev.1) / dt)
+    }
+
+    /// The frame on a terminal `width` columns wide.
+    fn frame(
+        &mut self,
+        now: &PipelineStats,
+        prev: &PipelineStats,
+        dt: Duration,
+        width: usize,
+    ) -> String {
+        let r = Rates::new(now, prev, dt);
+        let mut lines = Vec::new();
+        let pct = 100.0 * self.done as f64 / self.epoch_items.max(1) as f64;
+        lines.push(format!(
+            "epoch {}/{} {} {}/{} items {:.0}%  elapsed {}  ETA {}",
+            self.epoch.0,
+            self.epoch.1,
+            bar(pct, 20),
+            self.done,
+            self.epoch_items,
+            pct,
+            clock(self.started.elapsed().as_secs_f64()),
+            self.eta().map_or_else(|| "-".to_owned(), clock)
+        ));
+        lines.push(format!(
+            "{:.1} batches/s ({:.0} items/s)  consumer waits {:.0}%  bottleneck: {}",
+            r.batches,
+            r.items,
+            100.0 * r.wait.min(1.0),
+            r.bottleneck(now)
+        ));
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpu = self
+            .cpu_cores()
+            .map_or_else(|| "-".to_owned(), |c| format!("{c:.1}"));
+        let buffered: u64 = now.stages.iter().map(|s| s.queue_bytes).sum();
+        lines.push(format!(
+            "cpu {cpu} of {cores} cores  rss {}  buffered {}{}",
+            rss_bytes().map_or_else(|| "-".to_owned(), bytes),
+            bytes(buffered),
+            self.memory_budget
+                .map_or_else(String::new, |b| format!(" of {} budget", bytes(b)))
+        ));
+        lines.push(self.failures_line(now.failures));
+        lines.push(match (&self.policy, &self.last_decision) {
+            (None, _) => "tuner off".to_owned(),
+            (Some(p), None) => format!("tuner ({p}): watching, no change yet"),
+            (Some(p), Some((t, what))) => format!(
+                "tuner ({p}): last change {} ago: {what}",
+                clock(t.elapsed().as_secs_f64())
+            ),
+        });
+        lines.push(format!(
+            "  {:<12} {:>7} {:>11} {:>9} {:>5}",
+            "stage", "workers", "queue", "out/s", "busy"
+        ));
+        for s in &now.stages {
+            let queue = if s.budget_items == 0 || s.budget_items == usize::MAX {
+                format!("{}", s.queue_items)
+            } else {
+                format!("{}/{}", s.queue_items, s.budget_items)
+            };
+            let busy = if Rates::works(s) {
+                format!("{:.0}%", 100.0 * r.busy(s).min(1.0))
+            } else {
+                "-".to_owned()
+            };
+            lines.push(format!(
+                "  {:<12} {:>7} {:>11} {:>9.0} {:>5}",
+                s.name,
+                s.workers,
+                queue,
+                r.out(s),
+                busy
+            ));
+        }
+        let mut out = String::new();
+        for l in lines {
+            let _ = writeln!(out, "{}", cut(&l, width.saturating_sub(1).max(10)));
+        }
+        out
+    }
+
+    /// The failures: how many, grouped by reason, and the latest.
+    fn failures_line(&self, total: u64) -> String {
+        if total == 0 {
+            return "failures 0".to_owned();
+        }
+        let mut groups: Vec<(&String, &(u64, String))> = self.failures.iter().collect();
+        groups.sort_by_key(|g| std::cmp::Reverse(g.1 .0));
+        let groups: Vec<String> = groups
+            .iter()
+            .take(3)
+            .map(|(reason, (n, _))| format!("{n}x {reason}"))
+            .collect();
+        format!(
+            "failures {total}: {}; latest: {}",
+            groups.join(", "),
+            self.latest_failure.as_deref().unwrap_or("-")
+        )
+    }
+
+    /// One progress line (not a terminal).
+    fn line(&mut self, now: &PipelineStats, prev: &PipelineStats, dt: Duration) -> String {
+        let r = Rates::new(now, prev, dt);
+        let pct = 100.0 * self.done as f64 / self.epoch_items.max(1) as f64;
+        let cpu = self
+            .cpu_cores()
+            .map_or_else(|| "-".to_owned(), |c| format!("{c:.1}"));
+        format!(
+            "[{}] epoch {}/{} {}/{} items ({pct:.0}%) ETA {}  {:.1} batches/s  wait {:.0}%  \
+             bottleneck {}  cpu {cpu} cores  rss {}  failures {}",
+            clock(self.started.elapsed().as_secs_f64()),
+            self.epoch.0,
+            self.epoch.1,
+            self.done,
+            self.epoch_items,
+            self.eta().map_or_else(|| "-".to_owned(), clock),
+            r.batches,
+            100.0 * r.wait.min(1.0),
+            r.bottleneck(now),
+            rss_bytes().map_or_else(|| "-".to_owned(), bytes),
+            now.failures
+        )
+    }
+}
+
+/// Rates over a window: between two statistics `dt` apart.
+struct Rates<'a> {
+    prev: &'a PipelineStats,
+    dt: f64,
+    batches: f64,
+    items: f64,
+    wait: f64,
+}
+
+impl<'a> Rates<'a> {
+    fn new(now: &PipelineStats, prev: &'a PipelineStats, dt: Duration) -> Self {
+        let dt = dt.as_secs_f64().max(1e-9);
+        let find = |kind| {
+            let of = |s: &PipelineStats| {
+                s.stages
+                    .iter()
+                    .find(|x| x.kind == Some(kind))
+                    .map_or(0, |x| x.items_out)
+            };
+            of(now).saturating_sub(of(prev)) as f64 / dt
+        };
+        Self {
+            prev,
+            dt,
+            batches: now.delivered.saturating_sub(prev.delivered) as f64 / dt,
+            // Items: what the first stage after the source hands on.
+            items: now.stages.iter().find(|s| Self::works(s)).map_or(
+                find(StageKind::Source),
+                |s| {
+                    let p = prev
+                        .stages
+                        .iter()
+                        .find(|p| p.name == s.name)
+                        .map_or(0, |p| p.items_out);
+                    s.items_out.saturating_sub(p) as f64 / dt
+                },
+            ),
+            wait: now
+                .consumer_wait
+                .saturating_sub(prev.consumer_wait)
+                .as_secs_f64()
+                / dt,
+        }
+    }
+
+    /// A stage that does work (not the source or the sink).
+    fn works(s: &StageStats) -> bool {
+        !matches!(s.kind, Some(StageKind::Source | StageKind::Sink))
+    }
+
+    fn before(&self, s: &StageStats) -> Option<&StageStats> {
+        self.prev.stages.iter().find(|p| p.name == s.name)
+    }
+
+    /// Results a stage handed on per second.
+    fn out(&self, s: &StageStats) -> f64 {
+        let p = self.before(s).map_or(0, |p| p.items_out);
+        s.items_out.saturating_sub(p) as f64 / self.dt
+    }
+
+    /// The fraction of its workers' time a stage was busy.
+    fn busy(&self, s: &StageStats) -> f64 {
+        let p = self.before(s).map_or(Duration::ZERO, |p| p.busy);
+        s.busy.saturating_sub(p).as_secs_f64() / (self.dt * s.workers.max(1) as f64)
+    }
+
+    /// What limits the rate: the consumer when it hardly waits, else the busiest stage.
+    fn bottleneck(&self, now: &PipelineStats) -> String {
+        if self.wait < 0.05 {
+            return "the consumer (the loader keeps up)".to_owned();
+        }
+        now.stages
+            .iter()
+            .filter(|s| Self::works(s))
+            .max_by(|a, b| self.busy(a).total_cmp(&self.busy(b)))
+            .map_or_else(
+                || "-".to_owned(),
+                |s| format!("{} ({:.0}% busy)", s.name, 100.0 * self.busy(s)),
+            )
+    }
+}
+
+/// A failure's reason without its item (so that the same reason groups across files).
+fn reason(cause: &str, item: &str) -> String {
+    let r = if item.is_empty() {
+        cause.to_owned()
+    } else {
+        cause.replace(item, "…")
+    };
+    cut(&r, 60)
+}
+
+/// `s` cut to `n` characters (a cut line ends in `…`).
+pub(crate) fn cut(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        return s.to_owned();
+    }
+    let mut out: String = s.chars().take(n.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+/// `[#####.....]` for `pct` percent, `n` cells wide.
+fn bar(pct: f64, n: usize) -> String {
+    let full = ((pct / 100.0) * n as f64).round().clamp(0.0, n as f64) as usize;
+    format!("[{}{}]", "#".repeat(full), ".".repeat(n - full))
+}
+
+/// Seconds as `M:SS` (or `H:MM:SS`).
+pub(crate) fn clock(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    if s >= 3600 {
+        format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+    } else {
+        format!("{}:{:02}", s / 60, s % 60)
+    }
+}
+
+/// Bytes in the unit that reads best.
+pub(crate) fn bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// The terminal's width (stderr's), else `$COLUMNS`, else 80.
+fn width() -> usize {
+    // SAFETY: TIOCGWINSZ fills a winsize; a failure leaves it zeroed.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::ioctl(2, libc::TIOCGWINSZ, &mut ws) } == 0;
+    if ok && ws.ws_col > 0 {
+        return ws.ws_col as usize;
+    }
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .filter(|&c| c > 0)
+        .unwrap_or(80)
+}
+
+/// The process's resident memory (Linux; None elsewhere).
+fn rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * page.max(1) as u64)
+}
+
+/// CPU seconds (user + system) the process has used (Linux; None elsewhere).
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) start at its closing paren.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    Some(ticks / hz.max(1) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_and_cuts() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(3 << 20), "3.0 MiB");
+        assert_eq!(bytes(11546 << 20), "11.3 GiB");
+        assert_eq!(clock(75.4), "1:15");
+        assert_eq!(clock(3725.0), "1:02:05");
+        assert_eq!(cut("abcdef", 4), "abc…");
+        assert_eq!(cut("abc", 4), "abc");
+        assert_eq!(bar(50.0, 4), "[##..]");
+        assert_eq!(
+            reason("reading /d/x.jpg: No such file", "/d/x.jpg"),
+            "reading …: No such file"
+        );
+    }
+
+    #[test]
+    fn cpu_and_memory_are_read_on_linux() {
+        if cfg!(target_os = "linux") {
+            assert!(rss_bytes().unwrap() > 0);
+            assert!(cpu_seconds().unwrap() >= 0.0);
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! What the command's test files share: the sample configs and a small dataset.
+
+#![allow(dead_code)] // each test file uses some of it
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use flowgate::media::synth::{write_dataset, DatasetSpec};
+
+/// The repository's sample configs.
+pub(crate) fn configs() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/configs")
+}
+
+/// One small dataset for every test of a test binary (40 images, 10 clips, 10-sample tar
+/// shards), in a folder of that binary's own.
+pub(crate) fn dataset() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        let name = exe.file_stem().unwrap().to_string_lossy().into_owned();
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("dataset-{name}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        write_dataset(&DatasetSpec {
+            out: dir.clone(),
+            images: 40,
+            audio: 10,
+            flac: true,
+            video: 0,
+            shards: 10,
+            seed: 7,
+        })
+        .expect("write the sample dataset")
+    })
+}
+
+/// A sample config, pointed at the test's dataset.
+pub(crate) fn config(name: &str) -> String {
+    let text = std::fs::read_to_string(configs().join(name)).unwrap();
+    text.replace(
+        "../../target/sample-data/",
+        &format!("{}/", dataset().display()),
+    )
+}
+
+/// A fresh folder for one test.
+pub(crate) fn scratch(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}

@@ -1,0 +1,337 @@
+//! `flowgate run` as an operator meets it: exit codes a scheduler can trust (nothing
+//! delivered, a failure budget exceeded, Ctrl-C), any file name from a list, sample configs
+//! that run from any directory, and a live view that fits the terminal (checked on the screen
+//! of a pseudo-terminal 80 columns wide) or, in a log, stays a few lines.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{configs, dataset, scratch};
+
+fn flowgate() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_flowgate"))
+}
+
+/// A pipeline file over `list` in `dir`, with `extra` appended.
+fn pipeline(dir: &Path, list: &str, extra: &str) -> PathBuf {
+    let file = dir.join("p.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[source]\nkind = \"list\"\npath = \"{list}\"\n[decode]\nkind = \"image\"\n\
+             resize = 64\ncrop = 56\n[batch]\nsize = 8\n{extra}"
+        ),
+    )
+    .unwrap();
+    file
+}
+
+/// The JSON line a run ends with.
+fn json(out: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)))
+}
+
+fn images() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dataset().join("images"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn exit_codes_say_whether_the_run_delivered() {
+    let dir = scratch("exit-codes");
+    // Every path missing: nothing delivered is a failure, not a quiet 0.
+    let missing: String = (0..50).map(|i| format!("gone/{i}.jpg\n")).collect();
+    std::fs::write(dir.join("missing.txt"), missing).unwrap();
+    let out = flowgate()
+        .args(["run", "--quiet"])
+        .arg(pipeline(&dir, "missing.txt", ""))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let j = json(&out);
+    assert_eq!(
+        (j["status"].as_str(), j["failures"].as_u64()),
+        (Some("empty"), Some(50))
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("delivered nothing"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("50 failed: reading …: No such file"),
+        "failures grouped by reason: {stdout}"
+    );
+
+    // A few missing among good files: fine by default, fatal past `run.max_failures`.
+    let mut list: Vec<String> = images().iter().map(|p| p.display().to_string()).collect();
+    list.extend((0..4).map(|i| format!("gone/{i}.jpg")));
+    std::fs::write(dir.join("mixed.txt"), list.join("\n")).unwrap();
+    let out = flowgate()
+        .args(["run", "--quiet"])
+        .arg(pipeline(&dir, "mixed.txt", ""))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(json(&out)["items"], 40);
+    let out = flowgate()
+        .args(["run", "--quiet"])
+        .arg(pipeline(&dir, "mixed.txt", "[run]\nmax_failures = 2\n"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(json(&out)["status"], "failed");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("failure budget"));
+
+    // A file name that is not UTF-8, from a list.
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let name = std::ffi::OsStr::from_bytes(b"caf\xe9.jpg");
+        std::fs::copy(&images()[0], dir.join(name)).unwrap();
+        let mut list = name.as_bytes().to_vec();
+        list.push(b'\n');
+        std::fs::write(dir.join("latin1.txt"), list).unwrap();
+        let out = flowgate()
+            .args(["run", "--quiet"])
+            .arg(pipeline(&dir, "latin1.txt", ""))
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            (
+                json(&out)["items"].as_u64(),
+                json(&out)["failures"].as_u64()
+            ),
+            (Some(1), Some(0))
+        );
+    }
+}
+
+#[test]
+fn ctrl_c_stops_with_a_summary_and_exit_130() {
+    let dir = scratch("ctrl-c");
+    let list: Vec<String> = images().iter().map(|p| p.display().to_string()).collect();
+    std::fs::write(dir.join("list.txt"), list.join("\n")).unwrap();
+    let file = pipeline(&dir, "list.txt", "[run]\nepochs = 1000\nstep_ms = 20\n");
+    let child = flowgate()
+        .args(["run", "--quiet"])
+        .arg(file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    // SAFETY: kill() on our own child.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGINT);
+    }
+    let t0 = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(5), "stopped promptly");
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j = json(&out);
+    assert_eq!(j["status"], "interrupted");
+    assert!(j["items"].as_u64().unwrap() > 0);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("delivered"));
+}
+
+#[test]
+fn a_sample_config_runs_from_any_directory() {
+    // The config in a tree shaped like the repository (`examples/configs/` two levels below
+    // the root holding `target/sample-data`), run from elsewhere: its paths are the file's.
+    let root = scratch("any-dir");
+    std::fs::create_dir_all(root.join("examples/configs")).unwrap();
+    std::fs::create_dir_all(root.join("target")).unwrap();
+    std::os::unix::fs::symlink(dataset(), root.join("target/sample-data")).unwrap();
+    let file = root.join("examples/configs/image_classification.toml");
+    std::fs::copy(configs().join("image_classification.toml"), &file).unwrap();
+    let out = flowgate()
+        .args(["run", "--quiet"])
+        .arg(&file)
+        .current_dir(std::env::temp_dir())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(json(&out)["items"], 120);
+}
+
+#[test]
+fn off_a_terminal_progress_is_a_line_per_interval() {
+    // About 20 s of run (40 epochs of 10 batches, a 25 ms step each, and the decoding of a
+    // debug build): at the default 10 s interval, a few progress lines (the first after half
+    // a second, the last at the end), not a block every half second.
+    let dir = scratch("log-lines");
+    let list: Vec<String> = images().iter().map(|p| p.display().to_string()).collect();
+    std::fs::write(dir.join("list.txt"), list.join("\n")).unwrap();
+    let text = std::fs::read_to_string(pipeline(&dir, "list.txt", "")).unwrap();
+    let file = dir.join("p.toml");
+    std::fs::write(
+        &file,
+        text.replace("size = 8", "size = 4") + "[run]\nepochs = 40\nstep_ms = 25\n",
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let out = flowgate().arg("run").arg(&file).output().unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let progress: Vec<&str> = stderr.lines().filter(|l| l.starts_with('[')).collect();
+    assert!(
+        !progress.is_empty() && progress.len() <= 5,
+        "{} progress lines in {secs:.0} s:\n{stderr}",
+        progress.len()
+    );
+    let last = progress.last().unwrap();
+    assert!(
+        last.contains("epoch") && last.contains("ETA") && last.contains("batches/s"),
+        "{last}"
+    );
+    let tuner = stderr.lines().filter(|l| l.starts_with("tuner")).count();
+    assert!(
+        stderr.lines().count() <= progress.len() + tuner + 2,
+        "{stderr}"
+    );
+}
+
+/// Runs `flowgate run FILE` with stderr on a pseudo-terminal `cols` wide and returns every
+/// screen a terminal would have shown (one per chunk read).
+fn run_on_a_terminal(file: &Path, cols: u16, rows: u16) -> (std::process::ExitStatus, Vec<Screen>) {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (mut master, mut slave) = (0, 0);
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: openpty fills two descriptors, which OwnedFd then owns.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &ws,
+        )
+    };
+    assert_eq!(rc, 0, "openpty");
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let mut child = flowgate()
+        .arg("run")
+        .arg(file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(slave))
+        .spawn()
+        .unwrap();
+    let mut reader = std::fs::File::from(master);
+    let mut parser = vt100::Parser::new(rows, cols, 0);
+    let mut screens = Vec::new();
+    let mut buf = [0u8; 4096];
+    // Reads until the child has exited and closed the terminal (EIO).
+    while let Ok(n @ 1..) = reader.read(&mut buf) {
+        parser.process(&buf[..n]);
+        let s = parser.screen();
+        screens.push(Screen {
+            rows: s.rows(0, cols).collect(),
+            wrapped: (0..rows)
+                .filter(|&r| s.row_wrapped(r))
+                .map(usize::from)
+                .collect(),
+        });
+    }
+    (child.wait().unwrap(), screens)
+}
+
+/// A terminal's screen: its rows, and which of them wrapped onto the next.
+struct Screen {
+    rows: Vec<String>,
+    wrapped: Vec<usize>,
+}
+
+#[test]
+fn the_live_view_fits_an_80_column_terminal() {
+    let dir = scratch("pty");
+    let list: Vec<String> = images().iter().map(|p| p.display().to_string()).collect();
+    // Two missing files: the failures line, with a long reason, must not wrap either.
+    let mut list = list;
+    list.push(format!(
+        "{}/{}/gone.jpg",
+        dir.display(),
+        "a-long-folder-name".repeat(4)
+    ));
+    list.push(format!("{}/gone-too.jpg", dir.display()));
+    std::fs::write(dir.join("list.txt"), list.join("\n")).unwrap();
+    let text = std::fs::read_to_string(pipeline(&dir, "list.txt", "")).unwrap();
+    let file = dir.join("p.toml");
+    std::fs::write(
+        &file,
+        text.replace("size = 8", "size = 4") + "[run]\nepochs = 12\nstep_ms = 25\n",
+    )
+    .unwrap();
+    let (status, screens) = run_on_a_terminal(&file, 80, 40);
+    assert!(status.success());
+    assert!(screens.len() > 5, "{} screens", screens.len());
+    let mut with_eta = 0;
+    for (i, s) in screens.iter().enumerate() {
+        let text = s.rows.join("\n");
+        // The frame is the screen's last block, from its `epoch` line down; log lines above
+        // it (the run's first line, tuner decisions) may wrap: they are printed once.
+        if let Some(top) = s.rows.iter().position(|r| r.starts_with("epoch ")) {
+            let wrapped = s.wrapped.iter().filter(|&&r| r >= top).count();
+            assert_eq!(wrapped, 0, "screen {i}: a frame line wrapped:\n{text}");
+        }
+        // One frame on screen at a time: its first line and its table header once at most.
+        let frames = s.rows.iter().filter(|r| r.starts_with("epoch ")).count();
+        let headers = s
+            .rows
+            .iter()
+            .filter(|r| r.trim_start().starts_with("stage "))
+            .count();
+        assert!(
+            frames <= 1 && headers <= 1,
+            "screen {i}: a stale frame:\n{text}"
+        );
+        if s.rows
+            .iter()
+            .any(|r| r.contains("ETA") && r.contains("items"))
+        {
+            with_eta += 1;
+        }
+    }
+    assert!(with_eta > 3, "progress with ETA on {with_eta} screens");
+    let last = screens.last().unwrap().rows.join("\n");
+    assert!(last.contains("failures 2"), "{last}");
+    assert!(last.contains("rss") && last.contains("cores"), "{last}");
+}
