@@ -145,9 +145,26 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("flowgate: {e}");
+            eprintln!("flowgate: {}", with_build_hint(&e.to_string()));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A message naming a missing Cargo feature, with the command that builds it in.
+fn with_build_hint(message: &str) -> String {
+    const NEEDS: &str = "built with the `";
+    let feature = message
+        .find(NEEDS)
+        .map(|i| &message[i + NEEDS.len()..])
+        .and_then(|rest| rest.split('`').next());
+    match feature {
+        // `test-util` comes with the command's `s3` feature.
+        Some(f) => {
+            let f = if f == "test-util" { "s3" } else { f };
+            format!("{message} (build the command with it: cargo build --release -p flowgate-cli --features {f})")
+        }
+        None => message.to_owned(),
     }
 }
 
@@ -337,4 +354,24 @@ where
     ))?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_missing_feature_comes_with_the_build_command() {
+        let m = super::with_build_hint(
+            "decode.kind = \"video\" needs flowgate built with the `video` feature",
+        );
+        assert!(
+            m.ends_with("cargo build --release -p flowgate-cli --features video)"),
+            "{m}"
+        );
+        let m = super::with_build_hint("x needs flowgate built with the `test-util` feature");
+        assert!(m.ends_with("--features s3)"), "{m}");
+        assert_eq!(
+            super::with_build_hint("p.toml:3: batch.size: bad"),
+            "p.toml:3: batch.size: bad"
+        );
+    }
 }
