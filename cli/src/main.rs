@@ -52,9 +52,15 @@ enum Command {
         /// Items in the sample.
         #[arg(long, default_value_t = 200)]
         sample: usize,
-        /// Concurrency levels to try.
+        /// Concurrency levels to try (1..=1024).
         #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
         levels: Vec<usize>,
+        /// Measurements per level (the median is reported, with the spread).
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// The least seconds one measurement takes (passes over the sample repeat until then).
+        #[arg(long, default_value_t = 1.0)]
+        min_seconds: f64,
     },
     /// Writes the sample dataset (`flowgate::media::synth`).
     GenData {
@@ -116,7 +122,17 @@ fn main() -> ExitCode {
             pipeline,
             sample,
             levels,
-        } => run::profile(&pipeline, sample, &levels),
+            repeats,
+            min_seconds,
+        } => profile::profile(
+            &pipeline,
+            &profile::Settings {
+                sample,
+                levels,
+                repeats,
+                min_seconds,
+            },
+        ),
         Command::GenData {
             out,
             images,
@@ -172,6 +188,7 @@ type Error = Box<dyn std::error::Error>;
 
 #[cfg(feature = "prometheus")]
 mod metrics;
+mod profile;
 mod run;
 mod view;
 

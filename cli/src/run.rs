@@ -1,14 +1,14 @@
-//! `flowgate run` and `flowgate profile`.
+//! `flowgate run`.
 
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write as _};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use flowgate::spec::{PipelineSpec, SourceSpec};
-use flowgate::{Pipeline, PipelineStats, Within, Workers};
+use flowgate::spec::PipelineSpec;
+use flowgate::{PipelineStats, Within};
 
 use crate::view;
 
@@ -369,120 +369,4 @@ struct NoMetrics;
 #[cfg(not(feature = "prometheus"))]
 impl NoMetrics {
     fn update(&self, _: &PipelineStats) {}
-}
-
-/// `flowgate profile`: the decode stage alone (and the fetch stage, for S3) at each level, the
-/// predicted bottleneck, and the tuned pipeline for comparison.
-pub(crate) fn profile(file: &Path, sample: usize, levels: &[usize]) -> Result<(), Error> {
-    let spec = PipelineSpec::load(file)?;
-    if let SourceSpec::S3 { .. } = spec.source {
-        return Err("profile: S3 sources are not profiled yet (profile a local copy)".into());
-    }
-    let files = spec
-        .local_files()?
-        .ok_or("profile: only list and dir sources are profiled yet (not tar or s3)")?;
-    let items: Vec<PathBuf> = files.epoch(0).into_iter().take(sample.max(1)).collect();
-    for p in &items {
-        let _ = std::fs::read(p); // warm the page cache: measure decoding, not the disk
-    }
-    println!(
-        "profiling `decode` alone over {} items from {}",
-        items.len(),
-        file.display()
-    );
-    println!(
-        "{:<8} {:>8} {:>10} {:>14}",
-        "stage", "workers", "items/s", "per worker"
-    );
-    let mut best = (0usize, 0.0f64);
-    let mut rates = Vec::new();
-    for &c in levels.iter().filter(|&&c| c > 0) {
-        let mut one = spec.clone();
-        one.tuner.enabled = false;
-        let list = items.clone();
-        let decode = one.item_decoder()?;
-        let mut p = Pipeline::builder()
-            .source(list)
-            .pipe(
-                "decode",
-                move |path: PathBuf| decode(&path),
-                Workers::fixed(c),
-            )
-            .autotune_off()
-            .build()?;
-        let t0 = Instant::now();
-        let n = p.iter().filter(Result::is_ok).count();
-        let rate = n as f64 / t0.elapsed().as_secs_f64();
-        println!(
-            "{:<8} {:>8} {:>10.0} {:>14.0}",
-            "decode",
-            c,
-            rate,
-            rate / c as f64
-        );
-        rates.push((c, rate));
-        if rate > best.1 {
-            best = (c, rate);
-        }
-    }
-    // The fewest workers within 5% of the best rate: more only burn cores.
-    let enough = rates
-        .iter()
-        .filter(|(_, r)| *r >= 0.95 * best.1)
-        .map(|(c, _)| *c)
-        .min()
-        .unwrap_or(best.0);
-    let step_rate = if spec.run.step_ms > 0.0 {
-        1000.0 / spec.run.step_ms * spec.batch.size as f64
-    } else {
-        f64::INFINITY
-    };
-    let predicted = best.1.min(step_rate);
-    println!(
-        "predicted: {} (at most {:.0} items/s); decode needs {} worker(s) for {:.0} items/s{}",
-        if step_rate < best.1 {
-            "the consumer's step is the bottleneck"
-        } else {
-            "decode is the bottleneck"
-        },
-        predicted,
-        enough,
-        best.1,
-        if step_rate.is_finite() {
-            format!("; the step consumes {step_rate:.0} items/s")
-        } else {
-            String::new()
-        }
-    );
-    // The tuner, from a cold start, over the same sample for comparison.
-    let list = items.clone();
-    let decode = spec.item_decoder()?;
-    let step = Duration::from_secs_f64(spec.run.step_ms / 1000.0);
-    let mut p = Pipeline::builder()
-        .source_epochs(move |_| list.clone())
-        .pipe(
-            "decode",
-            move |path: PathBuf| decode(&path),
-            Workers::initial(1),
-        )
-        .aggregate(spec.batch.size, false)
-        .autotune(spec.tuner_settings())
-        .build()?;
-    let t0 = Instant::now();
-    let mut n = 0;
-    for _ in 0..3 {
-        for b in p.iter() {
-            n += b?.len();
-            if !step.is_zero() {
-                std::thread::sleep(step);
-            }
-        }
-    }
-    let rate = n as f64 / t0.elapsed().as_secs_f64();
-    let chosen = p.stats().stage("decode").map_or(0, |s| s.workers);
-    println!(
-        "tuner (3 passes from 1 worker): {chosen} decode worker(s), {rate:.0} items/s = {:.0}% of the prediction",
-        100.0 * rate / predicted.max(1e-9)
-    );
-    Ok(())
 }

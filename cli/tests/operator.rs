@@ -335,3 +335,61 @@ fn the_live_view_fits_an_80_column_terminal() {
     assert!(last.contains("failures 2"), "{last}");
     assert!(last.contains("rss") && last.contains("cores"), "{last}");
 }
+
+#[test]
+fn profile_measures_with_a_spread_and_refuses_what_it_cannot_measure() {
+    let dir = scratch("profile");
+    let list: Vec<String> = images().iter().map(|p| p.display().to_string()).collect();
+    std::fs::write(dir.join("list.txt"), list.join("\n")).unwrap();
+    let file = pipeline(&dir, "list.txt", "");
+    let out = flowgate()
+        .args([
+            "profile",
+            "--levels",
+            "1,2",
+            "--repeats",
+            "2",
+            "--min-seconds",
+            "0.2",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("spread (min-max)") && stdout.contains("predicted:"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("tuner ("), "{stdout}");
+
+    let missing: String = (0..20).map(|i| format!("gone/{i}.jpg\n")).collect();
+    std::fs::write(dir.join("missing.txt"), missing).unwrap();
+    let out = flowgate()
+        .args(["profile", "--min-seconds", "0.2"])
+        .arg(pipeline(&dir, "missing.txt", ""))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("every item failed"));
+
+    for bad in [
+        ["--levels", "0"],
+        ["--repeats", "0"],
+        ["--min-seconds", "0"],
+    ] {
+        let out = flowgate()
+            .arg("profile")
+            .args(bad)
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{bad:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(bad[0]), "{bad:?}: {stderr}");
+    }
+}
