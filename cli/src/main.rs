@@ -194,7 +194,25 @@ mod view;
 
 fn gen_data(spec: flowgate::media::synth::DatasetSpec) -> Result<(), Error> {
     let started = std::time::Instant::now();
-    let out = flowgate::media::synth::write_dataset(&spec)?;
+    // Progress on stderr: redrawn in place on a terminal, a line per kind and 10 s otherwise.
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut last = (String::new(), std::time::Instant::now());
+    let out = flowgate::media::synth::write_dataset_with_progress(&spec, |kind, done, total| {
+        let line = format!(
+            "gen-data: {kind} {done}/{total} ({:.0}%) in {:.1} s",
+            100.0 * done as f64 / total.max(1) as f64,
+            started.elapsed().as_secs_f64()
+        );
+        if tty {
+            eprint!("\r\x1b[K{line}");
+            if done == total {
+                eprintln!();
+            }
+        } else if last.0 != kind || done == total || last.1.elapsed().as_secs() >= 10 {
+            eprintln!("{line}");
+            last = (kind.to_owned(), std::time::Instant::now());
+        }
+    })?;
     println!(
         "wrote {} images, {} audio clips, {} video clips to {} in {:.1} s",
         spec.images,

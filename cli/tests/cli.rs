@@ -110,7 +110,29 @@ fn gen_data_writes_the_lists() {
     let audio = std::fs::read_to_string(dir.join("audio.txt")).unwrap();
     assert_eq!((images.lines().count(), audio.lines().count()), (3, 2));
     assert!(Path::new(images.lines().next().unwrap()).exists());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("gen-data: images 3/3 (100%)") && stderr.contains("audio 2/2"),
+        "progress: {stderr}"
+    );
     let _ = std::fs::remove_dir_all(dir);
+    // An error names the path.
+    let out = Command::new(env!("CARGO_BIN_EXE_flowgate"))
+        .args([
+            "gen-data",
+            "--images",
+            "1",
+            "--out",
+            "/proc/flowgate-cannot-write-here",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("/proc/flowgate-cannot-write-here"),
+        "{stderr}"
+    );
 }
 
 /// `GET /metrics` over loopback with a plain socket (the client side of the exporter's HTTP).

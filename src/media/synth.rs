@@ -176,6 +176,19 @@ impl Default for DatasetSpec {
 /// `audio.txt`, `video.txt` of absolute paths (and, if asked, `shards/` and `shards.txt`) (a list is written only for a kind asked for, so
 /// generating audio later keeps the images' list). Returns the absolute output folder.
 pub fn write_dataset(spec: &DatasetSpec) -> std::io::Result<std::path::PathBuf> {
+    write_dataset_with_progress(spec, |_, _, _| {})
+}
+
+/// [`write_dataset`], calling `progress(kind, done, total)` after each file (`kind`:
+/// `"images"`, `"shards"`, `"audio"` or `"video"`). An error names the path it is about.
+pub fn write_dataset_with_progress(
+    spec: &DatasetSpec,
+    mut progress: impl FnMut(&str, usize, usize),
+) -> std::io::Result<std::path::PathBuf> {
+    let at = |path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+    };
     use image::codecs::jpeg::JpegEncoder;
     let DatasetSpec {
         out,
@@ -186,34 +199,39 @@ pub fn write_dataset(spec: &DatasetSpec) -> std::io::Result<std::path::PathBuf> 
         shards,
         seed,
     } = spec.clone();
-    std::fs::create_dir_all(&out)?;
-    let out = std::fs::canonicalize(&out)?;
+    std::fs::create_dir_all(&out).map_err(at(&out))?;
+    let out = std::fs::canonicalize(&out).map_err(at(&out))?;
     if images > 0 {
-        std::fs::create_dir_all(out.join("images"))?;
+        std::fs::create_dir_all(out.join("images")).map_err(at(&out.join("images")))?;
         let mut list = String::new();
         let mut paths = Vec::with_capacity(images);
         for i in 0..images {
             let mut rng = Rng::new(seed.wrapping_mul(1_000_003) ^ i as u64);
             let img = photo(&mut rng);
             let path = out.join("images").join(format!("{i:06}.jpg"));
-            let mut f = std::io::BufWriter::new(std::fs::File::create(&path)?);
+            let mut f = std::io::BufWriter::new(std::fs::File::create(&path).map_err(at(&path))?);
             JpegEncoder::new_with_quality(&mut f, 90)
                 .encode_image(&img)
-                .map_err(std::io::Error::other)?;
+                .map_err(std::io::Error::other)
+                .map_err(at(&path))?;
             list.push_str(&format!("{}\n", path.display()));
             paths.push(path);
+            progress("images", i + 1, images);
         }
-        std::fs::write(out.join("images.txt"), list)?;
+        std::fs::write(out.join("images.txt"), list).map_err(at(&out.join("images.txt")))?;
         if shards > 0 {
             let dir = out.join("shards");
             let _ = std::fs::remove_dir_all(&dir);
             let pattern =
-                crate::shards::write_shards(&paths, &dir, shards, |i, _| (i % 1000) as i64)?;
-            std::fs::write(out.join("shards.txt"), format!("{pattern}\n"))?;
+                crate::shards::write_shards(&paths, &dir, shards, |i, _| (i % 1000) as i64)
+                    .map_err(at(&dir))?;
+            progress("shards", paths.len(), paths.len());
+            std::fs::write(out.join("shards.txt"), format!("{pattern}\n"))
+                .map_err(at(&out.join("shards.txt")))?;
         }
     }
     if audio > 0 {
-        std::fs::create_dir_all(out.join("audio"))?;
+        std::fs::create_dir_all(out.join("audio")).map_err(at(&out.join("audio")))?;
         let mut list = String::new();
         for i in 0..audio {
             let mut rng = Rng::new(seed.wrapping_mul(2_000_003) ^ i as u64 ^ 0xA0D10);
@@ -222,16 +240,17 @@ pub fn write_dataset(spec: &DatasetSpec) -> std::io::Result<std::path::PathBuf> 
                 .join("audio")
                 .join(format!("{i:06}.{}", if flac { "flac" } else { "wav" }));
             if flac {
-                write_flac(&path, 16_000, &samples)?;
+                write_flac(&path, 16_000, &samples).map_err(at(&path))?;
             } else {
-                write_wav(&path, 16_000, &samples)?;
+                write_wav(&path, 16_000, &samples).map_err(at(&path))?;
             }
             list.push_str(&format!("{}\n", path.display()));
+            progress("audio", i + 1, audio);
         }
-        std::fs::write(out.join("audio.txt"), list)?;
+        std::fs::write(out.join("audio.txt"), list).map_err(at(&out.join("audio.txt")))?;
     }
     if video > 0 {
-        std::fs::create_dir_all(out.join("video"))?;
+        std::fs::create_dir_all(out.join("video")).map_err(at(&out.join("video")))?;
         let mut list = String::new();
         for i in 0..video {
             let mut rng = Rng::new(seed.wrapping_mul(3_000_017) ^ i as u64 ^ 0x71DE0);
@@ -241,10 +260,11 @@ pub fn write_dataset(spec: &DatasetSpec) -> std::io::Result<std::path::PathBuf> 
                 seed: rng.next_u64() % 1000,
                 ..ClipSpec::default()
             };
-            write_clip(&path, &clip)?;
+            write_clip(&path, &clip).map_err(at(&path))?;
             list.push_str(&format!("{}\n", path.display()));
+            progress("video", i + 1, video);
         }
-        std::fs::write(out.join("video.txt"), list)?;
+        std::fs::write(out.join("video.txt"), list).map_err(at(&out.join("video.txt")))?;
     }
     Ok(out)
 }
