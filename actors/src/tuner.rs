@@ -132,6 +132,9 @@ pub struct TraceRecord {
     /// Accelerator utilisation (0..=1), when a sampler was given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_util: Option<f64>,
+    /// The pipeline's epoch at the tick, when the tuner was told it (a pipeline's tuner is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
     /// What the policy decided, and why.
     pub decisions: Vec<Decision>,
 }
@@ -183,6 +186,7 @@ pub struct TunerActor {
     log: Arc<TraceLog>,
     on_decision: Option<OnDecision>,
     gpu: Option<GpuSampler>,
+    epoch: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// Samples accelerator utilisation (0..=1) once per tuner tick; `None` when unknown.
@@ -223,7 +227,14 @@ impl TunerActor {
             log,
             on_decision,
             gpu: None,
+            epoch: None,
         })
+    }
+
+    /// Reads the pipeline's epoch every tick, for the trace (epoch boundaries in a plot).
+    pub fn with_epoch(mut self, epoch: Arc<std::sync::atomic::AtomicU64>) -> Self {
+        self.epoch = Some(epoch);
+        self
     }
 
     /// Samples accelerator utilisation every tick (NVML, say): the policies then count the
@@ -330,6 +341,10 @@ impl TunerActor {
             memory_budget: self.budgets.memory_bytes,
             rss_bytes: obs.rss_bytes,
             gpu_util: obs.gpu_util,
+            epoch: self
+                .epoch
+                .as_ref()
+                .map(|e| e.load(std::sync::atomic::Ordering::Relaxed)),
             decisions,
         };
         if let Some(f) = &mut self.trace_file {

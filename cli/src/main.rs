@@ -12,12 +12,10 @@
 //! A trace comes from a pipeline built with `TunerSettings { trace: Some(path), .. }` (for
 //! example `cargo run --release --example demo -- --trace trace.jsonl`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use flowgate::TraceRecord;
-use plotters::prelude::*;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -87,11 +85,12 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
-    /// Draws a tuner trace: throughput, workers per stage and buffered bytes over time.
+    /// Draws a tuner trace: batches/s with the decisions, the consumer's wait, workers per
+    /// stage and memory over time, epochs marked.
     Plot {
-        /// The trace, one JSON record per tuner tick.
+        /// The trace, one JSON record per tuner tick (`[tuner] trace` in a pipeline file).
         trace: PathBuf,
-        /// The picture to write (SVG).
+        /// The picture to write: `.svg` or `.png`.
         #[arg(short, long, default_value = "tuner.svg")]
         output: PathBuf,
     },
@@ -109,7 +108,7 @@ fn main() -> ExitCode {
         .init();
     view::route_panics();
     let result = match cli.command {
-        Command::Plot { trace, output } => plot(&trace, &output),
+        Command::Plot { trace, output } => plot::plot(&trace, &output),
         Command::Run {
             pipeline,
             quiet,
@@ -188,6 +187,7 @@ type Error = Box<dyn std::error::Error>;
 
 #[cfg(feature = "prometheus")]
 mod metrics;
+mod plot;
 mod profile;
 mod run;
 mod view;
@@ -229,165 +229,6 @@ fn gen_data(spec: flowgate::media::synth::DatasetSpec) -> Result<(), Error> {
             pattern.trim()
         );
     }
-    Ok(())
-}
-
-fn read_trace(path: &Path) -> Result<Vec<TraceRecord>, Error> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            serde_json::from_str(l).map_err(|e| format!("{}:{}: {e}", path.display(), i + 1).into())
-        })
-        .collect()
-}
-
-const PALETTE: [RGBColor; 6] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-    RGBColor(214, 39, 40),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-];
-
-fn plot(trace: &Path, output: &Path) -> Result<(), Error> {
-    let recs = read_trace(trace)?;
-    if recs.is_empty() {
-        return Err(format!("{}: the trace is empty", trace.display()).into());
-    }
-    let ext = output.extension().and_then(|e| e.to_str());
-    if !matches!(ext, Some("svg" | "png")) {
-        return Err(format!("{}: write .svg or .png", output.display()).into());
-    }
-    // Text is laid out with a TrueType font: DejaVu Sans, which scripts/setup.sh installs
-    // (fonts-dejavu-core), or $FLOWGATE_FONT.
-    let font = std::env::var_os("FLOWGATE_FONT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"));
-    let bytes = std::fs::read(&font).map_err(|e| {
-        format!(
-            "the plot needs a TrueType font: {}: {e} (install fonts-dejavu-core or set FLOWGATE_FONT)",
-            font.display()
-        )
-    })?;
-    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
-        .map_err(|_| format!("{}: not a usable font", font.display()))?;
-    if ext == Some("svg") {
-        draw(
-            SVGBackend::new(output, (960, 900)).into_drawing_area(),
-            &recs,
-        )?;
-    } else {
-        draw(
-            BitMapBackend::new(output, (960, 900)).into_drawing_area(),
-            &recs,
-        )?;
-    }
-    println!(
-        "wrote {} ({} ticks, {} with decisions)",
-        output.display(),
-        recs.len(),
-        recs.iter().filter(|r| !r.decisions.is_empty()).count()
-    );
-    Ok(())
-}
-
-/// Draws the three panels of a trace on `root`.
-fn draw<DB: DrawingBackend>(
-    root: DrawingArea<DB, plotters::coord::Shift>,
-    recs: &[TraceRecord],
-) -> Result<(), Error>
-where
-    DB::ErrorType: 'static,
-{
-    let (first, last) = (&recs[0], &recs[recs.len() - 1]);
-    let t_end = last.t.max(first.t + 0.1);
-    root.fill(&WHITE)?;
-    let panels = root.split_evenly((3, 1));
-
-    // Throughput, with the decisions marked.
-    let max_rate = recs.iter().map(|r| r.rate).fold(1.0, f64::max) * 1.1;
-    let mut c = ChartBuilder::on(&panels[0])
-        .caption(
-            "results per second (dots: tuner decisions)",
-            ("sans-serif", 18),
-        )
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(60)
-        .build_cartesian_2d(first.t..t_end, 0.0..max_rate)?;
-    c.configure_mesh().x_desc("seconds").draw()?;
-    c.draw_series(LineSeries::new(
-        recs.iter().map(|r| (r.t, r.rate)),
-        &PALETTE[0],
-    ))?;
-    c.draw_series(
-        recs.iter()
-            .filter(|r| !r.decisions.is_empty())
-            .map(|r| Circle::new((r.t, r.rate), 3, PALETTE[3].filled())),
-    )?;
-
-    // Workers per stage (log scale: async stages run hundreds, CPU stages a few).
-    let max_w = recs
-        .iter()
-        .flat_map(|r| r.workers.iter().copied())
-        .max()
-        .unwrap_or(1) as f64;
-    let mut c = ChartBuilder::on(&panels[1])
-        .caption("workers per stage", ("sans-serif", 18))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(60)
-        .build_cartesian_2d(first.t..t_end, (0.8..max_w * 1.5).log_scale())?;
-    c.configure_mesh().x_desc("seconds").draw()?;
-    for (i, name) in first.stages.iter().enumerate() {
-        if name == "sink" {
-            continue;
-        }
-        let color = PALETTE[i % PALETTE.len()];
-        c.draw_series(LineSeries::new(
-            recs.iter()
-                .filter_map(|r| r.workers.get(i).map(|&w| (r.t, w as f64))),
-            &color,
-        ))?
-        .label(name.clone())
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-    }
-    c.configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.8))
-        .draw()?;
-
-    // Buffered bytes.
-    let max_b = recs
-        .iter()
-        .map(|r| r.buffered_bytes)
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64
-        * 1.1;
-    let mut c = ChartBuilder::on(&panels[2])
-        .caption(
-            format!(
-                "buffered bytes (memory budget {:.1} GiB)",
-                last.memory_budget as f64 / (1u64 << 30) as f64
-            ),
-            ("sans-serif", 18),
-        )
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(60)
-        .build_cartesian_2d(first.t..t_end, 0.0..max_b)?;
-    c.configure_mesh().x_desc("seconds").draw()?;
-    c.draw_series(LineSeries::new(
-        recs.iter().map(|r| (r.t, r.buffered_bytes as f64)),
-        &PALETTE[2],
-    ))?;
-    root.present()?;
     Ok(())
 }
 

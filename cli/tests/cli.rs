@@ -233,12 +233,31 @@ fn flowgate_plot_draws_a_trace_and_names_bad_lines() {
     let picture = std::fs::read_to_string(&svg).unwrap();
     for text in [
         "results per second",
+        "consumer waiting",
         "workers per stage",
-        "buffered bytes",
+        "memory, MiB",
         "decode",
+        "1. @0.4s read → 47 workers",
     ] {
         assert!(picture.contains(text), "the picture lacks {text:?}");
     }
+    // A trace that carries epochs (as a pipeline's tuner writes it) marks their boundaries.
+    let with_epochs: String = std::fs::read_to_string(trace)
+        .unwrap()
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["epoch"] = serde_json::json!(i / 40);
+            format!("{v}\n")
+        })
+        .collect();
+    let epochs = dir.join("epochs.jsonl");
+    std::fs::write(&epochs, with_epochs).unwrap();
+    let out = plot(&epochs, &svg);
+    assert!(out.status.success());
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(picture.contains("epoch 1") && picture.contains("epoch 2"));
     let png = dir.join("tuner.png");
     let out = plot(trace, &png);
     assert!(

@@ -134,13 +134,19 @@ pub(crate) fn assemble<T: Send + 'static>(
     let all_stages = engine.stages();
     let plane = ControlPlane::start(all_stages.clone())?;
     let trace = Arc::new(TraceLog::default());
+    let epoch = Arc::new(AtomicU64::new(0));
     if let Some(mut a) = autotune {
         // One memory budget: the tuner's guard keeps the buffers' limits within what the
         // reserves leave of it (it counts the caches' capacities itself).
         a.settings.memory_bytes = memory.map(|m| m.saturating_sub(reserved).max(1));
-        start_tuner(&plane, &all_stages, a, Arc::clone(&trace))?;
+        start_tuner(
+            &plane,
+            &all_stages,
+            a,
+            Arc::clone(&trace),
+            Arc::clone(&epoch),
+        )?;
     }
-    let epoch = Arc::new(AtomicU64::new(0));
     if let Some((every, mut f)) = on_stats {
         let epoch = Arc::clone(&epoch);
         plane.every(every, move || {
@@ -215,6 +221,7 @@ fn start_tuner(
     all_stages: &[Arc<dyn StageControl>],
     a: Autotune,
     trace: Arc<TraceLog>,
+    epoch: Arc<AtomicU64>,
 ) -> Result<(), PipelineError> {
     let stages = all_stages[1..]
         .iter()
@@ -224,7 +231,8 @@ fn start_tuner(
     let policy = a.policy.unwrap_or_else(|| a.settings.make_policy());
     let actor = TunerActor::new(stages, &a.settings, policy, trace, a.on_decision)
         .map_err(|e| PipelineError::config_from("opening the tuner trace", e))?
-        .with_gpu_sampler(a.gpu);
+        .with_gpu_sampler(a.gpu)
+        .with_epoch(epoch);
     plane.on_control_thread(Box::new(move || {
         actor.start();
     }));
