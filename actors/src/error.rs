@@ -149,7 +149,10 @@ type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
 /// Query it with the `is_*` methods; [`stage`](Self::stage) and [`item`](Self::item) name where
 /// it happened, and [`source`](std::error::Error::source) walks the cause chain down to the
 /// user's own error.
-#[derive(Debug, Clone)]
+///
+/// Its `Debug` is its message (what `fn main() -> Result<(), PipelineError>` prints on an
+/// error), not the struct's fields.
+#[derive(Clone)]
 pub struct PipelineError {
     kind: Kind,
     item: Option<ItemError>,
@@ -247,6 +250,12 @@ impl PipelineError {
     /// The item failure behind this error, if any.
     pub fn item_error(&self) -> Option<&ItemError> {
         self.item.as_ref()
+    }
+}
+
+impl fmt::Debug for PipelineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
     }
 }
 

@@ -128,13 +128,27 @@ impl PipelineSpec {
                 text[..s.start.min(text.len())].matches('\n').count() + 1
             });
             let message = e.message().to_owned();
-            let key = key_at(text, line).unwrap_or_else(|| {
+            let named = message.split('`').nth(1).map(str::to_owned);
+            let mut key = key_at(text, line).unwrap_or_else(|| {
                 // A missing table or key: serde names it in the message.
-                message
-                    .split('`')
-                    .nth(1)
-                    .map_or_else(String::new, str::to_owned)
+                named.clone().unwrap_or_default()
             });
+            let mut line = line;
+            // An unknown or missing key inside a table is reported at the table's header:
+            // point at the key itself when it is there, and name it with its table.
+            if let Some(field) = named.filter(|_| !key.contains('.')) {
+                if message.starts_with("unknown field") && field != key {
+                    let at = find_key(text, &key, &field);
+                    if at > line {
+                        line = at;
+                    }
+                    key = format!("{key}.{field}");
+                } else if message.starts_with("missing field") && field != key {
+                    key = format!("{key}.{field}");
+                } else if message.starts_with("missing field") && !text.contains('[') {
+                    line = 0;
+                }
+            }
             SpecError {
                 file: file.to_owned(),
                 line,
@@ -443,6 +457,11 @@ size = 16
         assert_eq!(e.key, "metrics.prometheus", "{e}");
         let e = error(&GOOD.replace("kind = \"image\"", "kind = \"hologram\""));
         assert_eq!(e.line, 7, "{e}");
+        // A misspelt key in a table: its own line and dotted name, not the table's header.
+        let e = error(&GOOD.replace("path = \"images.txt\"", "paht = \"images.txt\""));
+        assert_eq!((e.line, e.key.as_str()), (4, "source.paht"), "{e}");
+        let e = error("");
+        assert_eq!(e.to_string(), "p.toml: source: missing field `source`");
     }
 
     /// The fuzz target's property, in every test run: mutated pipeline files (numbers swapped

@@ -614,12 +614,14 @@ impl ModelBased {
                     m.last_dir = (t as i64 - c as i64).signum() as i32;
                 }
             }
-            let rate = self.target_rate(obs, n);
-            return Self::worker_decisions(
-                obs,
-                &targets,
-                &format!("model: target {rate:.0} results/s"),
-            );
+            // Before the first result the flows are unknown (every stage counts as one item
+            // per result), so the target is not yet in results/s.
+            let why = if self.delivered_sum >= 1.0 {
+                format!("model: target {:.0} results/s", self.target_rate(obs, n))
+            } else {
+                "model: first allocation, from per-item costs (no result delivered yet)".to_owned()
+            };
+            return Self::worker_decisions(obs, &targets, &why);
         }
         self.buffers(obs, n)
     }
