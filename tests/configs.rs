@@ -22,6 +22,7 @@ fn dataset() -> &'static Path {
             out: dir.clone(),
             images: 40,
             audio: 10,
+            audio_seconds: (3.0, 10.0),
             flac: true,
             video: if cfg!(feature = "video") { 3 } else { 0 },
             shards: 10,

@@ -74,6 +74,10 @@ enum Command {
         /// `flac` or `wav`.
         #[arg(long, default_value = "flac")]
         audio_format: String,
+        /// The clips' lengths: uniform between `LO,HI` seconds (e.g. `1,30` for
+        /// length-aware batching).
+        #[arg(long, value_delimiter = ',', default_value = "3,10", num_args = 1)]
+        audio_seconds: Vec<f64>,
         /// MP4 clips (needs the `ffmpeg` command).
         #[arg(long, default_value_t = 0)]
         video: usize,
@@ -137,6 +141,7 @@ fn main() -> ExitCode {
             images,
             audio,
             audio_format,
+            audio_seconds,
             video,
             shards,
             seed,
@@ -144,6 +149,15 @@ fn main() -> ExitCode {
             out,
             images,
             audio,
+            audio_seconds: match audio_seconds[..] {
+                [lo, hi] if lo > 0.0 && hi >= lo && hi <= 3600.0 => (lo, hi),
+                _ => {
+                    eprintln!(
+                        "flowgate: --audio-seconds: LO,HI with 0 < LO <= HI <= 3600, not {audio_seconds:?}"
+                    );
+                    return ExitCode::FAILURE;
+                }
+            },
             flac: match audio_format.as_str() {
                 "flac" => true,
                 "wav" => false,

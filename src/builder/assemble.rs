@@ -230,7 +230,14 @@ fn start_tuner(
         .collect();
     let policy = a.policy.unwrap_or_else(|| a.settings.make_policy());
     let actor = TunerActor::new(stages, &a.settings, policy, trace, a.on_decision)
-        .map_err(|e| PipelineError::config_from("opening the tuner trace", e))?
+        .map_err(|e| {
+            let path = a
+                .settings
+                .trace
+                .as_deref()
+                .unwrap_or(std::path::Path::new(""));
+            PipelineError::config_from(format!("opening the tuner trace {}", path.display()), e)
+        })?
         .with_gpu_sampler(a.gpu)
         .with_epoch(epoch);
     plane.on_control_thread(Box::new(move || {

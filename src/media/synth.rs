@@ -138,14 +138,17 @@ pub fn write_clip(path: &Path, spec: &ClipSpec) -> std::io::Result<()> {
 }
 
 /// What [`write_dataset`] writes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct DatasetSpec {
     /// The folder (created if missing).
     pub out: std::path::PathBuf,
     /// Photo-like JPEGs (about 500×375, quality 90).
     pub images: usize,
-    /// 3–10 s tonal clips at 16 kHz.
+    /// Tonal clips at 16 kHz, `audio_seconds` long.
     pub audio: usize,
+    /// The clips' lengths: uniform between these seconds (3–10 by default; 1–30 makes the
+    /// spread length-aware batching is for).
+    pub audio_seconds: (f64, f64),
     /// FLAC (else WAV).
     pub flac: bool,
     /// 3–6 s MP4 clips (needs the `ffmpeg` command).
@@ -164,6 +167,7 @@ impl Default for DatasetSpec {
             out: "target/sample-data".into(),
             images: 1000,
             audio: 0,
+            audio_seconds: (3.0, 10.0),
             flac: true,
             video: 0,
             shards: 0,
@@ -194,6 +198,7 @@ pub fn write_dataset_with_progress(
         out,
         images,
         audio,
+        audio_seconds,
         flac,
         video,
         shards,
@@ -235,7 +240,7 @@ pub fn write_dataset_with_progress(
         let mut list = String::new();
         for i in 0..audio {
             let mut rng = Rng::new(seed.wrapping_mul(2_000_003) ^ i as u64 ^ 0xA0D10);
-            let samples = clip(&mut rng, 16_000);
+            let samples = clip(&mut rng, 16_000, audio_seconds);
             let path = out
                 .join("audio")
                 .join(format!("{i:06}.{}", if flac { "flac" } else { "wav" }));
@@ -363,8 +368,8 @@ fn write_flac(path: &Path, rate: u32, samples: &[i16]) -> std::io::Result<()> {
     std::fs::write(path, sink.as_slice())
 }
 
-fn clip(rng: &mut Rng, rate: u32) -> Vec<i16> {
-    let secs = 3.0 + 7.0 * rng.uniform();
+fn clip(rng: &mut Rng, rate: u32, (lo, hi): (f64, f64)) -> Vec<i16> {
+    let secs = lo + (hi - lo).max(0.0) * rng.uniform();
     let n = (secs * rate as f64) as usize;
     let tones: Vec<(f64, f64, f64)> = (0..3)
         .map(|_| {

@@ -15,9 +15,11 @@ use flowgate_tuner::Rng;
 
 use crate::PipelineError;
 
+mod buckets;
 mod layout;
 mod mixture;
 
+pub use buckets::{Bucketing, LengthBatches};
 pub use layout::Layout;
 pub use mixture::MixStop;
 use mixture::Mixture;

@@ -25,6 +25,7 @@ pub(crate) fn dataset() -> &'static Path {
             out: dir.clone(),
             images: 40,
             audio: 10,
+            audio_seconds: (3.0, 10.0),
             flac: true,
             video: 0,
             shards: 10,

@@ -23,6 +23,56 @@ use symphonia::core::sample::Sample;
 use crate::media::MediaError;
 use crate::tensor::{DType, Tensor};
 
+/// The duration in seconds a file declares (its container's frame count over its rate: a FLAC
+/// `STREAMINFO`, a WAV header, an MP4 track), read without decoding any audio; `None` when the
+/// container does not say (a stream without a length). What length-aware batching
+/// ([`LengthBatches`](crate::sampler::LengthBatches)) plans with.
+pub fn duration(path: &Path) -> Result<Option<f64>, MediaError> {
+    let file = std::fs::File::open(path).map_err(|source| MediaError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mss = MediaSourceStream::new(Box::new(file), Default::default());
+    let mut hint = Hint::new();
+    if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
+        hint.with_extension(ext);
+    }
+    // A corrupt header may panic inside the probe (see `decode_source`): a typed error.
+    let probed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        symphonia::default::get_probe().format(
+            &hint,
+            mss,
+            &FormatOptions {
+                enable_gapless: true,
+                ..Default::default()
+            },
+            &MetadataOptions::default(),
+        )
+    }))
+    .map_err(|_| MediaError::Decode {
+        path: path.to_path_buf(),
+        source: "the audio probe panicked on corrupt input".into(),
+    })?
+    .map_err(|e| MediaError::Decode {
+        path: path.to_path_buf(),
+        source: Box::new(e),
+    })?;
+    let track = probed
+        .format
+        .tracks()
+        .iter()
+        .find(|t| t.codec_params.codec != CODEC_TYPE_NULL)
+        .ok_or_else(|| MediaError::Geometry {
+            path: path.to_path_buf(),
+            reason: "no audio track".into(),
+        })?;
+    let p = &track.codec_params;
+    Ok(match (p.n_frames, p.sample_rate) {
+        (Some(n), Some(rate)) if rate > 0 => Some(n as f64 / f64::from(rate)),
+        _ => None,
+    })
+}
+
 /// Mono, or every channel.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Channels {
@@ -107,6 +157,45 @@ impl AudioRecipe {
     pub fn load_with_length(&self, path: &Path) -> Result<(Tensor, usize), MediaError> {
         let source = self.open(path)?;
         self.decode_source(source, path)
+    }
+
+    /// Decodes the clips of one length-aware batch (see
+    /// [`LengthBatches`](crate::sampler::LengthBatches)) into `[B, T]` `f32` padded with zeros
+    /// to the longest clip (`T` at most the recipe's window, which crops longer ones), with
+    /// their real lengths as a `[B]` `i64` tensor. A clip that fails is left out of the batch
+    /// and returned with its error (the batch is `None` when every clip failed). Mono only:
+    /// with [`Channels::Keep`] each row would be a clip's planes, so that is refused.
+    pub fn load_batch(
+        &self,
+        paths: &[std::path::PathBuf],
+    ) -> (Option<(Tensor, Tensor)>, Vec<MediaError>) {
+        if self.channels != Channels::Mono {
+            let e = paths.first().map(|p| MediaError::Geometry {
+                path: p.clone(),
+                reason: "length-aware batches are mono".into(),
+            });
+            return (None, e.into_iter().collect());
+        }
+        let mut clips = Vec::with_capacity(paths.len());
+        let mut errors = Vec::new();
+        for p in paths {
+            match self.load_with_length(p) {
+                Ok(c) => clips.push(c),
+                Err(e) => errors.push(e),
+            }
+        }
+        let longest = clips.iter().map(|(_, n)| *n).max().unwrap_or(0);
+        if clips.is_empty() {
+            return (None, errors);
+        }
+        let mut batch = Tensor::zeros(&[clips.len(), longest], DType::F32);
+        let mut lengths = Vec::with_capacity(clips.len());
+        for (row, (clip, n)) in clips.iter().enumerate() {
+            let bytes = n * DType::F32.size();
+            batch.item_mut(row)[..bytes].copy_from_slice(&clip.bytes()[..bytes]);
+            lengths.push(*n as i64);
+        }
+        (Some((batch, Tensor::from_i64(&lengths))), errors)
     }
 
     /// Reads and decodes `path`, reading only as much of the file as the crop needs.

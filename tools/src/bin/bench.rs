@@ -5,7 +5,7 @@
 //! cargo run --release -p flowgate-tools --bin bench -- images --list FILE [--batch 32] [--resize 256]
 //!     [--crop 224] [--layout nchw|nhwc] [--workers N] [--dump FILE.npy]
 //! cargo run --release -p flowgate-tools --bin bench -- audio --list FILE [--batch 32] [--rate 16000]
-//!     [--seconds 4] [--workers N] [--dump FILE.npy]
+//!     [--seconds 4] [--workers N] [--dump FILE.npy] [--max-batch-seconds S [--buckets 20]]
 //! cargo run --release -p flowgate-tools --features video --bin bench -- video --list FILE [--batch 8]
 //!     [--frames 8] [--resize 128] [--crop 112] [--workers N] [--dump FILE.npy]
 //! ```
@@ -22,6 +22,10 @@
 //! in list order) as a NumPy file. Audio is decoded to mono `f32`, resampled to `--rate` if the
 //! files differ, cropped or zero-padded to `--seconds`. Video (feature `video`) samples
 //! `--frames` frames uniformly per clip, scaled and center-cropped, as `u8` NTHWC.
+//! `audio --max-batch-seconds S` batches by length instead (see `bucketed_audio`): clips in
+//! `--buckets` length buckets, each batch at most `S` padded seconds, padded only to its
+//! longest clip; its JSON adds `batches`, `padding_fraction`, `max_batch_seconds_seen` and
+//! `fixed_window_padding_fraction`.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -100,6 +104,9 @@ struct Args {
     crop: Option<u32>,
     workers: Option<usize>,
     dump: Option<PathBuf>,
+    /// Audio in length-aware batches of at most this many padded seconds.
+    max_batch_seconds: Option<f64>,
+    buckets: usize,
 }
 
 fn parse() -> Result<Args, PipelineError> {
@@ -118,6 +125,8 @@ fn parse() -> Result<Args, PipelineError> {
         crop: None,
         workers: None,
         dump: None,
+        max_batch_seconds: None,
+        buckets: 20,
     };
     let bad = |m: String| PipelineError::config(m);
     while let Some(flag) = it.next() {
@@ -155,6 +164,13 @@ fn parse() -> Result<Args, PipelineError> {
             "--rate" => a.audio.rate = num(&v)?,
             "--seconds" => a.seconds = v.parse().map_err(|_| bad(format!("--seconds: {v}")))?,
             "--dump" => a.dump = Some(v.into()),
+            "--max-batch-seconds" => {
+                a.max_batch_seconds = Some(
+                    v.parse()
+                        .map_err(|_| bad(format!("--max-batch-seconds: {v}")))?,
+                )
+            }
+            "--buckets" => a.buckets = num(&v)? as usize,
             _ => return Err(bad(format!("unknown flag {flag}"))),
         }
     }
@@ -244,6 +260,14 @@ fn cap_malloc_arenas() {}
 fn main() -> Result<(), PipelineError> {
     cap_malloc_arenas();
     let a = parse()?;
+    if let Some(cap) = a.max_batch_seconds {
+        if a.workload != "audio" || a.shards.is_some() {
+            return Err(PipelineError::config(
+                "--max-batch-seconds is for the audio workload over files",
+            ));
+        }
+        return bucketed_audio(&a, cap);
+    }
     let work = match a.workload.as_str() {
         "audio" => Work::Audio(a.audio),
         #[cfg(feature = "video")]
@@ -329,6 +353,100 @@ fn main() -> Result<(), PipelineError> {
         items as f64 / secs,
         peak_rss_mb(),
         dtype.map_or("none", |d| d.numpy()),
+    );
+    Ok(())
+}
+
+/// `audio --max-batch-seconds S`: length-aware batches (clips in length buckets, each batch's
+/// clips × its longest clip at most `S` seconds, padded only to the longest), one epoch.
+/// Prints the usual JSON line plus `batches`, `padding_fraction` (of the decoded batches),
+/// `max_batch_seconds_seen`, `fixed_window_padding_fraction` (the same clips padded to a fixed
+/// window of the longest clip, the size a fixed-shape batch needs) and `lengths_seconds` (the
+/// time reading the declared lengths took, included in `seconds`).
+fn bucketed_audio(a: &Args, cap: f64) -> Result<(), PipelineError> {
+    use flowgate::sampler::{Bucketing, LengthBatches};
+    let cpu0 = cpu_seconds();
+    let t0 = Instant::now();
+    let paths = a.files.epoch(0);
+    let mut lengths = Vec::with_capacity(paths.len());
+    for p in &paths {
+        let d = flowgate::media::audio::duration(p)
+            .map_err(|e| PipelineError::config(e.to_string()))?;
+        lengths.push(d.ok_or_else(|| {
+            PipelineError::config(format!(
+                "{}: the container does not say its length",
+                p.display()
+            ))
+        })?);
+    }
+    let lengths_seconds = t0.elapsed().as_secs_f64();
+    let plan = LengthBatches::new(lengths, cap, Bucketing::Quantiles(a.buckets.max(1)))?.shuffle(0);
+    let rate = f64::from(a.audio.rate);
+    let longest = plan.lengths().iter().copied().fold(0.0, f64::max);
+    let fixed = 1.0 - plan.lengths().iter().sum::<f64>() / (plan.lengths().len() as f64 * longest);
+    // The window crops a clip longer than the cap (it then fills a batch of its own).
+    let recipe = AudioRecipe {
+        samples: (cap * rate).floor() as usize,
+        ..a.audio
+    };
+    let slots = plan.sampler().shuffle(0).epoch(0);
+    let plan = std::sync::Arc::new(plan);
+    let batches = std::sync::Arc::clone(&plan);
+    let workers = a.workers.map_or(Workers::initial(1), Workers::fixed);
+    let mut p = Pipeline::builder()
+        .source(slots)
+        .pipe(
+            "decode",
+            move |slot: usize| {
+                let clips: Vec<PathBuf> = batches
+                    .batch(0, slot)
+                    .into_iter()
+                    .map(|i| paths[i].clone())
+                    .collect();
+                match recipe.load_batch(&clips) {
+                    (Some(b), _) => Ok(b),
+                    (None, mut errors) => Err(errors.remove(0)),
+                }
+            },
+            workers,
+        )
+        .build()?;
+    let (mut items, mut n_batches, mut real, mut padded, mut seen) =
+        (0usize, 0usize, 0.0, 0.0, 0.0f64);
+    for b in p.iter() {
+        let (batch, lens) = b?;
+        let (rows, t) = (batch.shape()[0], batch.shape()[1]);
+        items += rows;
+        n_batches += 1;
+        let lens: Vec<i64> = lens
+            .bytes()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        real += lens.iter().sum::<i64>() as f64;
+        padded += (rows * t) as f64;
+        seen = seen.max((rows * t) as f64 / rate);
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu0;
+    let failures = p.stats().failures;
+    println!(
+        "{}",
+        serde_json::json!({
+            "workload": "audio",
+            "items": items,
+            "batches": n_batches,
+            "seconds": secs,
+            "items_per_s": items as f64 / secs,
+            "cpu_seconds": cpu,
+            "peak_rss_mb": peak_rss_mb(),
+            "failures": failures,
+            "max_batch_seconds": cap,
+            "max_batch_seconds_seen": seen,
+            "padding_fraction": if padded > 0.0 { 1.0 - real / padded } else { 0.0 },
+            "fixed_window_padding_fraction": fixed,
+            "lengths_seconds": lengths_seconds,
+        })
     );
     Ok(())
 }
