@@ -216,6 +216,27 @@ where
         let w = stages.len().saturating_sub(i) as u32 + 1;
         PALETTE[i % PALETTE.len()].stroke_width(w)
     };
+    // Each stage's workers as a step line on chart `c` (y values through `y`), with a legend.
+    macro_rules! worker_lines {
+        ($c:expr, $y:expr) => {
+            for (k, &(i, name)) in stages.iter().enumerate() {
+                let style = series(k);
+                $c.draw_series(LineSeries::new(
+                    steps(recs, |r| r.workers.get(i).map(|&w| w as f64))
+                        .into_iter()
+                        .map(|(t, w)| (t, $y(w))),
+                    style,
+                ))?
+                .label(name.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+            }
+            $c.configure_series_labels()
+                .border_style(BLACK)
+                .background_style(WHITE.mix(0.85))
+                .label_font(font(13))
+                .draw()?;
+        };
+    }
     if max_w > 32 {
         let mut c = area.build_cartesian_2d(t0..t1, (0.9..max_w as f64 * 1.5).log_scale())?;
         c.configure_mesh()
@@ -224,20 +245,7 @@ where
             .y_label_formatter(&|v| format!("{v:.0}"))
             .draw()?;
         epoch_lines!(c, 0.9, max_w as f64 * 1.5);
-        for (k, &(i, name)) in stages.iter().enumerate() {
-            let style = series(k);
-            c.draw_series(LineSeries::new(
-                steps(recs, |r| r.workers.get(i).map(|&w| w as f64)),
-                style,
-            ))?
-            .label(name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
-        }
-        c.configure_series_labels()
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.85))
-            .label_font(font(13))
-            .draw()?;
+        worker_lines!(c, |w: f64| w);
     } else {
         let top = max_w as i64 + 1;
         let mut c = area.build_cartesian_2d(t0..t1, 0i64..top)?;
@@ -248,22 +256,7 @@ where
             .y_label_formatter(&|v| format!("{v}"))
             .draw()?;
         epoch_lines!(c, 0, top);
-        for (k, &(i, name)) in stages.iter().enumerate() {
-            let style = series(k);
-            c.draw_series(LineSeries::new(
-                steps(recs, |r| r.workers.get(i).map(|&w| w as f64))
-                    .into_iter()
-                    .map(|(t, w)| (t, w as i64)),
-                style,
-            ))?
-            .label(name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
-        }
-        c.configure_series_labels()
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.85))
-            .label_font(font(13))
-            .draw()?;
+        worker_lines!(c, |w: f64| w as i64);
     }
 
     // 4. Memory, in MiB: what the buffers hold, the process's RSS, and the budget when it is

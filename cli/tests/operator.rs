@@ -15,6 +15,15 @@ fn flowgate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_flowgate"))
 }
 
+/// `flowgate run --quiet FILE`, run to its end.
+fn run_quiet(file: &Path) -> Output {
+    flowgate()
+        .args(["run", "--quiet"])
+        .arg(file)
+        .output()
+        .unwrap()
+}
+
 /// A pipeline file over `list` in `dir`, with `extra` appended.
 fn pipeline(dir: &Path, list: &str, extra: &str) -> PathBuf {
     let file = dir.join("p.toml");
@@ -51,11 +60,7 @@ fn exit_codes_say_whether_the_run_delivered() {
     // Every path missing: nothing delivered is a failure, not a quiet 0.
     let missing: String = (0..50).map(|i| format!("gone/{i}.jpg\n")).collect();
     std::fs::write(dir.join("missing.txt"), missing).unwrap();
-    let out = flowgate()
-        .args(["run", "--quiet"])
-        .arg(pipeline(&dir, "missing.txt", ""))
-        .output()
-        .unwrap();
+    let out = run_quiet(&pipeline(&dir, "missing.txt", ""));
     assert_eq!(out.status.code(), Some(1));
     let j = json(&out);
     assert_eq!(
@@ -74,11 +79,7 @@ fn exit_codes_say_whether_the_run_delivered() {
     let mut list: Vec<String> = images().iter().map(|p| p.display().to_string()).collect();
     list.extend((0..4).map(|i| format!("gone/{i}.jpg")));
     std::fs::write(dir.join("mixed.txt"), list.join("\n")).unwrap();
-    let out = flowgate()
-        .args(["run", "--quiet"])
-        .arg(pipeline(&dir, "mixed.txt", ""))
-        .output()
-        .unwrap();
+    let out = run_quiet(&pipeline(&dir, "mixed.txt", ""));
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -86,11 +87,7 @@ fn exit_codes_say_whether_the_run_delivered() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(json(&out)["items"], 40);
-    let out = flowgate()
-        .args(["run", "--quiet"])
-        .arg(pipeline(&dir, "mixed.txt", "[run]\nmax_failures = 2\n"))
-        .output()
-        .unwrap();
+    let out = run_quiet(&pipeline(&dir, "mixed.txt", "[run]\nmax_failures = 2\n"));
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(json(&out)["status"], "failed");
     assert!(String::from_utf8_lossy(&out.stderr).contains("failure budget"));
@@ -104,11 +101,7 @@ fn exit_codes_say_whether_the_run_delivered() {
         let mut list = name.as_bytes().to_vec();
         list.push(b'\n');
         std::fs::write(dir.join("latin1.txt"), list).unwrap();
-        let out = flowgate()
-            .args(["run", "--quiet"])
-            .arg(pipeline(&dir, "latin1.txt", ""))
-            .output()
-            .unwrap();
+        let out = run_quiet(&pipeline(&dir, "latin1.txt", ""));
         assert_eq!(
             out.status.code(),
             Some(0),

@@ -35,17 +35,11 @@ def test_a_batch_tensor_alive_at_exit_does_not_abort_the_process(data, tmp_path)
     assert "panic" not in r.stderr and "fatal" not in r.stderr, r.stderr[-3000:]
 
 
-@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
-def test_ctrl_c_interrupts_a_next_that_waits(data, tmp_path):
-    """next() waiting for a batch (its file is a named pipe nobody writes) raises
-    KeyboardInterrupt promptly on SIGINT, not after the next batch."""
-    fifo = tmp_path / "slow.jpg"
-    os.mkfifo(fifo)
-    r = run(f"""
-        import os, signal, threading, time, flowgate
-        loader = flowgate.ImageLoader([{str(fifo)!r}], batch_size=1, crop=32, resize=32,
-                                      workers=1)
-        it = iter(loader)
+def assert_ctrl_c_interrupts(setup, tmp_path):
+    """Runs `setup` (code that binds `it`, an iterator whose next() waits) in a subprocess,
+    sends SIGINT half a second into next(), and checks KeyboardInterrupt came within 0.5 s."""
+    r = run(textwrap.dedent(setup) + textwrap.dedent("""
+        import os, signal, threading, time
         sent = []
         def interrupt():
             time.sleep(0.5)
@@ -57,8 +51,31 @@ def test_ctrl_c_interrupts_a_next_that_waits(data, tmp_path):
             print("no interrupt")
         except KeyboardInterrupt:
             print("interrupted after %.3f" % (time.monotonic() - sent[0]))
-        os._exit(0)   # the pipe's reader is still blocked; leave without joining it
-    """, tmp_path, timeout=30)
+        os._exit(0)   # what next() waited on still waits; leave without joining it
+    """), tmp_path, timeout=30)
     assert "interrupted after" in r.stdout, r.stdout + r.stderr[-2000:]
     delay = float(r.stdout.split("interrupted after")[1])
     assert delay < 0.5, f"KeyboardInterrupt came {delay:.3f}s after the signal"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_ctrl_c_interrupts_a_next_that_waits(data, tmp_path):
+    """next() waiting for a batch (its file is a named pipe nobody writes) raises
+    KeyboardInterrupt promptly on SIGINT, not after the next batch."""
+    fifo = tmp_path / "slow.jpg"
+    os.mkfifo(fifo)
+    assert_ctrl_c_interrupts(f"""
+        import flowgate
+        loader = flowgate.ImageLoader([{str(fifo)!r}], batch_size=1, crop=32, resize=32,
+                                      workers=1)
+        it = iter(loader)
+    """, tmp_path)
+
+
+def test_ctrl_c_interrupts_a_python_pipeline_that_waits(tmp_path):
+    """The same for flowgate.Pipeline, whose stage sleeps."""
+    assert_ctrl_c_interrupts("""
+        import time, flowgate
+        p = flowgate.Pipeline(range(4)).map(lambda x: time.sleep(30), workers=1)
+        it = iter(p)
+    """, tmp_path)

@@ -1,5 +1,5 @@
 """The loader where PyTorch code expects things: fork, DataLoader workers, pickling, set_epoch,
-per-epoch failures, tensors out, Ctrl-C in a Python pipeline."""
+per-epoch failures, tensors out (Ctrl-C in a Python pipeline: test_process.py)."""
 
 import pickle
 
@@ -169,26 +169,3 @@ def test_output_torch_and_numpy_and_the_attributes(data):
             flowgate.ImageLoader(files, normalize=bad)
     with pytest.raises(ValueError, match="scale"):
         flowgate.ImageLoader(files, train=True, scale=0.5)
-
-
-def test_ctrl_c_interrupts_a_python_pipeline_that_waits(tmp_path):
-    r = run("""
-        import os, signal, threading, time, flowgate
-        p = flowgate.Pipeline(range(4)).map(lambda x: time.sleep(30), workers=1)
-        it = iter(p)
-        sent = []
-        def interrupt():
-            time.sleep(0.5)
-            sent.append(time.monotonic())
-            os.kill(os.getpid(), signal.SIGINT)
-        threading.Thread(target=interrupt, daemon=True).start()
-        try:
-            next(it)
-            print("no interrupt")
-        except KeyboardInterrupt:
-            print("interrupted after %.3f" % (time.monotonic() - sent[0]))
-        os._exit(0)
-    """, tmp_path, timeout=30)
-    assert "interrupted after" in r.stdout, r.stdout + r.stderr[-2000:]
-    delay = float(r.stdout.split("interrupted after")[1])
-    assert delay < 0.5, f"KeyboardInterrupt came {delay:.3f}s after the signal"
