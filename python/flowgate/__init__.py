@@ -529,7 +529,17 @@ class AudioLoader(_Loader):
     the window are taken whole). ``return_lengths``: each batch is ``(audio, lengths, ...)``,
     ``lengths`` an int64 :class:`Batch` of each clip's real samples (the rest is padding), for
     masking or ragged models. Other arguments (``labels`` and ``return_paths`` too) as
-    :class:`ImageLoader`."""
+    :class:`ImageLoader`.
+
+    ``max_batch_seconds``: length-aware batches instead of ``batch_size`` clips in a fixed
+    window. Clips are grouped by the length their files declare (read without decoding) into
+    ``buckets`` length buckets; each batch holds clips of one bucket, padded only to its
+    longest clip, with at most ``max_batch_seconds`` of padded audio (clips x longest); a clip
+    longer than that is cropped to it. Batches are always ``(audio, lengths, ...)``, ``audio``
+    ``B x T`` with ``B`` and ``T`` varying per batch. Each bucket is reshuffled every epoch
+    (``seed``), every clip is read once per epoch, ranks get equal batch counts (padded as
+    with files, or cut with ``drop_last``) and ``state_dict`` resumes exactly. Local files
+    only; ``batch_size``, ``seconds`` and ``train`` do not apply."""
 
     def __init__(
         self,
@@ -539,6 +549,8 @@ class AudioLoader(_Loader):
         seconds: float = 4.0,
         train: bool = False,
         return_lengths: bool = False,
+        max_batch_seconds: Optional[float] = None,
+        buckets: int = 20,
         shuffle: bool = True,
         seed: int = 0,
         rank: Optional[int] = None,
@@ -554,9 +566,12 @@ class AudioLoader(_Loader):
         self._setup(locals())
 
     def _build(self, a: Dict[str, Any]) -> Any:
-        _check_ints(a, rate=1)
+        _check_ints(a, rate=1, buckets=1)
+        cap = a["max_batch_seconds"]
+        if cap is not None and not (isinstance(cap, (int, float)) and cap > 0):
+            raise ValueError(f"max_batch_seconds must be a number above 0, not {cap!r}")
         return _native.audio_loader(_paths(a["paths"]), _options(a), a["rate"], a["seconds"],
-                                    a["train"], a["return_lengths"])
+                                    a["train"], a["return_lengths"], cap, a["buckets"])
 
 
 class VideoLoader(_Loader):

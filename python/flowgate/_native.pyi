@@ -66,7 +66,8 @@ def image_loader(paths: Any, options: Options, resize: int = ..., crop: int = ..
                  normalize: Optional[Tuple[Tuple[float, float, float],
                                            Tuple[float, float, float]]] = ...) -> Loader: ...
 def audio_loader(paths: Any, options: Options, rate: int = ..., seconds: float = ...,
-                 train: bool = ..., return_lengths: bool = ...) -> Loader: ...
+                 train: bool = ..., return_lengths: bool = ...,
+                 max_batch_seconds: Optional[float] = ..., buckets: int = ...) -> Loader: ...
 def video_loader(paths: Any, options: Options, frames: int = ..., resize: int = ...,
                  crop: int = ..., layout: str = ..., threads: int = ...,
                  audio_seconds: Optional[float] = ..., audio_rate: int = ...) -> Loader:

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use flowgate::media::{Files, MediaError};
 use flowgate::parquet::ParquetRows;
-use flowgate::sampler::{Sampler, ShardLengths};
+use flowgate::sampler::{LengthBatches, Sampler, ShardLengths};
 use flowgate::shards::{RawSample, ShardError, Shards};
 use flowgate::{PipelineError, Tensor};
 use pyo3::exceptions::{PyFileNotFoundError, PyValueError};
@@ -14,12 +14,16 @@ use pyo3::prelude::*;
 
 use crate::error::to_py;
 
-/// One item's dataset index, epoch, and label when its sample carried one (tar shards).
-#[derive(Clone, Copy)]
+/// One item's dataset index, epoch, and label when its sample carried one (tar shards). For
+/// a length-aware batch (an item that is a whole batch), the files its rows hold and the
+/// clips left out with why.
+#[derive(Clone)]
 pub(crate) struct Meta {
     pub(crate) index: usize,
     pub(crate) epoch: u64,
     pub(crate) label: Option<i64>,
+    pub(crate) rows: Option<Vec<usize>>,
+    pub(crate) skipped: Vec<(String, String)>,
 }
 
 /// What a decoder reads: a local file, or a shard sample's field (bytes, named
@@ -96,6 +100,13 @@ pub(crate) enum Dataset {
         parts: Arc<[Dataset]>,
         sampler: Sampler,
     },
+    /// Local audio files in length-aware batches: item `i` is batch slot `i` of `plan` (a
+    /// whole batch, its clips padded to the longest); `sampler` orders and deals the slots.
+    Batches {
+        files: Files,
+        plan: Arc<LengthBatches>,
+        sampler: Sampler,
+    },
 }
 
 impl Dataset {
@@ -103,7 +114,7 @@ impl Dataset {
         match self {
             Dataset::Files(f) => f.sampler(),
             Dataset::Records { records, .. } => records.sampler(),
-            Dataset::Mix { sampler, .. } => sampler,
+            Dataset::Mix { sampler, .. } | Dataset::Batches { sampler, .. } => sampler,
         }
     }
 
@@ -113,6 +124,7 @@ impl Dataset {
             Dataset::Files(f) => f.len(),
             Dataset::Records { records, .. } => records.len(),
             Dataset::Mix { sampler, .. } => sampler.dataset_len(),
+            Dataset::Batches { plan, .. } => plan.len(),
         }
     }
 
@@ -134,7 +146,7 @@ impl Dataset {
     /// Whether samples carry a label field.
     pub(crate) fn has_label(&self) -> bool {
         match self {
-            Dataset::Files(_) => false,
+            Dataset::Files(_) | Dataset::Batches { .. } => false,
             Dataset::Records { label, .. } => label.is_some(),
             Dataset::Mix { parts, .. } => parts.iter().all(Dataset::has_label),
         }
@@ -165,6 +177,16 @@ impl Dataset {
                 }
                 f
             }
+            Dataset::Batches { files, plan, .. } => {
+                // The files (a hash of the paths; their sampler is not used) and the plan.
+                let mut f: Vec<_> = files
+                    .fingerprint()
+                    .into_iter()
+                    .filter(|(k, _)| *k == "dataset")
+                    .collect();
+                f.extend(plan.fingerprint());
+                f
+            }
         }
     }
 
@@ -176,6 +198,13 @@ impl Dataset {
             Dataset::Mix { parts, sampler } => {
                 let (s, j) = sampler.locate(index);
                 parts[s].name(j, epoch)
+            }
+            Dataset::Batches { files, plan, .. } => {
+                let rows = plan.batch(epoch, index);
+                let first = rows
+                    .first()
+                    .map_or_else(String::new, |&i| files.paths()[i].display().to_string());
+                format!("batch {index} ({} clips: {first}, ...)", rows.len())
             }
         }
     }
@@ -191,6 +220,8 @@ impl Dataset {
             index,
             epoch,
             label: None,
+            rows: None,
+            skipped: Vec::new(),
         };
         let fields = match self {
             Dataset::Files(f) => decode(Input::Path(f.paths()[index].clone()), epoch)?,
@@ -213,9 +244,66 @@ impl Dataset {
                 meta.label = part.label;
                 fields
             }
+            Dataset::Batches { files, plan, .. } => {
+                let (fields, rows, skipped) =
+                    load_batch(files, &plan.batch(epoch, index), epoch, decode)?;
+                meta.rows = Some(rows);
+                meta.skipped = skipped;
+                fields
+            }
         };
         Ok((fields, meta))
     }
+}
+
+/// Decodes the clips `rows` (indices into `files`) with `decode` (which gives each clip's
+/// window and its real length) into one batch padded to the longest clip: `[B, T]` and the
+/// lengths `[B]`, with the rows kept and the clips left out (path, why). Fails only when
+/// every clip failed.
+type BatchLoad = (Vec<Tensor>, Vec<usize>, Vec<(String, String)>);
+
+fn load_batch(
+    files: &Files,
+    rows: &[usize],
+    epoch: u64,
+    decode: &Decode,
+) -> Result<BatchLoad, ShardError> {
+    let mut clips = Vec::with_capacity(rows.len());
+    let mut kept = Vec::with_capacity(rows.len());
+    let mut skipped = Vec::new();
+    let mut first_error = None;
+    for &i in rows {
+        let path = files.paths()[i].clone();
+        match decode(Input::Path(path.clone()), epoch) {
+            Ok(fields) => {
+                let len = fields
+                    .get(1)
+                    .and_then(|t| t.bytes().get(..8))
+                    .map_or(0, |b| i64::from_le_bytes(b.try_into().expect("8 bytes")));
+                clips.push((
+                    fields.into_iter().next().expect("the clip"),
+                    len.max(0) as usize,
+                ));
+                kept.push(i);
+            }
+            Err(e) => {
+                skipped.push((path.display().to_string(), e.to_string()));
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if clips.is_empty() {
+        return Err(first_error.expect("a batch has clips").into());
+    }
+    let longest = clips.iter().map(|(_, n)| *n).max().unwrap_or(0);
+    let mut batch = Tensor::zeros(&[clips.len(), longest], flowgate::DType::F32);
+    let mut lengths = Vec::with_capacity(clips.len());
+    for (row, (clip, n)) in clips.iter().enumerate() {
+        let bytes = n * 4;
+        batch.item_mut(row)[..bytes].copy_from_slice(&clip.bytes()[..bytes]);
+        lengths.push(*n as i64);
+    }
+    Ok((vec![batch, Tensor::from_i64(&lengths)], kept, skipped))
 }
 
 #[allow(clippy::too_many_arguments)]

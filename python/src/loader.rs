@@ -181,7 +181,7 @@ impl Extras {
             return_paths,
         };
         let files = match dataset {
-            Dataset::Files(f) => f,
+            Dataset::Files(f) | Dataset::Batches { files: f, .. } => f,
             Dataset::Records { .. } | Dataset::Mix { .. } => {
                 e.sample_labels = dataset.has_label();
                 return Ok(e);
@@ -348,6 +348,21 @@ impl Loader {
 }
 
 impl Loader {
+    /// Records clips a length-aware batch left out as failures of `epoch`.
+    fn note_skipped(&self, skipped: &[(String, String)], epoch: u64) {
+        if skipped.is_empty() {
+            return;
+        }
+        let mut f = self.failures.lock().expect("failures");
+        for (path, why) in skipped {
+            if f.kept.len() == KEEP_FAILURES {
+                f.kept.pop_front();
+            }
+            f.kept
+                .push_back((epoch, ("decode".to_owned(), path.clone(), why.clone())));
+        }
+    }
+
     /// The current pipeline's monitor; builds the pipeline (waiting for the lock with the
     /// GIL released) if there is none yet.
     fn monitor(&self, py: Python<'_>) -> PyResult<Monitor> {
@@ -400,6 +415,34 @@ impl Loader {
         let Some(Loaded { fields, items }) = loaded else {
             return Ok(None);
         };
+        // A length-aware batch is one item of the pipeline: its fields come stacked as
+        // `[1, ...]`, and its rows are the files the item kept; the clips it left out are
+        // failures of this epoch.
+        let (fields, items) = match items.as_slice() {
+            [one] if one.rows.is_some() => {
+                self.note_skipped(&one.skipped, one.epoch);
+                let fields = fields
+                    .into_iter()
+                    .map(|t| {
+                        let shape = t.shape()[1..].to_vec();
+                        t.reshaped(&shape)
+                    })
+                    .collect();
+                let rows = one.rows.clone().unwrap_or_default();
+                let items = rows
+                    .into_iter()
+                    .map(|index| Meta {
+                        index,
+                        epoch: one.epoch,
+                        label: None,
+                        rows: None,
+                        skipped: Vec::new(),
+                    })
+                    .collect();
+                (fields, items)
+            }
+            _ => (fields, items),
+        };
         let mut out = fields
             .into_iter()
             .map(|t| Ok(Bound::new(py, Batch { t })?.into_any()))
@@ -428,7 +471,11 @@ impl Loader {
             );
         }
         if self.extras.return_paths {
-            let paths = items.iter().map(|m| self.dataset.name(m.index, m.epoch));
+            let paths = items.iter().map(|m| match &self.dataset {
+                // Rows of a length-aware batch are files.
+                Dataset::Batches { files, .. } => files.paths()[m.index].display().to_string(),
+                d => d.name(m.index, m.epoch),
+            });
             out.push(PyList::new(py, paths)?.into_any());
         }
         Ok(Some(PyTuple::new(py, out)?.into_any()))

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use flowgate::media::audio::AudioRecipe;
 use flowgate::media::image::{ImageRecipe, Layout, Normalize, RandomCrop};
-use flowgate::media::{Recipe, RecipeError};
+use flowgate::media::{Files, Recipe, RecipeError};
 use flowgate::Tensor;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -153,6 +153,39 @@ impl Options {
         Ok(None)
     }
 
+    /// `files` (in dataset order, the whole dataset) planned into length-aware batches of at
+    /// most `cap` padded seconds, from the lengths their containers declare.
+    fn length_batches(&self, files: Files, cap: f64, buckets: usize) -> PyResult<Dataset> {
+        use flowgate::sampler::{Bucketing, LengthBatches};
+        let bad = |m: String| PyValueError::new_err(m);
+        if !(cap.is_finite() && cap > 0.0) {
+            return Err(bad(format!("max_batch_seconds must be above 0, not {cap}")));
+        }
+        let mut lengths = Vec::with_capacity(files.len());
+        for p in files.paths() {
+            let d = flowgate::media::audio::duration(p).map_err(|e| bad(e.to_string()))?;
+            lengths.push(d.ok_or_else(|| {
+                bad(format!(
+                    "{}: the file does not declare its length, which max_batch_seconds plans \
+                     with",
+                    p.display()
+                ))
+            })?);
+        }
+        let mut plan = LengthBatches::new(lengths, cap, Bucketing::Quantiles(buckets.max(1)))
+            .map_err(|e| bad(e.to_string()))?;
+        let mut sampler = plan.sampler();
+        if self.shuffle {
+            plan = plan.shuffle(self.seed);
+            sampler = sampler.shuffle(self.seed);
+        }
+        Ok(Dataset::Batches {
+            files,
+            plan: Arc::new(plan),
+            sampler: deal(sampler, self.rank, self.world_size, self.drop_last)?,
+        })
+    }
+
     /// A loader of the files `paths` names (a directory walked for `extensions`, a list file
     /// or a sequence), or of the samples of a `flowgate.Shards`, each decoded by `decode`.
     fn loader(
@@ -160,6 +193,18 @@ impl Options {
         paths: &Bound<'_, PyAny>,
         extensions: &[&str],
         decode: Decode,
+    ) -> PyResult<Loader> {
+        self.loader_with(paths, extensions, decode, None)
+    }
+
+    /// [`loader`](Self::loader), in length-aware batches of at most `cap` seconds over
+    /// `buckets` length buckets when `length_batches` is `(cap, buckets)`.
+    fn loader_with(
+        &self,
+        paths: &Bound<'_, PyAny>,
+        extensions: &[&str],
+        decode: Decode,
+        length_batches: Option<(f64, usize)>,
     ) -> PyResult<Loader> {
         let labels = self.labels.as_ref().map(|l| l.bind(paths.py()));
         let label_field = || -> PyResult<Option<String>> {
@@ -239,12 +284,25 @@ impl Options {
                 self.drop_last,
             )?)
         };
+        // Length-aware batches: the files' declared lengths planned into batch slots, each
+        // loaded as a whole batch (so the pipeline's batches are of one slot each).
+        let (dataset, batch_size) = match (length_batches, dataset) {
+            (None, d) => (d, self.batch_size),
+            (Some((cap, buckets)), Dataset::Files(files)) => {
+                (self.length_batches(files, cap, buckets)?, 1)
+            }
+            (Some(_), _) => {
+                return Err(PyValueError::new_err(
+                    "max_batch_seconds needs local files (a directory, a list or a sequence of                      paths), not Shards, Parquet or Mix",
+                ))
+            }
+        };
         let extras = Extras::new(labels, &dataset, self.return_paths)?;
         Loader::new(
             dataset,
             extras,
             decode,
-            self.batch_size,
+            batch_size,
             self.drop_last,
             self.workers,
             self.skip_errors,
@@ -319,9 +377,13 @@ fn invalid(e: RecipeError) -> PyErr {
     PyValueError::new_err(e.to_string())
 }
 
-/// An audio loader (see `flowgate.AudioLoader`).
+/// An audio loader (see `flowgate.AudioLoader`). With `max_batch_seconds`, length-aware
+/// batches: each clip up to that many seconds (the window), batches of similar lengths padded
+/// to their longest clip, at most `max_batch_seconds` padded seconds each, with lengths.
 #[pyfunction]
-#[pyo3(signature = (paths, options, rate=16000, seconds=4.0, train=false, return_lengths=false))]
+#[pyo3(signature = (paths, options, rate=16000, seconds=4.0, train=false, return_lengths=false,
+    max_batch_seconds=None, buckets=20))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn audio_loader(
     paths: &Bound<'_, PyAny>,
     options: &Options,
@@ -329,14 +391,19 @@ pub(crate) fn audio_loader(
     seconds: f64,
     train: bool,
     return_lengths: bool,
+    max_batch_seconds: Option<f64>,
+    buckets: usize,
 ) -> PyResult<Loader> {
+    // In length-aware batches a clip is cropped only past the batch cap.
+    let window = max_batch_seconds.unwrap_or(seconds);
     let recipe = AudioRecipe {
-        random_crop: train,
-        ..AudioRecipe::with_seconds(rate, seconds).map_err(invalid)?
+        random_crop: train && max_batch_seconds.is_none(),
+        ..AudioRecipe::with_seconds(rate, window).map_err(invalid)?
     }
     .with_seed(options.seed);
     recipe.validate().map_err(invalid)?;
-    options.loader(
+    let return_lengths = return_lengths || max_batch_seconds.is_some();
+    options.loader_with(
         paths,
         &["flac", "wav", "mp3", "ogg", "m4a"],
         Arc::new(move |input, epoch| {
@@ -353,6 +420,7 @@ pub(crate) fn audio_loader(
                 vec![t]
             })
         }),
+        max_batch_seconds.map(|cap| (cap, buckets)),
     )
 }
 

@@ -79,7 +79,9 @@ def test_ranks_resume_and_bad_rows(data, tmp_path):
     state = first.state_dict()
     again = flowgate.ImageLoader(pqs, labels="label", **ARGS)
     again.load_state_dict(state)
-    assert head + [int(x) for _, lab in again for x in np.asarray(lab)] == whole
+    # The same rows, each once (collate on two workers, as the tuner may give it, can swap
+    # whole batches, so the order is not compared).
+    assert sorted(head + [int(x) for _, lab in again for x in np.asarray(lab)]) == sorted(whole)
 
     with pytest.raises(ValueError, match="no column \"jpg\""):
         flowgate.ImageLoader(flowgate.Parquet(f, column="jpg"))

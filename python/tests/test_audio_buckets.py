@@ -1,0 +1,89 @@
+"""AudioLoader(max_batch_seconds=...): length-aware batches from Python."""
+
+import os
+import pathlib
+import subprocess
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import flowgate
+from conftest import ROOT
+
+CAP, RATE = 30.0, 16000
+
+
+@pytest.fixture(scope="module")
+def clips() -> pathlib.Path:
+    """30 FLAC clips of 1-12 s (flowgate gen-data --audio-seconds)."""
+    d = pathlib.Path(os.environ.get("FLOWGATE_TEST_CLIPS", ROOT / "target" / "pytest-clips"))
+    if not (d / "audio.txt").exists():
+        subprocess.run(
+            ["cargo", "run", "--quiet", "--locked", "-p", "flowgate-cli", "--bin", "flowgate", "--",
+             "gen-data", "--out", str(d), "--images", "0", "--audio", "30",
+             "--audio-seconds", "1,12", "--seed", "3"],
+            cwd=ROOT, check=True,
+        )
+    return d / "audio.txt"
+
+
+def epoch(loader):
+    out = []
+    for audio, lengths, paths in loader:
+        a, n = np.asarray(audio), np.asarray(lengths)
+        assert a.dtype == np.float32 and a.ndim == 2 and a.shape[0] == len(n) == len(paths)
+        assert a.shape[0] * a.shape[1] <= CAP * RATE, "over the cap"
+        assert a.shape[1] == n.max(), "padded to the longest clip only"
+        for row, k in enumerate(n):
+            assert not a[row, k:].any(), "zeros after a clip's length"
+        out.append(tuple(paths))
+    return out
+
+
+def test_batches_by_length_cover_each_clip_once_under_the_cap(clips):
+    files = open(clips).read().split()
+    loader = flowgate.AudioLoader(clips, max_batch_seconds=CAP, buckets=6, return_paths=True,
+                                  seed=1)
+    first = epoch(loader)
+    assert len(first) == len(loader)
+    assert sorted(p for b in first for p in b) == sorted(files), "each clip once"
+    second = epoch(loader)
+    assert sorted(map(sorted, first)) != sorted(map(sorted, second)), "new batches per epoch"
+    # Fewer rows than a fixed batch would need for the short clips, more for the long ones.
+    assert len({len(b) for b in first}) > 1
+
+
+def test_ranks_get_equal_counts_and_a_checkpoint_resumes_exactly(clips):
+    args = dict(max_batch_seconds=CAP, buckets=6, return_paths=True, seed=2, workers=1)
+    counts = [len(epoch(flowgate.AudioLoader(clips, rank=r, world_size=2, **args)))
+              for r in range(2)]
+    assert counts[0] == counts[1]
+
+    full = epoch(flowgate.AudioLoader(clips, **args))
+    loader = flowgate.AudioLoader(clips, **args)
+    it = iter(loader)
+    head = [tuple(next(it)[2]) for _ in range(2)]
+    state = loader.state_dict()
+    del it
+    resumed = flowgate.AudioLoader(clips, **args)
+    resumed.load_state_dict(state)
+    rest = epoch(resumed)
+    assert Counter(head + rest) == Counter(full)
+
+
+def test_a_bad_clip_is_left_out_and_named(clips, tmp_path):
+    files = open(clips).read().split()
+    bad = tmp_path / "bad.flac"
+    # A FLAC header that declares a length, then garbage: planned, then fails to decode.
+    good = pathlib.Path(files[0]).read_bytes()
+    bad.write_bytes(good[:200] + b"\x00" * 4000)
+    loader = flowgate.AudioLoader(files + [str(bad)], max_batch_seconds=CAP, buckets=4,
+                                  return_paths=True)
+    got = [p for b in epoch(loader) for p in b]
+    assert sorted(got) == sorted(files)
+    assert [item for _, item, _ in loader.failures()] == [str(bad)]
+    with pytest.raises(ValueError, match="max_batch_seconds"):
+        flowgate.AudioLoader(clips, max_batch_seconds=0)
+    with pytest.raises(ValueError, match="buckets"):
+        flowgate.AudioLoader(clips, max_batch_seconds=CAP, buckets=0)
