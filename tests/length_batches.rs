@@ -15,22 +15,28 @@ use flowgate::{Pipeline, Tensor};
 const CAP: f64 = 30.0;
 const RATE: usize = 16_000;
 
+/// The test's clips, written once for both tests.
 fn clips() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("length-batches");
-    let _ = std::fs::remove_dir_all(&dir);
-    let out = write_dataset(&DatasetSpec {
-        out: dir,
-        images: 0,
-        audio: 40,
-        audio_seconds: (1.0, 12.0),
-        ..DatasetSpec::default()
-    })
-    .unwrap();
-    std::fs::read_to_string(out.join("audio.txt"))
-        .unwrap()
-        .lines()
-        .map(PathBuf::from)
-        .collect()
+    static CLIPS: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+    CLIPS
+        .get_or_init(|| {
+            let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("length-batches");
+            let _ = std::fs::remove_dir_all(&dir);
+            let out = write_dataset(&DatasetSpec {
+                out: dir,
+                images: 0,
+                audio: 40,
+                audio_seconds: (1.0, 12.0),
+                ..DatasetSpec::default()
+            })
+            .unwrap();
+            std::fs::read_to_string(out.join("audio.txt"))
+                .unwrap()
+                .lines()
+                .map(PathBuf::from)
+                .collect()
+        })
+        .clone()
 }
 
 /// Rank `rank` of `world`'s batches: (slot, rows, padded samples, lengths).
@@ -156,4 +162,37 @@ fn length_batches_cover_each_clip_under_the_cap_and_resume_exactly() {
     let mut want = full;
     want.sort_unstable();
     assert_eq!(all, want, "the interrupted epoch's batches, each once");
+}
+
+#[test]
+fn a_pipeline_file_asks_for_length_batches() {
+    use flowgate::spec::{Hooks, PipelineSpec};
+    let paths = clips();
+    let dir = paths[0].parent().unwrap().parent().unwrap();
+    let text = format!(
+        "[source]\nkind = \"list\"\npath = \"{}\"\nshuffle = 3\n\
+         [decode]\nkind = \"audio\"\n\
+         [batch]\nmax_seconds = {CAP}\nbuckets = 6\n[run]\nepochs = 2\n",
+        dir.join("audio.txt").display()
+    );
+    let spec = PipelineSpec::parse(&text, "p.toml").unwrap();
+    let mut loader = spec.build(Hooks::default()).unwrap();
+    assert_eq!(loader.items, paths.len());
+    for _ in 0..2 {
+        let mut rows = 0;
+        for b in loader.pipeline.iter() {
+            let b = b.unwrap();
+            let (n, t) = (b.shape()[0], b.shape()[1]);
+            assert!(n as f64 * t as f64 <= CAP * RATE as f64 + 1.0);
+            rows += n;
+        }
+        assert_eq!(rows, paths.len(), "each clip once per epoch");
+    }
+    // Only for audio from files.
+    let e = PipelineSpec::parse(
+        &text.replace("kind = \"audio\"", "kind = \"image\""),
+        "p.toml",
+    )
+    .unwrap_err();
+    assert_eq!(e.key, "batch.max_seconds", "{e}");
 }

@@ -188,9 +188,13 @@ impl PipelineSpec {
             ("augmentation_seed", self.augmentation_seed().to_string()),
         ];
         let finish = |b: crate::PipelineBuilder<Tensor>| {
-            let mut b = b
-                .batch(batch, self.batch.drop_last)
-                .checkpoint_fields(fields);
+            // Length-aware batches come whole from the reader.
+            let b = if self.batch.max_seconds.is_some() {
+                b
+            } else {
+                b.batch(batch, self.batch.drop_last)
+            };
+            let mut b = b.checkpoint_fields(fields);
             if let Some(m) = self.run.max_failures {
                 b = b.max_failures(match m {
                     super::MaxFailures::Count(n) => crate::FailureBudget::count(n),
@@ -287,6 +291,12 @@ impl PipelineSpec {
         decoder: &Recipe,
     ) -> Result<Option<Reader>, crate::PipelineError> {
         use std::sync::Arc;
+        if let (Some(cap), DecodeSpec::Audio { .. }) = (self.batch.max_seconds, &self.decode) {
+            let files = files_of(source)?.ok_or_else(|| {
+                crate::PipelineError::config("batch.max_seconds needs a list or dir source")
+            })?;
+            return self.length_batches(files, cap).map(Some);
+        }
         if let Some(files) = files_of(source)? {
             let load = decoder.clone();
             let paths: Arc<[PathBuf]> = files.paths().into();
@@ -516,6 +526,92 @@ fn shards_of(
 }
 
 /// The local files of a list or directory source (shuffled if asked).
+impl PipelineSpec {
+    /// Length-aware audio batches over `files`: each item of the reader is a whole batch,
+    /// `[B, T]` padded to its longest clip (see `LengthBatches`).
+    #[cfg(feature = "audio")]
+    fn length_batches(&self, files: Files, cap: f64) -> Result<Reader, crate::PipelineError> {
+        use crate::sampler::{Bucketing, LengthBatches, Sampler};
+        use std::sync::Arc;
+        let DecodeSpec::Audio { rate, .. } = self.decode else {
+            return Err(crate::PipelineError::config(
+                "batch.max_seconds is for audio".to_owned(),
+            ));
+        };
+        let paths: Arc<[PathBuf]> = files.paths().into();
+        let mut lengths = Vec::with_capacity(paths.len());
+        for p in paths.iter() {
+            let d = crate::media::audio::duration(p)
+                .map_err(|e| crate::PipelineError::config(e.to_string()))?;
+            lengths.push(d.ok_or_else(|| {
+                crate::PipelineError::config(format!(
+                    "{}: the file does not declare its length (batch.max_seconds plans with it)",
+                    p.display()
+                ))
+            })?);
+        }
+        let shuffle = match &self.source {
+            SourceSpec::List { shuffle, .. } | SourceSpec::Dir { shuffle, .. } => *shuffle,
+            _ => None,
+        };
+        let mut plan = LengthBatches::new(lengths, cap, Bucketing::Quantiles(self.batch.buckets))?;
+        let mut sampler = Sampler::new(plan.len());
+        if let Some(seed) = shuffle {
+            plan = plan.shuffle(seed);
+            sampler = sampler.shuffle(seed);
+        }
+        let recipe = crate::media::audio::AudioRecipe::with_seconds(rate, cap)
+            .map_err(|e| crate::PipelineError::config(e.to_string()))?;
+        let mut fingerprint: Vec<_> = files
+            .fingerprint()
+            .into_iter()
+            .filter(|(k, _)| *k == "dataset")
+            .collect();
+        fingerprint.extend(plan.fingerprint());
+        let plan = Arc::new(plan);
+        let (read_plan, read_paths) = (Arc::clone(&plan), Arc::clone(&paths));
+        Ok(Reader {
+            items: files.len(),
+            fingerprint,
+            sampler,
+            reserve: Vec::new(),
+            read: Arc::new(move |epoch, slot| {
+                let clips: Vec<PathBuf> = read_plan
+                    .batch(epoch, slot)
+                    .into_iter()
+                    .map(|i| read_paths[i].clone())
+                    .collect();
+                let (batch, mut errors) = recipe.load_batch(&clips);
+                // Clips left out of a batch that still has others are reported, not lost
+                // silently (the batch is the pipeline's item, so they are not counted).
+                if batch.is_some() {
+                    for e in &errors {
+                        tracing::warn!("left out of a length-aware batch: {e}");
+                    }
+                }
+                match batch {
+                    Some((batch, _lengths)) => Ok(batch),
+                    None => Err(Box::new(errors.remove(0))),
+                }
+            }),
+            name: Arc::new(move |slot| {
+                let rows = plan.batch(0, slot);
+                let first = rows
+                    .first()
+                    .map_or_else(String::new, |&i| paths[i].display().to_string());
+                format!("batch {slot} ({} clips: {first}, ...)", rows.len())
+            }),
+        })
+    }
+
+    #[cfg(not(feature = "audio"))]
+    fn length_batches(&self, _: Files, _: f64) -> Result<Reader, crate::PipelineError> {
+        Err(crate::PipelineError::config(
+            "batch.max_seconds needs flowgate built with the `audio` feature".to_owned(),
+        ))
+    }
+}
+
 fn files_of(source: &SourceSpec) -> Result<Option<Files>, crate::PipelineError> {
     let (files, shuffle) = match source {
         SourceSpec::List { path, shuffle } => (Files::list(path)?, shuffle),

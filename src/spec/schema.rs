@@ -291,6 +291,19 @@ pub struct BatchSpec {
     /// Drop a last, partial batch.
     #[serde(default)]
     pub drop_last: bool,
+    /// Audio from list or dir sources: length-aware batches instead of `size` clips (see
+    /// `flowgate::sampler::LengthBatches`): clips of similar declared length, at most this
+    /// many padded seconds per batch, padded only to the longest clip (a clip longer than it
+    /// is cropped to it); `size` does not apply.
+    #[serde(default)]
+    pub max_seconds: Option<f64>,
+    /// With `max_seconds`: length buckets (boundaries at the lengths' quantiles).
+    #[serde(default = "default_buckets")]
+    pub buckets: usize,
+}
+
+fn default_buckets() -> usize {
+    20
 }
 
 fn default_batch() -> usize {
@@ -302,6 +315,8 @@ impl Default for BatchSpec {
         Self {
             size: default_batch(),
             drop_last: false,
+            max_seconds: None,
+            buckets: default_buckets(),
         }
     }
 }

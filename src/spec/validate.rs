@@ -174,6 +174,30 @@ impl PipelineSpec {
         if let Some(m) = range(self.batch.size as u64, 1, MAX_BATCH) {
             return Err(err("batch", "size", m));
         }
+        if let Some(m) = self.batch.max_seconds {
+            if !(m > 0.0 && m <= MAX_MS / 1000.0) {
+                return Err(err(
+                    "batch",
+                    "max_seconds",
+                    format!("must be in (0, {}]", MAX_MS / 1000.0),
+                ));
+            }
+            if !matches!(self.decode, DecodeSpec::Audio { .. })
+                || !matches!(
+                    self.source,
+                    SourceSpec::List { .. } | SourceSpec::Dir { .. }
+                )
+            {
+                return Err(err(
+                    "batch",
+                    "max_seconds",
+                    "length-aware batches are for audio from a list or dir source".into(),
+                ));
+            }
+            if let Some(m) = range(self.batch.buckets as u64, 1, 1000) {
+                return Err(err("batch", "buckets", m));
+            }
+        }
         if self.run.epochs == 0 {
             return Err(err("run", "epochs", "must be at least 1".into()));
         }
