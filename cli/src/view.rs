@@ -174,14 +174,26 @@ impl Drop for LogWriter {
     }
 }
 
-/// Panic messages (a library's, a worker's) go through [`log`] instead of into a frame.
+/// Panic messages (a library's, a worker's) go through [`log`] instead of into a frame. A
+/// panic while the view is locked (in the view itself, on this thread) prints straight away
+/// instead of waiting for a lock it holds.
 pub(crate) fn route_panics() {
     std::panic::set_hook(Box::new(|info| {
         let thread = std::thread::current();
-        log(format!(
+        let line = format!(
             "panic in thread '{}': {info}",
             thread.name().unwrap_or("<unnamed>")
-        ));
+        );
+        match VIEW.try_lock() {
+            Ok(mut g) => match g.as_mut() {
+                Some(v) if v.mode == Mode::Terminal => v.pending.push(line),
+                _ => {
+                    drop(g);
+                    eprintln!("{line}");
+                }
+            },
+            Err(_) => eprintln!("{line}"),
+        }
     }));
 }
 
