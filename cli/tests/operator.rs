@@ -201,9 +201,12 @@ fn off_a_terminal_progress_is_a_line_per_interval() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     let progress: Vec<&str> = stderr.lines().filter(|l| l.starts_with('[')).collect();
+    // One at the start, one per 10 s, one at the end (the run takes longer on a loaded
+    // machine: the bound follows the time it took).
+    let most = (secs / 10.0).floor() as usize + 2;
     assert!(
-        !progress.is_empty() && progress.len() <= 5,
-        "{} progress lines in {secs:.0} s:\n{stderr}",
+        !progress.is_empty() && progress.len() <= most,
+        "{} progress lines in {secs:.0} s (at most {most}):\n{stderr}",
         progress.len()
     );
     let last = progress.last().unwrap();
