@@ -295,15 +295,8 @@ fn load_batch(
     if clips.is_empty() {
         return Err(first_error.expect("a batch has clips").into());
     }
-    let longest = clips.iter().map(|(_, n)| *n).max().unwrap_or(0);
-    let mut batch = Tensor::zeros(&[clips.len(), longest], flowgate::DType::F32);
-    let mut lengths = Vec::with_capacity(clips.len());
-    for (row, (clip, n)) in clips.iter().enumerate() {
-        let bytes = n * 4;
-        batch.item_mut(row)[..bytes].copy_from_slice(&clip.bytes()[..bytes]);
-        lengths.push(*n as i64);
-    }
-    Ok((vec![batch, Tensor::from_i64(&lengths)], kept, skipped))
+    let (batch, lengths) = flowgate::media::audio::pad_clips(&clips);
+    Ok((vec![batch, lengths], kept, skipped))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -2,14 +2,13 @@
 
 import os
 import pathlib
-import subprocess
 from collections import Counter
 
 import numpy as np
 import pytest
 
 import flowgate
-from conftest import ROOT
+from conftest import ROOT, gen_data
 
 CAP, RATE = 30.0, 16000
 
@@ -19,12 +18,7 @@ def clips() -> pathlib.Path:
     """30 FLAC clips of 1-12 s (flowgate gen-data --audio-seconds)."""
     d = pathlib.Path(os.environ.get("FLOWGATE_TEST_CLIPS", ROOT / "target" / "pytest-clips"))
     if not (d / "audio.txt").exists():
-        subprocess.run(
-            ["cargo", "run", "--quiet", "--locked", "-p", "flowgate-cli", "--bin", "flowgate", "--",
-             "gen-data", "--out", str(d), "--images", "0", "--audio", "30",
-             "--audio-seconds", "1,12", "--seed", "3"],
-            cwd=ROOT, check=True,
-        )
+        gen_data(d, "--images", "0", "--audio", "30", "--audio-seconds", "1,12", "--seed", "3")
     return d / "audio.txt"
 
 

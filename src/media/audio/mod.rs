@@ -73,6 +73,20 @@ pub fn duration(path: &Path) -> Result<Option<f64>, MediaError> {
     })
 }
 
+/// Mono clips (each an `f32` window and its real length in samples) as one batch padded with
+/// zeros to the longest: `[B, T]` `f32` and the lengths as `[B]` `i64`.
+pub fn pad_clips(clips: &[(Tensor, usize)]) -> (Tensor, Tensor) {
+    let longest = clips.iter().map(|(_, n)| *n).max().unwrap_or(0);
+    let mut batch = Tensor::zeros(&[clips.len(), longest], DType::F32);
+    let mut lengths = Vec::with_capacity(clips.len());
+    for (row, (clip, n)) in clips.iter().enumerate() {
+        let bytes = n * DType::F32.size();
+        batch.item_mut(row)[..bytes].copy_from_slice(&clip.bytes()[..bytes]);
+        lengths.push(*n as i64);
+    }
+    (batch, Tensor::from_i64(&lengths))
+}
+
 /// Mono, or every channel.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Channels {
@@ -184,18 +198,10 @@ impl AudioRecipe {
                 Err(e) => errors.push(e),
             }
         }
-        let longest = clips.iter().map(|(_, n)| *n).max().unwrap_or(0);
         if clips.is_empty() {
             return (None, errors);
         }
-        let mut batch = Tensor::zeros(&[clips.len(), longest], DType::F32);
-        let mut lengths = Vec::with_capacity(clips.len());
-        for (row, (clip, n)) in clips.iter().enumerate() {
-            let bytes = n * DType::F32.size();
-            batch.item_mut(row)[..bytes].copy_from_slice(&clip.bytes()[..bytes]);
-            lengths.push(*n as i64);
-        }
-        (Some((batch, Tensor::from_i64(&lengths))), errors)
+        (Some(pad_clips(&clips)), errors)
     }
 
     /// Reads and decodes `path`, reading only as much of the file as the crop needs.

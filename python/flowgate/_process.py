@@ -1,0 +1,113 @@
+"""How a loader lives around the training process: one epoch's iterator (which knows the
+process it belongs to), loaders across ``fork`` (the child rebuilds its native side),
+``DataLoader`` workers (each reads its share), pickling, and batches converted to torch
+tensors or NumPy arrays."""
+
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from . import _native
+from ._native import Batch
+
+
+class _Epoch:
+    """An iterator over one epoch of a loader (the GIL is released while waiting)."""
+
+    def __init__(self, native: Any, convert: Optional[Callable[[Any], Any]] = None) -> None:
+        self._native = native
+        self._convert = convert
+        self._pid = os.getpid()
+        self._number = None
+        self._number = native._start_epoch()
+
+    def __del__(self) -> None:
+        # Left with `break` (or dropped mid-way): stop the epoch's pipeline now, so its
+        # threads and buffers do not outlive the loop. Not in a forked child: the pipeline's
+        # threads are the parent's.
+        if self._number is not None and os.getpid() == self._pid:
+            try:
+                self._native._abandon(self._number)
+            except Exception:  # interpreter shutting down
+                pass
+
+    def __iter__(self) -> "_Epoch":
+        return self
+
+    def __next__(self) -> Any:
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                "this epoch's iterator was made before a fork, and its threads are the parent "
+                "process's; call iter(loader) again in this process")
+        item = self._native._next()
+        if item is None:
+            raise StopIteration
+        return item if self._convert is None else self._convert(item)
+
+
+# Loaders alive in this process: before a fork, each notes the epoch a child should start at.
+_LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    for loader in list(_LIVE):
+        if loader._pid == os.getpid():
+            try:
+                loader._fork_epoch = loader._native._next_epoch()
+            except Exception:
+                pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_native._after_fork_in_child)
+
+
+def _worker_split() -> Optional[Tuple[int, int]]:
+    """``(worker id, workers)`` inside a ``torch.utils.data.DataLoader`` worker of several,
+    else None."""
+    data = sys.modules.get("torch.utils.data")
+    if data is None:
+        return None
+    info = data.get_worker_info()
+    if info is None or info.num_workers <= 1:
+        return None
+    return info.id, info.num_workers
+
+
+def _register_with_torch() -> None:
+    """Makes the loaders ``torch.utils.data.IterableDataset`` instances to ``isinstance`` (an ABC
+    registration; torch is not imported for it), so ``DataLoader(loader, batch_size=None)``
+    takes the iterable route."""
+    data = sys.modules.get("torch.utils.data")
+    if data is not None and not getattr(_register_with_torch, "done", False):
+        data.IterableDataset.register(sys.modules["flowgate"]._Loader)
+        _register_with_torch.done = True  # type: ignore[attr-defined]
+
+
+def _converter(output: str) -> Optional[Callable[[Any], Any]]:
+    """Converts a batch (a :class:`Batch` or a tuple holding some) to ``output``'s type."""
+    if output == "batch":
+        return None
+    if output == "torch":
+        import torch
+        one = torch.from_dlpack
+    else:
+        import numpy
+        one = numpy.asarray
+
+    def convert(item: Any) -> Any:
+        if isinstance(item, tuple):
+            return tuple(one(x) if isinstance(x, Batch) else x for x in item)
+        return one(item)
+    return convert
+
+
+def _rebuild(cls: type, args: Dict[str, Any], epoch: int) -> Any:
+    """Unpickles a loader: built anew from its arguments, at the epoch it was at."""
+    loader = cls.__new__(cls)
+    loader._setup(args)
+    loader.set_epoch(epoch)
+    return loader
