@@ -98,7 +98,7 @@ fn batches(toml: &str, epochs: u64) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for _ in 0..epochs {
         for b in loader.pipeline.iter() {
-            out.push(b.unwrap().bytes().to_vec());
+            out.push(b.unwrap().into_host().unwrap().bytes().to_vec());
         }
     }
     out
@@ -265,4 +265,53 @@ fn a_mixture_draws_from_each_source_by_weight_and_refuses_what_it_cannot_mix() {
         .build(Hooks::default())
         .unwrap_err();
     assert!(e.to_string().contains("source.sources[0]"), "{e}");
+}
+
+/// `[device] kind = "simulated"` runs the same pipeline through the uploader (the path
+/// `kind = "cuda"` takes, on a copy engine without a GPU): the same batches as `cpu`, each one
+/// on the device, and an unknown device key or a non-positive budget is refused by name.
+#[test]
+fn a_pipeline_file_uploads_batches_to_its_device() {
+    let list = dataset().join("images.txt");
+    let toml = |device: &str| {
+        format!(
+            "[source]\nkind = \"list\"\npath = \"{}\"\n[decode]\nkind = \"image\"\ncrop = 32\nresize = 32\nworkers = 1\n[batch]\nsize = 8\n[tuner]\nenabled = false\n{device}",
+            list.display()
+        )
+    };
+    let host = batches(&toml(""), 1);
+    let device = "[device]\nkind = \"simulated\"\nmemory_mb = 1\nstaging_mb = 4\n";
+    let spec = PipelineSpec::parse(&toml(device), "t.toml").unwrap();
+    let mut loader = spec.build(Hooks::default()).unwrap();
+    let mut uploaded = Vec::new();
+    for b in loader.pipeline.iter() {
+        let b = b.unwrap();
+        assert!(
+            matches!(b, flowgate::device::Delivered::Device(_)),
+            "a device batch"
+        );
+        uploaded.push(b.into_host().unwrap().bytes().to_vec());
+    }
+    assert_eq!(
+        uploaded, host,
+        "the same batches, in order, through the uploader"
+    );
+    assert!(loader.pipeline.stats().stage("upload").is_some());
+    for (bad, key) in [
+        (
+            "[device]\nkind = \"simulated\"\nmemory_mb = 0\n",
+            "device.memory_mb",
+        ),
+        (
+            "[device]\nkind = \"simulated\"\nmemroy_mb = 4\n",
+            "memroy_mb",
+        ),
+    ] {
+        let e = PipelineSpec::parse(&toml(bad), "t.toml").unwrap_err();
+        assert!(e.to_string().contains(key), "{e}");
+    }
+    if !cfg!(feature = "cuda") {
+        let e = PipelineSpec::parse(&toml("[device]\nkind = \"cuda\"\n"), "t.toml").unwrap_err();
+        assert!(e.to_string().contains("--features cuda"), "{e}");
+    }
 }

@@ -378,3 +378,102 @@ fn the_staging_ring_is_reserved_in_the_memory_budget() {
         "{e}"
     );
 }
+
+/// The consumer's side of a device batch, on the simulated backend's record: making a batch
+/// ready on the consumer's stream queues a wait there (the host never blocks for it), the
+/// memory is freed after the work on that stream, and the device bytes waiting for the
+/// consumer stay within `max_device_bytes` while the consumer is slower than the pipeline.
+#[test]
+fn device_batches_wait_on_the_consumers_stream_and_stay_within_the_device_budget() {
+    use flowgate::device::SimRecord;
+    const BATCH: usize = 8 * 48; // 8 items of 48 bytes
+    let run = |limit: Option<u64>| {
+        let link = Simulated::new(1e8, Duration::from_millis(2));
+        let log = link.log();
+        let up = Uploader::new(link).max_staging_bytes(1 << 20);
+        let up = match limit {
+            Some(l) => up.max_device_bytes(l),
+            None => up,
+        };
+        let mut p = Pipeline::builder()
+            .source_epochs(|_| 0..240u8)
+            .pipe("make", |k: u8| Ok::<_, DeviceError>(batch(k, 1)), 2)
+            .aggregate(8, false)
+            .pipe(
+                "collate",
+                |v: Vec<Tensor>| Ok::<_, DeviceError>(Tensor::stack(&v).expect("same shapes")),
+                1,
+            )
+            .upload(up)
+            .build()
+            .unwrap();
+        let mut seen = Vec::new();
+        for (k, b) in p.iter().enumerate() {
+            let b = b.unwrap();
+            let stream = 0x7000 + k % 2; // two consumer streams, as handles
+            b.ready_on_stream(Some(stream)).unwrap();
+            b.ready_on_stream(Some(stream)).unwrap(); // twice: remembered once
+            if k == 0 {
+                b.ready_on_stream(None).unwrap(); // DLPack's default: the legacy stream
+            }
+            // Contents (read without waiting: the simulated device is host memory).
+            let host = b.host_bytes().unwrap().to_vec();
+            seen.push(host[0]);
+            std::thread::sleep(Duration::from_millis(3)); // a slow training step
+            drop(b);
+        }
+        (seen, log)
+    };
+    let (seen, log) = run(Some(3 * BATCH as u64));
+    let firsts: std::collections::BTreeSet<u8> = seen.iter().copied().collect();
+    assert_eq!(firsts.len(), 30, "every batch once");
+    let records = log.records();
+    let copies = records
+        .iter()
+        .filter(|r| matches!(r, SimRecord::Copy { .. }))
+        .count();
+    assert_eq!(copies, 30);
+    for r in &records {
+        match r {
+            SimRecord::HostWait { thread, .. } => assert!(
+                thread
+                    .as_deref()
+                    .is_some_and(|t| t.starts_with("fg-upload")),
+                "only the uploader's ring may block the host on a copy, not {thread:?}: {r:?}"
+            ),
+            SimRecord::Free { id, streams, .. } => {
+                let mut want = vec![0x7000 + *id as usize % 2];
+                if *id == 0 {
+                    want.push(1);
+                }
+                want.sort();
+                let mut got = streams.clone();
+                got.sort();
+                assert_eq!(got, want, "copy {id}'s free waits for its consumer streams");
+            }
+            _ => {}
+        }
+    }
+    let waits = records
+        .iter()
+        .filter(|r| matches!(r, SimRecord::StreamWait { .. }))
+        .count();
+    assert_eq!(waits, 30 * 2 + 1, "each ready_on_stream queues its wait");
+    assert_eq!(log.live_bytes(), 0, "every batch freed");
+    // Waiting for the consumer: at most the budget (3 batches), plus the batch the upload
+    // worker holds while the buffer is full and the one the consumer holds.
+    assert!(
+        log.peak_live_bytes() <= 5 * BATCH as u64,
+        "{} device bytes live at once, budget {}",
+        log.peak_live_bytes(),
+        3 * BATCH
+    );
+    // Without a device budget the same slow consumer lets far more pile up on the device:
+    // the bound above is the budget's doing.
+    let (_, unbounded) = run(None);
+    assert!(
+        unbounded.peak_live_bytes() > 5 * BATCH as u64,
+        "{} bytes",
+        unbounded.peak_live_bytes()
+    );
+}

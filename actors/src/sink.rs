@@ -121,12 +121,14 @@ impl<T: Send + 'static> SinkReader<T> {
     }
 
     /// The sink's control (budget, snapshot) for the control plane; `pinned` if the user set
-    /// the sink's buffer (a tuner leaves it alone).
-    pub fn control(&self, pinned: bool) -> Arc<SinkControl<T>> {
+    /// the sink's buffer (a tuner leaves it alone); `max_bytes`: a byte limit no budget the
+    /// tuner sets may pass (a device budget; `u64::MAX` for none).
+    pub fn control(&self, pinned: bool, max_bytes: u64) -> Arc<SinkControl<T>> {
         Arc::new(SinkControl {
             ch: Arc::clone(&self.ch),
             stats: Arc::clone(&self.stats),
             pinned,
+            max_bytes,
         })
     }
 
@@ -258,6 +260,7 @@ pub struct SinkControl<T> {
     ch: Arc<Channel<T>>,
     stats: Arc<SinkStats>,
     pinned: bool,
+    max_bytes: u64,
 }
 
 impl<T: Send + 'static> StageControl for SinkControl<T> {
@@ -270,7 +273,9 @@ impl<T: Send + 'static> StageControl for SinkControl<T> {
     }
 
     fn set_budget(&self, items: usize, bytes: u64) {
-        self.ch.budget().set_limits(items, bytes);
+        self.ch
+            .budget()
+            .set_limits(items, bytes.min(self.max_bytes));
     }
 
     fn snapshot(&self) -> StageStats {

@@ -175,7 +175,10 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
             });
             if let Some(dir) = dump {
                 let path = dir.join(format!("epoch{epoch}-batch{index:05}.npy"));
-                std::fs::write(&path, batch.to_npy())
+                let npy = batch
+                    .to_npy()
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                std::fs::write(&path, npy)
                     .map_err(|e| format!("writing {}: {e}", path.display()))?;
             }
             index += 1;

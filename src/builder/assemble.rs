@@ -129,7 +129,7 @@ pub(crate) fn assemble<T: Send + 'static>(
         })?;
     }
     let reader = SinkReader::new(tail);
-    engine.add_stage(reader.control(cfg.sink_items.is_some()));
+    engine.add_stage(reader.control(cfg.sink_items.is_some(), cfg.sink_bytes));
 
     let all_stages = engine.stages();
     let plane = ControlPlane::start(all_stages.clone())?;

@@ -275,11 +275,14 @@ impl<T: Send + 'static> PipelineBuilder<T> {
         }
     }
 
+    /// A pool stage; `emit_each`: each result goes downstream as soon as it is done, not in
+    /// chunks (the uploader: a device batch must not wait in the stage for its chunk).
     fn pool<U: Send + 'static>(
         self,
         name: &str,
         op: Box<dyn Op<T, U>>,
         workers: Workers,
+        emit_each: bool,
     ) -> PipelineBuilder<U> {
         let scale = self.tail_scale;
         self.push_stage(
@@ -296,7 +299,7 @@ impl<T: Send + 'static> PipelineBuilder<T> {
                     sizer,
                     describe,
                     order: ctx.cfg.order,
-                    chunk: ctx.cfg.chunk,
+                    chunk: if emit_each { 1 } else { ctx.cfg.chunk },
                     max_workers: ctx.cfg.max_workers.max(n),
                 };
                 Ok(PoolStage::start(spec, n)? as Arc<dyn StageControl>)
@@ -312,7 +315,23 @@ impl<T: Send + 'static> PipelineBuilder<T> {
         E: Into<BoxError>,
         U: Send + 'static,
     {
-        self.pool(name, Box::new(Map(f)), workers.into())
+        self.pool(name, Box::new(Map(f)), workers.into(), false)
+    }
+
+    /// [`pipe`](Self::pipe) whose results go downstream one at a time, as soon as each is
+    /// done.
+    pub(crate) fn pipe_each<U, E, F>(
+        self,
+        name: &str,
+        f: F,
+        workers: impl Into<Workers>,
+    ) -> PipelineBuilder<U>
+    where
+        F: Fn(T) -> Result<U, E> + Send + Sync + 'static,
+        E: Into<BoxError>,
+        U: Send + 'static,
+    {
+        self.pool(name, Box::new(Map(f)), workers.into(), true)
     }
 
     /// Like [`pipe`](Self::pipe), but `Ok(None)` drops the item (a filter).
@@ -327,7 +346,7 @@ impl<T: Send + 'static> PipelineBuilder<T> {
         E: Into<BoxError>,
         U: Send + 'static,
     {
-        self.pool(name, Box::new(FilterMap(f)), workers.into())
+        self.pool(name, Box::new(FilterMap(f)), workers.into(), false)
     }
 
     /// Adds an asynchronous stage: `f(item)` runs on the pipeline's tokio runtime with at most
@@ -400,7 +419,7 @@ impl<T: Send + 'static> PipelineBuilder<T> {
         T::Item: Send + 'static,
     {
         let name = self.unique_name("disaggregate");
-        let b = self.pool(&name, Box::new(Flatten), Workers::fixed(1));
+        let b = self.pool(&name, Box::new(Flatten), Workers::fixed(1), false);
         PipelineBuilder { tail_scale: 1, ..b }
     }
 
@@ -510,6 +529,15 @@ impl<T: Send + 'static> PipelineBuilder<T> {
     /// How many finished results may wait for the consumer (default: two chunks).
     pub fn sink(mut self, buffer: usize) -> Self {
         self.c.cfg.sink_items = Some(buffer.max(1));
+        self
+    }
+
+    /// The most bytes finished results waiting for the consumer may hold: a limit of their
+    /// own, outside the shares of the [memory budget](Self::memory_budget) (the uploader sets
+    /// it to its device budget, [`Uploader::max_device_bytes`](crate::device::Uploader::max_device_bytes)).
+    /// The tuner may change the item count of that buffer, never this.
+    pub fn sink_bytes(mut self, bytes: u64) -> Self {
+        self.c.cfg.sink_bytes = bytes.max(1);
         self
     }
 

@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaStream, DriverError, PinnedHostSlice};
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DriverError, PinnedHostSlice};
 use parking_lot::Mutex;
 
-use super::{Backend, CopyEvent, DeviceError, DeviceMemory, ExternalBuffer, Staging};
+use super::{Backend, CopyEvent, DeviceError, DeviceMemory, ExternalBuffer, Staging, StreamHandle};
 
 /// Page-locked host memory (a staging slot).
 pub type PinnedSlice = PinnedHostSlice<u8>;
@@ -24,6 +24,17 @@ pub(super) fn pinned_bytes(p: &PinnedSlice) -> Result<&[u8], DeviceError> {
 
 pub(super) fn pinned_bytes_mut(p: &mut PinnedSlice) -> Result<&mut [u8], DeviceError> {
     p.as_mut_slice().map_err(driver_error)
+}
+
+/// The device address of `d`'s first byte.
+pub(super) fn device_ptr(d: &DeviceSlice) -> usize {
+    let (ptr, _read) = d.device_ptr(d.stream());
+    ptr as usize
+}
+
+/// The device `d` is on.
+pub(super) fn device_ordinal(d: &DeviceSlice) -> usize {
+    d.context().ordinal()
 }
 
 /// The first `n` bytes of `d`, copied back to the host (device buffers are at least one
@@ -142,16 +153,67 @@ impl Cuda {
     }
 }
 
-/// A CUDA event recorded after a copy.
+/// A CUDA event recorded after a copy on the copy stream (which also frees the batch's
+/// memory, asynchronously, when the batch is dropped).
 #[derive(Debug)]
-pub struct CudaEvent(pub cudarc::driver::CudaEvent);
+pub struct CudaEvent {
+    /// The event.
+    pub event: cudarc::driver::CudaEvent,
+    stream: Arc<CudaStream>,
+}
+
+impl CudaEvent {
+    fn record(stream: &Arc<CudaStream>) -> Result<Self, DeviceError> {
+        Ok(Self {
+            event: stream.record_event(None).map_err(driver_error)?,
+            stream: Arc::clone(stream),
+        })
+    }
+}
 
 impl CopyEvent for CudaEvent {
     fn is_complete(&self) -> bool {
-        self.0.is_complete()
+        self.event.is_complete()
     }
     fn wait(&self) -> Result<(), DeviceError> {
-        self.0.synchronize().map_err(driver_error)
+        self.event.synchronize().map_err(driver_error)
+    }
+    fn wait_on_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(driver_error)?;
+        // SAFETY: `stream` is the consumer's live stream (or 1/2, the default streams, which
+        // are valid CUstream values); the event lives as long as `self`.
+        unsafe {
+            cudarc::driver::result::stream::wait_event(
+                stream as cudarc::driver::sys::CUstream,
+                self.event.cu_event(),
+                cudarc::driver::sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(driver_error)
+    }
+    fn before_free(&self, _bytes: usize, streams: &[StreamHandle]) -> Result<(), DeviceError> {
+        // The memory is freed on the copy stream: it waits for what each consumer stream
+        // had queued (kernels may still read the batch).
+        for &s in streams {
+            let done = self
+                .stream
+                .context()
+                .new_event(None)
+                .map_err(driver_error)?;
+            // SAFETY: as in `wait_on_stream`.
+            unsafe {
+                cudarc::driver::result::event::record(
+                    done.cu_event(),
+                    s as cudarc::driver::sys::CUstream,
+                )
+            }
+            .map_err(driver_error)?;
+            self.stream.wait(&done).map_err(driver_error)?;
+        }
+        Ok(())
     }
 }
 
@@ -200,9 +262,7 @@ impl Backend for Cuda {
         self.stream
             .memcpy_htod(src, &mut dst)
             .map_err(driver_error)?;
-        let ev = Arc::new(CudaEvent(
-            self.stream.record_event(None).map_err(driver_error)?,
-        ));
+        let ev = Arc::new(CudaEvent::record(&self.stream)?);
         Ok(Some((DeviceMemory::Cuda(dst, Arc::clone(&ev)), ev)))
     }
 
@@ -224,9 +284,7 @@ impl Backend for Cuda {
                     .map_err(driver_error)?
             }
         }
-        let ev = Arc::new(CudaEvent(
-            self.stream.record_event(None).map_err(driver_error)?,
-        ));
+        let ev = Arc::new(CudaEvent::record(&self.stream)?);
         Ok((DeviceMemory::Cuda(dst, Arc::clone(&ev)), ev))
     }
 }

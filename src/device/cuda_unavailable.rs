@@ -29,6 +29,14 @@ pub(super) fn pinned_bytes_mut(p: &mut PinnedSlice) -> Result<&mut [u8], DeviceE
     match *p {}
 }
 
+pub(super) fn device_ptr(d: &DeviceSlice) -> usize {
+    match *d {}
+}
+
+pub(super) fn device_ordinal(d: &DeviceSlice) -> usize {
+    match *d {}
+}
+
 pub(super) fn device_to_host(d: &DeviceSlice, _n: usize) -> Result<Vec<u8>, DeviceError> {
     match *d {}
 }

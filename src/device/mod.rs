@@ -53,8 +53,8 @@ mod uploader;
 
 pub use cpu::{Cpu, Ready};
 pub use cuda::{Cuda, CudaEvent, DeviceSlice, GpuMonitor, PinnedSlice};
-pub use simulated::{CompletesAt, Simulated};
-pub use uploader::{DeviceBatch, HostAlloc, UploadStats, Uploader};
+pub use simulated::{CompletesAt, SimLog, SimRecord, Simulated};
+pub use uploader::{Delivered, DeviceBatch, HostAlloc, UploadStats, Uploader};
 
 /// The CUDA bindings flowgate uses (feature `cuda`), for kernels and streams of your own.
 #[cfg(feature = "cuda")]
@@ -71,12 +71,38 @@ pub enum DeviceError {
     Driver(String),
 }
 
+/// A consumer's stream, as DLPack's `__dlpack__(stream=...)` names it on CUDA: `1` the legacy
+/// default stream, `2` the per-thread default stream, any other value a `CUstream` handle.
+pub type StreamHandle = usize;
+
+/// The legacy default stream ([`StreamHandle`] `1`), which DLPack assumes when a consumer
+/// names none.
+pub const LEGACY_DEFAULT_STREAM: StreamHandle = 1;
+
 /// Completion of one copy.
 pub trait CopyEvent: Send + Sync + fmt::Debug {
     /// Whether the copy has completed (never blocks).
     fn is_complete(&self) -> bool;
     /// Blocks until the copy has completed.
     fn wait(&self) -> Result<(), DeviceError>;
+
+    /// Makes work queued on the consumer's `stream` from now on wait for the copy, without
+    /// blocking the host where the device can do that (CUDA: `cuStreamWaitEvent`). The
+    /// default, for backends whose "device" is host memory, waits on the host.
+    fn wait_on_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
+        let _ = stream;
+        self.wait()
+    }
+
+    /// Called when the batch's device memory (of `bytes`) is about to be freed: the free
+    /// must come after the work the consumer queued on each of `streams` (those it was made
+    /// ready on), since kernels may still read it (CUDA: an event recorded on each, which
+    /// the copy stream, where the memory is freed, waits for). The default does nothing:
+    /// host memory is read by the host, which is done with it.
+    fn before_free(&self, bytes: usize, streams: &[StreamHandle]) -> Result<(), DeviceError> {
+        let _ = (bytes, streams);
+        Ok(())
+    }
 }
 
 /// Host memory a copy reads from: plain (CPU and simulated backends) or pinned (CUDA).

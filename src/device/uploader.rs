@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::{Backend, CopyEvent, Cpu, Cuda, DeviceError, DeviceMemory, Staging};
+use super::{
+    Backend, CopyEvent, Cpu, Cuda, DeviceError, DeviceMemory, Staging, StreamHandle,
+    LEGACY_DEFAULT_STREAM,
+};
 use crate::tensor::{DType, Tensor};
 
 /// Makes batch tensors in the memory the uploader copies from directly (pinned memory for
@@ -44,15 +47,28 @@ impl HostAlloc {
 }
 
 /// A batch on the device: its memory, shape and dtype, and the copy's completion. Valid while
-/// held; the device memory is freed when it is dropped.
+/// held; the device memory is freed when it is dropped, after the work queued on every stream
+/// it was made [ready on](Self::ready_on_stream).
 #[derive(Debug)]
 pub struct DeviceBatch {
     memory: DeviceMemory,
     shape: Vec<usize>,
     dtype: DType,
     ready: Arc<dyn CopyEvent>,
+    /// The consumer streams the batch was made ready on: its memory is freed after their
+    /// work queued until then.
+    streams: Mutex<Vec<StreamHandle>>,
     /// The host tensor a direct copy reads, kept until the batch is dropped.
     _source: Option<Tensor>,
+}
+
+impl Drop for DeviceBatch {
+    fn drop(&mut self) {
+        let streams = std::mem::take(self.streams.get_mut());
+        if let Err(e) = self.ready.before_free(self.nbytes(), &streams) {
+            tracing::warn!(error = %e, "ordering a batch's free after its consumer");
+        }
+    }
 }
 
 impl DeviceBatch {
@@ -85,6 +101,37 @@ impl DeviceBatch {
     /// The copy's completion event.
     pub fn event(&self) -> &Arc<dyn CopyEvent> {
         &self.ready
+    }
+
+    /// Makes the consumer's `stream` wait for the copy (queued on the device: the host does
+    /// not block where the backend can avoid it), and remembers it, so that the memory is
+    /// freed only after the work queued on it before the batch is dropped. `None`: the
+    /// legacy default stream, as DLPack assumes. This is what `__dlpack__(stream=...)` does.
+    pub fn ready_on_stream(&self, stream: Option<StreamHandle>) -> Result<(), DeviceError> {
+        let stream = stream.unwrap_or(LEGACY_DEFAULT_STREAM);
+        self.ready.wait_on_stream(stream)?;
+        let mut streams = self.streams.lock();
+        if !streams.contains(&stream) {
+            streams.push(stream);
+        }
+        Ok(())
+    }
+
+    /// Where the batch's first byte is: a device address on CUDA, a host address where the
+    /// "device" is host memory.
+    pub fn data_ptr(&self) -> usize {
+        match &self.memory {
+            DeviceMemory::Host(v) => v.as_ptr() as usize,
+            DeviceMemory::Cuda(d, _) => super::cuda::device_ptr(d),
+        }
+    }
+
+    /// The CUDA device the memory is on, or `None` for host memory.
+    pub fn cuda_ordinal(&self) -> Option<usize> {
+        match &self.memory {
+            DeviceMemory::Host(_) => None,
+            DeviceMemory::Cuda(d, _) => Some(super::cuda::device_ordinal(d)),
+        }
     }
 
     /// The memory.
@@ -140,6 +187,7 @@ pub struct Uploader {
     slots: Vec<Slot>,
     next: usize,
     max_bytes: usize,
+    device_bytes: Option<u64>,
     stats: UploadStats,
 }
 
@@ -156,6 +204,7 @@ impl Uploader {
             slots: Vec::new(),
             next: 0,
             max_bytes: 1 << 30,
+            device_bytes: None,
             stats: UploadStats::default(),
         }
     }
@@ -172,6 +221,20 @@ impl Uploader {
     pub fn max_staging_bytes(mut self, bytes: usize) -> Self {
         self.max_bytes = bytes;
         self
+    }
+
+    /// The most bytes of uploaded batches that may wait for the consumer on the device (the
+    /// pipeline's last buffer; the tuner may turn its item count, never past this). Unset:
+    /// the buffer shares the host memory budget like any other. One batch larger than the
+    /// whole limit still passes when nothing else waits.
+    pub fn max_device_bytes(mut self, bytes: u64) -> Self {
+        self.device_bytes = Some(bytes.max(1));
+        self
+    }
+
+    /// See [`max_device_bytes`](Self::max_device_bytes).
+    pub fn device_limit(&self) -> Option<u64> {
+        self.device_bytes
     }
 
     /// The most staging memory the ring may hold (see
@@ -257,6 +320,7 @@ impl Uploader {
             shape: t.shape().to_vec(),
             dtype: t.dtype(),
             ready,
+            streams: Mutex::default(),
             _source: None,
         })
     }
@@ -274,11 +338,107 @@ impl Uploader {
                     shape: t.shape().to_vec(),
                     dtype: t.dtype(),
                     ready,
+                    streams: Mutex::default(),
                     _source: Some(t),
                 });
             }
         }
         self.upload(&t)
+    }
+}
+
+/// A batch where a pipeline delivered it: in host memory, or uploaded to a device. What a
+/// pipeline file's pipeline yields (`[device] kind`).
+#[derive(Debug)]
+pub enum Delivered {
+    /// In host memory (`kind = "cpu"`).
+    Host(Tensor),
+    /// On the device (`kind = "cuda"` or `"simulated"`).
+    Device(DeviceBatch),
+}
+
+impl Delivered {
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        match self {
+            Delivered::Host(t) => t.shape(),
+            Delivered::Device(b) => b.shape(),
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Delivered::Host(t) => t.dtype(),
+            Delivered::Device(b) => b.dtype(),
+        }
+    }
+
+    /// Size in bytes.
+    pub fn nbytes(&self) -> usize {
+        match self {
+            Delivered::Host(t) => t.nbytes(),
+            Delivered::Device(b) => b.nbytes(),
+        }
+    }
+
+    /// The batch as a NumPy `.npy` file (copied back from the device first).
+    pub fn to_npy(&self) -> Result<Vec<u8>, DeviceError> {
+        match self {
+            Delivered::Host(t) => Ok(t.to_npy()),
+            Delivered::Device(b) => {
+                let mut t = Tensor::zeros(b.shape(), b.dtype());
+                t.bytes_mut().copy_from_slice(&b.to_host()?);
+                Ok(t.to_npy())
+            }
+        }
+    }
+
+    /// The batch in host memory (a copy back from the device, after its upload).
+    pub fn into_host(self) -> Result<Tensor, DeviceError> {
+        match self {
+            Delivered::Host(t) => Ok(t),
+            Delivered::Device(b) => {
+                let b = &b;
+                let mut t = Tensor::zeros(b.shape(), b.dtype());
+                t.bytes_mut().copy_from_slice(&b.to_host()?);
+                Ok(t)
+            }
+        }
+    }
+}
+
+impl<T: Send + 'static> crate::PipelineBuilder<T> {
+    /// Adds the uploader as the last stage for items of any kind: `f` uploads an item's
+    /// tensors with the uploader (e.g. each field of a batch, with
+    /// [`Uploader::upload_owned`]) and returns what the consumer gets; `device_bytes` says
+    /// how many device bytes a result holds. One worker: copies go out in order on one
+    /// stream. An upload error fails that item (counted by the failure budget, like any
+    /// stage). See [`upload`](crate::PipelineBuilder::upload) for the memory it reserves.
+    pub fn upload_with<U: Send + 'static>(
+        self,
+        uploader: Uploader,
+        f: impl Fn(&mut Uploader, T) -> Result<U, DeviceError> + Send + Sync + 'static,
+        device_bytes: impl Fn(&U) -> usize + Send + Sync + 'static,
+    ) -> crate::PipelineBuilder<U> {
+        let ring = uploader.staging_limit() as u64;
+        let limit = uploader.device_limit();
+        let up = Mutex::new(uploader);
+        let b = self
+            .reserve_memory(
+                "the uploader's staging ring (Uploader::max_staging_bytes)",
+                ring,
+            )
+            .pipe_each(
+                "upload",
+                move |t: T| f(&mut up.lock(), t),
+                crate::Workers::fixed(1),
+            )
+            .measure(device_bytes);
+        match limit {
+            Some(bytes) => b.sink_bytes(bytes),
+            None => b,
+        }
     }
 }
 
@@ -293,17 +453,6 @@ impl crate::PipelineBuilder<Tensor> {
     /// [`reserve_memory`](crate::PipelineBuilder::reserve_memory)): the buffers share what it
     /// leaves, and a budget smaller than the ring is an error at build naming it.
     pub fn upload(self, uploader: Uploader) -> crate::PipelineBuilder<DeviceBatch> {
-        let ring = uploader.staging_limit() as u64;
-        let up = Mutex::new(uploader);
-        self.reserve_memory(
-            "the uploader's staging ring (Uploader::max_staging_bytes)",
-            ring,
-        )
-        .pipe(
-            "upload",
-            move |t: Tensor| up.lock().upload_owned(t),
-            crate::Workers::fixed(1),
-        )
-        .measure(DeviceBatch::nbytes)
+        self.upload_with(uploader, Uploader::upload_owned, DeviceBatch::nbytes)
     }
 }

@@ -4,14 +4,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::schema::*;
+use crate::device::{Cuda, Delivered, Simulated, Uploader};
 use crate::media::{Files, Recipe};
-use crate::{PolicyChoice, TunerSettings, Workers};
+use crate::{PolicyChoice, Tensor, TunerSettings, Workers};
 
 /// A pipeline built from a spec, with what it needs alive (a local S3 server, the cache).
 #[derive(Debug)]
 pub struct Loader {
-    /// Batches of decoded items, stacked along a new first axis.
-    pub pipeline: crate::Pipeline<crate::Tensor>,
+    /// Batches of decoded items, stacked along a new first axis: in host memory, or on the
+    /// device `[device]` names.
+    pub pipeline: crate::Pipeline<Delivered>,
     /// The cache, if the spec has one.
     pub cache: Option<crate::cache::ByteCache>,
     /// Items per epoch.
@@ -174,49 +176,12 @@ impl PipelineSpec {
         Ok(move |p: &Path| d.load(p))
     }
 
-    /// Builds the pipeline: source → (fetch →) decode → batch → collate, tuned as the spec
-    /// says, calling `hooks` while it runs.
+    /// Builds the pipeline: source → (fetch →) decode → batch → collate (→ upload), tuned as
+    /// the spec says, calling `hooks` while it runs.
     pub fn build(&self, hooks: Hooks) -> Result<Loader, crate::PipelineError> {
-        use crate::{Pipeline, Tensor};
+        use crate::Pipeline;
         let decoder = self.recipe()?;
-        let interval = Duration::from_millis(self.metrics.interval_ms.unwrap_or(500));
-        let batch = self.batch.size;
         let workers = self.decode_workers();
-        let fields = [
-            ("batch_size", batch.to_string()),
-            ("drop_last", self.batch.drop_last.to_string()),
-            ("augmentation_seed", self.augmentation_seed().to_string()),
-        ];
-        let finish = |b: crate::PipelineBuilder<Tensor>| {
-            // Length-aware batches come whole from the reader.
-            let b = if self.batch.max_seconds.is_some() {
-                b
-            } else {
-                b.batch(batch, self.batch.drop_last)
-            };
-            let mut b = b.checkpoint_fields(fields);
-            if let Some(m) = self.run.max_failures {
-                b = b.max_failures(match m {
-                    super::MaxFailures::Count(n) => crate::FailureBudget::count(n),
-                    super::MaxFailures::Rate(r) => crate::FailureBudget::rate(r),
-                });
-            }
-            b = if self.tuner.enabled {
-                b.autotune(self.tuner_settings())
-            } else {
-                b.autotune_off()
-            };
-            if let Some(f) = hooks.on_stats {
-                b = b.on_stats(interval, f);
-            }
-            if let Some(f) = hooks.on_decision {
-                b = b.on_tuner_decision(f);
-            }
-            if let Some(f) = hooks.on_failure {
-                b = b.on_failure(f);
-            }
-            b.build()
-        };
         if let Some(r) = self.reader(&self.source, &decoder)? {
             let Reader {
                 sampler,
@@ -233,11 +198,12 @@ impl PipelineSpec {
             for (what, bytes) in reserve {
                 b = b.reserve_memory(&what, bytes);
             }
-            let pipeline = finish(b.pipe(
-                "decode",
+            let pipeline = self.finish(
+                b,
                 move |(epoch, i): (u64, usize)| read(epoch, i),
                 workers,
-            ))?;
+                hooks,
+            )?;
             return Ok(Loader {
                 pipeline,
                 cache: None,
@@ -247,15 +213,116 @@ impl PipelineSpec {
         }
         #[cfg(feature = "s3")]
         {
-            super::s3::build(self, decoder, workers, finish)
+            super::s3::build(self, decoder, workers, hooks)
         }
         #[cfg(not(feature = "s3"))]
         {
-            let _ = (decoder, finish, workers);
+            let _ = (decoder, hooks, workers);
             Err(crate::PipelineError::config(
                 "source.kind = \"s3\" needs flowgate built with the `s3` feature".to_owned(),
             ))
         }
+    }
+
+    /// The uploader `[device]` asks for (`None` for `cpu`).
+    pub fn uploader(&self) -> Result<Option<Uploader>, crate::PipelineError> {
+        let d = &self.device;
+        let up = match d.kind {
+            DeviceKind::Cpu => return Ok(None),
+            DeviceKind::Cuda => Uploader::new(Cuda::new(d.ordinal).map_err(|e| {
+                crate::PipelineError::config(format!("device.kind = \"cuda\": {e}"))
+            })?),
+            DeviceKind::Simulated => Uploader::new(Simulated::new(
+                d.bandwidth_gbps * 1e9,
+                Duration::from_secs_f64(d.latency_us * 1e-6),
+            )),
+        };
+        let mb = |m: f64| (m * 1048576.0) as u64;
+        Ok(Some(
+            up.max_staging_bytes(mb(d.staging_mb) as usize)
+                .max_device_bytes(mb(d.memory_mb)),
+        ))
+    }
+
+    /// The stages after the source: decode with `decode` on `workers`, batch and collate
+    /// (unless length-aware batches come whole from the decoder), upload to the device the
+    /// spec names, and the run's settings (failure budget, tuner, hooks).
+    pub(super) fn finish<X: Send + 'static>(
+        &self,
+        b: crate::PipelineBuilder<X>,
+        decode: impl Fn(X) -> Result<Tensor, crate::BoxError> + Send + Sync + 'static,
+        workers: Workers,
+        hooks: Hooks,
+    ) -> Result<crate::Pipeline<Delivered>, crate::PipelineError> {
+        let size = self.batch.size;
+        let drop_last = self.batch.drop_last;
+        // Length-aware batches come whole from the decoder.
+        let whole = self.batch.max_seconds.is_some();
+        let uploader = self.uploader()?;
+        // Batches are born where the uploader copies from directly (pinned memory on CUDA).
+        let alloc = uploader.as_ref().map(Uploader::host_alloc);
+        let collate = move |items: Vec<Tensor>| match &alloc {
+            Some(a) => a.collate(&items),
+            None => crate::collate::collate(&items),
+        };
+        let mut b = match uploader {
+            None if whole => b
+                .pipe("decode", move |x| decode(x).map(Delivered::Host), workers)
+                .measure(Delivered::nbytes),
+            None => b
+                .pipe("decode", decode, workers)
+                .measure(Tensor::nbytes)
+                .aggregate(size, drop_last)
+                .pipe(
+                    "collate",
+                    move |items| collate(items).map(Delivered::Host),
+                    1,
+                )
+                .measure(Delivered::nbytes),
+            Some(up) => {
+                let batches = b.pipe("decode", decode, workers).measure(Tensor::nbytes);
+                let batches = if whole {
+                    batches
+                } else {
+                    batches
+                        .aggregate(size, drop_last)
+                        .pipe("collate", collate, 1)
+                        .measure(Tensor::nbytes)
+                };
+                batches.upload_with(
+                    up,
+                    |u, t| u.upload_owned(t).map(Delivered::Device),
+                    Delivered::nbytes,
+                )
+            }
+        };
+        b = b.checkpoint_fields([
+            ("batch_size", size.to_string()),
+            ("drop_last", drop_last.to_string()),
+            ("augmentation_seed", self.augmentation_seed().to_string()),
+        ]);
+        if let Some(m) = self.run.max_failures {
+            b = b.max_failures(match m {
+                super::MaxFailures::Count(n) => crate::FailureBudget::count(n),
+                super::MaxFailures::Rate(r) => crate::FailureBudget::rate(r),
+            });
+        }
+        b = if self.tuner.enabled {
+            b.autotune(self.tuner_settings())
+        } else {
+            b.autotune_off()
+        };
+        let interval = Duration::from_millis(self.metrics.interval_ms.unwrap_or(500));
+        if let Some(f) = hooks.on_stats {
+            b = b.on_stats(interval, f);
+        }
+        if let Some(f) = hooks.on_decision {
+            b = b.on_tuner_decision(f);
+        }
+        if let Some(f) = hooks.on_failure {
+            b = b.on_failure(f);
+        }
+        b.build()
     }
 
     /// The tuner's settings.

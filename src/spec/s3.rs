@@ -29,9 +29,7 @@ pub(super) fn build(
     spec: &PipelineSpec,
     decoder: Recipe,
     workers: Workers,
-    finish: impl FnOnce(
-        crate::PipelineBuilder<crate::Tensor>,
-    ) -> Result<crate::Pipeline<crate::Tensor>, crate::PipelineError>,
+    hooks: super::Hooks,
 ) -> Result<Loader, crate::PipelineError> {
     let SourceSpec::S3 {
         bucket,
@@ -105,11 +103,17 @@ pub(super) fn build(
             Workers::initial(*concurrency),
         ),
     };
-    let pipeline = finish(b.measure(|(blob, _): &(Blob, u64)| blob.len()).pipe(
-        "decode",
-        move |(blob, epoch): (Blob, u64)| decoder.for_epoch(epoch).decode(blob),
+    let pipeline = spec.finish(
+        b.measure(|(blob, _): &(Blob, u64)| blob.len()),
+        move |(blob, epoch): (Blob, u64)| {
+            decoder
+                .for_epoch(epoch)
+                .decode(blob)
+                .map_err(crate::BoxError::from)
+        },
         workers,
-    ))?;
+        hooks,
+    )?;
     Ok(Loader {
         pipeline,
         cache,

@@ -333,12 +333,57 @@ pub struct CacheSpec {
 }
 
 /// Where batches go.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceSpec {
-    /// `cpu` (the batches stay in host memory). `cuda` needs the CUDA uploader.
+    /// `cpu` (the batches stay in host memory), `cuda` (the uploader: pinned staging, copies
+    /// on their own stream; needs flowgate built with the `cuda` feature and a GPU) or
+    /// `simulated` (a copy engine of `bandwidth_gbps` and `latency_us`, for tests and tuner
+    /// experiments without a GPU).
     #[serde(default)]
     pub kind: DeviceKind,
+    /// The CUDA device (default 0).
+    #[serde(default)]
+    pub ordinal: usize,
+    /// The most MiB of uploaded batches waiting for the consumer on the device (default
+    /// 1024); the tuner sizes that buffer within it.
+    #[serde(default = "default_device_mb")]
+    pub memory_mb: f64,
+    /// The most MiB of pinned staging memory (default 256), reserved in the memory budget.
+    #[serde(default = "default_staging_mb")]
+    pub staging_mb: f64,
+    /// `simulated`: the link's bandwidth in GB/s (default 25).
+    #[serde(default = "default_bandwidth")]
+    pub bandwidth_gbps: f64,
+    /// `simulated`: the fixed cost of one copy in microseconds (default 10).
+    #[serde(default = "default_latency")]
+    pub latency_us: f64,
+}
+
+fn default_device_mb() -> f64 {
+    1024.0
+}
+fn default_staging_mb() -> f64 {
+    256.0
+}
+fn default_bandwidth() -> f64 {
+    25.0
+}
+fn default_latency() -> f64 {
+    10.0
+}
+
+impl Default for DeviceSpec {
+    fn default() -> Self {
+        Self {
+            kind: DeviceKind::Cpu,
+            ordinal: 0,
+            memory_mb: default_device_mb(),
+            staging_mb: default_staging_mb(),
+            bandwidth_gbps: default_bandwidth(),
+            latency_us: default_latency(),
+        }
+    }
 }
 
 /// A device kind.
@@ -348,8 +393,10 @@ pub enum DeviceKind {
     /// Host memory.
     #[default]
     Cpu,
-    /// An NVIDIA GPU (not available in this build).
+    /// An NVIDIA GPU (the `cuda` feature).
     Cuda,
+    /// A simulated copy engine (host memory, with a bandwidth and a latency).
+    Simulated,
 }
 
 /// Epochs, the simulated training step and how many failures a run tolerates.

@@ -333,11 +333,31 @@ impl PipelineSpec {
                 Err(e) => return Err(err("metrics", "prometheus", format!("{e}"))),
             }
         }
-        if self.device.kind == DeviceKind::Cuda {
+        if self.device.kind == DeviceKind::Cuda && !cfg!(feature = "cuda") {
             return Err(err(
                 "device",
                 "kind",
-                "cuda needs the CUDA uploader, not in this build (use `cpu`)".into(),
+                "cuda needs flowgate built with the `cuda` feature (cargo build --release --features cuda); use `cpu` or `simulated`".into(),
+            ));
+        }
+        for (key, v) in [
+            ("memory_mb", self.device.memory_mb),
+            ("staging_mb", self.device.staging_mb),
+            ("bandwidth_gbps", self.device.bandwidth_gbps),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(err(
+                    "device",
+                    key,
+                    format!("must be a positive number, not {v}"),
+                ));
+            }
+        }
+        if !(self.device.latency_us.is_finite() && self.device.latency_us >= 0.0) {
+            return Err(err(
+                "device",
+                "latency_us",
+                format!("must be at least 0, not {}", self.device.latency_us),
             ));
         }
         Ok(())

@@ -355,7 +355,7 @@ fn e2e(a: &Args) -> Result<(), PipelineError> {
                     return Err(PipelineError::config("a CUDA batch expected"));
                 };
                 let (s, e) = step
-                    .run(&ready.0)
+                    .run(&ready.event)
                     .map_err(|e| PipelineError::config(e.to_string()))?;
                 timeline.push((s, e));
                 in_use.push_back((b, timeline.len() - 1));
