@@ -16,6 +16,14 @@
 #   e2e.jsonl         an image pipeline into the GPU with a 10 ms spin-kernel step, and the
 #                     fraction of GPU time spent waiting for data (target < 5% when the loader
 #                     outruns the step)
+#   python.jsonl      the Python path (scripts/gpu_train.py): a mixed-precision training step
+#                     of a small CNN fed by ImageLoader(device="cuda") vs CPU batches and
+#                     .cuda(non_blocking=True): images/s, GPU idle fraction, H2D GB/s against
+#                     torch's pinned peak; and the Python device tests (python-tests.txt).
+#                     Needs a python3 with CUDA-enabled torch on the GPU machine (it reaches no
+#                     package registry): the wheel built by --build is installed with
+#                     --no-index into a venv that sees the system's torch; skipped (and said
+#                     so in summary.json) where there is none.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=gpu-bin
@@ -35,6 +43,13 @@ for l in sys.stdin:
   cp target/release/upload_bench "$BIN/upload_bench"
   cp "$tests" "$BIN/device-tests"
   strip "$BIN"/* 2>/dev/null || true
+  # The Python package with the CUDA uploader (no video: the GPU machine may lack FFmpeg).
+  VENV=${FLOWGATE_VENV:-$HOME/.cache/flowgate/pyvenv}
+  if [ -x "$VENV/bin/pip" ]; then
+    MATURIN_PEP517_ARGS="--features cuda" "$VENV/bin/pip" wheel --quiet --no-deps \
+      --wheel-dir "$BIN" ./python \
+      || echo "the wheel did not build: the Python path will be skipped" >&2
+  fi
   du -ch "$BIN"/* | tail -n1
   exit 0
 fi
@@ -72,13 +87,35 @@ for step in 10 5; do
 done
 cat "$OUTDIR/e2e.jsonl"
 
-python3 - "$OUTDIR" "$tests" "$(( $(date +%s) - start ))" <<'PY'
+echo "== python"
+: > "$OUTDIR/python.jsonl"
+python=skipped
+wheel=$(ls "$BIN"/flowgate-*.whl 2>/dev/null | head -n1 || true)
+if [ -n "$wheel" ] && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  PYV=${TMPDIR:-/tmp}/flowgate-gpu-venv
+  python3 -m venv --system-site-packages "$PYV" \
+    && "$PYV/bin/pip" install --quiet --no-index --no-deps --force-reinstall "$wheel" \
+    && python=ran || status=1
+  if [ "$python" = ran ]; then
+    SMALL=${TMPDIR:-/tmp}/flowgate-gpu-small  # the Python tests' dataset (conftest.py)
+    [ -s "$SMALL/audio.txt" ] || timeout 60 "$BIN/flowgate" gen-data --out "$SMALL" --images 40 --audio 8 > /dev/null
+    FLOWGATE_REQUIRE_GPU=1 FLOWGATE_TEST_DATA=$SMALL timeout 180 "$PYV/bin/python" -m pytest -q \
+      python/tests/test_device.py > "$OUTDIR/python-tests.txt" 2>&1 || { python=fail; status=1; }
+    timeout 240 "$PYV/bin/python" scripts/gpu_train.py "$DATA/images.txt" \
+      >> "$OUTDIR/python.jsonl" 2>> "$OUTDIR/python.err" || { python=fail; status=1; }
+  fi
+else
+  echo '{"skipped": "no flowgate wheel in gpu-bin/ or no python3 with CUDA-enabled torch"}' >> "$OUTDIR/python.jsonl"
+fi
+cat "$OUTDIR/python.jsonl"
+
+python3 - "$OUTDIR" "$tests" "$(( $(date +%s) - start ))" "$python" <<'PY'
 import json, sys, pathlib
 out, tests, secs = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 def lines(name):
     p = out / name
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
-upload, e2e = lines("upload.jsonl"), lines("e2e.jsonl")
+upload, e2e, py = lines("upload.jsonl"), lines("e2e.jsonl"), lines("python.jsonl")
 ratios = [u["direct_vs_pinned"] for u in upload if u.get("direct_vs_pinned") is not None]
 summary = {
     "gpu": (out / "gpu.txt").read_text().strip() if (out / "gpu.txt").exists() else None,
@@ -88,6 +125,8 @@ summary = {
     "uploader_vs_pinned_min": min(ratios) if ratios else None,
     "uploader_target_met": bool(ratios) and min(ratios) >= 0.85,
     "e2e": e2e,
+    "python": sys.argv[4],
+    "python_train": py,
 }
 (out / "summary.json").write_text(json.dumps(summary, indent=1))
 print(json.dumps({k: summary[k] for k in ("device_tests", "seconds", "uploader_vs_pinned_min", "uploader_target_met")}))

@@ -25,5 +25,5 @@ VENV=${FLOWGATE_PYVENV:-$HOME/.cache/flowgate/pyvenv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install --quiet --upgrade "maturin>=1.5,<2" "numpy>=1.22" "pytest>=7" "pyarrow>=15"
 "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/pip" install --quiet "torch==2.15.0"
-MATURIN_PEP517_ARGS="--features video,s3" "$VENV/bin/pip" install --quiet --force-reinstall --no-deps ./python
+MATURIN_PEP517_ARGS="--features video,s3,cuda" "$VENV/bin/pip" install --quiet --force-reinstall --no-deps ./python
 "$VENV/bin/python" -m pytest -q python/tests

@@ -70,6 +70,14 @@ pub fn collate_with<T: Borrow<Tensor>>(
 /// Collates items of several fields (frames and audio, say) field by field: one batch tensor
 /// per field.
 pub fn collate_fields<F: AsRef<[Tensor]>>(items: &[F]) -> Result<Vec<Tensor>, CollateError> {
+    collate_fields_with(items, Tensor::for_overwrite)
+}
+
+/// [`collate_fields`] into tensors made by `alloc(shape, dtype)` (see [`collate_with`]).
+pub fn collate_fields_with<F: AsRef<[Tensor]>>(
+    items: &[F],
+    alloc: impl Fn(&[usize], DType) -> Tensor,
+) -> Result<Vec<Tensor>, CollateError> {
     let n = items.first().ok_or(CollateError::Empty)?.as_ref().len();
     if let Some((index, f)) = items
         .iter()
@@ -85,7 +93,7 @@ pub fn collate_fields<F: AsRef<[Tensor]>>(items: &[F]) -> Result<Vec<Tensor>, Co
     (0..n)
         .map(|k| {
             let column: Vec<&Tensor> = items.iter().map(|f| &f.as_ref()[k]).collect();
-            collate(&column)
+            collate_with(&column, &alloc)
         })
         .collect()
 }

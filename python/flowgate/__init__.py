@@ -23,12 +23,12 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Opti
                     Tuple, Union)
 
 from . import _native
-from ._native import Batch, LoaderError
+from ._native import Batch, DeviceUnavailable, LoaderError
 from ._process import (_LIVE, _Epoch, _converter, _rebuild, _register_with_torch,
                        _worker_split)
 
 __all__ = ["ImageLoader", "AudioLoader", "VideoLoader", "Shards", "Parquet", "Mix", "Pipeline",
-           "Batch", "LoaderError", "merge_state_dicts"]
+           "Batch", "LoaderError", "DeviceUnavailable", "merge_state_dicts"]
 
 
 def merge_state_dicts(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
@@ -246,6 +246,11 @@ class _Loader:
         split = _worker_split()
         if os.getpid() == self._pid and split == self._split:
             return self._native
+        if split is not None and self._args.get("device", "cpu") != "cpu":
+            raise DeviceUnavailable(
+                f"device={self._args['device']!r} uploads from the training process: iterate "
+                "the loader there, or give DataLoader workers a loader with device='cpu' "
+                "(and pin_memory=True)")
         if os.getpid() != self._pid:
             # The parent's threads do not exist here: freeing its loader would wait for them.
             _native._leak(self._native)
@@ -380,6 +385,16 @@ class ImageLoader(_Loader):
     ``output``: ``"batch"`` (:class:`Batch`, zero-copy to NumPy and DLPack), ``"torch"``
     (``torch.Tensor`` objects, zero-copy through DLPack) or ``"numpy"`` (arrays, zero-copy).
 
+    ``device``: ``"cpu"`` (default), ``"cuda"`` or ``"cuda:N"``: batches (labels and lengths
+    too) are collated into pinned host memory and copied to the GPU by flowgate's uploader on
+    its own CUDA stream; ``torch.from_dlpack(batch)`` (or ``output="torch"``) gives a CUDA
+    tensor ready on the current stream, which waits for the copy on the device (the host never
+    blocks), and the memory is freed after the work queued on that stream. At most
+    ``device_memory_mb`` (default 1024) of uploaded batches wait for the training loop; the
+    tuner sizes that buffer within it. Without a usable GPU (no driver, a wheel built without
+    the ``cuda`` feature) the constructor raises :class:`DeviceUnavailable`. ``"simulated"``
+    runs the same path on a simulated copy engine in host memory (for tests without a GPU).
+
     The loader runs its own threads, so a ``DataLoader`` adds nothing but processes; where a
     ``Dataset`` is expected it is an ``IterableDataset`` that batches itself
     (``DataLoader(loader, batch_size=None, num_workers=N)``; import torch before building the
@@ -411,6 +426,8 @@ class ImageLoader(_Loader):
         labels: Labels = None,
         return_paths: bool = False,
         memory_mb: Optional[float] = None,
+        device: str = "cpu",
+        device_memory_mb: Optional[float] = None,
         output: str = "batch",
     ) -> None:
         self._setup(locals())
@@ -462,6 +479,8 @@ class AudioLoader(_Loader):
         labels: Labels = None,
         return_paths: bool = False,
         memory_mb: Optional[float] = None,
+        device: str = "cpu",
+        device_memory_mb: Optional[float] = None,
         output: str = "batch",
     ) -> None:
         self._setup(locals())
@@ -512,6 +531,8 @@ class VideoLoader(_Loader):
         labels: Labels = None,
         return_paths: bool = False,
         memory_mb: Optional[float] = None,
+        device: str = "cpu",
+        device_memory_mb: Optional[float] = None,
         output: str = "batch",
     ) -> None:
         if not hasattr(_native, "video_loader"):
@@ -574,7 +595,7 @@ def _paths(paths: PathsLike) -> Any:
 
 
 _OPTIONS = ("batch_size", "shuffle", "seed", "rank", "world_size", "drop_last", "workers",
-            "skip_errors", "return_paths", "memory_mb")
+            "skip_errors", "return_paths", "memory_mb", "device", "device_memory_mb")
 
 
 def _options(args: Dict[str, Any]) -> Any:

@@ -1,18 +1,83 @@
 //! [`Batch`]: a batch tensor shared zero-copy with NumPy (`__array_interface__`) and DLPack
-//! consumers (`__dlpack__`).
+//! consumers (`__dlpack__`), in host memory or on the device the loader uploads to.
 
 use std::ffi::c_void;
 
+use flowgate::device::DeviceBatch;
 use flowgate::{DType, Tensor};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
+
+use crate::error::to_py_device;
 
 /// A batch tensor. Its memory stays valid while any NumPy array or DLPack consumer made from
 /// it is alive (they hold a reference to the batch).
 #[pyclass(frozen, module = "flowgate._native")]
 pub(crate) struct Batch {
-    pub(crate) t: Tensor,
+    mem: Mem,
+}
+
+/// Where a batch's bytes are.
+pub(crate) enum Mem {
+    Host(Tensor),
+    /// Uploaded: on a CUDA device, or on the simulated device (host memory behind the
+    /// device's rules).
+    Device(DeviceBatch),
+}
+
+impl From<Tensor> for Batch {
+    fn from(t: Tensor) -> Self {
+        Self { mem: Mem::Host(t) }
+    }
+}
+
+impl From<Mem> for Batch {
+    fn from(mem: Mem) -> Self {
+        Self { mem }
+    }
+}
+
+const KDLCPU: i32 = 1;
+const KDLCUDA: i32 = 2;
+
+impl Batch {
+    fn shape_(&self) -> &[usize] {
+        match &self.mem {
+            Mem::Host(t) => t.shape(),
+            Mem::Device(b) => b.shape(),
+        }
+    }
+
+    fn dtype_(&self) -> DType {
+        match &self.mem {
+            Mem::Host(t) => t.dtype(),
+            Mem::Device(b) => b.dtype(),
+        }
+    }
+
+    fn nbytes_(&self) -> usize {
+        self.shape_().iter().product::<usize>() * self.dtype_().size()
+    }
+
+    /// The bytes, where the host can read them (host memory, or the simulated device's).
+    fn host_bytes(&self) -> Option<&[u8]> {
+        match &self.mem {
+            Mem::Host(t) => Some(t.bytes()),
+            Mem::Device(b) => b.host_bytes(),
+        }
+    }
+
+    /// DLPack's device of the memory.
+    fn dl_device(&self) -> (i32, i32) {
+        match &self.mem {
+            Mem::Device(b) => match b.cuda_ordinal() {
+                Some(n) => (KDLCUDA, n as i32),
+                None => (KDLCPU, 0),
+            },
+            Mem::Host(_) => (KDLCPU, 0),
+        }
+    }
 }
 
 fn typestr(d: DType) -> &'static str {
@@ -113,77 +178,130 @@ impl Batch {
     /// The dimensions.
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, self.t.shape())
+        PyTuple::new(py, self.shape_())
     }
 
     /// The element type's NumPy name (`uint8`, `float32`, `int64`).
     #[getter]
     fn dtype(&self) -> &'static str {
-        dtype_name(self.t.dtype())
+        dtype_name(self.dtype_())
     }
 
     /// Size in bytes.
     #[getter]
     fn nbytes(&self) -> usize {
-        self.t.nbytes()
+        self.nbytes_()
     }
 
-    /// Address of the first byte (equal to the NumPy array's `ctypes.data`: no copy).
+    /// Where the batch is: `"cpu"`, `"cuda:N"`, or `"simulated"` (the test device).
+    #[getter]
+    fn device(&self) -> String {
+        match &self.mem {
+            Mem::Host(_) => "cpu".into(),
+            Mem::Device(b) => match b.cuda_ordinal() {
+                Some(n) => format!("cuda:{n}"),
+                None => "simulated".into(),
+            },
+        }
+    }
+
+    /// Address of the first byte (equal to the NumPy array's `ctypes.data`: no copy; a
+    /// device address for a CUDA batch).
     #[getter]
     fn data_ptr(&self) -> usize {
-        self.t.bytes().as_ptr() as usize
+        match &self.mem {
+            Mem::Host(t) => t.bytes().as_ptr() as usize,
+            Mem::Device(b) => b.data_ptr(),
+        }
     }
 
     fn __len__(&self) -> usize {
-        self.t.shape().first().copied().unwrap_or(0)
+        self.shape_().first().copied().unwrap_or(0)
+    }
+
+    /// A copy in host memory (after the upload completes, for a device batch).
+    fn cpu(&self, py: Python<'_>) -> PyResult<Batch> {
+        let bytes = match &self.mem {
+            Mem::Host(t) => t.bytes().to_vec(),
+            Mem::Device(b) => py.allow_threads(|| b.to_host()).map_err(to_py_device)?,
+        };
+        let mut t = Tensor::zeros(self.shape_(), self.dtype_());
+        t.bytes_mut().copy_from_slice(&bytes);
+        Ok(t.into())
     }
 
     /// Pickling copies the bytes (a batch sent to another process, e.g. from a DataLoader
-    /// worker; torch tensors travel through shared memory instead, see `output="torch"`).
+    /// worker; torch tensors travel through shared memory instead, see `output="torch"`). A
+    /// device batch arrives as a host one.
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
         let py = slf.py();
-        let t = &slf.get().t;
+        let b = slf.get();
+        let host = b.cpu(py)?;
         let rebuild = py
             .import("flowgate._native")?
             .getattr("_batch_from_bytes")?;
         let args = (
-            pyo3::types::PyBytes::new(py, t.bytes()),
-            dtype_name(t.dtype()),
-            t.shape().to_vec(),
+            pyo3::types::PyBytes::new(py, host.host_bytes().expect("host memory")),
+            dtype_name(b.dtype_()),
+            b.shape_().to_vec(),
         );
         PyTuple::new(py, [rebuild, args.into_pyobject(py)?.into_any()])
     }
 
     fn __repr__(&self) -> String {
+        let device = match &self.mem {
+            Mem::Host(_) => String::new(),
+            Mem::Device(_) => format!(", device={}", self.device()),
+        };
         format!(
-            "Batch(shape={:?}, dtype={})",
-            self.t.shape(),
-            dtype_name(self.t.dtype())
+            "Batch(shape={:?}, dtype={}{device})",
+            self.shape_(),
+            dtype_name(self.dtype_())
         )
     }
 
-    /// NumPy's array interface (version 3): `numpy.asarray(batch)` is a view.
+    /// NumPy's array interface (version 3): `numpy.asarray(batch)` is a view. A CUDA batch
+    /// has none (NumPy then calls `__array__`, which says what to do).
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let Some(bytes) = self.host_bytes() else {
+            return Err(PyAttributeError::new_err(
+                "a CUDA batch has no array interface",
+            ));
+        };
         let d = PyDict::new(py);
-        d.set_item("shape", PyTuple::new(py, self.t.shape())?)?;
-        d.set_item("typestr", typestr(self.t.dtype()))?;
-        d.set_item("data", (self.data_ptr(), false))?;
+        d.set_item("shape", PyTuple::new(py, self.shape_())?)?;
+        d.set_item("typestr", typestr(self.dtype_()))?;
+        d.set_item("data", (bytes.as_ptr() as usize, false))?;
         d.set_item("version", 3)?;
         Ok(d)
     }
 
-    /// DLPack export (CPU): `torch.from_dlpack(batch)` / `numpy.from_dlpack(batch)` share the
-    /// memory, which stays alive until the consumer's tensor is freed.
+    /// Reached only for a CUDA batch (host batches have `__array_interface__`).
+    #[pyo3(signature = (dtype=None, copy=None))]
+    fn __array__(&self, dtype: Option<PyObject>, copy: Option<bool>) -> PyResult<PyObject> {
+        let _ = (dtype, copy);
+        Err(PyTypeError::new_err(format!(
+            "this batch is on {}: use torch.from_dlpack(batch), or batch.cpu() for a host copy",
+            self.device()
+        )))
+    }
+
+    /// DLPack export: `torch.from_dlpack(batch)` / `numpy.from_dlpack(batch)` share the
+    /// memory, which stays alive until the consumer's tensor is freed. For a device batch,
+    /// `stream` is the consumer's (DLPack's convention: `None` or `1` the legacy default
+    /// stream, `2` the per-thread one, else a `CUstream` handle; `-1` no synchronisation):
+    /// that stream waits for the batch's copy on the device (the host does not block), and
+    /// the memory is freed only after the work queued on it.
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
         slf: &Bound<'py, Self>,
-        stream: Option<PyObject>,
+        stream: Option<i64>,
         max_version: Option<PyObject>,
         dl_device: Option<PyObject>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let _ = (stream, max_version, dl_device);
+        let _ = (max_version, dl_device);
         if copy == Some(true) {
             return Err(PyValueError::new_err(
                 "flowgate batches are exported without copying",
@@ -191,17 +309,32 @@ impl Batch {
         }
         let py = slf.py();
         let b = slf.get();
-        let mut shape: Vec<i64> = b.t.shape().iter().map(|&d| d as i64).collect();
-        let (code, bits) = match b.t.dtype() {
+        if let Mem::Device(d) = &b.mem {
+            match stream {
+                Some(-1) => {}
+                Some(s) if s == 0 || s < -1 => {
+                    return Err(PyValueError::new_err(format!(
+                        "stream {s}: DLPack names CUDA streams 1 (legacy default), 2 (per-thread default), a handle, or -1 (no synchronisation)"
+                    )))
+                }
+                s => d
+                    .ready_on_stream(s.map(|s| s as usize))
+                    .map_err(to_py_device)?,
+            }
+        }
+        let data = b.data_ptr() as *mut c_void;
+        let (device_type, device_id) = b.dl_device();
+        let mut shape: Vec<i64> = b.shape_().iter().map(|&d| d as i64).collect();
+        let (code, bits) = match b.dtype_() {
             DType::U8 => (1, 8),
             DType::F32 => (2, 32),
             DType::I64 => (0, 64),
         };
         let tensor = DLTensor {
-            data: b.t.bytes().as_ptr() as *mut c_void,
+            data,
             device: DLDevice {
-                device_type: 1, // kDLCPU
-                device_id: 0,
+                device_type,
+                device_id,
             },
             ndim: shape.len() as i32,
             dtype: DLDataType {
@@ -237,9 +370,9 @@ impl Batch {
         }
     }
 
-    /// Where the memory is: `(kDLCPU, 0)`.
+    /// Where the memory is: `(kDLCPU, 0)`, or `(kDLCUDA, N)` for a batch on GPU `N`.
     fn __dlpack_device__(&self) -> (i32, i32) {
-        (1, 0)
+        self.dl_device()
     }
 }
 
@@ -264,5 +397,5 @@ pub(crate) fn _batch_from_bytes(bytes: &[u8], dtype: &str, shape: Vec<usize>) ->
         )));
     }
     t.bytes_mut().copy_from_slice(bytes);
-    Ok(Batch { t })
+    Ok(t.into())
 }

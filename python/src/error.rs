@@ -22,3 +22,19 @@ pub(crate) fn to_py(e: PipelineError) -> PyErr {
     });
     err
 }
+
+// Raised where a loader is built for a device it cannot use (no driver, no GPU, a wheel built
+// without CUDA), and for a device error while a batch is handed over.
+pyo3::create_exception!(
+    flowgate,
+    DeviceUnavailable,
+    PyRuntimeError,
+    "The device a loader was asked for cannot be used (no NVIDIA driver, no such GPU, or a flowgate build without CUDA)."
+);
+
+pub(crate) fn to_py_device(e: flowgate::device::DeviceError) -> PyErr {
+    match e {
+        flowgate::device::DeviceError::Unavailable(_) => DeviceUnavailable::new_err(e.to_string()),
+        flowgate::device::DeviceError::Driver(_) => LoaderError::new_err(e.to_string()),
+    }
+}

@@ -69,5 +69,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(_leak, m)?)?;
     m.add("LoaderError", m.py().get_type::<error::LoaderError>())?;
+    m.add(
+        "DeviceUnavailable",
+        m.py().get_type::<error::DeviceUnavailable>(),
+    )?;
     Ok(())
 }

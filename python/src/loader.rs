@@ -5,27 +5,125 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use flowgate::collate::{collate_fields, CollateError};
+use flowgate::collate::{collate_fields_with, CollateError};
+use flowgate::device::{
+    Backend, Cuda, DeviceError, GpuMonitor, HostAlloc, SimLog, SimRecord, Simulated, Uploader,
+};
 use flowgate::{
-    FailureBudget, Monitor, Pipeline, PipelineError, PipelineState, ShardState, Tensor, Within,
-    Workers,
+    DType, FailureBudget, Monitor, Pipeline, PipelineError, PipelineState, ShardState, Tensor,
+    Within, Workers,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
-use crate::batch::Batch;
+use crate::batch::{Batch, Mem};
 use crate::dataset::{Dataset, Decode, Meta};
-use crate::error::to_py;
+use crate::error::{to_py, to_py_device};
 use crate::state::{state_from_py, state_to_py};
 
 type Make = Box<dyn Fn() -> Result<Pipeline<Loaded>, PipelineError> + Send + Sync>;
 
-/// A collated batch (one tensor per field: frames, or frames and audio) and where each of
-/// its items came from (for labels and paths).
+/// A collated batch (one tensor per field: frames, or frames and audio; the labels) and where
+/// each of its items came from (for paths), in host memory or uploaded.
 struct Loaded {
-    fields: Vec<Tensor>,
+    fields: Vec<Mem>,
+    labels: Option<Mem>,
     items: Vec<Meta>,
+    /// Clips a length-aware batch left out (path, why), and the epoch they belong to.
+    skipped: Vec<(String, String)>,
+    epoch: u64,
+}
+
+impl Loaded {
+    /// Uploads every field (and the labels) with `up`: in order, on the uploader's stream.
+    fn upload(self, up: &mut Uploader) -> Result<Self, DeviceError> {
+        let mut one = |m: Mem| match m {
+            Mem::Host(t) => up.upload_owned(t).map(Mem::Device),
+            d => Ok(d),
+        };
+        Ok(Self {
+            fields: self
+                .fields
+                .into_iter()
+                .map(&mut one)
+                .collect::<Result<_, _>>()?,
+            labels: self.labels.map(one).transpose()?,
+            ..self
+        })
+    }
+
+    /// Bytes of its tensors (on the device once uploaded).
+    fn nbytes(&self) -> usize {
+        let size = |m: &Mem| match m {
+            Mem::Host(t) => t.nbytes(),
+            Mem::Device(b) => b.nbytes(),
+        };
+        self.fields.iter().chain(&self.labels).map(size).sum()
+    }
+}
+
+/// The device a loader uploads its batches to: `device="cuda"`, `"cuda:N"`, or `"simulated"`
+/// (a copy engine in host memory that records what a GPU would be asked to do: for tests).
+pub(crate) struct Device {
+    backend: Arc<dyn Backend>,
+    log: Option<SimLog>,
+    /// The GPU's utilisation (NVML), for the tuner: the consumer counts as starved only
+    /// while the GPU idles.
+    monitor: Option<Arc<GpuMonitor>>,
+    /// The most bytes of uploaded batches waiting for the consumer.
+    memory: u64,
+}
+
+/// Pinned staging the uploader may hold (reserved in the loader's memory budget); batches are
+/// collated into pinned memory and copied from there, so staging is rarely used.
+const STAGING_BYTES: usize = 64 << 20;
+
+impl Device {
+    /// Opens `spec` (`"cpu"`: `None`); an unusable device raises `DeviceUnavailable` here, at
+    /// construction, rather than at the first batch.
+    pub(crate) fn open(spec: &str, memory_mb: Option<f64>) -> PyResult<Option<Self>> {
+        let memory = memory_mb.map_or(1 << 30, |m| (m * 1048576.0) as u64);
+        let mut monitor = None;
+        let (backend, log): (Arc<dyn Backend>, _) = match spec {
+            "cpu" => return Ok(None),
+            "simulated" => {
+                let s = Simulated::new(25e9, std::time::Duration::from_micros(10));
+                let log = s.log();
+                (Arc::new(s), Some(log))
+            }
+            s if s == "cuda" || s.starts_with("cuda:") => {
+                let ordinal = match s.strip_prefix("cuda:") {
+                    None => 0,
+                    Some(n) => n.parse::<usize>().map_err(|_| {
+                        PyValueError::new_err(format!(
+                            "device {s:?}: the GPU's number after `cuda:` (\"cuda:0\")"
+                        ))
+                    })?,
+                };
+                let cuda = Cuda::new(ordinal).map_err(to_py_device)?;
+                monitor = GpuMonitor::new(ordinal as u32).ok().map(Arc::new);
+                (Arc::new(cuda), None)
+            }
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "device must be \"cpu\", \"cuda\", \"cuda:N\" or \"simulated\", not {other:?}"
+                )))
+            }
+        };
+        Ok(Some(Self {
+            backend,
+            log,
+            monitor,
+            memory,
+        }))
+    }
+
+    fn uploader(&self) -> Uploader {
+        Uploader::with_backend(Arc::clone(&self.backend))
+            .max_staging_bytes(STAGING_BYTES)
+            .max_device_bytes(self.memory)
+    }
 }
 
 /// One failure the loader skipped: (stage, item, message).
@@ -151,6 +249,8 @@ pub(crate) struct Loader {
     /// What the loader reads (names items for `return_paths`).
     dataset: Dataset,
     extras: Extras,
+    /// The simulated device's record (`device="simulated"`).
+    sim_log: Option<SimLog>,
 }
 
 /// What a loader's batches carry besides the tensor.
@@ -237,17 +337,79 @@ impl Extras {
 /// Keeps the last this many skipped failures.
 const KEEP_FAILURES: usize = 1000;
 
-fn nbytes(fields: &[Tensor]) -> usize {
+pub(crate) fn nbytes(fields: &[Tensor]) -> usize {
     fields.iter().map(Tensor::nbytes).sum()
 }
 
-/// Stacks each field of the items into one batch tensor (flowgate's collation), keeping
-/// where the items came from.
-fn collate(items: Vec<(Vec<Tensor>, Meta)>) -> Result<Loaded, CollateError> {
+/// How a batch's labels are found: each item's own (tar shards), else by dataset index.
+#[derive(Clone)]
+struct Labels(Option<Arc<Vec<i64>>>);
+
+impl Labels {
+    fn of(&self, items: &[Meta]) -> Vec<i64> {
+        items
+            .iter()
+            .map(|m| match (&self.0, m.label) {
+                (_, Some(l)) => l,
+                (Some(by_index), None) => by_index[m.index],
+                (None, None) => unreachable!("a sample without its label failed"),
+            })
+            .collect()
+    }
+}
+
+/// Stacks each field of the items into one batch tensor (flowgate's collation; into memory
+/// from `alloc`, pinned when the loader uploads), keeping where the items came from; adds the
+/// labels if the loader has them. A length-aware batch is one item whose fields come stacked
+/// as `[1, ...]` and whose rows are the files it kept: unstacked here.
+fn collate(
+    items: Vec<(Vec<Tensor>, Meta)>,
+    alloc: Option<&HostAlloc>,
+    labels: Option<&Labels>,
+) -> Result<Loaded, CollateError> {
+    let new = |shape: &[usize], dtype| match alloc {
+        Some(a) => a.tensor(shape, dtype),
+        None => Tensor::for_overwrite(shape, dtype),
+    };
     let (fields, items): (Vec<Vec<Tensor>>, Vec<Meta>) = items.into_iter().unzip();
+    let mut fields = collate_fields_with(&fields, new)?;
+    let epoch = items.first().map_or(0, |m| m.epoch);
+    let (items, skipped) = match items.as_slice() {
+        [one] if one.rows.is_some() => {
+            fields = fields
+                .into_iter()
+                .map(|t| {
+                    let shape = t.shape()[1..].to_vec();
+                    t.reshaped(&shape)
+                })
+                .collect();
+            let rows = one.rows.clone().unwrap_or_default();
+            let rows = rows
+                .into_iter()
+                .map(|index| Meta {
+                    index,
+                    epoch,
+                    label: None,
+                    rows: None,
+                    skipped: Vec::new(),
+                })
+                .collect();
+            (rows, one.skipped.clone())
+        }
+        _ => (items, Vec::new()),
+    };
+    let labels = labels.map(|l| {
+        let v = l.of(&items);
+        let mut t = new(&[v.len()], DType::I64);
+        t.bytes_mut().copy_from_slice(Tensor::from_i64(&v).bytes());
+        Mem::Host(t)
+    });
     Ok(Loaded {
-        fields: collate_fields(&fields)?,
+        fields: fields.into_iter().map(Mem::Host).collect(),
+        labels,
         items,
+        skipped,
+        epoch,
     })
 }
 
@@ -264,6 +426,7 @@ impl Loader {
         workers: Option<usize>,
         skip_errors: bool,
         memory_bytes: Option<u64>,
+        device: Option<Device>,
     ) -> PyResult<Self> {
         if batch_size == 0 {
             return Err(PyValueError::new_err("batch_size must be at least 1"));
@@ -278,7 +441,14 @@ impl Loader {
         let seen = Arc::clone(&failures);
         let fingerprint = dataset.fingerprint();
         let data = dataset.clone();
+        let labels = (extras.labels.is_some() || extras.sample_labels)
+            .then(|| Labels(extras.labels.clone().map(Arc::new)));
+        let device = device.map(Arc::new);
+        let sim_log = device.as_ref().and_then(|d| d.log.clone());
         let make: Make = Box::new(move || {
+            let uploader = device.as_ref().map(|d| d.uploader());
+            let alloc = uploader.as_ref().map(Uploader::host_alloc);
+            let labels = labels.clone();
             let decode = Arc::clone(&decode);
             let seen = Arc::clone(&seen);
             let (named, read) = (data.clone(), data.clone());
@@ -292,8 +462,21 @@ impl Loader {
                 )
                 .measure(|(t, _): &(Vec<Tensor>, Meta)| nbytes(t))
                 .aggregate(batch_size, drop_last)
-                .pipe("collate", collate, 1)
-                .measure(|b: &Loaded| nbytes(&b.fields))
+                .pipe(
+                    "collate",
+                    move |items| collate(items, alloc.as_ref(), labels.as_ref()),
+                    1,
+                )
+                .measure(Loaded::nbytes);
+            let b = match uploader {
+                Some(up) => b.upload_with(up, |up, l: Loaded| l.upload(up), Loaded::nbytes),
+                None => b,
+            };
+            let b = match device.as_ref().and_then(|d| d.monitor.clone()) {
+                Some(m) => b.gpu_utilization(move || m.utilization()),
+                None => b,
+            };
+            let b = b
                 .max_failures(if skip_errors {
                     FailureBudget::unlimited()
                 } else {
@@ -343,6 +526,7 @@ impl Loader {
             failures,
             dataset,
             extras,
+            sim_log,
         })
     }
 }
@@ -412,63 +596,25 @@ impl Loader {
                 Err(None) => py.check_signals()?,
             }
         };
-        let Some(Loaded { fields, items }) = loaded else {
+        let Some(Loaded {
+            fields,
+            labels,
+            items,
+            skipped,
+            epoch,
+        }) = loaded
+        else {
             return Ok(None);
         };
-        // A length-aware batch is one item of the pipeline: its fields come stacked as
-        // `[1, ...]`, and its rows are the files the item kept; the clips it left out are
-        // failures of this epoch.
-        let (fields, items) = match items.as_slice() {
-            [one] if one.rows.is_some() => {
-                self.note_skipped(&one.skipped, one.epoch);
-                let fields = fields
-                    .into_iter()
-                    .map(|t| {
-                        let shape = t.shape()[1..].to_vec();
-                        t.reshaped(&shape)
-                    })
-                    .collect();
-                let rows = one.rows.clone().unwrap_or_default();
-                let items = rows
-                    .into_iter()
-                    .map(|index| Meta {
-                        index,
-                        epoch: one.epoch,
-                        label: None,
-                        rows: None,
-                        skipped: Vec::new(),
-                    })
-                    .collect();
-                (fields, items)
-            }
-            _ => (fields, items),
-        };
+        // The clips a length-aware batch left out are failures of this epoch.
+        self.note_skipped(&skipped, epoch);
         let mut out = fields
             .into_iter()
-            .map(|t| Ok(Bound::new(py, Batch { t })?.into_any()))
+            .chain(labels)
+            .map(|m| Ok(Bound::new(py, Batch::from(m))?.into_any()))
             .collect::<PyResult<Vec<_>>>()?;
-        let labelled = self.extras.labels.is_some() || self.extras.sample_labels;
-        if out.len() == 1 && !labelled && !self.extras.return_paths {
+        if out.len() == 1 && !self.extras.return_paths {
             return Ok(out.pop());
-        }
-        if labelled {
-            let v: Vec<i64> = items
-                .iter()
-                .map(|m| match (&self.extras.labels, m.label) {
-                    (_, Some(l)) => l,
-                    (Some(by_index), None) => by_index[m.index],
-                    (None, None) => unreachable!("a sample without its label failed"),
-                })
-                .collect();
-            out.push(
-                Bound::new(
-                    py,
-                    Batch {
-                        t: Tensor::from_i64(&v),
-                    },
-                )?
-                .into_any(),
-            );
         }
         if self.extras.return_paths {
             let paths = items.iter().map(|m| match &self.dataset {
@@ -479,6 +625,41 @@ impl Loader {
             out.push(PyList::new(py, paths)?.into_any());
         }
         Ok(Some(PyTuple::new(py, out)?.into_any()))
+    }
+
+    /// The simulated device's record (`device="simulated"`, for tests), oldest first:
+    /// `("copy", id, bytes)`, `("stream_wait", id, stream, complete)`, `("host_wait", id,
+    /// thread)`, `("free", id, bytes, streams)`; None for another device.
+    fn _device_log<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
+        let Some(log) = &self.sim_log else {
+            return Ok(None);
+        };
+        let out = PyList::empty(py);
+        for r in log.records() {
+            let t = match r {
+                SimRecord::Copy { id, bytes } => ("copy", id, bytes).into_pyobject(py)?,
+                SimRecord::StreamWait {
+                    id,
+                    stream,
+                    complete,
+                } => ("stream_wait", id, stream, complete).into_pyobject(py)?,
+                SimRecord::HostWait { id, thread } => {
+                    ("host_wait", id, thread).into_pyobject(py)?
+                }
+                SimRecord::Free { id, bytes, streams } => {
+                    ("free", id, bytes, streams).into_pyobject(py)?
+                }
+            };
+            out.append(t)?;
+        }
+        Ok(Some(out))
+    }
+
+    /// Device bytes of the simulated device's batches not freed yet, and the most at once.
+    fn _device_bytes(&self) -> Option<(u64, u64)> {
+        self.sim_log
+            .as_ref()
+            .map(|l| (l.live_bytes(), l.peak_live_bytes()))
     }
 
     /// The class names, index = label (`labels="folder"`), or None.

@@ -13,7 +13,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::dataset::{deal, files_of, parquet_of, shards_of, Dataset, Decode, Input, Records};
-use crate::loader::{Extras, Loader};
+use crate::loader::{Device, Extras, Loader};
 use flowgate::sampler::{MixStop, Sampler};
 
 /// What every native loader takes besides its decoder (built once by the Python wrappers, so
@@ -31,6 +31,8 @@ pub(crate) struct Options {
     labels: Option<Py<PyAny>>,
     return_paths: bool,
     memory_mb: Option<f64>,
+    device: String,
+    device_memory_mb: Option<f64>,
 }
 
 #[pymethods]
@@ -38,7 +40,7 @@ impl Options {
     #[new]
     #[pyo3(signature = (batch_size=32, shuffle=true, seed=0, rank=None, world_size=None,
         drop_last=false, workers=None, skip_errors=true, labels=None, return_paths=false,
-        memory_mb=None))]
+        memory_mb=None, device="cpu".to_owned(), device_memory_mb=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         batch_size: usize,
@@ -52,11 +54,18 @@ impl Options {
         labels: Option<Py<PyAny>>,
         return_paths: bool,
         memory_mb: Option<f64>,
+        device: String,
+        device_memory_mb: Option<f64>,
     ) -> PyResult<Self> {
-        if memory_mb.is_some_and(|m| !(m > 0.0 && m.is_finite())) {
-            return Err(PyValueError::new_err(
-                "memory_mb must be a positive number of MiB",
-            ));
+        for (name, v) in [
+            ("memory_mb", memory_mb),
+            ("device_memory_mb", device_memory_mb),
+        ] {
+            if v.is_some_and(|m| !(m > 0.0 && m.is_finite())) {
+                return Err(PyValueError::new_err(format!(
+                    "{name} must be a positive number of MiB"
+                )));
+            }
         }
         Ok(Self {
             batch_size,
@@ -70,6 +79,8 @@ impl Options {
             labels,
             return_paths,
             memory_mb,
+            device,
+            device_memory_mb,
         })
     }
 }
@@ -298,6 +309,7 @@ impl Options {
             }
         };
         let extras = Extras::new(labels, &dataset, self.return_paths)?;
+        let device = Device::open(&self.device, self.device_memory_mb)?;
         Loader::new(
             dataset,
             extras,
@@ -307,6 +319,7 @@ impl Options {
             self.workers,
             self.skip_errors,
             self.memory_mb.map(|m| (m * 1048576.0) as u64),
+            device,
         )
     }
 }

@@ -312,6 +312,12 @@ impl PipelineSpec {
         } else {
             b.autotune_off()
         };
+        if self.device.kind == DeviceKind::Cuda {
+            // The tuner counts the consumer as starved only while the GPU idles.
+            if let Ok(m) = crate::device::GpuMonitor::new(self.device.ordinal as u32) {
+                b = b.gpu_utilization(move || m.utilization());
+            }
+        }
         let interval = Duration::from_millis(self.metrics.interval_ms.unwrap_or(500));
         if let Some(f) = hooks.on_stats {
             b = b.on_stats(interval, f);
