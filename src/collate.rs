@@ -98,6 +98,36 @@ pub fn collate_fields_with<F: AsRef<[Tensor]>>(
         .collect()
 }
 
+/// Stacks clips of different lengths into one batch padded with zeros to the longest: clip
+/// `k` is `(tensor, len_k)`, of which the first `len_k` entries of the leading axis (audio
+/// samples, video frames in NTHWC) are kept. Returns the batch, `[B, longest, ...]` of the
+/// clips' dtype and trailing shape, and the lengths, `[B]` `i64`. Length-aware batches
+/// ([`LengthBatches`](crate::sampler::LengthBatches)) are collated this way.
+///
+/// # Panics
+/// If the clips differ in dtype or trailing shape, or a length exceeds its clip.
+pub fn pad_longest(clips: &[(Tensor, usize)]) -> (Tensor, Tensor) {
+    let longest = clips.iter().map(|(_, n)| *n).max().unwrap_or(0);
+    let (dtype, rest) = clips.first().map_or((DType::F32, Vec::new()), |(t, _)| {
+        (t.dtype(), t.shape().get(1..).unwrap_or(&[]).to_vec())
+    });
+    let row = rest.iter().product::<usize>() * dtype.size();
+    let mut shape = vec![clips.len(), longest];
+    shape.extend(&rest);
+    let mut batch = Tensor::zeros(&shape, dtype);
+    let mut lengths = Vec::with_capacity(clips.len());
+    for (k, (clip, n)) in clips.iter().enumerate() {
+        assert!(
+            clip.dtype() == dtype && clip.shape().get(1..).unwrap_or(&[]) == rest,
+            "clips of one batch share dtype and trailing shape"
+        );
+        let bytes = n * row;
+        batch.item_mut(k)[..bytes].copy_from_slice(&clip.bytes()[..bytes]);
+        lengths.push(*n as i64);
+    }
+    (batch, Tensor::from_i64(&lengths))
+}
+
 impl PipelineBuilder<Tensor> {
     /// Batches of `size` items, collated into one tensor (a new first axis) by a `collate`
     /// stage; a partial batch at the end of an epoch is kept, or dropped if `drop_last`. Items

@@ -323,3 +323,30 @@ fn a_pipeline_file_uploads_batches_to_its_device() {
         assert!(e.to_string().contains("--features cuda"), "{e}");
     }
 }
+
+/// `[batch] max_frames` with `[decode] fps`: length-aware video batches from a pipeline file,
+/// every clip once, at most `max_frames` padded frames a batch; `fps` alone is refused.
+#[cfg(feature = "video")]
+#[test]
+fn a_pipeline_file_batches_video_by_frames() {
+    let list = dataset().join("video.txt");
+    let toml = |batch: &str| {
+        format!(
+            "[source]\nkind = \"list\"\npath = \"{}\"\n[decode]\nkind = \"video\"\nresize = 32\ncrop = 32\nfps = 2.0\n[batch]\n{batch}\n[tuner]\nenabled = false\n",
+            list.display()
+        )
+    };
+    let spec = PipelineSpec::parse(&toml("max_frames = 12\nbuckets = 2"), "v.toml").unwrap();
+    let mut loader = spec.build(Hooks::default()).unwrap();
+    let mut clips = 0;
+    for b in loader.pipeline.iter() {
+        let b = b.unwrap();
+        let shape = b.shape().to_vec();
+        assert_eq!(&shape[2..], [32, 32, 3]);
+        assert!(shape[0] * shape[1] <= 12, "{shape:?}");
+        clips += shape[0];
+    }
+    assert_eq!(clips, 3);
+    let e = PipelineSpec::parse(&toml("size = 2"), "v.toml").unwrap_err();
+    assert!(e.to_string().contains("decode.fps"), "{e}");
+}

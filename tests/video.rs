@@ -275,3 +275,54 @@ fn frames_and_durations_past_the_limits_are_typed_errors() {
         [2, 64, 64, 3]
     );
 }
+
+/// Rate sampling: a clip's frames follow its declared duration (read from the header without
+/// decoding), are the frames shown at `(k + 0.5) / fps` (the same as asking for those times),
+/// and clips of different lengths pad into one batch with their lengths.
+#[test]
+fn rate_sampling_follows_the_clips_length_and_pads_into_a_batch() {
+    let d = dir("rate");
+    let long = d.0.join("long.mp4");
+    let spec = flat_clip(&long); // 5 s at 10 fps
+    let short = d.0.join("short.mp4");
+    write_clip(
+        &short,
+        &ClipSpec {
+            frames: 20, // 2 s
+            ..spec
+        },
+    )
+    .unwrap();
+    let secs = flowgate::media::video::duration(&long).unwrap().unwrap();
+    assert!((secs - 5.0).abs() < 0.15, "{secs}");
+    let r = recipe(Sampling::Rate { fps: 2.0, max: 8 });
+    assert_eq!(r.planned_frames(secs), 8, "10 frames at 2 fps, cut at 8");
+    let short_secs = flowgate::media::video::duration(&short).unwrap().unwrap();
+    assert_eq!(r.planned_frames(short_secs), 4);
+    assert_eq!(
+        r.planned_frames(0.2),
+        1,
+        "a clip shorter than 1/fps: one frame"
+    );
+    let (a, n) = r.load_with_length(&long).unwrap();
+    assert_eq!((n, a.shape()), (8, &[8usize, 64, 64, 3][..]));
+    let times: Vec<f64> = (0..8).map(|k| (k as f64 + 0.5) / 2.0).collect();
+    let at = recipe(Sampling::At(times)).load(&long).unwrap();
+    assert_eq!(a.bytes(), at.bytes(), "the frames at (k + 0.5) / fps");
+    for k in 0..8 {
+        // 0.25 s, 0.75 s, ...: frames 2, 7, 12, ... at 10 fps.
+        let want = f64::from(clip_level(2 + 5 * k as u32, spec.frames));
+        assert!((mean(a.item(k)) - want).abs() < 3.0, "frame {k}");
+    }
+    let (b, m) = r.load_with_length(&short).unwrap();
+    assert_eq!(m, 4);
+    let (batch, lengths) = flowgate::collate::pad_longest(&[(a, n), (b, m)]);
+    assert_eq!(batch.shape(), [2, 8, 64, 64, 3]);
+    assert_eq!(lengths.bytes(), Tensor::from_i64(&[8, 4]).bytes());
+    let row = batch.item(1);
+    let frame = 64 * 64 * 3;
+    assert!(row[4 * frame..].iter().all(|&x| x == 0), "padding is zeros");
+    assert!(row[..4 * frame].iter().any(|&x| x != 0));
+    let bad = recipe(Sampling::Rate { fps: 0.0, max: 8 });
+    assert_eq!(bad.validate().unwrap_err().field(), "fps");
+}

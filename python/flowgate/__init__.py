@@ -505,6 +505,17 @@ class VideoLoader(_Loader):
     or zero-padded to that length: each batch is then ``(frames, audio, ...)``. Other
     arguments (``labels`` and ``return_paths`` too) as :class:`ImageLoader`.
 
+    ``max_batch_frames`` with ``fps``: length-aware batches instead of ``batch_size`` clips
+    of ``frames`` frames. Each clip yields the frames shown at ``(k + 0.5) / fps`` seconds, as
+    many as its declared duration holds (``floor(seconds * fps)``, at least one, at most
+    ``max_batch_frames``); clips are grouped by that length, read from the container without
+    decoding, into ``buckets`` length buckets, and each batch holds clips of one bucket, padded
+    with zeros to its longest clip, with at most ``max_batch_frames`` padded frames (clips x
+    longest). Batches are always ``(frames, lengths, ...)``: ``frames`` ``B x T x crop x crop
+    x 3`` uint8 (``"nthwc"`` only) with ``B`` and ``T`` varying per batch, ``lengths`` the
+    real frames of each clip. Shuffling, ranks and resume work as for
+    :class:`AudioLoader`'s ``max_batch_seconds`` (local files only; no ``audio_seconds``).
+
     Needs the package built with video support (FFmpeg's libraries, which
     ``scripts/setup.sh`` installs): ``MATURIN_PEP517_ARGS="--features video" pip install
     ./python``.
@@ -521,6 +532,9 @@ class VideoLoader(_Loader):
         threads: int = 1,
         audio_seconds: Optional[float] = None,
         audio_rate: int = 16000,
+        fps: Optional[float] = None,
+        max_batch_frames: Optional[int] = None,
+        buckets: int = 20,
         shuffle: bool = True,
         seed: int = 0,
         rank: Optional[int] = None,
@@ -543,10 +557,12 @@ class VideoLoader(_Loader):
         self._setup(locals())
 
     def _build(self, a: Dict[str, Any]) -> Any:
-        _check_ints(a, frames=1, resize=1, crop=1, threads=1, audio_rate=1)
+        _check_ints(a, frames=1, resize=1, crop=1, threads=1, audio_rate=1,
+                    max_batch_frames=1, buckets=1)
         return _native.video_loader(
             _paths(a["paths"]), _options(a), a["frames"], a["resize"], a["crop"], a["layout"],
-            a["threads"], a["audio_seconds"], a["audio_rate"])
+            a["threads"], a["audio_seconds"], a["audio_rate"], a["fps"],
+            a["max_batch_frames"], a["buckets"])
 
 
 class Pipeline:

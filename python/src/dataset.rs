@@ -295,7 +295,7 @@ fn load_batch(
     if clips.is_empty() {
         return Err(first_error.expect("a batch has clips").into());
     }
-    let (batch, lengths) = flowgate::media::audio::pad_clips(&clips);
+    let (batch, lengths) = flowgate::collate::pad_longest(&clips);
     Ok((vec![batch, lengths], kept, skipped))
 }
 

@@ -165,34 +165,37 @@ impl Options {
     }
 
     /// `files` (in dataset order, the whole dataset) planned into length-aware batches of at
-    /// most `cap` padded seconds, from the lengths their containers declare.
-    fn length_batches(&self, files: Files, cap: f64, buckets: usize) -> PyResult<Dataset> {
+    /// most `plan.cap` padded units (seconds, frames), from the lengths their containers
+    /// declare.
+    fn length_batches(&self, files: Files, plan: &LengthPlan) -> PyResult<Dataset> {
         use flowgate::sampler::{Bucketing, LengthBatches};
         let bad = |m: String| PyValueError::new_err(m);
+        let cap = plan.cap;
         if !(cap.is_finite() && cap > 0.0) {
-            return Err(bad(format!("max_batch_seconds must be above 0, not {cap}")));
+            return Err(bad(format!("{} must be above 0, not {cap}", plan.arg)));
         }
         let mut lengths = Vec::with_capacity(files.len());
         for p in files.paths() {
-            let d = flowgate::media::audio::duration(p).map_err(|e| bad(e.to_string()))?;
+            let d = (plan.length)(p).map_err(|e| bad(e.to_string()))?;
             lengths.push(d.ok_or_else(|| {
                 bad(format!(
-                    "{}: the file does not declare its length, which max_batch_seconds plans \
-                     with",
-                    p.display()
+                    "{}: the file does not declare its length, which {} plans with",
+                    p.display(),
+                    plan.arg
                 ))
             })?);
         }
-        let mut plan = LengthBatches::new(lengths, cap, Bucketing::Quantiles(buckets.max(1)))
-            .map_err(|e| bad(e.to_string()))?;
-        let mut sampler = plan.sampler();
+        let mut batches =
+            LengthBatches::new(lengths, cap, Bucketing::Quantiles(plan.buckets.max(1)))
+                .map_err(|e| bad(e.to_string()))?;
+        let mut sampler = batches.sampler();
         if self.shuffle {
-            plan = plan.shuffle(self.seed);
+            batches = batches.shuffle(self.seed);
             sampler = sampler.shuffle(self.seed);
         }
         Ok(Dataset::Batches {
             files,
-            plan: Arc::new(plan),
+            plan: Arc::new(batches),
             sampler: deal(sampler, self.rank, self.world_size, self.drop_last)?,
         })
     }
@@ -208,14 +211,13 @@ impl Options {
         self.loader_with(paths, extensions, decode, None)
     }
 
-    /// [`loader`](Self::loader), in length-aware batches of at most `cap` seconds over
-    /// `buckets` length buckets when `length_batches` is `(cap, buckets)`.
+    /// [`loader`](Self::loader), in length-aware batches when `length_batches` says how.
     fn loader_with(
         &self,
         paths: &Bound<'_, PyAny>,
         extensions: &[&str],
         decode: Decode,
-        length_batches: Option<(f64, usize)>,
+        length_batches: Option<LengthPlan>,
     ) -> PyResult<Loader> {
         let labels = self.labels.as_ref().map(|l| l.bind(paths.py()));
         let label_field = || -> PyResult<Option<String>> {
@@ -299,13 +301,13 @@ impl Options {
         // loaded as a whole batch (so the pipeline's batches are of one slot each).
         let (dataset, batch_size) = match (length_batches, dataset) {
             (None, d) => (d, self.batch_size),
-            (Some((cap, buckets)), Dataset::Files(files)) => {
-                (self.length_batches(files, cap, buckets)?, 1)
-            }
-            (Some(_), _) => {
-                return Err(PyValueError::new_err(
-                    "max_batch_seconds needs local files (a directory, a list or a sequence of                      paths), not Shards, Parquet or Mix",
-                ))
+            (Some(plan), Dataset::Files(files)) => (self.length_batches(files, &plan)?, 1),
+            (Some(plan), _) => {
+                return Err(PyValueError::new_err(format!(
+                    "{} needs local files (a directory, a list or a sequence of paths), not \
+                     Shards, Parquet or Mix",
+                    plan.arg
+                )))
             }
         };
         let extras = Extras::new(labels, &dataset, self.return_paths)?;
@@ -323,6 +325,18 @@ impl Options {
         )
     }
 }
+
+/// How a loader plans length-aware batches: at most `cap` padded units per batch over
+/// `buckets` length buckets, each file's length (in those units) from `length`; `arg` names
+/// the cap's argument in errors.
+pub(crate) struct LengthPlan {
+    cap: f64,
+    buckets: usize,
+    length: LengthOf,
+    arg: &'static str,
+}
+
+type LengthOf = Box<dyn Fn(&std::path::Path) -> Result<Option<f64>, flowgate::media::MediaError>>;
 
 /// An image loader (see `flowgate.ImageLoader`).
 #[pyfunction]
@@ -433,16 +447,24 @@ pub(crate) fn audio_loader(
                 vec![t]
             })
         }),
-        max_batch_seconds.map(|cap| (cap, buckets)),
+        max_batch_seconds.map(|cap| LengthPlan {
+            cap,
+            buckets,
+            length: Box::new(flowgate::media::audio::duration),
+            arg: "max_batch_seconds",
+        }),
     )
 }
 
 /// A video loader (see `flowgate.VideoLoader`; feature `video`): `frames` frames per clip,
-/// and with `audio_seconds` the clip's audio track too.
+/// and with `audio_seconds` the clip's audio track too. With `max_batch_frames`, length-aware
+/// batches: each clip's frames at `fps` as its length allows (at most `max_batch_frames`),
+/// batches of similar lengths padded to their longest clip, at most `max_batch_frames` padded
+/// frames each, with lengths.
 #[cfg(feature = "video")]
 #[pyfunction]
 #[pyo3(signature = (paths, options, frames=8, resize=128, crop=112, layout="nthwc", threads=1,
-    audio_seconds=None, audio_rate=16000))]
+    audio_seconds=None, audio_rate=16000, fps=None, max_batch_frames=None, buckets=20))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn video_loader(
     paths: &Bound<'_, PyAny>,
@@ -454,6 +476,9 @@ pub(crate) fn video_loader(
     threads: usize,
     audio_seconds: Option<f64>,
     audio_rate: u32,
+    fps: Option<f64>,
+    max_batch_frames: Option<usize>,
+    buckets: usize,
 ) -> PyResult<Loader> {
     use flowgate::media::video::{Sampling, VideoLayout, VideoRecipe};
     let layout = choice(
@@ -461,19 +486,61 @@ pub(crate) fn video_loader(
         layout,
         &[("nthwc", VideoLayout::Nthwc), ("ncthw", VideoLayout::Ncthw)],
     )?;
-    let video = Recipe::video(VideoRecipe {
-        sampling: Sampling::Uniform(frames),
+    let sampling = match (max_batch_frames, fps) {
+        (None, None) => Sampling::Uniform(frames),
+        (None, Some(_)) => {
+            return Err(PyValueError::new_err(
+                "fps samples clips by their length for max_batch_frames; set both",
+            ))
+        }
+        (Some(_), None) => {
+            return Err(PyValueError::new_err(
+                "max_batch_frames needs fps (the frames per second taken from each clip)",
+            ))
+        }
+        (Some(_), Some(_)) if audio_seconds.is_some() || layout != VideoLayout::Nthwc => {
+            return Err(PyValueError::new_err(
+                "length-aware video batches (max_batch_frames) are frames only, in layout \
+                 \"nthwc\" (no audio_seconds)",
+            ))
+        }
+        (Some(max), Some(fps)) => Sampling::Rate { fps, max },
+    };
+    let recipe = VideoRecipe {
+        sampling,
         resize,
         crop,
         layout,
         threads,
         ..VideoRecipe::default()
-    })
-    .map_err(invalid)?;
+    };
+    let video = Recipe::video(recipe.clone()).map_err(invalid)?;
     let audio = audio_seconds
         .map(|seconds| AudioRecipe::with_seconds(audio_rate, seconds))
         .transpose()
         .map_err(invalid)?;
+    if max_batch_frames.is_some() {
+        let plan = recipe.clone();
+        return options.loader_with(
+            paths,
+            &["mp4", "mkv", "webm", "mov", "avi"],
+            Arc::new(move |input, _| {
+                let (t, n) = match input {
+                    Input::Path(p) => recipe.load_with_length(&p)?,
+                    Input::Bytes(b) => recipe.decode_with_length(&b.bytes, &b.path)?,
+                };
+                Ok(vec![t, Tensor::from_i64(&[n as i64]).reshaped(&[])])
+            }),
+            max_batch_frames.map(|cap| LengthPlan {
+                cap: cap as f64,
+                buckets,
+                length: Box::new(move |p| {
+                    Ok(flowgate::media::video::duration(p)?.map(|d| plan.planned_frames(d) as f64))
+                }),
+                arg: "max_batch_frames",
+            }),
+        );
+    }
     options.loader(
         paths,
         &["mp4", "mkv", "webm", "mov", "avi"],

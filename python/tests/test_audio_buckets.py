@@ -1,4 +1,4 @@
-"""AudioLoader(max_batch_seconds=...): length-aware batches from Python."""
+"""Length-aware batches from Python: AudioLoader(max_batch_seconds=...) and VideoLoader(fps=..., max_batch_frames=...)."""
 
 import os
 import pathlib
@@ -81,3 +81,30 @@ def test_a_bad_clip_is_left_out_and_named(clips, tmp_path):
         flowgate.AudioLoader(clips, max_batch_seconds=0)
     with pytest.raises(ValueError, match="buckets"):
         flowgate.AudioLoader(clips, max_batch_seconds=CAP, buckets=0)
+
+
+def test_video_batches_by_frames_cover_each_clip_once_under_the_cap(videos):
+    """VideoLoader(fps=, max_batch_frames=): each clip's frames follow its length; batches
+    of similar lengths padded to their longest, at most the cap of padded frames."""
+    cap = 24
+    files = open(videos / "video.txt").read().split()
+    loader = flowgate.VideoLoader(videos / "video.txt", fps=2.0, max_batch_frames=cap,
+                                  buckets=2, resize=32, crop=32, return_paths=True, seed=5)
+    seen = []
+    for frames, lengths, paths in loader:
+        f, n = np.asarray(frames), np.asarray(lengths)
+        assert f.dtype == np.uint8 and f.shape[2:] == (32, 32, 3)
+        assert f.shape[0] == len(n) == len(paths)
+        assert f.shape[0] * f.shape[1] <= cap, "over the cap"
+        assert f.shape[1] == n.max(), "padded to the longest clip only"
+        for row, k in enumerate(n):
+            assert 1 <= k <= cap
+            assert not f[row, k:].any(), "zeros after a clip's frames"
+            assert all(f[row, j].any() for j in range(k)), "real frames are not blank"
+        seen += paths
+    assert Counter(seen) == Counter(files), "every clip once"
+    with pytest.raises(ValueError, match="needs fps"):
+        flowgate.VideoLoader(videos / "video.txt", max_batch_frames=cap)
+    with pytest.raises(ValueError, match="nthwc"):
+        flowgate.VideoLoader(videos / "video.txt", fps=2.0, max_batch_frames=cap,
+                             layout="ncthw")

@@ -87,6 +87,16 @@ impl Recipe {
         })
     }
 
+    /// The video recipe, if this is one.
+    #[cfg(feature = "video")]
+    pub fn as_video(&self) -> Option<&crate::media::video::VideoRecipe> {
+        match &self.kind {
+            Kind::Video(v) => Some(v),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
     /// The same recipe with the user's augmentation seed `seed` (see the module docs).
     pub fn with_seed(self, seed: u64) -> Self {
         let kind = match self.kind {

@@ -205,4 +205,15 @@ pub(crate) mod check {
         }
         Ok(())
     }
+
+    /// Frames per second of a clip's length-aware sampling: above 0, at most 1,000.
+    pub(crate) fn fps(fps: f64) -> Result<(), RecipeError> {
+        if !(fps.is_finite() && fps > 0.0 && fps <= 1000.0) {
+            return Err(RecipeError::new(
+                "fps",
+                format!("must be above 0 and at most 1000, not {fps}"),
+            ));
+        }
+        Ok(())
+    }
 }

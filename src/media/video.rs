@@ -40,6 +40,16 @@ pub enum Sampling {
     Uniform(usize),
     /// The frames shown at these times (seconds from the start, ascending).
     At(Vec<f64>),
+    /// The frames shown at `(k + 0.5) / fps` seconds, as many as the clip's declared length
+    /// holds (`floor(seconds * fps)`, at least one: the middle frame of a clip shorter than
+    /// `1 / fps`) and at most `max`: a clip's length in frames follows its duration, for
+    /// length-aware batches ([`VideoRecipe::planned_frames`] says how many before decoding).
+    Rate {
+        /// Frames per second of the clip.
+        fps: f64,
+        /// The most frames of one clip (a longer clip is cut there).
+        max: usize,
+    },
 }
 
 /// Sample, scale, crop.
@@ -92,28 +102,109 @@ impl VideoRecipe {
     pub fn validate(&self) -> Result<(), super::RecipeError> {
         use super::rules::check;
         check::video(self.frames(), self.threads)?;
+        if let Sampling::Rate { fps, .. } = self.sampling {
+            check::fps(fps)?;
+        }
         check::crop(self.crop, self.resize, false)
     }
 
-    /// Frames per clip.
+    /// Frames per clip (with [`Sampling::Rate`], the most: a clip has
+    /// [`planned_frames`](Self::planned_frames)).
     pub fn frames(&self) -> usize {
         match &self.sampling {
             Sampling::Uniform(k) => *k,
             Sampling::At(ts) => ts.len(),
+            Sampling::Rate { max, .. } => *max,
         }
     }
 
-    /// The shape of one clip's tensor.
-    pub fn shape(&self) -> [usize; 4] {
-        let (t, c) = (self.frames(), self.crop as usize);
-        match self.layout {
-            VideoLayout::Nthwc => [t, c, c, 3],
-            VideoLayout::Ncthw => [3, t, c, c],
+    /// The frames a clip of `seconds` (its declared duration) yields.
+    pub fn planned_frames(&self, seconds: f64) -> usize {
+        match &self.sampling {
+            Sampling::Rate { fps, max } => ((seconds * fps).floor() as usize).clamp(1, *max),
+            _ => self.frames(),
         }
+    }
+
+    /// The sample times in a clip of `duration` seconds (0: unknown).
+    fn targets(&self, duration: f64) -> Result<Vec<f64>, String> {
+        Ok(match &self.sampling {
+            Sampling::Uniform(k) => {
+                if duration <= 0.0 {
+                    return Err("the clip's duration is unknown".into());
+                }
+                (0..*k)
+                    .map(|i| duration * (i as f64 + 0.5) / *k as f64)
+                    .collect()
+            }
+            Sampling::At(ts) => ts.clone(),
+            Sampling::Rate { fps, .. } => {
+                if duration <= 0.0 {
+                    return Err("the clip's duration is unknown".into());
+                }
+                let n = self.planned_frames(duration);
+                if (duration * fps).floor() < 1.0 {
+                    vec![duration / 2.0]
+                } else {
+                    (0..n).map(|k| (k as f64 + 0.5) / fps).collect()
+                }
+            }
+        })
+    }
+
+    /// The shape of a clip's tensor of `frames` frames.
+    fn shape_of(&self, frames: usize) -> [usize; 4] {
+        let c = self.crop as usize;
+        match self.layout {
+            VideoLayout::Nthwc => [frames, c, c, 3],
+            VideoLayout::Ncthw => [3, frames, c, c],
+        }
+    }
+
+    /// The shape of one clip's tensor (with [`Sampling::Rate`], the longest).
+    pub fn shape(&self) -> [usize; 4] {
+        self.shape_of(self.frames())
+    }
+
+    /// Decodes the clips of one length-aware batch (see
+    /// [`LengthBatches`](crate::sampler::LengthBatches); [`Sampling::Rate`] makes a clip's
+    /// frames follow its length) into `[B, T, crop, crop, 3]` `u8` padded with zeros to the
+    /// longest clip, with each clip's frames as a `[B]` `i64` tensor. A clip that fails is left
+    /// out and returned with its error (the batch is `None` when every clip failed). NTHWC
+    /// only (the frames are the leading axis).
+    pub fn load_batch(
+        &self,
+        paths: &[std::path::PathBuf],
+    ) -> (Option<(Tensor, Tensor)>, Vec<MediaError>) {
+        if self.layout != VideoLayout::Nthwc {
+            let e = paths.first().map(|p| MediaError::Geometry {
+                path: p.clone(),
+                reason: "length-aware video batches are NTHWC".into(),
+            });
+            return (None, e.into_iter().collect());
+        }
+        let mut clips = Vec::with_capacity(paths.len());
+        let mut errors = Vec::new();
+        for p in paths {
+            match self.load_with_length(p) {
+                Ok(c) => clips.push(c),
+                Err(e) => errors.push(e),
+            }
+        }
+        if clips.is_empty() {
+            return (None, errors);
+        }
+        (Some(crate::collate::pad_longest(&clips)), errors)
     }
 
     /// Decodes the sampled frames of the file at `path`.
     pub fn load(&self, path: &Path) -> Result<Tensor, MediaError> {
+        self.load_with_length(path).map(|(t, _)| t)
+    }
+
+    /// Like [`load`](Self::load), with the number of frames (with [`Sampling::Rate`] it
+    /// follows the clip's length).
+    pub fn load_with_length(&self, path: &Path) -> Result<(Tensor, usize), MediaError> {
         let meta = std::fs::metadata(path).map_err(|source| MediaError::Read {
             path: path.to_path_buf(),
             source,
@@ -123,14 +214,21 @@ impl VideoRecipe {
                 path: path.to_path_buf(),
             });
         }
-        let mut out = Tensor::zeros(&self.shape(), DType::U8);
-        self.decode_file(path, out.bytes_mut())?;
-        Ok(out)
+        self.decode_file(path)
     }
 
     /// Decodes a clip held in memory (an S3 object): FFmpeg reads it from a temporary file,
     /// removed afterwards. `path` names it in errors and gives the container's extension.
     pub fn decode(&self, bytes: &[u8], path: &Path) -> Result<Tensor, MediaError> {
+        self.decode_with_length(bytes, path).map(|(t, _)| t)
+    }
+
+    /// Like [`decode`](Self::decode), with the number of frames.
+    pub fn decode_with_length(
+        &self,
+        bytes: &[u8],
+        path: &Path,
+    ) -> Result<(Tensor, usize), MediaError> {
         if bytes.is_empty() {
             return Err(MediaError::Empty {
                 path: path.to_path_buf(),
@@ -148,14 +246,12 @@ impl VideoRecipe {
             source,
         };
         std::fs::write(&tmp, bytes).map_err(read_err)?;
-        let mut out = Tensor::zeros(&self.shape(), DType::U8);
-        let result = self.decode_file(&tmp, out.bytes_mut());
+        let result = self.decode_file(&tmp);
         let _ = std::fs::remove_file(&tmp);
-        result.map_err(|e| e.with_path(path))?;
-        Ok(out)
+        result.map_err(|e| e.with_path(path))
     }
 
-    fn decode_file(&self, path: &Path, out: &mut [u8]) -> Result<(), MediaError> {
+    fn decode_file(&self, path: &Path) -> Result<(Tensor, usize), MediaError> {
         init();
         let decode_err = |e: ffmpeg::Error| MediaError::Decode {
             path: path.to_path_buf(),
@@ -184,28 +280,13 @@ impl VideoRecipe {
             ffmpeg::ffi::AV_NOPTS_VALUE => 0,
             t => t,
         };
-        let duration = if stream.duration() > 0 {
-            stream.duration() as f64 * tb
-        } else if input.duration() > 0 {
-            input.duration() as f64 / f64::from(ffmpeg::ffi::AV_TIME_BASE)
-        } else {
-            0.0
-        };
+        let duration = declared_duration(&input, &stream);
         if duration > self.limits.max_seconds {
             let m = self.limits.max_seconds as u64;
             return Err(MediaError::too_large(path, "seconds", duration as u64, m));
         }
-        let targets: Vec<f64> = match &self.sampling {
-            Sampling::Uniform(k) => {
-                if duration <= 0.0 {
-                    return Err(geometry("the clip's duration is unknown".into()));
-                }
-                (0..*k)
-                    .map(|i| duration * (i as f64 + 0.5) / *k as f64)
-                    .collect()
-            }
-            Sampling::At(ts) => ts.clone(),
-        };
+        let targets = self.targets(duration).map_err(geometry)?;
+        let mut out = Tensor::zeros(&self.shape_of(targets.len()), DType::U8);
         let mut ctx = ffmpeg::codec::context::Context::from_parameters(stream.parameters())
             .map_err(decode_err)?;
         if self.threads > 1 {
@@ -239,7 +320,7 @@ impl VideoRecipe {
             recipe: self,
             scaler: None,
             rgb: Frame::empty(),
-            out,
+            out: out.bytes_mut(),
             frames: targets.len(),
         };
         let mut pick = Picker {
@@ -308,8 +389,44 @@ impl VideoRecipe {
                 .into(),
             });
         }
-        Ok(())
+        let n = targets.len();
+        Ok((out, n))
     }
+}
+
+/// The duration a clip's video stream (else its container) declares, in seconds; 0 when
+/// neither does.
+fn declared_duration(input: &ffmpeg::format::context::Input, stream: &ffmpeg::Stream<'_>) -> f64 {
+    if stream.duration() > 0 {
+        stream.duration() as f64 * f64::from(stream.time_base())
+    } else if input.duration() > 0 {
+        input.duration() as f64 / f64::from(ffmpeg::ffi::AV_TIME_BASE)
+    } else {
+        0.0
+    }
+}
+
+/// The duration the clip at `path` declares, in seconds, read from its container's header
+/// (no frame is decoded); `None` when it declares none. Length-aware batches plan with it.
+pub fn duration(path: &Path) -> Result<Option<f64>, MediaError> {
+    init();
+    let max_pixels = super::Limits::default()
+        .max_pixels
+        .saturating_mul(2)
+        .to_string();
+    let input = open_input(path, &max_pixels).map_err(|e| MediaError::Decode {
+        path: path.to_path_buf(),
+        source: Box::new(e),
+    })?;
+    let stream = input
+        .streams()
+        .best(ffmpeg::media::Type::Video)
+        .ok_or_else(|| MediaError::Geometry {
+            path: path.to_path_buf(),
+            reason: "no video stream".into(),
+        })?;
+    let d = declared_duration(&input, &stream);
+    Ok((d > 0.0).then_some(d))
 }
 
 /// Slack for frame times rounded by the container's time base.

@@ -151,9 +151,15 @@ impl PipelineSpec {
                 resize,
                 crop,
                 threads,
+                fps,
                 ..
             } => Recipe::video(crate::media::video::VideoRecipe {
-                sampling: crate::media::video::Sampling::Uniform(*frames),
+                sampling: match (fps, self.batch.max_frames) {
+                    (Some(fps), Some(max)) => {
+                        crate::media::video::Sampling::Rate { fps: *fps, max }
+                    }
+                    _ => crate::media::video::Sampling::Uniform(*frames),
+                },
                 resize: *resize,
                 crop: *crop,
                 threads: *threads,
@@ -257,7 +263,7 @@ impl PipelineSpec {
         let size = self.batch.size;
         let drop_last = self.batch.drop_last;
         // Length-aware batches come whole from the decoder.
-        let whole = self.batch.max_seconds.is_some();
+        let whole = self.length_cap().is_some();
         let uploader = self.uploader()?;
         // Batches are born where the uploader copies from directly (pinned memory on CUDA).
         let alloc = uploader.as_ref().map(Uploader::host_alloc);
@@ -364,11 +370,11 @@ impl PipelineSpec {
         decoder: &Recipe,
     ) -> Result<Option<Reader>, crate::PipelineError> {
         use std::sync::Arc;
-        if let (Some(cap), DecodeSpec::Audio { .. }) = (self.batch.max_seconds, &self.decode) {
+        if let Some(cap) = self.length_cap() {
             let files = files_of(source)?.ok_or_else(|| {
-                crate::PipelineError::config("batch.max_seconds needs a list or dir source")
+                crate::PipelineError::config("length-aware batches need a list or dir source")
             })?;
-            return self.length_batches(files, cap).map(Some);
+            return self.length_batches(files, cap, decoder).map(Some);
         }
         if let Some(files) = files_of(source)? {
             let load = decoder.clone();
@@ -600,25 +606,80 @@ fn shards_of(
 
 /// The local files of a list or directory source (shuffled if asked).
 impl PipelineSpec {
-    /// Length-aware audio batches over `files`: each item of the reader is a whole batch,
-    /// `[B, T]` padded to its longest clip (see `LengthBatches`).
-    #[cfg(feature = "audio")]
-    fn length_batches(&self, files: Files, cap: f64) -> Result<Reader, crate::PipelineError> {
+    /// The cap of length-aware batches, if the spec asks for them: `batch.max_seconds` for
+    /// audio, `batch.max_frames` for video.
+    fn length_cap(&self) -> Option<f64> {
+        match &self.decode {
+            DecodeSpec::Audio { .. } => self.batch.max_seconds,
+            DecodeSpec::Video { .. } => self.batch.max_frames.map(|f| f as f64),
+            DecodeSpec::Image { .. } => None,
+        }
+    }
+
+    /// Length-aware batches over `files` (audio by seconds, video by frames): each item of
+    /// the reader is a whole batch, padded to its longest clip (see `LengthBatches`).
+    #[cfg_attr(
+        not(all(feature = "audio", feature = "video")),
+        allow(unreachable_code, unused_variables)
+    )]
+    fn length_batches(
+        &self,
+        files: Files,
+        cap: f64,
+        decoder: &Recipe,
+    ) -> Result<Reader, crate::PipelineError> {
         use crate::sampler::{Bucketing, LengthBatches, Sampler};
         use std::sync::Arc;
-        let DecodeSpec::Audio { rate, .. } = self.decode else {
-            return Err(crate::PipelineError::config(
-                "batch.max_seconds is for audio".to_owned(),
-            ));
-        };
+        type LoadBatch = Arc<
+            dyn Fn(&[PathBuf]) -> (Option<(Tensor, Tensor)>, Vec<crate::media::MediaError>)
+                + Send
+                + Sync,
+        >;
+        let config = |m: String| crate::PipelineError::config(m);
+        // Each file's length in the cap's unit, and how a batch of them is loaded.
+        type LengthOf =
+            Box<dyn Fn(&std::path::Path) -> Result<Option<f64>, crate::media::MediaError>>;
+        let (length, load, what): (LengthOf, LoadBatch, &str) =
+            match &self.decode {
+                #[cfg(feature = "audio")]
+                DecodeSpec::Audio { rate, .. } => {
+                    let recipe = crate::media::audio::AudioRecipe::with_seconds(*rate, cap)
+                        .map_err(|e| config(e.to_string()))?;
+                    (
+                        Box::new(crate::media::audio::duration),
+                        Arc::new(move |clips: &[PathBuf]| recipe.load_batch(clips)),
+                        "batch.max_seconds",
+                    )
+                }
+                #[cfg(feature = "video")]
+                DecodeSpec::Video { .. } => {
+                    let v = decoder
+                        .as_video()
+                        .ok_or_else(|| config("a video decode without its recipe".to_owned()))?;
+                    let (plan, recipe) = (v.clone(), v.clone());
+                    (
+                        Box::new(move |p: &std::path::Path| {
+                            Ok(crate::media::video::duration(p)?
+                                .map(|d| plan.planned_frames(d) as f64))
+                        }),
+                        Arc::new(move |clips: &[PathBuf]| recipe.load_batch(clips)),
+                        "batch.max_frames",
+                    )
+                }
+                _ => {
+                    return Err(config(
+                        "length-aware batches need the audio or video feature of their decode kind"
+                            .to_owned(),
+                    ))
+                }
+            };
         let paths: Arc<[PathBuf]> = files.paths().into();
         let mut lengths = Vec::with_capacity(paths.len());
         for p in paths.iter() {
-            let d = crate::media::audio::duration(p)
-                .map_err(|e| crate::PipelineError::config(e.to_string()))?;
+            let d = length(p).map_err(|e| config(e.to_string()))?;
             lengths.push(d.ok_or_else(|| {
-                crate::PipelineError::config(format!(
-                    "{}: the file does not declare its length (batch.max_seconds plans with it)",
+                config(format!(
+                    "{}: the file does not declare its length ({what} plans with it)",
                     p.display()
                 ))
             })?);
@@ -633,8 +694,6 @@ impl PipelineSpec {
             plan = plan.shuffle(seed);
             sampler = sampler.shuffle(seed);
         }
-        let recipe = crate::media::audio::AudioRecipe::with_seconds(rate, cap)
-            .map_err(|e| crate::PipelineError::config(e.to_string()))?;
         let mut fingerprint: Vec<_> = files
             .fingerprint()
             .into_iter()
@@ -654,7 +713,7 @@ impl PipelineSpec {
                     .into_iter()
                     .map(|i| read_paths[i].clone())
                     .collect();
-                let (batch, mut errors) = recipe.load_batch(&clips);
+                let (batch, mut errors) = load(&clips);
                 // Clips left out of a batch that still has others are reported, not lost
                 // silently (the batch is the pipeline's item, so they are not counted).
                 if batch.is_some() {
@@ -675,13 +734,6 @@ impl PipelineSpec {
                 format!("batch {slot} ({} clips: {first}, ...)", rows.len())
             }),
         })
-    }
-
-    #[cfg(not(feature = "audio"))]
-    fn length_batches(&self, _: Files, _: f64) -> Result<Reader, crate::PipelineError> {
-        Err(crate::PipelineError::config(
-            "batch.max_seconds needs flowgate built with the `audio` feature".to_owned(),
-        ))
     }
 }
 

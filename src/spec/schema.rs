@@ -250,6 +250,10 @@ pub enum DecodeSpec {
         /// Decoder threads per clip.
         #[serde(default = "one")]
         threads: usize,
+        /// With `batch.max_frames`: the frames taken per second of each clip (its frames
+        /// follow its length) instead of `frames` per clip.
+        #[serde(default)]
+        fps: Option<f64>,
         /// Fixed decode workers; the tuner decides when absent.
         #[serde(default)]
         workers: Option<usize>,
@@ -297,7 +301,13 @@ pub struct BatchSpec {
     /// is cropped to it); `size` does not apply.
     #[serde(default)]
     pub max_seconds: Option<f64>,
-    /// With `max_seconds`: length buckets (boundaries at the lengths' quantiles).
+    /// Video from list or dir sources, with `decode.fps`: length-aware batches of at most
+    /// this many padded frames (clips × the longest clip's frames); each clip yields its
+    /// frames at `fps` as its declared length allows (at most this many).
+    #[serde(default)]
+    pub max_frames: Option<usize>,
+    /// With `max_seconds` or `max_frames`: length buckets (boundaries at the lengths'
+    /// quantiles).
     #[serde(default = "default_buckets")]
     pub buckets: usize,
 }
@@ -316,6 +326,7 @@ impl Default for BatchSpec {
             size: default_batch(),
             drop_last: false,
             max_seconds: None,
+            max_frames: None,
             buckets: default_buckets(),
         }
     }

@@ -198,6 +198,41 @@ impl PipelineSpec {
                 return Err(err("batch", "buckets", m));
             }
         }
+        let fps = match &self.decode {
+            DecodeSpec::Video { fps, .. } => *fps,
+            _ => None,
+        };
+        if let Some(m) = self.batch.max_frames {
+            if let Some(m) = range(m as u64, 1, crate::media::rules::MAX_FRAMES as u64) {
+                return Err(err("batch", "max_frames", m));
+            }
+            if fps.is_none()
+                || !matches!(
+                    self.source,
+                    SourceSpec::List { .. } | SourceSpec::Dir { .. }
+                )
+            {
+                return Err(err(
+                    "batch",
+                    "max_frames",
+                    "length-aware batches of frames are for video (with decode.fps) from a list or dir source".into(),
+                ));
+            }
+            if let Some(m) = range(self.batch.buckets as u64, 1, 1000) {
+                return Err(err("batch", "buckets", m));
+            }
+        }
+        if let Some(f) = fps {
+            crate::media::rules::check::fps(f)
+                .map_err(|e| err("decode", e.field(), e.message().to_owned()))?;
+            if self.batch.max_frames.is_none() {
+                return Err(err(
+                    "decode",
+                    "fps",
+                    "samples clips by their length for batch.max_frames; set both".into(),
+                ));
+            }
+        }
         if self.run.epochs == 0 {
             return Err(err("run", "epochs", "must be at least 1".into()));
         }
@@ -250,6 +285,7 @@ impl PipelineSpec {
                 crop,
                 threads,
                 workers,
+                ..
             } => {
                 check::video(*frames, *threads).map_err(recipe_err)?;
                 check::crop(*crop, *resize, false).map_err(recipe_err)?;

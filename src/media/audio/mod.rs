@@ -76,15 +76,7 @@ pub fn duration(path: &Path) -> Result<Option<f64>, MediaError> {
 /// Mono clips (each an `f32` window and its real length in samples) as one batch padded with
 /// zeros to the longest: `[B, T]` `f32` and the lengths as `[B]` `i64`.
 pub fn pad_clips(clips: &[(Tensor, usize)]) -> (Tensor, Tensor) {
-    let longest = clips.iter().map(|(_, n)| *n).max().unwrap_or(0);
-    let mut batch = Tensor::zeros(&[clips.len(), longest], DType::F32);
-    let mut lengths = Vec::with_capacity(clips.len());
-    for (row, (clip, n)) in clips.iter().enumerate() {
-        let bytes = n * DType::F32.size();
-        batch.item_mut(row)[..bytes].copy_from_slice(&clip.bytes()[..bytes]);
-        lengths.push(*n as i64);
-    }
-    (batch, Tensor::from_i64(&lengths))
+    crate::collate::pad_longest(clips)
 }
 
 /// Mono, or every channel.
