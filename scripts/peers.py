@@ -9,6 +9,11 @@ DataLoader, in a folder given by --peers or $FLOWGATE_PEERS) at their best setti
     scripts/peers.py --peers DIR --reps 5 --torch \
         --case "shards:/tmp/ds/images.txt:/tmp/ds/shards/shard-{000000..000029}.tar"
 
+`--pinned 1,2,3` also runs flowgate with its decode workers pinned at each count (`bench
+--workers N`) in every repetition, and reports the tuned run (from a cold process) over the
+best pinned one of the same repetition: the cost of the tuner's cold start. Without --peers
+(and $FLOWGATE_PEERS) only flowgate runs.
+
 A `shards:LIST:PATTERN` case (tar shards of LIST's images, e.g. from `flowgate gen-data
 --shards 100`) runs `bench images --shards PATTERN` beside `bench images --list LIST` (the same
 images as loose files) and, with --torch, webdataset + DataLoader (`wds_images.py`) at 1 to 4
@@ -110,8 +115,10 @@ def span(xs, fmt="{:.0f}"):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--peers", default=os.environ.get("FLOWGATE_PEERS"), required="FLOWGATE_PEERS" not in os.environ,
-                    help="the folder of the peers' scripts (or $FLOWGATE_PEERS)")
+    ap.add_argument("--peers", default=os.environ.get("FLOWGATE_PEERS"),
+                    help="the folder of the peers' scripts (or $FLOWGATE_PEERS); none: flowgate only")
+    ap.add_argument("--pinned", default="",
+                    help="comma list of decode worker counts to run pinned beside the tuned run")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--case", action="append", required=True, help="WORKLOAD:LIST")
     ap.add_argument("--torch", action="store_true", help="also PyTorch DataLoader")
@@ -130,10 +137,16 @@ def main():
         for path in open(lst).read().split():  # a warm page cache for everyone
             with open(path, "rb") as f:
                 f.read()
+        pinned = [int(w) for w in args.pinned.split(",") if w]
         runs = {"flowgate": [], "spdl": [], "torch": []}
+        runs.update({f"pinned {w}": [] for w in pinned})
+        peers = (("spdl", "torch") if args.torch else ("spdl",)) if PEERS_DIR else ()
         for rep in range(args.reps):
             runs["flowgate"].append(timed([bench, workload, "--list", lst]))
-            for peer in ("spdl", "torch") if args.torch else ("spdl",):
+            for w in pinned:
+                runs[f"pinned {w}"].append(
+                    timed([bench, workload, "--list", lst, "--workers", str(w)]))
+            for peer in peers:
                 runs[peer].append(best_of(workload, peer, lst))
             print(f"{workload} rep {rep + 1}: " + ", ".join(
                 f"{k} {v[-1]['items_per_s']:.0f}/s" for k, v in runs.items() if v), file=sys.stderr)
@@ -143,12 +156,20 @@ def main():
         print(f"\n{workload} ({lst}, {f[0]['items']} items, {args.reps} interleaved repetitions;"
               " median (min–max))\n")
         print("| loader | items/s | CPU s per 1000 items | peak RSS MB |\n|---|---|---|---|")
-        for name in ("flowgate", "spdl", "torch"):
+        for name in runs:
             r = runs[name]
             if r:
                 rss = span([x["rss_mb"] for x in r]) if name != "torch" else "(not summed)"
-                print(f"| {name} | {span([x['items_per_s'] for x in r])} | "
+                label = "flowgate (tuned, cold process)" if name == "flowgate" else name
+                print(f"| {label} | {span([x['items_per_s'] for x in r])} | "
                       f"{span([x['cpu_per_1000'] for x in r], '{:.2f}')} | {rss} |")
+        if pinned:
+            best = [max(runs[f"pinned {w}"][k]["items_per_s"] for w in pinned)
+                    for k in range(args.reps)]
+            tuned = [x["items_per_s"] / b for x, b in zip(f, best)]
+            print(f"| **tuned / best pinned** | **{span(tuned, '{:.3f}')}×** | | |")
+        if not runs["spdl"]:
+            continue
         print(f"| **flowgate / SPDL** | **{span(ratio('items_per_s', 'spdl'), '{:.2f}')}×** | "
               f"**{span(ratio('cpu_per_1000', 'spdl'), '{:.2f}')}×** | "
               f"**{span(ratio('rss_mb', 'spdl'), '{:.2f}')}×** |")

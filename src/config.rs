@@ -26,6 +26,7 @@ pub(crate) const DEFAULT_CHUNKS_PER_STAGE: usize = 2;
 pub struct Workers {
     pub(crate) n: usize,
     pub(crate) pinned: bool,
+    pub(crate) auto: bool,
 }
 
 impl Workers {
@@ -34,6 +35,7 @@ impl Workers {
         Self {
             n: n.max(1),
             pinned: false,
+            auto: false,
         }
     }
 
@@ -42,7 +44,30 @@ impl Workers {
         Self {
             n: n.max(1),
             pinned: true,
+            auto: false,
         }
+    }
+
+    /// Start where the cores suggest, before anything is measured; a tuner may change it. A
+    /// synchronous (pool) stage starts with its share of the cores the tuner may use (of the
+    /// process's share of the node: `LOCAL_WORLD_SIZE`), shared equally among the stages
+    /// built with `auto()`; the process-wide worker cap still applies. This is what the media
+    /// loaders, pipeline files and the benches give their decode stage: a CPU-bound stage then
+    /// runs at full speed from its first item instead of waiting for the tuner's first
+    /// measurements (at least one tick of 100 ms, a tenth of a one-second epoch), and a stage
+    /// that needs fewer is scaled down by the tuner, which costs no throughput. Elsewhere
+    /// (an async stage) it is `initial(1)`.
+    pub fn auto() -> Self {
+        Self {
+            n: 1,
+            pinned: false,
+            auto: true,
+        }
+    }
+
+    /// Whether the stage starts at the cores' suggestion ([`auto`](Self::auto)).
+    pub fn is_auto(self) -> bool {
+        self.auto
     }
 
     /// The number of workers.

@@ -156,7 +156,7 @@ pub(crate) fn profile(file: &Path, s: &Settings) -> Result<(), Error> {
         .pipe(
             "decode",
             move |path: PathBuf| decode(&path),
-            Workers::initial(1),
+            Workers::auto(),
         )
         .aggregate(spec.batch.size, false)
         .autotune(spec.tuner_settings())
@@ -179,7 +179,7 @@ pub(crate) fn profile(file: &Path, s: &Settings) -> Result<(), Error> {
     let rate = n as f64 / t0.elapsed().as_secs_f64();
     let chosen = p.stats().stage("decode").map_or(0, |s| s.workers);
     println!(
-        "tuner ({passes} passes from 1 worker, cold start included): {chosen} decode worker(s), {rate:.0} items/s = {:.0}% of the prediction",
+        "tuner ({passes} passes from a cold start at its share of the cores): {chosen} decode worker(s), {rate:.0} items/s = {:.0}% of the prediction",
         100.0 * rate / predicted
     );
     Ok(())

@@ -458,7 +458,7 @@ impl Loader {
                 .pipe(
                     "decode",
                     move |(i, epoch): (usize, u64)| read.load(i, epoch, &decode),
-                    workers.map_or(Workers::initial(1), Workers::fixed),
+                    workers.map_or(Workers::auto(), Workers::fixed),
                 )
                 .measure(|(t, _): &(Vec<Tensor>, Meta)| nbytes(t))
                 .aggregate(batch_size, drop_last)

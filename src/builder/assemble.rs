@@ -85,6 +85,8 @@ pub(crate) fn assemble<T: Send + 'static>(
     let mut caches = reserved;
     engine.add_stage(Arc::clone(&source).as_control());
     engine.set_source(source);
+    let mut stages = stages;
+    start_auto_stages(&mut stages, autotune.as_ref());
     for s in stages {
         let chunk = cfg.chunk_at(s.in_scale);
         let items = s
@@ -173,6 +175,26 @@ pub(crate) fn assemble<T: Send + 'static>(
 /// own byte budget keep it (`u64::MAX`: no limit, by choice), the other buffers (and the
 /// sink's, unless set) share what they and the attached caches (`caches` bytes) leave,
 /// equally. Fails, naming them, if the stages' own budgets and the caches exceed `memory`.
+/// Gives the pool stages built with [`Workers::auto`] their start: an equal share of the
+/// cores the tuner may use (the tuner's `cores` setting, else the process's share of the
+/// node), at least one each.
+fn start_auto_stages(stages: &mut [crate::builder::plan::Pending], autotune: Option<&Autotune>) {
+    let auto = |s: &crate::builder::plan::Pending| s.workers.auto && s.kind == StageKind::Pool;
+    let n = stages.iter().filter(|s| auto(s)).count();
+    if n == 0 {
+        return;
+    }
+    let cores = autotune
+        .and_then(|a| a.settings.cores)
+        .unwrap_or_else(flowgate_tuner::process_cores)
+        .max(1);
+    let share = (cores / n).max(1);
+    for s in stages.iter_mut().filter(|s| auto(s)) {
+        s.workers.n = share;
+        tracing::debug!(stage = %s.name, workers = share, "starts at its share of the cores");
+    }
+}
+
 fn share_memory(
     memory: u64,
     caches: u64,

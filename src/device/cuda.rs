@@ -197,6 +197,12 @@ impl CopyEvent for CudaEvent {
     fn before_free(&self, _bytes: usize, streams: &[StreamHandle]) -> Result<(), DeviceError> {
         // The memory is freed on the copy stream: it waits for what each consumer stream
         // had queued (kernels may still read the batch).
+        if !streams.is_empty() {
+            self.stream
+                .context()
+                .bind_to_thread()
+                .map_err(driver_error)?;
+        }
         for &s in streams {
             let done = self
                 .stream

@@ -352,14 +352,14 @@ impl PipelineSpec {
         }
     }
 
-    /// The decode stage's workers: fixed, or tuned from one.
+    /// The decode stage's workers: fixed, or tuned from a start at the cores (`Workers::auto`).
     pub fn decode_workers(&self) -> Workers {
         let w = match &self.decode {
             DecodeSpec::Image { workers, .. }
             | DecodeSpec::Audio { workers, .. }
             | DecodeSpec::Video { workers, .. } => *workers,
         };
-        w.map_or(Workers::initial(1), Workers::fixed)
+        w.map_or(Workers::auto(), Workers::fixed)
     }
 
     /// A local source (files, shards, Parquet, or a mixture of them) as a reader of decoded

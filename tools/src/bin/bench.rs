@@ -291,7 +291,7 @@ fn main() -> Result<(), PipelineError> {
     };
     let n_files = items.len();
     let exts = work.exts();
-    let workers = a.workers.map_or(Workers::initial(1), Workers::fixed);
+    let workers = a.workers.map_or(Workers::auto(), Workers::fixed);
     let cpu0 = cpu_seconds();
     let t0 = Instant::now();
     let mut p = Pipeline::builder()
@@ -392,7 +392,7 @@ fn bucketed_audio(a: &Args, cap: f64) -> Result<(), PipelineError> {
     let slots = plan.sampler().shuffle(0).epoch(0);
     let plan = std::sync::Arc::new(plan);
     let batches = std::sync::Arc::clone(&plan);
-    let workers = a.workers.map_or(Workers::initial(1), Workers::fixed);
+    let workers = a.workers.map_or(Workers::auto(), Workers::fixed);
     let mut p = Pipeline::builder()
         .source(slots)
         .pipe(
