@@ -34,3 +34,34 @@ pub use error::MediaError;
 pub use files::{Files, FolderLabels};
 pub use recipe::Recipe;
 pub use rules::{item_seed, Limits, RecipeError};
+
+/// A length-aware batch's clips loaded with `load` (each clip and its real length), padded
+/// into one batch with their lengths ([`pad_longest`](crate::collate::pad_longest)); a clip
+/// that fails is left out and returned with its error (no batch when every clip failed), or
+/// with `refuse` every path fails with it.
+#[cfg(any(feature = "audio", feature = "video"))]
+pub(crate) fn load_padded(
+    paths: &[std::path::PathBuf],
+    refuse: Option<&str>,
+    load: impl Fn(&std::path::Path) -> Result<(crate::Tensor, usize), MediaError>,
+) -> (Option<(crate::Tensor, crate::Tensor)>, Vec<MediaError>) {
+    if let Some(reason) = refuse {
+        let e = paths.first().map(|p| MediaError::Geometry {
+            path: p.clone(),
+            reason: reason.into(),
+        });
+        return (None, e.into_iter().collect());
+    }
+    let mut clips = Vec::with_capacity(paths.len());
+    let mut errors = Vec::new();
+    for p in paths {
+        match load(p) {
+            Ok(c) => clips.push(c),
+            Err(e) => errors.push(e),
+        }
+    }
+    if clips.is_empty() {
+        return (None, errors);
+    }
+    (Some(crate::collate::pad_longest(&clips)), errors)
+}

@@ -176,25 +176,9 @@ impl VideoRecipe {
         &self,
         paths: &[std::path::PathBuf],
     ) -> (Option<(Tensor, Tensor)>, Vec<MediaError>) {
-        if self.layout != VideoLayout::Nthwc {
-            let e = paths.first().map(|p| MediaError::Geometry {
-                path: p.clone(),
-                reason: "length-aware video batches are NTHWC".into(),
-            });
-            return (None, e.into_iter().collect());
-        }
-        let mut clips = Vec::with_capacity(paths.len());
-        let mut errors = Vec::new();
-        for p in paths {
-            match self.load_with_length(p) {
-                Ok(c) => clips.push(c),
-                Err(e) => errors.push(e),
-            }
-        }
-        if clips.is_empty() {
-            return (None, errors);
-        }
-        (Some(crate::collate::pad_longest(&clips)), errors)
+        let refuse = (self.layout != VideoLayout::Nthwc)
+            .then_some("length-aware video batches are NTHWC");
+        super::load_padded(paths, refuse, |p| self.load_with_length(p))
     }
 
     /// Decodes the sampled frames of the file at `path`.

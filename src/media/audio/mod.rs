@@ -175,25 +175,9 @@ impl AudioRecipe {
         &self,
         paths: &[std::path::PathBuf],
     ) -> (Option<(Tensor, Tensor)>, Vec<MediaError>) {
-        if self.channels != Channels::Mono {
-            let e = paths.first().map(|p| MediaError::Geometry {
-                path: p.clone(),
-                reason: "length-aware batches are mono".into(),
-            });
-            return (None, e.into_iter().collect());
-        }
-        let mut clips = Vec::with_capacity(paths.len());
-        let mut errors = Vec::new();
-        for p in paths {
-            match self.load_with_length(p) {
-                Ok(c) => clips.push(c),
-                Err(e) => errors.push(e),
-            }
-        }
-        if clips.is_empty() {
-            return (None, errors);
-        }
-        (Some(pad_clips(&clips)), errors)
+        let refuse =
+            (self.channels != Channels::Mono).then_some("length-aware batches are mono");
+        super::load_padded(paths, refuse, |p| self.load_with_length(p))
     }
 
     /// Reads and decodes `path`, reading only as much of the file as the crop needs.
