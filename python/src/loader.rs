@@ -6,9 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use flowgate::collate::{collate_fields_with, CollateError};
-use flowgate::device::{
-    Backend, Cuda, DeviceError, GpuMonitor, HostAlloc, SimLog, SimRecord, Simulated, Uploader,
-};
+use flowgate::device::{DeviceError, HostAlloc, SimLog, Uploader};
 use flowgate::{
     DType, FailureBudget, Monitor, Pipeline, PipelineError, PipelineState, ShardState, Tensor,
     Within, Workers,
@@ -19,7 +17,8 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::batch::{Batch, Mem};
 use crate::dataset::{Dataset, Decode, Meta};
-use crate::error::{to_py, to_py_device};
+use crate::device::Device;
+use crate::error::to_py;
 use crate::state::{state_from_py, state_to_py};
 
 type Make = Box<dyn Fn() -> Result<Pipeline<Loaded>, PipelineError> + Send + Sync>;
@@ -60,69 +59,6 @@ impl Loaded {
             Mem::Device(b) => b.nbytes(),
         };
         self.fields.iter().chain(&self.labels).map(size).sum()
-    }
-}
-
-/// The device a loader uploads its batches to: `device="cuda"`, `"cuda:N"`, or `"simulated"`
-/// (a copy engine in host memory that records what a GPU would be asked to do: for tests).
-pub(crate) struct Device {
-    backend: Arc<dyn Backend>,
-    log: Option<SimLog>,
-    /// The GPU's utilisation (NVML), for the tuner: the consumer counts as starved only
-    /// while the GPU idles.
-    monitor: Option<Arc<GpuMonitor>>,
-    /// The most bytes of uploaded batches waiting for the consumer.
-    memory: u64,
-}
-
-/// Pinned staging the uploader may hold (reserved in the loader's memory budget); batches are
-/// collated into pinned memory and copied from there, so staging is rarely used.
-const STAGING_BYTES: usize = 64 << 20;
-
-impl Device {
-    /// Opens `spec` (`"cpu"`: `None`); an unusable device raises `DeviceUnavailable` here, at
-    /// construction, rather than at the first batch.
-    pub(crate) fn open(spec: &str, memory_mb: Option<f64>) -> PyResult<Option<Self>> {
-        let memory = memory_mb.map_or(1 << 30, |m| (m * 1048576.0) as u64);
-        let mut monitor = None;
-        let (backend, log): (Arc<dyn Backend>, _) = match spec {
-            "cpu" => return Ok(None),
-            "simulated" => {
-                let s = Simulated::new(25e9, std::time::Duration::from_micros(10));
-                let log = s.log();
-                (Arc::new(s), Some(log))
-            }
-            s if s == "cuda" || s.starts_with("cuda:") => {
-                let ordinal = match s.strip_prefix("cuda:") {
-                    None => 0,
-                    Some(n) => n.parse::<usize>().map_err(|_| {
-                        PyValueError::new_err(format!(
-                            "device {s:?}: the GPU's number after `cuda:` (\"cuda:0\")"
-                        ))
-                    })?,
-                };
-                let cuda = Cuda::new(ordinal).map_err(to_py_device)?;
-                monitor = GpuMonitor::new(ordinal as u32).ok().map(Arc::new);
-                (Arc::new(cuda), None)
-            }
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "device must be \"cpu\", \"cuda\", \"cuda:N\" or \"simulated\", not {other:?}"
-                )))
-            }
-        };
-        Ok(Some(Self {
-            backend,
-            log,
-            monitor,
-            memory,
-        }))
-    }
-
-    fn uploader(&self) -> Uploader {
-        Uploader::with_backend(Arc::clone(&self.backend))
-            .max_staging_bytes(STAGING_BYTES)
-            .max_device_bytes(self.memory)
     }
 }
 
@@ -631,28 +567,10 @@ impl Loader {
     /// `("copy", id, bytes)`, `("stream_wait", id, stream, complete)`, `("host_wait", id,
     /// thread)`, `("free", id, bytes, streams)`; None for another device.
     fn _device_log<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
-        let Some(log) = &self.sim_log else {
-            return Ok(None);
-        };
-        let out = PyList::empty(py);
-        for r in log.records() {
-            let t = match r {
-                SimRecord::Copy { id, bytes } => ("copy", id, bytes).into_pyobject(py)?,
-                SimRecord::StreamWait {
-                    id,
-                    stream,
-                    complete,
-                } => ("stream_wait", id, stream, complete).into_pyobject(py)?,
-                SimRecord::HostWait { id, thread } => {
-                    ("host_wait", id, thread).into_pyobject(py)?
-                }
-                SimRecord::Free { id, bytes, streams } => {
-                    ("free", id, bytes, streams).into_pyobject(py)?
-                }
-            };
-            out.append(t)?;
-        }
-        Ok(Some(out))
+        self.sim_log
+            .as_ref()
+            .map(|log| crate::device::log_to_py(py, log))
+            .transpose()
     }
 
     /// Device bytes of the simulated device's batches not freed yet, and the most at once.
