@@ -22,6 +22,12 @@ seed image $(head -n 5 target/sample-data/images.txt 2>/dev/null)
 seed audio $(head -n 5 target/sample-data/audio.txt 2>/dev/null)
 seed video $(head -n 3 target/sample-data/video.txt 2>/dev/null)
 seed config tuner/tests/scenarios/*.toml examples/configs/*.toml
+# Tar: two small archives (a ustar one, and one with a long name: a GNU or PAX header).
+mkdir -p fuzz/corpus/tar
+[ -f fuzz/corpus/tar/scenarios.tar ] || tar -cf fuzz/corpus/tar/scenarios.tar -C tuner/tests/scenarios .
+long=$(printf 'k%.0s' $(seq 1 120))
+[ -f fuzz/corpus/tar/long.tar ] || (d=$(mktemp -d) && echo x > "$d/$long.cls" \
+  && tar -cf fuzz/corpus/tar/long.tar -C "$d" "$long.cls" && rm -rf "$d")
 status=0
 for t in "${TARGETS[@]}"; do
   echo "== fuzz $t for ${PER}s"
