@@ -139,6 +139,21 @@ pub(crate) struct StageOpts {
     pub(crate) budget_bytes: Option<u64>,
     pub(crate) failures: Option<FailureBudget>,
     pub(crate) cache: Option<AttachedCache>,
+    pub(crate) read_ahead: Option<AttachedReadAhead>,
+}
+
+/// A read-ahead attached to a stage.
+#[derive(Clone)]
+pub(crate) struct AttachedReadAhead(
+    pub(crate) std::sync::Arc<dyn flowgate_actors::cache::ReadAheadControl>,
+);
+
+impl std::fmt::Debug for AttachedReadAhead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("AttachedReadAhead")
+            .field(&self.0.read_ahead_stats())
+            .finish()
+    }
 }
 
 /// A cache attached to a stage.

@@ -282,3 +282,74 @@ fn a_missing_shard_and_a_lying_manifest_fail_naming_the_shard() {
         );
     }
 }
+
+/// The tuner sizes how many shards are fetched ahead: over a slow link (every shard GET takes
+/// 40 ms) readers started with one shard ahead wait for downloads, and the tuner deepens the
+/// read-ahead (decisions in the trace, the depth in the stage's statistics) up to its ceiling,
+/// while each sample is still read once and each shard fetched once.
+#[test]
+fn the_tuner_deepens_the_shard_read_ahead_when_readers_wait() {
+    use std::sync::atomic::Ordering;
+    let f = fixture("readahead");
+    upload_shards(&f.s3, 24, 20, true);
+    let proxy = proxy_to(&f, false);
+    proxy.counts.tar_latency_ms.store(40, Ordering::Relaxed);
+    let s3 = S3::connect(
+        f.server
+            .config("data")
+            .endpoint(format!("http://{}", proxy.addr)),
+    )
+    .unwrap();
+    let cache = TempDir(f._dir.0.with_extension("cache"));
+    let shards = open_s3_shards(&s3, "train/shard-{000000..000023}.tar", &cache.0, 0).prefetch(1);
+    let read_ahead = shards.read_ahead().expect("shards on S3 have a read-ahead");
+    assert_eq!(read_ahead.read_ahead_stats().depth, 1);
+    let source = shards.clone();
+    let mut p = Pipeline::builder()
+        .source_sampled(shards.sampler().clone(), move |e, i| source.get(e, i))
+        .pipe(
+            "read",
+            |r: flowgate::shards::SampleRef| Ok::<_, String>(sample_number(&r)),
+            flowgate::Workers::fixed(1),
+        )
+        .read_ahead(read_ahead.clone())
+        .autotune(flowgate::TunerSettings {
+            tick: Some(Duration::from_millis(20)),
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    let mut got: Vec<u64> = p.iter().map(|r| r.unwrap()).collect();
+    got.sort_unstable();
+    assert_eq!(got, (0..480).collect::<Vec<u64>>(), "each sample once");
+    let deepened: Vec<String> = p
+        .tuner_trace()
+        .iter()
+        .flat_map(|t| t.decisions.iter())
+        .filter(|d| matches!(d.action, flowgate_tuner::Action::SetReadAhead { .. }))
+        .map(|d| d.reason.clone())
+        .collect();
+    let s = read_ahead.read_ahead_stats();
+    assert!(
+        !deepened.is_empty() && s.depth > 1 && s.depth <= s.max_depth,
+        "depth {} of at most {}, decisions {deepened:?}",
+        s.depth,
+        s.max_depth
+    );
+    assert!(
+        deepened[0].contains("waited for their fetch"),
+        "{deepened:?}"
+    );
+    let stage = p
+        .stats()
+        .stage("read")
+        .unwrap()
+        .read_ahead
+        .expect("in the stage's stats");
+    assert_eq!(stage.depth, s.depth);
+    let gets = proxy.counts.gets_of(".tar");
+    assert!(
+        gets.values().all(|&n| n == 1) && gets.len() == 24,
+        "{gets:?}"
+    );
+}

@@ -1,7 +1,7 @@
 //! The control plane: one actix actor per stage, on a dedicated control thread.
 //!
 //! Data never travels through actor mailboxes; actors only carry control messages
-//! ([`Resize`], [`SetBudget`], [`SetCacheBytes`], [`Snapshot`], [`Shutdown`]) to the [`StageControl`] of their
+//! ([`Resize`], [`SetBudget`], [`SetCacheBytes`], [`SetReadAhead`], [`Snapshot`], [`Shutdown`]) to the [`StageControl`] of their
 //! stage. The control thread runs an actix `System`; [`ControlPlane`] starts it, hands out the
 //! actors' addresses, runs periodic jobs (a stats callback, later the tuner) as actors on it, and
 //! stops and joins it on shutdown.
@@ -40,6 +40,14 @@ pub struct SetBudget {
 pub struct SetCacheBytes {
     /// Byte capacity.
     pub bytes: u64,
+}
+
+/// Sets the depth of a stage's read-ahead.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct SetReadAhead {
+    /// Objects fetched ahead of the readers.
+    pub depth: usize,
 }
 
 /// Asks a stage for its statistics.
@@ -87,6 +95,13 @@ impl Handler<SetCacheBytes> for StageActor {
     type Result = ();
     fn handle(&mut self, msg: SetCacheBytes, _: &mut Context<Self>) {
         self.control.set_cache_bytes(msg.bytes);
+    }
+}
+
+impl Handler<SetReadAhead> for StageActor {
+    type Result = ();
+    fn handle(&mut self, msg: SetReadAhead, _: &mut Context<Self>) {
+        self.control.set_read_ahead(msg.depth);
     }
 }
 

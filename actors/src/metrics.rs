@@ -122,6 +122,7 @@ impl StageMetrics {
             elapsed,
             items_per_s: t.items_out as f64 / elapsed.as_secs_f64().max(1e-9),
             cache: None,
+            read_ahead: None,
         }
     }
 }

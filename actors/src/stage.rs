@@ -20,6 +20,8 @@ pub trait StageControl: Send + Sync + 'static {
     fn set_budget(&self, items: usize, bytes: u64);
     /// Sets the byte capacity of the stage's cache (no-op for a stage without one).
     fn set_cache_bytes(&self, _bytes: u64) {}
+    /// Sets how many objects the stage's read-ahead fetches ahead (no-op without one).
+    fn set_read_ahead(&self, _depth: usize) {}
     /// The stage's statistics now.
     fn snapshot(&self) -> StageStats;
     /// Asks the stage's threads or tasks to exit (channels are closed separately).

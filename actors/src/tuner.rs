@@ -23,7 +23,7 @@ use flowgate_tuner::{CacheStats, StageObservation, StageStats};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use crate::actor::{Resize, SetBudget, SetCacheBytes, StageActor};
+use crate::actor::{Resize, SetBudget, SetCacheBytes, SetReadAhead, StageActor};
 use crate::cap;
 use crate::stage::StageControl;
 
@@ -286,6 +286,14 @@ impl TunerActor {
                         0.0
                     },
                     cache: s.cache.map(|c| window_of(c, p.cache.unwrap_or_default())),
+                    read_ahead: s.read_ahead.map(|r| {
+                        let prev = p.read_ahead.unwrap_or_default();
+                        flowgate_tuner::ReadAheadStats {
+                            reads: r.reads.saturating_sub(prev.reads),
+                            waits: r.waits.saturating_sub(prev.waits),
+                            ..r
+                        }
+                    }),
                 }
             })
             .collect();
@@ -318,7 +326,8 @@ impl TunerActor {
             let (_, addr) = match d.action {
                 Action::SetWorkers { stage, .. }
                 | Action::SetPrefetch { stage, .. }
-                | Action::SetCacheBytes { stage, .. } => &self.stages[stage],
+                | Action::SetCacheBytes { stage, .. }
+                | Action::SetReadAhead { stage, .. } => &self.stages[stage],
             };
             match d.action {
                 Action::SetWorkers { workers, .. } => addr.do_send(Resize { workers }),
@@ -326,6 +335,7 @@ impl TunerActor {
                     addr.do_send(SetBudget { items, bytes })
                 }
                 Action::SetCacheBytes { bytes, .. } => addr.do_send(SetCacheBytes { bytes }),
+                Action::SetReadAhead { depth, .. } => addr.do_send(SetReadAhead { depth }),
             }
             tracing::debug!(policy = self.policy.name(), action = ?d.action, reason = %d.reason, "tuner decision");
         }

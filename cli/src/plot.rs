@@ -97,6 +97,9 @@ fn short(d: &flowgate::tuner::Decision, stages: &[String]) -> String {
         Action::SetCacheBytes { stage, bytes } => {
             format!("{} cache → {:.0} MiB", name(stage), bytes as f64 / MIB)
         }
+        Action::SetReadAhead { stage, depth } => {
+            format!("{} read-ahead → {depth} shards", name(stage))
+        }
     }
 }
 

@@ -343,6 +343,9 @@ fn describe(action: &flowgate::tuner::Action, stages: &[String], memory_budget: 
         Action::SetCacheBytes { stage, bytes } => {
             format!("{} cache → {}", name(stage), view::bytes(bytes))
         }
+        Action::SetReadAhead { stage, depth } => {
+            format!("{} read-ahead → {}", name(stage), count(depth, "shard"))
+        }
     }
 }
 

@@ -74,7 +74,9 @@ class Shards:
     webdataset's ``wids`` format). Each shard is downloaded whole, in one streamed GET, into a
     disk cache (``cache_dir``, default ``$FLOWGATE_SHARD_CACHE`` or
     ``~/.cache/flowgate/shards``) that keeps ``cache_mb`` of shards beyond those being read, and
-    the next ``prefetch`` shards of the rank's order are fetched ahead. Sample counts come from
+    the next ``prefetch`` shards of the rank's order are fetched ahead (a start: when the
+    loader's readers wait for downloads the tuner doubles it, up to ``max(16, prefetch)``;
+    ``stats()["stages"]["decode"]["read_ahead"]`` shows it; 0 turns it off). Sample counts come from
     ``shards.json`` beside the shards (``flowgate gen-data --shards`` writes it); without it,
     opening downloads every shard once to count its samples. Credentials come from the AWS
     chain (``AWS_ACCESS_KEY_ID``, profiles, instance roles); ``endpoint`` (or

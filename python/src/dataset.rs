@@ -130,6 +130,20 @@ impl Dataset {
 
     /// The bytes of the (process-wide) Parquet row-group cache this dataset reads through;
     /// 0 without Parquet.
+    /// The prefetch of tar shards on S3, for the tuner to deepen (see `Shards::read_ahead`).
+    pub(crate) fn read_ahead(
+        &self,
+    ) -> Option<std::sync::Arc<dyn flowgate::actors::cache::ReadAheadControl>> {
+        match self {
+            #[cfg(feature = "s3")]
+            Dataset::Records {
+                records: Records::Tar(s),
+                ..
+            } => s.read_ahead(),
+            _ => None,
+        }
+    }
+
     pub(crate) fn parquet_cache(&self) -> u64 {
         match self {
             Dataset::Records {

@@ -396,7 +396,13 @@ impl Loader {
                     move |(i, epoch): (usize, u64)| read.load(i, epoch, &decode),
                     workers.map_or(Workers::auto(), Workers::fixed),
                 )
-                .measure(|(t, _): &(Vec<Tensor>, Meta)| nbytes(t))
+                .measure(|(t, _): &(Vec<Tensor>, Meta)| nbytes(t));
+            // The decode stage reads what the shards' prefetch fetches: the tuner deepens it.
+            let b = match data.read_ahead() {
+                Some(r) => b.read_ahead(r),
+                None => b,
+            };
+            let b = b
                 .aggregate(batch_size, drop_last)
                 .pipe(
                     "collate",
@@ -615,6 +621,10 @@ impl Loader {
             // What the stage holds now, as the memory budget counts it, and its limit.
             x.set_item("bytes", st.queue_bytes)?;
             x.set_item("budget_bytes", st.budget_bytes)?;
+            if let Some(r) = st.read_ahead {
+                // Shards on S3: how many are fetched ahead (the tuner deepens it).
+                x.set_item("read_ahead", r.depth)?;
+            }
             stages.set_item(&st.name, x)?;
         }
         d.set_item("stages", stages)?;

@@ -83,6 +83,8 @@ def test_shards_on_s3_give_the_local_shards_pixels_and_labels(data, tmp_path, s3
     assert list((cache / "data" / "train").glob("shard-*.tar@*")), "shards in the disk cache"
     # A second epoch from the cache gives the same samples.
     assert sorted(by_label(loader)) == sorted(want)
+    # The shards' prefetch is the decode stage's read-ahead, which the tuner may deepen.
+    assert loader.stats()["stages"]["decode"]["read_ahead"] >= 2
 
 
 def test_a_missing_shard_on_s3_is_named(data, tmp_path, s3_root):

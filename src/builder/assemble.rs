@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use actix::Actor;
 use flowgate_actors::actor::ControlPlane;
-use flowgate_actors::cache::WithCache;
+use flowgate_actors::cache::{WithCache, WithReadAhead};
 use flowgate_actors::channel::{Budget, Channel};
 use flowgate_actors::error::PipelineError;
 use flowgate_actors::failure::{FailureBudget, Failures};
@@ -104,6 +104,9 @@ pub(crate) fn assemble<T: Send + 'static>(
         let c = core(&s.name, s.kind, s.opts.failures, s.workers.pinned)
             .with_budget_pinned(s.opts.budget_items.is_some() || s.opts.budget_bytes.is_some());
         let mut control = (s.spawn)(&ctx, c, s.workers.n)?;
+        if let Some(r) = s.opts.read_ahead {
+            control = WithReadAhead::new(control, r.0);
+        }
         if let Some(cache) = s.opts.cache {
             control = WithCache::new(control, cache.0);
         }

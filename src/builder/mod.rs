@@ -460,6 +460,19 @@ impl<T: Send + 'static> PipelineBuilder<T> {
         self
     }
 
+    /// Attaches `read_ahead` to the stage added last (the one that reads what it fetches):
+    /// its depth, reads and waits appear in that stage's statistics, and the tuner deepens it
+    /// when readers wait for fetches (see [`Shards::read_ahead`](crate::shards::Shards::read_ahead)).
+    pub fn read_ahead(
+        mut self,
+        read_ahead: std::sync::Arc<dyn flowgate_actors::cache::ReadAheadControl>,
+    ) -> Self {
+        if let Some(s) = self.c.stages.last_mut() {
+            s.opts.read_ahead = Some(crate::config::AttachedReadAhead(read_ahead));
+        }
+        self
+    }
+
     /// Attaches `cache` to the stage added last (the one that fetches through it): the cache's
     /// hits, misses and evictions appear in that stage's statistics, and the tuner resizes it
     /// (see [`ByteCache`](crate::cache::ByteCache)).

@@ -176,8 +176,8 @@ impl VideoRecipe {
         &self,
         paths: &[std::path::PathBuf],
     ) -> (Option<(Tensor, Tensor)>, Vec<MediaError>) {
-        let refuse = (self.layout != VideoLayout::Nthwc)
-            .then_some("length-aware video batches are NTHWC");
+        let refuse =
+            (self.layout != VideoLayout::Nthwc).then_some("length-aware video batches are NTHWC");
         super::load_padded(paths, refuse, |p| self.load_with_length(p))
     }
 

@@ -375,7 +375,7 @@ impl Shards {
         Arc::clone(self.plan.get_or_init(|| {
             Arc::new(Plan {
                 sampler: self.sampler.clone(),
-                depth: self.prefetch,
+                depth: self.prefetch.into(),
                 order: Mutex::new(None),
             })
         }))
@@ -435,5 +435,55 @@ impl Shards {
             Body::Remote { cache, .. } => Some(cache),
             Body::Local { .. } => None,
         })
+    }
+
+    /// The prefetch of shards on S3 as a read-ahead the tuner deepens (attach it to the
+    /// stage that reads the samples with
+    /// [`PipelineBuilder::read_ahead`](crate::PipelineBuilder::read_ahead)): when readers
+    /// wait for a shard's download, it doubles how many shards are fetched ahead, up to
+    /// `max(16, prefetch)`; the shards fetched ahead wait on disk (in the cache) until read,
+    /// so the ceiling bounds the disk they take. A prefetch of 0 is a choice: pinned. `None`
+    /// for local shards (nothing to fetch).
+    #[cfg(feature = "s3")]
+    pub fn read_ahead(&self) -> Option<Arc<dyn crate::actors::cache::ReadAheadControl>> {
+        let cache = Arc::clone(self.cache()?);
+        Some(Arc::new(ReadAhead {
+            plan: self.plan(),
+            cache,
+            max: self.prefetch.max(16).min(self.inner.shards.len().max(1)),
+            pinned: self.prefetch == 0,
+        }))
+    }
+}
+
+/// [`Shards::read_ahead`]: the plan's depth, the cache's reads and waits.
+#[cfg(feature = "s3")]
+struct ReadAhead {
+    plan: Arc<Plan>,
+    cache: Arc<ShardCache>,
+    max: usize,
+    pinned: bool,
+}
+
+#[cfg(feature = "s3")]
+impl crate::actors::cache::ReadAheadControl for ReadAhead {
+    fn read_ahead_stats(&self) -> flowgate_tuner::ReadAheadStats {
+        let c = self.cache.stats();
+        flowgate_tuner::ReadAheadStats {
+            depth: self.plan.depth.load(std::sync::atomic::Ordering::Relaxed),
+            max_depth: self.max,
+            pinned: self.pinned,
+            reads: c.hits + c.waits,
+            waits: c.waits,
+        }
+    }
+
+    fn set_depth(&self, depth: usize) {
+        if !self.pinned {
+            self.plan.depth.store(
+                depth.clamp(1, self.max),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
     }
 }

@@ -27,6 +27,9 @@ pub struct CacheStats {
     pub downloads: u64,
     /// Shard reads served by a file already on disk.
     pub hits: u64,
+    /// Shard reads that waited for the shard's download (the prefetch was not far enough
+    /// ahead, or there was none).
+    pub waits: u64,
     /// Shards found on disk from an earlier process when the cache opened.
     pub reused: u64,
     /// Shards removed to stay under the byte limit.
@@ -65,6 +68,7 @@ pub struct ShardCache {
     ready: Condvar,
     downloads: AtomicU64,
     hits: AtomicU64,
+    waits: AtomicU64,
     reused: AtomicU64,
     evictions: AtomicU64,
     failures: AtomicU64,
@@ -122,6 +126,7 @@ impl ShardCache {
             ready: Condvar::new(),
             downloads: AtomicU64::new(0),
             hits: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
             reused: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             failures: AtomicU64::new(0),
@@ -210,6 +215,7 @@ impl ShardCache {
         CacheStats {
             downloads: self.downloads.load(Ordering::Relaxed),
             hits: self.hits.load(Ordering::Relaxed),
+            waits: self.waits.load(Ordering::Relaxed),
             reused: self.reused.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
             bytes: self.lock().bytes,
@@ -269,7 +275,9 @@ impl ShardCache {
                     if let Slot::Ready { used_at, .. } = &mut st.slots[i] {
                         *used_at = now;
                     }
-                    if !waited {
+                    if waited {
+                        self.waits.fetch_add(1, Ordering::Relaxed);
+                    } else {
                         self.hits.fetch_add(1, Ordering::Relaxed);
                     }
                     return Ok(file);

@@ -151,7 +151,8 @@ pub(super) type EpochOrder = (
 /// Which shards come next in an epoch, for prefetching remote shards ahead of the readers.
 pub(super) struct Plan {
     pub(super) sampler: Sampler,
-    pub(super) depth: usize,
+    /// Shards fetched ahead (the tuner may deepen it: see `Shards::read_ahead`).
+    pub(super) depth: std::sync::atomic::AtomicUsize,
     /// The epoch, and its shards in the order this rank first visits them, with each one's
     /// place in that order.
     pub(super) order: Mutex<Option<EpochOrder>>,
@@ -171,7 +172,8 @@ impl Plan {
     /// The `depth` shards this rank visits after `shard` in `epoch`.
     #[cfg_attr(not(feature = "s3"), allow(dead_code))]
     pub(super) fn ahead(&self, inner: &Inner, epoch: u64, shard: u32) -> Vec<u32> {
-        if self.depth == 0 {
+        let depth = self.depth.load(std::sync::atomic::Ordering::Relaxed);
+        if depth == 0 {
             return Vec::new();
         }
         let (order, place) = {
@@ -195,7 +197,7 @@ impl Plan {
             }
         };
         match place.get(&shard) {
-            Some(&k) => order.iter().skip(k + 1).take(self.depth).copied().collect(),
+            Some(&k) => order.iter().skip(k + 1).take(depth).copied().collect(),
             None => Vec::new(),
         }
     }

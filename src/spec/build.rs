@@ -36,7 +36,12 @@ struct Reader {
     reserve: Vec<(String, u64)>,
     read: ReadFn,
     name: std::sync::Arc<dyn Fn(usize) -> String + Send + Sync>,
+    /// Shards on S3: the prefetch, for the tuner to deepen.
+    read_ahead: Option<ReadAheadRef>,
 }
+
+/// A read-ahead the tuner deepens (see `Shards::read_ahead`).
+type ReadAheadRef = std::sync::Arc<dyn crate::actors::cache::ReadAheadControl>;
 
 /// Called with every tuner tick that changed something.
 pub type DecisionHook = Box<dyn FnMut(&crate::TraceRecord) + Send>;
@@ -196,6 +201,7 @@ impl PipelineSpec {
                 reserve,
                 read,
                 name,
+                read_ahead,
             } = r;
             let mut b = Pipeline::builder()
                 .source_sampled(sampler, |epoch, i| (epoch, i))
@@ -207,7 +213,7 @@ impl PipelineSpec {
             let pipeline = self.finish(
                 b,
                 move |(epoch, i): (u64, usize)| read(epoch, i),
-                workers,
+                (workers, read_ahead),
                 hooks,
             )?;
             return Ok(Loader {
@@ -257,9 +263,19 @@ impl PipelineSpec {
         &self,
         b: crate::PipelineBuilder<X>,
         decode: impl Fn(X) -> Result<Tensor, crate::BoxError> + Send + Sync + 'static,
-        workers: Workers,
+        (workers, read_ahead): (Workers, Option<ReadAheadRef>),
         hooks: Hooks,
     ) -> Result<crate::Pipeline<Delivered>, crate::PipelineError> {
+        // The decode stage reads what the read-ahead fetches: the tuner deepens it there.
+        fn attach<T: Send + 'static>(
+            b: crate::PipelineBuilder<T>,
+            r: Option<ReadAheadRef>,
+        ) -> crate::PipelineBuilder<T> {
+            match r {
+                Some(r) => b.read_ahead(r),
+                None => b,
+            }
+        }
         let size = self.batch.size;
         let drop_last = self.batch.drop_last;
         // Length-aware batches come whole from the decoder.
@@ -272,11 +288,12 @@ impl PipelineSpec {
             None => crate::collate::collate(&items),
         };
         let mut b = match uploader {
-            None if whole => b
-                .pipe("decode", move |x| decode(x).map(Delivered::Host), workers)
-                .measure(Delivered::nbytes),
-            None => b
-                .pipe("decode", decode, workers)
+            None if whole => attach(
+                b.pipe("decode", move |x| decode(x).map(Delivered::Host), workers),
+                read_ahead,
+            )
+            .measure(Delivered::nbytes),
+            None => attach(b.pipe("decode", decode, workers), read_ahead)
                 .measure(Tensor::nbytes)
                 .aggregate(size, drop_last)
                 .pipe(
@@ -286,7 +303,8 @@ impl PipelineSpec {
                 )
                 .measure(Delivered::nbytes),
             Some(up) => {
-                let batches = b.pipe("decode", decode, workers).measure(Tensor::nbytes);
+                let batches =
+                    attach(b.pipe("decode", decode, workers), read_ahead).measure(Tensor::nbytes);
                 let batches = if whole {
                     batches
                 } else {
@@ -387,9 +405,14 @@ impl PipelineSpec {
                 reserve: Vec::new(),
                 read: Arc::new(move |epoch, i| Ok(load.for_epoch(epoch).load(&paths[i])?)),
                 name: Arc::new(move |i| names[i].display().to_string()),
+                read_ahead: None,
             }));
         }
         if let Some((shards, exts)) = shards_of(source, &self.decode)? {
+            #[cfg(feature = "s3")]
+            let read_ahead = shards.read_ahead();
+            #[cfg(not(feature = "s3"))]
+            let read_ahead = None;
             let dec = decoder.clone();
             let refs = Arc::new(shards.refs());
             let names = Arc::clone(&refs);
@@ -402,6 +425,7 @@ impl PipelineSpec {
                     Ok(refs(epoch, i).read()?.decode_first(&exts, &dec)?)
                 }),
                 name: Arc::new(move |i| names(0, i).to_string()),
+                read_ahead,
             }));
         }
         match source {
@@ -451,6 +475,7 @@ impl PipelineSpec {
                             Ok(rows.read(epoch, i)?.decode_first(&column, &dec)?)
                         }),
                         name: Arc::new(move |i| names.name(i)),
+                        read_ahead: None,
                     }))
                 }
                 #[cfg(not(feature = "parquet"))]
@@ -520,6 +545,7 @@ impl PipelineSpec {
                         let (s, j) = names.locate(i);
                         (name_parts[s].name)(j)
                     }),
+                    read_ahead: None,
                 }))
             }
             _ => Ok(None),
@@ -733,6 +759,7 @@ impl PipelineSpec {
                     .map_or_else(String::new, |&i| paths[i].display().to_string());
                 format!("batch {slot} ({} clips: {first}, ...)", rows.len())
             }),
+            read_ahead: None,
         })
     }
 }

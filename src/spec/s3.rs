@@ -111,7 +111,7 @@ pub(super) fn build(
                 .decode(blob)
                 .map_err(crate::BoxError::from)
         },
-        workers,
+        (workers, None),
         hooks,
     )?;
     Ok(Loader {

@@ -74,6 +74,8 @@ pub(crate) mod fault_proxy {
         pub(crate) truncated: AtomicU64,
         /// GET requests with a `Range` header.
         pub(crate) ranged: AtomicU64,
+        /// Milliseconds every GET of a `.tar` waits before it is forwarded (a slow link).
+        pub(crate) tar_latency_ms: AtomicU64,
         /// GET requests per path (`/bucket/key`, no query).
         pub(crate) gets: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     }
@@ -216,6 +218,10 @@ pub(crate) mod fault_proxy {
             if head.to_ascii_lowercase().contains("\r\nrange:") {
                 c.ranged.fetch_add(1, Ordering::Relaxed);
             }
+        }
+        let latency = c.tar_latency_ms.load(Ordering::Relaxed);
+        if latency > 0 && head.starts_with("GET ") && target.contains(".tar") {
+            tokio::time::sleep(Duration::from_millis(latency)).await;
         }
         let stall = faults.unwrap_or_default();
         let fault = match faults {

@@ -119,6 +119,22 @@ pub fn enforce(decisions: Vec<Decision>, obs: &Observation) -> Vec<Decision> {
                 }
                 committed[*stage] = committed[*stage] - c.capacity_bytes + *bytes;
             }
+            Action::SetReadAhead { stage, depth } => {
+                // Fetched objects go to disk, not to the memory budget: only the pin and the
+                // ceiling bind.
+                let Some(r) = obs
+                    .stages
+                    .get(*stage)
+                    .and_then(|s| s.read_ahead)
+                    .filter(|r| !r.pinned)
+                else {
+                    continue;
+                };
+                *depth = (*depth).clamp(1, r.max_depth.max(1));
+                if *depth == r.depth {
+                    continue;
+                }
+            }
         }
         out.push(d);
     }

@@ -46,6 +46,8 @@ pub struct StageObservation {
     pub cost_cv: f64,
     /// The stage's cache: capacity and size now, hits, misses and evictions in the window.
     pub cache: Option<CacheStats>,
+    /// The stage's read-ahead: its depth now, reads and waits in the window.
+    pub read_ahead: Option<crate::ReadAheadStats>,
 }
 
 impl StageObservation {
@@ -194,6 +196,13 @@ pub enum Action {
         stage: usize,
         /// Byte budget.
         bytes: u64,
+    },
+    /// Set how many objects a stage's read-ahead fetches ahead of the readers.
+    SetReadAhead {
+        /// Stage index.
+        stage: usize,
+        /// Objects in flight ahead.
+        depth: usize,
     },
 }
 

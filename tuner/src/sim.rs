@@ -434,6 +434,7 @@ impl Simulator {
                     item_bytes: st.bytes,
                     cost_cv: cv(st.cost_n, st.cost_sum, st.cost_sq),
                     cache: None,
+                    read_ahead: None,
                 }
             })
             .collect();
@@ -487,7 +488,7 @@ impl Simulator {
                     self.sink_cap = items.max(1);
                 }
             }
-            Action::SetCacheBytes { .. } => {}
+            Action::SetCacheBytes { .. } | Action::SetReadAhead { .. } => {}
         }
     }
 

@@ -71,6 +71,27 @@ pub struct StageStats {
     /// The stage's cache, if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<CacheStats>,
+    /// The stage's read-ahead (remote tar shards fetched before the readers need them), if it
+    /// has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_ahead: Option<ReadAheadStats>,
+}
+
+/// Counters of a read-ahead attached to a stage: remote objects (tar shards on S3) fetched
+/// ahead of the readers, `depth` of them at once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadAheadStats {
+    /// Objects fetched ahead of the one being read now.
+    pub depth: usize,
+    /// The most a tuner may raise `depth` to.
+    pub max_depth: usize,
+    /// Whether the user pinned the depth (a tuner never changes it).
+    pub pinned: bool,
+    /// Reads of a fetched object.
+    pub reads: u64,
+    /// Reads that had to wait for their object's fetch (the read-ahead was not far enough
+    /// ahead).
+    pub waits: u64,
 }
 
 /// Counters of a byte cache attached to a stage (hits skip the stage's fetch).

@@ -175,8 +175,7 @@ impl AudioRecipe {
         &self,
         paths: &[std::path::PathBuf],
     ) -> (Option<(Tensor, Tensor)>, Vec<MediaError>) {
-        let refuse =
-            (self.channels != Channels::Mono).then_some("length-aware batches are mono");
+        let refuse = (self.channels != Channels::Mono).then_some("length-aware batches are mono");
         super::load_padded(paths, refuse, |p| self.load_with_length(p))
     }
 

@@ -1,12 +1,43 @@
-//! Cache sizing, shared by the shipped policies.
+//! Cache and read-ahead sizing, shared by the shipped policies.
 
 use crate::observation::{Action, Decision, Observation};
 
-/// Resizes the stages' caches: a cache that evicted in the window (what passes through it does
+/// Deepens the stages' read-aheads: one whose readers waited for a fetch in the window (they
+/// caught up with it: it is not far enough ahead) doubles its depth, up to its ceiling. A
+/// read-ahead costs disk (the objects fetched ahead wait there until read), not memory or
+/// CPU, so it is never made shallower; the ceiling bounds the disk.
+pub fn read_ahead_decisions(obs: &Observation) -> Vec<Decision> {
+    let mut out = Vec::new();
+    for (i, s) in obs.stages.iter().enumerate() {
+        let Some(r) = s.read_ahead.filter(|r| !r.pinned) else {
+            continue;
+        };
+        if r.waits == 0 || r.depth >= r.max_depth {
+            continue;
+        }
+        let depth = (r.depth * 2).clamp(r.depth + 1, r.max_depth);
+        out.push(Decision {
+            action: Action::SetReadAhead { stage: i, depth },
+            reason: format!(
+                "{} of {} reads waited for their fetch: read further ahead",
+                r.waits, r.reads
+            ),
+        });
+    }
+    out
+}
+
+/// Resizes the stages' caches and read-aheads ([`read_ahead_decisions`]): a cache that evicted in the window (what passes through it does
 /// not fit) doubles, up to its ceiling and what the memory budget leaves after every buffer and
 /// the other caches; a cache larger than that room shrinks to it. [`enforce`](crate::enforce)
 /// clamps the result again.
 pub fn cache_decisions(obs: &Observation) -> Vec<Decision> {
+    let mut out = read_ahead_decisions(obs);
+    out.extend(byte_cache_decisions(obs));
+    out
+}
+
+fn byte_cache_decisions(obs: &Observation) -> Vec<Decision> {
     let budget = obs.budgets.map_or(u64::MAX, |b| b.memory_bytes);
     let committed = crate::guard::committed_bytes(obs);
     let mut out = Vec::new();
@@ -48,7 +79,7 @@ pub fn cache_decisions(obs: &Observation) -> Vec<Decision> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{enforce, Budgets, CacheStats, StageObservation};
+    use crate::{enforce, Budgets, CacheStats, ReadAheadStats, StageObservation};
 
     fn obs(cache: CacheStats, memory: u64) -> Observation {
         Observation {
@@ -123,6 +154,39 @@ mod tests {
             None,
             "no evictions"
         );
+    }
+
+    #[test]
+    fn a_read_ahead_its_readers_caught_up_with_doubles_up_to_its_ceiling() {
+        let with = |r: ReadAheadStats| Observation {
+            stages: vec![StageObservation {
+                name: "decode".into(),
+                read_ahead: Some(r),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let ra = |depth, waits, pinned| ReadAheadStats {
+            depth,
+            max_depth: 8,
+            pinned,
+            reads: 100,
+            waits,
+        };
+        let depth = |o: &Observation| match enforce(cache_decisions(o), o).as_slice() {
+            [] => None,
+            [Decision {
+                action: Action::SetReadAhead { stage: 0, depth },
+                ..
+            }] => Some(*depth),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(depth(&with(ra(1, 3, false))), Some(2));
+        assert_eq!(depth(&with(ra(3, 1, false))), Some(6));
+        assert_eq!(depth(&with(ra(6, 1, false))), Some(8), "up to the ceiling");
+        assert_eq!(depth(&with(ra(8, 5, false))), None, "at the ceiling");
+        assert_eq!(depth(&with(ra(2, 0, false))), None, "no reader waited");
+        assert_eq!(depth(&with(ra(2, 4, true))), None, "pinned");
     }
 
     #[test]

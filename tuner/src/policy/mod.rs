@@ -4,7 +4,7 @@ mod cache;
 mod hill_climb;
 mod model;
 
-pub use cache::cache_decisions;
+pub use cache::{cache_decisions, read_ahead_decisions};
 pub use hill_climb::{HillClimb, HillClimbSettings};
 pub use model::{ModelBased, ModelSettings};
 
