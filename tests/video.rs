@@ -326,3 +326,67 @@ fn rate_sampling_follows_the_clips_length_and_pads_into_a_batch() {
     let bad = recipe(Sampling::Rate { fps: 0.0, max: 8 });
     assert_eq!(bad.validate().unwrap_err().field(), "fps");
 }
+
+/// Window sampling: the frames are consecutive at the stride (read from the grey level each
+/// frame encodes), the window is centered without `random`, and with it the start is drawn
+/// anew every epoch, the same for the same seed, epoch and file (so a resume redraws it).
+#[test]
+fn window_sampling_takes_consecutive_frames_at_the_stride_reproducibly() {
+    let d = dir("window");
+    let clip = d.0.join("flat.mp4");
+    let spec = flat_clip(&clip); // 50 frames at 10 fps
+    let index = |t: &Tensor, k: usize| {
+        // The frame whose level is nearest the sample's mean.
+        let m = mean(t.item(k));
+        (0..spec.frames)
+            .min_by(|&a, &b| {
+                let da = (f64::from(clip_level(a, spec.frames)) - m).abs();
+                let db = (f64::from(clip_level(b, spec.frames)) - m).abs();
+                da.total_cmp(&db)
+            })
+            .unwrap()
+    };
+    let window = |random, seed, epoch| {
+        recipe(Sampling::Window {
+            frames: 4,
+            stride: 3,
+            random,
+        })
+        .with_seed(seed)
+        .for_epoch(epoch)
+        .load(&clip)
+        .unwrap()
+    };
+    let frames = |t: &Tensor| (0..4).map(|k| index(t, k)).collect::<Vec<u32>>();
+    let centered = frames(&window(false, 0, 0));
+    assert_eq!(
+        centered,
+        [20, 23, 26, 29],
+        "a 10-frame window in the middle of 50 (start 40 / 2)"
+    );
+    let mut starts = std::collections::BTreeSet::new();
+    for epoch in 0..6 {
+        let a = window(true, 7, epoch);
+        let f = frames(&a);
+        assert!(
+            f.windows(2).all(|w| w[1] == w[0] + 3),
+            "epoch {epoch}: {f:?} not consecutive at stride 3"
+        );
+        assert!(f[3] < spec.frames);
+        assert_eq!(a.bytes(), window(true, 7, epoch).bytes(), "reproducible");
+        starts.insert(f[0]);
+    }
+    assert!(
+        starts.len() >= 3,
+        "the start is drawn anew every epoch: {starts:?}"
+    );
+    let other_seed: Vec<u32> = (0..6).map(|e| frames(&window(true, 8, e))[0]).collect();
+    let same_seed: Vec<u32> = (0..6).map(|e| frames(&window(true, 7, e))[0]).collect();
+    assert_ne!(other_seed, same_seed, "another seed, other windows");
+    let bad = recipe(Sampling::Window {
+        frames: 4,
+        stride: 0,
+        random: false,
+    });
+    assert_eq!(bad.validate().unwrap_err().field(), "stride");
+}

@@ -507,6 +507,12 @@ class VideoLoader(_Loader):
     or zero-padded to that length: each batch is then ``(frames, audio, ...)``. Other
     arguments (``labels`` and ``return_paths`` too) as :class:`ImageLoader`.
 
+    ``stride``: a window of ``frames`` consecutive frames ``stride`` stream frames apart
+    instead of frames spread over the clip (``stride=4, frames=16``: 16 frames over 61 stream
+    frames), centered in the clip; with ``train``, at a random start drawn anew every epoch,
+    the same for the same ``seed``, epoch and file (so a resumed run redraws it). A clip shorter
+    than the window repeats its last frame.
+
     ``max_batch_frames`` with ``fps``: length-aware batches instead of ``batch_size`` clips
     of ``frames`` frames. Each clip yields the frames shown at ``(k + 0.5) / fps`` seconds, as
     many as its declared duration holds (``floor(seconds * fps)``, at least one, at most
@@ -537,6 +543,8 @@ class VideoLoader(_Loader):
         fps: Optional[float] = None,
         max_batch_frames: Optional[int] = None,
         buckets: int = 20,
+        stride: Optional[int] = None,
+        train: bool = False,
         shuffle: bool = True,
         seed: int = 0,
         rank: Optional[int] = None,
@@ -560,11 +568,11 @@ class VideoLoader(_Loader):
 
     def _build(self, a: Dict[str, Any]) -> Any:
         _check_ints(a, frames=1, resize=1, crop=1, threads=1, audio_rate=1,
-                    max_batch_frames=1, buckets=1)
+                    max_batch_frames=1, buckets=1, stride=1)
         return _native.video_loader(
             _paths(a["paths"]), _options(a), a["frames"], a["resize"], a["crop"], a["layout"],
             a["threads"], a["audio_seconds"], a["audio_rate"], a["fps"],
-            a["max_batch_frames"], a["buckets"])
+            a["max_batch_frames"], a["buckets"], a["stride"], a["train"])
 
 
 class Pipeline:

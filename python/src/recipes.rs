@@ -465,7 +465,8 @@ pub(crate) fn audio_loader(
 #[cfg(feature = "video")]
 #[pyfunction]
 #[pyo3(signature = (paths, options, frames=8, resize=128, crop=112, layout="nthwc", threads=1,
-    audio_seconds=None, audio_rate=16000, fps=None, max_batch_frames=None, buckets=20))]
+    audio_seconds=None, audio_rate=16000, fps=None, max_batch_frames=None, buckets=20,
+    stride=None, train=false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn video_loader(
     paths: &Bound<'_, PyAny>,
@@ -480,6 +481,8 @@ pub(crate) fn video_loader(
     fps: Option<f64>,
     max_batch_frames: Option<usize>,
     buckets: usize,
+    stride: Option<usize>,
+    train: bool,
 ) -> PyResult<Loader> {
     use flowgate::media::video::{Sampling, VideoLayout, VideoRecipe};
     let layout = choice(
@@ -488,7 +491,25 @@ pub(crate) fn video_loader(
         &[("nthwc", VideoLayout::Nthwc), ("ncthw", VideoLayout::Ncthw)],
     )?;
     let sampling = match (max_batch_frames, fps) {
-        (None, None) => Sampling::Uniform(frames),
+        (None, None) => match stride {
+            Some(stride) => Sampling::Window {
+                frames,
+                stride,
+                random: train,
+            },
+            None if train => {
+                return Err(PyValueError::new_err(
+                    "train draws a random window of `frames` frames `stride` apart: set stride",
+                ))
+            }
+            None => Sampling::Uniform(frames),
+        },
+        (Some(_), Some(_)) if stride.is_some() => {
+            return Err(PyValueError::new_err(
+                "stride samples a window of `frames` frames; max_batch_frames samples at fps: \
+                 choose one",
+            ))
+        }
         (None, Some(_)) => {
             return Err(PyValueError::new_err(
                 "fps samples clips by their length for max_batch_frames; set both",
@@ -515,7 +536,9 @@ pub(crate) fn video_loader(
         threads,
         ..VideoRecipe::default()
     };
-    let video = Recipe::video(recipe.clone()).map_err(invalid)?;
+    let video = Recipe::video(recipe.clone())
+        .map_err(invalid)?
+        .with_seed(options.seed);
     let audio = audio_seconds
         .map(|seconds| AudioRecipe::with_seconds(audio_rate, seconds))
         .transpose()
@@ -545,7 +568,9 @@ pub(crate) fn video_loader(
     options.loader(
         paths,
         &["mp4", "mkv", "webm", "mov", "avi"],
-        Arc::new(move |input, _| {
+        Arc::new(move |input, epoch| {
+            // Random windows are drawn anew every epoch (seed, epoch, file).
+            let video = video.for_epoch(epoch);
             Ok(match input {
                 Input::Path(p) => {
                     let mut fields = vec![video.load(&p)?];

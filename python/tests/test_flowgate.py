@@ -455,3 +455,29 @@ def test_epochs_continue_after_an_error_a_close_or_a_break(data, tmp_path):
     with pytest.raises(flowgate.LoaderError):
         order(failing)
     assert failing.epoch == 1, "the failed epoch is over; the next is epoch 1"
+
+
+def test_video_windows_are_redrawn_every_epoch_and_reproducible(videos):
+    """VideoLoader(stride=, train=True): a random window of consecutive frames per clip, new
+    every epoch, the same for the same seed (what a resumed run redraws)."""
+    def epochs(seed):
+        loader = flowgate.VideoLoader(videos / "video.txt", batch_size=4, frames=3, stride=2,
+                                      train=True, seed=seed, resize=32, crop=32,
+                                      return_paths=True)
+        out = []
+        for _ in range(3):
+            ep = {}
+            for frames, paths in loader:
+                for f, p in zip(np.asarray(frames), paths):
+                    assert f.shape == (3, 32, 32, 3)
+                    ep[p] = f.copy()
+            out.append(ep)
+        return out
+
+    a, b = epochs(5), epochs(5)
+    for ea, eb in zip(a, b):
+        assert ea.keys() == eb.keys() and all(np.array_equal(ea[k], eb[k]) for k in ea)
+    assert any(not np.array_equal(a[0][k], a[e][k]) for k in a[0] for e in (1, 2)), \
+        "a new window in another epoch"
+    with pytest.raises(ValueError, match="set stride"):
+        flowgate.VideoLoader(videos / "video.txt", train=True)

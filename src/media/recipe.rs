@@ -105,7 +105,7 @@ impl Recipe {
             #[cfg(feature = "audio")]
             Kind::Audio(r) => Kind::Audio(r.with_seed(seed)),
             #[cfg(feature = "video")]
-            Kind::Video(r) => Kind::Video(r),
+            Kind::Video(r) => Kind::Video(r.with_seed(seed)),
         };
         Self { kind }
     }
@@ -119,7 +119,7 @@ impl Recipe {
             #[cfg(feature = "audio")]
             Kind::Audio(r) => Kind::Audio(r.for_epoch(epoch)),
             #[cfg(feature = "video")]
-            Kind::Video(r) => Kind::Video(r.clone()),
+            Kind::Video(r) => Kind::Video(r.for_epoch(epoch)),
             #[allow(unreachable_patterns)]
             _ => unreachable!("a build without decoders has no recipes"),
         };

@@ -206,6 +206,17 @@ pub(crate) mod check {
         Ok(())
     }
 
+    /// Stream frames between a window's frames: 1..=1,000.
+    pub(crate) fn stride(stride: usize) -> Result<(), RecipeError> {
+        if stride == 0 || stride > 1000 {
+            return Err(RecipeError::new(
+                "stride",
+                format!("must be in 1..=1000, not {stride}"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Frames per second of a clip's length-aware sampling: above 0, at most 1,000.
     pub(crate) fn fps(fps: f64) -> Result<(), RecipeError> {
         if !(fps.is_finite() && fps > 0.0 && fps <= 1000.0) {

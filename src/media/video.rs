@@ -50,6 +50,19 @@ pub enum Sampling {
         /// The most frames of one clip (a longer clip is cut there).
         max: usize,
     },
+    /// `frames` consecutive frames of the stream, `stride` frames apart (a window of
+    /// `(frames - 1) × stride + 1` stream frames): at a random start drawn anew every epoch
+    /// (reproducible from the recipe's seed, the epoch and the file, so a resume redraws the
+    /// same window) when `random`, else centered in the clip. A clip shorter than the window
+    /// repeats its last frame.
+    Window {
+        /// Frames taken.
+        frames: usize,
+        /// Stream frames from one taken frame to the next (1: consecutive).
+        stride: usize,
+        /// A random start, new every epoch (training), instead of the centered window.
+        random: bool,
+    },
 }
 
 /// Sample, scale, crop.
@@ -67,6 +80,10 @@ pub struct VideoRecipe {
     pub threads: usize,
     /// Seek, rather than decode forward, to a sample more than this many seconds ahead.
     pub seek_gap: f64,
+    /// The user's seed of random windows (see [`item_seed`](super::item_seed)).
+    pub seed: u64,
+    /// The epoch whose windows to draw (set by [`for_epoch`](Self::for_epoch)).
+    pub epoch: u64,
     /// What a file may declare (frame pixels, duration), checked before decoding; FFmpeg's
     /// decoder is also told the pixel limit (doubled: it counts padded buffers), so no frame it
     /// allocates can be far past it.
@@ -83,6 +100,8 @@ impl Default for VideoRecipe {
             layout: VideoLayout::Nthwc,
             threads: 1,
             seek_gap: 1.0,
+            seed: 0,
+            epoch: 0,
             limits: super::Limits::default(),
         }
     }
@@ -105,7 +124,24 @@ impl VideoRecipe {
         if let Sampling::Rate { fps, .. } = self.sampling {
             check::fps(fps)?;
         }
+        if let Sampling::Window { stride, .. } = self.sampling {
+            check::stride(stride)?;
+        }
         check::crop(self.crop, self.resize, false)
+    }
+
+    /// The same recipe with the user's seed of random windows.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// The recipe of `epoch`: random windows are drawn anew every epoch.
+    pub fn for_epoch(&self, epoch: u64) -> Self {
+        Self {
+            epoch,
+            ..self.clone()
+        }
     }
 
     /// Frames per clip (with [`Sampling::Rate`], the most: a clip has
@@ -115,6 +151,7 @@ impl VideoRecipe {
             Sampling::Uniform(k) => *k,
             Sampling::At(ts) => ts.len(),
             Sampling::Rate { max, .. } => *max,
+            Sampling::Window { frames, .. } => *frames,
         }
     }
 
@@ -126,8 +163,9 @@ impl VideoRecipe {
         }
     }
 
-    /// The sample times in a clip of `duration` seconds (0: unknown).
-    fn targets(&self, duration: f64) -> Result<Vec<f64>, String> {
+    /// The sample times in the clip at `path` of `duration` seconds (0: unknown) whose
+    /// stream runs at `rate` frames per second (0: unknown).
+    fn targets(&self, duration: f64, rate: f64, path: &Path) -> Result<Vec<f64>, String> {
         Ok(match &self.sampling {
             Sampling::Uniform(k) => {
                 if duration <= 0.0 {
@@ -148,6 +186,31 @@ impl VideoRecipe {
                 } else {
                     (0..n).map(|k| (k as f64 + 0.5) / fps).collect()
                 }
+            }
+            Sampling::Window {
+                frames,
+                stride,
+                random,
+            } => {
+                if duration <= 0.0 || rate <= 0.0 {
+                    return Err("the clip's duration or frame rate is unknown".into());
+                }
+                let total = ((duration * rate).round() as usize).max(1);
+                let span = (frames - 1) * stride + 1;
+                let room = total.saturating_sub(span);
+                let start = if *random {
+                    let mut rng =
+                        flowgate_tuner::Rng::new(super::item_seed(self.seed, self.epoch, path));
+                    ((rng.uniform() * (room + 1) as f64) as usize).min(room)
+                } else {
+                    room / 2
+                };
+                (0..*frames)
+                    .map(|k| {
+                        let f = (start + k * stride).min(total - 1);
+                        (f as f64 + 0.5) / rate
+                    })
+                    .collect()
             }
         })
     }
@@ -269,7 +332,8 @@ impl VideoRecipe {
             let m = self.limits.max_seconds as u64;
             return Err(MediaError::too_large(path, "seconds", duration as u64, m));
         }
-        let targets = self.targets(duration).map_err(geometry)?;
+        let rate = f64::from(stream.avg_frame_rate());
+        let targets = self.targets(duration, rate, path).map_err(geometry)?;
         let mut out = Tensor::zeros(&self.shape_of(targets.len()), DType::U8);
         let mut ctx = ffmpeg::codec::context::Context::from_parameters(stream.parameters())
             .map_err(decode_err)?;
@@ -298,7 +362,6 @@ impl VideoRecipe {
             .open_as_with(codec, options)
             .and_then(|o| o.video())
             .map_err(decode_err)?;
-        let rate = f64::from(stream.avg_frame_rate());
         let frame_time = if rate > 0.0 { 1.0 / rate } else { 0.1 };
         let mut writer = FrameWriter {
             recipe: self,

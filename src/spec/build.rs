@@ -157,12 +157,19 @@ impl PipelineSpec {
                 crop,
                 threads,
                 fps,
+                stride,
+                train,
                 ..
             } => Recipe::video(crate::media::video::VideoRecipe {
-                sampling: match (fps, self.batch.max_frames) {
-                    (Some(fps), Some(max)) => {
+                sampling: match (fps, self.batch.max_frames, stride) {
+                    (Some(fps), Some(max), _) => {
                         crate::media::video::Sampling::Rate { fps: *fps, max }
                     }
+                    (_, _, Some(stride)) => crate::media::video::Sampling::Window {
+                        frames: *frames,
+                        stride: *stride,
+                        random: *train,
+                    },
                     _ => crate::media::video::Sampling::Uniform(*frames),
                 },
                 resize: *resize,

@@ -254,6 +254,14 @@ pub enum DecodeSpec {
         /// follow its length) instead of `frames` per clip.
         #[serde(default)]
         fps: Option<f64>,
+        /// A window of `frames` consecutive frames this many stream frames apart instead of
+        /// frames spread over the clip: centered, or with `train` at a random start drawn
+        /// anew every epoch (reproducible from the seed, the epoch and the file).
+        #[serde(default)]
+        stride: Option<usize>,
+        /// With `stride`: a random window every epoch.
+        #[serde(default)]
+        train: bool,
         /// Fixed decode workers; the tuner decides when absent.
         #[serde(default)]
         workers: Option<usize>,

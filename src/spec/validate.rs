@@ -285,9 +285,20 @@ impl PipelineSpec {
                 crop,
                 threads,
                 workers,
+                stride,
+                train,
                 ..
             } => {
                 check::video(*frames, *threads).map_err(recipe_err)?;
+                if let Some(s) = stride {
+                    check::stride(*s).map_err(recipe_err)?;
+                } else if *train {
+                    return Err(err(
+                        "decode",
+                        "train",
+                        "draws a random window for video: set decode.stride".into(),
+                    ));
+                }
                 check::crop(*crop, *resize, false).map_err(recipe_err)?;
                 workers
             }
