@@ -350,9 +350,8 @@ fn a_pipeline_file_batches_video_by_frames() {
     let e = PipelineSpec::parse(&toml("size = 2"), "v.toml").unwrap_err();
     assert!(e.to_string().contains("decode.fps"), "{e}");
     // Windows: `stride` (and `train` for a random one) instead of `fps`.
-    let window = |extra: &str| {
-        toml("size = 3").replace("fps = 2.0\n", &format!("frames = 3\n{extra}"))
-    };
+    let window =
+        |extra: &str| toml("size = 3").replace("fps = 2.0\n", &format!("frames = 3\n{extra}"));
     let spec = PipelineSpec::parse(&window("stride = 2\ntrain = true\n"), "w.toml").unwrap();
     let mut loader = spec.build(Hooks::default()).unwrap();
     let shapes: Vec<Vec<usize>> = loader
@@ -361,7 +360,10 @@ fn a_pipeline_file_batches_video_by_frames() {
         .map(|b| b.unwrap().shape().to_vec())
         .collect();
     assert_eq!(shapes.iter().map(|s| s[0]).sum::<usize>(), 3);
-    assert!(shapes.iter().all(|s| s[1..] == [3, 32, 32, 3]), "{shapes:?}");
+    assert!(
+        shapes.iter().all(|s| s[1..] == [3, 32, 32, 3]),
+        "{shapes:?}"
+    );
     let e = PipelineSpec::parse(&window("train = true\n"), "w.toml").unwrap_err();
     assert!(e.to_string().contains("decode.stride"), "{e}");
 }

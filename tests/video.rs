@@ -390,3 +390,50 @@ fn window_sampling_takes_consecutive_frames_at_the_stride_reproducibly() {
     });
     assert_eq!(bad.validate().unwrap_err().field(), "stride");
 }
+
+/// Dropping unreferenced frames on the way to a sample changes no sampled frame: every
+/// sampling mode gives the same bytes with `skip_unreferenced` on and off, on a clip with
+/// B-frames and a moving pattern.
+#[test]
+fn skipping_unreferenced_frames_keeps_the_sampled_frames_identical() {
+    let d = dir("skip");
+    let clip = d.0.join("pattern.mp4");
+    write_clip(
+        &clip,
+        &ClipSpec {
+            width: 160,
+            height: 120,
+            fps: 25,
+            frames: 150,
+            gop: 50,
+            pattern: true,
+            seed: 3,
+            audio_rate: None,
+        },
+    )
+    .unwrap();
+    for sampling in [
+        Sampling::Uniform(8),
+        Sampling::At(vec![0.0, 0.37, 1.5, 2.02, 5.9]),
+        Sampling::Window {
+            frames: 6,
+            stride: 4,
+            random: true,
+        },
+        Sampling::Rate { fps: 3.0, max: 30 },
+    ] {
+        let on = VideoRecipe {
+            skip_unreferenced: true,
+            ..recipe(sampling.clone())
+        }
+        .with_seed(1)
+        .for_epoch(2);
+        let off = VideoRecipe {
+            skip_unreferenced: false,
+            ..on.clone()
+        };
+        let (a, b) = (on.load(&clip).unwrap(), off.load(&clip).unwrap());
+        assert_eq!(a.shape(), b.shape(), "{sampling:?}");
+        assert!(a.bytes() == b.bytes(), "{sampling:?}: the frames differ");
+    }
+}

@@ -347,8 +347,22 @@ fn main() -> Result<(), PipelineError> {
         stats.failures,
         stats.stage("decode").map_or(0, |s| s.workers)
     );
+    // Video: frames decoded per clip against frames sampled (decoding only what the
+    // samples need: seeks, unreferenced frames dropped).
+    #[cfg(feature = "video")]
+    let video = if a.workload == "video" {
+        format!(
+            ",\"frames_decoded_per_clip\":{:.1},\"frames_sampled_per_clip\":{}",
+            flowgate::media::video::frames_decoded() as f64 / items.max(1) as f64,
+            a.frames
+        )
+    } else {
+        String::new()
+    };
+    #[cfg(not(feature = "video"))]
+    let video = String::new();
     println!(
-        "{{\"workload\":\"{}\",\"items\":{items},\"seconds\":{secs:.3},\"items_per_s\":{:.1},\"cpu_seconds\":{cpu:.3},\"peak_rss_mb\":{:.1},\"batch_shape\":{shape:?},\"dtype\":\"{}\"}}",
+        "{{\"workload\":\"{}\",\"items\":{items},\"seconds\":{secs:.3},\"items_per_s\":{:.1},\"cpu_seconds\":{cpu:.3},\"peak_rss_mb\":{:.1},\"batch_shape\":{shape:?},\"dtype\":\"{}\"{video}}}",
         a.workload,
         items as f64 / secs,
         peak_rss_mb(),
