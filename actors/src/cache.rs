@@ -15,64 +15,6 @@ pub trait CacheControl: Send + Sync + 'static {
     fn set_capacity(&self, bytes: u64);
 }
 
-/// A stage with a cache: everything goes to the stage, and the cache joins its snapshot.
-pub struct WithCache {
-    stage: Arc<dyn StageControl>,
-    cache: Arc<dyn CacheControl>,
-}
-
-impl std::fmt::Debug for WithCache {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WithCache")
-            .field("stage", &self.stage.name())
-            .field("cache", &self.cache.cache_stats())
-            .finish()
-    }
-}
-
-impl WithCache {
-    /// `stage`, reporting and resizing `cache`.
-    pub fn new(stage: Arc<dyn StageControl>, cache: Arc<dyn CacheControl>) -> Arc<Self> {
-        Arc::new(Self { stage, cache })
-    }
-}
-
-impl StageControl for WithCache {
-    fn name(&self) -> &str {
-        self.stage.name()
-    }
-
-    fn resize(&self, workers: usize) -> usize {
-        self.stage.resize(workers)
-    }
-
-    fn set_budget(&self, items: usize, bytes: u64) {
-        self.stage.set_budget(items, bytes);
-    }
-
-    fn set_cache_bytes(&self, bytes: u64) {
-        self.cache.set_capacity(bytes);
-    }
-
-    fn set_read_ahead(&self, depth: usize) {
-        self.stage.set_read_ahead(depth);
-    }
-
-    fn snapshot(&self) -> StageStats {
-        let mut s = self.stage.snapshot();
-        s.cache = Some(self.cache.cache_stats());
-        s
-    }
-
-    fn stop(&self) {
-        self.stage.stop();
-    }
-
-    fn join(&self) {
-        self.stage.join();
-    }
-}
-
 /// A read-ahead the tuner can see and deepen (remote tar shards fetched ahead of the readers).
 pub trait ReadAheadControl: Send + Sync + 'static {
     /// Depth, ceiling and counters now.
@@ -81,30 +23,47 @@ pub trait ReadAheadControl: Send + Sync + 'static {
     fn set_depth(&self, depth: usize);
 }
 
-/// A stage with a read-ahead: everything goes to the stage, and the read-ahead joins its
-/// snapshot.
-pub struct WithReadAhead {
+/// A stage with a cache and/or a read-ahead: everything goes to the stage, and their
+/// statistics join its snapshot; the tuner's cache and read-ahead decisions go to them.
+pub struct WithKnobs {
     stage: Arc<dyn StageControl>,
-    read_ahead: Arc<dyn ReadAheadControl>,
+    cache: Option<Arc<dyn CacheControl>>,
+    read_ahead: Option<Arc<dyn ReadAheadControl>>,
 }
 
-impl std::fmt::Debug for WithReadAhead {
+impl std::fmt::Debug for WithKnobs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WithReadAhead")
+        f.debug_struct("WithKnobs")
             .field("stage", &self.stage.name())
-            .field("read_ahead", &self.read_ahead.read_ahead_stats())
+            .field("cache", &self.cache.as_ref().map(|c| c.cache_stats()))
+            .field(
+                "read_ahead",
+                &self.read_ahead.as_ref().map(|r| r.read_ahead_stats()),
+            )
             .finish()
     }
 }
 
-impl WithReadAhead {
-    /// `stage`, reporting and deepening `read_ahead`.
-    pub fn new(stage: Arc<dyn StageControl>, read_ahead: Arc<dyn ReadAheadControl>) -> Arc<Self> {
-        Arc::new(Self { stage, read_ahead })
+impl WithKnobs {
+    /// `stage`, reporting and resizing `cache` and `read_ahead` (`stage` itself when both
+    /// are `None`).
+    pub fn wrap(
+        stage: Arc<dyn StageControl>,
+        cache: Option<Arc<dyn CacheControl>>,
+        read_ahead: Option<Arc<dyn ReadAheadControl>>,
+    ) -> Arc<dyn StageControl> {
+        if cache.is_none() && read_ahead.is_none() {
+            return stage;
+        }
+        Arc::new(Self {
+            stage,
+            cache,
+            read_ahead,
+        })
     }
 }
 
-impl StageControl for WithReadAhead {
+impl StageControl for WithKnobs {
     fn name(&self) -> &str {
         self.stage.name()
     }
@@ -118,16 +77,25 @@ impl StageControl for WithReadAhead {
     }
 
     fn set_cache_bytes(&self, bytes: u64) {
-        self.stage.set_cache_bytes(bytes);
+        if let Some(c) = &self.cache {
+            c.set_capacity(bytes);
+        }
     }
 
     fn set_read_ahead(&self, depth: usize) {
-        self.read_ahead.set_depth(depth);
+        if let Some(r) = &self.read_ahead {
+            r.set_depth(depth);
+        }
     }
 
     fn snapshot(&self) -> StageStats {
         let mut s = self.stage.snapshot();
-        s.read_ahead = Some(self.read_ahead.read_ahead_stats());
+        if let Some(c) = &self.cache {
+            s.cache = Some(c.cache_stats());
+        }
+        if let Some(r) = &self.read_ahead {
+            s.read_ahead = Some(r.read_ahead_stats());
+        }
         s
     }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use actix::Actor;
 use flowgate_actors::actor::ControlPlane;
-use flowgate_actors::cache::{WithCache, WithReadAhead};
+use flowgate_actors::cache::WithKnobs;
 use flowgate_actors::channel::{Budget, Channel};
 use flowgate_actors::error::PipelineError;
 use flowgate_actors::failure::{FailureBudget, Failures};
@@ -103,13 +103,11 @@ pub(crate) fn assemble<T: Send + 'static>(
         }
         let c = core(&s.name, s.kind, s.opts.failures, s.workers.pinned)
             .with_budget_pinned(s.opts.budget_items.is_some() || s.opts.budget_bytes.is_some());
-        let mut control = (s.spawn)(&ctx, c, s.workers.n)?;
-        if let Some(r) = s.opts.read_ahead {
-            control = WithReadAhead::new(control, r.0);
-        }
-        if let Some(cache) = s.opts.cache {
-            control = WithCache::new(control, cache.0);
-        }
+        let control = WithKnobs::wrap(
+            (s.spawn)(&ctx, c, s.workers.n)?,
+            s.opts.cache.map(|c| c.0),
+            s.opts.read_ahead.map(|r| r.0),
+        );
         engine.add_stage(control);
     }
     let sink_chunk = cfg.chunk_at(tail_scale);
