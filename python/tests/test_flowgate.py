@@ -229,11 +229,14 @@ def test_labels_from_a_sequence_or_a_mapping(data, tmp_path):
     assert dict(zip(got, np.asarray(y).tolist())) == {p: 10 + i for i, p in enumerate(paths)}
     assert by_seq.classes is None
     mapping = {pathlib.Path(p): 7 * i for i, p in enumerate(paths)}
-    ((x, y),) = list(flowgate.ImageLoader(paths, batch_size=6, shuffle=False, labels=mapping))
-    assert np.asarray(y).tolist() == [7 * i for i in range(6)] and len(x) == 6
+    # Rows come in completion order (several decode workers): labels are checked by path.
+    ((x, y, got),) = list(flowgate.ImageLoader(paths, batch_size=6, shuffle=False,
+                                               labels=mapping, return_paths=True))
+    assert dict(zip(got, np.asarray(y).tolist())) == {p: 7 * i for i, p in enumerate(paths)}
+    assert len(x) == 6
     ((_, only_paths),) = list(flowgate.ImageLoader(paths, batch_size=6, shuffle=False,
                                                    return_paths=True))
-    assert only_paths == paths
+    assert sorted(only_paths) == sorted(paths)
     with pytest.raises(ValueError, match="5 labels for 6 files"):
         flowgate.ImageLoader(paths, labels=[0] * 5)
     with pytest.raises(ValueError, match="no entry for"):
@@ -311,15 +314,22 @@ def test_train_augmentation_is_new_each_epoch_reproducible_and_resumable(data):
 
 def test_normalize_gives_float32_of_the_uint8_pixels(data):
     paths = [str(p) for p in sorted((data / "images").glob("*.jpg"))[:4]]
-    raw = np.asarray(next(iter(flowgate.ImageLoader(paths, batch_size=4, shuffle=False))))
+    # Rows in completion order (decode runs on several workers): compared by path.
+    def rows(**kw):
+        b, names = next(iter(flowgate.ImageLoader(paths, batch_size=4, shuffle=False,
+                                                  return_paths=True, **kw)))
+        order = np.argsort(names)
+        return b, np.asarray(b)[order]
+
+    _, raw = rows()
     mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
     for norm, (m, s) in [(True, (flowgate.IMAGENET_MEAN, flowgate.IMAGENET_STD)),
                          ((mean, std), (mean, std))]:
-        b = next(iter(flowgate.ImageLoader(paths, batch_size=4, shuffle=False, normalize=norm)))
+        b, got = rows(normalize=norm)
         assert b.dtype == "float32" and b.shape == (4, 3, 224, 224)
         m = np.array(m, np.float32).reshape(1, 3, 1, 1)
         s = np.array(s, np.float32).reshape(1, 3, 1, 1)
-        np.testing.assert_allclose(np.asarray(b), (raw / 255.0 - m) / s, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(got, (raw / 255.0 - m) / s, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="std"):
         flowgate.ImageLoader(paths, normalize=(mean, (0.2, 0.0, 0.3)))
 
