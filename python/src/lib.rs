@@ -3,6 +3,7 @@
 //! Files:
 //! - `batch`: [`Batch`](batch::Batch), zero-copy to NumPy and DLPack consumers.
 //! - `loader`: [`Loader`](loader::Loader), the native pipeline behind the media loaders.
+//! - `collated`: what a batch carries (fields, labels, where its items came from) and the collate step.
 //! - `device`: the device a loader uploads to (`device="cuda"`), batches on it ready on the consumer's stream.
 //! - `recipes`: the loaders' arguments (`Options`) and the image, audio and video loaders,
 //!   each a validated [`flowgate::media::Recipe`].
@@ -20,6 +21,7 @@
 use pyo3::prelude::*;
 
 mod batch;
+mod collated;
 mod dataset;
 mod device;
 mod error;

@@ -5,17 +5,17 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use flowgate::collate::{collate_fields_with, CollateError};
-use flowgate::device::{DeviceError, HostAlloc, SimLog, Uploader};
+use flowgate::device::{SimLog, Uploader};
 use flowgate::{
-    DType, FailureBudget, Monitor, Pipeline, PipelineError, PipelineState, ShardState, Tensor,
-    Within, Workers,
+    FailureBudget, Monitor, Pipeline, PipelineError, PipelineState, ShardState, Tensor, Within,
+    Workers,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
-use crate::batch::{Batch, Mem};
+use crate::batch::Batch;
+use crate::collated::{collate, nbytes, Extras, Loaded};
 use crate::dataset::{Dataset, Decode, Meta};
 use crate::device::Device;
 use crate::error::to_py;
@@ -23,44 +23,8 @@ use crate::state::{state_from_py, state_to_py};
 
 type Make = Box<dyn Fn() -> Result<Pipeline<Loaded>, PipelineError> + Send + Sync>;
 
-/// A collated batch (one tensor per field: frames, or frames and audio; the labels) and where
-/// each of its items came from (for paths), in host memory or uploaded.
-struct Loaded {
-    fields: Vec<Mem>,
-    labels: Option<Mem>,
-    items: Vec<Meta>,
-    /// Clips a length-aware batch left out (path, why), and the epoch they belong to.
-    skipped: Vec<(String, String)>,
-    epoch: u64,
-}
-
-impl Loaded {
-    /// Uploads every field (and the labels) with `up`: in order, on the uploader's stream.
-    fn upload(self, up: &mut Uploader) -> Result<Self, DeviceError> {
-        let mut one = |m: Mem| match m {
-            Mem::Host(t) => up.upload_owned(t).map(Mem::Device),
-            d => Ok(d),
-        };
-        Ok(Self {
-            fields: self
-                .fields
-                .into_iter()
-                .map(&mut one)
-                .collect::<Result<_, _>>()?,
-            labels: self.labels.map(one).transpose()?,
-            ..self
-        })
-    }
-
-    /// Bytes of its tensors (on the device once uploaded).
-    fn nbytes(&self) -> usize {
-        let size = |m: &Mem| match m {
-            Mem::Host(t) => t.nbytes(),
-            Mem::Device(b) => b.nbytes(),
-        };
-        self.fields.iter().chain(&self.labels).map(size).sum()
-    }
-}
+/// Keeps the last this many skipped failures.
+const KEEP_FAILURES: usize = 1000;
 
 /// One failure the loader skipped: (stage, item, message).
 type Failure = (String, String, String);
@@ -189,166 +153,6 @@ pub(crate) struct Loader {
     sim_log: Option<SimLog>,
 }
 
-/// What a loader's batches carry besides the tensor.
-pub(crate) struct Extras {
-    /// A label per dataset path, when batches carry labels given by path.
-    labels: Option<Vec<i64>>,
-    /// Whether batches carry the labels their samples carried (tar shards).
-    sample_labels: bool,
-    /// The class names, when the labels come from folders.
-    classes: Option<Vec<String>>,
-    /// Whether batches carry their files' paths.
-    return_paths: bool,
-}
-
-impl Extras {
-    /// Reads the `labels` argument: `"folder"`, a sequence of ints (one per file, in dataset
-    /// order) or a mapping from path to int; for tar shards, the extension of the field that
-    /// holds each sample's label (already in `dataset`).
-    pub(crate) fn new(
-        labels: Option<&Bound<'_, PyAny>>,
-        dataset: &Dataset,
-        return_paths: bool,
-    ) -> PyResult<Self> {
-        let mut e = Self {
-            labels: None,
-            sample_labels: false,
-            classes: None,
-            return_paths,
-        };
-        let files = match dataset {
-            Dataset::Files(f) | Dataset::Batches { files: f, .. } => f,
-            Dataset::Records { .. } | Dataset::Mix { .. } => {
-                e.sample_labels = dataset.has_label();
-                return Ok(e);
-            }
-        };
-        let Some(labels) = labels else {
-            return Ok(e);
-        };
-        if let Ok(kind) = labels.extract::<String>() {
-            if kind != "folder" {
-                return Err(PyValueError::new_err(format!(
-                    "labels must be \"folder\", a sequence of ints or a mapping from path to int, not {kind:?}"
-                )));
-            }
-            let folders = files.folder_labels();
-            e.labels = Some(
-                files
-                    .paths()
-                    .iter()
-                    .map(|p| {
-                        folders
-                            .label(p)
-                            .expect("a dataset file's folder is a class")
-                    })
-                    .collect(),
-            );
-            e.classes = Some(folders.classes());
-        } else if let Ok(map) = labels.downcast::<PyDict>() {
-            let mut v = Vec::with_capacity(files.len());
-            for p in files.paths() {
-                let key = p.to_string_lossy();
-                let label = map.get_item(key.as_ref())?.ok_or_else(|| {
-                    PyValueError::new_err(format!("labels has no entry for {key:?}"))
-                })?;
-                v.push(label.extract::<i64>()?);
-            }
-            e.labels = Some(v);
-        } else {
-            let v: Vec<i64> = labels.extract()?;
-            if v.len() != files.len() {
-                return Err(PyValueError::new_err(format!(
-                    "{} labels for {} files",
-                    v.len(),
-                    files.len()
-                )));
-            }
-            e.labels = Some(v);
-        }
-        Ok(e)
-    }
-}
-
-/// Keeps the last this many skipped failures.
-const KEEP_FAILURES: usize = 1000;
-
-pub(crate) fn nbytes(fields: &[Tensor]) -> usize {
-    fields.iter().map(Tensor::nbytes).sum()
-}
-
-/// How a batch's labels are found: each item's own (tar shards), else by dataset index.
-#[derive(Clone)]
-struct Labels(Option<Arc<Vec<i64>>>);
-
-impl Labels {
-    fn of(&self, items: &[Meta]) -> Vec<i64> {
-        items
-            .iter()
-            .map(|m| match (&self.0, m.label) {
-                (_, Some(l)) => l,
-                (Some(by_index), None) => by_index[m.index],
-                (None, None) => unreachable!("a sample without its label failed"),
-            })
-            .collect()
-    }
-}
-
-/// Stacks each field of the items into one batch tensor (flowgate's collation; into memory
-/// from `alloc`, pinned when the loader uploads), keeping where the items came from; adds the
-/// labels if the loader has them. A length-aware batch is one item whose fields come stacked
-/// as `[1, ...]` and whose rows are the files it kept: unstacked here.
-fn collate(
-    items: Vec<(Vec<Tensor>, Meta)>,
-    alloc: Option<&HostAlloc>,
-    labels: Option<&Labels>,
-) -> Result<Loaded, CollateError> {
-    let new = |shape: &[usize], dtype| match alloc {
-        Some(a) => a.tensor(shape, dtype),
-        None => Tensor::for_overwrite(shape, dtype),
-    };
-    let (fields, items): (Vec<Vec<Tensor>>, Vec<Meta>) = items.into_iter().unzip();
-    let mut fields = collate_fields_with(&fields, new)?;
-    let epoch = items.first().map_or(0, |m| m.epoch);
-    let (items, skipped) = match items.as_slice() {
-        [one] if one.rows.is_some() => {
-            fields = fields
-                .into_iter()
-                .map(|t| {
-                    let shape = t.shape()[1..].to_vec();
-                    t.reshaped(&shape)
-                })
-                .collect();
-            let rows = one.rows.clone().unwrap_or_default();
-            let rows = rows
-                .into_iter()
-                .map(|index| Meta {
-                    index,
-                    epoch,
-                    label: None,
-                    rows: None,
-                    skipped: Vec::new(),
-                })
-                .collect();
-            (rows, one.skipped.clone())
-        }
-        _ => (items, Vec::new()),
-    };
-    let labels = labels.map(|l| {
-        let v = l.of(&items);
-        let mut t = new(&[v.len()], DType::I64);
-        t.bytes_mut().copy_from_slice(Tensor::from_i64(&v).bytes());
-        Mem::Host(t)
-    });
-    Ok(Loaded {
-        fields: fields.into_iter().map(Mem::Host).collect(),
-        labels,
-        items,
-        skipped,
-        epoch,
-    })
-}
-
 impl Loader {
     // The loader's arguments, one each (Options holds them; passing it would tie this file to
     // the loaders' constructors).
@@ -377,8 +181,7 @@ impl Loader {
         let seen = Arc::clone(&failures);
         let fingerprint = dataset.fingerprint();
         let data = dataset.clone();
-        let labels = (extras.labels.is_some() || extras.sample_labels)
-            .then(|| Labels(extras.labels.clone().map(Arc::new)));
+        let labels = extras.batch_labels();
         let device = device.map(Arc::new);
         let sim_log = device.as_ref().and_then(|d| d.log.clone());
         let make: Make = Box::new(move || {

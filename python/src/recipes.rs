@@ -12,9 +12,10 @@ use flowgate::Tensor;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use crate::collated::Extras;
 use crate::dataset::{deal, files_of, parquet_of, shards_of, Dataset, Decode, Input, Records};
 use crate::device::Device;
-use crate::loader::{Extras, Loader};
+use crate::loader::Loader;
 use flowgate::sampler::{MixStop, Sampler};
 
 /// What every native loader takes besides its decoder (built once by the Python wrappers, so

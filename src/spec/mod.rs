@@ -33,6 +33,7 @@
 //! 4. `s3` (feature `s3`) — the same from an S3 prefix, with a byte cache.
 
 mod build;
+mod lengths;
 #[cfg(feature = "s3")]
 mod s3;
 mod schema;
