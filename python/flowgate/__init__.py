@@ -374,6 +374,10 @@ class ImageLoader(_Loader):
     every epoch and reproducibly from ``seed``, the epoch and the file (an exact resume redraws
     the same crops). ``normalize``: float32 ``(x / 255 - mean) / std`` per channel instead of
     uint8: ``True`` for ImageNet's statistics, or a ``(mean, std)`` pair of 3 floats each.
+    ``draft``: decode JPEGs at 1/2, 1/4 or 1/8 scale in the DCT domain where the crop window
+    stays at least ``crop`` pixels wide (Pillow's ``Image.draft``): several times less work on
+    photos much larger than the output, pixels within about one level of the exact resize on
+    average but not bit-identical (default ``False``: torchvision's pixels exactly).
 
     ``labels``: ``"folder"`` (torchvision ``ImageFolder``'s: the index of each file's folder
     among the dataset's sorted folders; names in :attr:`classes`), a sequence of ints (one
@@ -418,6 +422,7 @@ class ImageLoader(_Loader):
         scale: Tuple[float, float] = (0.08, 1.0),
         ratio: Tuple[float, float] = (3 / 4, 4 / 3),
         normalize: Union[bool, Tuple[Sequence[float], Sequence[float]]] = False,
+        draft: bool = False,
         shuffle: bool = True,
         seed: int = 0,
         rank: Optional[int] = None,
@@ -439,7 +444,7 @@ class ImageLoader(_Loader):
         return _native.image_loader(
             _paths(a["paths"]), _options(a), a["resize"], a["crop"], a["layout"], a["train"],
             _pair("scale", a["scale"]), _pair("ratio", a["ratio"]),
-            _normalize(a["normalize"]))
+            _normalize(a["normalize"]), bool(a["draft"]))
 
 
 class AudioLoader(_Loader):

@@ -74,7 +74,8 @@ def image_loader(paths: Any, options: Options, resize: int = ..., crop: int = ..
                  layout: str = ..., train: bool = ..., scale: Tuple[float, float] = ...,
                  ratio: Tuple[float, float] = ...,
                  normalize: Optional[Tuple[Tuple[float, float, float],
-                                           Tuple[float, float, float]]] = ...) -> Loader: ...
+                                           Tuple[float, float, float]]] = ...,
+                 draft: bool = ...) -> Loader: ...
 def audio_loader(paths: Any, options: Options, rate: int = ..., seconds: float = ...,
                  train: bool = ..., return_lengths: bool = ...,
                  max_batch_seconds: Optional[float] = ..., buckets: int = ...) -> Loader: ...

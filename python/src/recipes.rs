@@ -343,7 +343,7 @@ type LengthOf = Box<dyn Fn(&std::path::Path) -> Result<Option<f64>, flowgate::me
 /// An image loader (see `flowgate.ImageLoader`).
 #[pyfunction]
 #[pyo3(signature = (paths, options, resize=256, crop=224, layout="nchw", train=false,
-    scale=(0.08, 1.0), ratio=(0.75, 4.0 / 3.0), normalize=None))]
+    scale=(0.08, 1.0), ratio=(0.75, 4.0 / 3.0), normalize=None, draft=false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn image_loader(
     paths: &Bound<'_, PyAny>,
@@ -355,6 +355,7 @@ pub(crate) fn image_loader(
     scale: (f64, f64),
     ratio: (f64, f64),
     normalize: Option<([f32; 3], [f32; 3])>,
+    draft: bool,
 ) -> PyResult<Loader> {
     let layout = choice(
         "layout",
@@ -368,6 +369,7 @@ pub(crate) fn image_loader(
         random_crop: train.then_some(RandomCrop { scale, ratio }),
         flip: train,
         normalize: normalize.map(|(mean, std)| Normalize { mean, std }),
+        draft,
         ..ImageRecipe::default()
     })
     .map_err(invalid)?

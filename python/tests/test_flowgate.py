@@ -334,6 +334,30 @@ def test_normalize_gives_float32_of_the_uint8_pixels(data):
         flowgate.ImageLoader(paths, normalize=(mean, (0.2, 0.0, 0.3)))
 
 
+def test_draft_mode_is_close_to_the_exact_pixels_on_large_photos(data, tmp_path):
+    import subprocess
+    big = []
+    for i, src in enumerate(sorted((data / "images").glob("*.jpg"))[:4]):
+        out = tmp_path / f"big{i}.jpg"
+        # 1200 px wide: the center crop's window (about 680 px) is over twice the 224 output.
+        subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-i", str(src), "-vf",
+                        "scale=1200:-2", "-q:v", "2", str(out)], check=True)
+        big.append(str(out))
+
+    def rows(paths, **kw):
+        b, names = next(iter(flowgate.ImageLoader(paths, batch_size=4, shuffle=False,
+                                                  return_paths=True, **kw)))
+        return np.asarray(b)[np.argsort(names)].astype(np.int16)
+
+    exact, draft = rows(big), rows(big, draft=True)
+    diff = np.abs(exact - draft)
+    assert 0 < diff.mean() < 2.5, diff.mean()
+    assert np.percentile(diff, 99) <= 16
+    # Photos whose window is under twice the output decode exactly as without draft mode.
+    small = [str(p) for p in sorted((data / "images").glob("*.jpg"))[:4]]
+    np.testing.assert_array_equal(rows(small), rows(small, draft=True))
+
+
 def test_audio_random_crops_and_lengths(data):
     clips = (data / "audio.txt").read_text().split()
     args = dict(batch_size=len(clips), seconds=1.0, train=True, seed=2, return_paths=True,

@@ -110,6 +110,7 @@ impl PipelineSpec {
                 layout,
                 train,
                 normalize,
+                draft,
                 ..
             } => {
                 use crate::media::image::{ImageRecipe, Normalize};
@@ -123,6 +124,7 @@ impl PipelineSpec {
                     crop: *crop,
                     layout: *layout,
                     normalize: normalize.then_some(Normalize::IMAGENET),
+                    draft: *draft,
                     ..base
                 })
             }

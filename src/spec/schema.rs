@@ -206,6 +206,10 @@ pub enum DecodeSpec {
         /// `f32` normalised with ImageNet's statistics instead of `u8`.
         #[serde(default)]
         normalize: bool,
+        /// JPEG draft mode: decode at 1/2, 1/4 or 1/8 scale where the crop window allows
+        /// (see `flowgate::media::image::ImageRecipe::draft`).
+        #[serde(default)]
+        draft: bool,
         /// The augmentation's seed (see `flowgate::media::item_seed`); default: the source's
         /// shuffle seed, else 0.
         #[serde(default)]

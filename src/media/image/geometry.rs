@@ -26,6 +26,36 @@ pub(super) struct Rect {
     pub(super) h: u32,
 }
 
+/// What a decoder is asked for: `rect`, in the coordinates of the image scaled by
+/// `1 / denom` in the DCT domain (1: full size), and, from a decoder, what it produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Plan {
+    pub(super) rect: Rect,
+    pub(super) denom: u32,
+}
+
+impl Plan {
+    /// The whole `w × h` image at full size.
+    pub(super) fn whole(w: u32, h: u32) -> Self {
+        Plan {
+            rect: Rect { x: 0, y: 0, w, h },
+            denom: 1,
+        }
+    }
+}
+
+/// Draft mode's scale: the largest of 1/2, 1/4 and 1/8 (no larger denominator than
+/// `max_denom`) at which `window` (width, height) still spans at least `crop` pixels each way,
+/// so the resizer still only shrinks; 1 when none does. Pillow's `Image.draft` picks its scale
+/// the same way.
+pub(super) fn draft_denom(window: (f64, f64), crop: u32, max_denom: u32) -> u32 {
+    let short = window.0.min(window.1);
+    [8, 4, 2]
+        .into_iter()
+        .find(|&d| d <= max_denom && short / f64::from(d) >= f64::from(crop))
+        .unwrap_or(1)
+}
+
 /// The pixels the resizer reads to turn `window` into a `crop`-sided square: the window and
 /// the bilinear filter's reach around it (one output pixel's footprint, plus rounding), within
 /// the `w × h` image. Decoding just these gives the same output as decoding everything.

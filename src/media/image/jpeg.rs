@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::geometry::Rect;
+use super::geometry::{Plan, Rect};
 use crate::media::MediaError;
 
 /// The JPEG decoder in use: `"libjpeg-turbo"` (feature `turbojpeg`, where its headers were
@@ -16,17 +16,21 @@ pub fn jpeg_decoder() -> &'static str {
     }
 }
 
-/// Decodes the part of an image that `geometry` (given the image's width and height) asks
-/// for, or more, into `pixels` as interleaved RGB rows, and says which part that is.
+/// Decodes the part of an image that `geometry` asks for, or more, into `pixels` as
+/// interleaved RGB rows, and says which part that is, at which scale. `geometry` is given the
+/// image's width and height and the largest DCT-scaling denominator the decoder offers (1:
+/// none), and answers with a [`Plan`]: the rectangle in the coordinates of the image scaled by
+/// the plan's denominator.
 ///
 /// JPEG with libjpeg-turbo (feature `turbojpeg`) decodes only the rows and iMCU columns asked
-/// for; JPEG with zune-jpeg, and PNG and WebP with the `image` crate, decode everything.
+/// for, at 1/1, 1/2, 1/4 or 1/8 scale; JPEG with zune-jpeg, and PNG and WebP with the `image`
+/// crate, decode everything at full size.
 pub(super) fn decode_rgb(
     bytes: &[u8],
     path: &Path,
     pixels: &mut Vec<u8>,
-    geometry: impl FnOnce(u32, u32) -> Result<Rect, MediaError>,
-) -> Result<Rect, MediaError> {
+    geometry: impl FnOnce(u32, u32, u32) -> Result<Plan, MediaError>,
+) -> Result<Plan, MediaError> {
     let decode_err = |source: Box<dyn std::error::Error + Send + Sync>| MediaError::Decode {
         path: path.to_path_buf(),
         source,
@@ -64,13 +68,13 @@ pub(super) fn decode_rgb(
         ) {
             let (w, h) = dec.dimensions().expect("headers were decoded");
             let (w, h) = (w as u32, h as u32);
-            geometry(w, h)?;
+            geometry(w, h, 1)?;
             let len = dec.output_buffer_size().expect("headers were decoded");
             // Stale pixels from the last image are fine: the decoder writes every byte.
             pixels.resize(len.max(pixels.len()), 0);
             dec.decode_into(pixels)
                 .map_err(|e| decode_err(format!("{e:?}").into()))?;
-            return Ok(Rect { x: 0, y: 0, w, h });
+            return Ok(Plan::whole(w, h));
         }
     }
     decode_any(bytes, pixels, geometry, decode_err)
@@ -83,9 +87,9 @@ pub(super) fn decode_rgb(
 fn decode_any(
     bytes: &[u8],
     pixels: &mut Vec<u8>,
-    geometry: impl FnOnce(u32, u32) -> Result<Rect, MediaError>,
+    geometry: impl FnOnce(u32, u32, u32) -> Result<Plan, MediaError>,
     decode_err: impl Fn(Box<dyn std::error::Error + Send + Sync>) -> MediaError,
-) -> Result<Rect, MediaError> {
+) -> Result<Plan, MediaError> {
     let reader = || {
         ::image::ImageReader::new(std::io::Cursor::new(bytes))
             .with_guessed_format()
@@ -94,7 +98,7 @@ fn decode_any(
     let (w, h) = reader()?
         .into_dimensions()
         .map_err(|e| decode_err(Box::new(e)))?;
-    geometry(w, h)?;
+    geometry(w, h, 1)?;
     let mut limits = ::image::Limits::default();
     limits.max_image_width = Some(w);
     limits.max_image_height = Some(h);
@@ -114,7 +118,7 @@ fn decode_any(
         ));
     }
     *pixels = img.into_rgb8().into_raw();
-    Ok(Rect { x: 0, y: 0, w, h })
+    Ok(Plan::whole(w, h))
 }
 
 /// What a decoder of the `image` crate may allocate besides the image itself (palettes,
@@ -124,7 +128,7 @@ const DECODER_SLACK: u64 = 16 << 20;
 /// libjpeg-turbo through `libjpeg.c` (built by build.rs).
 #[cfg(flowgate_libjpeg)]
 mod libjpeg {
-    use super::{MediaError, Rect};
+    use super::{MediaError, Plan, Rect};
     use std::cell::RefCell;
     use std::ffi::{c_char, c_int, c_uchar, c_uint, c_ulong, CStr};
 
@@ -148,6 +152,7 @@ mod libjpeg {
         #[allow(clippy::too_many_arguments)]
         fn fg_jpeg_decode(
             d: *mut FgJpeg,
+            denom: c_uint,
             x0: c_uint,
             y0: c_uint,
             x1: c_uint,
@@ -177,7 +182,7 @@ mod libjpeg {
     }
 
     pub(super) enum Outcome<G> {
-        Done(Result<Rect, MediaError>),
+        Done(Result<Plan, MediaError>),
         Failed(String),
         /// Not for this decoder (CMYK or YCCK); the geometry is handed back unused.
         Unsupported(G),
@@ -191,7 +196,7 @@ mod libjpeg {
 
     pub(super) fn decode<G>(bytes: &[u8], pixels: &mut Vec<u8>, geometry: G) -> Outcome<G>
     where
-        G: FnOnce(u32, u32) -> Result<Rect, MediaError>,
+        G: FnOnce(u32, u32, u32) -> Result<Plan, MediaError>,
     {
         HANDLE.with(|cell| {
             let mut cell = cell.borrow_mut();
@@ -214,15 +219,17 @@ mod libjpeg {
                 UNSUPPORTED => return Outcome::Unsupported(geometry),
                 _ => return Outcome::Failed(message(d)),
             }
-            let want = match geometry(w, h) {
-                Ok(r) => r,
+            let Plan { rect: want, denom } = match geometry(w, h, 8) {
+                Ok(p) => p,
                 Err(e) => {
                     // SAFETY: ends the decode whose header was read.
                     unsafe { fg_jpeg_abort(d) };
                     return Outcome::Done(Err(e));
                 }
             };
-            // Columns widen to iMCU boundaries (at most 32 pixels each side).
+            // Columns widen to iMCU boundaries (at most 32 pixels each side) of the image
+            // scaled by 1/denom.
+            let w = w.div_ceil(denom);
             let x0 = want.x.saturating_sub(32);
             let x1 = (want.x + want.w + 32).min(w);
             let cap = (x1 - x0) as usize * 3 * want.h as usize;
@@ -233,6 +240,7 @@ mod libjpeg {
             let rc = unsafe {
                 fg_jpeg_decode(
                     d,
+                    denom,
                     want.x,
                     want.y,
                     want.x + want.w,
@@ -246,11 +254,14 @@ mod libjpeg {
             if rc != OK {
                 return Outcome::Failed(message(d));
             }
-            Outcome::Done(Ok(Rect {
-                x: out_x,
-                y: want.y,
-                w: out_w,
-                h: want.h,
+            Outcome::Done(Ok(Plan {
+                rect: Rect {
+                    x: out_x,
+                    y: want.y,
+                    w: out_w,
+                    h: want.h,
+                },
+                denom,
             }))
         })
     }

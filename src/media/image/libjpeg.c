@@ -3,7 +3,9 @@
  * are skipped (entropy-decoded but not transformed), columns outside it are neither
  * transformed nor colour-converted, and rows below it are never read. libjpeg reports fatal
  * errors through a callback that must not return, so every entry point sets a jump buffer
- * here, in C, and Rust only ever sees return codes. Built by build.rs with the `cc` crate. */
+ * here, in C, and Rust only ever sees return codes. Where the output is much smaller than the
+ * crop window, the image can be decoded at 1/2, 1/4 or 1/8 scale by libjpeg's reduced-size
+ * inverse DCTs (draft mode, as Pillow's `Image.draft`). Built by build.rs with the `cc` crate. */
 
 #include <setjmp.h>
 #include <stdio.h>
@@ -105,16 +107,20 @@ int fg_jpeg_header(fg_jpeg *d, const unsigned char *data, unsigned long len,
   return FG_OK;
 }
 
-/* Decodes rows [y0, y1) and at least columns [x0, x1) of the image whose header was read, as
- * interleaved RGB rows of `*out_w` pixels starting at column `*out_x` (the window widened to
- * iMCU boundaries), into `out` (`cap` bytes). */
-int fg_jpeg_decode(fg_jpeg *d, unsigned x0, unsigned y0, unsigned x1, unsigned y1,
-                   unsigned char *out, size_t cap, unsigned *out_x, unsigned *out_w) {
+/* Decodes rows [y0, y1) and at least columns [x0, x1) of the image whose header was read,
+ * scaled by 1/`denom` in the DCT domain (1, 2, 4 or 8; coordinates are of the scaled image,
+ * ceil(width / denom) wide), as interleaved RGB rows of `*out_w` pixels starting at column
+ * `*out_x` (the window widened to iMCU boundaries), into `out` (`cap` bytes). */
+int fg_jpeg_decode(fg_jpeg *d, unsigned denom, unsigned x0, unsigned y0, unsigned x1,
+                   unsigned y1, unsigned char *out, size_t cap, unsigned *out_x,
+                   unsigned *out_w) {
   if (setjmp(d->err.jump)) {
     fg_reset(d);
     return FG_ERROR;
   }
   j_decompress_ptr c = &d->cinfo;
+  c->scale_num = 1;
+  c->scale_denom = denom;
   jpeg_start_decompress(c);
   if (x1 > c->output_width) x1 = c->output_width;
   if (y1 > c->output_height) y1 = c->output_height;

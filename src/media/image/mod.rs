@@ -28,7 +28,7 @@ mod pixels;
 #[cfg(test)]
 mod tests;
 
-use geometry::{crop_offset, needed, random_window, resized, Rect};
+use geometry::{crop_offset, draft_denom, needed, random_window, resized, Plan, Rect};
 pub use jpeg::jpeg_decoder;
 use jpeg::{decode_rgb, has_jpeg_end};
 use pixels::{flip_row, hwc_to_chw, normalize_into};
@@ -68,6 +68,14 @@ pub struct ImageRecipe {
     pub epoch: u64,
     /// What a file may declare (its pixels), checked before decoding.
     pub limits: super::Limits,
+    /// Draft mode: decode a JPEG at 1/2, 1/4 or 1/8 scale in the DCT domain (libjpeg-turbo's
+    /// reduced-size inverse DCTs, like Pillow's `Image.draft`) when the crop window would
+    /// still span at least `crop` pixels each way, then resize as usual. Several times less
+    /// decoding and resizing for photos much larger than the output; the pixels are not
+    /// bit-identical to torchvision's resize of the full decode (a mean absolute difference
+    /// of about one level in 255 on photos: `docs/performance.md`). Off by default; no effect
+    /// on PNG, WebP, or without libjpeg-turbo (feature `turbojpeg`).
+    pub draft: bool,
 }
 
 impl Default for ImageRecipe {
@@ -83,6 +91,7 @@ impl Default for ImageRecipe {
             seed: 0,
             epoch: 0,
             limits: super::Limits::default(),
+            draft: false,
         }
     }
 }
@@ -279,9 +288,10 @@ impl ImageRecipe {
         }
         SCRATCH.with(|cell| {
             let mut rng = flowgate_tuner::Rng::new(super::item_seed(self.seed, self.epoch, path));
-            // The source window that becomes the output square, known once the header is read.
+            // The source window that becomes the output square, known once the header is read,
+            // in the coordinates of the image as decoded (scaled in draft mode).
             let mut window = (0.0, 0.0, 0.0, 0.0);
-            let geometry = |w: u32, h: u32| -> Result<Rect, MediaError> {
+            let geometry = |w: u32, h: u32, max_denom: u32| -> Result<Plan, MediaError> {
                 let pixels = u64::from(w) * u64::from(h);
                 if pixels > self.limits.max_pixels {
                     return Err(MediaError::too_large(
@@ -314,11 +324,20 @@ impl ImageRecipe {
                         )
                     }
                 };
-                Ok(if whole {
+                let denom = if self.draft {
+                    draft_denom((window.2, window.3), self.crop, max_denom)
+                } else {
+                    1
+                };
+                let d = f64::from(denom);
+                window = (window.0 / d, window.1 / d, window.2 / d, window.3 / d);
+                let (w, h) = (w.div_ceil(denom), h.div_ceil(denom));
+                let rect = if whole {
                     Rect { x: 0, y: 0, w, h }
                 } else {
                     needed(window, w, h, self.crop)
-                })
+                };
+                Ok(Plan { rect, denom })
             };
             let Scratch {
                 resizer,
@@ -326,9 +345,9 @@ impl ImageRecipe {
                 pixels,
             } = &mut *cell.borrow_mut();
             let got = decode_rgb(bytes, path, pixels, geometry);
-            let got = got.and_then(|region| {
+            let got = got.and_then(|plan| {
                 self.finish(
-                    region, window, &mut rng, resizer, pixels, resized, out, path,
+                    plan.rect, window, &mut rng, resizer, pixels, resized, out, path,
                 )
             });
             if pixels.capacity() > KEEP_DECODE_BUFFER {

@@ -203,6 +203,10 @@ fn decoding_only_the_needed_region_changes_no_pixel() {
             ..ImageRecipe::train(224)
         },
         ImageRecipe::train(96).with_seed(7),
+        ImageRecipe {
+            draft: true,
+            ..ImageRecipe::train(96).with_seed(3)
+        },
     ];
     let sizes = [(500, 375), (375, 500), (333, 257), (1030, 771), (257, 256)];
     let mut n = 0;
@@ -237,10 +241,73 @@ fn decoding_only_the_needed_region_changes_no_pixel() {
             }
         }
     }
-    assert_eq!(n, 5 * 5 * 5 * 2);
+    assert_eq!(n, 5 * 5 * 6 * 2);
     // The region is a real saving: ~66% of a 500x375 photo for the evaluation recipe.
     let r = needed((85.3, 23.4, 328.1, 328.1), 500, 375, 224);
     assert!(r.w < 345 && r.h < 345 && r.x > 80 && r.y > 18, "{r:?}");
+}
+
+#[test]
+fn draft_scales_only_while_the_window_covers_the_crop() {
+    // A 656-pixel window over a 224 crop: 1/2 (328 >= 224), not 1/4 (164).
+    assert_eq!(draft_denom((656.0, 700.0), 224, 8), 2);
+    assert_eq!(draft_denom((1800.0, 1900.0), 224, 8), 8);
+    assert_eq!(draft_denom((1800.0, 1900.0), 224, 4), 4);
+    assert_eq!(draft_denom((1800.0, 1900.0), 224, 1), 1);
+    assert_eq!(draft_denom((447.0, 900.0), 224, 8), 1);
+    assert_eq!(draft_denom((448.0, 900.0), 224, 8), 2);
+}
+
+/// Draft mode against the exact decode of the same JPEGs: where the window allows a smaller
+/// scale the pixels stay close (mean and 99th-percentile differences bounded) without being
+/// identical (the scaled decode did happen); where it does not, they are identical.
+#[cfg(flowgate_libjpeg)]
+#[test]
+fn draft_mode_stays_close_to_the_exact_decode() {
+    use jpeg_encoder::{ColorType, SamplingFactor as S};
+    let exact = ImageRecipe {
+        layout: Layout::Nhwc,
+        ..ImageRecipe::default()
+    };
+    let draft = ImageRecipe {
+        draft: true,
+        ..exact
+    };
+    let train = ImageRecipe {
+        normalize: None,
+        draft: true,
+        ..ImageRecipe::train(112).with_seed(5)
+    };
+    for (i, &(w, h, scaled)) in [(1000, 750, true), (2000, 1400, true), (500, 375, false)]
+        .iter()
+        .enumerate()
+    {
+        let px = photo(w, h, 40 + i as u64);
+        for (sampling, progressive) in [(S::F_2_2, false), (S::F_1_1, true)] {
+            let bytes = jpeg(&px, w, h, ColorType::Rgb, sampling, progressive);
+            let path = Path::new("draft.jpg");
+            let a = exact.decode(&bytes, path).unwrap();
+            let b = draft.decode(&bytes, path).unwrap();
+            let mut diffs: Vec<u8> = a
+                .bytes()
+                .iter()
+                .zip(b.bytes())
+                .map(|(x, y)| x.abs_diff(*y))
+                .collect();
+            let mean = diffs.iter().map(|&d| f64::from(d)).sum::<f64>() / diffs.len() as f64;
+            diffs.sort_unstable();
+            let p99 = diffs[diffs.len() * 99 / 100];
+            let what = format!("{w}x{h} {sampling:?}: mean {mean:.2}, p99 {p99}");
+            if scaled {
+                assert!(mean > 0.0 && mean < 2.5 && p99 <= 16, "{what}");
+            } else {
+                assert_eq!(mean, 0.0, "{what}");
+            }
+            // Training crops decode in draft mode too (same windows: same seed, same draws).
+            let t = train.decode(&bytes, path).unwrap();
+            assert_eq!(t.bytes().len(), 3 * 112 * 112);
+        }
+    }
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p flowgate-tools --bin bench -- images --list FILE [--batch 32] [--resize 256]
-//!     [--crop 224] [--layout nchw|nhwc] [--workers N] [--dump FILE.npy]
+//!     [--crop 224] [--layout nchw|nhwc] [--draft true|false] [--workers N] [--dump FILE.npy]
 //! cargo run --release -p flowgate-tools --bin bench -- audio --list FILE [--batch 32] [--rate 16000]
 //!     [--seconds 4] [--workers N] [--dump FILE.npy] [--max-batch-seconds S [--buckets 20]]
 //! cargo run --release -p flowgate-tools --features video --bin bench -- video --list FILE [--batch 8]
@@ -17,8 +17,9 @@
 //! its `cls` parsed, in shard order.) One epoch, in-process, from building the
 //! pipeline to the last batch; prints one JSON line:
 //! `{"workload":..,"items":..,"seconds":..,"items_per_s":..,"cpu_seconds":..,"peak_rss_mb":..,
-//! "batch_shape":[..],"dtype":..}`. Without `--workers` the tuner sizes the decode stage from
-//! one worker; `--workers N` pins it. `--dump` writes the first batch (the list's first items,
+//! "batch_shape":[..],"dtype":..}`. Without `--workers` the decode stage starts at its share of
+//! the cores and the tuner sizes it; `--workers N` pins it. `--draft true` decodes JPEGs in
+//! draft mode (see `ImageRecipe::draft`). `--dump` writes the first batch (the list's first items,
 //! in list order) as a NumPy file. Audio is decoded to mono `f32`, resampled to `--rate` if the
 //! files differ, cropped or zero-padded to `--seconds`. Video (feature `video`) samples
 //! `--frames` frames uniformly per clip, scaled and center-cropped, as `u8` NTHWC.
@@ -161,6 +162,13 @@ fn parse() -> Result<Args, PipelineError> {
                 }
             }
             "--workers" => a.workers = Some(num(&v)? as usize),
+            "--draft" => {
+                a.recipe.draft = match v.as_str() {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    _ => return Err(bad(format!("--draft: true or false, not {v}"))),
+                }
+            }
             "--rate" => a.audio.rate = num(&v)?,
             "--seconds" => a.seconds = v.parse().map_err(|_| bad(format!("--seconds: {v}")))?,
             "--dump" => a.dump = Some(v.into()),
