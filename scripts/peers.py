@@ -9,6 +9,9 @@ DataLoader, in a folder given by --peers or $FLOWGATE_PEERS) at their best setti
     scripts/peers.py --peers DIR --reps 5 --torch \
         --case "shards:/tmp/ds/images.txt:/tmp/ds/shards/shard-{000000..000029}.tar"
 
+`--variant NAME=ARGS` adds a row of flowgate run tuned with extra `bench` arguments (e.g.
+`--variant "draft=--draft true"`), compared with the peers like the default row.
+
 `--pinned 1,2,3` also runs flowgate with its decode workers pinned at each count (`bench
 --workers N`) in every repetition, and reports the tuned run (from a cold process) over the
 best pinned one of the same repetition: the cost of the tuner's cold start. Without --peers
@@ -119,6 +122,8 @@ def main():
                     help="the folder of the peers' scripts (or $FLOWGATE_PEERS); none: flowgate only")
     ap.add_argument("--pinned", default="",
                     help="comma list of decode worker counts to run pinned beside the tuned run")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME=ARGS: also flowgate tuned with these extra bench arguments")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--case", action="append", required=True, help="WORKLOAD:LIST")
     ap.add_argument("--torch", action="store_true", help="also PyTorch DataLoader")
@@ -138,11 +143,16 @@ def main():
             with open(path, "rb") as f:
                 f.read()
         pinned = [int(w) for w in args.pinned.split(",") if w]
+        variants = dict(v.split("=", 1) for v in args.variant)
         runs = {"flowgate": [], "spdl": [], "torch": []}
+        runs.update({f"flowgate {v}": [] for v in variants})
         runs.update({f"pinned {w}": [] for w in pinned})
         peers = (("spdl", "torch") if args.torch else ("spdl",)) if PEERS_DIR else ()
         for rep in range(args.reps):
             runs["flowgate"].append(timed([bench, workload, "--list", lst]))
+            for v, extra in variants.items():
+                runs[f"flowgate {v}"].append(timed([bench, workload, "--list", lst,
+                                                    *extra.split()]))
             for w in pinned:
                 runs[f"pinned {w}"].append(
                     timed([bench, workload, "--list", lst, "--workers", str(w)]))
@@ -152,7 +162,8 @@ def main():
                 f"{k} {v[-1]['items_per_s']:.0f}/s" for k, v in runs.items() if v), file=sys.stderr)
         results[workload] = runs
         f = runs["flowgate"]
-        ratio = lambda key, peer: [a[key] / b[key] for a, b in zip(f, runs[peer])]
+        ratio = lambda key, peer, mine="flowgate": [a[key] / b[key]
+                                                   for a, b in zip(runs[mine], runs[peer])]
         print(f"\n{workload} ({lst}, {f[0]['items']} items, {args.reps} interleaved repetitions;"
               " median (min–max))\n")
         print("| loader | items/s | CPU s per 1000 items | peak RSS MB |\n|---|---|---|---|")
@@ -176,6 +187,14 @@ def main():
         if runs["torch"]:
             print(f"| **flowgate / PyTorch** | **{span(ratio('items_per_s', 'torch'), '{:.2f}')}×** | "
                   f"{span(ratio('cpu_per_1000', 'torch'), '{:.2f}')}× | |")
+        for v in variants:
+            for peer, label in (("spdl", "SPDL"), ("torch", "PyTorch")):
+                if runs[peer]:
+                    mine = f"flowgate {v}"
+                    print(f"| **flowgate {v} / {label}** | "
+                          f"**{span(ratio('items_per_s', peer, mine), '{:.2f}')}×** | "
+                          f"{span(ratio('cpu_per_1000', peer, mine), '{:.2f}')}× | "
+                          f"{span(ratio('rss_mb', peer, mine), '{:.2f}') + '×' if peer == 'spdl' else ''} |")
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as out:
         json.dump(results, out, indent=1)

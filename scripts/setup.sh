@@ -4,6 +4,8 @@
 #   scripts/setup.sh --test   the same, plus the local S3 server the integration tests start
 #                             (s3s-fs 0.14.1, built once into target/tools/bin) and python3
 #                             with venv for the Python package's tests
+#   scripts/setup.sh --floors the system libraries, plus libFLAC's headers and gcc for the
+#                             decode floors of scripts/floors.py
 # Idempotent: what is there already is left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +19,7 @@ fi
 # clips.
 PKGS=(pkg-config clang libclang-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev
       libswresample-dev libavfilter-dev libavdevice-dev libjpeg-dev ffmpeg fonts-dejavu-core)
+if [ "${1:-}" = "--floors" ]; then PKGS+=(libflac-dev gcc); fi
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

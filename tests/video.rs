@@ -437,3 +437,65 @@ fn skipping_unreferenced_frames_keeps_the_sampled_frames_identical() {
         assert!(a.bytes() == b.bytes(), "{sampling:?}: the frames differ");
     }
 }
+
+/// Draft mode (no loop filter on the frames decoded only to reach a sample) stays close to the
+/// full decode: bounded mean and 99th-percentile differences in every sampling mode.
+#[test]
+fn draft_mode_stays_close_to_the_full_decode() {
+    let d = dir("draft");
+    let clip = d.0.join("pattern.mp4");
+    write_clip(
+        &clip,
+        &ClipSpec {
+            width: 320,
+            height: 240,
+            fps: 25,
+            frames: 150,
+            gop: 50,
+            pattern: true,
+            seed: 5,
+            audio_rate: None,
+        },
+    )
+    .unwrap();
+    let mut total = (0.0, 0usize);
+    for sampling in [
+        Sampling::Uniform(8),
+        Sampling::At(vec![0.0, 0.37, 1.5, 1.9, 5.9]),
+        Sampling::Window {
+            frames: 4,
+            stride: 4,
+            random: true,
+        },
+    ] {
+        let exact = VideoRecipe {
+            resize: 128,
+            crop: 112,
+            ..recipe(sampling.clone())
+        }
+        .with_seed(1);
+        let draft = VideoRecipe {
+            draft: true,
+            ..exact.clone()
+        };
+        let (a, b) = (exact.load(&clip).unwrap(), draft.load(&clip).unwrap());
+        assert_eq!(a.shape(), b.shape(), "{sampling:?}");
+        let mut diffs: Vec<u8> = a
+            .bytes()
+            .iter()
+            .zip(b.bytes())
+            .map(|(x, y)| x.abs_diff(*y))
+            .collect();
+        let mean = diffs.iter().map(|&d| f64::from(d)).sum::<f64>() / diffs.len() as f64;
+        diffs.sort_unstable();
+        let p99 = diffs[diffs.len() * 99 / 100];
+        assert!(
+            mean < 2.0 && p99 <= 16,
+            "{sampling:?}: mean {mean:.3}, p99 {p99}"
+        );
+        total.0 += mean;
+        total.1 += 1;
+    }
+    // The filter was skipped somewhere: a sample far from its keyframe differs a little.
+    assert!(total.0 > 0.0, "draft mode changed nothing");
+}

@@ -518,6 +518,10 @@ class VideoLoader(_Loader):
     the same for the same ``seed``, epoch and file (so a resumed run redraws it). A clip shorter
     than the window repeats its last frame.
 
+    ``draft``: skip the in-loop deblocking filter on the frames decoded only to reach a
+    sample (H.264/HEVC): less decoding work, but the sampled frames differ slightly from a
+    full decode's (their references were not deblocked; see ``docs/performance.md``).
+
     ``max_batch_frames`` with ``fps``: length-aware batches instead of ``batch_size`` clips
     of ``frames`` frames. Each clip yields the frames shown at ``(k + 0.5) / fps`` seconds, as
     many as its declared duration holds (``floor(seconds * fps)``, at least one, at most
@@ -550,6 +554,7 @@ class VideoLoader(_Loader):
         buckets: int = 20,
         stride: Optional[int] = None,
         train: bool = False,
+        draft: bool = False,
         shuffle: bool = True,
         seed: int = 0,
         rank: Optional[int] = None,
@@ -577,7 +582,7 @@ class VideoLoader(_Loader):
         return _native.video_loader(
             _paths(a["paths"]), _options(a), a["frames"], a["resize"], a["crop"], a["layout"],
             a["threads"], a["audio_seconds"], a["audio_rate"], a["fps"],
-            a["max_batch_frames"], a["buckets"], a["stride"], a["train"])
+            a["max_batch_frames"], a["buckets"], a["stride"], a["train"], bool(a["draft"]))
 
 
 class Pipeline:

@@ -81,7 +81,10 @@ def audio_loader(paths: Any, options: Options, rate: int = ..., seconds: float =
                  max_batch_seconds: Optional[float] = ..., buckets: int = ...) -> Loader: ...
 def video_loader(paths: Any, options: Options, frames: int = ..., resize: int = ...,
                  crop: int = ..., layout: str = ..., threads: int = ...,
-                 audio_seconds: Optional[float] = ..., audio_rate: int = ...) -> Loader:
+                 audio_seconds: Optional[float] = ..., audio_rate: int = ...,
+                 fps: Optional[float] = ..., max_batch_frames: Optional[int] = ...,
+                 buckets: int = ..., stride: Optional[int] = ..., train: bool = ...,
+                 draft: bool = ...) -> Loader:
     """Only when built with the ``video`` feature."""
 def _thread_count() -> int: ...
 def _batch_from_bytes(bytes: bytes, dtype: str, shape: List[int]) -> Batch: ...

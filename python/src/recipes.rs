@@ -469,7 +469,7 @@ pub(crate) fn audio_loader(
 #[pyfunction]
 #[pyo3(signature = (paths, options, frames=8, resize=128, crop=112, layout="nthwc", threads=1,
     audio_seconds=None, audio_rate=16000, fps=None, max_batch_frames=None, buckets=20,
-    stride=None, train=false))]
+    stride=None, train=false, draft=false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn video_loader(
     paths: &Bound<'_, PyAny>,
@@ -486,6 +486,7 @@ pub(crate) fn video_loader(
     buckets: usize,
     stride: Option<usize>,
     train: bool,
+    draft: bool,
 ) -> PyResult<Loader> {
     use flowgate::media::video::{Sampling, VideoLayout, VideoRecipe};
     let layout = choice(
@@ -537,6 +538,7 @@ pub(crate) fn video_loader(
         crop,
         layout,
         threads,
+        draft,
         ..VideoRecipe::default()
     };
     let video = Recipe::video(recipe.clone())

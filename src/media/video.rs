@@ -85,6 +85,13 @@ pub struct VideoRecipe {
     /// nor needed to decode one, so the frames are the same (tested) for less work. Default
     /// on.
     pub skip_unreferenced: bool,
+    /// Draft mode: skip H.264/HEVC's in-loop deblocking filter on the frames decoded only to
+    /// reach a sample (those shown more than two frames before it); the sampled frames and
+    /// their neighbours are filtered as usual. Less work per clip, but the samples are no longer
+    /// bit-identical to a full decode: the references they are predicted from were not
+    /// deblocked (the difference is measured in the tests and `docs/performance.md`). Off by
+    /// default.
+    pub draft: bool,
     /// The user's seed of random windows (see [`item_seed`](super::item_seed)).
     pub seed: u64,
     /// The epoch whose windows to draw (set by [`for_epoch`](Self::for_epoch)).
@@ -106,6 +113,7 @@ impl Default for VideoRecipe {
             threads: 1,
             seek_gap: 1.0,
             skip_unreferenced: true,
+            draft: false,
             seed: 0,
             epoch: 0,
             limits: super::Limits::default(),
@@ -388,6 +396,7 @@ impl VideoRecipe {
         };
         let mut sought = None; // the sample the last seek was for
         let mut skipping = false; // whether the decoder drops unreferenced frames now
+        let mut unfiltered = false; // whether it skips the loop filter now (draft mode)
         'scan: loop {
             let mut seek_to = None;
             for (s, packet) in input.packets() {
@@ -397,12 +406,26 @@ impl VideoRecipe {
                 // A frame nothing references (a B-frame, usually) that is shown well before
                 // the next sample can be neither sampled nor needed to decode one: the
                 // decoder drops it unseen. Near the sample every frame is decoded again.
-                if self.skip_unreferenced {
+                // In draft mode such frames' loop filter is skipped too (see `draft`).
+                if self.skip_unreferenced || self.draft {
                     let shown = packet.pts().map(|p| (p - start) as f64 * tb);
                     let far = shown.is_some_and(|t| {
                         t + UNREFERENCED_MARGIN * frame_time < targets[pick.next] - FRAME_EPS
                     });
-                    if far != skipping {
+                    if self.draft && far != unfiltered {
+                        use ffmpeg::ffi::AVDiscard;
+                        // SAFETY: sets a plain field of the open decoder's context, which the
+                        // H.264 and HEVC decoders read per slice.
+                        unsafe {
+                            (*decoder.as_mut_ptr()).skip_loop_filter = if far {
+                                AVDiscard::AVDISCARD_ALL
+                            } else {
+                                AVDiscard::AVDISCARD_DEFAULT
+                            };
+                        }
+                        unfiltered = far;
+                    }
+                    if self.skip_unreferenced && far != skipping {
                         decoder.skip_frame(if far {
                             ffmpeg::codec::discard::Discard::NonReference
                         } else {

@@ -161,6 +161,7 @@ impl PipelineSpec {
                 fps,
                 stride,
                 train,
+                draft,
                 ..
             } => Recipe::video(crate::media::video::VideoRecipe {
                 sampling: match (fps, self.batch.max_frames, stride) {
@@ -177,6 +178,7 @@ impl PipelineSpec {
                 resize: *resize,
                 crop: *crop,
                 threads: *threads,
+                draft: *draft,
                 ..Default::default()
             }),
             #[cfg(not(feature = "video"))]

@@ -266,6 +266,10 @@ pub enum DecodeSpec {
         /// With `stride`: a random window every epoch.
         #[serde(default)]
         train: bool,
+        /// Draft mode: no loop filter on the frames decoded only to reach a sample (see
+        /// `flowgate::media::video::VideoRecipe::draft`).
+        #[serde(default)]
+        draft: bool,
         /// Fixed decode workers; the tuner decides when absent.
         #[serde(default)]
         workers: Option<usize>,

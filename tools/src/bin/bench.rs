@@ -7,7 +7,7 @@
 //! cargo run --release -p flowgate-tools --bin bench -- audio --list FILE [--batch 32] [--rate 16000]
 //!     [--seconds 4] [--workers N] [--dump FILE.npy] [--max-batch-seconds S [--buckets 20]]
 //! cargo run --release -p flowgate-tools --features video --bin bench -- video --list FILE [--batch 8]
-//!     [--frames 8] [--resize 128] [--crop 112] [--workers N] [--dump FILE.npy]
+//!     [--frames 8] [--resize 128] [--crop 112] [--draft true|false] [--workers N] [--dump FILE.npy]
 //! ```
 //!
 //! (`--dir DIR` is accepted instead of `--list`, and `--shards PATTERN` reads WebDataset tar
@@ -19,7 +19,8 @@
 //! `{"workload":..,"items":..,"seconds":..,"items_per_s":..,"cpu_seconds":..,"peak_rss_mb":..,
 //! "batch_shape":[..],"dtype":..}`. Without `--workers` the decode stage starts at its share of
 //! the cores and the tuner sizes it; `--workers N` pins it. `--draft true` decodes JPEGs in
-//! draft mode (see `ImageRecipe::draft`). `--dump` writes the first batch (the list's first items,
+//! draft mode (see `ImageRecipe::draft`), and video without the loop filter on frames decoded
+//! only to reach a sample (`VideoRecipe::draft`). `--dump` writes the first batch (the list's first items,
 //! in list order) as a NumPy file. Audio is decoded to mono `f32`, resampled to `--rate` if the
 //! files differ, cropped or zero-padded to `--seconds`. Video (feature `video`) samples
 //! `--frames` frames uniformly per clip, scaled and center-cropped, as `u8` NTHWC.
@@ -285,6 +286,7 @@ fn main() -> Result<(), PipelineError> {
                 sampling: Sampling::Uniform(a.frames),
                 resize: a.resize.unwrap_or(d.resize),
                 crop: a.crop.unwrap_or(d.crop),
+                draft: a.recipe.draft,
                 ..d
             })
         }
