@@ -21,7 +21,9 @@ use crate::device::Device;
 use crate::error::to_py;
 use crate::state::{state_from_py, state_to_py};
 
-type Make = Box<dyn Fn() -> Result<Pipeline<Loaded>, PipelineError> + Send + Sync>;
+/// Builds the loader's pipeline; given the decode workers the last pipeline ended with (what
+/// its tuner learned), the new one starts there instead of at its share of the cores.
+type Make = Box<dyn Fn(Option<usize>) -> Result<Pipeline<Loaded>, PipelineError> + Send + Sync>;
 
 /// Keeps the last this many skipped failures.
 const KEEP_FAILURES: usize = 1000;
@@ -52,12 +54,15 @@ struct Core {
     /// can abandon it.
     iterators: u64,
     failures: Arc<Mutex<Failures>>,
+    /// The decode workers the last dropped pipeline had (its tuner's choice): a rebuilt one
+    /// starts there, so an epoch cut short (`break`) does not cost the next a cold start.
+    learned: Option<usize>,
 }
 
 impl Core {
     fn pipeline(&mut self) -> Result<&mut Pipeline<Loaded>, PipelineError> {
         if self.pipeline.is_none() {
-            let mut p = (self.make)()?;
+            let mut p = (self.make)(self.learned)?;
             if self.resume_at > 0 {
                 p.start_at_epoch(self.resume_at)?;
             }
@@ -73,6 +78,7 @@ impl Core {
         *self.monitor.lock().expect("monitor") = None;
         if let Some(p) = self.pipeline.take() {
             self.resume_at = p.epoch() + u64::from(self.in_epoch);
+            self.learned = p.stats().stage("decode").map(|s| s.workers);
         }
         self.in_epoch = false;
     }
@@ -184,7 +190,7 @@ impl Loader {
         let labels = extras.batch_labels();
         let device = device.map(Arc::new);
         let sim_log = device.as_ref().and_then(|d| d.log.clone());
-        let make: Make = Box::new(move || {
+        let make: Make = Box::new(move |learned: Option<usize>| {
             let uploader = device.as_ref().map(|d| d.uploader());
             let alloc = uploader.as_ref().map(Uploader::host_alloc);
             let labels = labels.clone();
@@ -197,7 +203,11 @@ impl Loader {
                 .pipe(
                     "decode",
                     move |(i, epoch): (usize, u64)| read.load(i, epoch, &decode),
-                    workers.map_or(Workers::auto(), Workers::fixed),
+                    match (workers, learned) {
+                        (Some(n), _) => Workers::fixed(n),
+                        (None, Some(n)) => Workers::initial(n),
+                        (None, None) => Workers::auto(),
+                    },
                 )
                 .measure(|(t, _): &(Vec<Tensor>, Meta)| nbytes(t));
             // The decode stage reads what the shards' prefetch fetches: the tuner deepens it.
@@ -265,6 +275,7 @@ impl Loader {
                 monitor: Arc::clone(&monitor),
                 iterators: 0,
                 failures: Arc::clone(&failures),
+                learned: None,
             }),
             monitor,
             batches_per_epoch,
@@ -496,6 +507,13 @@ impl Loader {
     fn _next_epoch(&self, py: Python<'_>) -> u64 {
         let core = &self.core;
         py.allow_threads(|| core.lock().expect("loader").next_epoch())
+    }
+
+    /// The decode workers a rebuilt pipeline starts with: what the last one ended with, or
+    /// `None` (its share of the cores) before any rebuild; builds nothing.
+    fn _learned_workers(&self, py: Python<'_>) -> Option<usize> {
+        let core = &self.core;
+        py.allow_threads(|| core.lock().expect("loader").learned)
     }
 
     /// A checkpoint of the consumer's progress (plain ints and lists: picklable, JSON-able).

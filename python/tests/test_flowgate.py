@@ -3,6 +3,7 @@
 import gc
 import hashlib
 import importlib.util
+import os
 import pathlib
 import time
 
@@ -489,6 +490,31 @@ def test_epochs_continue_after_an_error_a_close_or_a_break(data, tmp_path):
     with pytest.raises(flowgate.LoaderError):
         order(failing)
     assert failing.epoch == 1, "the failed epoch is over; the next is epoch 1"
+
+
+def test_a_rebuilt_pipeline_starts_with_the_workers_the_last_one_had(data):
+    """An epoch cut short (a `break`, e.g. a fixed number of steps per epoch) rebuilds the
+    pipeline: the new one starts its decode stage where the tuner had left the old one, not
+    at a cold start."""
+    paths = [str(p) for p in sorted((data / "images").glob("*.jpg"))]
+    loader = flowgate.ImageLoader(paths, batch_size=4, crop=32, resize=32)
+    assert loader._learned_workers() is None
+    it = iter(loader)
+    next(it)
+    had = loader.stats()["stages"]["decode"]["workers"]
+    del it  # a break: the next iter() rebuilds the pipeline
+    it = iter(loader)
+    next(it)
+    learned = loader._learned_workers()
+    assert learned is not None and 1 <= learned <= max(had, os.cpu_count())
+    del it
+    # A pinned count stays pinned.
+    pinned = flowgate.ImageLoader(paths, batch_size=4, crop=32, resize=32, workers=1)
+    it = iter(pinned)
+    next(it)
+    del it
+    next(iter(pinned))
+    assert pinned.stats()["stages"]["decode"]["workers"] == 1
 
 
 def test_video_windows_are_redrawn_every_epoch_and_reproducible(videos):
