@@ -131,7 +131,7 @@ def main():
     args = ap.parse_args()
     global PEERS_DIR
     PEERS_DIR = args.peers
-    bench = os.path.join(ROOT, "target", "release", "bench")
+    bench = os.environ.get("FLOWGATE_BENCH", os.path.join(ROOT, "target", "release", "bench"))
     results = {}
     for case in args.case:
         workload, lst = case.split(":", 1)

@@ -5,6 +5,7 @@
  *
  *   audio_floor libflac LIST SAMPLES   # FLAC through libFLAC (the reference decoder)
  *   audio_floor libav LIST SAMPLES     # any format through FFmpeg's libavformat + libavcodec
+ *   audio_floor wav LIST SAMPLES       # 16-bit PCM WAV by hand: read, find the chunks, convert
  *
  * LIST holds one path per line. Prints one JSON line: clips, samples decoded, CPU seconds,
  * CPU ms per clip, and a checksum of the output (so the work cannot be skipped and two
@@ -61,6 +62,50 @@ static int decode_libflac(FLAC__StreamDecoder *dec, const char *path) {
   FLAC__stream_decoder_process_until_end_of_stream(dec);
   FLAC__stream_decoder_finish(dec);
   return 0;
+}
+
+/* ---- WAV by hand: the least any WAV reader can do ---- */
+
+static unsigned le16(const unsigned char *p) { return p[0] | p[1] << 8; }
+static unsigned long le32(const unsigned char *p) {
+  return p[0] | p[1] << 8 | p[2] << 16 | (unsigned long)p[3] << 24;
+}
+
+static int decode_wav(const char *path, unsigned char **buf, size_t *cap) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return -1;
+  /* Only the header and the samples asked for are read (as a decoder that stops early). */
+  size_t need = 4096 + (size_t)want * 2 * 2; /* up to stereo */
+  if (*cap < need) {
+    *buf = realloc(*buf, need);
+    *cap = need;
+  }
+  size_t n = fread(*buf, 1, need, f);
+  fclose(f);
+  const unsigned char *b = *buf;
+  if (n < 12 || memcmp(b, "RIFF", 4) || memcmp(b + 8, "WAVE", 4)) return -1;
+  unsigned ch = 1, bits = 16;
+  for (size_t at = 12; at + 8 <= n;) {
+    unsigned long len = le32(b + at + 4);
+    if (!memcmp(b + at, "fmt ", 4) && at + 24 <= n) {
+      ch = le16(b + at + 10);
+      bits = le16(b + at + 22);
+    } else if (!memcmp(b + at, "data", 4)) {
+      if (bits != 16 || ch == 0) return -1;
+      const unsigned char *d = b + at + 8;
+      size_t frames = (n - (at + 8)) / (2 * ch);
+      if (len / (2 * ch) < frames) frames = len / (2 * ch);
+      float scale = 1.0f / (32768.0f * ch);
+      for (size_t i = 0; i < frames && have < want; i++, have++) {
+        int s = 0;
+        for (unsigned c = 0; c < ch; c++) s += (int16_t)le16(d + 2 * (i * ch + c));
+        out[have] = s * scale;
+      }
+      return 0;
+    }
+    at += 8 + len + (len & 1);
+  }
+  return -1;
 }
 
 /* ---- libavformat + libavcodec ---- */
@@ -120,11 +165,14 @@ static int decode_libav(const char *path, AVPacket *pkt, AVFrame *frame) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 4 || (strcmp(argv[1], "libflac") && strcmp(argv[1], "libav"))) {
-    fprintf(stderr, "usage: audio_floor libflac|libav LIST SAMPLES\n");
+  if (argc != 4 ||
+      (strcmp(argv[1], "libflac") && strcmp(argv[1], "libav") && strcmp(argv[1], "wav"))) {
+    fprintf(stderr, "usage: audio_floor libflac|libav|wav LIST SAMPLES\n");
     return 2;
   }
-  int flac = !strcmp(argv[1], "libflac");
+  int flac = !strcmp(argv[1], "libflac"), wav = !strcmp(argv[1], "wav");
+  unsigned char *wbuf = NULL;
+  size_t wcap = 0;
   want = atol(argv[3]);
   out = calloc(want, sizeof(float));
   FILE *list = fopen(argv[2], "r");
@@ -138,23 +186,26 @@ int main(int argc, char **argv) {
   AVFrame *frame = av_frame_alloc();
   char path[4096];
   long clips = 0, failed = 0, samples = 0;
-  double checksum = 0;
-  double t0 = cpu_now();
+  double checksum = 0, cpu = 0;
   while (fgets(path, sizeof path, list)) {
     path[strcspn(path, "\r\n")] = 0;
     if (!*path) continue;
     have = 0;
-    int rc = flac ? decode_libflac(dec, path) : decode_libav(path, pkt, frame);
+    double t0 = cpu_now();
+    int rc = flac  ? decode_libflac(dec, path)
+             : wav ? decode_wav(path, &wbuf, &wcap)
+                   : decode_libav(path, pkt, frame);
+    cpu += cpu_now() - t0; /* the checksum below is not the decoder's work */
     if (rc < 0) failed++;
     for (long i = 0; i < have; i++) checksum += out[i] < 0 ? -out[i] : out[i];
     samples += have;
     clips++;
   }
-  double cpu = cpu_now() - t0;
   printf("{\"decoder\":\"%s\",\"clips\":%ld,\"failed\":%ld,\"samples\":%ld,"
          "\"cpu_seconds\":%.4f,\"cpu_ms_per_clip\":%.4f,\"checksum\":%.3f}\n",
-         flac ? "libFLAC" : "libav", clips, failed, samples, cpu,
+         flac ? "libFLAC" : wav ? "wav" : "libav", clips, failed, samples, cpu,
          clips ? cpu * 1e3 / clips : 0.0, checksum);
+  free(wbuf);
   FLAC__stream_decoder_delete(dec);
   av_packet_free(&pkt);
   av_frame_free(&frame);

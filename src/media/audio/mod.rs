@@ -161,6 +161,9 @@ impl AudioRecipe {
     /// Like [`load`](Self::load), with the number of real (not padded) samples: the lengths
     /// vector of a batch of clips shorter than the window.
     pub fn load_with_length(&self, path: &Path) -> Result<(Tensor, usize), MediaError> {
+        if let Some(r) = self.load_wav(path) {
+            return r;
+        }
         let source = self.open(path)?;
         self.decode_source(source, path)
     }
@@ -214,6 +217,9 @@ impl AudioRecipe {
                 path: path.to_path_buf(),
             });
         }
+        if let Some(r) = self.decode_wav(&bytes, path) {
+            return r;
+        }
         self.decode_source(Box::new(Cursor::new(bytes)), path)
     }
 
@@ -250,17 +256,28 @@ impl AudioRecipe {
         rate: u32,
         path: &Path,
     ) -> Result<(), MediaError> {
+        let channels = params.channels.map_or(1, |c| c.count());
+        self.check_declared_counts(rate, channels, params.n_frames, path)
+    }
+
+    /// [`check_declared`](Self::check_declared) of a rate, a channel count and a length.
+    fn check_declared_counts(
+        &self,
+        rate: u32,
+        channels: usize,
+        n_frames: Option<u64>,
+        path: &Path,
+    ) -> Result<(), MediaError> {
         let l = &self.limits;
         if rate > l.max_sample_rate {
             let (v, m) = (u64::from(rate), u64::from(l.max_sample_rate));
             return Err(MediaError::too_large(path, "sample rate", v, m));
         }
-        let channels = params.channels.map_or(1, |c| c.count());
         if channels as u64 > u64::from(l.max_channels) {
             let m = u64::from(l.max_channels);
             return Err(MediaError::too_large(path, "channels", channels as u64, m));
         }
-        if let Some(n) = params.n_frames {
+        if let Some(n) = n_frames {
             let seconds = n as f64 / f64::from(rate);
             if seconds > l.max_seconds {
                 let m = l.max_seconds as u64;
@@ -541,3 +558,4 @@ fn f32_slice_mut(t: &mut Tensor) -> &mut [f32] {
 
 #[cfg(test)]
 mod tests;
+mod wav;

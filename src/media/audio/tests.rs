@@ -262,3 +262,137 @@ fn bad_audio_is_a_typed_error_naming_the_file() {
         "truncated"
     );
 }
+
+/// A WAV with a float or 16-bit data chunk after an unrelated chunk; `extensible` writes
+/// WAVE_FORMAT_EXTENSIBLE's longer `fmt `.
+fn wav_with(rate: u32, channels: u16, float: bool, extensible: bool, samples: &[f32]) -> Vec<u8> {
+    let width: u16 = if float { 4 } else { 2 };
+    let mut data = Vec::new();
+    for &s in samples {
+        if float {
+            data.extend_from_slice(&s.to_le_bytes());
+        } else {
+            data.extend_from_slice(&((s * 32_767.0) as i16).to_le_bytes());
+        }
+    }
+    let mut fmt = Vec::new();
+    let tag: u16 = if float { 3 } else { 1 };
+    fmt.extend_from_slice(&(if extensible { 0xFFFE } else { tag }).to_le_bytes());
+    fmt.extend_from_slice(&channels.to_le_bytes());
+    fmt.extend_from_slice(&rate.to_le_bytes());
+    fmt.extend_from_slice(&(rate * u32::from(width * channels)).to_le_bytes());
+    fmt.extend_from_slice(&(width * channels).to_le_bytes());
+    fmt.extend_from_slice(&(width * 8).to_le_bytes());
+    if extensible {
+        fmt.extend_from_slice(&22u16.to_le_bytes());
+        fmt.extend_from_slice(&(width * 8).to_le_bytes());
+        fmt.extend_from_slice(&0u32.to_le_bytes());
+        fmt.extend_from_slice(&tag.to_le_bytes());
+        fmt.extend_from_slice(b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xAA\x00\x38\x9B\x71");
+    }
+    let mut v = Vec::new();
+    v.extend_from_slice(b"RIFF");
+    v.extend_from_slice(&(4 + 8 + fmt.len() + 8 + 3 + 1 + 8 + data.len()).to_le_bytes()[..4]);
+    v.extend_from_slice(b"WAVEfmt ");
+    v.extend_from_slice(&(fmt.len() as u32).to_le_bytes());
+    v.extend_from_slice(&fmt);
+    // An odd-sized chunk before the data (padded to even, as RIFF says).
+    v.extend_from_slice(b"junk");
+    v.extend_from_slice(&3u32.to_le_bytes());
+    v.extend_from_slice(b"abc\0");
+    v.extend_from_slice(b"data");
+    v.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    v.extend_from_slice(&data);
+    v
+}
+
+/// The direct WAV reader gives symphonia's samples bit for bit (formats, channels, mono
+/// mixing, crops, random windows, padding), from files and from bytes, and leaves to
+/// symphonia what it does not read (24-bit, another rate, a header that lies about the data).
+#[test]
+fn direct_wav_reading_matches_symphonia_bit_for_bit() {
+    let dir = std::env::temp_dir().join(format!("flowgate-wav-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut rng = flowgate_tuner::Rng::new(9);
+    let mut n = 0;
+    for (channels, float, extensible, frames) in [
+        (1u16, false, false, 5_000usize),
+        (2, false, false, 5_000),
+        (3, false, true, 1_500),
+        (2, true, false, 5_000),
+        (1, true, true, 800),
+    ] {
+        let samples: Vec<f32> = (0..frames * channels as usize)
+            .map(|_| (rng.uniform() * 2.0 - 1.0) as f32)
+            .collect();
+        let bytes = wav_with(16_000, channels, float, extensible, &samples);
+        let path = dir.join(format!("c{channels}-{float}-{extensible}.wav"));
+        std::fs::write(&path, &bytes).unwrap();
+        for (samples, mono, random_crop, seed) in [
+            (2_000, true, false, 0),
+            (2_000, false, false, 0),
+            (2_000, true, true, 4),
+            (2_000, false, true, 5),
+            (9_000, true, false, 0),
+        ] {
+            let r = AudioRecipe {
+                rate: 16_000,
+                samples,
+                channels: if mono { Channels::Mono } else { Channels::Keep },
+                random_crop,
+                seed,
+                ..AudioRecipe::default()
+            };
+            let direct = r.load_wav(&path).expect("read directly").unwrap();
+            let from_bytes = r.decode_wav(&bytes, &path).expect("read directly").unwrap();
+            let symphonia = r
+                .decode_source(Box::new(std::io::Cursor::new(bytes.clone())), &path)
+                .unwrap();
+            assert_eq!(
+                direct.1, symphonia.1,
+                "{path:?} {samples} {mono} {random_crop}"
+            );
+            assert_eq!(direct.0.shape(), symphonia.0.shape());
+            assert!(
+                direct.0.bytes() == symphonia.0.bytes(),
+                "{path:?} {samples} {mono}"
+            );
+            assert!(from_bytes.0.bytes() == symphonia.0.bytes());
+            // And through the public entry points.
+            assert!(r.load(&path).unwrap().bytes() == symphonia.0.bytes());
+            n += 1;
+        }
+    }
+    assert_eq!(n, 25);
+    let r = AudioRecipe {
+        rate: 16_000,
+        samples: 1_000,
+        ..AudioRecipe::default()
+    };
+    let frames = vec![[100i16, -100]; 3_000];
+    // Another rate: symphonia and the resampler.
+    assert!(r
+        .decode_wav(&wav(44_100, 1, &frames), Path::new("r.wav"))
+        .is_none());
+    // A data chunk that claims more than the file holds: symphonia decides.
+    let mut lying = wav(16_000, 1, &frames);
+    lying.truncate(lying.len() - 1_000);
+    assert!(r.decode_wav(&lying, Path::new("l.wav")).is_none());
+    assert_eq!(
+        r.decode(lying, Path::new("l.wav")).unwrap().shape(),
+        [1_000]
+    );
+    // Limits apply before anything the size of the data is read.
+    let tight = AudioRecipe {
+        limits: crate::media::Limits {
+            max_channels: 1,
+            ..crate::media::Limits::default()
+        },
+        ..r
+    };
+    let e = tight
+        .decode(wav(16_000, 2, &frames), Path::new("s.wav"))
+        .unwrap_err();
+    assert!(e.to_string().contains("channels"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
