@@ -15,13 +15,14 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Once;
 
-use ffmpeg::format::Pixel;
-use ffmpeg::software::scaling::{context::Context as Scaler, flag::Flags};
 use ffmpeg::util::frame::video::Video as Frame;
 use ffmpeg_next as ffmpeg;
 
 use crate::media::MediaError;
 use crate::tensor::{DType, Tensor};
+
+mod frames;
+use frames::{FrameWriter, Picker};
 
 /// Where the channels go.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -539,134 +540,6 @@ const UNREFERENCED_MARGIN: f64 = 2.0;
 
 /// Slack for frame times rounded by the container's time base.
 const FRAME_EPS: f64 = 1e-3;
-
-/// Chooses, for each sample time, the frame shown then: the last frame that starts at or
-/// before it. Decoded frames alternate between two buffers (no copies): `prev` holds the
-/// latest candidate while `cur` receives the next frame.
-struct Picker<'a> {
-    targets: &'a [f64],
-    next: usize,
-    cur: Frame,
-    prev: Frame,
-    /// The time of the frame in `prev`, if it is a candidate.
-    prev_t: Option<f64>,
-    /// The time of the last decoded frame.
-    last_t: f64,
-    start: i64,
-    tb: f64,
-}
-
-impl Picker<'_> {
-    fn done(&self) -> bool {
-        self.next == self.targets.len()
-    }
-
-    /// Takes every frame the decoder has ready.
-    fn drain(
-        &mut self,
-        decoder: &mut ffmpeg::decoder::Video,
-        writer: &mut FrameWriter<'_>,
-        path: &Path,
-    ) -> Result<(), MediaError> {
-        while !self.done() && decoder.receive_frame(&mut self.cur).is_ok() {
-            DECODED.fetch_add(1, Ordering::Relaxed);
-            let ts = self.cur.timestamp().or(self.cur.pts()).unwrap_or(0);
-            let t = (ts - self.start) as f64 * self.tb;
-            self.last_t = t;
-            while !self.done() {
-                if t <= self.targets[self.next] + FRAME_EPS {
-                    // A candidate for the next sample; a later frame may still be closer.
-                    std::mem::swap(&mut self.cur, &mut self.prev);
-                    self.prev_t = Some(t);
-                    break;
-                }
-                // This frame starts after the sample: the sample is the frame before it (or
-                // this one, if the stream starts after the sample time).
-                let shown = if self.prev_t.is_some() {
-                    &self.prev
-                } else {
-                    &self.cur
-                };
-                writer.write(shown, self.next, path)?;
-                self.next += 1;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Scales a decoded frame and writes its crop into one sample's slot.
-struct FrameWriter<'a> {
-    recipe: &'a VideoRecipe,
-    scaler: Option<(Scaler, (Pixel, u32, u32))>,
-    rgb: Frame,
-    out: &'a mut [u8],
-    frames: usize,
-}
-
-impl FrameWriter<'_> {
-    fn write(&mut self, frame: &Frame, slot: usize, path: &Path) -> Result<(), MediaError> {
-        let (w, h) = (frame.width(), frame.height());
-        if w == 0 || h == 0 {
-            return Err(MediaError::Geometry {
-                path: path.to_path_buf(),
-                reason: "a frame of size 0".into(),
-            });
-        }
-        let r = self.recipe.resize;
-        let (sw, sh) = if w <= h {
-            (r, ((u64::from(r) * u64::from(h)) / u64::from(w)) as u32)
-        } else {
-            (((u64::from(r) * u64::from(w)) / u64::from(h)) as u32, r)
-        };
-        let key = (frame.format(), w, h);
-        if self.scaler.as_ref().is_none_or(|(_, k)| *k != key) {
-            let scaler = Scaler::get(frame.format(), w, h, Pixel::RGB24, sw, sh, Flags::BILINEAR)
-                .map_err(|e| MediaError::Decode {
-                path: path.to_path_buf(),
-                source: Box::new(e),
-            })?;
-            self.scaler = Some((scaler, key));
-        }
-        let (scaler, _) = self.scaler.as_mut().expect("set above");
-        scaler
-            .run(frame, &mut self.rgb)
-            .map_err(|e| MediaError::Decode {
-                path: path.to_path_buf(),
-                source: Box::new(e),
-            })?;
-        let c = self.recipe.crop as usize;
-        // torchvision's center-crop offsets: round((size - crop) / 2), half to even.
-        let offset =
-            |size: u32| (f64::from(size - self.recipe.crop) / 2.0).round_ties_even() as usize;
-        let (x0, y0) = (offset(sw), offset(sh));
-        let stride = self.rgb.stride(0);
-        let data = self.rgb.data(0);
-        match self.recipe.layout {
-            VideoLayout::Nthwc => {
-                let slot_len = c * c * 3;
-                let dst = &mut self.out[slot * slot_len..(slot + 1) * slot_len];
-                for y in 0..c {
-                    let src = &data[(y0 + y) * stride + x0 * 3..][..c * 3];
-                    dst[y * c * 3..(y + 1) * c * 3].copy_from_slice(src);
-                }
-            }
-            VideoLayout::Ncthw => {
-                let plane = self.frames * c * c;
-                for y in 0..c {
-                    let src = &data[(y0 + y) * stride + x0 * 3..][..c * 3];
-                    for ch in 0..3 {
-                        let row = ch * plane + slot * c * c + y * c;
-                        for (x, d) in self.out[row..row + c].iter_mut().enumerate() {
-                            *d = src[x * 3 + ch];
-                        }
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-}
 
 /// Opens `path` as `ffmpeg::format::input` does, but with the decoders of FFmpeg's stream probe
 /// (`avformat_find_stream_info` decodes a few frames of each stream to learn its parameters)
