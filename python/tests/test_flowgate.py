@@ -498,14 +498,14 @@ def test_a_rebuilt_pipeline_starts_with_the_workers_the_last_one_had(data):
     at a cold start."""
     paths = [str(p) for p in sorted((data / "images").glob("*.jpg"))]
     loader = flowgate.ImageLoader(paths, batch_size=4, crop=32, resize=32)
-    assert loader._learned_workers() is None
+    assert loader._native._learned_workers() is None
     it = iter(loader)
     next(it)
     had = loader.stats()["stages"]["decode"]["workers"]
     del it  # a break: the next iter() rebuilds the pipeline
     it = iter(loader)
     next(it)
-    learned = loader._learned_workers()
+    learned = loader._native._learned_workers()
     assert learned is not None and 1 <= learned <= max(had, os.cpu_count())
     del it
     # A pinned count stays pinned.
