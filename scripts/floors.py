@@ -16,8 +16,9 @@ while flowgate's figure is its whole process: start-up, pipeline, batches). Repo
 clip of each, and floor / flowgate (1.0: flowgate costs no more than the bare decoder).
 
 video: `bench video --workers 1` (8 frames sampled uniformly, shorter side 128, center crop
-112) beside the `ffmpeg` command getting the same frames of each clip the plain way (one
-thread, decode everything, `select` the 8 frames, scale and crop them, raw output to /dev/null),
+112) beside the `ffmpeg` command getting 8 frames at the same positions (the middles of 8 equal
+spans, by packet count) the plain way (one thread, decode everything, `select` the 8 frames,
+scale and crop them, raw output to /dev/null),
 CPU ms per clip.
 
 Needs `cargo build --release -p flowgate-tools --features video --bin bench` (or $FLOWGATE_BENCH), gcc, pkg-config

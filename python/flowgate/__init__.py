@@ -375,9 +375,10 @@ class ImageLoader(_Loader):
     the same crops). ``normalize``: float32 ``(x / 255 - mean) / std`` per channel instead of
     uint8: ``True`` for ImageNet's statistics, or a ``(mean, std)`` pair of 3 floats each.
     ``draft``: decode JPEGs at 1/2, 1/4 or 1/8 scale in the DCT domain where the crop window
-    stays at least ``crop`` pixels wide (Pillow's ``Image.draft``): several times less work on
-    photos much larger than the output, pixels within about one level of the exact resize on
-    average but not bit-identical (default ``False``: torchvision's pixels exactly).
+    stays at least twice ``crop`` pixels wide (Pillow's ``Image.draft``): less inverse DCT,
+    colour conversion and resizing on photos much larger than the output (not less entropy
+    decoding), pixels 1.2-1.5 levels from the exact resize on average but not bit-identical
+    (default ``False``: torchvision's pixels exactly).
 
     ``labels``: ``"folder"`` (torchvision ``ImageFolder``'s: the index of each file's folder
     among the dataset's sorted folders; names in :attr:`classes`), a sequence of ints (one

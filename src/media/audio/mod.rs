@@ -260,6 +260,20 @@ impl AudioRecipe {
         self.check_declared_counts(rate, channels, params.n_frames, path)
     }
 
+    /// The first frame of the window of `span` frames taken from a clip of `n_frames`: 0, or
+    /// with `random_crop` a uniform draw from the seed, the epoch and the path (a clip no
+    /// longer than the window, or of unknown length, starts at 0).
+    fn window_start(&self, n_frames: Option<u64>, span: usize, path: &Path) -> u64 {
+        match (self.random_crop, n_frames) {
+            (true, Some(n)) if n > span as u64 => {
+                let mut rng =
+                    flowgate_tuner::Rng::new(super::item_seed(self.seed, self.epoch, path));
+                rng.next_u64() % (n - span as u64 + 1)
+            }
+            _ => 0,
+        }
+    }
+
     /// [`check_declared`](Self::check_declared) of a rate, a channel count and a length.
     fn check_declared_counts(
         &self,
@@ -333,14 +347,7 @@ impl AudioRecipe {
         };
         let cap = span + if rate == self.rate { 0 } else { RESAMPLE_CHUNK };
         // A random window: the frames before it are decoded and dropped.
-        let skip = match (self.random_crop, params.n_frames) {
-            (true, Some(n)) if n > span as u64 => {
-                let mut rng =
-                    flowgate_tuner::Rng::new(super::item_seed(self.seed, self.epoch, path));
-                rng.next_u64() % (n - span as u64 + 1)
-            }
-            _ => 0,
-        };
+        let skip = self.window_start(params.n_frames, span, path);
         let mut decoder = symphonia::default::get_codecs()
             .make(&params, &DecoderOptions::default())
             .map_err(decode_err)?;

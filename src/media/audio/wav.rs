@@ -30,6 +30,14 @@ impl Header {
     }
 }
 
+thread_local! {
+    /// The window's bytes of the WAV file being read (see `AudioRecipe::load_wav`).
+    static WINDOW: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A window buffer larger than this (a very long crop) is freed after use, not kept.
+const KEEP_WINDOW: usize = 16 << 20;
+
 /// How much of a file is read to find the data chunk: the header chunks of real WAVs (`fmt`,
 /// `LIST`, `fact`, `bext`) fit; a data chunk later than this goes to symphonia.
 pub(super) const HEAD: usize = 64 << 10;
@@ -105,21 +113,28 @@ pub(super) fn parse(head: &[u8], file_len: u64) -> Option<Header> {
 }
 
 impl AudioRecipe {
-    /// The window a WAV of `header` (at `path`) gives: its first frame and how many frames
-    /// (the same draw as symphonia's path makes), after the declared rate, channels and length
-    /// are checked against the limits.
-    fn wav_window(&self, header: &Header, path: &Path) -> Result<(u64, usize), MediaError> {
-        self.check_declared_counts(header.rate, header.channels, Some(header.frames), path)?;
-        let span = self.samples;
-        let skip = if self.random_crop && header.frames > span as u64 {
-            let mut rng =
-                flowgate_tuner::Rng::new(super::super::item_seed(self.seed, self.epoch, path));
-            rng.next_u64() % (header.frames - span as u64 + 1)
-        } else {
-            0
-        };
-        let wanted = (header.frames - skip).min(span as u64) as usize;
-        Ok((skip, wanted))
+    /// What to read of a WAV whose first bytes are `head` (of a file of `len` bytes, at
+    /// `path`): its header, the window's first frame and its frame count (the draw symphonia's
+    /// path makes), after the declared rate, channels and length are checked against the
+    /// limits; `None` for a file left to symphonia.
+    fn wav_plan(
+        &self,
+        head: &[u8],
+        len: u64,
+        path: &Path,
+    ) -> Option<Result<(Header, u64, usize), MediaError>> {
+        let header = parse(head, len)?;
+        if header.rate != self.rate {
+            return None;
+        }
+        Some(
+            self.check_declared_counts(header.rate, header.channels, Some(header.frames), path)
+                .map(|()| {
+                    let skip = self.window_start(Some(header.frames), self.samples, path);
+                    let wanted = (header.frames - skip).min(self.samples as u64) as usize;
+                    (header, skip, wanted)
+                }),
+        )
     }
 
     /// Reads a WAV file's window directly (see the module); `None`: not such a file.
@@ -130,22 +145,25 @@ impl AudioRecipe {
         let len = file.metadata().ok()?.len();
         let mut head = vec![0; HEAD.min(len as usize)];
         file.read_exact(&mut head).ok()?;
-        let header = parse(&head, len)?;
-        if header.rate != self.rate {
-            return None;
-        }
-        Some((|| {
-            let (skip, wanted) = self.wav_window(&header, path)?;
+        let plan = self.wav_plan(&head, len, path)?;
+        Some(plan.and_then(|(header, skip, wanted)| {
             let fb = header.frame_bytes();
-            let from = header.data_at as u64 + skip * fb as u64;
-            let mut bytes = vec![0; wanted * fb];
-            file.read_exact_at(&mut bytes, from)
-                .map_err(|source| MediaError::Read {
-                    path: path.to_path_buf(),
-                    source,
-                })?;
-            Ok(self.wav_samples(&header, &bytes, wanted))
-        })())
+            // The window's bytes, in a buffer each thread keeps (no allocation per clip).
+            WINDOW.with(|cell| {
+                let mut bytes = cell.borrow_mut();
+                bytes.resize(wanted * fb, 0);
+                file.read_exact_at(&mut bytes, header.data_at as u64 + skip * fb as u64)
+                    .map_err(|source| MediaError::Read {
+                        path: path.to_path_buf(),
+                        source,
+                    })?;
+                let out = self.wav_samples(&header, &bytes, wanted);
+                if bytes.capacity() > KEEP_WINDOW {
+                    *bytes = Vec::new();
+                }
+                Ok(out)
+            })
+        }))
     }
 
     /// [`load_wav`](Self::load_wav) for a file's contents in memory.
@@ -154,11 +172,9 @@ impl AudioRecipe {
         bytes: &[u8],
         path: &Path,
     ) -> Option<Result<(Tensor, usize), MediaError>> {
-        let header = parse(&bytes[..bytes.len().min(HEAD)], bytes.len() as u64)?;
-        if header.rate != self.rate {
-            return None;
-        }
-        Some(self.wav_window(&header, path).map(|(skip, wanted)| {
+        let head = &bytes[..bytes.len().min(HEAD)];
+        let plan = self.wav_plan(head, bytes.len() as u64, path)?;
+        Some(plan.map(|(header, skip, wanted)| {
             let fb = header.frame_bytes();
             let from = header.data_at + skip as usize * fb;
             self.wav_samples(&header, &bytes[from..from + wanted * fb], wanted)

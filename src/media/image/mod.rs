@@ -70,10 +70,11 @@ pub struct ImageRecipe {
     pub limits: super::Limits,
     /// Draft mode: decode a JPEG at 1/2, 1/4 or 1/8 scale in the DCT domain (libjpeg-turbo's
     /// reduced-size inverse DCTs, like Pillow's `Image.draft`) when the crop window would
-    /// still span at least `crop` pixels each way, then resize as usual. Several times less
-    /// decoding and resizing for photos much larger than the output; the pixels are not
-    /// bit-identical to torchvision's resize of the full decode (a mean absolute difference
-    /// of about one level in 255 on photos: `docs/performance.md`). Off by default; no effect
+    /// still span at least `crop` pixels each way, then resize as usual. Less inverse DCT,
+    /// colour conversion and resizing for photos much larger than the output (the entropy
+    /// decoding stays: 10% faster on the heavy-JPEG benchmark, `docs/performance.md`); the
+    /// pixels are not bit-identical to torchvision's resize of the full decode (mean absolute
+    /// difference 1.2–1.5 levels in 255 on the test photos). Off by default; no effect
     /// on PNG, WebP, or without libjpeg-turbo (feature `turbojpeg`).
     pub draft: bool,
 }
