@@ -140,6 +140,7 @@ pub(crate) struct StageOpts {
     pub(crate) failures: Option<FailureBudget>,
     pub(crate) cache: Option<AttachedCache>,
     pub(crate) read_ahead: Option<AttachedReadAhead>,
+    pub(crate) item_threads: Option<std::sync::Arc<flowgate_actors::cache::ItemThreads>>,
 }
 
 /// A read-ahead attached to a stage.

@@ -499,3 +499,92 @@ fn draft_mode_stays_close_to_the_full_decode() {
     // The filter was skipped somewhere: a sample far from its keyframe differs a little.
     assert!(total.0 > 0.0, "draft mode changed nothing");
 }
+
+/// With `threads: 0` the tuner sets the decoder threads per clip: clips decoded on one pinned
+/// worker get the idle cores (and the decision is in the trace); frame threads give the same
+/// frames as one thread.
+#[test]
+fn the_tuner_gives_clips_threads_where_the_workers_are_pinned() {
+    use flowgate::media::Recipe;
+    use flowgate::tuner::Action;
+    use std::time::Duration;
+
+    let d = dir("threads");
+    let clip = d.0.join("pattern.mp4");
+    write_clip(
+        &clip,
+        &ClipSpec {
+            width: 320,
+            height: 240,
+            fps: 25,
+            frames: 150,
+            gop: 50,
+            pattern: true,
+            seed: 5,
+            audio_rate: None,
+        },
+    )
+    .unwrap();
+    let one = VideoRecipe {
+        threads: 1,
+        ..recipe(Sampling::Uniform(8))
+    };
+    let four = VideoRecipe {
+        threads: 4,
+        ..one.clone()
+    };
+    assert!(
+        one.load(&clip).unwrap().bytes() == four.load(&clip).unwrap().bytes(),
+        "frame threads changed the frames"
+    );
+    assert!(
+        Recipe::video(one).unwrap().item_threads().is_none(),
+        "pinned"
+    );
+
+    let r = Recipe::video(recipe(Sampling::Uniform(8))).unwrap();
+    let knob = r.item_threads().expect("threads: 0 is the tuner's");
+    assert_eq!(
+        knob.get(),
+        1,
+        "one thread per clip until the tuner says otherwise"
+    );
+    let mut p = Pipeline::builder()
+        .source(vec![clip.clone(); 60])
+        .pipe(
+            "decode",
+            move |p: PathBuf| r.load(&p),
+            flowgate::Workers::fixed(1),
+        )
+        .item_threads(knob.clone())
+        .batch(4, false)
+        .autotune(flowgate::TunerSettings {
+            tick: Some(Duration::from_millis(50)),
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    let delivered: usize = p.iter().map(|b| b.unwrap().shape()[0]).sum();
+    assert_eq!(delivered, 60);
+    let raised: Vec<String> = p
+        .tuner_trace()
+        .iter()
+        .flat_map(|r| &r.decisions)
+        .filter(|d| matches!(d.action, Action::SetItemThreads { stage: 0, .. }))
+        .map(|d| d.reason.clone())
+        .collect();
+    let cores = flowgate::tuner::process_cores();
+    let stats = p.stats();
+    let seen = stats.stage("decode").unwrap().item_threads.unwrap();
+    assert_eq!(seen.threads, knob.get());
+    if cores >= 2 {
+        assert!(!raised.is_empty(), "no threads decision on {cores} cores");
+        assert!(
+            (2..=cores).contains(&knob.get()),
+            "{} threads on {cores} cores: {raised:?}",
+            knob.get()
+        );
+    } else {
+        assert!(raised.is_empty(), "{raised:?}");
+    }
+}

@@ -1,7 +1,7 @@
 //! The control plane: one actix actor per stage, on a dedicated control thread.
 //!
 //! Data never travels through actor mailboxes; actors only carry control messages
-//! ([`Resize`], [`SetBudget`], [`SetCacheBytes`], [`SetReadAhead`], [`Snapshot`], [`Shutdown`]) to the [`StageControl`] of their
+//! ([`Resize`], [`SetBudget`], [`SetCacheBytes`], [`SetReadAhead`], [`SetItemThreads`], [`Snapshot`], [`Shutdown`]) to the [`StageControl`] of their
 //! stage. The control thread runs an actix `System`; [`ControlPlane`] starts it, hands out the
 //! actors' addresses, runs periodic jobs (a stats callback, later the tuner) as actors on it, and
 //! stops and joins it on shutdown.
@@ -48,6 +48,14 @@ pub struct SetCacheBytes {
 pub struct SetReadAhead {
     /// Objects fetched ahead of the readers.
     pub depth: usize,
+}
+
+/// Sets the threads per item of a stage.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct SetItemThreads {
+    /// Threads each item started from now on may use.
+    pub threads: usize,
 }
 
 /// Asks a stage for its statistics.
@@ -102,6 +110,13 @@ impl Handler<SetReadAhead> for StageActor {
     type Result = ();
     fn handle(&mut self, msg: SetReadAhead, _: &mut Context<Self>) {
         self.control.set_read_ahead(msg.depth);
+    }
+}
+
+impl Handler<SetItemThreads> for StageActor {
+    type Result = ();
+    fn handle(&mut self, msg: SetItemThreads, _: &mut Context<Self>) {
+        self.control.set_item_threads(msg.threads);
     }
 }
 

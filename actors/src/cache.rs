@@ -1,9 +1,10 @@
-//! Caches and read-aheads attached to stages: their statistics join the stage's, and the
-//! tuner resizes them.
+//! Caches, read-aheads and threads per item attached to stages: their statistics join the
+//! stage's, and the tuner resizes them.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use flowgate_tuner::{CacheStats, ReadAheadStats, StageStats};
+use flowgate_tuner::{CacheStats, ItemThreadsStats, ReadAheadStats, StageStats};
 
 use crate::stage::StageControl;
 
@@ -23,12 +24,65 @@ pub trait ReadAheadControl: Send + Sync + 'static {
     fn set_depth(&self, depth: usize);
 }
 
-/// A stage with a cache and/or a read-ahead: everything goes to the stage, and their
-/// statistics join its snapshot; the tuner's cache and read-ahead decisions go to them.
+/// Threads each item of a stage may use (a video decoder's frame threads), read by the
+/// stage's work when it starts an item and set by the tuner (see
+/// [`item_thread_decisions`](flowgate_tuner::policy::item_thread_decisions)).
+#[derive(Debug)]
+pub struct ItemThreads {
+    threads: AtomicUsize,
+    max: usize,
+    pinned: bool,
+}
+
+impl ItemThreads {
+    /// One thread per item until the tuner raises it, up to `max`.
+    pub fn tuned(max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            threads: AtomicUsize::new(1),
+            max: max.max(1),
+            pinned: false,
+        })
+    }
+
+    /// Always `threads` (at least one); the tuner never changes it.
+    pub fn pinned(threads: usize) -> Arc<Self> {
+        Arc::new(Self {
+            threads: AtomicUsize::new(threads.max(1)),
+            max: threads.max(1),
+            pinned: true,
+        })
+    }
+
+    /// Threads for the next item.
+    pub fn get(&self) -> usize {
+        self.threads.load(Ordering::Relaxed)
+    }
+
+    /// Sets the threads for items started from now on, within `1..=max` (ignored if pinned).
+    pub fn set(&self, threads: usize) {
+        if !self.pinned {
+            self.threads
+                .store(threads.clamp(1, self.max), Ordering::Relaxed);
+        }
+    }
+
+    /// The setting, its ceiling and whether it is pinned.
+    pub fn stats(&self) -> ItemThreadsStats {
+        ItemThreadsStats {
+            threads: self.get(),
+            max_threads: self.max,
+            pinned: self.pinned,
+        }
+    }
+}
+
+/// A stage with a cache, a read-ahead and/or threads per item: everything goes to the stage,
+/// and their statistics join its snapshot; the tuner's decisions on them go to them.
 pub struct WithKnobs {
     stage: Arc<dyn StageControl>,
     cache: Option<Arc<dyn CacheControl>>,
     read_ahead: Option<Arc<dyn ReadAheadControl>>,
+    item_threads: Option<Arc<ItemThreads>>,
 }
 
 impl std::fmt::Debug for WithKnobs {
@@ -40,25 +94,31 @@ impl std::fmt::Debug for WithKnobs {
                 "read_ahead",
                 &self.read_ahead.as_ref().map(|r| r.read_ahead_stats()),
             )
+            .field(
+                "item_threads",
+                &self.item_threads.as_ref().map(|t| t.stats()),
+            )
             .finish()
     }
 }
 
 impl WithKnobs {
-    /// `stage`, reporting and resizing `cache` and `read_ahead` (`stage` itself when both
-    /// are `None`).
+    /// `stage`, reporting and resizing `cache`, `read_ahead` and `item_threads` (`stage`
+    /// itself when all are `None`).
     pub fn wrap(
         stage: Arc<dyn StageControl>,
         cache: Option<Arc<dyn CacheControl>>,
         read_ahead: Option<Arc<dyn ReadAheadControl>>,
+        item_threads: Option<Arc<ItemThreads>>,
     ) -> Arc<dyn StageControl> {
-        if cache.is_none() && read_ahead.is_none() {
+        if cache.is_none() && read_ahead.is_none() && item_threads.is_none() {
             return stage;
         }
         Arc::new(Self {
             stage,
             cache,
             read_ahead,
+            item_threads,
         })
     }
 }
@@ -88,6 +148,12 @@ impl StageControl for WithKnobs {
         }
     }
 
+    fn set_item_threads(&self, threads: usize) {
+        if let Some(t) = &self.item_threads {
+            t.set(threads);
+        }
+    }
+
     fn snapshot(&self) -> StageStats {
         let mut s = self.stage.snapshot();
         if let Some(c) = &self.cache {
@@ -96,6 +162,7 @@ impl StageControl for WithKnobs {
         if let Some(r) = &self.read_ahead {
             s.read_ahead = Some(r.read_ahead_stats());
         }
+        s.item_threads = self.item_threads.as_ref().map(|t| t.stats());
         s
     }
 

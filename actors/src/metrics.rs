@@ -123,6 +123,7 @@ impl StageMetrics {
             items_per_s: t.items_out as f64 / elapsed.as_secs_f64().max(1e-9),
             cache: None,
             read_ahead: None,
+            item_threads: None,
         }
     }
 }

@@ -22,6 +22,8 @@ pub trait StageControl: Send + Sync + 'static {
     fn set_cache_bytes(&self, _bytes: u64) {}
     /// Sets how many objects the stage's read-ahead fetches ahead (no-op without one).
     fn set_read_ahead(&self, _depth: usize) {}
+    /// Sets the threads each item started from now on may use (no-op without the knob).
+    fn set_item_threads(&self, _threads: usize) {}
     /// The stage's statistics now.
     fn snapshot(&self) -> StageStats;
     /// Asks the stage's threads or tasks to exit (channels are closed separately).

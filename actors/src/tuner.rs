@@ -23,7 +23,7 @@ use flowgate_tuner::{CacheStats, StageObservation, StageStats};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use crate::actor::{Resize, SetBudget, SetCacheBytes, SetReadAhead, StageActor};
+use crate::actor::{Resize, SetBudget, SetCacheBytes, SetItemThreads, SetReadAhead, StageActor};
 use crate::cap;
 use crate::stage::StageControl;
 
@@ -294,6 +294,7 @@ impl TunerActor {
                             ..r
                         }
                     }),
+                    item_threads: s.item_threads,
                 }
             })
             .collect();
@@ -327,7 +328,8 @@ impl TunerActor {
                 Action::SetWorkers { stage, .. }
                 | Action::SetPrefetch { stage, .. }
                 | Action::SetCacheBytes { stage, .. }
-                | Action::SetReadAhead { stage, .. } => &self.stages[stage],
+                | Action::SetReadAhead { stage, .. }
+                | Action::SetItemThreads { stage, .. } => &self.stages[stage],
             };
             match d.action {
                 Action::SetWorkers { workers, .. } => addr.do_send(Resize { workers }),
@@ -336,6 +338,7 @@ impl TunerActor {
                 }
                 Action::SetCacheBytes { bytes, .. } => addr.do_send(SetCacheBytes { bytes }),
                 Action::SetReadAhead { depth, .. } => addr.do_send(SetReadAhead { depth }),
+                Action::SetItemThreads { threads, .. } => addr.do_send(SetItemThreads { threads }),
             }
             tracing::debug!(policy = self.policy.name(), action = ?d.action, reason = %d.reason, "tuner decision");
         }

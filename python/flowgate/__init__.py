@@ -507,7 +507,10 @@ class VideoLoader(_Loader):
     uint8 (``"nthwc"``) or ``batch_size x 3 x frames x crop x crop`` (``"ncthw"``): ``frames``
     frames at the middles of equal spans of each clip, the shorter side scaled to ``resize``,
     center-cropped; only what the samples need is decoded (seeking across long gaps).
-    ``threads``: FFmpeg decoder threads per clip (1: clips decode in parallel instead).
+    ``threads``: FFmpeg decoder threads per clip. 0 (the default) leaves them to the tuner:
+    one per clip (clips decode in parallel, the least CPU), more where the decode workers
+    cannot grow (``workers=`` pinned) and cores sit idle; ``stats()["stages"]["decode"]
+    ["item_threads"]`` shows the setting. A number pins them.
 
     ``audio_seconds``: also the clip's audio track, mono float32 at ``audio_rate``, cropped
     or zero-padded to that length: each batch is then ``(frames, audio, ...)``. Other
@@ -547,7 +550,7 @@ class VideoLoader(_Loader):
         resize: int = 128,
         crop: int = 112,
         layout: str = "nthwc",
-        threads: int = 1,
+        threads: int = 0,
         audio_seconds: Optional[float] = None,
         audio_rate: int = 16000,
         fps: Optional[float] = None,
@@ -578,7 +581,7 @@ class VideoLoader(_Loader):
         self._setup(locals())
 
     def _build(self, a: Dict[str, Any]) -> Any:
-        _check_ints(a, frames=1, resize=1, crop=1, threads=1, audio_rate=1,
+        _check_ints(a, frames=1, resize=1, crop=1, threads=0, audio_rate=1,
                     max_batch_frames=1, buckets=1, stride=1)
         return _native.video_loader(
             _paths(a["paths"]), _options(a), a["frames"], a["resize"], a["crop"], a["layout"],

@@ -167,6 +167,7 @@ impl Loader {
         dataset: Dataset,
         extras: Extras,
         decode: Decode,
+        item_threads: Option<Arc<flowgate::actors::cache::ItemThreads>>,
         batch_size: usize,
         drop_last: bool,
         workers: Option<usize>,
@@ -213,6 +214,11 @@ impl Loader {
             // The decode stage reads what the shards' prefetch fetches: the tuner deepens it.
             let b = match data.read_ahead() {
                 Some(r) => b.read_ahead(r),
+                None => b,
+            };
+            // And decodes with the recipe's threads per item, which the tuner sets there.
+            let b = match item_threads.clone() {
+                Some(t) => b.item_threads(t),
                 None => b,
             };
             let b = b
@@ -438,6 +444,10 @@ impl Loader {
             if let Some(r) = st.read_ahead {
                 // Shards on S3: how many are fetched ahead (the tuner deepens it).
                 x.set_item("read_ahead", r.depth)?;
+            }
+            if let Some(t) = st.item_threads {
+                // Video: decoder threads per clip (the tuner sets them).
+                x.set_item("item_threads", t.threads)?;
             }
             stages.set_item(&st.name, x)?;
         }

@@ -210,16 +210,19 @@ impl Options {
         extensions: &[&str],
         decode: Decode,
     ) -> PyResult<Loader> {
-        self.loader_with(paths, extensions, decode, None)
+        self.loader_with(paths, extensions, decode, None, None)
     }
 
-    /// [`loader`](Self::loader), in length-aware batches when `length_batches` says how.
+    /// [`loader`](Self::loader), in length-aware batches when `length_batches` says how, and
+    /// with the decoder threads per item the tuner sets when `item_threads` is the recipe's
+    /// knob (see `Recipe::item_threads`).
     fn loader_with(
         &self,
         paths: &Bound<'_, PyAny>,
         extensions: &[&str],
         decode: Decode,
         length_batches: Option<LengthPlan>,
+        item_threads: Option<Arc<flowgate::actors::cache::ItemThreads>>,
     ) -> PyResult<Loader> {
         let labels = self.labels.as_ref().map(|l| l.bind(paths.py()));
         let label_field = || -> PyResult<Option<String>> {
@@ -318,6 +321,7 @@ impl Options {
             dataset,
             extras,
             decode,
+            item_threads,
             batch_size,
             self.drop_last,
             self.workers,
@@ -457,6 +461,7 @@ pub(crate) fn audio_loader(
             length: Box::new(flowgate::media::audio::duration),
             arg: "max_batch_seconds",
         }),
+        None,
     )
 }
 
@@ -467,7 +472,7 @@ pub(crate) fn audio_loader(
 /// frames each, with lengths.
 #[cfg(feature = "video")]
 #[pyfunction]
-#[pyo3(signature = (paths, options, frames=8, resize=128, crop=112, layout="nthwc", threads=1,
+#[pyo3(signature = (paths, options, frames=8, resize=128, crop=112, layout="nthwc", threads=0,
     audio_seconds=None, audio_rate=16000, fps=None, max_batch_frames=None, buckets=20,
     stride=None, train=false, draft=false))]
 #[allow(clippy::too_many_arguments)]
@@ -568,9 +573,11 @@ pub(crate) fn video_loader(
                 }),
                 arg: "max_batch_frames",
             }),
+            None,
         );
     }
-    options.loader(
+    let item_threads = video.item_threads();
+    options.loader_with(
         paths,
         &["mp4", "mkv", "webm", "mov", "avi"],
         Arc::new(move |input, epoch| {
@@ -595,5 +602,7 @@ pub(crate) fn video_loader(
                 }
             })
         }),
+        None,
+        item_threads,
     )
 }

@@ -278,6 +278,27 @@ def test_video_frames_audio_labels_and_a_broken_clip(videos, tmp_path):
         flowgate.VideoLoader(clips, layout="nchw")
 
 
+@video
+def test_video_decoder_threads_are_the_tuners_unless_pinned(videos):
+    """threads=0 (the default): FFmpeg's threads per clip are a tuner knob, shown in stats()
+    and within the cores; a number pins them (no knob); a negative one is refused."""
+    clips = (videos / "video.txt").read_text().split() * 10
+    loader = flowgate.VideoLoader(clips, batch_size=4, frames=4, resize=64, crop=48, workers=1,
+                                  shuffle=False)
+    assert sum(len(x) for x in loader) == len(clips)
+    threads = loader.stats()["stages"]["decode"]["item_threads"]
+    assert 1 <= threads <= os.cpu_count()
+    raised = [d for r in loader.tuner_trace() for d in r["decisions"]
+              if d.startswith("SetItemThreads")]
+    assert threads == 1 or raised, "threads moved without a decision in the trace"
+    pinned = flowgate.VideoLoader(clips[:4], batch_size=4, frames=4, resize=64, crop=48,
+                                  threads=2, shuffle=False)
+    assert len(next(iter(pinned))) == 4
+    assert "item_threads" not in pinned.stats()["stages"]["decode"]
+    with pytest.raises(ValueError, match="threads"):
+        flowgate.VideoLoader(clips, threads=-1)
+
+
 def by_path(loader):
     """{path: image bytes} over one epoch."""
     return {p: np.asarray(x)[i].tobytes() for x, paths in loader for i, p in enumerate(paths)}

@@ -107,6 +107,7 @@ pub(crate) fn assemble<T: Send + 'static>(
             (s.spawn)(&ctx, c, s.workers.n)?,
             s.opts.cache.map(|c| c.0),
             s.opts.read_ahead.map(|r| r.0),
+            s.opts.item_threads,
         );
         engine.add_stage(control);
     }

@@ -473,6 +473,21 @@ impl<T: Send + 'static> PipelineBuilder<T> {
         self
     }
 
+    /// Attaches `threads` to the stage added last (whose work reads it when it starts an item,
+    /// as [`Recipe::item_threads`](crate::media::Recipe::item_threads) does for video): the
+    /// tuner gives each item more threads where the stage's workers cannot grow and cores sit
+    /// idle, and records it in the trace (see
+    /// [`item_thread_decisions`](crate::tuner::policy::item_thread_decisions)).
+    pub fn item_threads(
+        mut self,
+        threads: std::sync::Arc<flowgate_actors::cache::ItemThreads>,
+    ) -> Self {
+        if let Some(s) = self.c.stages.last_mut() {
+            s.opts.item_threads = Some(threads);
+        }
+        self
+    }
+
     /// Attaches `cache` to the stage added last (the one that fetches through it): the cache's
     /// hits, misses and evictions appear in that stage's statistics, and the tuner resizes it
     /// (see [`ByteCache`](crate::cache::ByteCache)).

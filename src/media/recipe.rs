@@ -21,6 +21,9 @@
 //! [`VideoRecipe`]: super::video::VideoRecipe
 
 use std::path::Path;
+use std::sync::Arc;
+
+use flowgate_actors::cache::ItemThreads;
 
 use super::rules::RecipeError;
 use crate::blob::Blob;
@@ -42,6 +45,8 @@ use crate::tensor::Tensor;
 #[derive(Clone, Debug)]
 pub struct Recipe {
     kind: Kind,
+    /// Decoder threads per clip, set by the tuner (a video recipe with `threads: 0`).
+    threads: Option<Arc<ItemThreads>>,
 }
 
 #[derive(Clone, Debug)]
@@ -66,6 +71,7 @@ impl Recipe {
         r.validate()?;
         Ok(Self {
             kind: Kind::Image(r),
+            threads: None,
         })
     }
 
@@ -75,16 +81,31 @@ impl Recipe {
         r.validate()?;
         Ok(Self {
             kind: Kind::Audio(r),
+            threads: None,
         })
     }
 
-    /// A video recipe, validated.
+    /// A video recipe, validated. With `threads: 0` its decoder threads per clip are a knob
+    /// (see [`item_threads`](Self::item_threads)).
     #[cfg(feature = "video")]
     pub fn video(r: crate::media::video::VideoRecipe) -> Result<Self, RecipeError> {
         r.validate()?;
+        let threads =
+            (r.threads == 0).then(|| ItemThreads::tuned(flowgate_tuner::process_cores().min(16)));
         Ok(Self {
             kind: Kind::Video(r),
+            threads,
         })
+    }
+
+    /// The knob of the decoder threads each item uses, when the recipe leaves them to the
+    /// tuner (a video recipe with `threads: 0`): attach it to the stage that decodes with this
+    /// recipe ([`PipelineBuilder::item_threads`](crate::PipelineBuilder::item_threads)), and
+    /// the tuner gives each clip more threads where the stage's workers cannot grow. One
+    /// thread per clip until then (and where nothing tunes it). Copies of the recipe
+    /// ([`for_epoch`](Self::for_epoch), [`with_seed`](Self::with_seed)) share it.
+    pub fn item_threads(&self) -> Option<Arc<ItemThreads>> {
+        self.threads.clone()
     }
 
     /// The video recipe, if this is one.
@@ -107,7 +128,10 @@ impl Recipe {
             #[cfg(feature = "video")]
             Kind::Video(r) => Kind::Video(r.with_seed(seed)),
         };
-        Self { kind }
+        Self {
+            kind,
+            threads: self.threads,
+        }
     }
 
     /// The recipe of `epoch`: random crops, flips and windows are drawn anew every epoch (and
@@ -123,7 +147,25 @@ impl Recipe {
             #[allow(unreachable_patterns)]
             _ => unreachable!("a build without decoders has no recipes"),
         };
-        Self { kind }
+        Self {
+            kind,
+            threads: self.threads.clone(),
+        }
+    }
+
+    /// The video recipe with the threads the tuner set now, when it sets them.
+    #[cfg(feature = "video")]
+    fn tuned_video<'a>(
+        &self,
+        r: &'a crate::media::video::VideoRecipe,
+    ) -> std::borrow::Cow<'a, crate::media::video::VideoRecipe> {
+        match &self.threads {
+            Some(t) => std::borrow::Cow::Owned(crate::media::video::VideoRecipe {
+                threads: t.get(),
+                ..r.clone()
+            }),
+            None => std::borrow::Cow::Borrowed(r),
+        }
     }
 
     /// Reads and decodes the file at `path`.
@@ -134,7 +176,7 @@ impl Recipe {
             #[cfg(feature = "audio")]
             Kind::Audio(r) => r.load(path),
             #[cfg(feature = "video")]
-            Kind::Video(r) => r.load(path),
+            Kind::Video(r) => self.tuned_video(r).load(path),
             #[allow(unreachable_patterns)]
             _ => unreachable!("a build without decoders has no recipes"),
         }
@@ -148,7 +190,7 @@ impl Recipe {
             #[cfg(feature = "audio")]
             Kind::Audio(r) => r.decode(blob.bytes, &blob.path),
             #[cfg(feature = "video")]
-            Kind::Video(r) => r.decode(&blob.bytes, &blob.path),
+            Kind::Video(r) => self.tuned_video(r).decode(&blob.bytes, &blob.path),
             #[allow(unreachable_patterns)]
             _ => unreachable!("a build without decoders has no recipes"),
         }

@@ -188,8 +188,8 @@ pub(crate) mod check {
         Ok(samples as usize)
     }
 
-    /// Frames per clip and decoder threads: at least one each, at most [`MAX_FRAMES`] and
-    /// [`MAX_THREADS`].
+    /// Frames per clip (at least one, at most [`MAX_FRAMES`]) and decoder threads (at most
+    /// [`MAX_THREADS`]; 0 leaves them to the tuner).
     pub(crate) fn video(frames: usize, threads: usize) -> Result<(), RecipeError> {
         if frames == 0 || frames > MAX_FRAMES {
             return Err(RecipeError::new(
@@ -197,10 +197,10 @@ pub(crate) mod check {
                 format!("must be in 1..={MAX_FRAMES}, not {frames}"),
             ));
         }
-        if threads == 0 || threads > MAX_THREADS {
+        if threads > MAX_THREADS {
             return Err(RecipeError::new(
                 "threads",
-                format!("must be in 1..={MAX_THREADS}, not {threads}"),
+                format!("must be in 0..={MAX_THREADS} (0: tuned), not {threads}"),
             ));
         }
         Ok(())

@@ -40,6 +40,13 @@ pub(super) struct Reader {
     pub(super) read_ahead: Option<ReadAheadRef>,
 }
 
+/// The decode stage's knobs: its workers, the read-ahead it reads from and the recipe's
+/// threads per item ([`Recipe::item_threads`](crate::media::Recipe::item_threads)).
+pub(super) type DecodeKnobs = (Workers, Option<ReadAheadRef>, ThreadsRef);
+
+/// Threads per item the tuner sets (see `Recipe::item_threads`).
+type ThreadsRef = Option<std::sync::Arc<crate::actors::cache::ItemThreads>>;
+
 /// A read-ahead the tuner deepens (see `Shards::read_ahead`).
 type ReadAheadRef = std::sync::Arc<dyn crate::actors::cache::ReadAheadControl>;
 
@@ -224,7 +231,7 @@ impl PipelineSpec {
             let pipeline = self.finish(
                 b,
                 move |(epoch, i): (u64, usize)| read(epoch, i),
-                (workers, read_ahead),
+                (workers, read_ahead, decoder.item_threads()),
                 hooks,
             )?;
             return Ok(Loader {
@@ -274,19 +281,25 @@ impl PipelineSpec {
         &self,
         b: crate::PipelineBuilder<X>,
         decode: impl Fn(X) -> Result<Tensor, crate::BoxError> + Send + Sync + 'static,
-        (workers, read_ahead): (Workers, Option<ReadAheadRef>),
+        (workers, read_ahead, threads): DecodeKnobs,
         hooks: Hooks,
     ) -> Result<crate::Pipeline<Delivered>, crate::PipelineError> {
-        // The decode stage reads what the read-ahead fetches: the tuner deepens it there.
+        // The decode stage reads what the read-ahead fetches: the tuner deepens it there. It
+        // also decodes with the recipe's threads per item, which the tuner sets there.
         fn attach<T: Send + 'static>(
             b: crate::PipelineBuilder<T>,
-            r: Option<ReadAheadRef>,
+            (r, t): (Option<ReadAheadRef>, ThreadsRef),
         ) -> crate::PipelineBuilder<T> {
-            match r {
+            let b = match r {
                 Some(r) => b.read_ahead(r),
+                None => b,
+            };
+            match t {
+                Some(t) => b.item_threads(t),
                 None => b,
             }
         }
+        let knobs = (read_ahead, threads);
         let size = self.batch.size;
         let drop_last = self.batch.drop_last;
         // Length-aware batches come whole from the decoder.
@@ -301,10 +314,10 @@ impl PipelineSpec {
         let mut b = match uploader {
             None if whole => attach(
                 b.pipe("decode", move |x| decode(x).map(Delivered::Host), workers),
-                read_ahead,
+                knobs,
             )
             .measure(Delivered::nbytes),
-            None => attach(b.pipe("decode", decode, workers), read_ahead)
+            None => attach(b.pipe("decode", decode, workers), knobs)
                 .measure(Tensor::nbytes)
                 .aggregate(size, drop_last)
                 .pipe(
@@ -315,7 +328,7 @@ impl PipelineSpec {
                 .measure(Delivered::nbytes),
             Some(up) => {
                 let batches =
-                    attach(b.pipe("decode", decode, workers), read_ahead).measure(Tensor::nbytes);
+                    attach(b.pipe("decode", decode, workers), knobs).measure(Tensor::nbytes);
                 let batches = if whole {
                     batches
                 } else {

@@ -103,6 +103,7 @@ pub(super) fn build(
             Workers::initial(*concurrency),
         ),
     };
+    let threads = decoder.item_threads();
     let pipeline = spec.finish(
         b.measure(|(blob, _): &(Blob, u64)| blob.len()),
         move |(blob, epoch): (Blob, u64)| {
@@ -111,7 +112,7 @@ pub(super) fn build(
                 .decode(blob)
                 .map_err(crate::BoxError::from)
         },
-        (workers, None),
+        (workers, None, threads),
         hooks,
     )?;
     Ok(Loader {

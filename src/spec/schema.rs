@@ -251,8 +251,9 @@ pub enum DecodeSpec {
         /// The output square's side.
         #[serde(default = "default_video_crop")]
         crop: u32,
-        /// Decoder threads per clip.
-        #[serde(default = "one")]
+        /// Decoder threads per clip; 0 (the default) leaves them to the tuner (see
+        /// `flowgate::media::video::VideoRecipe::threads`).
+        #[serde(default)]
         threads: usize,
         /// With `batch.max_frames`: the frames taken per second of each clip (its frames
         /// follow its length) instead of `frames` per clip.

@@ -1,6 +1,7 @@
 //! The guard every decision passes through before it is applied, in the simulator and in the
 //! tuner actor alike: pinned knobs are never touched, workers stay within `1..=max_workers`,
-//! and the buffers' committed bytes never exceed the memory budget.
+//! a stage's `workers × threads per item` never exceeds the cores, and the buffers' committed
+//! bytes never exceed the memory budget.
 //!
 //! Two sums are kept within the budget. The *commitment* (what the buffers would hold if every
 //! item budget filled with items of the size seen so far) bounds how far item budgets grow.
@@ -132,6 +133,21 @@ pub fn enforce(decisions: Vec<Decision>, obs: &Observation) -> Vec<Decision> {
                 };
                 *depth = (*depth).clamp(1, r.max_depth.max(1));
                 if *depth == r.depth {
+                    continue;
+                }
+            }
+            Action::SetItemThreads { stage, threads } => {
+                let Some(s) = obs.stages.get(*stage) else {
+                    continue;
+                };
+                let Some(t) = s.item_threads.filter(|t| !t.pinned) else {
+                    continue;
+                };
+                // Within the ceiling, and never more threads than the cores hold.
+                let cores = obs.budgets.map_or(usize::MAX, |b| b.cores);
+                let fit = (cores / s.workers.max(1)).max(1);
+                *threads = (*threads).clamp(1, t.max_threads.max(1).min(fit));
+                if *threads == t.threads {
                     continue;
                 }
             }

@@ -28,5 +28,5 @@ pub use observation::{
     Policy, StageObservation,
 };
 pub use rng::Rng;
-pub use stats::{CacheStats, ReadAheadStats, StageKind, StageStats};
+pub use stats::{CacheStats, ItemThreadsStats, ReadAheadStats, StageKind, StageStats};
 pub use welch::p_greater;

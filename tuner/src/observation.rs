@@ -48,6 +48,8 @@ pub struct StageObservation {
     pub cache: Option<CacheStats>,
     /// The stage's read-ahead: its depth now, reads and waits in the window.
     pub read_ahead: Option<crate::ReadAheadStats>,
+    /// Threads per item, if the stage's work has that knob.
+    pub item_threads: Option<crate::ItemThreadsStats>,
 }
 
 impl StageObservation {
@@ -203,6 +205,14 @@ pub enum Action {
         stage: usize,
         /// Objects in flight ahead.
         depth: usize,
+    },
+    /// Set how many threads each item a stage starts from now on may use (a video decoder's
+    /// frame threads).
+    SetItemThreads {
+        /// Stage index.
+        stage: usize,
+        /// Threads per item.
+        threads: usize,
     },
 }
 

@@ -11,6 +11,8 @@
 //! kind = "cpu"               # or "io": waits, uses no core
 //! cost = { dist = "lognormal", mean_ms = 2.0, sigma = 0.3 }
 //! bytes = 150000             # bytes of an item this stage holds
+//! max_workers = 2            # optional ceiling
+//! threads = { max = 8, efficiency = 0.8 }   # optional threads-per-item knob
 //!
 //! [[change]]                 # at 30 s, decode costs twice as much
 //! at_s = 30.0
@@ -100,6 +102,21 @@ pub struct SimStage {
     /// Most workers (concurrency for I/O).
     #[serde(default)]
     pub max_workers: Option<usize>,
+    /// Threads per item a tuner may give this (CPU) stage's items, as a video decoder's frame
+    /// threads (none: one each).
+    #[serde(default)]
+    pub threads: Option<SimThreads>,
+}
+
+/// The threads-per-item knob of a simulated stage: an item on `t` threads uses `t` cores and
+/// finishes `1 + (t - 1) × efficiency` times as fast as on one.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimThreads {
+    /// The most threads per item.
+    pub max: usize,
+    /// What each thread past the first adds, as a fraction of one (0..=1).
+    pub efficiency: f64,
 }
 
 fn default_bytes() -> u64 {

@@ -3,8 +3,8 @@
 //! The model follows the engine: an infinitely fast source; stages with active workers and an
 //! item budget counting everything the stage holds (queued, in service, finished but blocked
 //! on a full downstream); a sink buffer and a consumer that takes one result per step. CPU
-//! stages share `cores` by processor sharing: with `B` busy CPU workers each progresses at
-//! `min(1, cores / B)`, tracked with a virtual clock so an event costs `O(log n)`. I/O stages
+//! stages share `cores` by processor sharing: with `B` busy CPU threads each progresses at
+//! `min(1, cores / B)` (an item on `t` threads counts `t`), tracked with a virtual clock so an event costs `O(log n)`. I/O stages
 //! wait without using a core. Busy time is wall time in service, as the engine measures it.
 //!
 //! Every [`Scenario::tick_ms`] the simulator builds an [`Observation`] exactly like the tuner
@@ -25,13 +25,17 @@ use crate::StageKind;
 /// Events this close together (seconds) are simultaneous.
 const EPS: f64 = 1e-12;
 
+/// An item's completion: virtual time (or time, for I/O), stage, and the threads it runs on.
 #[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
-struct Key(f64, usize);
+struct Key(f64, usize, usize);
 impl Eq for Key {}
 #[allow(clippy::derive_ord_xor_partial_ord)]
 impl Ord for Key {
     fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&o.0).then(self.1.cmp(&o.1))
+        self.0
+            .total_cmp(&o.0)
+            .then(self.1.cmp(&o.1))
+            .then(self.2.cmp(&o.2))
     }
 }
 
@@ -55,6 +59,13 @@ struct Stage {
     bytes: u64,
     queued: usize,
     in_service: usize,
+    /// Threads the items in service run on (each CPU item uses `threads` cores).
+    busy_threads: usize,
+    /// Threads per item for items started from now on, their ceiling, and how much of a
+    /// thread each one past the first adds (see [`SimThreads`](crate::scenario::SimThreads)).
+    threads: usize,
+    max_threads: usize,
+    efficiency: f64,
     blocked: usize,
     w: Window,
     /// Lifetime count, sum and sum of squares of sampled costs (for the CV).
@@ -96,6 +107,10 @@ pub struct TickRecord {
     pub wait: f64,
     /// Workers per stage.
     pub workers: Vec<usize>,
+    /// Threads per item per stage.
+    pub threads: Vec<usize>,
+    /// Cores the CPU stages' items in service run on at the tick's end.
+    pub busy_threads: usize,
     /// Item budget per stage, then the sink's.
     pub budgets: Vec<usize>,
     /// Bytes held in all buffers.
@@ -183,6 +198,10 @@ impl Simulator {
                 bytes: s.bytes.max(1),
                 queued: 0,
                 in_service: 0,
+                busy_threads: 0,
+                threads: 1,
+                max_threads: s.threads.map_or(1, |t| t.max.max(1)),
+                efficiency: s.threads.map_or(1.0, |t| t.efficiency),
                 blocked: 0,
                 w: Window::default(),
                 cost_n: 0.0,
@@ -230,7 +249,7 @@ impl Simulator {
         self.stages
             .iter()
             .filter(|s| s.kind == SimKind::Cpu)
-            .map(|s| s.in_service)
+            .map(|s| s.busy_threads)
             .sum()
     }
 
@@ -305,14 +324,22 @@ impl Simulator {
         st.cost_sq += cost * cost;
         st.queued -= 1;
         st.in_service += 1;
+        // `t` threads each progress at the cores' speed; together they do `1 + (t - 1) × e`
+        // threads' worth of the item's work.
+        let t = st.threads;
+        st.busy_threads += t;
+        let speedup = 1.0 + (t - 1) as f64 * st.efficiency;
         match st.kind {
-            SimKind::Cpu => self.cpu.push(Reverse(Key(self.vclock + cost, i))),
-            SimKind::Io => self.io.push(Reverse(Key(self.now + cost, i))),
+            SimKind::Cpu => self
+                .cpu
+                .push(Reverse(Key(self.vclock + cost / speedup, i, t))),
+            SimKind::Io => self.io.push(Reverse(Key(self.now + cost, i, t))),
         }
     }
 
-    fn complete(&mut self, i: usize) {
+    fn complete(&mut self, i: usize, threads: usize) {
         self.stages[i].in_service -= 1;
+        self.stages[i].busy_threads -= threads;
         self.stages[i].w.items += 1;
         if self.room_after(i) {
             self.push_after(i);
@@ -351,10 +378,10 @@ impl Simulator {
             self.settle();
             let speed = self.cpu_speed();
             let mut next = t_end;
-            if let Some(Reverse(Key(v, _))) = self.cpu.peek() {
+            if let Some(Reverse(Key(v, ..))) = self.cpu.peek() {
                 next = next.min(self.now + (v - self.vclock).max(0.0) / speed);
             }
-            if let Some(Reverse(Key(t, _))) = self.io.peek() {
+            if let Some(Reverse(Key(t, ..))) = self.io.peek() {
                 next = next.min(*t);
             }
             if self.sink_held > 0 && self.consumer_free_at > self.now {
@@ -371,19 +398,19 @@ impl Simulator {
                 self.apply_change(self.next_change);
                 self.next_change += 1;
             }
-            while let Some(&Reverse(Key(v, i))) = self.cpu.peek() {
+            while let Some(&Reverse(Key(v, i, n))) = self.cpu.peek() {
                 if v > self.vclock + 1e-9 {
                     break;
                 }
                 self.cpu.pop();
-                self.complete(i);
+                self.complete(i, n);
             }
-            while let Some(&Reverse(Key(t, i))) = self.io.peek() {
+            while let Some(&Reverse(Key(t, i, n))) = self.io.peek() {
                 if t > self.now + EPS {
                     break;
                 }
                 self.io.pop();
-                self.complete(i);
+                self.complete(i, n);
             }
             if self.now >= t_end - EPS {
                 self.settle();
@@ -435,6 +462,11 @@ impl Simulator {
                     cost_cv: cv(st.cost_n, st.cost_sum, st.cost_sq),
                     cache: None,
                     read_ahead: None,
+                    item_threads: (st.max_threads > 1).then_some(crate::ItemThreadsStats {
+                        threads: st.threads,
+                        max_threads: st.max_threads,
+                        pinned: false,
+                    }),
                 }
             })
             .collect();
@@ -488,6 +520,11 @@ impl Simulator {
                     self.sink_cap = items.max(1);
                 }
             }
+            Action::SetItemThreads { stage, threads } => {
+                if let Some(st) = self.stages.get_mut(stage) {
+                    st.threads = threads.clamp(1, st.max_threads);
+                }
+            }
             Action::SetCacheBytes { .. } | Action::SetReadAhead { .. } => {}
         }
     }
@@ -517,6 +554,8 @@ impl Simulator {
                 rate: obs.rate(),
                 wait: obs.wait_fraction(),
                 workers: self.stages.iter().map(|s| s.workers).collect(),
+                threads: self.stages.iter().map(|s| s.threads).collect(),
+                busy_threads: self.cpu_busy(),
                 budgets: self
                     .stages
                     .iter()

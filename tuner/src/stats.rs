@@ -75,6 +75,23 @@ pub struct StageStats {
     /// has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_ahead: Option<ReadAheadStats>,
+    /// Threads each of the stage's items may use (a video decoder's own frame threads), if the
+    /// stage's work has such a knob.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item_threads: Option<ItemThreadsStats>,
+}
+
+/// The threads one item of a stage may use (FFmpeg's frame threads for one clip): the stage's
+/// cores are then `workers × threads`. One thread per item, many items in parallel, costs the
+/// least CPU; more threads per item pay only where the workers cannot grow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ItemThreadsStats {
+    /// Threads per item now (items started from now on use them).
+    pub threads: usize,
+    /// The most a tuner may raise `threads` to.
+    pub max_threads: usize,
+    /// Whether the user pinned the threads (a tuner never changes them).
+    pub pinned: bool,
 }
 
 /// Counters of a read-ahead attached to a stage: remote objects (tar shards on S3) fetched

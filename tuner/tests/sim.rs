@@ -387,3 +387,63 @@ fn g_memory_binds() {
         sc.name
     );
 }
+
+#[test]
+fn h_capped_workers_get_threads_per_item_within_the_cores() {
+    let sc = load("h_threads_per_item.toml");
+    let window = (10.0, 40.0);
+    // Two workers, one thread each: what the stage does without the knob.
+    let one = StaticConfig {
+        workers: vec![2, 1],
+        budgets: vec![base(2), base(1)],
+        sink: 2,
+    };
+    let one_rate = static_rate(&sc, &one, window);
+    let runs = tuned_runs(&sc, 40.0);
+    let tuned_rate = mean_rate(&runs, window);
+    for run in &runs {
+        check_common(&sc.name, &sc, run, (10.0, 40.0));
+        for t in &run.ticks {
+            // The decode stage's threads never exceed the cores; the collate stage (busy
+            // ~3% of one core) adds at most one thread for moments.
+            assert!(
+                t.workers[0] * t.threads[0] <= sc.cores && t.busy_threads <= sc.cores + 1,
+                "{} × {} decode threads ({} busy) on {} cores at {} s",
+                t.workers[0],
+                t.threads[0],
+                t.busy_threads,
+                sc.cores,
+                t.t
+            );
+        }
+        // Settled: the same threads from 10 s on, four for each of two workers.
+        let settled: Vec<usize> = run
+            .ticks
+            .iter()
+            .filter(|t| t.t > 10.0)
+            .map(|t| t.threads[0])
+            .collect();
+        assert!(settled.iter().all(|&n| n == 4), "{settled:?}");
+        assert!(run
+            .decisions
+            .iter()
+            .any(|(_, d)| d.reason.contains("more threads per item")));
+    }
+    // 1 + 3 × 0.8 = 3.4 times the one-thread rate, less the ramp.
+    assert!(
+        tuned_rate >= 3.0 * one_rate,
+        "tuned {tuned_rate:.1}/s vs one thread per clip {one_rate:.1}/s"
+    );
+}
+
+#[test]
+fn threads_per_item_stay_at_one_where_workers_can_grow() {
+    let mut sc = load("a_cpu_bound.toml");
+    sc.stages[1].threads = Some(flowgate_tuner::scenario::SimThreads {
+        max: 8,
+        efficiency: 0.8,
+    });
+    for run in tuned_runs(&sc, 30.0) {
+        assert!(run.ticks.iter().all(|t| t.threads[1] == 1));
+    }
+}

@@ -77,7 +77,11 @@ pub struct VideoRecipe {
     pub crop: u32,
     /// The tensor's layout.
     pub layout: VideoLayout,
-    /// Decoder threads per clip (1: the pipeline's workers decode clips in parallel).
+    /// Decoder threads per clip (FFmpeg's frame threads). 0, the default, leaves them to the
+    /// tuner: one per clip, the pipeline's workers decoding clips in parallel (the least CPU
+    /// per clip), more where the workers cannot grow and cores sit idle (see
+    /// [`Recipe::item_threads`](super::Recipe::item_threads)); a recipe used on its own, outside
+    /// a pipeline, decodes with one. A number pins them.
     pub threads: usize,
     /// Seek, rather than decode forward, to a sample more than this many seconds ahead.
     pub seek_gap: f64,
@@ -104,14 +108,15 @@ pub struct VideoRecipe {
 }
 
 impl Default for VideoRecipe {
-    /// 8 uniform frames, shorter side 128, 112×112 crop, NTHWC, 1 thread, seek past 1 s gaps.
+    /// 8 uniform frames, shorter side 128, 112×112 crop, NTHWC, tuned threads, seek past 1 s
+    /// gaps.
     fn default() -> Self {
         Self {
             sampling: Sampling::Uniform(8),
             resize: 128,
             crop: 112,
             layout: VideoLayout::Nthwc,
-            threads: 1,
+            threads: 0,
             seek_gap: 1.0,
             skip_unreferenced: true,
             draft: false,

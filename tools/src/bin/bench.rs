@@ -7,7 +7,8 @@
 //! cargo run --release -p flowgate-tools --bin bench -- audio --list FILE [--batch 32] [--rate 16000]
 //!     [--seconds 4] [--workers N] [--dump FILE.npy] [--max-batch-seconds S [--buckets 20]]
 //! cargo run --release -p flowgate-tools --features video --bin bench -- video --list FILE [--batch 8]
-//!     [--frames 8] [--resize 128] [--crop 112] [--draft true|false] [--workers N] [--dump FILE.npy]
+//!     [--frames 8] [--resize 128] [--crop 112] [--draft true|false] [--workers N] [--threads T]
+//!     [--dump FILE.npy]
 //! ```
 //!
 //! (`--dir DIR` is accepted instead of `--list`, and `--shards PATTERN` reads WebDataset tar
@@ -23,7 +24,9 @@
 //! only to reach a sample (`VideoRecipe::draft`). `--dump` writes the first batch (the list's first items,
 //! in list order) as a NumPy file. Audio is decoded to mono `f32`, resampled to `--rate` if the
 //! files differ, cropped or zero-padded to `--seconds`. Video (feature `video`) samples
-//! `--frames` frames uniformly per clip, scaled and center-cropped, as `u8` NTHWC.
+//! `--frames` frames uniformly per clip, scaled and center-cropped, as `u8` NTHWC; the tuner
+//! sets the decoder threads per clip (the JSON's `item_threads`, the last setting) unless
+//! `--threads T` pins them.
 //! `audio --max-batch-seconds S` batches by length instead (see `bucketed_audio`): clips in
 //! `--buckets` length buckets, each batch at most `S` padded seconds, padded only to its
 //! longest clip; its JSON adds `batches`, `padding_fraction`, `max_batch_seconds_seen` and
@@ -45,8 +48,9 @@ use flowgate::media::video::{Sampling, VideoRecipe};
 enum Work {
     Images(ImageRecipe),
     Audio(AudioRecipe),
+    /// A video recipe, its decoder threads per clip tuned (see `Recipe::item_threads`).
     #[cfg(feature = "video")]
-    Video(VideoRecipe),
+    Video(flowgate::media::Recipe),
 }
 
 /// One item of the epoch: a file, or a sample of a shard.
@@ -88,7 +92,7 @@ impl Work {
             Work::Images(r) => r.decode(&bytes, &path)?,
             Work::Audio(r) => r.decode(bytes, &path)?,
             #[cfg(feature = "video")]
-            Work::Video(r) => r.decode(&bytes, &path)?,
+            Work::Video(r) => r.decode(flowgate::Blob { path, bytes })?,
         })
     }
 }
@@ -105,6 +109,8 @@ struct Args {
     resize: Option<u32>,
     crop: Option<u32>,
     workers: Option<usize>,
+    /// Video decoder threads per clip (tuned without it).
+    threads: Option<usize>,
     dump: Option<PathBuf>,
     /// Audio in length-aware batches of at most this many padded seconds.
     max_batch_seconds: Option<f64>,
@@ -126,6 +132,7 @@ fn parse() -> Result<Args, PipelineError> {
         resize: None,
         crop: None,
         workers: None,
+        threads: None,
         dump: None,
         max_batch_seconds: None,
         buckets: 20,
@@ -163,6 +170,7 @@ fn parse() -> Result<Args, PipelineError> {
                 }
             }
             "--workers" => a.workers = Some(num(&v)? as usize),
+            "--threads" => a.threads = Some(num(&v)? as usize),
             "--draft" => {
                 a.recipe.draft = match v.as_str() {
                     "true" | "1" => true,
@@ -282,13 +290,17 @@ fn main() -> Result<(), PipelineError> {
         #[cfg(feature = "video")]
         "video" => {
             let d = VideoRecipe::default();
-            Work::Video(VideoRecipe {
-                sampling: Sampling::Uniform(a.frames),
-                resize: a.resize.unwrap_or(d.resize),
-                crop: a.crop.unwrap_or(d.crop),
-                draft: a.recipe.draft,
-                ..d
-            })
+            Work::Video(
+                flowgate::media::Recipe::video(VideoRecipe {
+                    sampling: Sampling::Uniform(a.frames),
+                    resize: a.resize.unwrap_or(d.resize),
+                    crop: a.crop.unwrap_or(d.crop),
+                    draft: a.recipe.draft,
+                    threads: a.threads.unwrap_or(0),
+                    ..d
+                })
+                .map_err(|e| PipelineError::config(e.to_string()))?,
+            )
         }
         _ => {
             eprintln!("JPEG decoder: {}", flowgate::media::image::jpeg_decoder());
@@ -301,10 +313,15 @@ fn main() -> Result<(), PipelineError> {
     };
     let n_files = items.len();
     let exts = work.exts();
+    let item_threads = match &work {
+        #[cfg(feature = "video")]
+        Work::Video(r) => r.item_threads(),
+        _ => None,
+    };
     let workers = a.workers.map_or(Workers::auto(), Workers::fixed);
     let cpu0 = cpu_seconds();
     let t0 = Instant::now();
-    let mut p = Pipeline::builder()
+    let p = Pipeline::builder()
         .source(items)
         .output_order(if a.dump.is_some() {
             Order::Input
@@ -318,9 +335,12 @@ fn main() -> Result<(), PipelineError> {
                 Item::Sample(r) => work.sample(r, &exts),
             },
             workers,
-        )
-        .batch(a.batch, false)
-        .build()?;
+        );
+    let p = match item_threads {
+        Some(t) => p.item_threads(t),
+        None => p,
+    };
+    let mut p = p.batch(a.batch, false).build()?;
     let (mut items, mut shape, mut dtype) = (0usize, Vec::new(), None);
     for batch in p.iter() {
         let batch = batch?;
@@ -362,9 +382,13 @@ fn main() -> Result<(), PipelineError> {
     #[cfg(feature = "video")]
     let video = if a.workload == "video" {
         format!(
-            ",\"frames_decoded_per_clip\":{:.1},\"frames_sampled_per_clip\":{}",
+            ",\"frames_decoded_per_clip\":{:.1},\"frames_sampled_per_clip\":{},\"item_threads\":{}",
             flowgate::media::video::frames_decoded() as f64 / items.max(1) as f64,
-            a.frames
+            a.frames,
+            stats
+                .stage("decode")
+                .and_then(|s| s.item_threads)
+                .map_or(a.threads.unwrap_or(1), |t| t.threads)
         )
     } else {
         String::new()

@@ -3,10 +3,12 @@
 mod cache;
 mod hill_climb;
 mod model;
+mod threads;
 
 pub use cache::{cache_decisions, read_ahead_decisions};
 pub use hill_climb::{HillClimb, HillClimbSettings};
 pub use model::{ModelBased, ModelSettings};
+pub use threads::item_thread_decisions;
 
 use crate::observation::{Decision, Observation, Policy};
 

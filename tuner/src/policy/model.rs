@@ -635,6 +635,7 @@ impl Policy for ModelBased {
     fn decide(&mut self, obs: &Observation) -> Vec<Decision> {
         let mut decisions = self.decide_stages(obs);
         decisions.extend(super::cache_decisions(obs));
+        decisions.extend(super::item_thread_decisions(obs));
         decisions
     }
 }
