@@ -9,6 +9,9 @@ DataLoader, in a folder given by --peers or $FLOWGATE_PEERS) at their best setti
     scripts/peers.py --peers DIR --reps 5 --torch \
         --case "shards:/tmp/ds/images.txt:/tmp/ds/shards/shard-{000000..000029}.tar"
 
+A `video:LIST` case (with --torch) compares `bench video --batch 8` with PyTorch DataLoader +
+torchcodec (`torchcodec_video.py`, batches of 8) at 2 and 3 workers.
+
 `--variant NAME=ARGS` adds a row of flowgate run tuned with extra `bench` arguments (e.g.
 `--variant "draft=--draft true"`), compared with the peers like the default row.
 
@@ -52,7 +55,17 @@ SETTINGS = {
                  ["spdl_audio.py", "--mode", "batch", "--concurrency", "2"]],
         "torch": [["torch_audio.py", "--num-workers", "4", "--backend", "soundfile"]],
     },
+    # PyTorch DataLoader + torchcodec (`--torch`); no SPDL script for video.
+    "video": {
+        "spdl": [],
+        "torch": [["torchcodec_video.py", "--num-workers", "2"],
+                  ["torchcodec_video.py", "--num-workers", "3"]],
+    },
 }
+
+# Extra `bench` arguments per workload, so flowgate does the peers' work: torchcodec_video.py
+# delivers batches of 8 clips.
+BENCH_ARGS = {"video": ["--batch", "8"]}
 
 
 def timed(cmd, cwd=None):
@@ -148,14 +161,14 @@ def main():
         runs.update({f"flowgate {v}": [] for v in variants})
         runs.update({f"pinned {w}": [] for w in pinned})
         peers = (("spdl", "torch") if args.torch else ("spdl",)) if PEERS_DIR else ()
+        peers = [p for p in peers if SETTINGS.get(workload, {}).get(p)]
+        cmd = [bench, workload, "--list", lst, *BENCH_ARGS.get(workload, [])]
         for rep in range(args.reps):
-            runs["flowgate"].append(timed([bench, workload, "--list", lst]))
+            runs["flowgate"].append(timed(cmd))
             for v, extra in variants.items():
-                runs[f"flowgate {v}"].append(timed([bench, workload, "--list", lst,
-                                                    *extra.split()]))
+                runs[f"flowgate {v}"].append(timed([*cmd, *extra.split()]))
             for w in pinned:
-                runs[f"pinned {w}"].append(
-                    timed([bench, workload, "--list", lst, "--workers", str(w)]))
+                runs[f"pinned {w}"].append(timed([*cmd, "--workers", str(w)]))
             for peer in peers:
                 runs[peer].append(best_of(workload, peer, lst))
             print(f"{workload} rep {rep + 1}: " + ", ".join(
@@ -179,11 +192,10 @@ def main():
                     for k in range(args.reps)]
             tuned = [x["items_per_s"] / b for x, b in zip(f, best)]
             print(f"| **tuned / best pinned** | **{span(tuned, '{:.3f}')}×** | | |")
-        if not runs["spdl"]:
-            continue
-        print(f"| **flowgate / SPDL** | **{span(ratio('items_per_s', 'spdl'), '{:.2f}')}×** | "
-              f"**{span(ratio('cpu_per_1000', 'spdl'), '{:.2f}')}×** | "
-              f"**{span(ratio('rss_mb', 'spdl'), '{:.2f}')}×** |")
+        if runs["spdl"]:
+            print(f"| **flowgate / SPDL** | **{span(ratio('items_per_s', 'spdl'), '{:.2f}')}×** | "
+                  f"**{span(ratio('cpu_per_1000', 'spdl'), '{:.2f}')}×** | "
+                  f"**{span(ratio('rss_mb', 'spdl'), '{:.2f}')}×** |")
         if runs["torch"]:
             print(f"| **flowgate / PyTorch** | **{span(ratio('items_per_s', 'torch'), '{:.2f}')}×** | "
                   f"{span(ratio('cpu_per_1000', 'torch'), '{:.2f}')}× | |")
