@@ -1,6 +1,7 @@
 //! Decoded frames to samples: [`Picker`] chooses the frame shown at each sample time,
 //! [`FrameWriter`] scales it and writes its center crop into the sample's slot.
 
+use std::cell::RefCell;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
@@ -67,16 +68,58 @@ impl Picker<'_> {
     }
 }
 
-/// Scales a decoded frame and writes its crop into one sample's slot.
-pub(super) struct FrameWriter<'a> {
-    pub(super) recipe: &'a VideoRecipe,
-    pub(super) scaler: Option<(Scaler, (Pixel, u32, u32))>,
-    pub(super) rgb: Frame,
-    pub(super) out: &'a mut [u8],
-    pub(super) frames: usize,
+/// A scaler made for frames of one format and size scaled to one size.
+type KeyedScaler = (Scaler, (Pixel, u32, u32, u32, u32));
+
+/// A decoding thread's scaler and RGB frame, kept from clip to clip: clips of one dataset
+/// mostly share their format and size, and a scaler costs filter tables and buffers to make.
+#[derive(Default)]
+struct Scratch {
+    scaler: Option<KeyedScaler>,
+    rgb: Option<Frame>,
 }
 
-impl FrameWriter<'_> {
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Scales a decoded frame and writes its crop into one sample's slot.
+pub(super) struct FrameWriter<'a> {
+    recipe: &'a VideoRecipe,
+    scaler: Option<KeyedScaler>,
+    rgb: Frame,
+    out: &'a mut [u8],
+    frames: usize,
+}
+
+impl Drop for FrameWriter<'_> {
+    fn drop(&mut self) {
+        let rgb = std::mem::replace(&mut self.rgb, Frame::empty());
+        let scaler = self.scaler.take();
+        let _ = SCRATCH.try_with(|s| {
+            *s.borrow_mut() = Scratch {
+                scaler,
+                rgb: Some(rgb),
+            }
+        });
+    }
+}
+
+impl<'a> FrameWriter<'a> {
+    /// A writer of `frames` samples into `out`, with this thread's scaler and frame buffer.
+    pub(super) fn new(recipe: &'a VideoRecipe, out: &'a mut [u8], frames: usize) -> Self {
+        let kept = SCRATCH
+            .try_with(|s| std::mem::take(&mut *s.borrow_mut()))
+            .unwrap_or_default();
+        Self {
+            recipe,
+            scaler: kept.scaler,
+            rgb: kept.rgb.unwrap_or_else(Frame::empty),
+            out,
+            frames,
+        }
+    }
+
     pub(super) fn write(
         &mut self,
         frame: &Frame,
@@ -96,7 +139,7 @@ impl FrameWriter<'_> {
         } else {
             (((u64::from(r) * u64::from(w)) / u64::from(h)) as u32, r)
         };
-        let key = (frame.format(), w, h);
+        let key = (frame.format(), w, h, sw, sh);
         if self.scaler.as_ref().is_none_or(|(_, k)| *k != key) {
             let scaler = Scaler::get(frame.format(), w, h, Pixel::RGB24, sw, sh, Flags::BILINEAR)
                 .map_err(|e| MediaError::Decode {

@@ -383,13 +383,7 @@ impl VideoRecipe {
             .and_then(|o| o.video())
             .map_err(decode_err)?;
         let frame_time = if rate > 0.0 { 1.0 / rate } else { 0.1 };
-        let mut writer = FrameWriter {
-            recipe: self,
-            scaler: None,
-            rgb: Frame::empty(),
-            out: out.bytes_mut(),
-            frames: targets.len(),
-        };
+        let mut writer = FrameWriter::new(self, out.bytes_mut(), targets.len());
         let mut pick = Picker {
             targets: &targets,
             next: 0,
@@ -489,6 +483,7 @@ impl VideoRecipe {
                 .into(),
             });
         }
+        drop(writer); // its scaler and frame go back to this thread's scratch
         let n = targets.len();
         Ok((out, n))
     }
