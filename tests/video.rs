@@ -501,8 +501,8 @@ fn draft_mode_stays_close_to_the_full_decode() {
 }
 
 /// With `threads: 0` the tuner sets the decoder threads per clip: clips decoded on one pinned
-/// worker get the idle cores (and the decision is in the trace); frame threads give the same
-/// frames as one thread.
+/// worker while cores sit idle get a trial of more threads (in the trace, kept only if it
+/// pays); frame threads give the same frames as one thread.
 #[test]
 fn the_tuner_gives_clips_threads_where_the_workers_are_pinned() {
     use flowgate::media::Recipe;
@@ -550,7 +550,7 @@ fn the_tuner_gives_clips_threads_where_the_workers_are_pinned() {
         "one thread per clip until the tuner says otherwise"
     );
     let mut p = Pipeline::builder()
-        .source(vec![clip.clone(); 60])
+        .source(vec![clip.clone(); 240])
         .pipe(
             "decode",
             move |p: PathBuf| r.load(&p),
@@ -565,7 +565,7 @@ fn the_tuner_gives_clips_threads_where_the_workers_are_pinned() {
         .build()
         .unwrap();
     let delivered: usize = p.iter().map(|b| b.unwrap().shape()[0]).sum();
-    assert_eq!(delivered, 60);
+    assert_eq!(delivered, 240);
     let raised: Vec<String> = p
         .tuner_trace()
         .iter()
@@ -577,12 +577,14 @@ fn the_tuner_gives_clips_threads_where_the_workers_are_pinned() {
     let stats = p.stats();
     let seen = stats.stage("decode").unwrap().item_threads.unwrap();
     assert_eq!(seen.threads, knob.get());
+    assert!((1..=cores).contains(&knob.get()), "{} threads", knob.get());
     if cores >= 2 {
-        assert!(!raised.is_empty(), "no threads decision on {cores} cores");
+        // A trial with the rate it must beat; whether it is kept depends on the machine.
         assert!(
-            (2..=cores).contains(&knob.get()),
-            "{} threads on {cores} cores: {raised:?}",
-            knob.get()
+            raised
+                .first()
+                .is_some_and(|r| r.contains("trying more threads per item")),
+            "no trial on {cores} cores: {raised:?}"
         );
     } else {
         assert!(raised.is_empty(), "{raised:?}");

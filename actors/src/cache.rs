@@ -26,7 +26,7 @@ pub trait ReadAheadControl: Send + Sync + 'static {
 
 /// Threads each item of a stage may use (a video decoder's frame threads), read by the
 /// stage's work when it starts an item and set by the tuner (see
-/// [`item_thread_decisions`](flowgate_tuner::policy::item_thread_decisions)).
+/// [`ItemThreadTrials`](flowgate_tuner::policy::ItemThreadTrials)).
 #[derive(Debug)]
 pub struct ItemThreads {
     threads: AtomicUsize,

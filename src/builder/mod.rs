@@ -477,7 +477,7 @@ impl<T: Send + 'static> PipelineBuilder<T> {
     /// as [`Recipe::item_threads`](crate::media::Recipe::item_threads) does for video): the
     /// tuner gives each item more threads where the stage's workers cannot grow and cores sit
     /// idle, and records it in the trace (see
-    /// [`item_thread_decisions`](crate::tuner::policy::item_thread_decisions)).
+    /// [`ItemThreadTrials`](crate::tuner::policy::ItemThreadTrials)).
     pub fn item_threads(
         mut self,
         threads: std::sync::Arc<flowgate_actors::cache::ItemThreads>,

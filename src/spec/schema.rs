@@ -298,9 +298,6 @@ fn default_video_resize() -> u32 {
 fn default_video_crop() -> u32 {
     112
 }
-fn one() -> usize {
-    1
-}
 
 /// Batching.
 #[derive(Clone, Debug, Deserialize)]

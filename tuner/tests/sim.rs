@@ -447,3 +447,41 @@ fn threads_per_item_stay_at_one_where_workers_can_grow() {
         assert!(run.ticks.iter().all(|t| t.threads[1] == 1));
     }
 }
+
+#[test]
+fn threads_per_item_that_do_not_pay_are_undone_and_rarely_retried() {
+    let mut sc = load("h_threads_per_item.toml");
+    sc.stages[0].threads = Some(flowgate_tuner::scenario::SimThreads {
+        max: 8,
+        efficiency: 0.0,
+    });
+    let one = StaticConfig {
+        workers: vec![2, 1],
+        budgets: vec![base(2), base(1)],
+        sink: 2,
+    };
+    let window = (0.0, 60.0);
+    let one_rate = static_rate(&sc, &one, window);
+    let runs = tuned_runs(&sc, 60.0);
+    for run in &runs {
+        check_common(&sc.name, &sc, run, window);
+        let raised = run.ticks.iter().filter(|t| t.threads[0] > 1).count();
+        // Trials at ~1 s, ~32 s (after a 30 s bar); the second bar is 60 s.
+        assert!(
+            raised * 10 <= run.ticks.len(),
+            "more threads in {raised} of {} ticks",
+            run.ticks.len()
+        );
+        let undone = run
+            .decisions
+            .iter()
+            .filter(|(_, d)| d.reason.contains("did not pay"))
+            .count();
+        assert!((1..=2).contains(&undone), "{undone} trials undone");
+    }
+    let tuned_rate = mean_rate(&runs, window);
+    assert!(
+        tuned_rate >= 0.9 * one_rate,
+        "tuned {tuned_rate:.1}/s vs one thread per clip {one_rate:.1}/s"
+    );
+}

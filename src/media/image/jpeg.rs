@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::geometry::{Plan, Rect};
+use super::geometry::Plan;
 use crate::media::MediaError;
 
 /// The JPEG decoder in use: `"libjpeg-turbo"` (feature `turbojpeg`, where its headers were
@@ -128,7 +128,8 @@ const DECODER_SLACK: u64 = 16 << 20;
 /// libjpeg-turbo through `libjpeg.c` (built by build.rs).
 #[cfg(flowgate_libjpeg)]
 mod libjpeg {
-    use super::{MediaError, Plan, Rect};
+    use super::super::geometry::Rect;
+    use super::{MediaError, Plan};
     use std::cell::RefCell;
     use std::ffi::{c_char, c_int, c_uchar, c_uint, c_ulong, CStr};
 

@@ -47,6 +47,7 @@ impl Default for HillClimbSettings {
 pub struct HillClimb {
     s: HillClimbSettings,
     calm: u32,
+    threads: super::ItemThreadTrials,
 }
 
 impl HillClimb {
@@ -55,6 +56,7 @@ impl HillClimb {
         Self {
             s: settings,
             calm: 0,
+            threads: super::ItemThreadTrials::default(),
         }
     }
 }
@@ -140,7 +142,7 @@ impl Policy for HillClimb {
     fn decide(&mut self, obs: &Observation) -> Vec<Decision> {
         let mut decisions = self.decide_stages(obs);
         decisions.extend(super::cache_decisions(obs));
-        decisions.extend(super::item_thread_decisions(obs));
+        decisions.extend(self.threads.decide(obs));
         decisions
     }
 }

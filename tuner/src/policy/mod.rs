@@ -8,7 +8,7 @@ mod threads;
 pub use cache::{cache_decisions, read_ahead_decisions};
 pub use hill_climb::{HillClimb, HillClimbSettings};
 pub use model::{ModelBased, ModelSettings};
-pub use threads::item_thread_decisions;
+pub use threads::ItemThreadTrials;
 
 use crate::observation::{Decision, Observation, Policy};
 

@@ -211,6 +211,7 @@ pub struct ModelBased {
     rates: VecDeque<f64>,
     trial: Option<Trial>,
     tick: u64,
+    threads: super::ItemThreadTrials,
 }
 
 impl ModelBased {
@@ -635,7 +636,7 @@ impl Policy for ModelBased {
     fn decide(&mut self, obs: &Observation) -> Vec<Decision> {
         let mut decisions = self.decide_stages(obs);
         decisions.extend(super::cache_decisions(obs));
-        decisions.extend(super::item_thread_decisions(obs));
+        decisions.extend(self.threads.decide(obs));
         decisions
     }
 }
