@@ -41,6 +41,21 @@ fn flat_clip(path: &Path) -> ClipSpec {
     spec
 }
 
+/// A moving pattern of 150 frames at 25 fps (6 s), a keyframe every 50 frames.
+fn pattern_clip(path: &Path, width: u32, height: u32, seed: u64) {
+    let spec = ClipSpec {
+        width,
+        height,
+        fps: 25,
+        frames: 150,
+        gop: 50,
+        pattern: true,
+        seed,
+        audio_rate: None,
+    };
+    write_clip(path, &spec).unwrap();
+}
+
 fn mean(bytes: &[u8]) -> f64 {
     bytes.iter().map(|&b| f64::from(b)).sum::<f64>() / bytes.len() as f64
 }
@@ -398,20 +413,7 @@ fn window_sampling_takes_consecutive_frames_at_the_stride_reproducibly() {
 fn skipping_unreferenced_frames_keeps_the_sampled_frames_identical() {
     let d = dir("skip");
     let clip = d.0.join("pattern.mp4");
-    write_clip(
-        &clip,
-        &ClipSpec {
-            width: 160,
-            height: 120,
-            fps: 25,
-            frames: 150,
-            gop: 50,
-            pattern: true,
-            seed: 3,
-            audio_rate: None,
-        },
-    )
-    .unwrap();
+    pattern_clip(&clip, 160, 120, 3);
     for sampling in [
         Sampling::Uniform(8),
         Sampling::At(vec![0.0, 0.37, 1.5, 2.02, 5.9]),
@@ -444,20 +446,7 @@ fn skipping_unreferenced_frames_keeps_the_sampled_frames_identical() {
 fn draft_mode_stays_close_to_the_full_decode() {
     let d = dir("draft");
     let clip = d.0.join("pattern.mp4");
-    write_clip(
-        &clip,
-        &ClipSpec {
-            width: 320,
-            height: 240,
-            fps: 25,
-            frames: 150,
-            gop: 50,
-            pattern: true,
-            seed: 5,
-            audio_rate: None,
-        },
-    )
-    .unwrap();
+    pattern_clip(&clip, 320, 240, 5);
     let mut total = (0.0, 0usize);
     for sampling in [
         Sampling::Uniform(8),
@@ -511,20 +500,7 @@ fn the_tuner_gives_clips_threads_where_the_workers_are_pinned() {
 
     let d = dir("threads");
     let clip = d.0.join("pattern.mp4");
-    write_clip(
-        &clip,
-        &ClipSpec {
-            width: 320,
-            height: 240,
-            fps: 25,
-            frames: 150,
-            gop: 50,
-            pattern: true,
-            seed: 5,
-            audio_rate: None,
-        },
-    )
-    .unwrap();
+    pattern_clip(&clip, 320, 240, 5);
     let one = VideoRecipe {
         threads: 1,
         ..recipe(Sampling::Uniform(8))

@@ -388,16 +388,21 @@ fn g_memory_binds() {
     );
 }
 
+/// Scenario H's two decode workers (and one collate worker), one thread per clip: what the
+/// stage does without the threads knob.
+fn one_thread_per_clip() -> StaticConfig {
+    StaticConfig {
+        workers: vec![2, 1],
+        budgets: vec![base(2), base(1)],
+        sink: 2,
+    }
+}
+
 #[test]
 fn h_capped_workers_get_threads_per_item_within_the_cores() {
     let sc = load("h_threads_per_item.toml");
     let window = (10.0, 40.0);
-    // Two workers, one thread each: what the stage does without the knob.
-    let one = StaticConfig {
-        workers: vec![2, 1],
-        budgets: vec![base(2), base(1)],
-        sink: 2,
-    };
+    let one = one_thread_per_clip();
     let one_rate = static_rate(&sc, &one, window);
     let runs = tuned_runs(&sc, 40.0);
     let tuned_rate = mean_rate(&runs, window);
@@ -455,11 +460,7 @@ fn threads_per_item_that_do_not_pay_are_undone_and_rarely_retried() {
         max: 8,
         efficiency: 0.0,
     });
-    let one = StaticConfig {
-        workers: vec![2, 1],
-        budgets: vec![base(2), base(1)],
-        sink: 2,
-    };
+    let one = one_thread_per_clip();
     let window = (0.0, 60.0);
     let one_rate = static_rate(&sc, &one, window);
     let runs = tuned_runs(&sc, 60.0);
