@@ -507,10 +507,8 @@ class VideoLoader(_Loader):
     uint8 (``"nthwc"``) or ``batch_size x 3 x frames x crop x crop`` (``"ncthw"``): ``frames``
     frames at the middles of equal spans of each clip, the shorter side scaled to ``resize``,
     center-cropped; only what the samples need is decoded (seeking across long gaps).
-    ``threads``: FFmpeg decoder threads per clip. 0 (the default) leaves them to the tuner:
-    one per clip (clips decode in parallel, the least CPU), more where the decode workers
-    cannot grow (``workers=`` pinned) and cores sit idle; ``stats()["stages"]["decode"]
-    ["item_threads"]`` shows the setting. A number pins them.
+    ``threads``: FFmpeg threads per clip; 0 (default): the tuner's (one per clip, more on trial
+    where ``workers=`` is pinned and cores idle; see ``stats()``), a number pins them.
 
     ``audio_seconds``: also the clip's audio track, mono float32 at ``audio_rate``, cropped
     or zero-padded to that length: each batch is then ``(frames, audio, ...)``. Other
