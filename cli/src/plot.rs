@@ -100,6 +100,9 @@ fn short(d: &flowgate::tuner::Decision, stages: &[String]) -> String {
         Action::SetReadAhead { stage, depth } => {
             format!("{} read-ahead → {depth} shards", name(stage))
         }
+        Action::SetItemThreads { stage, threads } => {
+            format!("{} → {threads} threads per item", name(stage))
+        }
     }
 }
 

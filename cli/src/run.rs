@@ -346,6 +346,9 @@ fn describe(action: &flowgate::tuner::Action, stages: &[String], memory_budget: 
         Action::SetReadAhead { stage, depth } => {
             format!("{} read-ahead → {}", name(stage), count(depth, "shard"))
         }
+        Action::SetItemThreads { stage, threads } => {
+            format!("{} → {} per item", name(stage), count(threads, "thread"))
+        }
     }
 }
 

@@ -562,3 +562,38 @@ def test_video_windows_are_redrawn_every_epoch_and_reproducible(videos):
         "a new window in another epoch"
     with pytest.raises(ValueError, match="set stride"):
         flowgate.VideoLoader(videos / "video.txt", train=True)
+
+
+@video
+def test_video_windows_resume_exactly_through_chained_checkpoints(videos):
+    """Random windows mid-epoch 1, resumed twice (a checkpoint of a resumed run resumed
+    again): every clip once, with the very frames of the uninterrupted epoch 1."""
+    args = dict(batch_size=1, frames=3, stride=2, train=True, seed=11, resize=32, crop=32,
+                return_paths=True)
+
+    def frames_by_path(batches):
+        return {p: np.asarray(f)[i].tobytes() for f, paths in batches
+                for i, p in enumerate(paths)}
+
+    whole = flowgate.VideoLoader(videos / "video.txt", **args)
+    list(whole)
+    e1 = frames_by_path(whole)
+    assert len(e1) == 4
+    first = flowgate.VideoLoader(videos / "video.txt", **args)
+    list(first)
+    it = iter(first)
+    got = frames_by_path([next(it)])
+    state = first.state_dict()
+    first.close()
+    for _ in range(2):
+        again = flowgate.VideoLoader(videos / "video.txt", **args)
+        again.load_state_dict(state)
+        it = iter(again)
+        batch = next(it)
+        assert not set(batch[1]) & set(got), "a clip delivered twice"
+        got.update(frames_by_path([batch]))
+        state = again.state_dict()
+        if len(got) == 3:
+            got.update(frames_by_path(list(it)))
+        again.close()
+    assert got == e1
