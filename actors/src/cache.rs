@@ -31,7 +31,6 @@ pub trait ReadAheadControl: Send + Sync + 'static {
 pub struct ItemThreads {
     threads: AtomicUsize,
     max: usize,
-    pinned: bool,
 }
 
 impl ItemThreads {
@@ -40,16 +39,6 @@ impl ItemThreads {
         Arc::new(Self {
             threads: AtomicUsize::new(1),
             max: max.max(1),
-            pinned: false,
-        })
-    }
-
-    /// Always `threads` (at least one); the tuner never changes it.
-    pub fn pinned(threads: usize) -> Arc<Self> {
-        Arc::new(Self {
-            threads: AtomicUsize::new(threads.max(1)),
-            max: threads.max(1),
-            pinned: true,
         })
     }
 
@@ -58,20 +47,19 @@ impl ItemThreads {
         self.threads.load(Ordering::Relaxed)
     }
 
-    /// Sets the threads for items started from now on, within `1..=max` (ignored if pinned).
+    /// Sets the threads for items started from now on, within `1..=max`.
     pub fn set(&self, threads: usize) {
-        if !self.pinned {
-            self.threads
-                .store(threads.clamp(1, self.max), Ordering::Relaxed);
-        }
+        self.threads
+            .store(threads.clamp(1, self.max), Ordering::Relaxed);
     }
 
-    /// The setting, its ceiling and whether it is pinned.
+    /// The setting and its ceiling (a knob exists only when the threads are the tuner's: a
+    /// user's number is the work's own, with no knob).
     pub fn stats(&self) -> ItemThreadsStats {
         ItemThreadsStats {
             threads: self.get(),
             max_threads: self.max,
-            pinned: self.pinned,
+            pinned: false,
         }
     }
 }

@@ -153,19 +153,11 @@ impl Recipe {
         }
     }
 
-    /// The video recipe with the threads the tuner set now, when it sets them.
+    /// The decoder threads of a video recipe's next clip: what the tuner set now, else the
+    /// recipe's own.
     #[cfg(feature = "video")]
-    fn tuned_video<'a>(
-        &self,
-        r: &'a crate::media::video::VideoRecipe,
-    ) -> std::borrow::Cow<'a, crate::media::video::VideoRecipe> {
-        match &self.threads {
-            Some(t) => std::borrow::Cow::Owned(crate::media::video::VideoRecipe {
-                threads: t.get(),
-                ..r.clone()
-            }),
-            None => std::borrow::Cow::Borrowed(r),
-        }
+    fn video_threads(&self, r: &crate::media::video::VideoRecipe) -> usize {
+        self.threads.as_ref().map_or(r.threads, |t| t.get())
     }
 
     /// Reads and decodes the file at `path`.
@@ -176,7 +168,7 @@ impl Recipe {
             #[cfg(feature = "audio")]
             Kind::Audio(r) => r.load(path),
             #[cfg(feature = "video")]
-            Kind::Video(r) => self.tuned_video(r).load(path),
+            Kind::Video(r) => r.load_threaded(path, self.video_threads(r)).map(|(t, _)| t),
             #[allow(unreachable_patterns)]
             _ => unreachable!("a build without decoders has no recipes"),
         }
@@ -190,7 +182,9 @@ impl Recipe {
             #[cfg(feature = "audio")]
             Kind::Audio(r) => r.decode(blob.bytes, &blob.path),
             #[cfg(feature = "video")]
-            Kind::Video(r) => self.tuned_video(r).decode(&blob.bytes, &blob.path),
+            Kind::Video(r) => r
+                .decode_threaded(&blob.bytes, &blob.path, self.video_threads(r))
+                .map(|(t, _)| t),
             #[allow(unreachable_patterns)]
             _ => unreachable!("a build without decoders has no recipes"),
         }

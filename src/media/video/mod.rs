@@ -272,6 +272,16 @@ impl VideoRecipe {
     /// Like [`load`](Self::load), with the number of frames (with [`Sampling::Rate`] it
     /// follows the clip's length).
     pub fn load_with_length(&self, path: &Path) -> Result<(Tensor, usize), MediaError> {
+        self.load_threaded(path, self.threads)
+    }
+
+    /// [`load_with_length`](Self::load_with_length) with `threads` decoder threads (what the
+    /// tuner set, for [`Recipe`](super::Recipe)).
+    pub(crate) fn load_threaded(
+        &self,
+        path: &Path,
+        threads: usize,
+    ) -> Result<(Tensor, usize), MediaError> {
         let meta = std::fs::metadata(path).map_err(|source| MediaError::Read {
             path: path.to_path_buf(),
             source,
@@ -281,7 +291,7 @@ impl VideoRecipe {
                 path: path.to_path_buf(),
             });
         }
-        self.decode_file(path)
+        self.decode_file(path, threads)
     }
 
     /// Decodes a clip held in memory (an S3 object): FFmpeg reads it from a temporary file,
@@ -295,6 +305,16 @@ impl VideoRecipe {
         &self,
         bytes: &[u8],
         path: &Path,
+    ) -> Result<(Tensor, usize), MediaError> {
+        self.decode_threaded(bytes, path, self.threads)
+    }
+
+    /// [`decode_with_length`](Self::decode_with_length) with `threads` decoder threads.
+    pub(crate) fn decode_threaded(
+        &self,
+        bytes: &[u8],
+        path: &Path,
+        threads: usize,
     ) -> Result<(Tensor, usize), MediaError> {
         if bytes.is_empty() {
             return Err(MediaError::Empty {
@@ -313,12 +333,12 @@ impl VideoRecipe {
             source,
         };
         std::fs::write(&tmp, bytes).map_err(read_err)?;
-        let result = self.decode_file(&tmp);
+        let result = self.decode_file(&tmp, threads);
         let _ = std::fs::remove_file(&tmp);
         result.map_err(|e| e.with_path(path))
     }
 
-    fn decode_file(&self, path: &Path) -> Result<(Tensor, usize), MediaError> {
+    fn decode_file(&self, path: &Path, threads: usize) -> Result<(Tensor, usize), MediaError> {
         init();
         let decode_err = |e: ffmpeg::Error| MediaError::Decode {
             path: path.to_path_buf(),
@@ -357,10 +377,10 @@ impl VideoRecipe {
         let mut out = Tensor::zeros(&self.shape_of(targets.len()), DType::U8);
         let mut ctx = ffmpeg::codec::context::Context::from_parameters(stream.parameters())
             .map_err(decode_err)?;
-        if self.threads > 1 {
+        if threads > 1 {
             ctx.set_threading(ffmpeg::codec::threading::Config {
                 kind: ffmpeg::codec::threading::Type::Frame,
-                count: self.threads,
+                count: threads,
                 ..Default::default()
             });
         }
