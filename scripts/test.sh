@@ -18,6 +18,8 @@ FEATURES=flowgate/s3,flowgate/test-util,flowgate/video,flowgate/cuda,flowgate/sp
 FEATURES=$FEATURES,flowgate-cli/s3,flowgate-cli/video,flowgate-cli/prometheus,flowgate-cli/parquet,flowgate-tools/video
 cargo test --workspace --locked --features "$FEATURES" "$@"
 cargo test --locked --no-default-features --features image --lib media::image
+# A lean build (pipeline files, no media decoders) still compiles: the cfg-gated parts agree.
+cargo check --locked --lib --no-default-features --features spec
 # Python: a virtualenv kept per machine (PyTorch is ~4 GB with the CUDA packages PyPI's wheel
 # depends on; installed once), the package built by maturin through pip (with VideoLoader),
 # pytest; multi-rank tests run under torchrun (gloo, CPU).

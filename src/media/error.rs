@@ -53,6 +53,10 @@ pub enum MediaError {
 
 impl MediaError {
     /// A `what` of `value` past its `limit`, in the file at `path`.
+    #[cfg_attr(
+        not(any(feature = "image", feature = "audio", feature = "video")),
+        allow(dead_code)
+    )]
     pub(crate) fn too_large(
         path: &std::path::Path,
         what: &'static str,

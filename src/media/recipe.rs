@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use flowgate_actors::cache::ItemThreads;
 
+#[cfg(any(feature = "image", feature = "audio", feature = "video"))]
 use super::rules::RecipeError;
 use crate::blob::Blob;
 use crate::media::MediaError;

@@ -96,6 +96,10 @@ impl PipelineSpec {
     }
 
     /// The decode recipe, validated, with the augmentation seed.
+    #[cfg_attr(
+        not(any(feature = "image", feature = "audio", feature = "video")),
+        allow(unused_variables, unreachable_code)
+    )]
     pub fn recipe(&self) -> Result<Recipe, crate::PipelineError> {
         #[cfg_attr(
             all(feature = "image", feature = "audio", feature = "video"),
@@ -109,7 +113,7 @@ impl PipelineSpec {
         let invalid = |e: crate::media::RecipeError| {
             crate::PipelineError::config_from(format!("decode.{}", e.field()), e)
         };
-        let recipe = match &self.decode {
+        let recipe: Result<Recipe, crate::media::RecipeError> = match &self.decode {
             #[cfg(feature = "image")]
             DecodeSpec::Image {
                 resize,

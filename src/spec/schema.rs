@@ -198,8 +198,14 @@ pub enum DecodeSpec {
         #[serde(default = "default_crop")]
         crop: u32,
         /// `nchw` or `nhwc`.
+        #[cfg(feature = "image")]
         #[serde(default)]
         layout: crate::media::image::Layout,
+        /// Accepted without the `image` feature, so that the file reads and the error names
+        /// the missing feature.
+        #[cfg(not(feature = "image"))]
+        #[serde(default)]
+        layout: Option<serde::de::IgnoredAny>,
         /// Training geometry: random resized crops and flips, drawn anew every epoch.
         #[serde(default)]
         train: bool,
