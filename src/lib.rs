@@ -41,7 +41,7 @@ pub use flowgate_actors as actors;
 pub use flowgate_actors::cap::{cpu_worker_cap, set_cpu_worker_cap};
 pub use flowgate_actors::emit::Order;
 pub use flowgate_actors::error::{BoxError, Described, ItemError, Panicked, PipelineError};
-pub use flowgate_actors::failure::FailureBudget;
+pub use flowgate_actors::failure::{skip_part, FailureBudget};
 pub use flowgate_actors::tuner::{PolicyChoice, TraceRecord, TunerSettings};
 pub use flowgate_tuner as tuner;
 pub use flowgate_tuner::{LatencySummary, StageKind, StageStats};

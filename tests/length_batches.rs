@@ -196,3 +196,50 @@ fn a_pipeline_file_asks_for_length_batches() {
     .unwrap_err();
     assert_eq!(e.key, "batch.max_seconds", "{e}");
 }
+
+/// A clip that declares a length and then fails to decode is left out of its batch as a
+/// counted failure of the decode stage, named; with `run.max_failures = 0` it stops the run.
+#[test]
+fn a_clip_left_out_of_a_batch_is_counted_and_fatal_when_asked() {
+    use flowgate::spec::{Hooks, PipelineSpec};
+    let paths = clips();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("length-batches-bad");
+    std::fs::create_dir_all(&dir).unwrap();
+    // A real FLAC header (so it is planned), then zeros where its frames were.
+    let bad = dir.join("bad.flac");
+    let good = std::fs::read(&paths[0]).unwrap();
+    std::fs::write(&bad, [&good[..200], &[0u8; 4000][..]].concat()).unwrap();
+    let list = dir.join("list.txt");
+    let mut lines: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    lines.push(bad.display().to_string());
+    std::fs::write(&list, lines.join("\n")).unwrap();
+    let text = |run: &str| {
+        format!(
+            "[source]\nkind = \"list\"\npath = \"{}\"\nshuffle = 3\n\
+             [decode]\nkind = \"audio\"\n\
+             [batch]\nmax_seconds = {CAP}\nbuckets = 4\n[run]\nepochs = 1\n{run}",
+            list.display()
+        )
+    };
+    let spec = PipelineSpec::parse(&text(""), "p.toml").unwrap();
+    let mut loader = spec.build(Hooks::default()).unwrap();
+    let rows: usize = loader.pipeline.iter().map(|b| b.unwrap().shape()[0]).sum();
+    assert_eq!(rows, paths.len(), "every good clip, the bad one left out");
+    let stats = loader.pipeline.stats();
+    assert_eq!(stats.failures, 1, "{:?}", stats.recent_failures);
+    assert!(
+        stats.recent_failures[0].contains("bad.flac"),
+        "{:?}",
+        stats.recent_failures
+    );
+
+    let spec = PipelineSpec::parse(&text("max_failures = 0\n"), "p.toml").unwrap();
+    let mut loader = spec.build(Hooks::default()).unwrap();
+    let err = loader
+        .pipeline
+        .iter()
+        .find_map(Result::err)
+        .expect("the bad clip stops the run");
+    assert!(err.is_failure_budget(), "{err}");
+    assert!(err.item().unwrap().ends_with("bad.flac"), "{err}");
+}

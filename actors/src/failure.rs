@@ -4,13 +4,14 @@
 //! has a [`FailureBudget`] and so does the pipeline as a whole; the first budget exceeded becomes
 //! the pipeline's fatal error: the pipeline shuts down and the consumer's next call returns it.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
-use crate::error::{ItemError, PipelineError};
+use crate::error::{BoxError, ItemError, PipelineError};
 
 /// Failures kept for [`Failures::recent`].
 pub const RECENT_FAILURES: usize = 16;
@@ -236,6 +237,49 @@ impl Failures {
     }
 }
 
+/// Parts left out of one item: (the part, why).
+pub type SkippedParts = Vec<(String, BoxError)>;
+
+thread_local! {
+    /// The parts the item being processed on this thread left out (see [`skip_part`]);
+    /// `None` outside a pool stage's call of its function.
+    static PARTS: RefCell<Option<SkippedParts>> = const { RefCell::new(None) };
+}
+
+/// Records, from inside a stage's function, that a part of the item it is making failed and
+/// was left out: one clip of a length-aware batch, one record of a shard read whole. The part
+/// is counted as a failed item of the stage, exactly as if an item had failed (the stage's
+/// and the pipeline's failure counts and budgets, `on_failure`, the recent failures), with
+/// `part` as its description. If that exceeds a budget (say a fail-fast pipeline), the
+/// pipeline stops with it as its error and the item being made is not delivered.
+///
+/// A function that then fails as a whole should not report its parts: the item's failure is
+/// recorded and its parts' are not. Returns `cause` back, for the caller to fail the item
+/// with, where there is no stage to count it (outside a pool stage's function, e.g. in an
+/// async stage's future): nothing is ever dropped unreported.
+///
+/// Rate budgets compare the failures with the stage's items: each failed part of an item
+/// counts as one failure.
+pub fn skip_part(part: impl Into<String>, cause: impl Into<BoxError>) -> Result<(), BoxError> {
+    let cause = cause.into();
+    PARTS.with(|p| match &mut *p.borrow_mut() {
+        Some(parts) => {
+            parts.push((part.into(), cause));
+            Ok(())
+        }
+        None => Err(cause),
+    })
+}
+
+/// Runs `f` (a stage's call of its function), collecting the parts it left out with
+/// [`skip_part`].
+pub fn collect_skipped_parts<R>(f: impl FnOnce() -> R) -> (R, SkippedParts) {
+    let outer = PARTS.with(|p| p.borrow_mut().replace(Vec::new()));
+    let r = f();
+    let parts = PARTS.with(|p| std::mem::replace(&mut *p.borrow_mut(), outer));
+    (r, parts.unwrap_or_default())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,5 +295,25 @@ mod tests {
         assert!(!r.exceeded(10, 100));
         assert!(r.exceeded(11, 100));
         assert!(r.and_count(3).exceeded(4, 1000));
+    }
+
+    #[test]
+    fn parts_are_collected_only_inside_a_stage_call() {
+        let outside = skip_part("clip a", "bad header").unwrap_err();
+        assert_eq!(
+            outside.to_string(),
+            "bad header",
+            "handed back to the caller"
+        );
+        let ((), parts) = collect_skipped_parts(|| {
+            skip_part("clip a", "bad header").unwrap();
+            // A call nested in the stage's function collects its own.
+            let ((), inner) = collect_skipped_parts(|| skip_part("clip b", "short").unwrap());
+            assert_eq!(inner.len(), 1);
+            skip_part("clip c", "truncated").unwrap();
+        });
+        let names: Vec<_> = parts.iter().map(|(p, e)| format!("{p}: {e}")).collect();
+        assert_eq!(names, ["clip a: bad header", "clip c: truncated"]);
+        assert!(skip_part("clip d", "x").is_err(), "the call is over");
     }
 }

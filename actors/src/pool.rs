@@ -41,6 +41,7 @@ use crate::cap;
 use crate::channel::{Channel, Closed, Envelope};
 use crate::emit::{flush, Done, Order, OutputLedger, Reorder, Run};
 use crate::error::PipelineError;
+use crate::failure::collect_skipped_parts;
 use crate::metrics::{nanos, WorkerCounters};
 use crate::op::{call_caught, Describe, Op, Sizer};
 use crate::origin::Origin;
@@ -364,7 +365,8 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
         } = env;
         self.counters.c.items_in += 1;
         let desc = self.s.describe.as_ref().map(|d| d(&item));
-        let result = call_caught(&*self.s.op, item, &mut self.scratch);
+        let (result, parts) =
+            collect_skipped_parts(|| call_caught(&*self.s.op, item, &mut self.scratch));
         let now = Instant::now();
         let dt = nanos(self.last, now);
         self.last = now;
@@ -375,6 +377,16 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
             self.scratch.clear();
             let item = desc.unwrap_or_else(|| format!("input #{seq}"));
             self.s.core.fail(c, item, cause);
+        } else {
+            // Parts the function left out count as failed items; one past a budget stops
+            // the pipeline, and the item they were left out of is not delivered.
+            let mut fatal = false;
+            for (part, cause) in parts {
+                fatal |= self.s.core.fail(c, part, cause);
+            }
+            if fatal {
+                self.scratch.clear();
+            }
         }
         c.items_out += self.scratch.len() as u64;
         let sizer = &self.s.sizer;

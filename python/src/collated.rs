@@ -20,9 +20,6 @@ pub(crate) struct Loaded {
     pub(crate) fields: Vec<Mem>,
     pub(crate) labels: Option<Mem>,
     pub(crate) items: Vec<Meta>,
-    /// Clips a length-aware batch left out (path, why), and the epoch they belong to.
-    pub(crate) skipped: Vec<(String, String)>,
-    pub(crate) epoch: u64,
 }
 
 impl Loaded {
@@ -177,7 +174,7 @@ pub(crate) fn collate(
     let (fields, items): (Vec<Vec<Tensor>>, Vec<Meta>) = items.into_iter().unzip();
     let mut fields = collate_fields_with(&fields, new)?;
     let epoch = items.first().map_or(0, |m| m.epoch);
-    let (items, skipped) = match items.as_slice() {
+    let items = match items.as_slice() {
         [one] if one.rows.is_some() => {
             fields = fields
                 .into_iter()
@@ -187,19 +184,16 @@ pub(crate) fn collate(
                 })
                 .collect();
             let rows = one.rows.clone().unwrap_or_default();
-            let rows = rows
-                .into_iter()
+            rows.into_iter()
                 .map(|index| Meta {
                     index,
                     epoch,
                     label: None,
                     rows: None,
-                    skipped: Vec::new(),
                 })
-                .collect();
-            (rows, one.skipped.clone())
+                .collect()
         }
-        _ => (items, Vec::new()),
+        _ => items,
     };
     let labels = labels.map(|l| {
         let v = l.of(&items);
@@ -211,7 +205,5 @@ pub(crate) fn collate(
         fields: fields.into_iter().map(Mem::Host).collect(),
         labels,
         items,
-        skipped,
-        epoch,
     })
 }

@@ -15,15 +15,13 @@ use pyo3::prelude::*;
 use crate::error::to_py;
 
 /// One item's dataset index, epoch, and label when its sample carried one (tar shards). For
-/// a length-aware batch (an item that is a whole batch), the files its rows hold and the
-/// clips left out with why.
+/// a length-aware batch (an item that is a whole batch), the files its rows hold.
 #[derive(Clone)]
 pub(crate) struct Meta {
     pub(crate) index: usize,
     pub(crate) epoch: u64,
     pub(crate) label: Option<i64>,
     pub(crate) rows: Option<Vec<usize>>,
-    pub(crate) skipped: Vec<(String, String)>,
 }
 
 /// What a decoder reads: a local file, or a shard sample's field (bytes, named
@@ -235,7 +233,6 @@ impl Dataset {
             epoch,
             label: None,
             rows: None,
-            skipped: Vec::new(),
         };
         let fields = match self {
             Dataset::Files(f) => decode(Input::Path(f.paths()[index].clone()), epoch)?,
@@ -259,10 +256,8 @@ impl Dataset {
                 fields
             }
             Dataset::Batches { files, plan, .. } => {
-                let (fields, rows, skipped) =
-                    load_batch(files, &plan.batch(epoch, index), epoch, decode)?;
+                let (fields, rows) = load_batch(files, &plan.batch(epoch, index), epoch, decode)?;
                 meta.rows = Some(rows);
-                meta.skipped = skipped;
                 fields
             }
         };
@@ -272,22 +267,20 @@ impl Dataset {
 
 /// Decodes the clips `rows` (indices into `files`) with `decode` (which gives each clip's
 /// window and its real length) into one batch padded to the longest clip: `[B, T]` and the
-/// lengths `[B]`, with the rows kept and the clips left out (path, why). Fails only when
-/// every clip failed.
-type BatchLoad = (Vec<Tensor>, Vec<usize>, Vec<(String, String)>);
-
+/// lengths `[B]`, with the rows kept. Clips that fail are left out and reported to the
+/// decode stage as failed items (`flowgate::skip_part`: counted, fatal past the failure
+/// budget); the batch fails only when every clip failed.
 fn load_batch(
     files: &Files,
     rows: &[usize],
     epoch: u64,
     decode: &Decode,
-) -> Result<BatchLoad, ShardError> {
+) -> Result<(Vec<Tensor>, Vec<usize>), ShardError> {
     let mut clips = Vec::with_capacity(rows.len());
     let mut kept = Vec::with_capacity(rows.len());
-    let mut skipped = Vec::new();
-    let mut first_error = None;
+    let mut failed = Vec::new();
     for &i in rows {
-        let path = files.paths()[i].clone();
+        let path = &files.paths()[i];
         match decode(Input::Path(path.clone()), epoch) {
             Ok(fields) => {
                 let len = fields
@@ -300,17 +293,20 @@ fn load_batch(
                 ));
                 kept.push(i);
             }
-            Err(e) => {
-                skipped.push((path.display().to_string(), e.to_string()));
-                first_error.get_or_insert(e);
-            }
+            Err(e) => failed.push((path, e)),
         }
     }
     if clips.is_empty() {
-        return Err(first_error.expect("a batch has clips").into());
+        return Err(failed.remove(0).1.into());
+    }
+    for (path, e) in failed {
+        if let Err(e) = flowgate::skip_part(path.display().to_string(), e) {
+            let e = e.downcast::<MediaError>().expect("the error it was given");
+            return Err((*e).into());
+        }
     }
     let (batch, lengths) = flowgate::collate::pad_longest(&clips);
-    Ok((vec![batch, lengths], kept, skipped))
+    Ok((vec![batch, lengths], kept))
 }
 
 #[allow(clippy::too_many_arguments)]

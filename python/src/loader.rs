@@ -294,21 +294,6 @@ impl Loader {
 }
 
 impl Loader {
-    /// Records clips a length-aware batch left out as failures of `epoch`.
-    fn note_skipped(&self, skipped: &[(String, String)], epoch: u64) {
-        if skipped.is_empty() {
-            return;
-        }
-        let mut f = self.failures.lock().expect("failures");
-        for (path, why) in skipped {
-            if f.kept.len() == KEEP_FAILURES {
-                f.kept.pop_front();
-            }
-            f.kept
-                .push_back((epoch, ("decode".to_owned(), path.clone(), why.clone())));
-        }
-    }
-
     /// The current pipeline's monitor; builds the pipeline (waiting for the lock with the
     /// GIL released) if there is none yet.
     fn monitor(&self, py: Python<'_>) -> PyResult<Monitor> {
@@ -362,14 +347,10 @@ impl Loader {
             fields,
             labels,
             items,
-            skipped,
-            epoch,
         }) = loaded
         else {
             return Ok(None);
         };
-        // The clips a length-aware batch left out are failures of this epoch.
-        self.note_skipped(&skipped, epoch);
         let mut out = fields
             .into_iter()
             .chain(labels)

@@ -77,6 +77,12 @@ def test_a_bad_clip_is_left_out_and_named(clips, tmp_path):
     got = [p for b in epoch(loader) for p in b]
     assert sorted(got) == sorted(files)
     assert [item for _, item, _ in loader.failures()] == [str(bad)]
+    assert loader.stats()["failures"] == 1, "counted as a failed item"
+    # Fail-fast: the clip stops the epoch with an error naming it.
+    strict = flowgate.AudioLoader(files + [str(bad)], max_batch_seconds=CAP, buckets=4,
+                                  return_paths=True, skip_errors=False)
+    with pytest.raises(Exception, match="bad.flac"):
+        epoch(strict)
     with pytest.raises(ValueError, match="max_batch_seconds"):
         flowgate.AudioLoader(clips, max_batch_seconds=0)
     with pytest.raises(ValueError, match="buckets"):

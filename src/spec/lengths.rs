@@ -118,15 +118,15 @@ impl PipelineSpec {
                     .map(|i| read_paths[i].clone())
                     .collect();
                 let (batch, mut errors) = load(&clips);
-                // Clips left out of a batch that still has others are reported, not lost
-                // silently (the batch is the pipeline's item, so they are not counted).
-                if batch.is_some() {
-                    for e in &errors {
-                        tracing::warn!("left out of a length-aware batch: {e}");
-                    }
-                }
                 match batch {
-                    Some((batch, _lengths)) => Ok(batch),
+                    Some((batch, _lengths)) => {
+                        // Clips left out of a batch that still has others are failed items
+                        // of the stage: counted, and fatal past `run.max_failures`.
+                        for e in errors {
+                            crate::skip_part(e.path().display().to_string(), e)?;
+                        }
+                        Ok(batch)
+                    }
                     None => Err(Box::new(errors.remove(0))),
                 }
             }),

@@ -172,7 +172,8 @@ impl AudioRecipe {
     /// [`LengthBatches`](crate::sampler::LengthBatches)) into `[B, T]` `f32` padded with zeros
     /// to the longest clip (`T` at most the recipe's window, which crops longer ones), with
     /// their real lengths as a `[B]` `i64` tensor. A clip that fails is left out of the batch
-    /// and returned with its error (the batch is `None` when every clip failed). Mono only:
+    /// and returned with its error (the batch is `None` when every clip failed; in a stage,
+    /// hand each error to [`skip_part`](crate::skip_part) so that it is counted). Mono only:
     /// with [`Channels::Keep`] each row would be a clip's planes, so that is refused.
     pub fn load_batch(
         &self,

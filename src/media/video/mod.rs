@@ -253,7 +253,8 @@ impl VideoRecipe {
     /// [`LengthBatches`](crate::sampler::LengthBatches); [`Sampling::Rate`] makes a clip's
     /// frames follow its length) into `[B, T, crop, crop, 3]` `u8` padded with zeros to the
     /// longest clip, with each clip's frames as a `[B]` `i64` tensor. A clip that fails is left
-    /// out and returned with its error (the batch is `None` when every clip failed). NTHWC
+    /// out and returned with its error (the batch is `None` when every clip failed; in a
+    /// stage, hand each error to [`skip_part`](crate::skip_part) so that it is counted). NTHWC
     /// only (the frames are the leading axis).
     pub fn load_batch(
         &self,
