@@ -4,6 +4,7 @@ interleaved, so that "flowgate's share" of a decode is a measured ratio.
 
     scripts/floors.py audio --list /tmp/ds/audio.txt [--formats flac,wav,mp3,aac] [--reps 5]
     scripts/floors.py video --list /tmp/ds/video.txt [--reps 3]
+    scripts/floors.py images --list /tmp/ds/heavy.txt [--reps 5]
 
 audio: for each format (the FLAC clips of LIST converted once with the `ffmpeg` command into
 DIR/floors-FORMAT/ beside them: WAV s16, MP3 at 64 kbit/s, AAC in M4A at 64 kbit/s), each
@@ -21,6 +22,13 @@ spans, by packet count) the plain way (one thread, decode everything, `select` t
 scale and crop them, raw output to /dev/null),
 CPU ms per clip.
 
+images: `bench images --workers 1` (shorter side 256, center crop 224, u8 NCHW, in batches of
+32) beside `tools/floors/jpeg_floor.c` (built here with gcc against libjpeg-turbo, the library
+flowgate decodes JPEG with): `entropy`, the Huffman decoding of every block and nothing else
+(rows skipped with `jpeg_skip_scanlines`, which decodes and drops them), the part no exact
+decode can skip; and `full`, the whole image decoded to RGB at full size. CPU ms per image,
+floors without process start-up, flowgate's with it.
+
 Needs `cargo build --release -p flowgate-tools --features video --bin bench` (or $FLOWGATE_BENCH), gcc, pkg-config
 and the FFmpeg and libFLAC development files (`scripts/setup.sh --floors` installs them).
 Prints a Markdown table; `--json FILE` keeps every run.
@@ -37,6 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BENCH = os.environ.get("FLOWGATE_BENCH", os.path.join(ROOT, "target", "release", "bench"))
 FLOOR = os.path.join(ROOT, "target", "floors", "audio_floor")
+JPEG_FLOOR = os.path.join(ROOT, "target", "floors", "jpeg_floor")
 ENCODE = {
     "flac": None,
     "wav": ("wav", ["-c:a", "pcm_s16le"]),
@@ -52,6 +61,12 @@ def build_floor():
         check=True, capture_output=True, text=True).stdout.split()
     os.makedirs(os.path.dirname(FLOOR), exist_ok=True)
     subprocess.run(["gcc", "-O2", "-o", FLOOR, src, *flags], check=True)
+
+
+def build_jpeg_floor():
+    src = os.path.join(ROOT, "tools", "floors", "jpeg_floor.c")
+    os.makedirs(os.path.dirname(JPEG_FLOOR), exist_ok=True)
+    subprocess.run(["gcc", "-O2", "-o", JPEG_FLOOR, src, "-ljpeg"], check=True)
 
 
 def last_json(cmd):
@@ -163,15 +178,36 @@ def video(args):
     return runs
 
 
+def images(args):
+    build_jpeg_floor()
+    warm(open(args.list).read().split())
+    runs = {"flowgate": [], "entropy": [], "full": []}
+    for rep in range(args.reps):
+        r = last_json([BENCH, "images", "--list", args.list, "--workers", "1"])
+        runs["flowgate"].append(1000 * r["cpu_seconds"] / r["items"])
+        for mode in ("entropy", "full"):
+            runs[mode].append(last_json([JPEG_FLOOR, mode, args.list])["cpu_ms_per_image"])
+        print(f"images rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.3f} ms" for k, v in
+                                                    runs.items()), file=sys.stderr)
+    share = [a / b for a, b in zip(runs["entropy"], runs["flowgate"])]
+    print(f"\nCPU ms per image ({args.reps} interleaved repetitions; median (min–max))\n")
+    print("| flowgate, 1 worker (decode, resize, crop, batch) | libjpeg-turbo entropy decoding "
+          "alone | libjpeg-turbo full decode to RGB | entropy / flowgate |")
+    print("|---|---|---|---|")
+    print(f"| {span(runs['flowgate'])} | {span(runs['entropy'])} | {span(runs['full'])} | "
+          f"**{span(share, '{:.2f}')}** |")
+    return runs
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("workload", choices=["audio", "video"])
+    ap.add_argument("workload", choices=["audio", "video", "images"])
     ap.add_argument("--list", required=True)
     ap.add_argument("--formats", default="flac,wav,mp3,aac")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", default=os.path.join(ROOT, "target", "floors.json"))
     args = ap.parse_args()
-    rows = audio(args) if args.workload == "audio" else video(args)
+    rows = {"audio": audio, "video": video, "images": images}[args.workload](args)
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as out:
         json.dump(rows, out, indent=1)
