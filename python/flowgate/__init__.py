@@ -520,9 +520,9 @@ class VideoLoader(_Loader):
     the same for the same ``seed``, epoch and file (so a resumed run redraws it). A clip shorter
     than the window repeats its last frame.
 
-    ``draft``: skip the in-loop deblocking filter on the frames decoded only to reach a
-    sample (H.264/HEVC): less decoding work, but the sampled frames differ slightly from a
-    full decode's (their references were not deblocked; see ``docs/performance.md``).
+    ``draft``: skip the in-loop deblocking filter on every frame (H.264/HEVC): ~12% less
+    decoding work, but the sampled frames differ slightly from a full decode's (see
+    ``docs/performance.md``).
 
     ``max_batch_frames`` with ``fps``: length-aware batches instead of ``batch_size`` clips
     of ``frames`` frames. Each clip yields the frames shown at ``(k + 0.5) / fps`` seconds, as

@@ -273,7 +273,7 @@ pub enum DecodeSpec {
         /// With `stride`: a random window every epoch.
         #[serde(default)]
         train: bool,
-        /// Draft mode: no loop filter on the frames decoded only to reach a sample (see
+        /// Draft mode: no in-loop deblocking filter (see
         /// `flowgate::media::video::VideoRecipe::draft`).
         #[serde(default)]
         draft: bool,

@@ -20,8 +20,8 @@
 //! `{"workload":..,"items":..,"seconds":..,"items_per_s":..,"cpu_seconds":..,"peak_rss_mb":..,
 //! "batch_shape":[..],"dtype":..}`. Without `--workers` the decode stage starts at its share of
 //! the cores and the tuner sizes it; `--workers N` pins it. `--draft true` decodes JPEGs in
-//! draft mode (see `ImageRecipe::draft`), and video without the loop filter on frames decoded
-//! only to reach a sample (`VideoRecipe::draft`). `--dump` writes the first batch (the list's first items,
+//! draft mode (see `ImageRecipe::draft`), and video without the in-loop deblocking filter
+//! (`VideoRecipe::draft`). `--dump` writes the first batch (the list's first items,
 //! in list order) as a NumPy file. Audio is decoded to mono `f32`, resampled to `--rate` if the
 //! files differ, cropped or zero-padded to `--seconds`. Video (feature `video`) samples
 //! `--frames` frames uniformly per clip, scaled and center-cropped, as `u8` NTHWC; the tuner
