@@ -143,11 +143,14 @@ pub fn enforce(decisions: Vec<Decision>, obs: &Observation) -> Vec<Decision> {
                 let Some(t) = s.item_threads.filter(|t| !t.pinned) else {
                     continue;
                 };
-                // Within the ceiling, and never more threads than the cores hold.
+                // Within the ceiling, and never more threads than the cores hold. A change
+                // the bound undoes is dropped; asking for the current setting is a verdict
+                // (a trial's raise kept) and goes into the trace as it is.
                 let cores = obs.budgets.map_or(usize::MAX, |b| b.cores);
                 let fit = (cores / s.workers.max(1)).max(1);
+                let asked = *threads;
                 *threads = (*threads).clamp(1, t.max_threads.max(1).min(fit));
-                if *threads == t.threads {
+                if *threads == t.threads && asked != t.threads {
                     continue;
                 }
             }

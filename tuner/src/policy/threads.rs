@@ -184,6 +184,16 @@ impl ItemThreadTrials {
                     && obs.starvation() > STARVED
                     && now >= st.barred_until)
                 {
+                    if !kept.is_empty() {
+                        // No further raise: the verdict is the decision, so the trace has it.
+                        out.push(Decision {
+                            action: Action::SetItemThreads {
+                                stage: i,
+                                threads: t.threads,
+                            },
+                            reason: kept.trim_end_matches("; ").to_owned(),
+                        });
+                    }
                     continue;
                 }
                 let Some(before) = st.rate() else {
@@ -296,6 +306,21 @@ mod tests {
         let (t, why, k) = run(&mut p, &mut o, 400).expect("a retry after the bar");
         assert_eq!(t, 4, "{why}");
         assert!((290..=320).contains(&k), "retried after {k} ticks");
+    }
+
+    #[test]
+    fn a_raise_kept_at_the_last_fit_is_recorded() {
+        // 2 workers on 4 cores: 2 threads each is all that fits.
+        let mut p = ItemThreadTrials::default();
+        let mut o = obs(2, 2, 1, 4, 0.5);
+        o.stages[0].items = 2;
+        let (t, _, _) = run(&mut p, &mut o, 50).expect("a trial");
+        assert_eq!(t, 2);
+        o.stages[0].items = 3;
+        let (t, why, _) = run(&mut p, &mut o, 50).expect("the verdict, in the trace");
+        assert_eq!(t, 2, "{why}");
+        assert!(why.starts_with("2 threads per item kept"), "{why}");
+        assert_eq!(run(&mut p, &mut o, 100), None, "recorded once");
     }
 
     #[test]
