@@ -553,15 +553,19 @@ pub(crate) fn video_loader(
         .map(|seconds| AudioRecipe::with_seconds(audio_rate, seconds))
         .transpose()
         .map_err(invalid)?;
+    let item_threads = video.item_threads();
     if max_batch_frames.is_some() {
         let plan = recipe.clone();
+        // Each clip of a batch decodes with the threads the tuner set (or the pinned ones).
+        let knob = item_threads.clone();
+        let threads = move || knob.as_ref().map_or(recipe.threads, |k| k.get());
         return options.loader_with(
             paths,
             &["mp4", "mkv", "webm", "mov", "avi"],
             Arc::new(move |input, _| {
                 let (t, n) = match input {
-                    Input::Path(p) => recipe.load_with_length(&p)?,
-                    Input::Bytes(b) => recipe.decode_with_length(&b.bytes, &b.path)?,
+                    Input::Path(p) => recipe.load_threaded(&p, threads())?,
+                    Input::Bytes(b) => recipe.decode_threaded(&b.bytes, &b.path, threads())?,
                 };
                 Ok(vec![t, Tensor::from_i64(&[n as i64]).reshaped(&[])])
             }),
@@ -573,10 +577,9 @@ pub(crate) fn video_loader(
                 }),
                 arg: "max_batch_frames",
             }),
-            None,
+            item_threads,
         );
     }
-    let item_threads = video.item_threads();
     options.loader_with(
         paths,
         &["mp4", "mkv", "webm", "mov", "avi"],

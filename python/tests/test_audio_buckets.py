@@ -109,6 +109,9 @@ def test_video_batches_by_frames_cover_each_clip_once_under_the_cap(videos):
             assert all(f[row, j].any() for j in range(k)), "real frames are not blank"
         seen += paths
     assert Counter(seen) == Counter(files), "every clip once"
+    # The clips of a batch decode with the tuner's threads per clip, as single clips do.
+    threads = loader.stats()["stages"]["decode"]["item_threads"]
+    assert 1 <= threads <= os.cpu_count()
     with pytest.raises(ValueError, match="needs fps"):
         flowgate.VideoLoader(videos / "video.txt", max_batch_frames=cap)
     with pytest.raises(ValueError, match="nthwc"):

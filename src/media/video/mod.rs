@@ -277,9 +277,11 @@ impl VideoRecipe {
         self.load_threaded(path, self.threads)
     }
 
-    /// [`load_with_length`](Self::load_with_length) with `threads` decoder threads (what the
-    /// tuner set, for [`Recipe`](super::Recipe)).
-    pub(crate) fn load_threaded(
+    /// [`load_with_length`](Self::load_with_length) with `threads` decoder threads instead of
+    /// the recipe's own: what the tuner set on the knob of
+    /// [`Recipe::item_threads`](super::Recipe::item_threads), for code that decodes with the
+    /// recipe itself (a length-aware batch's clips).
+    pub fn load_threaded(
         &self,
         path: &Path,
         threads: usize,
@@ -311,8 +313,9 @@ impl VideoRecipe {
         self.decode_threaded(bytes, path, self.threads)
     }
 
-    /// [`decode_with_length`](Self::decode_with_length) with `threads` decoder threads.
-    pub(crate) fn decode_threaded(
+    /// [`decode_with_length`](Self::decode_with_length) with `threads` decoder threads (see
+    /// [`load_threaded`](Self::load_threaded)).
+    pub fn decode_threaded(
         &self,
         bytes: &[u8],
         path: &Path,
