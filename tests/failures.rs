@@ -205,7 +205,7 @@ fn errors_keep_their_cause() {
 
 /// A stage that makes one item of several parts (a batch of clips) and leaves a failed part
 /// out: the part is a counted failure, named, and fatal past the budget, where the item it
-/// was left out of is not delivered.
+/// was left out of is not delivered. Pool and async stages alike.
 #[test]
 fn parts_left_out_of_an_item_are_counted_failures() {
     // Item x is made of parts 10x..10x+10; parts ending in 7 of items divisible by 5 fail.
@@ -220,48 +220,47 @@ fn parts_left_out_of_an_item_are_counted_failures() {
         }
         Ok(kept)
     };
-    let mut p = Pipeline::builder()
-        .source(0..100u64)
-        .pipe("parts", make, 2)
-        .build()
-        .unwrap();
-    let got: Vec<Vec<u64>> = p.iter().map(Result::unwrap).collect();
-    assert_eq!(got.len(), 100, "every item delivered, less its failed part");
-    assert_eq!(got.iter().map(Vec::len).sum::<usize>(), 1000 - 20);
-    let stats = p.stats();
-    assert_eq!(stats.failures, 20);
-    assert_eq!(stats.stage("parts").unwrap().failures, 20);
-    assert!(
-        stats
-            .recent_failures
-            .iter()
-            .any(|m| m.contains("part 7") || m.contains("part 957")),
-        "{:?}",
-        stats.recent_failures
-    );
-
-    // Fail-fast: the first failed part stops the pipeline with it as the error, and the item
-    // it was left out of never arrives.
-    let mut p = Pipeline::builder()
-        .source(0..100u64)
-        .pipe("parts", make, 1)
-        .max_failures(FailureBudget::fail_fast())
-        .build()
-        .unwrap();
-    let mut delivered = Vec::new();
-    let err = loop {
-        match p.iter().next().expect("an error before the end") {
-            Ok(v) => delivered.push(v[0] / 10),
-            Err(e) => break e,
-        }
+    let build = |use_async: bool, workers: usize, budget: FailureBudget| {
+        let b = Pipeline::builder().source(0..100u64);
+        let b = if use_async {
+            b.pipe_async("parts", move |x| async move { make(x) }, workers)
+        } else {
+            b.pipe("parts", make, workers)
+        };
+        b.max_failures(budget).build().unwrap()
     };
-    assert!(err.is_failure_budget(), "{err}");
-    assert_eq!(err.stage(), Some("parts"));
-    assert_eq!(err.item(), Some("part 7"), "{err}");
-    assert!(
-        !delivered.contains(&0),
-        "item 0 lost a part past the budget: {delivered:?}"
-    );
+    for use_async in [false, true] {
+        let mut p = build(use_async, 2, FailureBudget::unlimited());
+        let got: Vec<Vec<u64>> = p.iter().map(Result::unwrap).collect();
+        assert_eq!(got.len(), 100, "every item delivered, less its failed part");
+        assert_eq!(got.iter().map(Vec::len).sum::<usize>(), 1000 - 20);
+        let stats = p.stats();
+        assert_eq!(stats.failures, 20, "async: {use_async}");
+        assert_eq!(stats.stage("parts").unwrap().failures, 20);
+        assert!(
+            stats.recent_failures.iter().any(|m| m.contains("part 957")),
+            "{:?}",
+            stats.recent_failures
+        );
+
+        // Fail-fast: the first failed part stops the pipeline with it as the error, and the
+        // item it was left out of never arrives.
+        let mut p = build(use_async, 1, FailureBudget::fail_fast());
+        let mut delivered = Vec::new();
+        let err = loop {
+            match p.iter().next().expect("an error before the end") {
+                Ok(v) => delivered.push(v[0] / 10),
+                Err(e) => break e,
+            }
+        };
+        assert!(err.is_failure_budget(), "{err}");
+        assert_eq!(err.stage(), Some("parts"));
+        assert_eq!(err.item(), Some("part 7"), "{err}");
+        assert!(
+            !delivered.contains(&0),
+            "item 0 lost a part past the budget: {delivered:?}"
+        );
+    }
 
     // Outside a stage (here, on the test's thread) the cause is handed back, not dropped.
     assert!(make(0).is_err());

@@ -69,6 +69,8 @@ struct Completed<U> {
     started: Instant,
     desc: Option<String>,
     result: Result<U, BoxError>,
+    /// Parts the item left out (see [`skip_part`](crate::failure::skip_part)).
+    parts: crate::failure::SkippedParts,
 }
 
 struct Shared<T, U> {
@@ -220,7 +222,10 @@ async fn drive<T: Send + 'static, U: Send + 'static>(
         };
         let tx = done.clone();
         inflight.spawn(async move {
-            let result = match AssertUnwindSafe(fut).catch_unwind().await {
+            let (caught, parts) =
+                crate::failure::collect_skipped_parts_async(AssertUnwindSafe(fut).catch_unwind())
+                    .await;
+            let result = match caught {
                 Ok(r) => r,
                 Err(p) => Err(Box::new(Panicked::from_payload(&*p)) as BoxError),
             };
@@ -233,6 +238,7 @@ async fn drive<T: Send + 'static, U: Send + 'static>(
                 started,
                 desc,
                 result,
+                parts,
             });
         });
     }
@@ -321,14 +327,24 @@ fn accept<T, U>(
     k.task_time.record_ns(dt);
     let outputs: Vec<Envelope<U>> = match c.result {
         Ok(u) => {
-            k.items_out += 1;
-            vec![Envelope {
-                seq: 0,
-                bytes: (s.sizer)(&u),
-                reserved: 0,
-                item: u,
-                origin: c.origin,
-            }]
+            // Parts the item left out count as failed items; one past a budget stops the
+            // pipeline, and the item is not delivered.
+            let mut fatal = false;
+            for (part, cause) in c.parts {
+                fatal |= s.core.fail(k, part, cause);
+            }
+            if fatal {
+                Vec::new()
+            } else {
+                k.items_out += 1;
+                vec![Envelope {
+                    seq: 0,
+                    bytes: (s.sizer)(&u),
+                    reserved: 0,
+                    item: u,
+                    origin: c.origin,
+                }]
+            }
         }
         Err(cause) => {
             let item = c.desc.unwrap_or_else(|| format!("input #{}", c.seq));

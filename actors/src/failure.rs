@@ -246,6 +246,11 @@ thread_local! {
     static PARTS: RefCell<Option<SkippedParts>> = const { RefCell::new(None) };
 }
 
+tokio::task_local! {
+    /// The parts an async stage's item left out, while its future runs.
+    static TASK_PARTS: std::sync::Arc<Mutex<SkippedParts>>;
+}
+
 /// Records, from inside a stage's function, that a part of the item it is making failed and
 /// was left out: one clip of a length-aware batch, one record of a shard read whole. The part
 /// is counted as a failed item of the stage, exactly as if an item had failed (the stage's
@@ -253,22 +258,39 @@ thread_local! {
 /// `part` as its description. If that exceeds a budget (say a fail-fast pipeline), the
 /// pipeline stops with it as its error and the item being made is not delivered.
 ///
-/// A function that then fails as a whole should not report its parts: the item's failure is
-/// recorded and its parts' are not. Returns `cause` back, for the caller to fail the item
-/// with, where there is no stage to count it (outside a pool stage's function, e.g. in an
-/// async stage's future): nothing is ever dropped unreported.
+/// It works from a pool stage's function and from an async stage's future (not from the
+/// closure that makes the future). A function that then fails as a whole should not report its
+/// parts: the item's failure is recorded and its parts' are not. Returns `cause` back, for the
+/// caller to fail the item with, where there is no stage to count it (outside any stage):
+/// nothing is ever dropped unreported.
 ///
 /// Rate budgets compare the failures with the stage's items: each failed part of an item
 /// counts as one failure.
 pub fn skip_part(part: impl Into<String>, cause: impl Into<BoxError>) -> Result<(), BoxError> {
-    let cause = cause.into();
-    PARTS.with(|p| match &mut *p.borrow_mut() {
-        Some(parts) => {
-            parts.push((part.into(), cause));
-            Ok(())
+    let mut skipped = Some((part.into(), cause.into()));
+    PARTS.with(|p| {
+        if let Some(parts) = &mut *p.borrow_mut() {
+            parts.push(skipped.take().expect("not taken yet"));
         }
-        None => Err(cause),
-    })
+    });
+    if skipped.is_some() {
+        let _ = TASK_PARTS.try_with(|parts| parts.lock().push(skipped.take().expect("not taken")));
+    }
+    match skipped {
+        None => Ok(()),
+        Some((_, cause)) => Err(cause),
+    }
+}
+
+/// Runs the future `f` (an async stage's item), collecting the parts it left out with
+/// [`skip_part`].
+pub async fn collect_skipped_parts_async<R>(
+    f: impl std::future::Future<Output = R>,
+) -> (R, SkippedParts) {
+    let parts = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let r = TASK_PARTS.scope(std::sync::Arc::clone(&parts), f).await;
+    let parts = std::mem::take(&mut *parts.lock());
+    (r, parts)
 }
 
 /// Runs `f` (a stage's call of its function), collecting the parts it left out with
