@@ -23,12 +23,12 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Opti
                     Tuple, Union)
 
 from . import _native
-from ._native import Batch, DeviceUnavailable, LoaderError
+from ._native import Batch, DeviceUnavailable, LoaderError, skip_part
 from ._process import (_LIVE, _Epoch, _converter, _rebuild, _register_with_torch,
                        _worker_split)
 
 __all__ = ["ImageLoader", "AudioLoader", "VideoLoader", "Shards", "Parquet", "Mix", "Pipeline",
-           "Batch", "LoaderError", "DeviceUnavailable", "merge_state_dicts"]
+           "Batch", "LoaderError", "DeviceUnavailable", "merge_state_dicts", "skip_part"]
 
 
 def merge_state_dicts(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
@@ -598,7 +598,8 @@ class Pipeline:
     stage runs ``f(item)`` on its own threads (a starting count; the tuner may change it);
     calls hold the GIL, so the gain is in overlapping I/O and native code that releases it.
     An exception in ``f`` raises :class:`LoaderError` naming the stage and the item, unless
-    ``skip_errors=True`` (skip and count).
+    ``skip_errors=True`` (skip and count); so does a part ``f`` leaves out of its result with
+    :func:`skip_part` (``skip_part(name, exception)``).
     """
 
     def __init__(self, source: Union[Iterable[Any], Callable[[int], Iterable[Any]]],

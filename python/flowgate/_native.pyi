@@ -87,6 +87,10 @@ def video_loader(paths: Any, options: Options, frames: int = ..., resize: int = 
                  buckets: int = ..., stride: Optional[int] = ..., train: bool = ...,
                  draft: bool = ...) -> Loader:
     """Only when built with the ``video`` feature."""
+def skip_part(part: str, error: BaseException) -> None:
+    """From a Pipeline stage's function: the part named ``part`` failed with ``error`` and was
+    left out of the result; it counts as a failed item of the stage (fatal past the failure
+    budget). Outside a stage's call, ``error`` is raised."""
 def _thread_count() -> int: ...
 def _batch_from_bytes(bytes: bytes, dtype: str, shape: List[int]) -> Batch: ...
 def _after_fork_in_child() -> None: ...

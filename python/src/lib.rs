@@ -72,6 +72,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(batch::_batch_from_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(_leak, m)?)?;
+    m.add_function(wrap_pyfunction!(pipeline::skip_part, m)?)?;
     m.add("LoaderError", m.py().get_type::<error::LoaderError>())?;
     m.add(
         "DeviceUnavailable",

@@ -280,3 +280,25 @@ impl PyPipeline {
         py.allow_threads(move || drop(r));
     }
 }
+
+/// `flowgate.skip_part(part, error)`: from a `Pipeline` stage's function that makes one result
+/// of several parts, records that the part named `part` failed with `error` (an exception) and
+/// was left out: it counts as a failed item of the stage (fatal past the failure budget,
+/// i.e. at once unless `skip_errors=True`, naming the part). Outside a stage's call, `error`
+/// is raised instead.
+#[pyfunction]
+pub(crate) fn skip_part(py: Python<'_>, part: String, error: Bound<'_, PyAny>) -> PyResult<()> {
+    let err = match error.downcast::<pyo3::exceptions::PyBaseException>() {
+        Ok(e) => PyErr::from_value(e.clone().into_any()),
+        Err(_) => {
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "skip_part(part, error): error must be an exception",
+            ))
+        }
+    };
+    let cause = py_error(py, err.clone_ref(py));
+    match flowgate::skip_part(part, cause) {
+        Ok(()) => Ok(()),
+        Err(_) => Err(err),
+    }
+}

@@ -127,6 +127,30 @@ def test_python_callable_stages():
     assert got == [x for x in range(20) if x != 7]
 
 
+def test_a_part_left_out_of_a_result_is_a_failure():
+    """skip_part in a stage: a counted failure naming the part, raised unless skip_errors;
+    outside a stage, the exception itself is raised."""
+    def parts(x):
+        kept = []
+        for part in range(3 * x, 3 * x + 3):
+            if part == 13:
+                flowgate.skip_part(f"part {part}", ValueError("unreadable"))
+            else:
+                kept.append(part)
+        return kept
+
+    with pytest.raises(flowgate.LoaderError) as e:
+        list(flowgate.Pipeline(range(10)).map(parts, name="assemble"))
+    assert e.value.stage == "assemble" and e.value.item == "part 13"
+    assert "ValueError: unreadable" in str(e.value)
+    got = sorted(p for r in flowgate.Pipeline(range(10), skip_errors=True).map(parts) for p in r)
+    assert got == [p for p in range(30) if p != 13]
+    with pytest.raises(ValueError, match="unreadable"):
+        flowgate.skip_part("alone", ValueError("unreadable"))
+    with pytest.raises(TypeError, match="exception"):
+        flowgate.skip_part("alone", "not an exception")
+
+
 def test_a_failing_source_raises():
     def source(epoch):
         yield 1
