@@ -327,13 +327,8 @@ fn accept<T, U>(
     k.task_time.record_ns(dt);
     let outputs: Vec<Envelope<U>> = match c.result {
         Ok(u) => {
-            // Parts the item left out count as failed items; one past a budget stops the
-            // pipeline, and the item is not delivered.
-            let mut fatal = false;
-            for (part, cause) in c.parts {
-                fatal |= s.core.fail(k, part, cause);
-            }
-            if fatal {
+            // A part left out past a budget: the item is not delivered.
+            if s.core.fail_parts(k, c.parts) {
                 Vec::new()
             } else {
                 k.items_out += 1;

@@ -377,16 +377,9 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
             self.scratch.clear();
             let item = desc.unwrap_or_else(|| format!("input #{seq}"));
             self.s.core.fail(c, item, cause);
-        } else {
-            // Parts the function left out count as failed items; one past a budget stops
-            // the pipeline, and the item they were left out of is not delivered.
-            let mut fatal = false;
-            for (part, cause) in parts {
-                fatal |= self.s.core.fail(c, part, cause);
-            }
-            if fatal {
-                self.scratch.clear();
-            }
+        } else if self.s.core.fail_parts(c, parts) {
+            // A part past a budget: the item it was left out of is not delivered.
+            self.scratch.clear();
         }
         c.items_out += self.scratch.len() as u64;
         let sizer = &self.s.sizer;

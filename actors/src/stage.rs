@@ -84,6 +84,16 @@ impl StageCore {
         s
     }
 
+    /// Records the parts an item left out (see [`skip_part`](crate::failure::skip_part)) as
+    /// failed items; returns whether one was fatal (the item is then not delivered).
+    pub fn fail_parts(&self, local: &mut Counters, parts: crate::failure::SkippedParts) -> bool {
+        let mut fatal = false;
+        for (part, cause) in parts {
+            fatal |= self.fail(local, part, cause);
+        }
+        fatal
+    }
+
     /// Records a failed item; `local` are the caller's unflushed counters. Returns whether the
     /// failure was fatal.
     pub fn fail(&self, local: &mut Counters, item: String, cause: BoxError) -> bool {

@@ -11,6 +11,8 @@
 //! tried again for a while (30 s, doubling).
 //! Threads never oversubscribe the cores.
 
+use std::collections::VecDeque;
+
 use crate::observation::{Action, Decision, Observation};
 use crate::welch::p_greater;
 
@@ -34,6 +36,10 @@ const SIGNIFICANCE: f64 = 0.1;
 const MEASURE_ITEMS: u64 = 40;
 const MEASURE_SECS: f64 = 2.0;
 
+/// Per-tick rates kept for the significance test: the last minute at the default tick (a
+/// stage whose setting never changes would otherwise keep one per tick for ever).
+const MAX_TICKS: usize = 600;
+
 /// Seconds a rejected raise is barred first (doubling after each rejection).
 const FIRST_BACKOFF: f64 = 30.0;
 
@@ -41,17 +47,17 @@ const FIRST_BACKOFF: f64 = 30.0;
 #[derive(Clone, Debug, Default)]
 struct StageTrial {
     /// Items finished and seconds since the setting last changed (less the settling items),
-    /// and each tick's rate.
+    /// and the last [`MAX_TICKS`] ticks' rates.
     items: u64,
     secs: f64,
-    ticks: Vec<f64>,
+    ticks: VecDeque<f64>,
     /// Items still to finish before the measurement starts: those in flight when the setting
     /// changed were started with the old one.
     settle: u64,
     /// The workers the measurement is of (a new count starts a new one).
     workers: usize,
     /// A raise on trial: the threads before it, the rate they gave, and its per-tick rates.
-    trial: Option<(usize, f64, Vec<f64>)>,
+    trial: Option<(usize, f64, VecDeque<f64>)>,
     /// No raise before this time (seconds), and the next bar's length.
     barred_until: f64,
     backoff: f64,
@@ -107,7 +113,10 @@ impl ItemThreadTrials {
             if st.settle == 0 {
                 st.items += s.items - settled;
                 st.secs += win;
-                st.ticks.push((s.items - settled) as f64 / win);
+                if st.ticks.len() == MAX_TICKS {
+                    st.ticks.pop_front();
+                }
+                st.ticks.push_back((s.items - settled) as f64 / win);
             }
             let workers = s.workers.max(1);
             // Cores the other CPU stages used in the window; what is left (rounded: a collate
@@ -147,7 +156,7 @@ impl ItemThreadTrials {
                         continue;
                     };
                     let raised: Vec<f64> = before_ticks.iter().map(|r| GAIN * r).collect();
-                    let p = p_greater(&raised, &st.ticks);
+                    let p = p_greater(&raised, st.ticks.make_contiguous());
                     st.trial = None;
                     if after < GAIN * before || p >= SIGNIFICANCE {
                         st.backoff = if st.backoff == 0.0 {
