@@ -14,8 +14,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use flowgate::dataset::Files;
 use flowgate::media::audio::AudioRecipe;
-use flowgate::media::{Files, MediaError};
+use flowgate::media::MediaError;
 use flowgate::sample::{Batch, Sample};
 use flowgate::{Pipeline, PipelineError};
 

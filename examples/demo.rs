@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use std::path::PathBuf;
 
+use flowgate::dataset::Files;
 use flowgate::media::image::ImageRecipe;
-use flowgate::media::Files;
 use flowgate::{Pipeline, PipelineError, PipelineStats, TraceRecord, TunerSettings};
 
 fn decode(id: u64) -> Result<Vec<u8>, std::io::Error> {

@@ -1,101 +1,78 @@
-//! Image classification training input: shuffled, sharded JPEGs → random resized crops, flips,
-//! normalised `f32` NCHW batches with labels, for a few epochs, self-tuning.
+//! Image classification input from tar shards mixed with a Parquet set: random resized
+//! crops and flips, labels from each sample, a state saved mid-epoch and resumed exactly by a
+//! new loader (what a training job does when it is preempted).
 //!
 //! ```text
-//! cargo run --release -p flowgate-tools --bin make_dataset -- --out target/sample-data --images 600
-//! cargo run --release --example image_classification -- [--list target/sample-data/images.txt]
-//!     [--epochs 2] [--batch 32] [--size 224] [--step-ms 0]
+//! cargo run --release -p flowgate-cli --features parquet -- gen-data --out target/sample-data --images 600 --shards 100
+//! cargo run --release --features parquet --example image_classification
 //! ```
 //!
-//! Labels follow the ImageFolder convention: the index of the file's parent folder among the
-//! dataset's folders, sorted. `RANK`/`WORLD_SIZE` shard the list. Each epoch reshuffles and
-//! re-seeds the augmentation, so epochs differ but a rerun repeats them exactly.
+//! `gen-data` writes the same 600 photo-like JPEGs as tar shards (`KEY.jpg`, `KEY.cls`) and
+//! as a Parquet file in the Hugging Face layout (`image: struct<bytes, path>`, `label`).
+//! `RANK` / `WORLD_SIZE` deal the epoch to ranks when set (`torchrun`).
 
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use flowgate::dataset::{Dataset, Labels, Source};
+use flowgate::loader::Batch;
+use flowgate::media::{image::ImageRecipe, Recipe};
+use flowgate::{Loader, PipelineState};
 
-use flowgate::media::image::ImageRecipe;
-use flowgate::media::{Files, MediaError, Recipe};
-use flowgate::sample::{Batch, Sample};
-use flowgate::{Pipeline, PipelineError};
-
-fn main() -> Result<(), PipelineError> {
-    let mut list = PathBuf::from("target/sample-data/images.txt");
-    let (mut epochs, mut batch, mut size, mut step_ms) = (2u64, 32usize, 224u32, 0u64);
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let v = args.next().unwrap_or_default();
-        let n = || {
-            v.parse::<u64>()
-                .map_err(|_| PipelineError::config(format!("{flag}: {v}")))
-        };
-        match flag.as_str() {
-            "--list" => list = v.clone().into(),
-            "--epochs" => epochs = n()?,
-            "--batch" => batch = n()? as usize,
-            "--size" => size = n()? as u32,
-            "--step-ms" => step_ms = n()?,
-            _ => return Err(PipelineError::config(format!("unknown flag {flag}"))),
-        }
-    }
-    let files = Files::list(&list)
-        .map_err(|e| {
-            PipelineError::config(format!(
-                "{e} (make one: cargo run --release -p flowgate-tools --bin make_dataset -- --out target/sample-data)"
-            ))
-        })?
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let data = std::path::Path::new("target/sample-data");
+    let shards = std::fs::read_to_string(data.join("shards.txt"))
+        .map_err(|e| format!("{e}: make the sample data first (see the top of this file)"))?;
+    // Augmentation seeded by (seed, epoch, item): new every epoch, the same on a rerun.
+    let recipe = Recipe::image(ImageRecipe::train(224))?.with_seed(0);
+    let source = Source::mix(
+        [
+            Source::shards(shards.trim()).labels(Labels::Field("cls".into())),
+            Source::parquet([data.join("images.parquet")], "image")
+                .labels(Labels::Field("label".into())),
+        ],
+        [0.7, 0.3],
+    );
+    let dataset = Dataset::builder(source)
+        .extensions(recipe.extensions())
         .shuffle(0)
-        .shard_from_env()?;
-    // ImageFolder labels: the parent folder's index among the dataset's sorted folders
-    // (the whole dataset's, so every rank numbers the classes alike).
-    let classes = files.folder_labels();
-    let n_classes = classes.len();
-    // Augmentation seeded by (seed, epoch, file): new every epoch, the same on a rerun.
-    let recipe = Recipe::image(ImageRecipe::train(size))
-        .map_err(|e| PipelineError::config_from("--size", e))?
-        .with_seed(0);
-    let n = files.len();
-    let mut pipeline = Pipeline::builder()
-        .source_epochs(move |epoch| files.epoch(epoch).into_iter().map(move |p| (p, epoch)))
-        .describe(|(p, _)| p.display().to_string())
-        .pipe(
-            "decode",
-            move |(path, epoch): (PathBuf, u64)| -> Result<Sample, MediaError> {
-                let image = recipe.for_epoch(epoch).load(&path)?;
-                let label = classes
-                    .label(&path)
-                    .expect("every file's folder is a class");
-                Ok(Sample::new().with("image", image).with("label", label))
-            },
-            1,
-        )
-        .measure(Sample::nbytes)
-        .aggregate(batch, true)
-        .pipe("collate", Batch::collate, 1)
-        .measure(Batch::nbytes)
         .build()?;
-    println!("{n} images, {n_classes} classes, batches of {batch}, {size}x{size} f32 NCHW");
-    for epoch in 0..epochs {
-        let started = Instant::now();
-        let mut images = 0;
-        for b in pipeline.iter() {
-            let b = b?;
-            let (x, y) = (
-                b.tensor("image").expect("image"),
-                b.tensor("label").expect("label"),
-            );
-            debug_assert_eq!(x.shape()[0], y.shape()[0]);
-            images += b.len();
-            std::thread::sleep(Duration::from_millis(step_ms)); // the training step
+    let loader = || {
+        Loader::builder(dataset.clone(), recipe.clone())
+            .batch_size(32)
+            .build()
+    };
+
+    // Train until step 5 of the first epoch, then save a checkpoint (plain JSON).
+    let mut first = loader()?;
+    let mut epoch = first.epoch()?;
+    let mut seen = 0;
+    for step in 0.. {
+        let Some(batch) = epoch.next() else { break };
+        seen += train_step(&batch?);
+        if step == 4 {
+            let state = epoch.state()?;
+            std::fs::write("target/loader-state.json", serde_json::to_vec(&state)?)?;
+            break;
         }
-        let secs = started.elapsed().as_secs_f64();
-        let stats = pipeline.stats();
-        let decode = stats.stage("decode").map_or(0, |s| s.workers);
-        println!(
-            "epoch {epoch}: {images} images in {secs:.2} s = {:.0} images/s; decode workers {decode}; {} failed",
-            images as f64 / secs,
-            stats.failures
-        );
     }
+    drop(epoch);
+    drop(first); // the job is preempted
+
+    // A new process: a new loader resumes the epoch where the checkpoint left it.
+    let state: PipelineState = serde_json::from_slice(&std::fs::read("target/loader-state.json")?)?;
+    let mut resumed = loader()?;
+    resumed.resume(&state)?;
+    for batch in resumed.epoch()? {
+        seen += train_step(&batch?);
+    }
+    println!(
+        "epoch 0: {seen} images, each once ({} per epoch)",
+        dataset.len()
+    );
     Ok(())
+}
+
+/// The training step: here, the labels it would train on.
+fn train_step(batch: &Batch) -> usize {
+    let labels = batch.label_values().unwrap_or_default();
+    assert_eq!(labels.len(), batch.len());
+    batch.len()
 }

@@ -16,8 +16,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use flowgate::cache::ByteCache;
+use flowgate::dataset::Files;
 use flowgate::media::image::ImageRecipe;
-use flowgate::media::Files;
 use flowgate::s3::{LocalServer, S3Config, S3};
 use flowgate::{Blob, Pipeline};
 

@@ -10,9 +10,10 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use flowgate::dataset::Files;
 use flowgate::media::audio::AudioRecipe;
 use flowgate::media::video::{Sampling, VideoRecipe};
-use flowgate::media::{Files, MediaError};
+use flowgate::media::MediaError;
 use flowgate::sample::{Batch, Sample};
 use flowgate::{Pipeline, PipelineError};
 

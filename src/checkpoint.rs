@@ -22,7 +22,7 @@ pub const STATE_VERSION: u32 = 2;
 /// What a checkpoint is valid for: named settings of the pipeline that made it (the dataset,
 /// the seed, the sampler, the batch size, the world…), set with
 /// [`PipelineBuilder::checkpoint_fields`](crate::PipelineBuilder::checkpoint_fields) (the media
-/// loaders set them from their [`Files`](crate::media::Files) and batching). A state is only
+/// loaders set them from their [`Files`](crate::dataset::Files) and batching). A state is only
 /// resumed by a pipeline whose fields are the same.
 pub type Fingerprint = BTreeMap<String, String>;
 

@@ -11,18 +11,17 @@ mod checkpoint;
 pub mod collate;
 mod config;
 mod control;
+pub mod dataset;
 pub mod device;
 mod engine;
+pub mod loader;
 pub mod measure;
 pub mod media;
-#[cfg(feature = "parquet")]
-pub mod parquet;
 mod pipeline;
 #[cfg(feature = "s3")]
 pub mod s3;
 pub mod sample;
 pub mod sampler;
-pub mod shards;
 #[cfg(feature = "spec")]
 pub mod spec;
 mod stats;
@@ -33,6 +32,8 @@ pub use builder::{PipelineBuilder, SourceBuilder};
 pub use checkpoint::{Fingerprint, Part, PipelineState, ShardState, STATE_VERSION};
 pub use config::Workers;
 pub use control::{ControlHandle, StopHandle};
+pub use dataset::Dataset;
+pub use loader::Loader;
 pub use pipeline::{EpochIter, EpochStream, Pipeline, Within};
 pub use stats::{Monitor, PipelineStats, StatsCallback};
 pub use tensor::{DType, Tensor};
@@ -72,3 +73,69 @@ struct TunerDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/reliability.md")]
 struct ReliabilityDoctests;
+
+/// `ARCHITECTURE.md` is a map: every path it names must exist, or the map misleads.
+#[cfg(test)]
+mod architecture_map {
+    use std::path::{Path, PathBuf};
+
+    /// Every file and folder of the repository (no build output, no git), relative.
+    fn tree(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            let name = e.file_name();
+            if name == "target" || name == ".git" {
+                continue;
+            }
+            out.push(p.strip_prefix(root).unwrap().to_path_buf());
+            if p.is_dir() {
+                tree(root, &p, out);
+            }
+        }
+    }
+
+    /// The code-quoted words of `text` that name a file or folder: with a `/` or a known
+    /// file extension, and nothing of code (`::`, brackets, spaces).
+    fn named_paths(text: &str) -> Vec<String> {
+        const EXTENSIONS: [&str; 8] = [".rs", ".md", ".c", ".py", ".toml", ".sh", ".yaml", ".svg"];
+        text.split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|w| !w.is_empty() && !w.starts_with("//"))
+            .filter(|w| !w.contains([' ', ':', '(', '<', '[', '*']))
+            .filter(|w| w.contains('/') || EXTENSIONS.iter().any(|x| w.ends_with(x)))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn every_path_the_architecture_map_names_exists() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+        let mut all = Vec::new();
+        tree(root, root, &mut all);
+        let named = named_paths(&text);
+        assert!(
+            named.len() > 50,
+            "the map names its files ({})",
+            named.len()
+        );
+        let missing: Vec<&String> = named
+            .iter()
+            .filter(|w| {
+                let want = Path::new(w.trim_end_matches('/'));
+                !all.iter().any(|p| p.ends_with(want))
+            })
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "ARCHITECTURE.md names paths that do not exist: {missing:?}"
+        );
+        // The checker itself: a stale name is caught.
+        assert!(!all.iter().any(|p| p.ends_with("media/files.rs")));
+        assert_eq!(
+            named_paths("`src/a.rs` and `Files::new` and `x/`"),
+            ["src/a.rs", "x/"]
+        );
+    }
+}

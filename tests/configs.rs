@@ -6,8 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use flowgate::dataset::Files;
 use flowgate::media::synth::{write_dataset, DatasetSpec};
-use flowgate::media::{Files, Recipe};
+use flowgate::media::Recipe;
 use flowgate::spec::{Hooks, PipelineSpec};
 use flowgate::{Pipeline, Workers};
 
@@ -46,11 +47,11 @@ fn run(name: &str) -> Result<usize, String> {
     let mut loader = spec.build(Hooks::default()).map_err(|e| e.to_string())?;
     let mut items = 0;
     for _ in 0..spec.run.epochs {
-        for batch in loader.pipeline.iter() {
+        for batch in loader.epoch().unwrap() {
             items += batch.map_err(|e| e.to_string())?.shape()[0];
         }
     }
-    assert_eq!(loader.pipeline.stats().failures, 0, "{name}");
+    assert_eq!(loader.stats().failures, 0, "{name}");
     Ok(items)
 }
 
@@ -97,7 +98,7 @@ fn batches(toml: &str, epochs: u64) -> Vec<Vec<u8>> {
     let mut loader = spec.build(Hooks::default()).unwrap();
     let mut out = Vec::new();
     for _ in 0..epochs {
-        for b in loader.pipeline.iter() {
+        for b in loader.epoch().unwrap() {
             out.push(b.unwrap().into_host().unwrap().bytes().to_vec());
         }
     }
@@ -235,7 +236,7 @@ fn a_mixture_draws_from_each_source_by_weight_and_refuses_what_it_cannot_mix() {
     let spec = PipelineSpec::parse(&toml("[0.75, 0.25]", "draws = 400"), "m.toml").unwrap();
     let mut loader = spec.build(Hooks::default()).unwrap();
     assert_eq!(loader.items, 400);
-    let n: usize = loader.pipeline.iter().map(|b| b.unwrap().shape()[0]).sum();
+    let n: usize = loader.epoch().unwrap().map(|b| b.unwrap().shape()[0]).sum();
     assert_eq!(n, 400);
     // "first": at most one pass of each source, so at most 80 items; "all": at least one
     // pass of each, at least 80.
@@ -244,7 +245,7 @@ fn a_mixture_draws_from_each_source_by_weight_and_refuses_what_it_cannot_mix() {
             PipelineSpec::parse(&toml("[0.5, 0.5]", &format!("stop = \"{stop}\"")), "m.toml")
                 .unwrap();
         let mut loader = spec.build(Hooks::default()).unwrap();
-        let n: usize = loader.pipeline.iter().map(|b| b.unwrap().shape()[0]).sum();
+        let n: usize = loader.epoch().unwrap().map(|b| b.unwrap().shape()[0]).sum();
         if check == 0 {
             assert!((40..=80).contains(&n), "{stop}: {n}");
         } else {
@@ -284,7 +285,7 @@ fn a_pipeline_file_uploads_batches_to_its_device() {
     let spec = PipelineSpec::parse(&toml(device), "t.toml").unwrap();
     let mut loader = spec.build(Hooks::default()).unwrap();
     let mut uploaded = Vec::new();
-    for b in loader.pipeline.iter() {
+    for b in loader.epoch().unwrap() {
         let b = b.unwrap();
         assert!(
             matches!(b, flowgate::device::Delivered::Device(_)),
@@ -296,7 +297,7 @@ fn a_pipeline_file_uploads_batches_to_its_device() {
         uploaded, host,
         "the same batches, in order, through the uploader"
     );
-    assert!(loader.pipeline.stats().stage("upload").is_some());
+    assert!(loader.stats().stage("upload").is_some());
     for (bad, key) in [
         (
             "[device]\nkind = \"simulated\"\nmemory_mb = 0\n",
@@ -339,7 +340,7 @@ fn a_pipeline_file_batches_video_by_frames() {
     let spec = PipelineSpec::parse(&toml("max_frames = 12\nbuckets = 2"), "v.toml").unwrap();
     let mut loader = spec.build(Hooks::default()).unwrap();
     let mut clips = 0;
-    for b in loader.pipeline.iter() {
+    for b in loader.epoch().unwrap() {
         let b = b.unwrap();
         let shape = b.shape().to_vec();
         assert_eq!(&shape[2..], [32, 32, 3]);
@@ -355,8 +356,8 @@ fn a_pipeline_file_batches_video_by_frames() {
     let spec = PipelineSpec::parse(&window("stride = 2\ntrain = true\n"), "w.toml").unwrap();
     let mut loader = spec.build(Hooks::default()).unwrap();
     let shapes: Vec<Vec<usize>> = loader
-        .pipeline
-        .iter()
+        .epoch()
+        .unwrap()
         .map(|b| b.unwrap().shape().to_vec())
         .collect();
     assert_eq!(shapes.iter().map(|s| s[0]).sum::<usize>(), 3);

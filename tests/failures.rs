@@ -137,8 +137,8 @@ fn a_global_rate_budget_stops_the_pipeline() {
 #[cfg(feature = "image")]
 #[test]
 fn bad_image_files_are_skipped_counted_and_named() {
+    use flowgate::dataset::Files;
     use flowgate::media::image::ImageRecipe;
-    use flowgate::media::Files;
     let dir = std::env::temp_dir().join(format!("flowgate-bad-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let img = image::RgbImage::from_fn(320, 240, |x, y| image::Rgb([x as u8, y as u8, 7]));
@@ -190,8 +190,8 @@ fn errors_keep_their_cause() {
     use std::error::Error as _;
     let missing = std::env::temp_dir().join(format!("flowgate-no-such-{}", std::process::id()));
     for e in [
-        flowgate::media::Files::list(&missing).unwrap_err(),
-        flowgate::media::Files::dir(&missing, &["jpg"]).unwrap_err(),
+        flowgate::dataset::Files::list(&missing).unwrap_err(),
+        flowgate::dataset::Files::dir(&missing, &["jpg"]).unwrap_err(),
     ] {
         assert!(e.is_io() && !e.is_config(), "{e}");
         assert!(e.to_string().contains(&*missing.to_string_lossy()), "{e}");

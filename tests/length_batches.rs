@@ -1,16 +1,17 @@
-//! Length-aware audio batches end to end: clips of 1–12 s (written by the dataset generator)
-//! planned from their declared lengths, decoded into batches padded only to their longest clip,
-//! under the cap, every clip once per epoch across ranks (equal batch counts), and an
-//! interrupted epoch resumed exactly.
+//! Length-aware audio batches end to end, through the library's `Loader`: clips of 1–12 s
+//! (written by the dataset generator) planned from their declared lengths, decoded into batches
+//! padded only to their longest clip, under the cap, every clip once per epoch across ranks
+//! (equal batch counts), a corrupt clip skipped and counted, an interrupted epoch resumed
+//! exactly; and the same from a pipeline file.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
+use flowgate::dataset::{Dataset, Source};
 use flowgate::media::audio::{duration, AudioRecipe};
 use flowgate::media::synth::{write_dataset, DatasetSpec};
-use flowgate::sampler::{Bucketing, LengthBatches, ShardLengths};
-use flowgate::{Pipeline, Tensor};
+use flowgate::media::Recipe;
+use flowgate::Loader;
 
 const CAP: f64 = 30.0;
 const RATE: usize = 16_000;
@@ -39,85 +40,75 @@ fn clips() -> Vec<PathBuf> {
         .clone()
 }
 
-/// Rank `rank` of `world`'s batches: (slot, rows, padded samples, lengths).
-fn pipeline(
-    plan: &Arc<LengthBatches>,
-    paths: &Arc<Vec<PathBuf>>,
-    rank: usize,
-    world: usize,
-) -> Pipeline<(usize, Tensor, Vec<i64>)> {
-    let slots = plan
-        .sampler()
-        .shuffle(5)
-        .shard(rank, world)
-        .unwrap()
-        .shard_lengths(ShardLengths::Pad);
-    let (plan, paths) = (Arc::clone(plan), Arc::clone(paths));
-    let recipe = AudioRecipe {
+/// A loader of rank `rank` of `world` over `paths` in length-aware batches (the library's
+/// `Loader`, which pipeline files and Python build too).
+fn loader(paths: &[PathBuf], rank: usize, world: usize) -> Loader {
+    let recipe = Recipe::audio(AudioRecipe {
         samples: (CAP * RATE as f64) as usize,
         ..AudioRecipe::default()
-    };
-    Pipeline::builder()
-        .source_sampled(slots, |epoch, slot| (epoch, slot))
-        .checkpoint_fields(plan.fingerprint())
-        .pipe(
-            "decode",
-            move |(epoch, slot): (u64, usize)| {
-                let clips: Vec<PathBuf> = plan
-                    .batch(epoch, slot)
-                    .into_iter()
-                    .map(|i| paths[i].clone())
-                    .collect();
-                match recipe.load_batch(&clips) {
-                    (Some((batch, lengths)), errors) if errors.is_empty() => {
-                        let lengths = lengths
-                            .bytes()
-                            .chunks_exact(8)
-                            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-                            .collect();
-                        Ok((slot, batch, lengths))
-                    }
-                    (_, mut errors) => Err(errors.remove(0)),
-                }
-            },
-            2,
-        )
+    })
+    .unwrap();
+    let dataset = Dataset::builder(Source::files(paths.to_vec()))
+        .shuffle(5)
+        .ranks(rank, world)
+        .build()
+        .unwrap();
+    Loader::builder(dataset, recipe)
+        .length_batches(CAP, 6)
+        .workers(2)
         .autotune_off()
         .build()
         .unwrap()
 }
 
+/// A batch's rows (paths), padded samples and lengths.
+fn rows(l: &Loader, b: &flowgate::loader::Batch) -> (Vec<String>, usize, Vec<i64>) {
+    let t = b.fields[0].shape()[1];
+    let flowgate::device::Delivered::Host(lengths) = &b.fields[1] else {
+        panic!("a batch in host memory")
+    };
+    let lengths = lengths
+        .bytes()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (b.items.iter().map(|m| l.path_of(m)).collect(), t, lengths)
+}
+
 #[test]
 fn length_batches_cover_each_clip_under_the_cap_and_resume_exactly() {
-    let paths = clips();
-    let lengths: Vec<f64> = paths
+    let mut paths = clips();
+    let declared: BTreeMap<String, f64> = paths
         .iter()
-        .map(|p| duration(p).unwrap().expect("FLAC declares its length"))
+        .map(|p| {
+            let d = duration(p).unwrap().expect("FLAC declares its length");
+            (p.display().to_string(), d)
+        })
         .collect();
     assert!(
-        lengths.iter().all(|&l| (0.9..12.1).contains(&l)),
-        "{lengths:?}"
+        declared.values().all(|&l| (0.9..12.1).contains(&l)),
+        "{declared:?}"
     );
-    let plan = Arc::new(
-        LengthBatches::new(lengths.clone(), CAP, Bucketing::Quantiles(6))
-            .unwrap()
-            .shuffle(5),
-    );
-    let paths = Arc::new(paths);
+    // A corrupt clip: planned, then skipped and counted in its batch (not a failed run).
+    let bad = paths[0].with_file_name("bad.flac");
+    std::fs::write(&bad, b"fLaC but not really").unwrap();
+    paths.insert(17, bad.clone());
 
     // Two ranks: equal batch counts, every clip at least once (padding repeats a few batches),
     // each batch under the cap and padded only to its longest clip.
-    let mut seen: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut counts = Vec::new();
+    let mut failed = 0;
+    let mut largest = 0;
     for rank in 0..2 {
-        let mut p = pipeline(&plan, &paths, rank, 2);
-        let mut n = 0;
-        for b in p.iter() {
-            let (slot, batch, lens) = b.unwrap();
-            let (rows, t) = (batch.shape()[0], batch.shape()[1]);
-            assert_eq!(rows, lens.len());
+        let mut l = loader(&paths, rank, 2);
+        let batches: Vec<_> = l.epoch().unwrap().map(Result::unwrap).collect();
+        for b in &batches {
+            let (clips, t, lens) = rows(&l, b);
+            assert_eq!(clips.len(), lens.len());
+            largest = largest.max(clips.len() + 1);
             assert!(
-                rows as f64 * t as f64 <= CAP * RATE as f64 + 1.0,
+                clips.len() as f64 * t as f64 <= CAP * RATE as f64 + 1.0,
                 "over the cap"
             );
             assert_eq!(
@@ -125,43 +116,55 @@ fn length_batches_cover_each_clip_under_the_cap_and_resume_exactly() {
                 *lens.iter().max().unwrap(),
                 "padded to the longest only"
             );
-            for (i, &clip) in plan.batch(0, slot).iter().enumerate() {
+            for (clip, len) in clips.iter().zip(&lens) {
                 // Decoded lengths match the declared ones (to a sample).
-                assert!((lens[i] as f64 - lengths[clip] * RATE as f64).abs() <= 1.0);
-                *seen.entry(clip).or_default() += 1;
+                assert!(
+                    (*len as f64 - declared[clip] * RATE as f64).abs() <= 1.0,
+                    "{clip}"
+                );
+                *seen.entry(clip.clone()).or_default() += 1;
             }
-            n += 1;
         }
-        counts.push(n);
+        counts.push(batches.len());
+        let f = l.watch().failures(Some(0));
+        assert!(
+            f.iter().all(|f| f.item == bad.display().to_string()),
+            "{f:?}"
+        );
+        failed += f.len();
+        assert_eq!(l.stats().failures, f.len() as u64);
     }
     assert_eq!(counts[0], counts[1], "equal batch counts per rank");
-    assert_eq!(seen.len(), paths.len(), "every clip");
+    assert_eq!(seen.len(), declared.len(), "every good clip");
+    assert!((1..=2).contains(&failed), "the bad clip counted ({failed})");
     // Padding repeats one batch at most (an odd count over two ranks).
     let repeats: usize = seen.values().map(|&c| c - 1).sum();
-    let largest = (0..plan.len())
-        .map(|s| plan.batch(0, s).len())
-        .max()
-        .unwrap();
     assert!(repeats <= largest, "{repeats} repeated clips");
 
-    // One rank, epoch 0 interrupted after 3 batches: the resumed pipeline delivers exactly the
-    // rest.
-    let full: Vec<usize> = {
-        let mut p = pipeline(&plan, &paths, 0, 1);
-        p.iter().map(|b| b.unwrap().0).collect()
+    // One rank, epoch 0 interrupted after 3 batches: a new loader resumed from the state
+    // delivers exactly the rest.
+    let good = clips();
+    let mut first = loader(&good, 0, 1);
+    let mut taken = Vec::new();
+    let state = {
+        let mut e = first.epoch().unwrap();
+        for _ in 0..3 {
+            let b = e.next().unwrap().unwrap();
+            taken.extend(b.items.iter().map(|m| m.index));
+        }
+        e.state().unwrap()
     };
-    let mut p = pipeline(&plan, &paths, 0, 1);
-    let first: Vec<usize> = p.iter().take(3).map(|b| b.unwrap().0).collect();
-    let state = p.state();
-    drop(p);
-    let mut q = pipeline(&plan, &paths, 0, 1);
-    q.resume(&state).unwrap();
-    let rest: Vec<usize> = q.iter().map(|b| b.unwrap().0).collect();
-    let mut all = [first, rest].concat();
+    drop(first);
+    let mut second = loader(&good, 0, 1);
+    second.resume(&state).unwrap();
+    let rest: Vec<usize> = second
+        .epoch()
+        .unwrap()
+        .flat_map(|b| b.unwrap().items.into_iter().map(|m| m.index))
+        .collect();
+    let mut all = [taken, rest].concat();
     all.sort_unstable();
-    let mut want = full;
-    want.sort_unstable();
-    assert_eq!(all, want, "the interrupted epoch's batches, each once");
+    assert_eq!(all, (0..good.len()).collect::<Vec<_>>(), "each clip once");
 }
 
 #[test]
@@ -180,7 +183,7 @@ fn a_pipeline_file_asks_for_length_batches() {
     assert_eq!(loader.items, paths.len());
     for _ in 0..2 {
         let mut rows = 0;
-        for b in loader.pipeline.iter() {
+        for b in loader.epoch().unwrap() {
             let b = b.unwrap();
             let (n, t) = (b.shape()[0], b.shape()[1]);
             assert!(n as f64 * t as f64 <= CAP * RATE as f64 + 1.0);
@@ -223,9 +226,9 @@ fn a_clip_left_out_of_a_batch_is_counted_and_fatal_when_asked() {
     };
     let spec = PipelineSpec::parse(&text(""), "p.toml").unwrap();
     let mut loader = spec.build(Hooks::default()).unwrap();
-    let rows: usize = loader.pipeline.iter().map(|b| b.unwrap().shape()[0]).sum();
+    let rows: usize = loader.epoch().unwrap().map(|b| b.unwrap().shape()[0]).sum();
     assert_eq!(rows, paths.len(), "every good clip, the bad one left out");
-    let stats = loader.pipeline.stats();
+    let stats = loader.stats();
     assert_eq!(stats.failures, 1, "{:?}", stats.recent_failures);
     assert!(
         stats.recent_failures[0].contains("bad.flac"),
@@ -236,8 +239,8 @@ fn a_clip_left_out_of_a_batch_is_counted_and_fatal_when_asked() {
     let spec = PipelineSpec::parse(&text("max_failures = 0\n"), "p.toml").unwrap();
     let mut loader = spec.build(Hooks::default()).unwrap();
     let err = loader
-        .pipeline
-        .iter()
+        .epoch()
+        .unwrap()
         .find_map(Result::err)
         .expect("the bad clip stops the run");
     assert!(err.is_failure_budget(), "{err}");

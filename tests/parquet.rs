@@ -10,11 +10,11 @@ use std::sync::Arc;
 use arrow_array::builder::{BinaryBuilder, StringBuilder};
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray, StructArray};
 use arrow_schema::{DataType, Field, Fields, Schema};
+use flowgate::dataset::parquet::ParquetRows;
+use flowgate::dataset::shards::FieldMap;
 use flowgate::media::image::ImageRecipe;
 use flowgate::media::Recipe;
-use flowgate::parquet::ParquetRows;
 use flowgate::sample::{Field as SampleField, Sample};
-use flowgate::shards::FieldMap;
 use flowgate::{FailureBudget, Order, Pipeline, PipelineState, Workers};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
@@ -278,13 +278,13 @@ fn pipeline_files_read_parquet() {
     );
     let spec = PipelineSpec::parse(&toml, "p.toml").unwrap();
     let mut loader = spec.build(Hooks::default()).unwrap();
-    let n: usize = loader.pipeline.iter().map(|b| b.unwrap().shape()[0]).sum();
+    let n: usize = loader.epoch().unwrap().map(|b| b.unwrap().shape()[0]).sum();
     assert_eq!(
         n,
         2 * (ROWS - 2),
         "every row of both files but the two bad ones"
     );
-    assert_eq!(loader.pipeline.stats().failures, 4);
+    assert_eq!(loader.stats().failures, 4);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -353,7 +353,7 @@ proptest! {
 
 #[test]
 fn a_checkpoint_loads_only_into_the_pipeline_it_fits() {
-    use flowgate::media::Files;
+    use flowgate::dataset::Files;
     let paths: Vec<std::path::PathBuf> = (0..50).map(|i| format!("f{i}.jpg").into()).collect();
     let build = |files: Files, batch: usize| {
         let paths: Vec<std::path::PathBuf> = files.paths().to_vec();

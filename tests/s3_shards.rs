@@ -30,7 +30,7 @@ fn upload_shards(s3: &S3, shards: usize, per: usize, manifest: bool) {
             ));
         }
         let mut tar = Vec::new();
-        flowgate::shards::tar::write_archive(&mut tar, members).unwrap();
+        flowgate::dataset::shards::tar::write_archive(&mut tar, members).unwrap();
         put(s3, &format!("train/shard-{s:06}.tar"), tar);
         list.push(format!(
             "{{\"url\": \"shard-{s:06}.tar\", \"nsamples\": {per}}}"
@@ -43,7 +43,7 @@ fn upload_shards(s3: &S3, shards: usize, per: usize, manifest: bool) {
 }
 
 /// The sample's number, from its `json` field.
-fn sample_number(r: &flowgate::shards::SampleRef) -> u64 {
+fn sample_number(r: &flowgate::dataset::shards::SampleRef) -> u64 {
     let raw = r.read().unwrap_or_else(|e| panic!("{r}: {e}"));
     let (_, json) = raw
         .fields
@@ -61,13 +61,13 @@ fn open_s3_shards(
     pattern: &str,
     cache: &std::path::Path,
     cache_bytes: u64,
-) -> flowgate::shards::Shards {
-    let opts = flowgate::shards::remote::RemoteOptions {
+) -> flowgate::dataset::shards::Shards {
+    let opts = flowgate::dataset::shards::remote::RemoteOptions {
         cache_dir: cache.to_owned(),
         cache_bytes,
         ..Default::default()
     };
-    flowgate::shards::Shards::open_s3(s3, pattern, &opts).unwrap()
+    flowgate::dataset::shards::Shards::open_s3(s3, pattern, &opts).unwrap()
 }
 
 #[test]
@@ -250,13 +250,17 @@ fn a_missing_shard_and_a_lying_manifest_fail_naming_the_shard() {
     let f = fixture("shards-bad");
     upload_shards(&f.s3, 3, 10, false);
     let caches = TempDir(f._dir.0.with_extension("cache"));
-    let opts = flowgate::shards::remote::RemoteOptions {
+    let opts = flowgate::dataset::shards::remote::RemoteOptions {
         cache_dir: caches.0.clone(),
         ..Default::default()
     };
-    let err = flowgate::shards::Shards::open_s3(&f.s3, "train/shard-{000000..000003}.tar", &opts)
-        .unwrap_err()
-        .to_string();
+    let err = flowgate::dataset::shards::Shards::open_s3(
+        &f.s3,
+        "train/shard-{000000..000003}.tar",
+        &opts,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(
         err.contains("s3://data/train/shard-000003.tar: no such shard"),
         "{err}"
@@ -265,7 +269,8 @@ fn a_missing_shard_and_a_lying_manifest_fail_naming_the_shard() {
     // fail naming the shard and the mismatch; the rest read.
     let json = r#"{"shardlist": [{"url": "shard-000000.tar", "nsamples": 12}]}"#;
     put(&f.s3, "train/lying.json", json.as_bytes().to_vec());
-    let shards = flowgate::shards::Shards::open_s3(&f.s3, "train/lying.json", &opts).unwrap();
+    let shards =
+        flowgate::dataset::shards::Shards::open_s3(&f.s3, "train/lying.json", &opts).unwrap();
     assert_eq!(shards.len(), 12);
     let (ok, bad): (Vec<_>, Vec<_>) = shards
         .epoch(0)
@@ -309,7 +314,7 @@ fn the_tuner_deepens_the_shard_read_ahead_when_readers_wait() {
         .source_sampled(shards.sampler().clone(), move |e, i| source.get(e, i))
         .pipe(
             "read",
-            |r: flowgate::shards::SampleRef| Ok::<_, String>(sample_number(&r)),
+            |r: flowgate::dataset::shards::SampleRef| Ok::<_, String>(sample_number(&r)),
             flowgate::Workers::fixed(1),
         )
         .read_ahead(read_ahead.clone())

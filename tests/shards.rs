@@ -9,12 +9,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use flowgate::dataset::shards::tar::write_archive;
+use flowgate::dataset::shards::{FieldMap, Shards};
 use flowgate::media::image::ImageRecipe;
 use flowgate::media::Recipe;
 use flowgate::sample::{Field, Sample};
 use flowgate::sampler::ShardLengths;
-use flowgate::shards::tar::write_archive;
-use flowgate::shards::{FieldMap, Shards};
 use flowgate::{FailureBudget, Order, Pipeline, PipelineState, Workers};
 
 const SHARDS: usize = 64;
@@ -95,7 +95,7 @@ fn build(shards: &Shards, reads: Arc<AtomicUsize>) -> Pipeline<Vec<u64>> {
                 reads.fetch_add(1, Ordering::Relaxed);
                 let s = fields.read(&r)?;
                 assert_eq!(s.get("image").map(|_| ()), Some(()));
-                Ok::<_, flowgate::shards::ShardError>(label(&s))
+                Ok::<_, flowgate::dataset::shards::ShardError>(label(&s))
             },
             Workers::fixed(2),
         )

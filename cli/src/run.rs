@@ -151,14 +151,20 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
         let t0 = Instant::now();
         let mut items = 0usize;
         let mut index = 0usize;
+        if let Err(e) = loader.loader.start_epoch() {
+            epochs.push((items, t0.elapsed().as_secs_f64()));
+            ended = Ended::Failed(e.to_string());
+            break 'run;
+        }
         loop {
             if INTERRUPTED.load(Ordering::SeqCst) {
                 epochs.push((items, t0.elapsed().as_secs_f64()));
                 ended = Ended::Interrupted;
                 break 'run;
             }
-            let batch = match loader.pipeline.next_within(Duration::from_millis(100)) {
-                Within::Next(Ok(b)) => b,
+            let batch = match loader.loader.next_within(Duration::from_millis(100)) {
+                // The media: the first field (length-aware batches add the lengths).
+                Within::Next(Ok(mut b)) => b.fields.swap_remove(0),
                 Within::Next(Err(e)) => {
                     epochs.push((items, t0.elapsed().as_secs_f64()));
                     ended = Ended::Failed(e.to_string());
@@ -197,13 +203,13 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
         }
     }
     let total = started.elapsed().as_secs_f64();
-    let stats = loader.pipeline.stats();
+    let stats = loader.loader.stats();
     let groups = view::finish();
     // SAFETY: as above; back to the default for the rest of the process.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_DFL);
     }
-    drop(loader.pipeline);
+    drop(loader.loader);
     print!("{}", summary(&stats, &epochs, &groups));
     if let Some(c) = loader.cache.as_ref().map(|c| c.stats()) {
         println!(

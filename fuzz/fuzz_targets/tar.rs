@@ -3,7 +3,7 @@
 //! and both walkers agree.
 #![no_main]
 
-use flowgate::shards::tar::{Forward, Seekable, Walker};
+use flowgate::dataset::shards::tar::{Forward, Seekable, Walker};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,7 +3,6 @@
 
 use std::ffi::c_void;
 
-use flowgate::device::DeviceBatch;
 use flowgate::{DType, Tensor};
 use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -18,13 +17,9 @@ pub(crate) struct Batch {
     mem: Mem,
 }
 
-/// Where a batch's bytes are.
-pub(crate) enum Mem {
-    Host(Tensor),
-    /// Uploaded: on a CUDA device, or on the simulated device (host memory behind the
-    /// device's rules).
-    Device(DeviceBatch),
-}
+/// Where a batch's bytes are: in host memory, or uploaded (on a CUDA device, or on the
+/// simulated device: host memory behind the device's rules).
+pub(crate) use flowgate::device::Delivered as Mem;
 
 impl From<Tensor> for Batch {
     fn from(t: Tensor) -> Self {

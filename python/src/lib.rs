@@ -2,9 +2,9 @@
 //!
 //! Files:
 //! - `batch`: [`Batch`](batch::Batch), zero-copy to NumPy and DLPack consumers.
-//! - `loader`: [`Loader`](loader::Loader), the native pipeline behind the media loaders.
-//! - `collated`: what a batch carries (fields, labels, where its items came from) and the collate step.
-//! - `device`: the device a loader uploads to (`device="cuda"`), batches on it ready on the consumer's stream.
+//! - `loader`: [`Loader`](loader::Loader), the Python face of the library's [`flowgate::Loader`].
+//! - `dataset`: the loaders' `paths` and `labels` as a library [`flowgate::dataset::Source`].
+//! - `device`: the device a loader uploads to (`device="cuda"`), and the simulated device's record.
 //! - `recipes`: the loaders' arguments (`Options`) and the image, audio and video loaders,
 //!   each a validated [`flowgate::media::Recipe`].
 //! - `pipeline`: [`PyPipeline`](pipeline::PyPipeline), stages that are Python callables.
@@ -21,7 +21,6 @@
 use pyo3::prelude::*;
 
 mod batch;
-mod collated;
 mod dataset;
 mod device;
 mod error;

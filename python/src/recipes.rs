@@ -2,21 +2,18 @@
 //! function per modality, each building a validated [`Recipe`] that seeds augmentation by
 //! flowgate's one rule (seed, epoch, file).
 
-use std::path::PathBuf;
-use std::sync::Arc;
-
+use flowgate::dataset::{Dataset, Ranks};
+use flowgate::loader::LoaderBuilder;
 use flowgate::media::audio::AudioRecipe;
 use flowgate::media::image::{ImageRecipe, Layout, Normalize, RandomCrop};
-use flowgate::media::{Files, Recipe, RecipeError};
-use flowgate::Tensor;
+use flowgate::media::{Recipe, RecipeError};
+use flowgate::FailureBudget;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::collated::Extras;
-use crate::dataset::{deal, files_of, parquet_of, shards_of, Dataset, Decode, Input, Records};
-use crate::device::Device;
+use crate::dataset::{open_error, source_of};
+use crate::device::open_device;
 use crate::loader::Loader;
-use flowgate::sampler::{MixStop, Sampler};
 
 /// What every native loader takes besides its decoder (built once by the Python wrappers, so
 /// the loader functions below list only their own arguments).
@@ -88,261 +85,58 @@ impl Options {
 }
 
 impl Options {
-    /// The samples of a `flowgate.Shards` or `flowgate.Parquet` (`None` for anything else),
-    /// with `label` the field holding each sample's label. A `whole` one (a mixture's part) is
-    /// neither shuffled nor dealt to ranks: the mixture does both.
-    fn records(
-        &self,
-        paths: &Bound<'_, PyAny>,
-        extensions: &[&str],
-        label: Option<String>,
-        whole: bool,
-    ) -> PyResult<Option<Dataset>> {
-        let (shuffle, rank, world_size) = if whole {
-            (false, Some(0), Some(1))
-        } else {
-            (self.shuffle, self.rank, self.world_size)
-        };
-        if paths.hasattr("_flowgate_parquet")? {
-            let files: Vec<PathBuf> = paths.getattr("paths")?.extract()?;
-            let column: String = paths.getattr("column")?.extract()?;
-            let buffer: usize = paths.getattr("buffer")?.extract()?;
-            let mut columns = vec![column.as_str()];
-            if let Some(l) = &label {
-                columns.push(l.as_str());
-            }
-            let endpoint: Option<String> = paths.getattr("endpoint")?.extract()?;
-            let rows = parquet_of(
-                files,
-                endpoint,
-                &columns,
-                buffer,
-                shuffle,
-                self.seed,
-                rank,
-                world_size,
-                self.drop_last,
-            )?;
-            return Ok(Some(Dataset::Records {
-                records: Records::Parquet(rows),
-                media: [column.clone()].into(),
-                label,
-            }));
-        }
-        if paths.hasattr("_flowgate_shards")? {
-            let pattern: String = paths.getattr("pattern")?.extract()?;
-            let buffer: usize = paths.getattr("buffer")?.extract()?;
-            let fields: Option<Vec<String>> = paths.getattr("fields")?.extract()?;
-            let remote = crate::dataset::Remote {
-                endpoint: paths.getattr("endpoint")?.extract()?,
-                cache_dir: paths.getattr("cache_dir")?.extract()?,
-                cache_mb: paths.getattr("cache_mb")?.extract()?,
-                prefetch: paths.getattr("prefetch")?.extract()?,
-            };
-            if whole && pattern.starts_with("s3://") {
-                return Err(PyValueError::new_err(
-                    "Mix: shards on S3 cannot be mixed yet (a mixture reads a source's samples \
-                     in random order, which would refetch shards); mix local shards",
-                ));
-            }
-            let shards = shards_of(
-                &pattern,
-                &remote,
-                buffer,
-                shuffle,
-                self.seed,
-                rank,
-                world_size,
-                self.drop_last,
-            )?;
-            let media =
-                fields.unwrap_or_else(|| extensions.iter().map(|e| e.to_string()).collect());
-            return Ok(Some(Dataset::Records {
-                records: Records::Tar(shards),
-                media: media.into_iter().map(|e| e.to_ascii_lowercase()).collect(),
-                label: label.map(|l| l.to_ascii_lowercase()),
-            }));
-        }
-        Ok(None)
-    }
-
-    /// `files` (in dataset order, the whole dataset) planned into length-aware batches of at
-    /// most `plan.cap` padded units (seconds, frames), from the lengths their containers
-    /// declare.
-    fn length_batches(&self, files: Files, plan: &LengthPlan) -> PyResult<Dataset> {
-        use flowgate::sampler::{Bucketing, LengthBatches};
-        let bad = |m: String| PyValueError::new_err(m);
-        let cap = plan.cap;
-        if !(cap.is_finite() && cap > 0.0) {
-            return Err(bad(format!("{} must be above 0, not {cap}", plan.arg)));
-        }
-        let mut lengths = Vec::with_capacity(files.len());
-        for p in files.paths() {
-            let d = (plan.length)(p).map_err(|e| bad(e.to_string()))?;
-            lengths.push(d.ok_or_else(|| {
-                bad(format!(
-                    "{}: the file does not declare its length, which {} plans with",
-                    p.display(),
-                    plan.arg
-                ))
-            })?);
-        }
-        let mut batches =
-            LengthBatches::new(lengths, cap, Bucketing::Quantiles(plan.buckets.max(1)))
-                .map_err(|e| bad(e.to_string()))?;
-        let mut sampler = batches.sampler();
-        if self.shuffle {
-            batches = batches.shuffle(self.seed);
-            sampler = sampler.shuffle(self.seed);
-        }
-        Ok(Dataset::Batches {
-            files,
-            plan: Arc::new(batches),
-            sampler: deal(sampler, self.rank, self.world_size, self.drop_last)?,
-        })
-    }
-
-    /// A loader of the files `paths` names (a directory walked for `extensions`, a list file
-    /// or a sequence), or of the samples of a `flowgate.Shards`, each decoded by `decode`.
+    /// A loader of what `paths` names (a directory, a list file, a media file, a sequence of
+    /// paths, a `flowgate.Shards`, `flowgate.Parquet` or `flowgate.Mix`), each item decoded
+    /// by `recipe`; `more` sets what only one modality has (lengths, length-aware batches, an
+    /// audio track).
     fn loader(
         &self,
         paths: &Bound<'_, PyAny>,
-        extensions: &[&str],
-        decode: Decode,
+        recipe: Recipe,
+        more: impl FnOnce(LoaderBuilder) -> LoaderBuilder,
     ) -> PyResult<Loader> {
-        self.loader_with(paths, extensions, decode, None, None)
-    }
-
-    /// [`loader`](Self::loader), in length-aware batches when `length_batches` says how, and
-    /// with the decoder threads per item the tuner sets when `item_threads` is the recipe's
-    /// knob (see `Recipe::item_threads`).
-    fn loader_with(
-        &self,
-        paths: &Bound<'_, PyAny>,
-        extensions: &[&str],
-        decode: Decode,
-        length_batches: Option<LengthPlan>,
-        item_threads: Option<Arc<flowgate::actors::cache::ItemThreads>>,
-    ) -> PyResult<Loader> {
-        let labels = self.labels.as_ref().map(|l| l.bind(paths.py()));
-        let label_field = || -> PyResult<Option<String>> {
-            labels
-                .map(|l| {
-                    l.extract::<String>().map_err(|_| {
-                        PyValueError::new_err(
-                            "with Shards, Parquet or Mix, labels names the field that holds \
-                             each sample's label (an extension such as \"cls\", or a column)",
-                        )
-                    })
-                })
-                .transpose()
-        };
-        let dataset = if paths.hasattr("_flowgate_mix")? {
-            let sources: Vec<Bound<'_, PyAny>> = paths.getattr("sources")?.extract()?;
-            let weights: Vec<f64> = paths.getattr("weights")?.extract()?;
-            let draws: Option<usize> = paths.getattr("draws")?.extract()?;
-            let stop: String = paths.getattr("stop")?.extract()?;
-            let per_source: Option<Vec<Option<String>>> = paths.getattr("labels")?.extract()?;
-            let common = if per_source.is_none() {
-                label_field()?
-            } else {
-                None
-            };
-            let mut parts = Vec::with_capacity(sources.len());
-            for (k, src) in sources.iter().enumerate() {
-                let label = match &per_source {
-                    Some(l) => l[k].clone(),
-                    None => common.clone(),
-                };
-                parts.push(self.records(src, extensions, label, true)?.ok_or_else(|| {
-                    PyValueError::new_err(format!(
-                        "Mix: sources[{k}] is not a flowgate.Shards or flowgate.Parquet"
-                    ))
-                })?);
-            }
-            let with_labels = parts.iter().filter(|p| p.has_label()).count();
-            if with_labels != 0 && with_labels != parts.len() {
+        let py = paths.py();
+        let labels = self.labels.as_ref().map(|l| l.bind(py));
+        let source = source_of(paths, recipe.extensions(), labels)?;
+        let ranks = match (self.rank, self.world_size) {
+            (Some(rank), Some(world)) => Ranks::Fixed { rank, world },
+            (None, None) => Ranks::FromEnv,
+            _ => {
                 return Err(PyValueError::new_err(
-                    "Mix: every source needs a label field, or none (labels=[...] names one \
-                     per source)",
-                ));
-            }
-            let stop = match (draws, stop.as_str()) {
-                (Some(n), _) => MixStop::Draws(n),
-                (None, "first") => MixStop::FirstExhausted,
-                (None, "all") => MixStop::AllExhausted,
-                (None, other) => {
-                    return Err(PyValueError::new_err(format!(
-                        "Mix: stop must be \"first\" or \"all\", not {other:?}"
-                    )))
-                }
-            };
-            let lengths: Vec<usize> = parts.iter().map(Dataset::items).collect();
-            let bad = |e: flowgate::PipelineError| PyValueError::new_err(e.to_string());
-            let mut sampler = Sampler::mixture(&lengths, &weights, stop).map_err(bad)?;
-            if self.shuffle {
-                sampler = sampler.shuffle(self.seed);
-            }
-            let sampler = deal(sampler, self.rank, self.world_size, self.drop_last)?;
-            Dataset::Mix {
-                parts: parts.into(),
-                sampler,
-            }
-        } else if paths.hasattr("_flowgate_shards")? || paths.hasattr("_flowgate_parquet")? {
-            self.records(paths, extensions, label_field()?, false)?
-                .expect("shards or Parquet are records")
-        } else {
-            Dataset::Files(files_of(
-                paths,
-                extensions,
-                self.shuffle,
-                self.seed,
-                self.rank,
-                self.world_size,
-                self.drop_last,
-            )?)
-        };
-        // Length-aware batches: the files' declared lengths planned into batch slots, each
-        // loaded as a whole batch (so the pipeline's batches are of one slot each).
-        let (dataset, batch_size) = match (length_batches, dataset) {
-            (None, d) => (d, self.batch_size),
-            (Some(plan), Dataset::Files(files)) => (self.length_batches(files, &plan)?, 1),
-            (Some(plan), _) => {
-                return Err(PyValueError::new_err(format!(
-                    "{} needs local files (a directory, a list or a sequence of paths), not \
-                     Shards, Parquet or Mix",
-                    plan.arg
-                )))
+                    "give both rank and world_size, or neither",
+                ))
             }
         };
-        let extras = Extras::new(labels, &dataset, self.return_paths)?;
-        let device = Device::open(&self.device, self.device_memory_mb)?;
-        Loader::new(
-            dataset,
-            extras,
-            decode,
-            item_threads,
-            batch_size,
-            self.drop_last,
-            self.workers,
-            self.skip_errors,
-            self.memory_mb.map(|m| (m * 1048576.0) as u64),
-            device,
-        )
+        let dataset = Dataset::builder(source)
+            .extensions(recipe.extensions())
+            .shuffle_seed(self.shuffle.then_some(self.seed))
+            .ranks_from(ranks)
+            .drop_last(self.drop_last)
+            .build()
+            .map_err(open_error)?;
+        let mut b = flowgate::Loader::builder(dataset, recipe)
+            .batch_size(self.batch_size)
+            .drop_last(self.drop_last)
+            .max_failures(if self.skip_errors {
+                FailureBudget::unlimited()
+            } else {
+                FailureBudget::fail_fast()
+            });
+        if let Some(n) = self.workers {
+            b = b.workers(n);
+        }
+        if let Some(m) = self.memory_mb {
+            b = b.memory_budget((m * 1048576.0) as u64);
+        }
+        if let Some(d) = open_device(&self.device, self.device_memory_mb)? {
+            b = b.device(d);
+        }
+        let loader = more(b)
+            .build()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Loader::new(loader, self.return_paths))
     }
 }
-
-/// How a loader plans length-aware batches: at most `cap` padded units per batch over
-/// `buckets` length buckets, each file's length (in those units) from `length`; `arg` names
-/// the cap's argument in errors.
-pub(crate) struct LengthPlan {
-    cap: f64,
-    buckets: usize,
-    length: LengthOf,
-    arg: &'static str,
-}
-
-type LengthOf = Box<dyn Fn(&std::path::Path) -> Result<Option<f64>, flowgate::media::MediaError>>;
 
 /// An image loader (see `flowgate.ImageLoader`).
 #[pyfunction]
@@ -378,18 +172,7 @@ pub(crate) fn image_loader(
     })
     .map_err(invalid)?
     .with_seed(options.seed);
-    options.loader(
-        paths,
-        &["jpg", "jpeg", "png", "webp"],
-        Arc::new(move |input, epoch| {
-            let r = recipe.for_epoch(epoch);
-            match input {
-                Input::Path(p) => r.load(&p),
-                Input::Bytes(b) => r.decode(b),
-            }
-            .map(|t| vec![t])
-        }),
-    )
+    options.loader(paths, recipe, |b| b)
 }
 
 /// The option of argument `arg` named `value`, or a `ValueError` listing the options.
@@ -437,32 +220,11 @@ pub(crate) fn audio_loader(
     }
     .with_seed(options.seed);
     recipe.validate().map_err(invalid)?;
-    let return_lengths = return_lengths || max_batch_seconds.is_some();
-    options.loader_with(
-        paths,
-        &["flac", "wav", "mp3", "ogg", "m4a"],
-        Arc::new(move |input, epoch| {
-            // The concrete recipe, for the clip's real length; seeded by the same rule.
-            let r = recipe.for_epoch(epoch);
-            let (t, len) = match input {
-                Input::Path(p) => r.load_with_length(&p)?,
-                Input::Bytes(b) => r.decode_with_length(b.bytes, &b.path)?,
-            };
-            Ok(if return_lengths {
-                let len = i64::try_from(len).unwrap_or(i64::MAX);
-                vec![t, Tensor::from_i64(&[len]).reshaped(&[])]
-            } else {
-                vec![t]
-            })
-        }),
-        max_batch_seconds.map(|cap| LengthPlan {
-            cap,
-            buckets,
-            length: Box::new(flowgate::media::audio::duration),
-            arg: "max_batch_seconds",
-        }),
-        None,
-    )
+    let recipe = Recipe::audio(recipe).map_err(invalid)?;
+    options.loader(paths, recipe, |b| match max_batch_seconds {
+        Some(cap) => b.length_batches(cap, buckets),
+        None => b.lengths(return_lengths),
+    })
 }
 
 /// A video loader (see `flowgate.VideoLoader`; feature `video`): `frames` frames per clip,
@@ -553,59 +315,14 @@ pub(crate) fn video_loader(
         .map(|seconds| AudioRecipe::with_seconds(audio_rate, seconds))
         .transpose()
         .map_err(invalid)?;
-    let item_threads = video.item_threads();
-    if max_batch_frames.is_some() {
-        let plan = recipe.clone();
-        // Each clip of a batch decodes with the threads the tuner set (or the pinned ones).
-        let knob = item_threads.clone();
-        let threads = move || knob.as_ref().map_or(recipe.threads, |k| k.get());
-        return options.loader_with(
-            paths,
-            &["mp4", "mkv", "webm", "mov", "avi"],
-            Arc::new(move |input, _| {
-                let (t, n) = match input {
-                    Input::Path(p) => recipe.load_threaded(&p, threads())?,
-                    Input::Bytes(b) => recipe.decode_threaded(&b.bytes, &b.path, threads())?,
-                };
-                Ok(vec![t, Tensor::from_i64(&[n as i64]).reshaped(&[])])
-            }),
-            max_batch_frames.map(|cap| LengthPlan {
-                cap: cap as f64,
-                buckets,
-                length: Box::new(move |p| {
-                    Ok(flowgate::media::video::duration(p)?.map(|d| plan.planned_frames(d) as f64))
-                }),
-                arg: "max_batch_frames",
-            }),
-            item_threads,
-        );
-    }
-    options.loader_with(
-        paths,
-        &["mp4", "mkv", "webm", "mov", "avi"],
-        Arc::new(move |input, epoch| {
-            // Random windows are drawn anew every epoch (seed, epoch, file).
-            let video = video.for_epoch(epoch);
-            Ok(match input {
-                Input::Path(p) => {
-                    let mut fields = vec![video.load(&p)?];
-                    if let Some(a) = &audio {
-                        fields.push(a.load(&p)?);
-                    }
-                    fields
-                }
-                Input::Bytes(b) => {
-                    let path = b.path.clone();
-                    let track = audio.as_ref().map(|a| (a, b.bytes.clone()));
-                    let mut fields = vec![video.decode(b)?];
-                    if let Some((a, bytes)) = track {
-                        fields.push(a.decode(bytes, &path)?);
-                    }
-                    fields
-                }
-            })
-        }),
-        None,
-        item_threads,
-    )
+    options.loader(paths, video, |b| {
+        let b = match max_batch_frames {
+            Some(cap) => b.length_batches(cap as f64, buckets),
+            None => b,
+        };
+        match audio {
+            Some(a) => b.audio_track(a),
+            None => b,
+        }
+    })
 }

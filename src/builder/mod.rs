@@ -462,7 +462,7 @@ impl<T: Send + 'static> PipelineBuilder<T> {
 
     /// Attaches `read_ahead` to the stage added last (the one that reads what it fetches):
     /// its depth, reads and waits appear in that stage's statistics, and the tuner deepens it
-    /// when readers wait for fetches (see [`Shards::read_ahead`](crate::shards::Shards::read_ahead)).
+    /// when readers wait for fetches (see [`Shards::read_ahead`](crate::dataset::shards::Shards::read_ahead)).
     pub fn read_ahead(
         mut self,
         read_ahead: std::sync::Arc<dyn flowgate_actors::cache::ReadAheadControl>,
@@ -541,7 +541,7 @@ impl<T: Send + 'static> PipelineBuilder<T> {
     /// Names what this pipeline's checkpoints are valid for (the dataset, the seed, the
     /// sampler, the batch size…): [`Pipeline::state`] records the fields and
     /// [`Pipeline::resume`] refuses a state whose fields differ, naming the field. Added to
-    /// any set before; [`Files::fingerprint`](crate::media::Files::fingerprint) gives a file
+    /// any set before; [`Files::fingerprint`](crate::dataset::Files::fingerprint) gives a file
     /// list's.
     pub fn checkpoint_fields<K: Into<String>, V: ToString>(
         mut self,

@@ -1,7 +1,5 @@
-//! Media: finding files, and decoding them into tensors.
+//! Media: decoding what a [dataset](crate::dataset) reads into tensors.
 //!
-//! - [`Files`]: a directory walk, a file list or explicit paths; seeded per-epoch shuffling and
-//!   rank/world-size sharding.
 //! - [`image`](mod@image) (feature `image`): JPEG, PNG and WebP into `u8` tensors, with
 //!   torchvision's resize-and-center-crop geometry.
 //! - [`audio`](mod@audio) (feature `audio`): WAV, FLAC, MP3, Vorbis, AAC, ALAC into `f32`
@@ -20,7 +18,6 @@
 #[cfg(feature = "audio")]
 pub mod audio;
 mod error;
-mod files;
 #[cfg(feature = "image")]
 pub mod image;
 mod recipe;
@@ -31,7 +28,13 @@ pub mod synth;
 pub mod video;
 
 pub use error::MediaError;
-pub use files::{Files, FolderLabels};
+
+/// Image files' extensions (lower case, without the dot).
+pub const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png", "webp"];
+/// Audio files' extensions.
+pub const AUDIO_EXTENSIONS: &[&str] = &["flac", "wav", "mp3", "ogg", "m4a"];
+/// Video files' extensions.
+pub const VIDEO_EXTENSIONS: &[&str] = &["mp4", "mkv", "webm", "mov", "avi"];
 pub use recipe::Recipe;
 pub use rules::{item_seed, Limits, RecipeError};
 

@@ -109,6 +109,31 @@ impl Recipe {
         self.threads.clone()
     }
 
+    /// The extensions of the files this recipe decodes (a dataset's default for directory
+    /// walks and shard fields).
+    pub fn extensions(&self) -> &'static [&'static str] {
+        match &self.kind {
+            #[cfg(feature = "image")]
+            Kind::Image(_) => super::IMAGE_EXTENSIONS,
+            #[cfg(feature = "audio")]
+            Kind::Audio(_) => super::AUDIO_EXTENSIONS,
+            #[cfg(feature = "video")]
+            Kind::Video(_) => super::VIDEO_EXTENSIONS,
+            #[allow(unreachable_patterns)]
+            _ => &[],
+        }
+    }
+
+    /// The audio recipe, if this is one.
+    #[cfg(feature = "audio")]
+    pub fn as_audio(&self) -> Option<&crate::media::audio::AudioRecipe> {
+        match &self.kind {
+            Kind::Audio(a) => Some(a),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
     /// The video recipe, if this is one.
     #[cfg(feature = "video")]
     pub fn as_video(&self) -> Option<&crate::media::video::VideoRecipe> {
@@ -188,6 +213,69 @@ impl Recipe {
                 .map(|(t, _)| t),
             #[allow(unreachable_patterns)]
             _ => unreachable!("a build without decoders has no recipes"),
+        }
+    }
+
+    /// Decodes `input` and gives its real length too (audio: samples before padding; video:
+    /// frames taken): what length-aware batches pad by. An image recipe has no length
+    /// (an error naming the file).
+    pub fn load_with_length(
+        &self,
+        input: crate::dataset::Input,
+    ) -> Result<(Tensor, usize), MediaError> {
+        use crate::dataset::Input;
+        match (&self.kind, input) {
+            #[cfg(feature = "audio")]
+            (Kind::Audio(r), Input::Path(p)) => r.load_with_length(&p),
+            #[cfg(feature = "audio")]
+            (Kind::Audio(r), Input::Bytes(b)) => r.decode_with_length(b.bytes, &b.path),
+            #[cfg(feature = "video")]
+            (Kind::Video(r), Input::Path(p)) => r.load_threaded(&p, self.video_threads(r)),
+            #[cfg(feature = "video")]
+            (Kind::Video(r), Input::Bytes(b)) => {
+                r.decode_threaded(&b.bytes, &b.path, self.video_threads(r))
+            }
+            #[allow(unreachable_patterns)]
+            (_, input) => Err(MediaError::Geometry {
+                path: match input {
+                    Input::Path(p) => p,
+                    Input::Bytes(b) => b.path,
+                },
+                reason: "an image has no length to batch by (length-aware batches are for \
+                         audio and video)"
+                    .into(),
+            }),
+        }
+    }
+
+    /// The length a file declares in its container, in the unit length-aware batches cap
+    /// (audio: seconds; video: the frames this recipe takes from it); `None` when it
+    /// declares none. An image recipe has no such unit (`None`).
+    pub fn declared_length(&self, path: &Path) -> Result<Option<f64>, MediaError> {
+        match &self.kind {
+            #[cfg(feature = "audio")]
+            Kind::Audio(_) => crate::media::audio::duration(path),
+            #[cfg(feature = "video")]
+            Kind::Video(r) => {
+                Ok(crate::media::video::duration(path)?.map(|d| r.planned_frames(d) as f64))
+            }
+            #[allow(unreachable_patterns)]
+            _ => {
+                let _ = path;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Whether the recipe's items have a length ([`load_with_length`](Self::load_with_length)).
+    pub fn has_length(&self) -> bool {
+        match &self.kind {
+            #[cfg(feature = "audio")]
+            Kind::Audio(_) => true,
+            #[cfg(feature = "video")]
+            Kind::Video(_) => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
         }
     }
 }

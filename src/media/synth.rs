@@ -155,7 +155,9 @@ pub struct DatasetSpec {
     pub video: usize,
     /// With images: also write them as WebDataset tar shards of this many samples
     /// (`shards/shard-NNNNNN.tar`: `KEY.jpg`, `KEY.cls` = the image's number modulo 1000,
-    /// `KEY.json`), and their brace pattern to `shards.txt`; 0: no shards.
+    /// `KEY.json`), and their brace pattern to `shards.txt`; 0: no shards. With the `parquet`
+    /// feature, also `images.parquet` (the Hugging Face layout: `image: struct<bytes, path>`,
+    /// `label` as in the shards).
     pub shards: usize,
     /// Seeds everything.
     pub seed: u64,
@@ -227,12 +229,21 @@ pub fn write_dataset_with_progress(
         if shards > 0 {
             let dir = out.join("shards");
             let _ = std::fs::remove_dir_all(&dir);
-            let pattern =
-                crate::shards::write_shards(&paths, &dir, shards, |i, _| (i % 1000) as i64)
-                    .map_err(at(&dir))?;
+            let pattern = crate::dataset::shards::write_shards(&paths, &dir, shards, |i, _| {
+                (i % 1000) as i64
+            })
+            .map_err(at(&dir))?;
             progress("shards", paths.len(), paths.len());
             std::fs::write(out.join("shards.txt"), format!("{pattern}\n"))
                 .map_err(at(&out.join("shards.txt")))?;
+        }
+        // The same images as Parquet rows (the Hugging Face layout), labelled alike.
+        #[cfg(feature = "parquet")]
+        if shards > 0 {
+            let path = out.join("images.parquet");
+            crate::dataset::parquet::write_parquet(&paths, &path, 100, |i, _| (i % 1000) as i64)
+                .map_err(at(&path))?;
+            progress("parquet", paths.len(), paths.len());
         }
     }
     if audio > 0 {

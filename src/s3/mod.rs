@@ -42,6 +42,7 @@
 
 mod client;
 mod config;
+mod endpoint;
 mod error;
 #[cfg(feature = "test-util")]
 mod local;
@@ -49,6 +50,7 @@ mod retry;
 
 pub use client::{S3Future, S3Object, S3Stats, S3};
 pub use config::S3Config;
+pub use endpoint::Endpoint;
 pub use error::S3Error;
 #[cfg(feature = "test-util")]
 pub use local::LocalServer;

@@ -208,7 +208,7 @@ impl Sampler {
     }
 
     /// The settings that decide each epoch's global order, as named fields (see
-    /// [`Files::fingerprint`](crate::media::Files::fingerprint)). Rank and world size are not
+    /// [`Files::fingerprint`](crate::dataset::Files::fingerprint)). Rank and world size are not
     /// among them: a checkpoint records them in its [`ShardState`](crate::ShardState), and a
     /// merged one resumes at any world size.
     pub fn fingerprint(&self) -> Vec<(&'static str, String)> {

@@ -28,17 +28,18 @@
 //! 1. `schema` — the tables and keys ([`PipelineSpec`] and its parts), with their defaults.
 //! 2. `validate` — parsing and the checks no pipeline can run without, each error naming its
 //!    line and key ([`SpecError`]).
-//! 3. `build` — [`PipelineSpec::build`]: the [`Loader`] (source → decode → batch → collate)
-//!    from local files.
-//! 4. `s3` (feature `s3`) — the same from an S3 prefix, with a byte cache.
+//! 3. `source` — the `[source]` table as a [`Source`](crate::dataset::Source).
+//! 4. `build` — [`PipelineSpec::build`]: the recipe, the dataset and the library's
+//!    [`Loader`](crate::Loader) with the spec's settings ([`Job`]).
+//! 5. `s3` (feature `s3`) — the local S3 server of `serve_locally_from`.
 
 mod build;
-mod lengths;
 #[cfg(feature = "s3")]
 mod s3;
 mod schema;
+mod source;
 mod validate;
 
-pub use build::{DecisionHook, FailureHook, Hooks, Loader};
+pub use build::{DecisionHook, FailureHook, Hooks, Job};
 pub use schema::*;
 pub use validate::SpecError;

@@ -54,7 +54,7 @@ pub enum SourceSpec {
         #[serde(default)]
         shuffle: Option<u64>,
     },
-    /// WebDataset tar shards (see `flowgate::shards`): each sample's media field is decoded
+    /// WebDataset tar shards (see `flowgate::dataset::shards`): each sample's media field is decoded
     /// (the first of `fields` it has).
     Tar {
         /// The shards: a path or brace pattern (`shards/shard-{000000..000063}.tar`), or
@@ -91,7 +91,7 @@ pub enum SourceSpec {
         #[serde(default)]
         buffer: usize,
     },
-    /// Parquet files (feature `parquet`; see `flowgate::parquet`): each row's `column` cell
+    /// Parquet files (feature `parquet`; see `flowgate::dataset::parquet`): each row's `column` cell
     /// is decoded (a `struct<bytes, path>` or binary column).
     Parquet {
         /// A file, or a directory (its `.parquet` files, sorted); or on S3 (feature `s3`),

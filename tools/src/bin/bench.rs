@@ -35,10 +35,11 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use flowgate::dataset::shards::{SampleRef, ShardError, Shards};
+use flowgate::dataset::Files;
 use flowgate::media::audio::AudioRecipe;
 use flowgate::media::image::{ImageRecipe, Layout};
-use flowgate::media::{Files, MediaError};
-use flowgate::shards::{SampleRef, ShardError, Shards};
+use flowgate::media::MediaError;
 use flowgate::{Order, Pipeline, PipelineError, Tensor, Workers};
 
 #[cfg(feature = "video")]

@@ -20,8 +20,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use flowgate::dataset::Files;
 use flowgate::media::image::ImageRecipe;
-use flowgate::media::Files;
 use flowgate::{
     DType, Pipeline, PipelineBuilder, PipelineError, Tensor, TraceRecord, TunerSettings, Workers,
 };

@@ -23,11 +23,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flowgate::dataset::Files;
 use flowgate::device::{
     Backend, Cpu, Cuda, DeviceBatch, DeviceError, GpuMonitor, Simulated, Uploader,
 };
 use flowgate::media::image::ImageRecipe;
-use flowgate::media::Files;
 use flowgate::{DType, Pipeline, PipelineError, Tensor};
 
 struct Args {

@@ -8,7 +8,7 @@
 //! ([`ParquetRows::read`]) decodes its row group's requested columns once (only those), kept
 //! in a small cache that workers share (a row group is decoded by one worker while the others
 //! wait for it); the row's cells become a [`RawSample`] whose fields are named by column, so
-//! a [`FieldMap`](crate::shards::FieldMap) makes them a [`Sample`](crate::sample::Sample)
+//! a [`FieldMap`](crate::dataset::shards::FieldMap) makes them a [`Sample`](crate::sample::Sample)
 //! exactly as it does a tar shard's sample:
 //!
 //! - a `struct<bytes, path>` column (the Hugging Face `Image`/`Audio` feature) or a binary
@@ -22,6 +22,10 @@
 //! decoded row groups; [`cache_bytes`](ParquetRows::cache_bytes) is what to reserve in the
 //! pipeline's memory budget for it (see
 //! [`PipelineBuilder::reserve_memory`](crate::PipelineBuilder::reserve_memory)).
+
+mod write;
+
+pub use write::write_parquet;
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -40,8 +44,8 @@ use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::DataType;
 use parking_lot::Mutex;
 
+use crate::dataset::shards::{RawSample, ShardError};
 use crate::sampler::{Sampler, ShardLengths};
-use crate::shards::{RawSample, ShardError};
 use crate::PipelineError;
 
 /// Where a file's bytes are.
@@ -190,7 +194,7 @@ impl ParquetRows {
     #[cfg(feature = "s3")]
     pub fn open_url(
         url: &str,
-        endpoint: &crate::shards::remote::Endpoint,
+        endpoint: &crate::s3::Endpoint,
         columns: &[&str],
     ) -> Result<Self, PipelineError> {
         let (s3, rest) = endpoint.connect(url)?;

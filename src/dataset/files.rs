@@ -10,7 +10,7 @@ use crate::PipelineError;
 /// # Examples
 ///
 /// ```no_run
-/// use flowgate::media::Files;
+/// use flowgate::dataset::Files;
 ///
 /// let files = Files::dir("/data/train", &["jpg", "jpeg"])?  // or Files::list(..), Files::new(..)
 ///     .shuffle(42)                                          // a new order every epoch
@@ -170,7 +170,7 @@ impl Files {
     /// dataset (a hash of every path, in order, and their number) and the sampler (seed,
     /// rank and world size, shard lengths, weights).
     pub fn fingerprint(&self) -> Vec<(&'static str, String)> {
-        use super::rules::{fnv1a, FNV_OFFSET};
+        use crate::media::rules::{fnv1a, FNV_OFFSET};
         let hash = self.paths.iter().fold(FNV_OFFSET, |h, p| {
             fnv1a(fnv1a(h, p.as_os_str().as_encoded_bytes()), b"\0")
         });

@@ -20,7 +20,7 @@
 //!
 //! Shards on S3 (feature `s3`; [`Shards::open_s3`], or [`Shards::open`] with an
 //! `s3://bucket/pattern` URL) are downloaded whole, one streamed GET each, into a local disk
-//! cache ([`remote::ShardCache`]: a byte limit, least recently used evicted first, but never a
+//! cache ([`cache::ShardCache`]: a byte limit, least recently used evicted first, but never a
 //! shard with samples of the epoch still to read) and read from there; the next shards of the
 //! rank's order are fetched ahead of the readers ([`prefetch`](Shards::prefetch)), and a body
 //! cut off mid-stream continues with a ranged GET. Sample counts come from a manifest
@@ -40,7 +40,7 @@
 //! # #[cfg(feature = "image")] {
 //! use flowgate::media::{image::ImageRecipe, Recipe};
 //! use flowgate::sampler::ShardLengths;
-//! use flowgate::shards::{FieldMap, Shards};
+//! use flowgate::dataset::shards::{FieldMap, Shards};
 //! use flowgate::{Pipeline, Workers};
 //!
 //! let shards = Shards::open("/data/train/shard-{000000..000063}.tar")?
@@ -63,6 +63,8 @@
 //! # Ok::<(), flowgate::PipelineError>(())
 //! ```
 
+#[cfg(feature = "s3")]
+pub mod cache;
 mod fields;
 mod index;
 mod patterns;
@@ -77,13 +79,13 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
+#[cfg(feature = "s3")]
+pub use cache::{CacheStats, ShardCache};
 pub use fields::FieldMap;
 pub use index::{split_name, Entry, FieldAt};
 pub use patterns::expand_braces;
 use patterns::expand_spec;
 pub use read::{RawSample, SampleRef};
-#[cfg(feature = "s3")]
-pub use remote::{CacheStats, ShardCache};
 use shard::{index_file, Body, Inner, Plan, Shard};
 use write::manifest_json;
 pub use write::write_shards;

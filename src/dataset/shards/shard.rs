@@ -5,9 +5,9 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::index::{self, Entry};
 #[cfg(feature = "s3")]
-use super::remote;
+use super::cache;
+use super::index::{self, Entry};
 use super::tar;
 use crate::sampler::Sampler;
 use crate::PipelineError;
@@ -29,7 +29,7 @@ pub(super) enum Body {
     /// without a manifest).
     #[cfg(feature = "s3")]
     Remote {
-        cache: Arc<remote::ShardCache>,
+        cache: Arc<cache::ShardCache>,
         slot: usize,
         max_member: u64,
         entries: OnceLock<Vec<Entry>>,

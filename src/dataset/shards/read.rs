@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[cfg(feature = "s3")]
-use super::remote;
+use super::cache;
 #[cfg(feature = "s3")]
 use super::shard::Body;
 use super::shard::{Inner, Plan, Shard};
@@ -85,7 +85,7 @@ impl SampleRef {
                         cache.prefetch(*slot);
                     }
                 }
-                Some(remote::Done(cache, *slot, self.epoch))
+                Some(cache::Done(cache, *slot, self.epoch))
             }
             Body::Local { .. } => None,
         };

@@ -1,0 +1,354 @@
+//! Opening a [`Source`] into a [`Dataset`]: files found, shards indexed, Parquet footers
+//! read, labels checked, mixtures assembled from their parts, S3 URLs connected.
+
+use super::files::Files;
+use super::order::Order;
+use super::records::Records;
+use super::shards::Shards;
+use super::source::{Labels, Remote, Source, SourceKind};
+use super::{Dataset, Kind};
+use crate::sampler::Sampler;
+use crate::PipelineError;
+
+/// Opens `source`, ordered by `order`; `extensions` are the media files' (walks, shard
+/// fields).
+pub(super) fn open(
+    source: &Source,
+    order: Order,
+    extensions: &[String],
+) -> Result<Dataset, PipelineError> {
+    let kind = match &source.kind {
+        SourceKind::Paths(_) | SourceKind::Dir(..) | SourceKind::List(_) => {
+            files(source, order, extensions)?
+        }
+        SourceKind::Shards {
+            pattern,
+            fields,
+            remote,
+        } => {
+            let shards = open_shards(pattern, remote)?;
+            let shards = match order.seed {
+                Some(_) => shards.buffer(source.buffer),
+                None => shards,
+            };
+            let media: Vec<String> = fields
+                .clone()
+                .unwrap_or_else(|| extensions.to_vec())
+                .iter()
+                .map(|e| e.trim_start_matches('.').to_ascii_lowercase())
+                .collect();
+            Kind::Records {
+                records: Records::Tar(order.apply(shards)?),
+                media: media.into(),
+                label: field_label(source)?.map(|l| l.to_ascii_lowercase()),
+            }
+        }
+        SourceKind::Parquet { .. } => parquet(source, order)?,
+        #[cfg(feature = "s3")]
+        SourceKind::Objects { .. } => objects(source, order)?,
+        SourceKind::Mix {
+            parts,
+            weights,
+            stop,
+        } => {
+            let mut opened = Vec::with_capacity(parts.len());
+            for (k, part) in parts.iter().enumerate() {
+                if part.is_remote() || matches!(part.kind, SourceKind::Mix { .. }) {
+                    return Err(PipelineError::config(format!(
+                        "mixture: sources[{k}] is {}{}: a mixture mixes local sources (files, \
+                         shards, Parquet); it reads a source's samples in random order, which \
+                         would fetch remote shards again and again",
+                        if part.is_remote() { "on S3, " } else { "" },
+                        part.kind_name()
+                    )));
+                }
+                opened.push(open(part, Order::WHOLE, extensions)?);
+            }
+            let labelled = opened.iter().filter(|p| p.has_labels()).count();
+            if labelled != 0 && labelled != opened.len() {
+                return Err(PipelineError::config(
+                    "mixture: every source needs a label field, or none (labels are set per source)",
+                ));
+            }
+            let lengths: Vec<usize> = opened.iter().map(Dataset::dataset_len).collect();
+            let sampler = Sampler::mixture(&lengths, weights, *stop)?;
+            Kind::Mix {
+                parts: opened.into(),
+                sampler: order.apply(sampler)?,
+            }
+        }
+    };
+    Ok(Dataset { kind, order })
+}
+
+/// The label field of a shard or Parquet source; any other kind of labels is an error.
+fn field_label(source: &Source) -> Result<Option<String>, PipelineError> {
+    match &source.labels {
+        None => Ok(None),
+        Some(Labels::Field(f)) => Ok(Some(f.clone())),
+        Some(_) => Err(PipelineError::config(format!(
+            "{}: labels name the field that holds each sample's label (an extension such as \
+             \"cls\", or a column); folder, value and path labels are for files",
+            source.kind_name()
+        ))),
+    }
+}
+
+/// A dataset of local files, with its labels.
+fn files(source: &Source, order: Order, extensions: &[String]) -> Result<Kind, PipelineError> {
+    let files = match &source.kind {
+        SourceKind::Paths(p) => Files::new(p.iter().cloned()),
+        SourceKind::Dir(d, own) => {
+            let exts: Vec<&str> = own
+                .as_deref()
+                .unwrap_or(extensions)
+                .iter()
+                .map(String::as_str)
+                .collect();
+            Files::dir(d, &exts)?
+        }
+        SourceKind::List(l) => Files::list(l)?,
+        _ => unreachable!("a files source"),
+    };
+    if files.is_empty() {
+        let what = match &source.kind {
+            SourceKind::Dir(d, own) => format!(
+                "{} (no file with the extensions {})",
+                d.display(),
+                own.as_deref().unwrap_or(extensions).join(", ")
+            ),
+            SourceKind::List(l) => format!("{} (an empty list)", l.display()),
+            _ => "an empty list of paths".to_owned(),
+        };
+        return Err(PipelineError::config(format!("no files to load in {what}")));
+    }
+    let (labels, classes) = match &source.labels {
+        None => (None, None),
+        Some(Labels::Folder) => {
+            let folders = files.folder_labels();
+            let labels: Vec<i64> = files
+                .paths()
+                .iter()
+                .map(|p| {
+                    folders
+                        .label(p)
+                        .expect("a dataset file's folder is a class")
+                })
+                .collect();
+            (Some(labels), Some(folders.classes()))
+        }
+        Some(Labels::Values(v)) => {
+            if v.len() != files.len() {
+                return Err(PipelineError::config(format!(
+                    "{} labels for {} files",
+                    v.len(),
+                    files.len()
+                )));
+            }
+            (Some(v.clone()), None)
+        }
+        Some(Labels::ByPath(map)) => {
+            let labels = files
+                .paths()
+                .iter()
+                .map(|p| {
+                    map.get(p).copied().ok_or_else(|| {
+                        PipelineError::config(format!("labels has no entry for {:?}", p))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            (Some(labels), None)
+        }
+        Some(Labels::Field(f)) => {
+            return Err(PipelineError::config(format!(
+                "labels = field {f:?}: fields are for shards and Parquet; files take folder \
+                 labels, a value per file or a label per path"
+            )))
+        }
+    };
+    Ok(Kind::Files {
+        files: order.apply(files)?,
+        labels: labels.map(Into::into),
+        classes: classes.map(Into::into),
+    })
+}
+
+/// The shards `pattern` names: local paths, or `s3://` (feature `s3`).
+fn open_shards(pattern: &str, remote: &Remote) -> Result<Shards, PipelineError> {
+    if !pattern.starts_with("s3://") {
+        return Ok(Shards::open(pattern)?.prefetch(remote.prefetch));
+    }
+    #[cfg(feature = "s3")]
+    {
+        use super::shards::remote::RemoteOptions;
+        use crate::s3::Endpoint;
+        let mut opts = RemoteOptions {
+            cache_bytes: remote.cache_bytes,
+            ..RemoteOptions::default()
+        };
+        if let Some(d) = &remote.cache_dir {
+            opts.cache_dir = d.clone();
+        }
+        let endpoint = Endpoint {
+            url: remote.endpoint.clone(),
+            region: remote.region.clone(),
+        };
+        Ok(Shards::open_url(pattern, &endpoint, &opts)?.prefetch(remote.prefetch))
+    }
+    #[cfg(not(feature = "s3"))]
+    Err(PipelineError::config(format!(
+        "{pattern}: shards on S3 need flowgate built with the `s3` feature"
+    )))
+}
+
+/// A dataset of Parquet rows.
+#[cfg_attr(not(feature = "parquet"), allow(unused_variables))]
+fn parquet(source: &Source, order: Order) -> Result<Kind, PipelineError> {
+    let SourceKind::Parquet {
+        paths,
+        column,
+        endpoint,
+        region,
+    } = &source.kind
+    else {
+        unreachable!("a Parquet source")
+    };
+    #[cfg(feature = "parquet")]
+    {
+        use super::parquet::ParquetRows;
+        let label = field_label(source)?;
+        let mut columns = vec![column.as_str()];
+        if let Some(l) = &label {
+            columns.push(l.as_str());
+        }
+        let remote = paths
+            .iter()
+            .filter(|p| p.to_string_lossy().starts_with("s3://"))
+            .count();
+        let rows = if paths.is_empty() {
+            return Err(PipelineError::config("Parquet: no paths"));
+        } else if remote == 0 {
+            let mut files = Vec::new();
+            for p in paths {
+                files.extend(ParquetRows::files_at(p)?);
+            }
+            ParquetRows::open(files, &columns)?
+        } else if remote == paths.len() {
+            parquet_on_s3(paths, endpoint, region, &columns)?
+        } else {
+            return Err(PipelineError::config(
+                "Parquet: the paths are all local, or all s3:// URLs of one bucket",
+            ));
+        };
+        let rows = match order.seed {
+            Some(_) => rows.buffer(source.buffer),
+            None => rows,
+        };
+        Ok(Kind::Records {
+            records: Records::Parquet(order.apply(rows)?),
+            media: [column.clone()].into(),
+            label,
+        })
+    }
+    #[cfg(not(feature = "parquet"))]
+    Err(PipelineError::config(format!(
+        "{}: Parquet needs flowgate built with the `parquet` feature",
+        paths
+            .first()
+            .map_or_else(String::new, |p| p.display().to_string())
+    )))
+}
+
+/// Parquet files on S3: URLs of one bucket (`s3://bucket/key.parquet`, or one prefix).
+#[cfg(feature = "parquet")]
+#[cfg_attr(not(feature = "s3"), allow(unused_variables))]
+fn parquet_on_s3(
+    paths: &[std::path::PathBuf],
+    endpoint: &Option<String>,
+    region: &Option<String>,
+    columns: &[&str],
+) -> Result<super::parquet::ParquetRows, PipelineError> {
+    #[cfg(feature = "s3")]
+    {
+        let urls: Vec<String> = paths
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        let split = |u: &str| -> (String, String) {
+            let rest = u.trim_start_matches("s3://");
+            let (b, k) = rest.split_once('/').unwrap_or((rest, ""));
+            (b.to_owned(), k.to_owned())
+        };
+        let (bucket, _) = split(&urls[0]);
+        let mut keys = Vec::with_capacity(urls.len());
+        for u in &urls {
+            let (b, k) = split(u);
+            if b != bucket {
+                return Err(PipelineError::config(
+                    "Parquet: the paths are all local, or all s3:// URLs of one bucket",
+                ));
+            }
+            keys.push(k);
+        }
+        let url = format!("s3://{bucket}/{}", keys.join(","));
+        let endpoint = crate::s3::Endpoint {
+            url: endpoint.clone(),
+            region: region.clone(),
+        };
+        super::parquet::ParquetRows::open_url(&url, &endpoint, columns)
+    }
+    #[cfg(not(feature = "s3"))]
+    Err(PipelineError::config(format!(
+        "{}: Parquet on S3 needs flowgate built with the `s3` feature",
+        paths[0].display()
+    )))
+}
+
+/// The objects under an S3 prefix, listed now.
+#[cfg(feature = "s3")]
+fn objects(source: &Source, order: Order) -> Result<Kind, PipelineError> {
+    let SourceKind::Objects {
+        client,
+        bucket,
+        prefix,
+        remote,
+        concurrency,
+    } = &source.kind
+    else {
+        unreachable!("an S3 source")
+    };
+    if source.labels.is_some() {
+        return Err(PipelineError::config(
+            "S3 objects carry no labels (put them in tar shards or Parquet)",
+        ));
+    }
+    let s3_err = |e: crate::s3::S3Error| PipelineError::io("the S3 source", e);
+    let s3 = match client {
+        Some(c) => c.clone(),
+        None => {
+            let mut cfg = crate::s3::S3Config::new(bucket.clone());
+            if let Some(url) = remote
+                .endpoint
+                .clone()
+                .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
+            {
+                cfg = cfg.endpoint(url);
+            }
+            if let Some(r) = &remote.region {
+                cfg = cfg.region(r.clone());
+            }
+            crate::s3::S3::connect(cfg).map_err(s3_err)?
+        }
+    };
+    let keys: Vec<String> = s3
+        .list(prefix)
+        .map_err(s3_err)?
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    Ok(Kind::Objects {
+        keys: order.apply(Files::new(keys))?,
+        s3,
+        concurrency: *concurrency,
+    })
+}

@@ -1,0 +1,98 @@
+//! How a dataset's epochs are ordered and dealt to ranks: a seeded shuffle (or none), this
+//! process's rank and world size (given, from the environment, or the whole dataset), and
+//! equal counts per rank.
+
+use super::files::Files;
+use super::shards::Shards;
+use crate::sampler::{Sampler, ShardLengths};
+use crate::PipelineError;
+
+/// Which ranks share the dataset, and which one this process is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Ranks {
+    /// `RANK` and `WORLD_SIZE` from the environment (what `torchrun` sets), or the whole
+    /// dataset when neither is set (see [`Sampler::shard_from_env`]). The default.
+    #[default]
+    FromEnv,
+    /// Rank `rank` of `world` (`rank` in `0..world`).
+    Fixed {
+        /// This process's rank.
+        rank: usize,
+        /// How many ranks share the dataset.
+        world: usize,
+    },
+    /// The whole dataset, whatever the environment says (a mixture's parts: the mixture deals
+    /// its draws, not each part).
+    Whole,
+}
+
+/// A dataset's order: shuffle seed, ranks, and what to do with the items left over when the
+/// ranks' shares are not equal.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Order {
+    /// The shuffle seed, reshuffled every epoch; `None` keeps the dataset's order.
+    pub seed: Option<u64>,
+    /// Which ranks share the dataset.
+    pub ranks: Ranks,
+    /// With several ranks: `true` drops the items past the smallest share, `false` pads every
+    /// share to the largest by repeating the start of the epoch's order (what PyTorch's
+    /// `DistributedSampler` does). Every rank gets as many items either way.
+    pub drop_last: bool,
+}
+
+/// What can be shuffled and dealt out to ranks: files, shards, Parquet rows, samplers.
+pub(crate) trait Dealt: Sized {
+    fn shuffled(self, seed: u64) -> Self;
+    fn shard(self, rank: usize, world: usize) -> Result<Self, PipelineError>;
+    fn shard_from_env(self) -> Result<Self, PipelineError>;
+    fn shard_lengths(self, lengths: ShardLengths) -> Self;
+}
+
+macro_rules! dealt {
+    ($($t:ty),*) => {$(
+        impl Dealt for $t {
+            fn shuffled(self, seed: u64) -> Self {
+                <$t>::shuffle(self, seed)
+            }
+            fn shard(self, rank: usize, world: usize) -> Result<Self, PipelineError> {
+                <$t>::shard(self, rank, world)
+            }
+            fn shard_from_env(self) -> Result<Self, PipelineError> {
+                <$t>::shard_from_env(self)
+            }
+            fn shard_lengths(self, lengths: ShardLengths) -> Self {
+                <$t>::shard_lengths(self, lengths)
+            }
+        }
+    )*};
+}
+dealt!(Files, Shards, Sampler);
+#[cfg(feature = "parquet")]
+dealt!(super::parquet::ParquetRows);
+
+impl Order {
+    /// The whole dataset in its own order: what a mixture's parts are.
+    pub(crate) const WHOLE: Order = Order {
+        seed: None,
+        ranks: Ranks::Whole,
+        drop_last: false,
+    };
+
+    /// `x` shuffled (with a seed) and dealt: this rank's share, every share as long.
+    pub(crate) fn apply<T: Dealt>(&self, x: T) -> Result<T, PipelineError> {
+        let x = match self.seed {
+            Some(seed) => x.shuffled(seed),
+            None => x,
+        };
+        let x = match self.ranks {
+            Ranks::FromEnv => x.shard_from_env()?,
+            Ranks::Fixed { rank, world } => x.shard(rank, world)?,
+            Ranks::Whole => return Ok(x),
+        };
+        Ok(x.shard_lengths(if self.drop_last {
+            ShardLengths::Drop
+        } else {
+            ShardLengths::Pad
+        }))
+    }
+}

@@ -1,0 +1,78 @@
+//! [`Records`]: samples whose fields are bytes — a tar shard's (fields by extension) or a
+//! Parquet row's (fields by column) — read by (epoch, index) as one [`RawSample`].
+
+use super::shards::{RawSample, ShardError, Shards};
+use crate::sampler::Sampler;
+
+/// Tar shards' samples or Parquet rows.
+#[derive(Clone, Debug)]
+pub(crate) enum Records {
+    Tar(Shards),
+    #[cfg(feature = "parquet")]
+    Parquet(super::parquet::ParquetRows),
+}
+
+impl Records {
+    pub(crate) fn sampler(&self) -> &Sampler {
+        match self {
+            Records::Tar(s) => s.sampler(),
+            #[cfg(feature = "parquet")]
+            Records::Parquet(p) => p.sampler(),
+        }
+    }
+
+    pub(crate) fn fingerprint(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Records::Tar(s) => s.fingerprint(),
+            #[cfg(feature = "parquet")]
+            Records::Parquet(p) => p.fingerprint(),
+        }
+    }
+
+    /// `SHARD:KEY`, or the row's file and place.
+    pub(crate) fn name(&self, index: usize, epoch: u64) -> String {
+        match self {
+            Records::Tar(s) => s.get(epoch, index).to_string(),
+            #[cfg(feature = "parquet")]
+            Records::Parquet(p) => p.name(index),
+        }
+    }
+
+    pub(crate) fn read(&self, index: usize, epoch: u64) -> Result<RawSample, ShardError> {
+        match self {
+            Records::Tar(s) => s.get(epoch, index).read(),
+            #[cfg(feature = "parquet")]
+            Records::Parquet(p) => p.read(epoch, index),
+        }
+    }
+
+    /// Samples in the whole dataset (every rank's).
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Records::Tar(s) => s.len(),
+            #[cfg(feature = "parquet")]
+            Records::Parquet(p) => p.len(),
+        }
+    }
+
+    /// Memory the source holds outside the stages' budgets: a Parquet row-group cache.
+    pub(crate) fn reserved_bytes(&self) -> u64 {
+        match self {
+            Records::Tar(_) => 0,
+            #[cfg(feature = "parquet")]
+            Records::Parquet(p) => p.cache_bytes(),
+        }
+    }
+
+    /// The prefetch of tar shards on S3, for the tuner to deepen.
+    pub(crate) fn read_ahead(
+        &self,
+    ) -> Option<std::sync::Arc<dyn crate::actors::cache::ReadAheadControl>> {
+        match self {
+            #[cfg(feature = "s3")]
+            Records::Tar(s) => s.read_ahead(),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! What a loader delivers: a [`Batch`] — one tensor per field, the labels, and where each
+//! item came from ([`ItemMeta`]) — and the collate step that makes one from decoded items
+//! (unstacking a length-aware batch, which comes whole from its decoder).
+
+use crate::collate::{collate_fields_with, CollateError};
+use crate::device::{Delivered, DeviceError, HostAlloc, Uploader};
+use crate::{DType, Tensor};
+
+/// Where one item of a batch came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ItemMeta {
+    /// Its position in the dataset (for a length-aware batch, the file's index in the
+    /// dataset's files).
+    pub index: usize,
+    /// The epoch it was read in.
+    pub epoch: u64,
+    /// Its label, when the dataset has labels.
+    pub label: Option<i64>,
+}
+
+/// A batch: each field stacked along a new first axis (in host memory, or uploaded to the
+/// loader's device), the labels as an `i64` tensor when the dataset has them, and each
+/// item's origin.
+///
+/// Fields: the decoded media (`[B, ...]`); with lengths (audio, length-aware batches) a
+/// second field, the real length of each item (`[B]`, `i64`); a video recipe with an audio
+/// track gives the audio as the second field.
+#[derive(Debug)]
+pub struct Batch {
+    /// The fields, in the recipe's order.
+    pub fields: Vec<Delivered>,
+    /// The labels (`[B]`, `i64`).
+    pub labels: Option<Delivered>,
+    /// Each item's origin, in batch order.
+    pub items: Vec<ItemMeta>,
+}
+
+impl Batch {
+    /// Items in the batch.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether the batch is empty (never, for a delivered batch).
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Bytes of its tensors (on the device once uploaded).
+    pub fn nbytes(&self) -> usize {
+        self.fields
+            .iter()
+            .chain(&self.labels)
+            .map(Delivered::nbytes)
+            .sum()
+    }
+
+    /// The labels as integers (copied back from the device if uploaded).
+    pub fn label_values(&self) -> Option<Vec<i64>> {
+        self.items.iter().map(|m| m.label).collect()
+    }
+
+    /// Uploads every field (and the labels) with `up`: in order, on the uploader's stream.
+    pub(crate) fn upload(self, up: &mut Uploader) -> Result<Self, DeviceError> {
+        let mut one = |m: Delivered| match m {
+            Delivered::Host(t) => up.upload_owned(t).map(Delivered::Device),
+            d => Ok(d),
+        };
+        Ok(Self {
+            fields: self
+                .fields
+                .into_iter()
+                .map(&mut one)
+                .collect::<Result<_, _>>()?,
+            labels: self.labels.map(one).transpose()?,
+            items: self.items,
+        })
+    }
+}
+
+/// One decoded item on its way to a batch: its fields, its origin, and for a length-aware
+/// batch (an item that is a whole batch) the file indices its rows hold.
+#[derive(Debug)]
+pub(crate) struct Decoded {
+    pub(crate) fields: Vec<Tensor>,
+    pub(crate) meta: ItemMeta,
+    pub(crate) rows: Option<Vec<usize>>,
+}
+
+impl Decoded {
+    pub(crate) fn nbytes(&self) -> usize {
+        self.fields.iter().map(Tensor::nbytes).sum()
+    }
+}
+
+/// Stacks each field of the items into one batch tensor (into memory from `alloc`, pinned
+/// when the loader uploads), keeping where the items came from; adds the labels when
+/// `labels`. A length-aware batch is one item whose fields come stacked as `[1, ...]` and
+/// whose rows are the files it kept: unstacked here, one origin per row.
+pub(crate) fn collate(
+    items: Vec<Decoded>,
+    alloc: Option<&HostAlloc>,
+    labels: bool,
+) -> Result<Batch, CollateError> {
+    let new = |shape: &[usize], dtype| match alloc {
+        Some(a) => a.tensor(shape, dtype),
+        None => Tensor::for_overwrite(shape, dtype),
+    };
+    let mut fields = Vec::with_capacity(items.len());
+    let mut metas = Vec::with_capacity(items.len());
+    let mut whole = None;
+    for d in items {
+        fields.push(d.fields);
+        if let Some(rows) = d.rows {
+            whole = Some((d.meta.epoch, rows));
+        }
+        metas.push(d.meta);
+    }
+    let mut fields = collate_fields_with(&fields, new)?;
+    if let (Some((epoch, rows)), 1) = (whole, metas.len()) {
+        fields = fields
+            .into_iter()
+            .map(|t| {
+                let shape = t.shape()[1..].to_vec();
+                t.reshaped(&shape)
+            })
+            .collect();
+        metas = rows
+            .into_iter()
+            .map(|index| ItemMeta {
+                index,
+                epoch,
+                label: None,
+            })
+            .collect();
+    }
+    let labels = labels.then(|| {
+        let v: Vec<i64> = metas
+            .iter()
+            .map(|m| {
+                m.label
+                    .expect("an item of a labelled dataset has its label")
+            })
+            .collect();
+        let mut t = new(&[v.len()], DType::I64);
+        t.bytes_mut().copy_from_slice(Tensor::from_i64(&v).bytes());
+        Delivered::Host(t)
+    });
+    Ok(Batch {
+        fields: fields.into_iter().map(Delivered::Host).collect(),
+        labels,
+        items: metas,
+    })
+}

@@ -1,0 +1,98 @@
+//! The device a loader uploads its batches to ([`Device`]): a CUDA GPU, the simulated device
+//! (a copy engine in host memory that records what a GPU would be asked to do: for tests and
+//! tuner experiments), or none (batches stay in host memory).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::device::{Backend, Cuda, DeviceError, GpuMonitor, SimLog, Simulated, Uploader};
+
+/// Pinned staging an uploader may hold by default; batches are collated into pinned memory
+/// and copied from there, so staging is rarely used.
+pub const DEFAULT_STAGING_BYTES: usize = 64 << 20;
+
+/// Device memory uploaded batches may hold by default while they wait for the consumer.
+pub const DEFAULT_DEVICE_BYTES: u64 = 1 << 30;
+
+/// A device to upload batches to; cheap to clone (a loader makes one uploader from it per
+/// pipeline it builds).
+#[derive(Clone)]
+pub struct Device {
+    backend: Arc<dyn Backend>,
+    log: Option<SimLog>,
+    monitor: Option<Arc<GpuMonitor>>,
+    device_bytes: u64,
+    staging_bytes: usize,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("simulated", &self.log.is_some())
+            .field("device_bytes", &self.device_bytes)
+            .field("staging_bytes", &self.staging_bytes)
+            .finish()
+    }
+}
+
+impl Device {
+    fn with(backend: Arc<dyn Backend>) -> Self {
+        Self {
+            backend,
+            log: None,
+            monitor: None,
+            device_bytes: DEFAULT_DEVICE_BYTES,
+            staging_bytes: DEFAULT_STAGING_BYTES,
+        }
+    }
+
+    /// CUDA GPU `ordinal` (feature `cuda`); an unusable GPU is an error here, at
+    /// construction, not at the first batch. The tuner reads its utilisation (NVML) where it
+    /// can: the consumer counts as starved only while the GPU idles.
+    pub fn cuda(ordinal: usize) -> Result<Self, DeviceError> {
+        let cuda = Cuda::new(ordinal)?;
+        let mut d = Self::with(Arc::new(cuda));
+        d.monitor = GpuMonitor::new(ordinal as u32).ok().map(Arc::new);
+        Ok(d)
+    }
+
+    /// The simulated device: copies at `bandwidth` bytes/s after `latency`, recording each
+    /// copy, wait and free ([`log`](Self::log)).
+    pub fn simulated(bandwidth: f64, latency: Duration) -> Self {
+        let s = Simulated::new(bandwidth, latency);
+        let log = s.log();
+        let mut d = Self::with(Arc::new(s));
+        d.log = Some(log);
+        d
+    }
+
+    /// Device memory uploaded batches may hold while they wait for the consumer (default
+    /// [`DEFAULT_DEVICE_BYTES`]).
+    pub fn max_device_bytes(mut self, bytes: u64) -> Self {
+        self.device_bytes = bytes;
+        self
+    }
+
+    /// Pinned staging the uploader may hold (default [`DEFAULT_STAGING_BYTES`]).
+    pub fn max_staging_bytes(mut self, bytes: usize) -> Self {
+        self.staging_bytes = bytes;
+        self
+    }
+
+    /// The simulated device's record.
+    pub fn log(&self) -> Option<&SimLog> {
+        self.log.as_ref()
+    }
+
+    /// A new uploader to this device.
+    pub fn uploader(&self) -> Uploader {
+        Uploader::with_backend(Arc::clone(&self.backend))
+            .max_staging_bytes(self.staging_bytes)
+            .max_device_bytes(self.device_bytes)
+    }
+
+    /// The GPU's utilisation, where NVML reports it.
+    pub(crate) fn monitor(&self) -> Option<Arc<GpuMonitor>> {
+        self.monitor.clone()
+    }
+}

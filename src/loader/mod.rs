@@ -1,0 +1,386 @@
+//! Loaders: a [`Dataset`] and a media [`Recipe`] → labelled batches, epoch after epoch.
+//!
+//! This is the one loader every front end builds: the Rust API directly, pipeline files
+//! (`flowgate::spec`) and the Python package (`flowgate.ImageLoader`, …) by translating their
+//! arguments into a [`Dataset`] and a [`LoaderBuilder`]. A guarantee fixed here holds for all
+//! three.
+//!
+//! # Epochs
+//!
+//! [`Loader::start_epoch`] starts the next epoch (or the resumed one); [`Loader::next_within`]
+//! and [`Loader::epoch`] deliver its batches. An epoch left mid-way — a `break`, an error,
+//! [`set_epoch`](Loader::set_epoch) — is abandoned: the pipeline stops at once and frees its
+//! buffers, and the next epoch starts on a new one (at the decode workers the last one's tuner
+//! chose, so a cut-short epoch does not cost the next a cold start). Every epoch keeps its own
+//! shuffle and augmentation (seeded by seed and epoch).
+//!
+//! # Checkpoints
+//!
+//! [`Loader::state`] records what the consumer has received; a new loader over the same
+//! dataset [`resume`](Loader::resume)s it exactly (every item not yet delivered, once), and
+//! [`PipelineState::merge`] combines the states of every rank of a world into one that a
+//! world of any size resumes.
+//!
+//! Files:
+//! 1. `builder` — [`LoaderBuilder`]: settings with named defaults, and the one function that
+//!    builds a loader's pipeline.
+//! 2. `batch` — [`Batch`] and [`ItemMeta`], and collation (labels, length-aware batches).
+//! 3. `decode` — an item's fields from the recipe (lengths, a video's audio track).
+//! 4. `lengths` — length-aware batches.
+//! 5. `device` — [`Device`]: where batches are uploaded.
+//! 6. `failures` — [`SkippedFailure`]s, per epoch.
+
+mod batch;
+mod builder;
+mod decode;
+mod device;
+mod failures;
+mod lengths;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub use batch::{Batch, ItemMeta};
+pub use builder::{LoaderBuilder, DEFAULT_BATCH_SIZE};
+pub use device::{Device, DEFAULT_DEVICE_BYTES, DEFAULT_STAGING_BYTES};
+pub use failures::{SkippedFailure, KEEP_FAILURES};
+
+use crate::dataset::Dataset;
+use crate::device::SimLog;
+use crate::media::Recipe;
+use crate::{Monitor, Pipeline, PipelineError, PipelineState, PipelineStats, ShardState, Within};
+use builder::Make;
+use failures::FailureLog;
+use lengths::LengthPlan;
+
+/// What a loader's pipeline reads: the dataset's items, or its files planned into
+/// length-aware batches.
+#[derive(Clone, Debug)]
+enum Plan {
+    Items(Dataset),
+    Batches(LengthPlan),
+}
+
+/// A loader: batches of a dataset decoded by a recipe, epoch after epoch, with exact resume.
+/// See the [module docs](self) and [`LoaderBuilder`].
+pub struct Loader {
+    make: Make,
+    plan: Plan,
+    pipeline: Option<Pipeline<Batch>>,
+    /// Whether an epoch is being iterated.
+    in_epoch: bool,
+    /// The epoch a rebuilt pipeline starts at: the one after an epoch abandoned by an error,
+    /// a `close()` or a `break`, so every epoch keeps its own shuffle and augmentation.
+    resume_at: u64,
+    /// The current pipeline's monitor, for readers on other threads (see [`LoaderWatch`]).
+    monitor: Arc<Mutex<Option<Monitor>>>,
+    failures: FailureLog,
+    /// The decode workers the last dropped pipeline had (its tuner's choice).
+    learned: Option<usize>,
+    batches_per_epoch: usize,
+    sim_log: Option<SimLog>,
+    /// The statistics of the last pipeline closed (an epoch abandoned, or an error).
+    last_stats: Option<PipelineStats>,
+}
+
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader")
+            .field("plan", &self.plan)
+            .field("in_epoch", &self.in_epoch)
+            .field("resume_at", &self.resume_at)
+            .field("batches_per_epoch", &self.batches_per_epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What another thread may read of a loader while it waits for a batch: the running
+/// pipeline's monitor and the failures skipped. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct LoaderWatch {
+    monitor: Arc<Mutex<Option<Monitor>>>,
+    failures: FailureLog,
+}
+
+impl LoaderWatch {
+    /// The running pipeline's monitor (statistics, tuner trace, epoch), if one runs.
+    pub fn monitor(&self) -> Option<Monitor> {
+        self.monitor.lock().expect("monitor").clone()
+    }
+
+    /// The failures skipped in `epoch` (default: the epoch started last), of the last
+    /// [`KEEP_FAILURES`].
+    pub fn failures(&self, epoch: Option<u64>) -> Vec<SkippedFailure> {
+        self.failures
+            .of(epoch.unwrap_or_else(|| self.failures.epoch()))
+    }
+}
+
+impl Loader {
+    /// A loader of `dataset`, each item decoded by `recipe`; see [`LoaderBuilder`].
+    pub fn builder(dataset: Dataset, recipe: Recipe) -> LoaderBuilder {
+        LoaderBuilder::new(dataset, recipe)
+    }
+
+    fn from_parts(
+        make: Make,
+        plan: Plan,
+        batches_per_epoch: usize,
+        failures: FailureLog,
+        sim_log: Option<SimLog>,
+    ) -> Self {
+        Self {
+            make,
+            plan,
+            pipeline: None,
+            in_epoch: false,
+            resume_at: 0,
+            monitor: Arc::default(),
+            failures,
+            learned: None,
+            batches_per_epoch,
+            sim_log,
+            last_stats: None,
+        }
+    }
+
+    /// Batches per epoch (this rank's).
+    pub fn len(&self) -> usize {
+        self.batches_per_epoch
+    }
+
+    /// Whether an epoch has no batches.
+    pub fn is_empty(&self) -> bool {
+        self.batches_per_epoch == 0
+    }
+
+    /// The dataset it reads, unless it reads length-aware batches of it.
+    pub fn dataset(&self) -> Option<&Dataset> {
+        match &self.plan {
+            Plan::Items(d) => Some(d),
+            Plan::Batches(_) => None,
+        }
+    }
+
+    /// The class names (index = label) of folder labels.
+    pub fn classes(&self) -> Option<&[String]> {
+        self.dataset().and_then(Dataset::classes)
+    }
+
+    /// An item's path (or `SHARD:KEY`), for logs and `return_paths`.
+    pub fn path_of(&self, item: &ItemMeta) -> String {
+        match &self.plan {
+            Plan::Items(d) => d.name(item.index, item.epoch),
+            // Rows of a length-aware batch are files.
+            Plan::Batches(b) => b.path(item.index),
+        }
+    }
+
+    /// A handle for other threads: statistics and failures while this one waits.
+    pub fn watch(&self) -> LoaderWatch {
+        LoaderWatch {
+            monitor: Arc::clone(&self.monitor),
+            failures: self.failures.clone(),
+        }
+    }
+
+    /// The simulated device's record (with [`Device::simulated`]).
+    pub fn sim_log(&self) -> Option<&SimLog> {
+        self.sim_log.as_ref()
+    }
+
+    /// The decode workers a rebuilt pipeline starts with: what the last one ended with, or
+    /// `None` (its share of the cores) before any rebuild.
+    pub fn learned_workers(&self) -> Option<usize> {
+        self.learned
+    }
+
+    /// Whether an epoch is being iterated.
+    pub fn in_epoch(&self) -> bool {
+        self.in_epoch
+    }
+
+    fn pipeline(&mut self) -> Result<&mut Pipeline<Batch>, PipelineError> {
+        if self.pipeline.is_none() {
+            let mut p = (self.make)(self.learned)?;
+            if self.resume_at > 0 {
+                p.start_at_epoch(self.resume_at)?;
+            }
+            *self.monitor.lock().expect("monitor") = Some(p.monitor());
+            self.pipeline = Some(p);
+        }
+        Ok(self.pipeline.as_mut().expect("built"))
+    }
+
+    /// The running pipeline's monitor, building the pipeline if there is none yet.
+    pub fn monitor(&mut self) -> Result<Monitor, PipelineError> {
+        Ok(self.pipeline()?.monitor())
+    }
+
+    /// Statistics of the running pipeline (every stage, the consumer's wait, failures), or
+    /// of the last one if none runs now (after an error or [`close`](Self::close)).
+    pub fn stats(&self) -> PipelineStats {
+        match &self.pipeline {
+            Some(p) => p.stats(),
+            None => self.last_stats.clone().unwrap_or_default(),
+        }
+    }
+
+    /// Stops the pipeline and joins its threads (also done when the loader is dropped); the
+    /// next epoch starts on a new one, at the next epoch not begun (an epoch being iterated is
+    /// abandoned).
+    pub fn close(&mut self) {
+        *self.monitor.lock().expect("monitor") = None;
+        if let Some(p) = self.pipeline.take() {
+            self.resume_at = p.epoch() + u64::from(self.in_epoch);
+            let stats = p.stats();
+            self.learned = stats.stage("decode").map(|s| s.workers);
+            self.last_stats = Some(stats);
+        }
+        self.in_epoch = false;
+    }
+
+    /// Starts an epoch — the next one, or the resumed one after [`resume`](Self::resume) —
+    /// and returns its number. An epoch being iterated is abandoned first.
+    pub fn start_epoch(&mut self) -> Result<u64, PipelineError> {
+        if self.in_epoch {
+            self.close();
+        }
+        let epoch = self.pipeline()?.epoch();
+        self.failures.set_epoch(epoch);
+        self.in_epoch = true;
+        Ok(epoch)
+    }
+
+    /// The epoch the next [`start_epoch`](Self::start_epoch) starts, or the one being
+    /// iterated; builds nothing.
+    pub fn next_epoch(&self) -> u64 {
+        self.pipeline
+            .as_ref()
+            .map_or(self.resume_at, Pipeline::epoch)
+    }
+
+    /// Makes `epoch` the next one started (as PyTorch's `DistributedSampler.set_epoch`): its
+    /// order and augmentation follow from the seed and the epoch. A no-op when it already is
+    /// the next (a resumed position is kept); an epoch being iterated is abandoned.
+    pub fn set_epoch(&mut self, epoch: u64) {
+        if !self.in_epoch && self.next_epoch() == epoch {
+            return;
+        }
+        self.close();
+        self.resume_at = epoch;
+    }
+
+    /// The epoch's next batch, waiting at most `timeout`: [`Within::EpochEnd`] at its end (or
+    /// when no epoch was started), [`Within::TimedOut`] if none came in time. After an error
+    /// the epoch is over (the pipeline is rebuilt for the next one).
+    pub fn next_within(&mut self, timeout: Duration) -> Within<Batch> {
+        if !self.in_epoch {
+            return Within::EpochEnd;
+        }
+        let pipeline = match self.pipeline() {
+            Ok(p) => p,
+            Err(e) => return Within::Next(Err(e)),
+        };
+        match pipeline.next_within(timeout) {
+            Within::Next(Err(e)) => {
+                self.close();
+                Within::Next(Err(e))
+            }
+            Within::EpochEnd => {
+                self.in_epoch = false;
+                Within::EpochEnd
+            }
+            other => other,
+        }
+    }
+
+    /// The epoch's next batch, `None` at its end.
+    pub fn next_batch(&mut self) -> Option<Result<Batch, PipelineError>> {
+        loop {
+            match self.next_within(Duration::from_secs(3600)) {
+                Within::Next(b) => return Some(b),
+                Within::EpochEnd => return None,
+                Within::TimedOut => {}
+            }
+        }
+    }
+
+    /// Starts an epoch and iterates its batches; dropping the iterator before the end
+    /// abandons the epoch (the next starts afresh at the epoch after it).
+    pub fn epoch(&mut self) -> Result<EpochBatches<'_>, PipelineError> {
+        self.start_epoch()?;
+        Ok(EpochBatches { loader: self })
+    }
+
+    /// A checkpoint of the consumer's progress. Between epochs, an epoch left mid-way counts
+    /// as done: the state starts the next epoch from its start.
+    pub fn state(&mut self) -> Result<PipelineState, PipelineError> {
+        let in_epoch = self.in_epoch;
+        let s = self.pipeline()?.state();
+        if !in_epoch && s.delivered_items > 0 {
+            return Ok(PipelineState {
+                epoch: s.epoch + 1,
+                delivered: Vec::new(),
+                delivered_items: 0,
+                partial: Vec::new(),
+                shard: s.shard.map(|sh| ShardState {
+                    base: Vec::new(),
+                    ..sh
+                }),
+                ..s
+            });
+        }
+        Ok(s)
+    }
+
+    /// Continues from `state`: the next epoch started yields exactly what was not delivered
+    /// yet in that epoch. A state of another dataset or batching is refused.
+    pub fn resume(&mut self, state: &PipelineState) -> Result<(), PipelineError> {
+        self.pipeline = None;
+        *self.monitor.lock().expect("monitor") = None;
+        self.in_epoch = false;
+        self.resume_at = 0; // the state says where to start
+        self.pipeline()?.resume(state)
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        *self.monitor.lock().expect("monitor") = None;
+    }
+}
+
+/// The batches of one epoch ([`Loader::epoch`]).
+#[derive(Debug)]
+pub struct EpochBatches<'a> {
+    loader: &'a mut Loader,
+}
+
+impl EpochBatches<'_> {
+    /// A checkpoint of the consumer's progress so far (see [`Loader::state`]).
+    pub fn state(&mut self) -> Result<PipelineState, PipelineError> {
+        self.loader.state()
+    }
+
+    /// The loader's statistics so far.
+    pub fn stats(&self) -> PipelineStats {
+        self.loader.stats()
+    }
+}
+
+impl Iterator for EpochBatches<'_> {
+    type Item = Result<Batch, PipelineError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.loader.next_batch()
+    }
+}
+
+impl Drop for EpochBatches<'_> {
+    fn drop(&mut self) {
+        if self.loader.in_epoch {
+            self.loader.close();
+        }
+    }
+}

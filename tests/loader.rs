@@ -1,0 +1,386 @@
+//! The library's loader (`flowgate::Loader`), which the Rust API, pipeline files and Python
+//! all build: every item once per epoch at every rank (counts not divisible by the ranks or
+//! the batch size), exact resume and merge across world sizes, mixtures by weight with each
+//! source's labels, failures skipped, counted and named (or fatal), and the device stage.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use flowgate::dataset::{Dataset, Labels, Ranks, Source};
+use flowgate::device::Delivered;
+use flowgate::loader::{Batch, Device};
+use flowgate::media::{image::ImageRecipe, Recipe};
+use flowgate::sampler::MixStop;
+use flowgate::{FailureBudget, Loader, PipelineState};
+
+/// Images per test set: a prime, so no rank count or batch size divides it.
+const IMAGES: usize = 37;
+
+fn jpeg(shade: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let pixels: Vec<u8> = (0..16 * 12 * 3).map(|i| (shade * 7 + i) as u8).collect();
+    jpeg_encoder::Encoder::new(&mut out, 90)
+        .encode(&pixels, 16, 12, jpeg_encoder::ColorType::Rgb)
+        .unwrap();
+    out
+}
+
+/// `IMAGES` JPEGs in three class folders (`a`, `b`, `c` by index modulo 3), and the same
+/// images as tar shards of 10 (labels = index) and a Parquet file (labels = 1000 + index).
+struct Data {
+    dir: PathBuf,
+    paths: Vec<PathBuf>,
+    shards: String,
+    parquet: PathBuf,
+}
+
+fn data() -> &'static Data {
+    static DATA: OnceLock<Data> = OnceLock::new();
+    DATA.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("loader");
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut paths = Vec::new();
+        for i in 0..IMAGES {
+            let class = ["a", "b", "c"][i % 3];
+            let p = dir.join("images").join(class).join(format!("{i:03}.jpg"));
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, jpeg(i)).unwrap();
+            paths.push(p);
+        }
+        let shards =
+            flowgate::dataset::shards::write_shards(&paths, &dir.join("shards"), 10, |i, _| {
+                i as i64
+            })
+            .unwrap();
+        let parquet = dir.join("rows.parquet");
+        flowgate::dataset::parquet::write_parquet(&paths, &parquet, 8, |i, _| 1000 + i as i64)
+            .unwrap();
+        Data {
+            dir,
+            paths,
+            shards,
+            parquet,
+        }
+    })
+}
+
+fn recipe() -> Recipe {
+    Recipe::image(ImageRecipe {
+        resize: 12,
+        crop: 8,
+        ..ImageRecipe::default()
+    })
+    .unwrap()
+}
+
+/// Every batch of one epoch: each item's path (or `SHARD:KEY`) and label, and the batch
+/// sizes.
+fn epoch(loader: &mut Loader) -> (Vec<(String, Option<i64>)>, Vec<usize>) {
+    let mut items = Vec::new();
+    let mut sizes = Vec::new();
+    let batches: Vec<Batch> = loader.epoch().unwrap().map(Result::unwrap).collect();
+    for b in batches {
+        assert_eq!(b.fields[0].shape()[0], b.len());
+        sizes.push(b.len());
+        for m in &b.items {
+            items.push((loader.path_of(m), m.label));
+        }
+    }
+    (items, sizes)
+}
+
+fn counts(items: &[(String, Option<i64>)]) -> BTreeMap<String, usize> {
+    let mut c = BTreeMap::new();
+    for (p, _) in items {
+        *c.entry(p.clone()).or_default() += 1;
+    }
+    c
+}
+
+#[test]
+fn every_item_once_per_epoch_at_every_rank_with_its_folder_label() {
+    let d = data();
+    for drop_last in [false, true] {
+        let mut all = Vec::new();
+        for rank in 0..3 {
+            let dataset =
+                Dataset::builder(Source::dir(d.dir.join("images")).labels(Labels::Folder))
+                    .extensions(&["jpg"])
+                    .shuffle(11)
+                    .ranks(rank, 3)
+                    .drop_last(drop_last)
+                    .build()
+                    .unwrap();
+            let share = if drop_last {
+                IMAGES / 3
+            } else {
+                IMAGES.div_ceil(3)
+            };
+            assert_eq!(dataset.len(), share);
+            let mut loader = Loader::builder(dataset, recipe())
+                .batch_size(5)
+                .workers(2)
+                .build()
+                .unwrap();
+            assert_eq!(loader.len(), share.div_ceil(5));
+            assert_eq!(loader.classes().unwrap(), ["a", "b", "c"]);
+            for e in 0..2 {
+                let (items, sizes) = epoch(&mut loader);
+                assert_eq!(items.len(), share, "rank {rank}, epoch {e}");
+                assert_eq!(sizes.len(), share.div_ceil(5));
+                assert!(
+                    sizes[..sizes.len() - 1].iter().all(|&n| n == 5),
+                    "{sizes:?}"
+                );
+                for (p, label) in &items {
+                    let class = Path::new(p).parent().unwrap().file_name().unwrap();
+                    let want = ["a", "b", "c"].iter().position(|c| *c == class).unwrap();
+                    assert_eq!(*label, Some(want as i64), "{p}");
+                }
+                if e == 0 {
+                    all.extend(items);
+                }
+            }
+        }
+        let c = counts(&all);
+        let delivered: usize = c.values().sum();
+        if drop_last {
+            assert_eq!(c.len(), IMAGES - IMAGES % 3, "one item dropped per epoch");
+            assert!(c.values().all(|&n| n == 1), "none twice");
+        } else {
+            assert_eq!(c.len(), IMAGES, "every item");
+            assert_eq!(
+                delivered - IMAGES,
+                3 - IMAGES % 3,
+                "only the padding repeats"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_state_resumes_exactly_and_merged_states_resume_at_another_world_size() {
+    let d = data();
+    let build = |rank: usize, world: usize| {
+        let dataset = Dataset::builder(Source::files(d.paths.clone()))
+            .shuffle(3)
+            .ranks_from(Ranks::Fixed { rank, world })
+            .build()
+            .unwrap();
+        Loader::builder(dataset, recipe())
+            .batch_size(4)
+            .build()
+            .unwrap()
+    };
+    // One process: 3 batches, a state, a new loader delivers exactly the rest.
+    let mut first = build(0, 1);
+    let mut taken = Vec::new();
+    let state = {
+        let mut e = first.epoch().unwrap();
+        for _ in 0..3 {
+            let b = e.next().unwrap().unwrap();
+            taken.extend(b.items.iter().map(|m| m.index));
+        }
+        e.state().unwrap()
+    };
+    drop(first);
+    let json = serde_json::to_string(&state).unwrap();
+    let state: PipelineState = serde_json::from_str(&json).unwrap();
+    let mut second = build(0, 1);
+    second.resume(&state).unwrap();
+    let (rest, _) = epoch(&mut second);
+    assert_eq!(taken.len() + rest.len(), IMAGES);
+    let mut all: Vec<String> = rest.into_iter().map(|(p, _)| p).collect();
+    all.extend(taken.iter().map(|&i| d.paths[i].display().to_string()));
+    assert_eq!(
+        counts(&all.iter().map(|p| (p.clone(), None)).collect::<Vec<_>>()).len(),
+        IMAGES
+    );
+    // The next epoch follows.
+    let (next, _) = epoch(&mut second);
+    assert_eq!(next.len(), IMAGES);
+
+    // Three ranks take 2 batches each; their merged state resumes at two ranks.
+    let mut before = Vec::new();
+    let mut states = Vec::new();
+    for rank in 0..3 {
+        let mut l = build(rank, 3);
+        let mut e = l.epoch().unwrap();
+        for _ in 0..2 {
+            let b = e.next().unwrap().unwrap();
+            before.extend(
+                b.items
+                    .iter()
+                    .map(|m| d.paths[m.index].display().to_string()),
+            );
+        }
+        states.push(e.state().unwrap());
+    }
+    let merged = PipelineState::merge(&states).unwrap();
+    let mut after = Vec::new();
+    for rank in 0..2 {
+        let mut l = build(rank, 2);
+        l.resume(&merged).unwrap();
+        after.extend(epoch(&mut l).0.into_iter().map(|(p, _)| p));
+    }
+    let all: Vec<(String, Option<i64>)> =
+        before.into_iter().chain(after).map(|p| (p, None)).collect();
+    let c = counts(&all);
+    assert_eq!(c.len(), IMAGES, "every item of the epoch");
+    let repeats: usize = c.values().map(|n| n - 1).sum();
+    // Padding: at most world - 1 positions per world (3, then 2).
+    assert!(repeats <= 2 + 1, "{repeats} repeated items");
+}
+
+#[test]
+fn a_mixture_draws_by_weight_and_keeps_each_sources_labels() {
+    let d = data();
+    let mix = |stop: MixStop| {
+        Source::mix(
+            [
+                Source::shards(d.shards.clone()).labels(Labels::Field("CLS".into())),
+                Source::parquet([&d.parquet], "image").labels(Labels::Field("label".into())),
+            ],
+            [3.0, 1.0],
+        )
+        .stop(stop)
+    };
+    let dataset = Dataset::builder(mix(MixStop::Draws(400)))
+        .shuffle(5)
+        .build()
+        .unwrap();
+    let mut loader = Loader::builder(dataset, recipe())
+        .batch_size(16)
+        .build()
+        .unwrap();
+    let (items, _) = epoch(&mut loader);
+    assert_eq!(items.len(), 400);
+    let from_parquet = items.iter().filter(|(_, l)| l.unwrap() >= 1000).count();
+    // 100 expected; a binomial's sd is ~8.7.
+    assert!(
+        (65..=135).contains(&from_parquet),
+        "{from_parquet} of 400 from Parquet"
+    );
+    for (name, label) in &items {
+        let label = label.unwrap();
+        if name.contains(".tar:") {
+            // SHARD:KEY, KEY = the image's index (write_shards names samples by index).
+            let key: usize = name.rsplit(':').next().unwrap().parse().unwrap();
+            assert_eq!(label, key as i64, "{name}");
+        } else {
+            assert!(label >= 1000, "{name}: {label}");
+        }
+    }
+    // Until the first source runs out: no item twice.
+    let dataset = Dataset::builder(mix(MixStop::FirstExhausted))
+        .shuffle(5)
+        .build()
+        .unwrap();
+    let mut loader = Loader::builder(dataset, recipe())
+        .batch_size(7)
+        .build()
+        .unwrap();
+    let (items, _) = epoch(&mut loader);
+    assert!(counts(&items).values().all(|&n| n == 1));
+    // Sources of which only some have labels are refused; so is a mixture of S3 shards.
+    let half = Source::mix(
+        [
+            Source::shards(d.shards.clone()),
+            Source::parquet([&d.parquet], "image").labels(Labels::Field("label".into())),
+        ],
+        [1.0, 1.0],
+    );
+    let e = Dataset::builder(half).build().unwrap_err();
+    assert!(e.to_string().contains("label field, or none"), "{e}");
+    // Each Parquet source has its own row-group cache: the budget reserves their sum.
+    let one = Dataset::builder(Source::parquet([&d.parquet], "image"))
+        .build()
+        .unwrap()
+        .reserved_bytes();
+    let two = Dataset::builder(Source::mix(
+        [
+            Source::parquet([&d.parquet], "image"),
+            Source::parquet([&d.parquet], "image"),
+        ],
+        [1.0, 1.0],
+    ))
+    .build()
+    .unwrap()
+    .reserved_bytes();
+    assert!(one > 0);
+    assert_eq!(two, 2 * one);
+}
+
+#[test]
+fn a_bad_file_is_skipped_counted_and_named_or_fatal_when_asked() {
+    let d = data();
+    let bad = d.dir.join("bad.jpg");
+    std::fs::write(&bad, b"not a jpeg at all").unwrap();
+    let mut paths = d.paths[..20].to_vec();
+    paths.insert(7, bad.clone());
+    let build = |budget: FailureBudget| {
+        let dataset = Dataset::builder(Source::files(paths.clone()))
+            .build()
+            .unwrap();
+        Loader::builder(dataset, recipe())
+            .batch_size(6)
+            .max_failures(budget)
+            .build()
+            .unwrap()
+    };
+    let mut skip = build(FailureBudget::unlimited());
+    let (items, _) = epoch(&mut skip);
+    assert_eq!(items.len(), 20);
+    assert_eq!(skip.stats().failures, 1);
+    let failures = skip.watch().failures(Some(0));
+    assert_eq!(failures.len(), 1);
+    assert_eq!(failures[0].item, bad.display().to_string());
+    assert_eq!(failures[0].stage, "decode");
+
+    let mut strict = build(FailureBudget::fail_fast());
+    let err = strict
+        .epoch()
+        .unwrap()
+        .find_map(Result::err)
+        .expect("the bad file ends the epoch");
+    assert!(err.is_failure_budget(), "{err}");
+    assert_eq!(err.item(), Some(bad.display().to_string().as_str()));
+    // The next epoch starts afresh at epoch 1.
+    assert_eq!(strict.next_epoch(), 1);
+}
+
+#[test]
+fn labels_and_fields_travel_to_the_device() {
+    let d = data();
+    let dataset =
+        Dataset::builder(Source::shards(d.shards.clone()).labels(Labels::Field("cls".into())))
+            .build()
+            .unwrap();
+    let device = Device::simulated(25e9, std::time::Duration::from_micros(5));
+    let mut loader = Loader::builder(dataset, recipe())
+        .batch_size(8)
+        .device(device)
+        .build()
+        .unwrap();
+    let mut n = 0;
+    for b in loader.epoch().unwrap() {
+        let b = b.unwrap();
+        assert!(matches!(b.fields[0], Delivered::Device(_)));
+        let labels = b.labels.expect("labels");
+        assert!(matches!(labels, Delivered::Device(_)));
+        let host = labels.into_host().unwrap();
+        let values: Vec<i64> = host
+            .bytes()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(
+            Some(values),
+            b.items.iter().map(|m| m.label).collect::<Option<Vec<_>>>()
+        );
+        n += b.items.len();
+    }
+    assert_eq!(n, IMAGES);
+    assert!(loader.sim_log().unwrap().records().len() >= 2 * IMAGES.div_ceil(8));
+}
