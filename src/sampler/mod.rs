@@ -461,7 +461,9 @@ fn buffered<T: Copy>(items: &[T], window: usize, rng: &mut Rng) -> Vec<T> {
         return items.to_vec();
     }
     let mut out = Vec::with_capacity(items.len());
-    let mut buf: Vec<T> = Vec::with_capacity(window);
+    // A window larger than the items never fills: hold no more than the items (a window of
+    // 10^13 is a valid setting, not an allocation).
+    let mut buf: Vec<T> = Vec::with_capacity(window.min(items.len()));
     for &x in items {
         buf.push(x);
         if buf.len() == window {

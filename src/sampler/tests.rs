@@ -320,3 +320,15 @@ fn weighted_draws_are_sharded_too() {
         "rank r holds positions r, r+4, ..."
     );
 }
+
+#[test]
+fn a_shuffle_buffer_far_larger_than_the_dataset_allocates_only_the_dataset() {
+    // 10^13 samples is a setting a user may write (a "buffer everything" bound); it used to
+    // reserve that many slots and abort the process.
+    let s = Sampler::new(10)
+        .groups(&[4, 6])
+        .unwrap()
+        .shuffle(3)
+        .buffer(10_000_000_000_000);
+    assert_eq!(sorted(s.epoch(0)), (0..10).collect::<Vec<_>>());
+}

@@ -96,8 +96,14 @@ impl TarError {
 impl Member {
     /// The offset just past its data and padding: where the next header starts.
     pub fn end(&self) -> u64 {
-        self.offset + self.size.div_ceil(BLOCK) * BLOCK
+        self.offset.saturating_add(padded(self.size))
     }
+}
+
+/// `size` rounded up to whole blocks; saturating, so a header's size near 2^64 (base-256
+/// allows it) reads as "past the end of any archive" instead of overflowing.
+fn padded(size: u64) -> u64 {
+    size.div_ceil(BLOCK).saturating_mul(BLOCK)
 }
 
 /// What the reader reads from: a stream it can skip forward in. Files seek (and know their
@@ -343,7 +349,7 @@ impl<I: Input> Walker<I> {
     }
 
     fn skip_data(&mut self, size: u64, at: u64, name: &str) -> Result<(), TarError> {
-        let padded = size.div_ceil(BLOCK) * BLOCK;
+        let padded = padded(size);
         self.skip_exact(size, at, Some(name), &|| {
             format!("member {name:?} declares {size} bytes, the archive ends before")
         })?;
@@ -353,7 +359,7 @@ impl<I: Input> Walker<I> {
     }
 
     fn skip_padding(&mut self, size: u64, at: u64) -> Result<(), TarError> {
-        let pad = size.div_ceil(BLOCK) * BLOCK - size;
+        let pad = padded(size) - size;
         self.skip_exact(pad, at, None, &|| {
             "the padding of a long-name or pax header".into()
         })
@@ -570,6 +576,19 @@ mod tests {
             assert!(matches!(e, TarError::Truncated { .. }), "{e}");
             // Empty input: no members, no error (the shard layer reports an empty shard).
             assert!(walk_all(&[], seekable).unwrap().is_empty());
+        }
+        // A directory entry whose base-256 size is near 2^64: an error, not an overflow.
+        let mut huge = a.clone();
+        huge[156] = b'5';
+        huge[124..136].copy_from_slice(&[
+            0x80, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xf0,
+        ]);
+        huge[148..156].fill(b' ');
+        let sum: u64 = huge[..512].iter().map(|&x| x as u64).sum();
+        huge[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        for seekable in [false, true] {
+            let e = walk_all(&huge, seekable).unwrap_err();
+            assert!(matches!(e, TarError::Truncated { .. }), "{e}");
         }
         // Over the member limit: refused before anything is read.
         let mut w = Walker::new(Forward(&a[..]), 999);
