@@ -13,6 +13,8 @@ use flowgate::media::synth::{write_dataset, DatasetSpec};
 use flowgate::media::Recipe;
 use flowgate::Loader;
 
+mod common;
+
 const CAP: f64 = 30.0;
 const RATE: usize = 16_000;
 
@@ -145,15 +147,7 @@ fn length_batches_cover_each_clip_under_the_cap_and_resume_exactly() {
     // delivers exactly the rest.
     let good = clips();
     let mut first = loader(&good, 0, 1);
-    let mut taken = Vec::new();
-    let state = {
-        let mut e = first.epoch().unwrap();
-        for _ in 0..3 {
-            let b = e.next().unwrap().unwrap();
-            taken.extend(b.items.iter().map(|m| m.index));
-        }
-        e.state().unwrap()
-    };
+    let (taken, state) = common::take_then_save(&mut first, 3);
     drop(first);
     let mut second = loader(&good, 0, 1);
     second.resume(&state).unwrap();

@@ -14,6 +14,8 @@ use flowgate::media::{image::ImageRecipe, Recipe};
 use flowgate::sampler::MixStop;
 use flowgate::{FailureBudget, Loader, PipelineState};
 
+mod common;
+
 /// Images per test set: a prime, so no rank count or batch size divides it.
 const IMAGES: usize = 37;
 
@@ -175,15 +177,7 @@ fn a_state_resumes_exactly_and_merged_states_resume_at_another_world_size() {
     };
     // One process: 3 batches, a state, a new loader delivers exactly the rest.
     let mut first = build(0, 1);
-    let mut taken = Vec::new();
-    let state = {
-        let mut e = first.epoch().unwrap();
-        for _ in 0..3 {
-            let b = e.next().unwrap().unwrap();
-            taken.extend(b.items.iter().map(|m| m.index));
-        }
-        e.state().unwrap()
-    };
+    let (taken, state) = common::take_then_save(&mut first, 3);
     drop(first);
     let json = serde_json::to_string(&state).unwrap();
     let state: PipelineState = serde_json::from_str(&json).unwrap();

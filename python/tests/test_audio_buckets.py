@@ -48,24 +48,6 @@ def test_batches_by_length_cover_each_clip_once_under_the_cap(clips):
     assert len({len(b) for b in first}) > 1
 
 
-def test_ranks_get_equal_counts_and_a_checkpoint_resumes_exactly(clips):
-    args = dict(max_batch_seconds=CAP, buckets=6, return_paths=True, seed=2, workers=1)
-    counts = [len(epoch(flowgate.AudioLoader(clips, rank=r, world_size=2, **args)))
-              for r in range(2)]
-    assert counts[0] == counts[1]
-
-    full = epoch(flowgate.AudioLoader(clips, **args))
-    loader = flowgate.AudioLoader(clips, **args)
-    it = iter(loader)
-    head = [tuple(next(it)[2]) for _ in range(2)]
-    state = loader.state_dict()
-    del it
-    resumed = flowgate.AudioLoader(clips, **args)
-    resumed.load_state_dict(state)
-    rest = epoch(resumed)
-    assert Counter(head + rest) == Counter(full)
-
-
 def test_a_bad_clip_is_left_out_and_named(clips, tmp_path):
     files = open(clips).read().split()
     bad = tmp_path / "bad.flac"

@@ -147,32 +147,6 @@ def test_break_releases_the_epochs_buffers(data):
     loader.close()
 
 
-def test_ranks_get_equal_batch_counts_by_default(data):
-    """An epoch that does not divide among the ranks is padded, as DistributedSampler does, so
-    DDP's collective steps never wait on a rank that ran out; drop_last drops instead."""
-    files = paths_of(data)[:33]
-    for drop_last, per_rank in [(False, 17), (True, 16)]:
-        got = []
-        for rank in range(2):
-            loader = flowgate.ImageLoader(files, rank=rank, world_size=2, batch_size=4,
-                                          drop_last=drop_last, crop=32, resize=32,
-                                          return_paths=True)
-            batches = [paths for _, paths in loader]
-            assert len(batches) == len(loader), (drop_last, rank)
-            got.append([p for b in batches for p in b])
-        assert [len(g) for g in got] == [per_rank - per_rank % 4 if drop_last else per_rank] * 2
-        if not drop_last:
-            assert set(got[0] + got[1]) == set(files), "every file, one repeated"
-    # The issue's case: 65 files, batches of 32 on 2 ranks (33 items each: 2 batches).
-    many = (paths_of(data) * 2)[:65]
-    counts = []
-    for rank in range(2):
-        loader = flowgate.ImageLoader(many, rank=rank, world_size=2, batch_size=32, crop=32,
-                                      resize=32)
-        counts.append((len(loader), sum(1 for _ in loader)))
-    assert counts == [(2, 2), (2, 2)], counts
-
-
 def test_arguments_are_checked_with_clear_errors(data, tmp_path):
     images = data / "images.txt"
     for kw, says in [(dict(batch_size=-1), "batch_size must be at least 1, not -1"),

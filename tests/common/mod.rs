@@ -68,3 +68,18 @@ pub(crate) fn peak_rss() -> u64 {
         .unwrap();
     kb * 1024
 }
+
+/// Starts `loader`'s next epoch, takes its first `n` batches and a state: the dataset
+/// positions delivered (in order) and the checkpoint after them (a preempted job's).
+pub(crate) fn take_then_save(
+    loader: &mut flowgate::Loader,
+    n: usize,
+) -> (Vec<usize>, flowgate::PipelineState) {
+    let mut taken = Vec::new();
+    let mut e = loader.epoch().unwrap();
+    for _ in 0..n {
+        let b = e.next().unwrap().unwrap();
+        taken.extend(b.items.iter().map(|m| m.index));
+    }
+    (taken, e.state().unwrap())
+}
