@@ -368,3 +368,30 @@ fn a_pipeline_file_batches_video_by_frames() {
     let e = PipelineSpec::parse(&window("train = true\n"), "w.toml").unwrap_err();
     assert!(e.to_string().contains("decode.stride"), "{e}");
 }
+
+/// `[batch] order`: the epoch's order by default, even with several workers and the tuner on
+/// (so a run repeats), `"completion"` on request, anything else an error naming the key.
+#[test]
+fn batches_come_in_the_files_order_by_default_and_the_order_key_is_checked() {
+    let list = dataset().join("images.txt");
+    let toml = |order: &str| {
+        format!(
+            "[source]\nkind = \"list\"\npath = \"{}\"\n[decode]\nkind = \"image\"\nresize = 48\ncrop = 48\nworkers = 2\n[batch]\nsize = 7\n{order}\n",
+            list.display()
+        )
+    };
+    let one_worker = batches(
+        &one_worker_file(&list, "kind = \"image\"\nresize = 48\ncrop = 48", 7, 1),
+        1,
+    );
+    assert_eq!(
+        batches(&toml(""), 1),
+        one_worker,
+        "two workers, the list's order"
+    );
+    let completion = batches(&toml("order = \"completion\""), 1);
+    assert_eq!(completion.len(), one_worker.len());
+    let e = PipelineSpec::parse(&toml("order = \"sideways\""), "o.toml").unwrap_err();
+    assert!(e.to_string().contains("order"), "{e}");
+    assert!(e.to_string().contains("o.toml:"), "{e}");
+}

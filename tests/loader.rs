@@ -378,3 +378,63 @@ fn labels_and_fields_travel_to_the_device() {
     assert_eq!(n, IMAGES);
     assert!(loader.sim_log().unwrap().records().len() >= 2 * IMAGES.div_ceil(8));
 }
+
+/// A large JPEG: slower to decode than its neighbours, so a completion-order pipeline would
+/// let them overtake it.
+fn slow_jpeg(shade: usize) -> Vec<u8> {
+    let (w, h) = (480, 360);
+    let pixels: Vec<u8> = (0..w * h * 3)
+        .map(|i| ((i * 31 + shade) % 251) as u8)
+        .collect();
+    let mut out = Vec::new();
+    jpeg_encoder::Encoder::new(&mut out, 95)
+        .encode(&pixels, w as u16, h as u16, jpeg_encoder::ColorType::Rgb)
+        .unwrap();
+    out
+}
+
+#[test]
+fn the_same_seed_gives_the_same_batches_in_the_same_order() {
+    let d = data();
+    // Every 4th image is slow to decode.
+    let dir = d.dir.join("uneven");
+    let mut paths = Vec::new();
+    for (i, p) in d.paths.iter().enumerate() {
+        let q = dir.join(p.file_name().unwrap());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(&q, if i % 4 == 0 { slow_jpeg(i) } else { jpeg(i) }).unwrap();
+        paths.push(q);
+    }
+    let run = |seed: Option<u64>| {
+        let dataset = Dataset::builder(Source::files(paths.clone()))
+            .shuffle_seed(seed)
+            .build()
+            .unwrap();
+        let mut l = Loader::builder(dataset, recipe())
+            .batch_size(5)
+            .workers(2)
+            .build()
+            .unwrap();
+        let mut out = Vec::new();
+        for _ in 0..2 {
+            for b in l.epoch().unwrap() {
+                let b = b.unwrap();
+                let pixels = match &b.fields[0] {
+                    Delivered::Host(t) => t.bytes().to_vec(),
+                    Delivered::Device(_) => unreachable!("no device"),
+                };
+                out.push((b.items.iter().map(|m| m.index).collect::<Vec<_>>(), pixels));
+            }
+        }
+        out
+    };
+    let (a, b) = (run(Some(9)), run(Some(9)));
+    assert_eq!(
+        a, b,
+        "the same batches, in the same order, epoch after epoch"
+    );
+    assert_ne!(a[..8], a[8..], "a new order in the next epoch");
+    // No shuffle: the dataset's own order.
+    let plain: Vec<usize> = run(None)[..8].iter().flat_map(|(i, _)| i.clone()).collect();
+    assert_eq!(plain, (0..IMAGES).collect::<Vec<_>>());
+}

@@ -364,7 +364,11 @@ class ImageLoader(_Loader):
     rank gets as many items (an epoch that does not divide is padded by repeating the start
     of its order, as ``DistributedSampler`` does). ``drop_last``: drop the remainder instead,
     and no partial last batch. ``workers``: pin the decode
-    concurrency (default: the tuner decides). ``skip_errors``: skip and count unreadable
+    concurrency (default: the tuner decides). ``order``: ``"input"`` (default) batches items in
+    the epoch's order, so the same ``seed`` gives the same batches in the same order on every
+    run (``shuffle=False``: the dataset's order); ``"completion"`` batches them as they finish
+    decoding (a slow file no longer holds the others back; runs are not repeatable).
+    ``skip_errors``: skip and count unreadable
     files (default) instead of raising :class:`LoaderError`. ``memory_mb``: the most the
     loader may hold — files in work, decoded items, batches waiting — in MiB (default: half
     the available memory); :meth:`stats` shows what each stage holds against it.
@@ -430,6 +434,7 @@ class ImageLoader(_Loader):
         world_size: Optional[int] = None,
         drop_last: bool = False,
         workers: Optional[int] = None,
+        order: str = "input",
         skip_errors: bool = True,
         labels: Labels = None,
         return_paths: bool = False,
@@ -483,6 +488,7 @@ class AudioLoader(_Loader):
         world_size: Optional[int] = None,
         drop_last: bool = False,
         workers: Optional[int] = None,
+        order: str = "input",
         skip_errors: bool = True,
         labels: Labels = None,
         return_paths: bool = False,
@@ -563,6 +569,7 @@ class VideoLoader(_Loader):
         world_size: Optional[int] = None,
         drop_last: bool = False,
         workers: Optional[int] = None,
+        order: str = "input",
         skip_errors: bool = True,
         labels: Labels = None,
         return_paths: bool = False,
@@ -634,7 +641,7 @@ def _paths(paths: PathsLike) -> Any:
 
 
 _OPTIONS = ("batch_size", "shuffle", "seed", "rank", "world_size", "drop_last", "workers",
-            "skip_errors", "return_paths", "memory_mb", "device", "device_memory_mb")
+            "order", "skip_errors", "return_paths", "memory_mb", "device", "device_memory_mb")
 
 
 def _options(args: Dict[str, Any]) -> Any:

@@ -66,7 +66,8 @@ class Options:
     """The arguments every loader shares."""
     def __init__(self, batch_size: int = ..., shuffle: bool = ..., seed: int = ...,
                  rank: Optional[int] = ..., world_size: Optional[int] = ...,
-                 drop_last: bool = ..., workers: Optional[int] = ..., skip_errors: bool = ...,
+                 drop_last: bool = ..., workers: Optional[int] = ..., order: str = ...,
+                 skip_errors: bool = ...,
                  labels: Any = ..., return_paths: bool = ...,
                  memory_mb: Optional[float] = ..., device: str = ...,
                  device_memory_mb: Optional[float] = ...) -> None: ...

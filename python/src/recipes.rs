@@ -7,7 +7,7 @@ use flowgate::loader::LoaderBuilder;
 use flowgate::media::audio::AudioRecipe;
 use flowgate::media::image::{ImageRecipe, Layout, Normalize, RandomCrop};
 use flowgate::media::{Recipe, RecipeError};
-use flowgate::FailureBudget;
+use flowgate::{FailureBudget, Order};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -26,6 +26,7 @@ pub(crate) struct Options {
     world_size: Option<usize>,
     drop_last: bool,
     workers: Option<usize>,
+    order: Order,
     skip_errors: bool,
     labels: Option<Py<PyAny>>,
     return_paths: bool,
@@ -38,7 +39,7 @@ pub(crate) struct Options {
 impl Options {
     #[new]
     #[pyo3(signature = (batch_size=32, shuffle=true, seed=0, rank=None, world_size=None,
-        drop_last=false, workers=None, skip_errors=true, labels=None, return_paths=false,
+        drop_last=false, workers=None, order="input".to_owned(), skip_errors=true, labels=None, return_paths=false,
         memory_mb=None, device="cpu".to_owned(), device_memory_mb=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -49,6 +50,7 @@ impl Options {
         world_size: Option<usize>,
         drop_last: bool,
         workers: Option<usize>,
+        order: String,
         skip_errors: bool,
         labels: Option<Py<PyAny>>,
         return_paths: bool,
@@ -66,6 +68,11 @@ impl Options {
                 )));
             }
         }
+        let order = choice(
+            "order",
+            &order,
+            &[("input", Order::Input), ("completion", Order::Completion)],
+        )?;
         Ok(Self {
             batch_size,
             shuffle,
@@ -74,6 +81,7 @@ impl Options {
             world_size,
             drop_last,
             workers,
+            order,
             skip_errors,
             labels,
             return_paths,
@@ -117,6 +125,7 @@ impl Options {
         let mut b = flowgate::Loader::builder(dataset, recipe)
             .batch_size(self.batch_size)
             .drop_last(self.drop_last)
+            .order(self.order)
             .max_failures(if self.skip_errors {
                 FailureBudget::unlimited()
             } else {

@@ -215,7 +215,11 @@ impl PipelineSpec {
         let items = dataset.len();
         let mut b = crate::Loader::builder(dataset, recipe)
             .batch_size(self.batch.size)
-            .drop_last(self.batch.drop_last);
+            .drop_last(self.batch.drop_last)
+            .order(match self.batch.order {
+                OrderName::Input => crate::Order::Input,
+                OrderName::Completion => crate::Order::Completion,
+            });
         if let Some(cap) = self.length_cap() {
             b = b.length_batches(cap, self.batch.buckets);
         }

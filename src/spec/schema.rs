@@ -330,6 +330,21 @@ pub struct BatchSpec {
     /// quantiles).
     #[serde(default = "default_buckets")]
     pub buckets: usize,
+    /// The order items are batched in: `"input"` (default: the epoch's order, so a seed gives
+    /// the same batches on every run) or `"completion"` (as they finish decoding).
+    #[serde(default)]
+    pub order: OrderName,
+}
+
+/// The order items are batched in (see `flowgate::loader::LoaderBuilder::order`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OrderName {
+    /// The epoch's order: repeatable.
+    #[default]
+    Input,
+    /// As items finish decoding.
+    Completion,
 }
 
 fn default_buckets() -> usize {
@@ -348,6 +363,7 @@ impl Default for BatchSpec {
             max_seconds: None,
             max_frames: None,
             buckets: default_buckets(),
+            order: OrderName::default(),
         }
     }
 }
