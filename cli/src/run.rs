@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::io::{IsTerminal, Write as _};
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use flowgate::spec::PipelineSpec;
@@ -14,16 +14,40 @@ use crate::view;
 
 type Error = Box<dyn std::error::Error>;
 
-/// Set by Ctrl-C (SIGINT): the run stops after the batch in hand, prints its summary and
-/// exits 130.
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// The signals that stop a run like Ctrl-C: SIGINT, SIGTERM (what schedulers send before
+/// preemption) and SIGHUP (a closed terminal). The run stops after the batch in hand, prints
+/// its summary and JSON line, writes the rest of its trace, and exits 128 + the signal's
+/// number (130, 143, 129).
+const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
-extern "C" fn on_sigint(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-    // A second Ctrl-C ends the process at once.
+/// The stop signal received, or 0.
+static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(signal: libc::c_int) {
+    INTERRUPTED.store(signal, Ordering::SeqCst);
+    // A second one ends the process at once.
     // SAFETY: signal() is async-signal-safe.
     unsafe {
-        libc::signal(libc::SIGINT, libc::SIG_DFL);
+        libc::signal(signal, libc::SIG_DFL);
+    }
+}
+
+/// Installs `handler` for every stop signal.
+fn on_stop_signals(handler: libc::sighandler_t) {
+    for s in STOP_SIGNALS {
+        // SAFETY: the handler only stores an atomic and resets itself (or is SIG_DFL).
+        unsafe {
+            libc::signal(s, handler);
+        }
+    }
+}
+
+/// The name of a stop signal.
+fn signal_name(signal: libc::c_int) -> &'static str {
+    match signal {
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        _ => "SIGINT",
     }
 }
 
@@ -35,8 +59,8 @@ enum Ended {
     Failed(String),
     /// An epoch delivered nothing (every item failed, or there were none).
     Empty(u64),
-    /// Ctrl-C.
-    Interrupted,
+    /// Ctrl-C, SIGTERM or SIGHUP (the signal).
+    Interrupted(libc::c_int),
 }
 
 impl Ended {
@@ -45,14 +69,15 @@ impl Ended {
             Ended::Done => "ok",
             Ended::Failed(_) => "failed",
             Ended::Empty(_) => "empty",
-            Ended::Interrupted => "interrupted",
+            Ended::Interrupted(_) => "interrupted",
         }
     }
 }
 
 /// Runs a pipeline file: live view on stderr, summary and a JSON line on stdout. The exit
 /// code is 0 when every epoch ran, 1 when the pipeline failed (`run.max_failures` exceeded)
-/// or an epoch delivered nothing, 130 after Ctrl-C (the summary and JSON still print).
+/// or an epoch delivered nothing, 128 + the signal after Ctrl-C, SIGTERM or SIGHUP (130, 143,
+/// 129; the summary and JSON still print).
 pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitCode, Error> {
     let spec = PipelineSpec::load(file)?;
     if let Some(dir) = dump {
@@ -131,13 +156,7 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
         }
     );
     view::start(mode, spec.run.epochs, loader.items, policy);
-    // SAFETY: the handler only stores an atomic and resets itself.
-    unsafe {
-        libc::signal(
-            libc::SIGINT,
-            on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t,
-        );
-    }
+    on_stop_signals(on_stop_signal as extern "C" fn(libc::c_int) as libc::sighandler_t);
     let started = Instant::now(); // after the build (and any upload to a local S3 server)
     let step = Duration::from_secs_f64(spec.run.step_ms / 1000.0);
     let mut epochs = Vec::new();
@@ -157,9 +176,10 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
             break 'run;
         }
         loop {
-            if INTERRUPTED.load(Ordering::SeqCst) {
+            let signal = INTERRUPTED.load(Ordering::SeqCst);
+            if signal != 0 {
                 epochs.push((items, t0.elapsed().as_secs_f64()));
-                ended = Ended::Interrupted;
+                ended = Ended::Interrupted(signal);
                 break 'run;
             }
             let batch = match loader.loader.next_within(Duration::from_millis(100)) {
@@ -205,10 +225,8 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
     let total = started.elapsed().as_secs_f64();
     let stats = loader.loader.stats();
     let groups = view::finish();
-    // SAFETY: as above; back to the default for the rest of the process.
-    unsafe {
-        libc::signal(libc::SIGINT, libc::SIG_DFL);
-    }
+    // Back to the default for the rest of the process.
+    on_stop_signals(libc::SIG_DFL);
     drop(loader.loader);
     print!("{}", summary(&stats, &epochs, &groups));
     if let Some(c) = loader.cache.as_ref().map(|c| c.stats()) {
@@ -233,7 +251,7 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
                 .last()
                 .map_or_else(String::new, |f| format!("; last: {f}"))
         )),
-        Ended::Interrupted => Some("interrupted".to_owned()),
+        Ended::Interrupted(s) => Some(format!("interrupted ({})", signal_name(*s))),
     };
     println!(
         "{}",
@@ -254,9 +272,9 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
     let _ = std::io::stdout().flush();
     Ok(match ended {
         Ended::Done => ExitCode::SUCCESS,
-        Ended::Interrupted => {
-            eprintln!("flowgate: interrupted");
-            ExitCode::from(130)
+        Ended::Interrupted(s) => {
+            eprintln!("flowgate: interrupted ({})", signal_name(s));
+            ExitCode::from(128 + s as u8)
         }
         Ended::Failed(_) | Ended::Empty(_) => {
             eprintln!("flowgate: {}", error.unwrap_or_default());

@@ -118,37 +118,52 @@ fn exit_codes_say_whether_the_run_delivered() {
     }
 }
 
+/// Ctrl-C, SIGTERM (what a scheduler sends before preemption) and SIGHUP stop a run the same
+/// way: after the batch in hand, with the summary, the JSON line and exit 128 + the signal.
 #[test]
-fn ctrl_c_stops_with_a_summary_and_exit_130() {
+fn ctrl_c_sigterm_and_sighup_stop_with_a_summary_and_128_plus_the_signal() {
     let dir = scratch("ctrl-c");
     let list: Vec<String> = images().iter().map(|p| p.display().to_string()).collect();
     std::fs::write(dir.join("list.txt"), list.join("\n")).unwrap();
     let file = pipeline(&dir, "list.txt", "[run]\nepochs = 1000\nstep_ms = 20\n");
-    let child = flowgate()
-        .args(["run", "--quiet"])
-        .arg(file)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_secs(3));
-    // SAFETY: kill() on our own child.
-    unsafe {
-        libc::kill(child.id() as libc::pid_t, libc::SIGINT);
+    for (signal, code, name) in [
+        (libc::SIGINT, 130, "SIGINT"),
+        (libc::SIGTERM, 143, "SIGTERM"),
+        (libc::SIGHUP, 129, "SIGHUP"),
+    ] {
+        let child = flowgate()
+            .args(["run", "--quiet"])
+            .arg(&file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_secs(3));
+        // SAFETY: kill() on our own child.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, signal);
+        }
+        let t0 = Instant::now();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{name}: stopped promptly"
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let j = json(&out);
+        assert_eq!(j["status"], "interrupted", "{name}");
+        assert!(j["error"].as_str().unwrap().contains(name), "{name}: {j}");
+        assert!(j["items"].as_u64().unwrap() > 0, "{name}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("delivered"),
+            "{name}"
+        );
     }
-    let t0 = Instant::now();
-    let out = child.wait_with_output().unwrap();
-    assert!(t0.elapsed() < Duration::from_secs(5), "stopped promptly");
-    assert_eq!(
-        out.status.code(),
-        Some(130),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j = json(&out);
-    assert_eq!(j["status"], "interrupted");
-    assert!(j["items"].as_u64().unwrap() > 0);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("delivered"));
 }
 
 #[test]
