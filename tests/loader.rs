@@ -438,3 +438,38 @@ fn the_same_seed_gives_the_same_batches_in_the_same_order() {
     let plain: Vec<usize> = run(None)[..8].iter().flat_map(|(i, _)| i.clone()).collect();
     assert_eq!(plain, (0..IMAGES).collect::<Vec<_>>());
 }
+
+#[test]
+fn an_epoch_in_which_every_item_fails_is_an_error_not_an_empty_epoch() {
+    let d = data();
+    // A label field no sample has: every sample fails for the same reason.
+    let dataset =
+        Dataset::builder(Source::shards(d.shards.clone()).labels(Labels::Field("cat".into())))
+            .build()
+            .unwrap();
+    let mut loader = Loader::builder(dataset, recipe())
+        .batch_size(8)
+        .build()
+        .unwrap();
+    for epoch in 0..2 {
+        let results: Vec<_> = loader.epoch().unwrap().collect();
+        assert_eq!(results.len(), 1, "epoch {epoch}: one error, no batch");
+        let e = results.into_iter().next().unwrap().unwrap_err();
+        assert!(e.is_nothing_delivered(), "{e}");
+        assert!(
+            e.to_string()
+                .contains(&format!("epoch {epoch} delivered nothing")),
+            "{e}"
+        );
+        assert!(e.to_string().contains("no field cat"), "{e}");
+    }
+    // One good item is enough for an epoch to be an epoch.
+    let bad = d.dir.join("bad.jpg");
+    std::fs::write(&bad, b"not a jpeg at all").unwrap();
+    let dataset = Dataset::builder(Source::files([bad.clone(), d.paths[0].clone()]))
+        .build()
+        .unwrap();
+    let mut loader = Loader::builder(dataset, recipe()).build().unwrap();
+    let got: Vec<_> = loader.epoch().unwrap().map(Result::unwrap).collect();
+    assert_eq!(got.len(), 1);
+}

@@ -137,6 +137,7 @@ enum Kind {
     Config(String),
     Io(String),
     FailureBudget { scope: String, failures: u64 },
+    NothingDelivered { epoch: u64, failures: u64 },
     Stopped,
     Runtime(String),
 }
@@ -202,6 +203,17 @@ impl PipelineError {
         }
     }
 
+    /// Epoch `epoch` delivered nothing because every one of its items failed (`failures` of
+    /// them; `last` the last one): a dataset no item of which can be read (a label field no
+    /// sample has, the wrong decoder) is an error, not an empty epoch.
+    pub fn nothing_delivered(epoch: u64, failures: u64, last: Option<ItemError>) -> Self {
+        Self {
+            kind: Kind::NothingDelivered { epoch, failures },
+            item: last,
+            cause: None,
+        }
+    }
+
     /// The pipeline was stopped before the epoch ended.
     pub fn stopped() -> Self {
         Self::of(Kind::Stopped)
@@ -230,6 +242,12 @@ impl PipelineError {
     /// Whether a failure budget (of a stage or of the pipeline) was exceeded.
     pub fn is_failure_budget(&self) -> bool {
         matches!(self.kind, Kind::FailureBudget { .. })
+    }
+
+    /// Whether an epoch delivered nothing because every item failed (see
+    /// [`nothing_delivered`](Self::nothing_delivered)).
+    pub fn is_nothing_delivered(&self) -> bool {
+        matches!(self.kind, Kind::NothingDelivered { .. })
     }
 
     /// Whether the pipeline was stopped (by `stop()` or a drop) before the epoch ended.
@@ -268,6 +286,15 @@ impl fmt::Display for PipelineError {
                 write!(
                     f,
                     "{scope} exceeded its failure budget after {failures} failed items"
+                )?;
+                if let Some(i) = &self.item {
+                    write!(f, "; last: {i}")?;
+                }
+            }
+            Kind::NothingDelivered { epoch, failures } => {
+                write!(
+                    f,
+                    "epoch {epoch} delivered nothing: every item failed ({failures} failed items)"
                 )?;
                 if let Some(i) = &self.item {
                     write!(f, "; last: {i}")?;

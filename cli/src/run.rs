@@ -185,6 +185,7 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
             let batch = match loader.loader.next_within(Duration::from_millis(100)) {
                 // The media: the first field (length-aware batches add the lengths).
                 Within::Next(Ok(mut b)) => b.fields.swap_remove(0),
+                Within::Next(Err(e)) if e.is_nothing_delivered() => break,
                 Within::Next(Err(e)) => {
                     epochs.push((items, t0.elapsed().as_secs_f64()));
                     ended = Ended::Failed(e.to_string());

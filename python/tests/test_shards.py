@@ -89,3 +89,11 @@ def test_damaged_shards_are_failures_naming_shard_and_key(data, tmp_path):
         flowgate.ImageLoader(flowgate.Shards(tmp_path / "none-{0..3}.tar"))
     with pytest.raises(ValueError, match="labels names the field"):
         flowgate.ImageLoader(flowgate.Shards(out), labels=[1, 2, 3])
+
+
+def test_a_label_field_no_sample_has_is_an_error_not_an_empty_epoch(data, tmp_path):
+    pattern = write_shards(paths_of(data), tmp_path / "shards")
+    loader = flowgate.ImageLoader(flowgate.Shards(pattern), labels="cat", **ARGS)
+    with pytest.raises(flowgate.LoaderError, match="delivered nothing.*no field cat"):
+        for _ in loader:
+            pass

@@ -32,12 +32,23 @@ struct Inner {
     kept: Mutex<VecDeque<SkippedFailure>>,
     /// The epoch started last: failures from now on are counted in it.
     epoch: AtomicU64,
+    /// Failures in that epoch, and the last one (stage, item, message).
+    count: AtomicU64,
+    last: Mutex<Option<crate::ItemError>>,
 }
 
 impl FailureLog {
     /// Failures from now on happened in `epoch`.
     pub(crate) fn set_epoch(&self, epoch: u64) {
         self.0.epoch.store(epoch, Ordering::Relaxed);
+        self.0.count.store(0, Ordering::Relaxed);
+        *self.0.last.lock().expect("failures") = None;
+    }
+
+    /// Failures since the epoch started, and the last one.
+    pub(crate) fn in_epoch(&self) -> (u64, Option<crate::ItemError>) {
+        let last = self.0.last.lock().expect("failures").clone();
+        (self.0.count.load(Ordering::Relaxed), last)
     }
 
     /// The epoch failures are counted in now.
@@ -46,6 +57,8 @@ impl FailureLog {
     }
 
     pub(crate) fn record(&self, e: &crate::ItemError) {
+        self.0.count.fetch_add(1, Ordering::Relaxed);
+        *self.0.last.lock().expect("failures") = Some(e.clone());
         let mut kept = self.0.kept.lock().expect("failures");
         if kept.len() == KEEP_FAILURES {
             kept.pop_front();

@@ -81,6 +81,8 @@ pub struct Loader {
     sim_log: Option<SimLog>,
     /// The statistics of the last pipeline closed (an epoch abandoned, or an error).
     last_stats: Option<PipelineStats>,
+    /// Batches delivered in the epoch being iterated.
+    delivered: usize,
 }
 
 impl std::fmt::Debug for Loader {
@@ -141,6 +143,7 @@ impl Loader {
             batches_per_epoch,
             sim_log,
             last_stats: None,
+            delivered: 0,
         }
     }
 
@@ -249,6 +252,7 @@ impl Loader {
         let epoch = self.pipeline()?.epoch();
         self.failures.set_epoch(epoch);
         self.in_epoch = true;
+        self.delivered = 0;
         Ok(epoch)
     }
 
@@ -273,7 +277,9 @@ impl Loader {
 
     /// The epoch's next batch, waiting at most `timeout`: [`Within::EpochEnd`] at its end (or
     /// when no epoch was started), [`Within::TimedOut`] if none came in time. After an error
-    /// the epoch is over (the pipeline is rebuilt for the next one).
+    /// the epoch is over (the pipeline is rebuilt for the next one). An epoch that ends
+    /// without a batch because every item failed ends with an error
+    /// ([`PipelineError::is_nothing_delivered`]), not empty.
     pub fn next_within(&mut self, timeout: Duration) -> Within<Batch> {
         if !self.in_epoch {
             return Within::EpochEnd;
@@ -289,7 +295,18 @@ impl Loader {
             }
             Within::EpochEnd => {
                 self.in_epoch = false;
+                let (failures, last) = self.failures.in_epoch();
+                if self.delivered == 0 && failures > 0 {
+                    let epoch = self.failures.epoch();
+                    return Within::Next(Err(PipelineError::nothing_delivered(
+                        epoch, failures, last,
+                    )));
+                }
                 Within::EpochEnd
+            }
+            Within::Next(Ok(b)) => {
+                self.delivered += 1;
+                Within::Next(Ok(b))
             }
             other => other,
         }
