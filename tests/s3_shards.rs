@@ -265,6 +265,17 @@ fn a_missing_shard_and_a_lying_manifest_fail_naming_the_shard() {
         err.contains("s3://data/train/shard-000003.tar: no such shard"),
         "{err}"
     );
+    // A manifest whose count no shard's bytes could hold: refused when opened, naming the
+    // shard (not an index of 10^13 places).
+    let json = r#"{"shardlist": [{"url": "shard-000000.tar", "nsamples": 10000000000000}]}"#;
+    put(&f.s3, "train/huge.json", json.as_bytes().to_vec());
+    let err = flowgate::dataset::shards::Shards::open_s3(&f.s3, "train/huge.json", &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("shard-000000.tar: the manifest says 10000000000000 samples"),
+        "{err}"
+    );
     // A manifest that claims 12 samples for a 10-sample shard: the two places past the end
     // fail naming the shard and the mismatch; the rest read.
     let json = r#"{"shardlist": [{"url": "shard-000000.tar", "nsamples": 12}]}"#;

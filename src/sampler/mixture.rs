@@ -59,6 +59,14 @@ impl Sampler {
                 return bad(format!("source {i} is empty but has weight {w}"));
             }
         }
+        if let MixStop::Draws(n) = stop {
+            if n > super::MAX_EPOCH_ITEMS {
+                return bad(format!(
+                    "{n} draws an epoch; at most {} (sampler::MAX_EPOCH_ITEMS)",
+                    super::MAX_EPOCH_ITEMS
+                ));
+            }
+        }
         if weights.iter().all(|&w| w == 0.0) {
             return bad("every weight is 0".into());
         }

@@ -24,6 +24,12 @@ pub use layout::Layout;
 pub use mixture::MixStop;
 use mixture::Mixture;
 
+/// The most items one epoch's order may hold: 2^32 (an order is materialised, 8 bytes an
+/// item: 32 GiB at this size). A number past it — a mixture's `draws`, a manifest's sample
+/// counts — is a typo or a lie, refused with an error naming it, not an allocation that
+/// aborts the process.
+pub const MAX_EPOCH_ITEMS: usize = 1 << 32;
+
 /// How shards of an epoch that does not divide evenly are made equal.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ShardLengths {

@@ -332,3 +332,11 @@ fn a_shuffle_buffer_far_larger_than_the_dataset_allocates_only_the_dataset() {
         .buffer(10_000_000_000_000);
     assert_eq!(sorted(s.epoch(0)), (0..10).collect::<Vec<_>>());
 }
+
+#[test]
+fn a_mixture_of_more_draws_than_an_epoch_may_hold_is_refused_by_name() {
+    let e =
+        Sampler::mixture(&[10, 10], &[1.0, 1.0], MixStop::Draws(MAX_EPOCH_ITEMS + 1)).unwrap_err();
+    assert!(e.to_string().contains("draws an epoch; at most"), "{e}");
+    assert!(Sampler::mixture(&[10, 10], &[1.0, 1.0], MixStop::Draws(1000)).is_ok());
+}

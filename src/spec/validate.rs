@@ -44,6 +44,10 @@ const MAX_CONCURRENCY: u64 = 1 << 16;
 const MAX_MB: f64 = (1u64 << 24) as f64;
 /// The longest time setting, in milliseconds: an hour.
 const MAX_MS: f64 = 3_600_000.0;
+/// The most epochs a run may ask for (the summary has a line per epoch).
+const MAX_EPOCHS: u64 = 1_000_000;
+/// The most shards fetched ahead of the readers (each is kept on disk until read).
+const MAX_PREFETCH: u64 = 1 << 10;
 
 impl PipelineSpec {
     /// Reads and checks a pipeline file. Relative paths in it (sources, caches, traces,
@@ -160,6 +164,57 @@ impl PipelineSpec {
         Ok(spec)
     }
 
+    /// The numbers of a source (and a mixture's sources) that size what is allocated or kept:
+    /// shuffle buffers, read-aheads, disk caches, draws.
+    fn check_source(
+        &self,
+        source: &SourceSpec,
+        table: &str,
+        err: &dyn Fn(&str, &str, String) -> SpecError,
+    ) -> Result<(), SpecError> {
+        let max_items = crate::sampler::MAX_EPOCH_ITEMS as u64;
+        let range = |v: u64, lo: u64, hi: u64| -> Option<String> {
+            (v < lo || v > hi).then(|| format!("must be in {lo}..={hi}, not {v}"))
+        };
+        match source {
+            SourceSpec::Tar {
+                buffer,
+                prefetch,
+                cache_mb,
+                ..
+            } => {
+                if let Some(m) = range(*buffer as u64, 0, max_items) {
+                    return Err(err(table, "buffer", m));
+                }
+                if let Some(m) = range(*prefetch as u64, 0, MAX_PREFETCH) {
+                    return Err(err(table, "prefetch", m));
+                }
+                if !(*cache_mb >= 0.0 && *cache_mb <= MAX_MB) {
+                    return Err(err(
+                        table,
+                        "cache_mb",
+                        format!("must be in 0..={MAX_MB}, not {cache_mb}"),
+                    ));
+                }
+            }
+            SourceSpec::Parquet { buffer, .. } => {
+                if let Some(m) = range(*buffer as u64, 0, max_items) {
+                    return Err(err(table, "buffer", m));
+                }
+            }
+            SourceSpec::Mix { sources, draws, .. } => {
+                if let Some(m) = draws.and_then(|d| range(d as u64, 1, max_items)) {
+                    return Err(err(table, "draws", m));
+                }
+                for s in sources {
+                    self.check_source(s, "source.sources", err)?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// The numbers no pipeline can run with.
     fn check(&self, text: &str, file: &str) -> Result<(), SpecError> {
         let err = |table: &str, key: &str, message: String| SpecError {
@@ -233,9 +288,10 @@ impl PipelineSpec {
                 ));
             }
         }
-        if self.run.epochs == 0 {
-            return Err(err("run", "epochs", "must be at least 1".into()));
+        if let Some(m) = range(self.run.epochs, 1, MAX_EPOCHS) {
+            return Err(err("run", "epochs", m));
         }
+        self.check_source(&self.source, "source", &err)?;
         if !(self.run.step_ms >= 0.0 && self.run.step_ms <= MAX_MS) {
             return Err(err("run", "step_ms", format!("must be in 0..={MAX_MS}")));
         }
@@ -643,5 +699,29 @@ size = 16
         assert_eq!(e.key, "run.step_ms", "{e}");
         let e = error(&format!("{GOOD}\n[tuner]\nmemory_mb = 1e30\n"));
         assert_eq!(e.key, "tuner.memory_mb", "{e}");
+    }
+
+    #[test]
+    fn numbers_that_size_buffers_caches_and_epochs_are_bounded() {
+        let tar = "[source]\nkind = \"tar\"\nshards = \"s-{0..3}.tar\"\n";
+        for (extra, key) in [
+            ("buffer = 10000000000000", "source.buffer"),
+            ("prefetch = 1000000", "source.prefetch"),
+            ("cache_mb = 1e30", "source.cache_mb"),
+            ("cache_mb = -1.0", "source.cache_mb"),
+        ] {
+            let e = error(&format!("{tar}{extra}\n[decode]\nkind = \"image\"\n"));
+            assert_eq!(e.key, key, "{e}");
+            assert!(e.to_string().contains("must be in"), "{e}");
+        }
+        let mix = "[source]\nkind = \"mix\"\nweights = [1.0]\ndraws = 10000000000000\n\
+                   [[source.sources]]\nkind = \"tar\"\nshards = \"s.tar\"\nprefetch = 5000\n\
+                   [decode]\nkind = \"image\"\n";
+        let e = error(mix);
+        assert_eq!(e.key, "source.draws", "{e}");
+        let e = error(&mix.replace("draws = 10000000000000", "draws = 10"));
+        assert_eq!(e.key, "source.sources.prefetch", "{e}");
+        let e = error(&format!("{GOOD}\n[run]\nepochs = 99999999999\n"));
+        assert_eq!(e.key, "run.epochs", "{e}");
     }
 }

@@ -2,10 +2,22 @@
 
 use crate::PipelineError;
 
+/// The most names a pattern may expand to: a million shards (LAION-5B is 231,000 shards of
+/// 10,000 samples). More is a typo (`{0..99999999999}`), refused before anything is
+/// allocated.
+pub const MAX_NAMES: u64 = 1 << 20;
+
+fn too_many(pattern: &str, n: u128) -> PipelineError {
+    PipelineError::config(format!(
+        "{pattern:?} names {n} paths; at most {MAX_NAMES} (shards::MAX_NAMES)"
+    ))
+}
+
 /// Expands shell-style brace ranges and lists: `shard-{000..002}.tar` → `shard-000.tar`,
 /// `shard-001.tar`, `shard-002.tar` (numbers keep the first bound's zero padding);
 /// `{a,b}.tar` → `a.tar`, `b.tar`. Several braces multiply. A pattern without braces is
-/// itself. An unclosed brace or a range whose end is below its start is an error.
+/// itself. An unclosed brace or a range whose end is below its start is an error, and so is
+/// a pattern of more than [`MAX_NAMES`] names.
 pub fn expand_braces(pattern: &str) -> Result<Vec<String>, PipelineError> {
     let Some(open) = pattern.find('{') else {
         return Ok(vec![pattern.to_owned()]);
@@ -31,12 +43,19 @@ pub fn expand_braces(pattern: &str) -> Result<Vec<String>, PipelineError> {
                 "{pattern:?}: the range {{{body}}} ends below its start"
             )));
         }
+        if hi - lo >= MAX_NAMES {
+            return Err(too_many(pattern, (hi - lo) as u128 + 1));
+        }
         let width = a.len();
         (lo..=hi).map(|i| format!("{i:0width$}")).collect()
     } else {
         body.split(',').map(str::to_owned).collect()
     };
     let rest = expand_braces(tail)?;
+    let n = choices.len() as u128 * rest.len() as u128;
+    if n > MAX_NAMES as u128 {
+        return Err(too_many(pattern, n));
+    }
     Ok(choices
         .iter()
         .flat_map(|c| rest.iter().map(move |r| format!("{head}{c}{r}")))
@@ -53,12 +72,18 @@ pub(super) fn expand_spec(spec: &str) -> Result<Vec<String>, PipelineError> {
             '}' => depth -= 1,
             ',' if depth == 0 => {
                 paths.extend(expand_braces(&spec[start..i])?);
+                if paths.len() as u64 > MAX_NAMES {
+                    return Err(too_many(spec, paths.len() as u128));
+                }
                 start = i + 1;
             }
             _ => {}
         }
     }
     paths.extend(expand_braces(&spec[start..])?);
+    if paths.len() as u64 > MAX_NAMES {
+        return Err(too_many(spec, paths.len() as u128));
+    }
     paths.retain(|p| !p.is_empty());
     Ok(paths)
 }
@@ -81,5 +106,17 @@ mod tests {
         assert!(expand_braces("x-{3..1}").is_err());
         assert!(expand_braces("x-{1..").is_err());
         assert!(expand_braces("x-{a..b}").is_err());
+        // A typo's range, or ranges that multiply past the bound: errors naming the count,
+        // before anything is allocated.
+        let e = expand_braces("s-{0..99999999999}.tar").unwrap_err();
+        assert!(e.to_string().contains("100000000000 paths"), "{e}");
+        let e = expand_braces("{0..1023}/{0..1024}").unwrap_err();
+        assert!(e.to_string().contains("1049600 paths"), "{e}");
+        assert_eq!(expand_braces("{0..1023}/{0..1023}").unwrap().len(), 1 << 20);
+        let many = vec!["a{0..999999}"; 2].join(",");
+        assert!(expand_spec(&many)
+            .unwrap_err()
+            .to_string()
+            .contains("2000000 paths"));
     }
 }

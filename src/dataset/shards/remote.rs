@@ -139,6 +139,20 @@ impl Shards {
                 o.ok_or_else(|| PipelineError::config(format!("s3://{bucket}/{k}: no such shard")))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        if let Some(counts) = &counts {
+            // A sample is at least one 512-byte tar header: a manifest that claims more than
+            // a shard's bytes can hold lies, and would size the index by its lie.
+            for ((o, k), &n) in objects.iter().zip(&keys).zip(counts) {
+                if n as u64 > o.size / 512 {
+                    return Err(PipelineError::config(format!(
+                        "s3://{bucket}/{k}: the manifest says {n} samples; its {} bytes hold \
+                         at most {}",
+                        o.size,
+                        o.size / 512
+                    )));
+                }
+            }
+        }
         let cache = ShardCache::new(
             s3.clone(),
             objects,
