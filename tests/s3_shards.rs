@@ -242,6 +242,11 @@ fn a_shard_cut_off_mid_stream_is_continued_with_a_ranged_get() {
         c.ranged.load(Ordering::Relaxed) > 0,
         "cut-off shards continued by range"
     );
+    assert_eq!(
+        c.ranged_if_match.load(Ordering::Relaxed),
+        c.ranged.load(Ordering::Relaxed),
+        "every continuation pinned to the version it continues (If-Match)"
+    );
     assert!(s3.stats().resumed > 0);
 }
 
@@ -367,5 +372,89 @@ fn the_tuner_deepens_the_shard_read_ahead_when_readers_wait() {
     assert!(
         gets.values().all(|&n| n == 1) && gets.len() == 24,
         "{gets:?}"
+    );
+}
+
+/// A shard whose download failed is not lost for the life of the process: its samples fail
+/// (counted) while the store lacks it, and the next epoch fetches it again.
+#[test]
+fn a_shard_whose_download_failed_is_fetched_again_in_the_next_epoch() {
+    let f = fixture("shards-retry");
+    upload_shards(&f.s3, 3, 10, true);
+    let caches = TempDir(f._dir.0.with_extension("cache"));
+    let opts = flowgate::dataset::shards::remote::RemoteOptions {
+        cache_dir: caches.0.clone(),
+        ..Default::default()
+    };
+    let shards = flowgate::dataset::shards::Shards::open_s3(
+        &f.s3,
+        "train/shard-{000000..000002}.tar",
+        &opts,
+    )
+    .unwrap();
+    // The store loses shard 1 after the shards were opened (an outage, a bad node).
+    let stored = f._dir.0.join("data/train/shard-000001.tar");
+    let aside = stored.with_extension("aside");
+    std::fs::rename(&stored, &aside).unwrap();
+    let read = |epoch: u64| -> (usize, Vec<String>) {
+        let (ok, bad): (Vec<_>, Vec<_>) = shards
+            .epoch(epoch)
+            .into_iter()
+            .map(|r| r.read())
+            .partition(Result::is_ok);
+        (
+            ok.len(),
+            bad.into_iter()
+                .map(|e| e.unwrap_err().to_string())
+                .collect(),
+        )
+    };
+    let (ok, bad) = read(0);
+    assert_eq!((ok, bad.len()), (20, 10));
+    assert!(
+        bad.iter().all(|e| e.contains("shard-000001.tar")),
+        "{bad:?}"
+    );
+    // Back on the store: the next epoch reads every sample.
+    std::fs::rename(&aside, &stored).unwrap();
+    let (ok, bad) = read(1);
+    assert_eq!((ok, bad.len()), (30, 0), "{bad:?}");
+    assert!(shards.cache().unwrap().stats().failures >= 1);
+}
+
+/// Without a manifest every shard is indexed when opened; one that cannot be (its download
+/// fails) is an error naming it, not a shard of one made-up sample.
+#[test]
+fn a_shard_that_cannot_be_indexed_is_an_error_naming_it() {
+    let f = fixture("shards-index");
+    upload_shards(&f.s3, 3, 10, false);
+    let caches = TempDir(f._dir.0.with_extension("cache"));
+    // The download of shard 1 cannot be put in place: a folder holds its cache file's name.
+    // (The cache names a file by its key and entity tag, else its size.)
+    let o = f.s3.objects(&["train/shard-000001.tar"]).unwrap()[0]
+        .clone()
+        .unwrap();
+    let tag = o
+        .etag
+        .map_or(o.size.to_string(), |t| t.trim_matches('"').to_owned());
+    let blocked = caches
+        .0
+        .join("data/train")
+        .join(format!("shard-000001.tar@{tag}"));
+    std::fs::create_dir_all(blocked.join("x")).unwrap();
+    let opts = flowgate::dataset::shards::remote::RemoteOptions {
+        cache_dir: caches.0.clone(),
+        ..Default::default()
+    };
+    let err = flowgate::dataset::shards::Shards::open_s3(
+        &f.s3,
+        "train/shard-{000000..000002}.tar",
+        &opts,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("s3://data/train/shard-000001.tar: the shard could not be indexed"),
+        "{err}"
     );
 }

@@ -278,10 +278,26 @@ impl S3 {
     /// costs the rest of the object, not all of it again. No attempt is cut off while bytes
     /// keep arriving; one that receives nothing for the attempt timeout is retried. Returns
     /// the bytes written.
+    ///
+    /// Every continuation carries `If-Match` with the entity tag of the first response, so an
+    /// object rewritten during a download is an error (HTTP 412), never two versions spliced.
     pub async fn download(&self, key: &str, dest: &Path) -> Result<u64, S3Error> {
+        self.download_version(key, dest, None).await
+    }
+
+    /// [`download`](Self::download) of the version whose entity tag is `etag` (every request
+    /// carries `If-Match`): the version a shard was listed and indexed at. Another version
+    /// on the store is an error, not different bytes under the same name.
+    pub async fn download_version(
+        &self,
+        key: &str,
+        dest: &Path,
+        etag: Option<&str>,
+    ) -> Result<u64, S3Error> {
         let inner = self.inner.clone();
         let key = key.to_owned();
         let dest = dest.to_owned();
+        let pinned = Arc::new(std::sync::Mutex::new(etag.map(str::to_owned)));
         self.spawn(async move {
             let file = std::fs::File::create(&dest).map_err(|e| {
                 S3Error::Client(format!(
@@ -299,6 +315,7 @@ impl S3 {
                         key.clone(),
                         Arc::clone(&file),
                         Arc::clone(&written),
+                        Arc::clone(&pinned),
                     )
                 })
                 .await?;
@@ -420,12 +437,14 @@ impl Inner {
         Ok(bytes)
     }
 
-    /// One attempt of [`S3::download`]: a GET from `written` on, appended to `file`.
+    /// One attempt of [`S3::download`]: a GET from `written` on, appended to `file`, of the
+    /// version `pinned` names (the first response's, if none was given).
     async fn download_once(
         self: Arc<Self>,
         key: String,
         file: Arc<std::sync::Mutex<std::fs::File>>,
         written: Arc<AtomicU64>,
+        pinned: Arc<std::sync::Mutex<Option<String>>>,
     ) -> Result<(), Failed> {
         use std::io::Write;
         let stall = self.cfg.attempt_timeout;
@@ -439,10 +458,19 @@ impl Inner {
             req = req.range(format!("bytes={from}-"));
             self.resumed.fetch_add(1, Ordering::Relaxed);
         }
+        let tag = pinned.lock().map_or(None, |p| p.clone());
+        if let Some(t) = &tag {
+            req = req.if_match(t);
+        }
         let out = tokio::time::timeout(stall, req.send())
             .await
             .map_err(|_| stalled("the request"))?
             .map_err(|e| self.classify(&key, e))?;
+        if tag.is_none() {
+            if let (Some(t), Ok(mut p)) = (out.e_tag(), pinned.lock()) {
+                *p = Some(t.to_owned());
+            }
+        }
         let expected = out.content_length().filter(|&n| n >= 0).map(|n| n as u64);
         let mut body = out.body;
         let mut got = 0u64;
@@ -519,6 +547,15 @@ impl Inner {
                         bucket,
                         key: key.to_owned(),
                         message,
+                    }),
+                    (412, _) => Failed::Fatal(S3Error::Request {
+                        bucket,
+                        key: key.to_owned(),
+                        attempts: 0,
+                        cause: format!(
+                            "the object changed on the store since it was listed (its entity \
+                             tag no longer matches; HTTP 412 {code})"
+                        ),
                     }),
                     (408 | 429 | 500..=599, _)
                     | (_, "SlowDown" | "RequestTimeout" | "InternalError" | "Throttling") => {

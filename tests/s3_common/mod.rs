@@ -74,6 +74,8 @@ pub(crate) mod fault_proxy {
         pub(crate) truncated: AtomicU64,
         /// GET requests with a `Range` header.
         pub(crate) ranged: AtomicU64,
+        /// Of those, the ones that carry `If-Match` (pinned to the version being read).
+        pub(crate) ranged_if_match: AtomicU64,
         /// Milliseconds every GET of a `.tar` waits before it is forwarded (a slow link).
         pub(crate) tar_latency_ms: AtomicU64,
         /// GET requests per path (`/bucket/key`, no query).
@@ -215,8 +217,12 @@ pub(crate) mod fault_proxy {
         if head.starts_with("GET ") {
             let path = target.split('?').next().unwrap_or("").to_owned();
             *c.gets.lock().unwrap().entry(path).or_insert(0) += 1;
-            if head.to_ascii_lowercase().contains("\r\nrange:") {
+            let lower = head.to_ascii_lowercase();
+            if lower.contains("\r\nrange:") {
                 c.ranged.fetch_add(1, Ordering::Relaxed);
+                if lower.contains("\r\nif-match:") {
+                    c.ranged_if_match.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         let latency = c.tar_latency_ms.load(Ordering::Relaxed);

@@ -10,13 +10,17 @@
 //! open stays readable until it is closed.
 //!
 //! A shard whose download fails (after the client's retries; a body cut off mid-stream is
-//! continued with a ranged GET) fails every sample read from it with the S3 error, each
-//! counted by the pipeline's failure budget; it is not fetched again in this process.
+//! continued with a ranged GET) fails the samples read from it with the S3 error, each
+//! counted by the pipeline's failure budget, until it is fetched again: on its next use once
+//! a backoff has passed ([`RETRY_AFTER`], doubling per failure up to [`RETRY_AFTER_MAX`]), and
+//! at once when the next epoch starts. A transient outage costs the samples read during it,
+//! not the shard for the life of the process.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::s3::{S3Error, S3Object, S3};
 
@@ -36,15 +40,39 @@ pub struct CacheStats {
     pub evictions: u64,
     /// Bytes of this corpus's shards on disk now.
     pub bytes: u64,
-    /// Downloads that failed for good.
+    /// Downloads that failed (after the client's retries); the shard is fetched again later.
     pub failures: u64,
 }
+
+/// How long a failed shard's samples fail with its error before a read fetches it again.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The longest wait between fetches of a shard that keeps failing (the wait doubles from
+/// [`RETRY_AFTER`] with each failure).
+pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(60);
 
 enum Slot {
     Absent,
     Fetching,
-    Ready { file: Arc<File>, used_at: u64 },
-    Failed(Arc<S3Error>),
+    Ready {
+        file: Arc<File>,
+        used_at: u64,
+    },
+    /// The last download failed with `error`; fetched again from `retry_at` on.
+    Failed {
+        error: Arc<S3Error>,
+        retry_at: Instant,
+    },
+}
+
+impl Slot {
+    /// Whether a read (or a prefetch) should start a download now.
+    fn should_fetch(&self, now: Instant) -> bool {
+        match self {
+            Slot::Absent => true,
+            Slot::Failed { retry_at, .. } => now >= *retry_at,
+            Slot::Fetching | Slot::Ready { .. } => false,
+        }
+    }
 }
 
 struct State {
@@ -56,6 +84,8 @@ struct State {
     /// unread samples is not evicted (the shuffle buffer may still reach back into it).
     epoch: Option<u64>,
     pending: Vec<u32>,
+    /// Each shard's downloads that failed in a row (the backoff doubles with them).
+    failed_in_a_row: Vec<u32>,
 }
 
 /// A local-disk cache of one corpus's shards on S3; see the [module docs](self).
@@ -122,6 +152,7 @@ impl ShardCache {
                 keep: 2,
                 epoch: None,
                 pending: Vec::new(),
+                failed_in_a_row: Vec::new(),
             }),
             ready: Condvar::new(),
             downloads: AtomicU64::new(0),
@@ -155,6 +186,7 @@ impl ShardCache {
         {
             let mut st = cache.state.lock().expect("fresh lock");
             st.pending = vec![0; slots.len()];
+            st.failed_in_a_row = vec![0; slots.len()];
             st.slots = slots;
             st.bytes = bytes;
         }
@@ -193,6 +225,13 @@ impl ShardCache {
         let mut st = self.lock();
         if st.epoch != Some(epoch) {
             st.epoch = Some(epoch);
+            // A new epoch tries every failed shard again at its first use.
+            let now = Instant::now();
+            for s in &mut st.slots {
+                if let Slot::Failed { retry_at, .. } = s {
+                    *retry_at = now;
+                }
+            }
             st.pending = pending();
             st.pending.resize(self.objects.len(), 0);
             self.evict(&mut st);
@@ -255,7 +294,7 @@ impl ShardCache {
     pub fn prefetch(self: &Arc<Self>, i: usize) {
         let mut st = self.lock();
         let wanted = st.epoch.is_none() || st.pending[i] > 0;
-        if wanted && matches!(st.slots[i], Slot::Absent) {
+        if wanted && st.slots[i].should_fetch(Instant::now()) {
             st.slots[i] = Slot::Fetching;
             drop(st);
             self.spawn_download(i);
@@ -282,12 +321,16 @@ impl ShardCache {
                     }
                     return Ok(file);
                 }
-                Slot::Failed(e) => return Err(Arc::clone(e)),
+                Slot::Failed {
+                    error, retry_at, ..
+                } if Instant::now() < *retry_at => {
+                    return Err(Arc::clone(error));
+                }
                 Slot::Fetching => {
                     waited = true;
                     st = self.ready.wait(st).unwrap_or_else(|p| p.into_inner());
                 }
-                Slot::Absent => {
+                Slot::Absent | Slot::Failed { .. } => {
                     st.slots[i] = Slot::Fetching;
                     drop(st);
                     self.spawn_download(i);
@@ -325,7 +368,9 @@ impl ShardCache {
                 std::fs::create_dir_all(parent)
                     .map_err(|e| S3Error::Client(format!("creating {}: {e}", parent.display())))?;
             }
-            futures::executor::block_on(self.s3.download(&o.key, &tmp))?;
+            // The version listed (and indexed, or counted by the manifest): a rewritten shard
+            // is an error here, not samples read at the old offsets from new bytes.
+            futures::executor::block_on(self.s3.download_version(&o.key, &tmp, o.etag.as_deref()))?;
             std::fs::rename(&tmp, &path).map_err(|e| {
                 S3Error::Client(format!("moving the download into {}: {e}", path.display()))
             })?;
@@ -348,12 +393,21 @@ impl ShardCache {
                     used_at: st.clock,
                 };
                 st.bytes += self.objects[i].size;
+                st.failed_in_a_row[i] = 0;
                 self.evict(&mut st);
             }
             Err(e) => {
                 tracing::warn!(shard = %self.url(i).display(), error = %e, "shard download failed");
                 self.failures.fetch_add(1, Ordering::Relaxed);
-                st.slots[i] = Slot::Failed(Arc::new(e));
+                let failures = st.failed_in_a_row[i].saturating_add(1);
+                st.failed_in_a_row[i] = failures;
+                let wait = RETRY_AFTER
+                    .saturating_mul(1 << (failures - 1).min(16))
+                    .min(RETRY_AFTER_MAX);
+                st.slots[i] = Slot::Failed {
+                    error: Arc::new(e),
+                    retry_at: Instant::now() + wait,
+                };
             }
         }
         drop(st);

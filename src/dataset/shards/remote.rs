@@ -170,6 +170,19 @@ impl Shards {
             (0..cache.len()).map(|_| OnceLock::new()).collect();
         if counts.is_none() {
             index_all(&cache, &entries, opts);
+            // A shard that could not be indexed has no sample count: guessing one would change
+            // the epoch's order and the checkpoints' fingerprint. The error reaches the user.
+            if let Some(slot) = entries.iter().position(|e| e.get().is_none()) {
+                let why = match cache.file(slot) {
+                    Err(e) => e.to_string(),
+                    Ok(_) => "its download did not finish".to_owned(),
+                };
+                return Err(PipelineError::config(format!(
+                    "{}: the shard could not be indexed (no manifest gives its sample count; \
+                     open again, or write one with Shards::write_manifest): {why}",
+                    cache.url(slot).display()
+                )));
+            }
         }
         let shards = entries
             .into_iter()
@@ -178,7 +191,7 @@ impl Shards {
                 path: cache.url(slot),
                 len: match &counts {
                     Some(c) => c[slot],
-                    None => entries.get().map_or(1, Vec::len),
+                    None => entries.get().map_or(0, Vec::len),
                 },
                 body: Body::Remote {
                     cache: Arc::clone(&cache),
