@@ -113,7 +113,7 @@ mod tests {
         let e = expand_braces("{0..1023}/{0..1024}").unwrap_err();
         assert!(e.to_string().contains("1049600 paths"), "{e}");
         assert_eq!(expand_braces("{0..1023}/{0..1023}").unwrap().len(), 1 << 20);
-        let many = vec!["a{0..999999}"; 2].join(",");
+        let many = ["a{0..999999}"; 2].join(",");
         assert!(expand_spec(&many)
             .unwrap_err()
             .to_string()
