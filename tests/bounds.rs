@@ -381,3 +381,94 @@ fn stage_budgets_that_exceed_the_memory_budget_are_refused() {
     assert!(e.is_config(), "{e}");
     assert!(e.to_string().contains("`a`, `b`"), "{e}");
 }
+
+/// The library's loader with batches that are a large part of its memory budget: a budget
+/// that cannot hold a batch in flight (its items while it is assembled, and the collated
+/// batch beside them) is refused when built, naming both sizes; one that can is kept, in the
+/// bytes the pipeline accounts for and in the process's peak RSS, while the tuner tries to
+/// grow every buffer behind a slow consumer.
+#[test]
+fn a_loaders_memory_budget_holds_with_batches_that_are_a_large_part_of_it() {
+    use flowgate::dataset::{Dataset, Source};
+    use flowgate::Loader;
+    const BUDGET: u64 = 20 << 20;
+    // 512×512×3 bytes an item, 12 a batch: a batch of 9 MiB, 18 MiB in flight, just under
+    // the budget.
+    const ITEM: u64 = 512 * 512 * 3;
+    const BATCH: usize = 12;
+    let _one_at_a_time = RSS.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("flowgate-loader-budget-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let paths: Vec<PathBuf> = (0..30)
+        .map(|i| {
+            let (w, h) = (1024u16, 768u16);
+            let px: Vec<u8> = (0..w as usize * h as usize * 3)
+                .map(|k| ((k * 7 + i * 13) % 251) as u8)
+                .collect();
+            let mut jpeg = Vec::new();
+            jpeg_encoder::Encoder::new(&mut jpeg, 85)
+                .encode(&px, w, h, jpeg_encoder::ColorType::Rgb)
+                .unwrap();
+            let p = dir.join(format!("{i:02}.jpg"));
+            std::fs::write(&p, jpeg).unwrap();
+            p
+        })
+        .collect();
+    let recipe = Recipe::image(ImageRecipe {
+        resize: 512,
+        crop: 512,
+        ..ImageRecipe::default()
+    })
+    .unwrap();
+    let loader = |budget: u64| {
+        // Each file 4 times: an epoch of 120 items (94 MiB decoded) behind a 40 MiB budget.
+        let dataset = Dataset::builder(Source::files(
+            paths.iter().cycle().take(4 * paths.len()).cloned(),
+        ))
+        .build()
+        .unwrap();
+        Loader::builder(dataset, recipe.clone())
+            .batch_size(BATCH)
+            .memory_budget(budget)
+            .autotune(TunerSettings {
+                tick: Some(std::time::Duration::from_millis(20)),
+                ..Default::default()
+            })
+            .build()
+    };
+    let e = loader(16 << 20).unwrap_err().to_string();
+    assert!(
+        e.contains("16.0 MiB cannot hold a batch in flight") && e.contains("18.0 MiB at once"),
+        "{e}"
+    );
+
+    reset_peak_rss();
+    let before = peak_rss();
+    let mut l = loader(BUDGET).unwrap();
+    let mut peak_accounted = 0u64;
+    for _ in 0..1 {
+        let mut e = l.epoch().unwrap();
+        while let Some(b) = e.next() {
+            let b = b.unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(300)); // a slow consumer
+            drop(b);
+            let held: u64 = e.stats().stages.iter().map(|s| s.queue_bytes).sum();
+            peak_accounted = peak_accounted.max(held);
+        }
+    }
+    drop(l);
+    let grew = peak_rss().saturating_sub(before);
+    // Outputs enter the next buffer just before their input leaves this one (a worker's run:
+    // two items), and the consumer holds its batch; decoders hold a source image each
+    // (1024×768×3) and thread stacks and arenas a few MiB more.
+    assert!(
+        peak_accounted <= BUDGET + 2 * ITEM,
+        "accounted {peak_accounted} bytes, budget {BUDGET}"
+    );
+    let overhead = BATCH as u64 * ITEM + 4 * 1024 * 768 * 3 + (24 << 20);
+    assert!(
+        grew <= BUDGET + overhead,
+        "peak RSS grew {grew} bytes; budget {BUDGET} + overhead {overhead}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -246,6 +246,27 @@ impl LoaderBuilder {
                 "lengths are for audio and video recipes",
             ));
         }
+        let batch_bytes = self.batch_bytes();
+        if let (Some(memory), Some(batch)) = (self.memory_limit(), batch_bytes) {
+            // A batch is held twice at most while it is made: its items while the aggregate
+            // waits for the last one (they are admitted whatever the byte budgets say, or a
+            // budget could keep a batch from ever filling), then the collated batch beside
+            // them. A budget that cannot hold that cannot be kept.
+            let needed = 2 * batch;
+            if needed > memory {
+                let mib = |b: u64| format!("{:.1} MiB", b as f64 / 1048576.0);
+                return Err(PipelineError::config(format!(
+                    "a memory budget of {} cannot hold a batch in flight: a batch of {} bytes \
+                     ({}) is held as its items while it is assembled and again once collated \
+                     ({} at once); raise the budget above that, or make batches or items \
+                     smaller",
+                    mib(memory),
+                    batch,
+                    mib(batch),
+                    mib(needed)
+                )));
+            }
+        }
         let plan = match self.lengths {
             Some(cap) => Plan::Batches(LengthPlan::new(&self.dataset, &self.decoder.recipe, cap)?),
             None => Plan::Items(self.dataset.clone()),
@@ -275,6 +296,31 @@ impl LoaderBuilder {
     }
 }
 
+impl LoaderBuilder {
+    /// The bytes of one batch at most, when the recipe fixes its items' size: what the
+    /// pipeline reserves for a batch in flight. Length-aware batches: the cap in the recipe's
+    /// units (seconds of mono audio, frames).
+    fn batch_bytes(&self) -> Option<u64> {
+        let item = self.decoder.recipe.item_bytes()?;
+        let lengths = u64::from(self.decoder.lengths) * 8;
+        match self.lengths {
+            // An item is one clip window; the cap in clips of that window bounds a batch.
+            Some(_) => None,
+            None => Some((item + lengths).saturating_mul(self.batch_size as u64)),
+        }
+    }
+
+    /// The memory budget the pipeline will have, if one is set (the loader's, or the
+    /// tuner's; the smaller).
+    fn memory_limit(&self) -> Option<u64> {
+        let tuner = self.tuner.as_ref().and_then(|t| t.memory_bytes);
+        match (self.memory_bytes, tuner) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
 /// Builds the loader's pipeline; given the decode workers the last pipeline ended with (what
 /// its tuner learned), the new one starts there instead of at its share of the cores.
 pub(super) type Make =
@@ -283,6 +329,7 @@ pub(super) type Make =
 /// The function that builds a pipeline of `b`'s settings over `plan`.
 fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: FailureLog) -> Make {
     let labels = !matches!(plan, Plan::Batches(_)) && b.dataset.has_labels();
+    let batch_bytes = b.batch_bytes();
     let decoder = Arc::new(b.decoder);
     let threads = decoder.recipe.item_threads();
     let fingerprint = plan.fingerprint();
@@ -340,6 +387,12 @@ fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: FailureLog) -
         // A Parquet row-group cache is memory the stages do not count.
         if reserved > 0 {
             p = p.reserve_memory("the Parquet row-group caches", reserved);
+        }
+        // A batch's items are admitted to the aggregate whatever their bytes, and the
+        // collated batch sits beside them a moment: reserved, so the buffers' budgets leave
+        // room for both and the total stays within the memory budget.
+        if let Some(batch) = batch_bytes {
+            p = p.reserve_memory("a batch assembled and collated", 2 * batch);
         }
         // What a state of this loader is valid for.
         p = p

@@ -278,4 +278,34 @@ impl Recipe {
             _ => false,
         }
     }
+
+    /// The bytes of one decoded item at most (its output tensor), when the recipe fixes them:
+    /// an image's crop in its dtype, an audio window (mono; `None` for kept channels, whose
+    /// count is the file's), a video's frames. What a loader reserves a batch by.
+    pub fn item_bytes(&self) -> Option<u64> {
+        match &self.kind {
+            #[cfg(feature = "image")]
+            Kind::Image(r) => {
+                let px = u64::from(r.crop) * u64::from(r.crop) * 3;
+                Some(px * if r.normalize.is_some() { 4 } else { 1 })
+            }
+            #[cfg(feature = "audio")]
+            Kind::Audio(r) => match r.channels {
+                crate::media::audio::Channels::Mono => Some(r.samples as u64 * 4),
+                _ => None,
+            },
+            #[cfg(feature = "video")]
+            Kind::Video(r) => {
+                use crate::media::video::Sampling;
+                let frames = match &r.sampling {
+                    Sampling::Uniform(n) | Sampling::Window { frames: n, .. } => *n,
+                    Sampling::Rate { max, .. } => *max,
+                    Sampling::At(t) => t.len(),
+                };
+                Some(frames as u64 * u64::from(r.crop) * u64::from(r.crop) * 3)
+            }
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
 }
