@@ -395,3 +395,26 @@ fn batches_come_in_the_files_order_by_default_and_the_order_key_is_checked() {
     assert!(e.to_string().contains("order"), "{e}");
     assert!(e.to_string().contains("o.toml:"), "{e}");
 }
+
+/// A tar source's `labels` names the field holding each sample's label; the batches carry
+/// them (the sample data's `cls`: the image's number modulo 1000).
+#[test]
+fn a_pipeline_files_tar_source_carries_its_samples_labels() {
+    let shards = dataset().join("shards");
+    let toml = format!(
+        "[source]\nkind = \"tar\"\nshards = \"{}\"\nlabels = \"cls\"\n\
+         [decode]\nkind = \"image\"\nresize = 16\ncrop = 16\n[batch]\nsize = 16\n",
+        shards.display()
+    );
+    let spec = PipelineSpec::parse(&toml, "l.toml").unwrap();
+    let mut job = spec.build(Hooks::default()).unwrap();
+    let mut labels = Vec::new();
+    for b in job.loader.epoch().unwrap() {
+        let b = b.unwrap();
+        let values = b.label_values().expect("labels");
+        assert_eq!(values.len(), b.len());
+        labels.extend(values);
+    }
+    labels.sort_unstable();
+    assert_eq!(labels, (0..job.items as i64).collect::<Vec<_>>());
+}

@@ -182,9 +182,9 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
                 ended = Ended::Interrupted(signal);
                 break 'run;
             }
-            let batch = match loader.loader.next_within(Duration::from_millis(100)) {
+            let (batch, labels) = match loader.loader.next_within(Duration::from_millis(100)) {
                 // The media: the first field (length-aware batches add the lengths).
-                Within::Next(Ok(mut b)) => b.fields.swap_remove(0),
+                Within::Next(Ok(mut b)) => (b.fields.swap_remove(0), b.labels),
                 Within::Next(Err(e)) if e.is_nothing_delivered() => break,
                 Within::Next(Err(e)) => {
                     epochs.push((items, t0.elapsed().as_secs_f64()));
@@ -207,6 +207,14 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
                     .map_err(|e| format!("{}: {e}", path.display()))?;
                 std::fs::write(&path, npy)
                     .map_err(|e| format!("writing {}: {e}", path.display()))?;
+                if let Some(labels) = &labels {
+                    let path = dir.join(format!("epoch{epoch}-batch{index:05}-labels.npy"));
+                    let npy = labels
+                        .to_npy()
+                        .map_err(|e| format!("{}: {e}", path.display()))?;
+                    std::fs::write(&path, npy)
+                        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+                }
             }
             index += 1;
             // The batch shape a full batch has (not the last, partial one).

@@ -43,16 +43,30 @@ pub enum SourceSpec {
         /// Shuffle with this seed, anew every epoch.
         #[serde(default)]
         shuffle: Option<u64>,
+        /// `"folder"`: each file's label is its folder's index among the dataset's sorted
+        /// folders (ImageFolder's).
+        #[serde(default)]
+        labels: Option<String>,
+        /// A file of `PATH LABEL` lines (whitespace or a comma between): each file's label.
+        #[serde(default)]
+        label_file: Option<PathBuf>,
     },
     /// Every file under a directory with one of `extensions`.
     Dir {
         /// The directory.
         path: PathBuf,
-        /// Extensions to keep (without the dot).
+        /// Extensions to keep, with or without the dot; default: the decode kind's.
+        #[serde(default)]
         extensions: Vec<String>,
         /// Shuffle with this seed, anew every epoch.
         #[serde(default)]
         shuffle: Option<u64>,
+        /// `"folder"`: each file's label is its folder's index (see `list`).
+        #[serde(default)]
+        labels: Option<String>,
+        /// A file of `PATH LABEL` lines (see `list`).
+        #[serde(default)]
+        label_file: Option<PathBuf>,
     },
     /// WebDataset tar shards (see `flowgate::dataset::shards`): each sample's media field is decoded
     /// (the first of `fields` it has).
@@ -90,6 +104,9 @@ pub enum SourceSpec {
         /// A shuffle buffer of this many samples over each epoch's stream (0: none).
         #[serde(default)]
         buffer: usize,
+        /// The field (extension) holding each sample's integer label, such as `"cls"`.
+        #[serde(default)]
+        labels: Option<String>,
     },
     /// Parquet files (feature `parquet`; see `flowgate::dataset::parquet`): each row's `column` cell
     /// is decoded (a `struct<bytes, path>` or binary column).
@@ -113,6 +130,9 @@ pub enum SourceSpec {
         /// A shuffle buffer of this many rows over each epoch's stream (0: none).
         #[serde(default)]
         buffer: usize,
+        /// The column holding each row's integer label, such as `"label"`.
+        #[serde(default)]
+        labels: Option<String>,
     },
     /// Several local sources drawn by weight (see `flowgate::sampler::Sampler::mixture`);
     /// the same decode for all. Each source's own `shuffle` and `buffer` are not used: the

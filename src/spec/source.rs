@@ -2,7 +2,7 @@
 //! local test server of `serve_locally_from`), and the units of length-aware batches.
 
 use super::schema::*;
-use crate::dataset::{Remote, Source};
+use crate::dataset::{Labels, Remote, Source};
 use crate::media::Recipe;
 use crate::sampler::MixStop;
 
@@ -20,22 +20,36 @@ impl PipelineSpec {
         }
     }
 
-    /// The extensions of the media to decode: the source's own (`[source] extensions` of a
-    /// directory), else the recipe's.
-    pub(super) fn extensions<'a>(&'a self, recipe: &Recipe) -> Vec<&'a str> {
-        match &self.source {
-            SourceSpec::Dir { extensions, .. } => extensions.iter().map(String::as_str).collect(),
-            _ => recipe.extensions().to_vec(),
-        }
+    /// The extensions of the media to decode: the recipe's (a directory's own `extensions`
+    /// apply to its walk).
+    pub(super) fn extensions(&self, recipe: &Recipe) -> Vec<&'static str> {
+        recipe.extensions().to_vec()
     }
 
     /// The library's source for `spec`, and what it needs kept alive.
     pub(super) fn source(&self, spec: &SourceSpec) -> Result<(Source, Keep), crate::PipelineError> {
         let source = match spec {
-            SourceSpec::List { path, .. } => Source::list(path),
+            SourceSpec::List {
+                path,
+                labels,
+                label_file,
+                ..
+            } => with_file_labels(Source::list(path), labels, label_file)?,
             SourceSpec::Dir {
-                path, extensions, ..
-            } => Source::dir(path).extensions(extensions.iter().cloned()),
+                path,
+                extensions,
+                labels,
+                label_file,
+                ..
+            } => {
+                let s = Source::dir(path);
+                let s = if extensions.is_empty() {
+                    s
+                } else {
+                    s.extensions(extensions.iter().cloned())
+                };
+                with_file_labels(s, labels, label_file)?
+            }
             SourceSpec::Tar {
                 shards,
                 endpoint,
@@ -45,6 +59,7 @@ impl PipelineSpec {
                 prefetch,
                 fields,
                 buffer,
+                labels,
                 ..
             } => {
                 let s = Source::shards(shards.clone())
@@ -56,6 +71,10 @@ impl PipelineSpec {
                         prefetch: *prefetch,
                     })
                     .buffer(*buffer);
+                let s = match labels {
+                    Some(field) => s.labels(Labels::Field(field.clone())),
+                    None => s,
+                };
                 if fields.is_empty() {
                     s
                 } else {
@@ -68,14 +87,21 @@ impl PipelineSpec {
                 region,
                 column,
                 buffer,
+                labels,
                 ..
-            } => Source::parquet([path], column.clone())
-                .remote(Remote {
-                    endpoint: endpoint.clone(),
-                    region: region.clone(),
-                    ..Remote::default()
-                })
-                .buffer(*buffer),
+            } => {
+                let s = Source::parquet([path], column.clone())
+                    .remote(Remote {
+                        endpoint: endpoint.clone(),
+                        region: region.clone(),
+                        ..Remote::default()
+                    })
+                    .buffer(*buffer);
+                match labels {
+                    Some(column) => s.labels(Labels::Field(column.clone())),
+                    None => s,
+                }
+            }
             SourceSpec::Mix {
                 sources,
                 weights,
@@ -166,4 +192,59 @@ impl PipelineSpec {
             "source.kind = \"s3\" needs flowgate built with the `s3` feature".to_owned(),
         ))
     }
+}
+
+/// A list or directory source with its labels: `"folder"`, or a file of `PATH LABEL` lines.
+fn with_file_labels(
+    source: Source,
+    labels: &Option<String>,
+    label_file: &Option<std::path::PathBuf>,
+) -> Result<Source, crate::PipelineError> {
+    match (labels.as_deref(), label_file) {
+        (None, None) => Ok(source),
+        (Some("folder"), None) => Ok(source.labels(Labels::Folder)),
+        (None, Some(file)) => Ok(source.labels(Labels::ByPath(read_label_file(file)?))),
+        (Some(_), Some(_)) => Err(crate::PipelineError::config(
+            "source: labels and label_file both give labels; keep one",
+        )),
+        (Some(other), None) => Err(crate::PipelineError::config(format!(
+            "source.labels = {other:?}: a list or dir source takes \"folder\" (or a \
+             label_file of PATH LABEL lines)"
+        ))),
+    }
+}
+
+/// A label file: `PATH LABEL` per line (whitespace or a comma between; the label an integer);
+/// blank lines and `#` comments skipped. Errors name the file and the line.
+fn read_label_file(
+    file: &std::path::Path,
+) -> Result<std::collections::HashMap<std::path::PathBuf, i64>, crate::PipelineError> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| crate::PipelineError::io(format!("reading {}", file.display()), e))?;
+    let mut out = std::collections::HashMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let bad = || {
+            crate::PipelineError::config(format!(
+                "{}:{}: a label line is PATH LABEL (an integer label), not {line:?}",
+                file.display(),
+                n + 1
+            ))
+        };
+        let (path, label) = line
+            .rsplit_once(|c: char| c == ',' || c.is_whitespace())
+            .ok_or_else(bad)?;
+        let label: i64 = label.trim().parse().map_err(|_| bad())?;
+        let path = std::path::PathBuf::from(path.trim().trim_end_matches(','));
+        // Relative paths are relative to the label file's folder, like the pipeline file's.
+        let path = match file.parent() {
+            Some(dir) if path.is_relative() => dir.join(path),
+            _ => path,
+        };
+        out.insert(path, label);
+    }
+    Ok(out)
 }

@@ -74,9 +74,18 @@ impl PipelineSpec {
         }
         fn source(s: &mut SourceSpec, base: &Path) {
             match s {
-                SourceSpec::List { path, .. }
-                | SourceSpec::Dir { path, .. }
-                | SourceSpec::Parquet { path, .. } => fix(path, base),
+                SourceSpec::List {
+                    path, label_file, ..
+                }
+                | SourceSpec::Dir {
+                    path, label_file, ..
+                } => {
+                    fix(path, base);
+                    if let Some(f) = label_file {
+                        fix(f, base);
+                    }
+                }
+                SourceSpec::Parquet { path, .. } => fix(path, base),
                 SourceSpec::Tar {
                     shards, cache_dir, ..
                 } => {
