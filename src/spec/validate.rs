@@ -162,6 +162,20 @@ impl PipelineSpec {
                     line = 0;
                 }
             }
+            // A bad value in a table parsed by its `kind` (source, decode) is reported at the
+            // table: find the key whose removal changes the error, and point at it.
+            if !key.contains('.') && !key.is_empty() {
+                if let Some(field) = culprit(text, &key, &message) {
+                    line = find_key(text, &key, &field).max(line);
+                    key = format!("{key}.{field}");
+                }
+            }
+            let message = match message.as_str() {
+                m if m.contains("untagged enum MaxFailures") => "expected a count of failures \
+                    (an integer, 0 for none) or a rate of the items seen (a number in (0, 1))"
+                    .to_owned(),
+                _ => in_words(&message),
+            };
             SpecError {
                 file: file.to_owned(),
                 line,
@@ -505,6 +519,48 @@ fn key_at(text: &str, line: usize) -> Option<String> {
 }
 
 /// The line of `key` in `[table]` (1-based), or of the table's header, or 0.
+/// A parser's message with Rust's type names said in words.
+fn in_words(message: &str) -> String {
+    let mut m = message.to_owned();
+    for (rust, words) in [
+        ("expected u8", "expected a whole number, at least 0"),
+        ("expected u16", "expected a whole number, at least 0"),
+        ("expected u32", "expected a whole number, at least 0"),
+        ("expected u64", "expected a whole number, at least 0"),
+        ("expected usize", "expected a whole number, at least 0"),
+        ("expected f32", "expected a number"),
+        ("expected f64", "expected a number"),
+        ("expected a boolean", "expected true or false"),
+    ] {
+        if let Some(rest) = m.strip_suffix(rust) {
+            m = format!("{rest}{words}");
+        }
+    }
+    m
+}
+
+/// The key of `table` whose value makes the file fail with `message`: the one whose removal
+/// changes the error (or removes it). `None` when no single key does.
+fn culprit(text: &str, table: &str, message: &str) -> Option<String> {
+    let doc: toml::Table = toml::from_str(text).ok()?;
+    let whole = doc.get(table)?.as_table()?.clone();
+    // The table with `kind` and one key alone: the key that alone gives the same error.
+    whole.keys().filter(|k| *k != "kind").find_map(|k| {
+        let mut alone = toml::Table::new();
+        if let Some(kind) = whole.get("kind") {
+            alone.insert("kind".into(), kind.clone());
+        }
+        alone.insert(k.clone(), whole[k].clone());
+        let alone = toml::Value::Table(alone);
+        let e = match table {
+            "source" => alone.try_into::<SourceSpec>().err(),
+            "decode" => alone.try_into::<DecodeSpec>().err(),
+            _ => None,
+        }?;
+        (e.message() == message).then(|| k.clone())
+    })
+}
+
 fn find_key(text: &str, table: &str, key: &str) -> usize {
     let mut in_table = false;
     let mut header = 0;
@@ -732,5 +788,24 @@ size = 16
         assert_eq!(e.key, "source.sources.prefetch", "{e}");
         let e = error(&format!("{GOOD}\n[run]\nepochs = 99999999999\n"));
         assert_eq!(e.key, "run.epochs", "{e}");
+    }
+
+    #[test]
+    fn a_bad_value_in_source_or_decode_names_its_key_and_line_in_words() {
+        let text = "[source]\nkind = \"list\"\npath = \"x.txt\"\nshuffle = \"yes\"\n\n\
+                    [decode]\nkind = \"image\"\ncrop = 224\n";
+        let e = error(text);
+        assert_eq!((e.key.as_str(), e.line), ("source.shuffle", 4), "{e}");
+        assert!(e.message.contains("expected a whole number"), "{e}");
+        let text = "[source]\nkind = \"list\"\npath = \"x.txt\"\n\n[decode]\nkind = \"image\"\n\
+                    crop = 224\nresize = \"256\"\n";
+        let e = error(text);
+        assert_eq!((e.key.as_str(), e.line), ("decode.resize", 8), "{e}");
+        let e = error(&text.replace("resize = \"256\"", "draft = 3"));
+        assert_eq!((e.key.as_str(), e.line), ("decode.draft", 8), "{e}");
+        assert!(e.message.contains("expected true or false"), "{e}");
+        let e = error(&format!("{GOOD}\n[run]\nmax_failures = \"x\"\n"));
+        assert_eq!(e.key, "run.max_failures", "{e}");
+        assert!(e.message.contains("a count of failures"), "{e}");
     }
 }
