@@ -60,7 +60,13 @@ fn bad_files_give_one_error_naming_the_key_and_line() {
         ),
         ("size = 32", "size = \"32\"", "batch.size", "invalid type"),
         ("crop = 224", "crop = 512", "decode.crop", "must be in"),
-        ("epochs = 3", "epochs = 0", "run.epochs", "at least 1"),
+        ("epochs = 3", "epochs = 0", "run.epochs", "must be in 1..="),
+        (
+            "resize = 256",
+            "resize = \"256\"",
+            "decode.resize",
+            "expected a whole number",
+        ),
     ];
     let good = config("image_classification.toml");
     for (from, to, key, what) in cases {
