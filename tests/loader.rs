@@ -473,3 +473,47 @@ fn an_epoch_in_which_every_item_fails_is_an_error_not_an_empty_epoch() {
     let got: Vec<_> = loader.epoch().unwrap().map(Result::unwrap).collect();
     assert_eq!(got.len(), 1);
 }
+
+/// A checkpoint taken after a `break` records what the abandoned epoch delivered, so a
+/// resume (or a merge of every rank's) delivers the rest of it, not the next epoch; the loader
+/// itself still goes on with the next epoch.
+#[test]
+fn a_state_taken_after_a_break_resumes_the_rest_of_that_epoch() {
+    let d = data();
+    let build = || {
+        let dataset = Dataset::builder(Source::files(d.paths.clone()))
+            .shuffle(2)
+            .build()
+            .unwrap();
+        Loader::builder(dataset, recipe())
+            .batch_size(5)
+            .build()
+            .unwrap()
+    };
+    let mut first = build();
+    let mut taken = Vec::new();
+    for b in first.epoch().unwrap().take(3) {
+        taken.extend(b.unwrap().items.iter().map(|m| m.index));
+    }
+    // The loop is left: the epoch is abandoned, then the checkpoint is taken.
+    let state = first.state().unwrap();
+    assert_eq!((state.epoch, state.delivered_items), (0, 15));
+    let mut second = build();
+    second.resume(&state).unwrap();
+    let rest: Vec<usize> = second
+        .epoch()
+        .unwrap()
+        .flat_map(|b| b.unwrap().items.into_iter().map(|m| m.index))
+        .collect();
+    let mut all = [taken, rest].concat();
+    all.sort_unstable();
+    assert_eq!(
+        all,
+        (0..IMAGES).collect::<Vec<_>>(),
+        "the rest of epoch 0, once"
+    );
+    // The first loader goes on with epoch 1, whole; a checkpoint then is epoch 1's.
+    let (next, _) = epoch(&mut first);
+    assert_eq!(next.len(), IMAGES);
+    assert_eq!(first.state().unwrap().epoch, 2);
+}

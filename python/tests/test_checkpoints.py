@@ -164,3 +164,19 @@ def test_arguments_are_checked_with_clear_errors(data, tmp_path):
     one = paths_of(data)[0]
     (batch,) = list(flowgate.ImageLoader(one, batch_size=4, crop=32, resize=32))
     assert len(batch) == 1
+
+
+def test_a_state_dict_taken_after_a_break_resumes_the_rest_of_that_epoch(data):
+    files = paths_of(data)[:20]
+    loader = flowgate.ImageLoader(files, **ARGS)
+    got = []
+    for i, (_, paths) in enumerate(loader):
+        got.extend(paths)
+        if i == 2:
+            break
+    state = loader.state_dict()  # after the loop: the abandoned epoch's progress
+    assert (state["epoch"], state["delivered_items"]) == (0, 9)
+    resumed = flowgate.ImageLoader(files, **ARGS)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    rest = [p for _, paths in resumed for p in paths]
+    assert sorted(got + rest) == sorted(files), "the rest of epoch 0, each once"

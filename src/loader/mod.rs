@@ -83,6 +83,9 @@ pub struct Loader {
     last_stats: Option<PipelineStats>,
     /// Batches delivered in the epoch being iterated.
     delivered: usize,
+    /// The progress of an epoch abandoned mid-way (a `break`, `close`), until another epoch
+    /// starts: what a checkpoint taken now records.
+    abandoned: Option<PipelineState>,
 }
 
 impl std::fmt::Debug for Loader {
@@ -144,6 +147,7 @@ impl Loader {
             sim_log,
             last_stats: None,
             delivered: 0,
+            abandoned: None,
         }
     }
 
@@ -235,6 +239,9 @@ impl Loader {
     pub fn close(&mut self) {
         *self.monitor.lock().expect("monitor") = None;
         if let Some(p) = self.pipeline.take() {
+            if self.in_epoch {
+                self.abandoned = Some(p.state());
+            }
             self.resume_at = p.epoch() + u64::from(self.in_epoch);
             let stats = p.stats();
             self.learned = stats.stage("decode").map(|s| s.workers);
@@ -253,6 +260,7 @@ impl Loader {
         self.failures.set_epoch(epoch);
         self.in_epoch = true;
         self.delivered = 0;
+        self.abandoned = None;
         Ok(epoch)
     }
 
@@ -272,6 +280,7 @@ impl Loader {
             return;
         }
         self.close();
+        self.abandoned = None;
         self.resume_at = epoch;
     }
 
@@ -330,9 +339,14 @@ impl Loader {
         Ok(EpochBatches { loader: self })
     }
 
-    /// A checkpoint of the consumer's progress. Between epochs, an epoch left mid-way counts
-    /// as done: the state starts the next epoch from its start.
+    /// A checkpoint of the consumer's progress: what it has received of the epoch being
+    /// iterated; after an epoch was abandoned mid-way (a `break`), what it received of that
+    /// epoch until another starts (a resume delivers the rest of it); after an epoch's end,
+    /// the next epoch from its start.
     pub fn state(&mut self) -> Result<PipelineState, PipelineError> {
+        if let (false, Some(s)) = (self.in_epoch, &self.abandoned) {
+            return Ok(s.clone());
+        }
         let in_epoch = self.in_epoch;
         let s = self.pipeline()?.state();
         if !in_epoch && s.delivered_items > 0 {
@@ -355,6 +369,7 @@ impl Loader {
     /// yet in that epoch. A state of another dataset or batching is refused.
     pub fn resume(&mut self, state: &PipelineState) -> Result<(), PipelineError> {
         self.pipeline = None;
+        self.abandoned = None;
         *self.monitor.lock().expect("monitor") = None;
         self.in_epoch = false;
         self.resume_at = 0; // the state says where to start
