@@ -1,0 +1,228 @@
+//! The checks of pipeline files: every error names its key and line.
+
+use super::*;
+
+const GOOD: &str = r#"
+[source]
+kind = "list"
+path = "images.txt"
+
+[decode]
+kind = "image"
+resize = 256
+crop = 224
+
+[batch]
+size = 16
+"#;
+
+#[test]
+fn a_good_file_parses_with_defaults() {
+    let s = PipelineSpec::parse(GOOD, "p.toml").unwrap();
+    assert_eq!(s.batch.size, 16);
+    assert_eq!(s.run.epochs, 1);
+    assert!(s.tuner.enabled);
+}
+
+fn error(text: &str) -> SpecError {
+    PipelineSpec::parse(text, "p.toml").unwrap_err()
+}
+
+#[test]
+fn relative_paths_are_the_files() {
+    let text = "[source]\nkind = \"mix\"\nweights = [1, 1, 1]\n\
+                [[source.sources]]\nkind = \"list\"\npath = \"images.txt\"\n\
+                [[source.sources]]\nkind = \"tar\"\n\
+                shards = \"a/s-{0..1}.tar, /abs/b.tar,s3://bucket/c.tar\"\n\
+                [[source.sources]]\nkind = \"parquet\"\npath = \"s3://bucket/p.parquet\"\n\
+                [decode]\nkind = \"image\"\n[batch]\nsize = 4\n\
+                [tuner]\ntrace = \"trace.jsonl\"\n";
+    let mut s = PipelineSpec::parse(text, "p.toml").unwrap();
+    s.relative_to(Path::new("/cfg"));
+    let SourceSpec::Mix { sources, .. } = &s.source else {
+        panic!("a mix")
+    };
+    match (&sources[0], &sources[1], &sources[2]) {
+        (
+            SourceSpec::List { path, .. },
+            SourceSpec::Tar { shards, .. },
+            SourceSpec::Parquet { path: p, .. },
+        ) => {
+            assert_eq!(path, Path::new("/cfg/images.txt"));
+            assert_eq!(shards, "/cfg/a/s-{0..1}.tar,/abs/b.tar,s3://bucket/c.tar");
+            assert_eq!(p, Path::new("s3://bucket/p.parquet"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        s.tuner.trace.as_deref(),
+        Some(Path::new("/cfg/trace.jsonl"))
+    );
+    // A file that cannot be read: its path and why, without an empty line or key.
+    let e = PipelineSpec::load(Path::new("/no/such.toml")).unwrap_err();
+    assert!(
+        e.to_string().starts_with("/no/such.toml: cannot read"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_files_name_the_key_and_line() {
+    let e = error(&GOOD.replace("size = 16", "size = 16\nsise = 3"));
+    assert_eq!((e.line, e.key.as_str()), (13, "batch.sise"), "{e}");
+    assert!(e.message.contains("unknown field"), "{e}");
+    let e = error(&GOOD.replace("size = 16", "size = \"many\""));
+    assert_eq!((e.line, e.key.as_str()), (12, "batch.size"), "{e}");
+    let e = error(&GOOD.replace("size = 16", "size = 0"));
+    assert_eq!((e.line, e.key.as_str()), (12, "batch.size"), "{e}");
+    let e = error(&GOOD.replace("crop = 224", "crop = 300"));
+    assert_eq!((e.line, e.key.as_str()), (9, "decode.crop"), "{e}");
+    let e = error(&GOOD.replace("kind = \"list\"\npath = \"images.txt\"\n", ""));
+    assert!(e.to_string().contains("kind"), "{e}");
+    let e = error("[decode]\nkind = \"image\"\n");
+    assert!(e.message.contains("missing field `source`"), "{e}");
+    let e = error(&format!(
+        "{GOOD}\n[metrics]\nprometheus = \"0.0.0.0:9000\"\n"
+    ));
+    assert_eq!(e.key, "metrics.prometheus", "{e}");
+    let e = error(&GOOD.replace("kind = \"image\"", "kind = \"hologram\""));
+    assert_eq!(e.line, 7, "{e}");
+    // A misspelt key in a table: its own line and dotted name, not the table's header.
+    let e = error(&GOOD.replace("path = \"images.txt\"", "paht = \"images.txt\""));
+    assert_eq!((e.line, e.key.as_str()), (4, "source.paht"), "{e}");
+    let e = error("");
+    assert_eq!(e.to_string(), "p.toml: source: missing field `source`");
+}
+
+/// The fuzz target's property, in every test run: mutated pipeline files (numbers swapped
+/// for extremes, lines dropped or repeated, bytes flipped) parse or give an error; none
+/// panics, and one that parses builds its recipe (or names a missing feature) without a
+/// panic.
+#[test]
+fn mutated_files_parse_or_fail_cleanly() {
+    let seeds: Vec<String> =
+        std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/configs"))
+            .unwrap()
+            .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+            .chain([GOOD.to_owned()])
+            .collect();
+    let extremes = [
+        "0",
+        "-1",
+        "1e308",
+        "nan",
+        "inf",
+        "18446744073709551615",
+        "4294967296",
+        "\"x\"",
+        "[]",
+        "{}",
+        "true",
+    ];
+    let mut rng = flowgate_tuner::Rng::new(7);
+    for _ in 0..3000 {
+        let base = &seeds[rng.next_u64() as usize % seeds.len()];
+        let mut lines: Vec<String> = base.lines().map(str::to_owned).collect();
+        let i = rng.next_u64() as usize % lines.len().max(1);
+        match rng.next_u64() % 4 {
+            0 => {
+                if let Some((k, _)) = lines[i].clone().split_once('=') {
+                    let v = extremes[rng.next_u64() as usize % extremes.len()];
+                    lines[i] = format!("{k}= {v}");
+                }
+            }
+            1 => {
+                lines.remove(i);
+            }
+            2 => {
+                let l = lines[i].clone();
+                lines.insert(i, l);
+            }
+            _ => {
+                let mut b = lines[i].clone().into_bytes();
+                if !b.is_empty() {
+                    let j = rng.next_u64() as usize % b.len();
+                    b[j] = b[j].wrapping_add(1 + (rng.next_u64() % 200) as u8);
+                }
+                lines[i] = String::from_utf8_lossy(&b).into_owned();
+            }
+        }
+        let text = lines.join("\n");
+        if let Ok(spec) = PipelineSpec::parse(&text, "m.toml") {
+            let _ = spec.recipe();
+            let _ = spec.tuner_settings();
+        }
+    }
+}
+
+#[test]
+fn every_number_is_bounded() {
+    for (from, to, key) in [
+        ("size = 16", "size = 100000", "batch.size"),
+        ("crop = 224", "crop = 20000\ntrain = true", "decode.crop"),
+        ("resize = 256", "resize = 1000000", "decode.resize"),
+        ("crop = 224", "crop = 224\nworkers = 5000", "decode.workers"),
+    ] {
+        let e = error(&GOOD.replace(from, to));
+        assert_eq!(e.key, key, "{e}");
+        assert!(
+            e.message.contains("at most") || e.message.contains("..="),
+            "{e}"
+        );
+    }
+    let audio = "[source]\nkind = \"list\"\npath = \"a.txt\"\n[decode]\nkind = \"audio\"\n";
+    for (extra, key) in [
+        ("rate = 4000000000", "decode.rate"),
+        ("seconds = 1e9", "decode.seconds"),
+    ] {
+        let e = error(&format!("{audio}{extra}\n"));
+        assert_eq!(e.key, key, "{e}");
+    }
+    let e = error(&format!("{GOOD}\n[run]\nstep_ms = 1e12\n"));
+    assert_eq!(e.key, "run.step_ms", "{e}");
+    let e = error(&format!("{GOOD}\n[tuner]\nmemory_mb = 1e30\n"));
+    assert_eq!(e.key, "tuner.memory_mb", "{e}");
+}
+
+#[test]
+fn numbers_that_size_buffers_caches_and_epochs_are_bounded() {
+    let tar = "[source]\nkind = \"tar\"\nshards = \"s-{0..3}.tar\"\n";
+    for (extra, key) in [
+        ("buffer = 10000000000000", "source.buffer"),
+        ("prefetch = 1000000", "source.prefetch"),
+        ("cache_mb = 1e30", "source.cache_mb"),
+        ("cache_mb = -1.0", "source.cache_mb"),
+    ] {
+        let e = error(&format!("{tar}{extra}\n[decode]\nkind = \"image\"\n"));
+        assert_eq!(e.key, key, "{e}");
+        assert!(e.to_string().contains("must be in"), "{e}");
+    }
+    let mix = "[source]\nkind = \"mix\"\nweights = [1.0]\ndraws = 10000000000000\n\
+               [[source.sources]]\nkind = \"tar\"\nshards = \"s.tar\"\nprefetch = 5000\n\
+               [decode]\nkind = \"image\"\n";
+    let e = error(mix);
+    assert_eq!(e.key, "source.draws", "{e}");
+    let e = error(&mix.replace("draws = 10000000000000", "draws = 10"));
+    assert_eq!(e.key, "source.sources.prefetch", "{e}");
+    let e = error(&format!("{GOOD}\n[run]\nepochs = 99999999999\n"));
+    assert_eq!(e.key, "run.epochs", "{e}");
+}
+
+#[test]
+fn a_bad_value_in_source_or_decode_names_its_key_and_line_in_words() {
+    let text = "[source]\nkind = \"list\"\npath = \"x.txt\"\nshuffle = \"yes\"\n\n\
+                [decode]\nkind = \"image\"\ncrop = 224\n";
+    let e = error(text);
+    assert_eq!((e.key.as_str(), e.line), ("source.shuffle", 4), "{e}");
+    assert!(e.message.contains("expected a whole number"), "{e}");
+    let text = "[source]\nkind = \"list\"\npath = \"x.txt\"\n\n[decode]\nkind = \"image\"\n\
+                crop = 224\nresize = \"256\"\n";
+    let e = error(text);
+    assert_eq!((e.key.as_str(), e.line), ("decode.resize", 8), "{e}");
+    let e = error(&text.replace("resize = \"256\"", "draft = 3"));
+    assert_eq!((e.key.as_str(), e.line), ("decode.draft", 8), "{e}");
+    assert!(e.message.contains("expected true or false"), "{e}");
+    let e = error(&format!("{GOOD}\n[run]\nmax_failures = \"x\"\n"));
+    assert_eq!(e.key, "run.max_failures", "{e}");
+    assert!(e.message.contains("a count of failures"), "{e}");
+}
