@@ -149,13 +149,7 @@ fn length_batches_cover_each_clip_under_the_cap_and_resume_exactly() {
     let mut first = loader(&good, 0, 1);
     let (taken, state) = common::take_then_save(&mut first, 3);
     drop(first);
-    let mut second = loader(&good, 0, 1);
-    second.resume(&state).unwrap();
-    let rest: Vec<usize> = second
-        .epoch()
-        .unwrap()
-        .flat_map(|b| b.unwrap().items.into_iter().map(|m| m.index))
-        .collect();
+    let rest = common::rest_after(&mut loader(&good, 0, 1), &state);
     let mut all = [taken, rest].concat();
     all.sort_unstable();
     assert_eq!(all, (0..good.len()).collect::<Vec<_>>(), "each clip once");

@@ -498,13 +498,7 @@ fn a_state_taken_after_a_break_resumes_the_rest_of_that_epoch() {
     // The loop is left: the epoch is abandoned, then the checkpoint is taken.
     let state = first.state().unwrap();
     assert_eq!((state.epoch, state.delivered_items), (0, 15));
-    let mut second = build();
-    second.resume(&state).unwrap();
-    let rest: Vec<usize> = second
-        .epoch()
-        .unwrap()
-        .flat_map(|b| b.unwrap().items.into_iter().map(|m| m.index))
-        .collect();
+    let rest = common::rest_after(&mut build(), &state);
     let mut all = [taken, rest].concat();
     all.sort_unstable();
     assert_eq!(

@@ -325,20 +325,11 @@ fn objects(source: &Source, order: Order) -> Result<Kind, PipelineError> {
     let s3_err = |e: crate::s3::S3Error| PipelineError::io("the S3 source", e);
     let s3 = match client {
         Some(c) => c.clone(),
-        None => {
-            let mut cfg = crate::s3::S3Config::new(bucket.clone());
-            if let Some(url) = remote
-                .endpoint
-                .clone()
-                .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
-            {
-                cfg = cfg.endpoint(url);
-            }
-            if let Some(r) = &remote.region {
-                cfg = cfg.region(r.clone());
-            }
-            crate::s3::S3::connect(cfg).map_err(s3_err)?
+        None => crate::s3::Endpoint {
+            url: remote.endpoint.clone(),
+            region: remote.region.clone(),
         }
+        .client(bucket)?,
     };
     let keys: Vec<String> = s3
         .list(prefix)

@@ -15,15 +15,8 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// A client for the bucket of `url` (`s3://bucket/rest`), and the rest.
-    pub fn connect<'a>(&self, url: &'a str) -> Result<(S3, &'a str), PipelineError> {
-        let rest = url
-            .strip_prefix("s3://")
-            .ok_or_else(|| PipelineError::config(format!("{url}: not an s3:// URL")))?;
-        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
-        if bucket.is_empty() {
-            return Err(PipelineError::config(format!("{url}: no bucket")));
-        }
+    /// A client for `bucket` at this endpoint (else `AWS_ENDPOINT_URL`, else AWS) and region.
+    pub fn client(&self, bucket: &str) -> Result<S3, PipelineError> {
         let mut cfg = S3Config::new(bucket);
         if let Some(e) = self
             .url
@@ -35,7 +28,19 @@ impl Endpoint {
         if let Some(r) = &self.region {
             cfg = cfg.region(r.clone());
         }
-        let s3 = S3::connect(cfg).map_err(|e| PipelineError::io("connecting to S3", e))?;
+        S3::connect(cfg).map_err(|e| PipelineError::io("connecting to S3", e))
+    }
+
+    /// A client for the bucket of `url` (`s3://bucket/rest`), and the rest.
+    pub fn connect<'a>(&self, url: &'a str) -> Result<(S3, &'a str), PipelineError> {
+        let rest = url
+            .strip_prefix("s3://")
+            .ok_or_else(|| PipelineError::config(format!("{url}: not an s3:// URL")))?;
+        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(PipelineError::config(format!("{url}: no bucket")));
+        }
+        let s3 = self.client(bucket)?;
         Ok((s3, key))
     }
 }

@@ -69,6 +69,19 @@ pub(crate) fn peak_rss() -> u64 {
     kb * 1024
 }
 
+/// The dataset positions a loader resumed from `state` delivers in its epoch.
+pub(crate) fn rest_after(
+    loader: &mut flowgate::Loader,
+    state: &flowgate::PipelineState,
+) -> Vec<usize> {
+    loader.resume(state).unwrap();
+    loader
+        .epoch()
+        .unwrap()
+        .flat_map(|b| b.unwrap().items.into_iter().map(|m| m.index))
+        .collect()
+}
+
 /// Starts `loader`'s next epoch, takes its first `n` batches and a state: the dataset
 /// positions delivered (in order) and the checkpoint after them (a preempted job's).
 pub(crate) fn take_then_save(
