@@ -234,3 +234,46 @@ fn a_clip_left_out_of_a_batch_is_counted_and_fatal_when_asked() {
     assert!(err.is_failure_budget(), "{err}");
     assert!(err.item().unwrap().ends_with("bad.flac"), "{err}");
 }
+
+/// Each row of a length-aware batch carries its file's label (and the loader its classes);
+/// clips whose channels are kept cannot be padded by time and are refused when built.
+#[test]
+fn length_aware_rows_carry_their_files_labels_and_kept_channels_are_refused() {
+    use flowgate::dataset::Labels;
+    let paths = clips();
+    let values: Vec<i64> = (0..paths.len() as i64).map(|i| 100 + i).collect();
+    let dataset = Dataset::builder(Source::files(paths.clone()).labels(Labels::Values(values)))
+        .shuffle(3)
+        .build()
+        .unwrap();
+    let recipe = Recipe::audio(AudioRecipe {
+        samples: (CAP * RATE as f64) as usize,
+        ..AudioRecipe::default()
+    })
+    .unwrap();
+    let mut l = Loader::builder(dataset.clone(), recipe)
+        .length_batches(CAP, 6)
+        .build()
+        .unwrap();
+    let mut seen = 0;
+    for b in l.epoch().unwrap() {
+        let b = b.unwrap();
+        let labels = b.label_values().expect("labels on every row");
+        for (m, label) in b.items.iter().zip(&labels) {
+            assert_eq!(*label, 100 + m.index as i64);
+        }
+        assert!(b.labels.is_some());
+        seen += b.len();
+    }
+    assert_eq!(seen, paths.len());
+    let keep = Recipe::audio(AudioRecipe {
+        channels: flowgate::media::audio::Channels::Keep,
+        ..AudioRecipe::default()
+    })
+    .unwrap();
+    let e = Loader::builder(dataset, keep)
+        .length_batches(CAP, 6)
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("mono"), "{e}");
+}

@@ -276,13 +276,8 @@ impl Dataset {
     /// dataset is refused on resume).
     pub fn fingerprint(&self) -> Vec<(&'static str, String)> {
         match &self.kind {
-            Kind::Files { files, labels, .. } => {
-                let mut f = files.fingerprint();
-                if labels.is_some() {
-                    f.push(("labels", "files".to_owned()));
-                }
-                f
-            }
+            // Labels do not change the order: a state resumes with or without them.
+            Kind::Files { files, .. } => files.fingerprint(),
             Kind::Records {
                 records,
                 media,

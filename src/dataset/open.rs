@@ -55,9 +55,9 @@ pub(super) fn open(
             for (k, part) in parts.iter().enumerate() {
                 if part.is_remote() || matches!(part.kind, SourceKind::Mix { .. }) {
                     return Err(PipelineError::config(format!(
-                        "mixture: sources[{k}] is {}{}: a mixture mixes local sources (files, \
-                         shards, Parquet); it reads a source's samples in random order, which \
-                         would fetch remote shards again and again",
+                        "mixture: sources[{k}] is {}{}: a mixture mixes files, local shards \
+                         and Parquet (local or on S3); it reads a source's samples in random \
+                         order, which would fetch remote shards again and again",
                         if part.is_remote() { "on S3, " } else { "" },
                         part.kind_name()
                     )));

@@ -281,13 +281,13 @@ impl Source {
         self
     }
 
-    /// Whether this reads objects on S3 (an `s3://` pattern or path).
+    /// Whether a mixture cannot draw from this in random order: tar shards on S3 (each is
+    /// fetched whole into the disk cache: random draws would fetch them again and again) and
+    /// S3 objects (fetched by the loader's I/O stage). Parquet on S3 reads a row group by
+    /// ranged GETs, cached: it mixes.
     pub(crate) fn is_remote(&self) -> bool {
         match &self.kind {
             SourceKind::Shards { pattern, .. } => pattern.starts_with("s3://"),
-            SourceKind::Parquet { paths, .. } => paths
-                .iter()
-                .any(|p| p.to_string_lossy().starts_with("s3://")),
             SourceKind::Mix { parts, .. } => parts.iter().any(Source::is_remote),
             #[cfg(feature = "s3")]
             SourceKind::Objects { .. } => true,

@@ -79,12 +79,12 @@ impl Batch {
 }
 
 /// One decoded item on its way to a batch: its fields, its origin, and for a length-aware
-/// batch (an item that is a whole batch) the file indices its rows hold.
+/// batch (an item that is a whole batch) the file indices its rows hold, with their labels.
 #[derive(Debug)]
 pub(crate) struct Decoded {
     pub(crate) fields: Vec<Tensor>,
     pub(crate) meta: ItemMeta,
-    pub(crate) rows: Option<Vec<usize>>,
+    pub(crate) rows: Option<Vec<(usize, Option<i64>)>>,
 }
 
 impl Decoded {
@@ -127,10 +127,10 @@ pub(crate) fn collate(
             .collect();
         metas = rows
             .into_iter()
-            .map(|index| ItemMeta {
+            .map(|(index, label)| ItemMeta {
                 index,
                 epoch,
-                label: None,
+                label,
             })
             .collect();
     }

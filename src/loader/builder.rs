@@ -76,6 +76,7 @@ pub struct LoaderBuilder {
     on_failure: Option<FailureHook>,
     cache: Option<crate::cache::ByteCache>,
     order: Order,
+    checkpoint_fields: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for LoaderBuilder {
@@ -115,6 +116,7 @@ impl LoaderBuilder {
             on_failure: None,
             cache: None,
             order: DEFAULT_ORDER,
+            checkpoint_fields: Vec::new(),
         }
     }
 
@@ -227,6 +229,18 @@ impl LoaderBuilder {
         self
     }
 
+    /// More settings a checkpoint of this loader is valid for (beside the dataset's and the
+    /// batching's): a state taken with other values is refused on resume. Pipeline files
+    /// record their augmentation seed this way.
+    pub fn checkpoint_fields<K: Into<String>, V: ToString>(
+        mut self,
+        fields: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        self.checkpoint_fields
+            .extend(fields.into_iter().map(|(k, v)| (k.into(), v.to_string())));
+        self
+    }
+
     /// Fetches S3 objects ([`Source::s3`](crate::dataset::Source::s3)) through `cache`: a
     /// later epoch reads what it holds instead of fetching again; the tuner resizes it
     /// within its bounds.
@@ -328,7 +342,7 @@ pub(super) type Make =
 
 /// The function that builds a pipeline of `b`'s settings over `plan`.
 fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: FailureLog) -> Make {
-    let labels = !matches!(plan, Plan::Batches(_)) && b.dataset.has_labels();
+    let labels = b.dataset.has_labels();
     let batch_bytes = b.batch_bytes();
     let decoder = Arc::new(b.decoder);
     let threads = decoder.recipe.item_threads();
@@ -400,7 +414,8 @@ fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: FailureLog) -
             .checkpoint_fields([
                 ("batch_size", batch_size.to_string()),
                 ("drop_last", b.drop_last.to_string()),
-            ]);
+            ])
+            .checkpoint_fields(b.checkpoint_fields.iter().cloned());
         if let Some(m) = b.memory_bytes {
             p = p.memory_budget(m);
         }

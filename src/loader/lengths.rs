@@ -28,6 +28,8 @@ pub(crate) struct LengthCap {
 #[derive(Clone, Debug)]
 pub(crate) struct LengthPlan {
     files: Files,
+    /// The dataset planned (its files' labels and classes).
+    dataset: Dataset,
     plan: Arc<LengthBatches>,
     sampler: Sampler,
 }
@@ -49,6 +51,25 @@ impl LengthPlan {
         if !recipe.has_length() {
             return Err(PipelineError::config(
                 "length-aware batches are for audio and video recipes",
+            ));
+        }
+        // Clips are padded along their first axis: mono audio `[T]`, video `[T, H, W, C]`.
+        #[cfg(feature = "audio")]
+        if recipe
+            .as_audio()
+            .is_some_and(|a| a.channels != crate::media::audio::Channels::Mono)
+        {
+            return Err(PipelineError::config(
+                "length-aware batches of audio are mono (channels kept are not padded by time)",
+            ));
+        }
+        #[cfg(feature = "video")]
+        if recipe
+            .as_video()
+            .is_some_and(|v| v.layout != crate::media::video::VideoLayout::Nthwc)
+        {
+            return Err(PipelineError::config(
+                "length-aware batches of video are in layout NTHWC (frames first)",
             ));
         }
         if !(cap.cap.is_finite() && cap.cap > 0.0) {
@@ -84,6 +105,7 @@ impl LengthPlan {
         sampler = order.apply(sampler)?;
         Ok(Self {
             files: files.clone(),
+            dataset: dataset.clone(),
             plan: Arc::new(plan),
             sampler,
         })
@@ -114,6 +136,11 @@ impl LengthPlan {
         format!("batch {slot} ({} clips: {first}, ...)", rows.len())
     }
 
+    /// The dataset planned.
+    pub(crate) fn dataset(&self) -> &Dataset {
+        &self.dataset
+    }
+
     /// The path of file `index` (a row of a batch).
     pub(crate) fn path(&self, index: usize) -> String {
         self.files.paths()[index].display().to_string()
@@ -137,7 +164,11 @@ impl LengthPlan {
             match decoder.clip(Input::Path(path.clone()), epoch) {
                 Ok(clip) => {
                     clips.push(clip);
-                    kept.push(i);
+                    let label = match self.dataset.has_labels() {
+                        true => self.dataset.read(i, epoch)?.label,
+                        false => None,
+                    };
+                    kept.push((i, label));
                 }
                 Err(e) => failed.push((path.display().to_string(), e)),
             }

@@ -161,17 +161,17 @@ impl Loader {
         self.batches_per_epoch == 0
     }
 
-    /// The dataset it reads, unless it reads length-aware batches of it.
-    pub fn dataset(&self) -> Option<&Dataset> {
+    /// The dataset it reads (in length-aware batches: the dataset whose files it plans).
+    pub fn dataset(&self) -> &Dataset {
         match &self.plan {
-            Plan::Items(d) => Some(d),
-            Plan::Batches(_) => None,
+            Plan::Items(d) => d,
+            Plan::Batches(b) => b.dataset(),
         }
     }
 
     /// The class names (index = label) of folder labels.
     pub fn classes(&self) -> Option<&[String]> {
-        self.dataset().and_then(Dataset::classes)
+        self.dataset().classes()
     }
 
     /// An item's path (or `SHARD:KEY`), for logs and `return_paths`.
@@ -277,6 +277,11 @@ impl Loader {
     /// the next (a resumed position is kept); an epoch being iterated is abandoned.
     pub fn set_epoch(&mut self, epoch: u64) {
         if !self.in_epoch && self.next_epoch() == epoch {
+            // Already the next: a resumed position is kept; an abandoned epoch's progress is
+            // no longer what comes next.
+            if self.abandoned.as_ref().is_some_and(|s| s.epoch != epoch) {
+                self.abandoned = None;
+            }
             return;
         }
         self.close();

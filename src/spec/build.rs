@@ -208,9 +208,12 @@ impl PipelineSpec {
     pub fn build(&self, hooks: Hooks) -> Result<Job, crate::PipelineError> {
         let recipe = self.recipe()?;
         let (source, keep) = self.source(&self.source)?;
+        // A pipeline file reads the whole dataset (`flowgate run` is one process), whatever
+        // RANK and WORLD_SIZE say.
         let dataset = Dataset::builder(source)
             .extensions(&self.extensions(&recipe))
             .shuffle_seed(self.shuffle_seed())
+            .ranks_from(crate::dataset::Ranks::Whole)
             .build()?;
         let items = dataset.len();
         let mut b = crate::Loader::builder(dataset, recipe)
@@ -219,7 +222,8 @@ impl PipelineSpec {
             .order(match self.batch.order {
                 OrderName::Input => crate::Order::Input,
                 OrderName::Completion => crate::Order::Completion,
-            });
+            })
+            .checkpoint_fields([("augmentation_seed", self.augmentation_seed())]);
         if let Some(cap) = self.length_cap() {
             b = b.length_batches(cap, self.batch.buckets);
         }
@@ -240,7 +244,9 @@ impl PipelineSpec {
         if let Some(d) = self.device()? {
             b = b.device(d);
         }
-        let cache = self.cache.as_ref().map(|c| {
+        // The byte cache sits in front of an S3 prefix's fetches; other sources have none.
+        let fetched = matches!(self.source, SourceSpec::S3 { .. });
+        let cache = self.cache.as_ref().filter(|_| fetched).map(|c| {
             let mb = |m: f64| (m * 1048576.0) as u64;
             crate::cache::ByteCache::new(mb(c.mb)).max_bytes(mb(c.max_mb.unwrap_or(4.0 * c.mb)))
         });
@@ -328,6 +334,7 @@ impl PipelineSpec {
         let dataset = Dataset::builder(source)
             .extensions(&self.extensions(&recipe))
             .shuffle_seed(self.shuffle_seed())
+            .ranks_from(crate::dataset::Ranks::Whole)
             .build()?;
         Ok(dataset.files().cloned())
     }
