@@ -55,6 +55,8 @@ use lengths::LengthPlan;
 
 /// What a loader's pipeline reads: the dataset's items, or its files planned into
 /// length-aware batches.
+// Made once per loader and cloned once per pipeline it builds: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 enum Plan {
     Items(Dataset),
