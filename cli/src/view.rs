@@ -491,14 +491,14 @@ impl<'a> Rates<'a> {
     }
 }
 
-/// A failure's reason without its item (so that the same reason groups across files).
+/// A failure's reason without its item (so that the same reason groups across files), whole:
+/// a terminal's frame cuts its lines to the width, a file or a pipe gets every word.
 fn reason(cause: &str, item: &str) -> String {
-    let r = if item.is_empty() {
+    if item.is_empty() {
         cause.to_owned()
     } else {
         cause.replace(item, "…")
-    };
-    cut(&r, 60)
+    }
 }
 
 /// `s` cut to `n` characters (a cut line ends in `…`).
@@ -597,6 +597,12 @@ mod tests {
             reason("reading /d/x.jpg: No such file", "/d/x.jpg"),
             "reading …: No such file"
         );
+        // Whole, however long (a terminal's frame cuts its lines to the width).
+        let long = format!(
+            "riff: chunk length exceeds parent{}",
+            " and more".repeat(20)
+        );
+        assert_eq!(reason(&long, "/d/x.wav"), long);
     }
 
     #[test]

@@ -378,6 +378,30 @@ fn profile_measures_with_a_spread_and_refuses_what_it_cannot_measure() {
     );
     assert!(stdout.contains("tuner ("), "{stdout}");
 
+    // Bad files are counted once, however many passes, levels and repeats decode them.
+    let mut with_bad = list.clone();
+    for i in 0..7 {
+        let bad = dir.join(format!("bad{i}.jpg"));
+        std::fs::write(&bad, b"not a jpeg").unwrap();
+        with_bad.push(bad.display().to_string());
+    }
+    std::fs::write(dir.join("with_bad.txt"), with_bad.join("\n")).unwrap();
+    let out = flowgate()
+        .args([
+            "profile",
+            "--levels",
+            "1,2",
+            "--repeats",
+            "2",
+            "--min-seconds",
+            "0.2",
+        ])
+        .arg(pipeline(&dir, "with_bad.txt", ""))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("7 item(s) failed to decode"), "{stdout}");
+
     let missing: String = (0..20).map(|i| format!("gone/{i}.jpg\n")).collect();
     std::fs::write(dir.join("missing.txt"), missing).unwrap();
     let out = flowgate()
