@@ -166,6 +166,7 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
         view::with(|v| {
             v.epoch.0 = epoch + 1;
             v.done = 0;
+            v.failed = 0;
         });
         let t0 = Instant::now();
         let mut items = 0usize;
@@ -233,7 +234,7 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
     }
     let total = started.elapsed().as_secs_f64();
     let stats = loader.loader.stats();
-    let groups = view::finish();
+    let groups = view::finish(&stats);
     // Back to the default for the rest of the process.
     on_stop_signals(libc::SIG_DFL);
     drop(loader.loader);

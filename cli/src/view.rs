@@ -44,6 +44,8 @@ pub(crate) struct View {
     pub(crate) epoch_items: usize,
     pub(crate) done: usize,
     pub(crate) done_total: usize,
+    /// Items that failed this epoch (they count as processed, not delivered).
+    pub(crate) failed: usize,
     /// Lines to print above the frame at the next redraw.
     pending: Vec<String>,
     /// CPU seconds of the process at the previous update.
@@ -77,6 +79,7 @@ pub(crate) fn start(mode: Mode, epochs: u64, epoch_items: usize, policy: Option<
         epoch_items,
         done: 0,
         done_total: 0,
+        failed: 0,
         pending: Vec::new(),
         cpu: None,
         policy,
@@ -115,7 +118,7 @@ pub(crate) type FailureGroups = Vec<(String, u64, String)>;
 
 /// Prints what is pending and leaves the last frame on screen; the view is off afterwards.
 /// Returns the run's failures by reason.
-pub(crate) fn finish() -> FailureGroups {
+pub(crate) fn finish(last: &PipelineStats) -> FailureGroups {
     let Some(mut v) = view().take() else {
         return Vec::new();
     };
@@ -127,16 +130,22 @@ pub(crate) fn finish() -> FailureGroups {
         for line in v.pending.drain(..) {
             let _ = writeln!(err, "{line}");
         }
-        // The last frame (or line), over the whole run: a record of where it ended.
-        if let (Some((t0, first)), Some((t1, last))) = (v.first.clone(), v.prev.clone()) {
-            let dt = t1.duration_since(t0);
+        // The last frame (or line), over the whole run, from the run's final statistics (the
+        // summary's): a record of where it ended.
+        // A run shorter than the statistics' interval has no first statistics: from zero.
+        let (t0, first) = v
+            .first
+            .clone()
+            .unwrap_or_else(|| (v.started, PipelineStats::default()));
+        {
+            let dt = t0.elapsed();
             match v.mode {
                 Mode::Terminal => {
-                    let frame = v.frame(&last, &first, dt, width());
+                    let frame = v.frame(last, &first, dt, width());
                     let _ = err.write_all(frame.as_bytes());
                 }
                 Mode::Lines(_) => {
-                    let line = v.line(&last, &first, dt);
+                    let line = v.line(last, &first, dt);
                     let _ = writeln!(err, "{line}");
                 }
                 Mode::Off => {}
@@ -215,6 +224,7 @@ impl View {
         let entry = self.failures.entry(reason).or_insert((0, String::new()));
         entry.0 += 1;
         entry.1 = e.item().to_owned();
+        self.failed += 1;
         self.latest_failure = Some(format!("{}: {}", e.item(), e.cause()));
     }
 
@@ -294,14 +304,15 @@ impl View {
     ) -> String {
         let r = Rates::new(now, prev, dt);
         let mut lines = Vec::new();
-        let pct = 100.0 * self.done as f64 / self.epoch_items.max(1) as f64;
+        let pct = self.processed_pct();
         lines.push(format!(
-            "epoch {}/{} {} {}/{} items {:.0}%  elapsed {}  ETA {}",
+            "epoch {}/{} {} {}/{} items{} {:.0}%  elapsed {}  ETA {}",
             self.epoch.0,
             self.epoch.1,
             bar(pct, 20),
             self.done,
             self.epoch_items,
+            self.failed_note(),
             pct,
             clock(self.started.elapsed().as_secs_f64()),
             self.eta().map_or_else(|| "-".to_owned(), clock)
@@ -384,21 +395,36 @@ impl View {
         )
     }
 
+    /// The share of the epoch processed: its items delivered or failed.
+    fn processed_pct(&self) -> f64 {
+        let processed = (self.done + self.failed) as f64;
+        (100.0 * processed / self.epoch_items.max(1) as f64).min(100.0)
+    }
+
+    /// ` + N failed` when items of this epoch failed.
+    fn failed_note(&self) -> String {
+        match self.failed {
+            0 => String::new(),
+            n => format!(" + {n} failed"),
+        }
+    }
+
     /// One progress line (not a terminal).
     fn line(&mut self, now: &PipelineStats, prev: &PipelineStats, dt: Duration) -> String {
         let r = Rates::new(now, prev, dt);
-        let pct = 100.0 * self.done as f64 / self.epoch_items.max(1) as f64;
+        let pct = self.processed_pct();
         let cpu = self
             .cpu_cores()
             .map_or_else(|| "-".to_owned(), |c| format!("{c:.1}"));
         format!(
-            "[{}] epoch {}/{} {}/{} items ({pct:.0}%) ETA {}  {:.1} batches/s  wait {:.0}%  \
+            "[{}] epoch {}/{} {}/{} items{} ({pct:.0}%) ETA {}  {:.1} batches/s  wait {:.0}%  \
              bottleneck {}  cpu {cpu} cores  rss {}  failures {}",
             clock(self.started.elapsed().as_secs_f64()),
             self.epoch.0,
             self.epoch.1,
             self.done,
             self.epoch_items,
+            self.failed_note(),
             self.eta().map_or_else(|| "-".to_owned(), clock),
             r.batches,
             100.0 * r.wait.min(1.0),

@@ -528,3 +528,51 @@ fn labels_from_folders_or_a_label_file_round_trip_through_dump() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A piped run's last progress line agrees with its summary: items delivered, items failed
+/// (counted as processed: 100%), and the failures total.
+#[test]
+fn a_piped_runs_last_progress_line_agrees_with_the_summary() {
+    let dir = scratch("last-line");
+    let mut list: Vec<String> = images()
+        .iter()
+        .take(20)
+        .map(|p| p.display().to_string())
+        .collect();
+    for i in 0..3 {
+        let bad = dir.join(format!("bad{i}.jpg"));
+        std::fs::write(&bad, b"not a jpeg").unwrap();
+        list.push(bad.display().to_string());
+    }
+    std::fs::write(dir.join("list.txt"), list.join("\n")).unwrap();
+    let out = flowgate()
+        .arg("run")
+        .arg(pipeline(&dir, "list.txt", "[run]\nprogress_s = 0.1\n"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j = json(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr
+        .lines()
+        .filter(|l| l.starts_with('[') && l.contains(" items"))
+        .last()
+        .unwrap_or_else(|| panic!("no progress line: {stderr}"));
+    let (items, failures) = (
+        j["items"].as_u64().unwrap(),
+        j["failures"].as_u64().unwrap(),
+    );
+    assert_eq!((items, failures), (20, 3));
+    assert!(
+        last.contains(&format!("{items}/23 items + {failures} failed (100%)"))
+            && last.ends_with(&format!("failures {failures}")),
+        "{last}"
+    );
+}
