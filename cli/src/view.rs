@@ -141,7 +141,7 @@ pub(crate) fn finish(last: &PipelineStats) -> FailureGroups {
             let dt = t0.elapsed();
             match v.mode {
                 Mode::Terminal => {
-                    let frame = v.frame(last, &first, dt, width());
+                    let frame = v.frame(last, &first, dt, size());
                     let _ = err.write_all(frame.as_bytes());
                 }
                 Mode::Lines(_) => {
@@ -240,7 +240,7 @@ impl View {
         match self.mode {
             Mode::Off => {}
             Mode::Terminal => {
-                let frame = self.frame(stats, &prev, now.duration_since(then), width());
+                let frame = self.frame(stats, &prev, now.duration_since(then), size());
                 let mut err = std::io::stderr().lock();
                 self.clear(&mut err);
                 for line in self.pending.drain(..) {
@@ -294,13 +294,13 @@ impl View {
         (dt > 0.0).then(|| (now.1 - prev.1) / dt)
     }
 
-    /// The frame on a terminal `width` columns wide.
+    /// The frame on a terminal `width` columns wide and `height` rows high.
     fn frame(
         &mut self,
         now: &PipelineStats,
         prev: &PipelineStats,
         dt: Duration,
-        width: usize,
+        (width, height): (usize, usize),
     ) -> String {
         let r = Rates::new(now, prev, dt);
         let mut lines = Vec::new();
@@ -369,6 +369,10 @@ impl View {
                 busy
             ));
         }
+        // The frame fits the terminal's height too (a taller one would scroll at every
+        // redraw): the lines come most important first, the stage table last; one row is
+        // left for the cursor.
+        lines.truncate(height.saturating_sub(1).max(1));
         let mut out = String::new();
         for l in lines {
             let _ = writeln!(out, "{}", cut(&l, width.saturating_sub(1).max(10)));
@@ -569,19 +573,29 @@ pub(crate) fn bytes(b: u64) -> String {
     }
 }
 
-/// The terminal's width (stderr's), else `$COLUMNS`, else 80.
-fn width() -> usize {
+/// The terminal's width and height (stderr's), else `$COLUMNS` and `$LINES`, else 80×24.
+fn size() -> (usize, usize) {
     // SAFETY: TIOCGWINSZ fills a winsize; a failure leaves it zeroed.
     let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
     let ok = unsafe { libc::ioctl(2, libc::TIOCGWINSZ, &mut ws) } == 0;
-    if ok && ws.ws_col > 0 {
-        return ws.ws_col as usize;
-    }
-    std::env::var("COLUMNS")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .filter(|&c| c > 0)
-        .unwrap_or(80)
+    let env = |k: &str, default: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .filter(|&c| c > 0)
+            .unwrap_or(default)
+    };
+    let w = if ok && ws.ws_col > 0 {
+        ws.ws_col as usize
+    } else {
+        env("COLUMNS", 80)
+    };
+    let h = if ok && ws.ws_row > 0 {
+        ws.ws_row as usize
+    } else {
+        env("LINES", 24)
+    };
+    (w, h)
 }
 
 /// The process's resident memory (Linux; None elsewhere).

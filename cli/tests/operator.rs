@@ -347,6 +347,42 @@ fn the_live_view_fits_an_80_column_terminal() {
     assert!(last.contains("rss") && last.contains("cores"), "{last}");
 }
 
+/// At 50×8 the frame is cut to the terminal's height as well as its width: its first lines
+/// (the epoch and its progress, the rates) stay on screen, one frame at a time, none wrapped.
+#[test]
+fn the_live_view_fits_a_50_by_8_terminal() {
+    let dir = scratch("pty-small");
+    let list: Vec<String> = images().iter().map(|p| p.display().to_string()).collect();
+    std::fs::write(dir.join("list.txt"), list.join("\n")).unwrap();
+    let text = std::fs::read_to_string(pipeline(&dir, "list.txt", "")).unwrap();
+    let file = dir.join("p.toml");
+    std::fs::write(
+        &file,
+        text.replace("size = 8", "size = 4") + "[run]\nepochs = 12\nstep_ms = 25\n",
+    )
+    .unwrap();
+    let (status, screens) = run_on_a_terminal(&file, 50, 8);
+    assert!(status.success());
+    let mut whole_frames = 0;
+    for (i, s) in screens.iter().enumerate() {
+        let text = s.rows.join("\n");
+        let Some(top) = s.rows.iter().position(|r| r.starts_with("epoch ")) else {
+            continue;
+        };
+        let frames = s.rows.iter().filter(|r| r.starts_with("epoch ")).count();
+        assert_eq!(frames, 1, "screen {i}: a stale frame:\n{text}");
+        let wrapped = s.wrapped.iter().filter(|&&r| r >= top).count();
+        assert_eq!(wrapped, 0, "screen {i}: a frame line wrapped:\n{text}");
+        if s.rows.get(top + 1).is_some_and(|r| r.contains("batches/s")) {
+            whole_frames += 1;
+        }
+    }
+    assert!(
+        whole_frames > 3,
+        "the progress and rate lines on {whole_frames} screens"
+    );
+}
+
 #[test]
 fn profile_measures_with_a_spread_and_refuses_what_it_cannot_measure() {
     let dir = scratch("profile");
