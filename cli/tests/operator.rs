@@ -285,6 +285,20 @@ fn run_on_a_terminal(file: &Path, cols: u16, rows: u16) -> (std::process::ExitSt
     (child.wait().unwrap(), screens)
 }
 
+/// A pipeline file over `list` for the terminal tests: batches of 4, 12 epochs, a 25 ms
+/// step (long enough for many redraws).
+fn terminal_pipeline(dir: &Path, list: &[String]) -> PathBuf {
+    std::fs::write(dir.join("list.txt"), list.join("\n")).unwrap();
+    let text = std::fs::read_to_string(pipeline(dir, "list.txt", "")).unwrap();
+    let file = dir.join("p.toml");
+    std::fs::write(
+        &file,
+        text.replace("size = 8", "size = 4") + "[run]\nepochs = 12\nstep_ms = 25\n",
+    )
+    .unwrap();
+    file
+}
+
 /// A terminal's screen: its rows, and which of them wrapped onto the next.
 struct Screen {
     rows: Vec<String>,
@@ -303,14 +317,7 @@ fn the_live_view_fits_an_80_column_terminal() {
         "a-long-folder-name".repeat(4)
     ));
     list.push(format!("{}/gone-too.jpg", dir.display()));
-    std::fs::write(dir.join("list.txt"), list.join("\n")).unwrap();
-    let text = std::fs::read_to_string(pipeline(&dir, "list.txt", "")).unwrap();
-    let file = dir.join("p.toml");
-    std::fs::write(
-        &file,
-        text.replace("size = 8", "size = 4") + "[run]\nepochs = 12\nstep_ms = 25\n",
-    )
-    .unwrap();
+    let file = terminal_pipeline(&dir, &list);
     let (status, screens) = run_on_a_terminal(&file, 80, 40);
     assert!(status.success());
     assert!(screens.len() > 5, "{} screens", screens.len());
@@ -353,14 +360,7 @@ fn the_live_view_fits_an_80_column_terminal() {
 fn the_live_view_fits_a_50_by_8_terminal() {
     let dir = scratch("pty-small");
     let list: Vec<String> = images().iter().map(|p| p.display().to_string()).collect();
-    std::fs::write(dir.join("list.txt"), list.join("\n")).unwrap();
-    let text = std::fs::read_to_string(pipeline(&dir, "list.txt", "")).unwrap();
-    let file = dir.join("p.toml");
-    std::fs::write(
-        &file,
-        text.replace("size = 8", "size = 4") + "[run]\nepochs = 12\nstep_ms = 25\n",
-    )
-    .unwrap();
+    let file = terminal_pipeline(&dir, &list);
     let (status, screens) = run_on_a_terminal(&file, 50, 8);
     assert!(status.success());
     let mut whole_frames = 0;
