@@ -383,13 +383,9 @@ fn the_live_view_fits_a_50_by_8_terminal() {
     );
 }
 
-#[test]
-fn profile_measures_with_a_spread_and_refuses_what_it_cannot_measure() {
-    let dir = scratch("profile");
-    let list: Vec<String> = images().iter().map(|p| p.display().to_string()).collect();
-    std::fs::write(dir.join("list.txt"), list.join("\n")).unwrap();
-    let file = pipeline(&dir, "list.txt", "");
-    let out = flowgate()
+/// `flowgate profile` of `file` at 1 and 2 workers, twice each, 0.2 s a measurement.
+fn profile_levels(file: &Path) -> Output {
+    flowgate()
         .args([
             "profile",
             "--levels",
@@ -399,9 +395,18 @@ fn profile_measures_with_a_spread_and_refuses_what_it_cannot_measure() {
             "--min-seconds",
             "0.2",
         ])
-        .arg(&file)
+        .arg(file)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn profile_measures_with_a_spread_and_refuses_what_it_cannot_measure() {
+    let dir = scratch("profile");
+    let list: Vec<String> = images().iter().map(|p| p.display().to_string()).collect();
+    std::fs::write(dir.join("list.txt"), list.join("\n")).unwrap();
+    let file = pipeline(&dir, "list.txt", "");
+    let out = profile_levels(&file);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -422,19 +427,7 @@ fn profile_measures_with_a_spread_and_refuses_what_it_cannot_measure() {
         with_bad.push(bad.display().to_string());
     }
     std::fs::write(dir.join("with_bad.txt"), with_bad.join("\n")).unwrap();
-    let out = flowgate()
-        .args([
-            "profile",
-            "--levels",
-            "1,2",
-            "--repeats",
-            "2",
-            "--min-seconds",
-            "0.2",
-        ])
-        .arg(pipeline(&dir, "with_bad.txt", ""))
-        .output()
-        .unwrap();
+    let out = profile_levels(&pipeline(&dir, "with_bad.txt", ""));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("7 item(s) failed to decode"), "{stdout}");
 
