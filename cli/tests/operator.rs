@@ -591,8 +591,7 @@ fn a_piped_runs_last_progress_line_agrees_with_the_summary() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let last = stderr
         .lines()
-        .filter(|l| l.starts_with('[') && l.contains(" items"))
-        .last()
+        .rfind(|l| l.starts_with('[') && l.contains(" items"))
         .unwrap_or_else(|| panic!("no progress line: {stderr}"));
     let (items, failures) = (
         j["items"].as_u64().unwrap(),
