@@ -86,6 +86,10 @@ pub struct ShardState {
     /// `world`-th position (and in a merged state, whose positions are global).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocks: Option<Blocks>,
+    /// `(w, n)`: the state of worker `w` of the `n` processes that split the rank's share
+    /// (PyTorch `DataLoader` workers; see [`Sampler::split`]); `None`: the whole share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<(usize, usize)>,
 }
 
 impl ShardState {
@@ -98,6 +102,7 @@ impl ShardState {
             global_len: self.global_len,
             base: RangeSet::from_ranges(self.base.iter().copied()),
             blocks: self.blocks,
+            split: self.split,
         }
     }
 
@@ -109,6 +114,7 @@ impl ShardState {
             global_len: layout.global_len,
             base: layout.base.ranges().collect(),
             blocks: layout.blocks,
+            split: layout.split,
         }
     }
 }
@@ -158,6 +164,13 @@ impl PipelineState {
                 return Err(bad(
                     "a version-1 state cannot be merged (resume it at its own rank)".into(),
                 ));
+            }
+            if let Some((w, n)) = sh.split {
+                return Err(bad(format!(
+                    "a state of DataLoader worker {w} of {n} (part of rank {}'s share): take the \
+                     states in the training processes, where the workers' batches arrive",
+                    sh.rank
+                )));
             }
             shards.push(sh);
         }
@@ -260,6 +273,7 @@ impl PipelineState {
                 base: Vec::new(),
                 // Global positions, in order.
                 blocks: None,
+                split: None,
             }),
         })
     }
@@ -365,6 +379,9 @@ pub(crate) struct Sharding {
     pub(crate) sampler: Sampler,
     /// (epoch, global positions delivered before this world started it).
     pub(crate) base: Arc<Mutex<Option<(u64, RangeSet)>>>,
+    /// (epoch, this rank's local positions a resume skips in it): what the source leaves
+    /// out of its next run of that epoch.
+    skip: Arc<Mutex<Option<(u64, RangeSet)>>>,
 }
 
 impl Sharding {
@@ -372,6 +389,26 @@ impl Sharding {
         Self {
             sampler,
             base: Arc::default(),
+            skip: Arc::default(),
+        }
+    }
+
+    /// The dataset indices the source reads of `order` (this rank's share of `epoch`, after
+    /// its base): all of them, less what a resume skips (taken: the skip applies to one run
+    /// of the epoch, as the source's does).
+    pub(crate) fn reads<'a>(
+        &self,
+        epoch: u64,
+        order: &'a [usize],
+    ) -> std::borrow::Cow<'a, [usize]> {
+        match self.skip.lock().take() {
+            Some((e, skip)) if e == epoch && !skip.is_empty() => order
+                .iter()
+                .enumerate()
+                .filter(|&(p, _)| !skip.contains(p as u64))
+                .map(|(_, &i)| i)
+                .collect(),
+            _ => order.into(),
         }
     }
 
@@ -409,14 +446,47 @@ impl Sharding {
                 theirs.global_len, mine.global_len
             )));
         }
-        let same_place =
+        if let Some((w, n)) = theirs.split {
+            if theirs.split != mine.split {
+                return Err(PipelineError::config(format!(
+                    "resume: the checkpoint is DataLoader worker {w}'s of {n} (a part of rank {}'s \
+                     share): take the state in the training process, where every worker's \
+                     batches arrive",
+                    theirs.rank
+                )));
+            }
+        }
+        let same_rank =
             theirs.world == mine.world && theirs.rank == mine.rank && theirs.blocks == mine.blocks;
-        let (base, skip, partial) = if same_place {
+        let (base, skip, partial) = if same_rank && theirs.split == mine.split {
             // The same place in the same world: positions are this rank's own.
             (
                 RangeSet::from_ranges(theirs.base.iter().copied()),
                 RangeSet::from_ranges(state.delivered.iter().copied()),
                 state.partial.clone(),
+            )
+        } else if same_rank {
+            // This rank's own progress, now split among workers: each keeps its part of the
+            // rank's positions (see `Layout::split`).
+            let mine = self.sampler.layout(
+                state.epoch,
+                RangeSet::from_ranges(theirs.base.iter().copied()),
+            );
+            let local = |j: u64| mine.split_local(j);
+            let skip = state
+                .delivered
+                .iter()
+                .flat_map(|&(a, b)| a..b)
+                .filter_map(|j| local(j).map(|p| (p, p + 1)));
+            let partial = state
+                .partial
+                .iter()
+                .filter_map(|&(j, a, b)| local(j).map(|p| (p, a, b)))
+                .collect();
+            (
+                RangeSet::from_ranges(theirs.base.iter().copied()),
+                RangeSet::from_ranges(skip),
+                partial,
             )
         } else if theirs.world == 1 {
             // A whole world's progress (one process, or merged): deal out the rest afresh.
@@ -437,6 +507,7 @@ impl Sharding {
             )));
         };
         *self.base.lock() = Some((state.epoch, base));
+        *self.skip.lock() = Some((state.epoch, skip.clone()));
         Ok((skip, partial))
     }
 }

@@ -220,3 +220,49 @@ fn merging_refuses_states_that_do_not_fit_together() {
     .resume(&merged)
     .unwrap();
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    /// A rank's own checkpoint resumed by DataLoader workers that split its share (a
+    /// training job that checkpointed with one process per rank and resumes with workers):
+    /// the workers together deliver exactly the rank's undelivered items; a worker's own
+    /// state is refused where only the training process's is whole.
+    #[test]
+    fn a_rank_state_resumes_split_among_workers(
+        len in 1usize..120, world in 1usize..4, workers in 2usize..5, cut in 0usize..40,
+        seed in any::<u64>(), grouped in any::<bool>(),
+    ) {
+        let mut base = Sampler::new(len).shuffle(seed).shard_lengths(ShardLengths::Pad);
+        if grouped {
+            let groups: Vec<usize> = (0..len).collect::<Vec<_>>().chunks(9).map(<[usize]>::len).collect();
+            base = Sampler::new(len).groups(&groups).unwrap().shuffle(seed).buffer(4).shard_lengths(ShardLengths::Pad);
+        }
+        for rank in 0..world {
+            let sampler = base.clone().shard(rank, world).unwrap();
+            let share = sampler.epoch(0);
+            let mut p = build(sampler.clone(), Order::Input, false, false);
+            // Mid-epoch (a state after the epoch's end names the next one).
+            let cut = cut.min(share.len().saturating_sub(1));
+            let first: Vec<usize> = p.iter().take(cut).map(|r| r.unwrap().0).collect();
+            let state: PipelineState =
+                serde_json::from_str(&serde_json::to_string(&p.state()).unwrap()).unwrap();
+            let mut rest = Vec::new();
+            for w in 0..workers {
+                let mut q = build(sampler.clone().split(w, workers).unwrap(), Order::Input, false, false);
+                q.resume(&state).expect("a rank's state resumes in its workers");
+                rest.extend(q.iter().map(|r| r.unwrap().0));
+                if w == 0 && workers > 1 {
+                    let e = PipelineState::merge(&[q.state()]).unwrap_err();
+                    prop_assert!(e.to_string().contains("DataLoader worker"), "{}", e);
+                }
+            }
+            let mut all = first.clone();
+            all.extend(&rest);
+            all.sort_unstable();
+            let mut want = share.clone();
+            want.sort_unstable();
+            prop_assert_eq!(all, want, "rank {}: {} before the checkpoint", rank, first.len());
+        }
+    }
+}

@@ -458,3 +458,97 @@ fn a_shard_that_cannot_be_indexed_is_an_error_naming_it() {
         "{err}"
     );
 }
+
+/// A resumed epoch plans its downloads from what it still reads: shards whose samples were
+/// all delivered before the checkpoint are not fetched again, each shard still needed is
+/// fetched once, and every shard leaves the disk cache once its last sample is read (a plan
+/// counted from the epoch's start keeps the partly read ones forever).
+#[test]
+fn a_resumed_epoch_fetches_only_the_shards_it_still_reads_and_releases_them() {
+    use flowgate::{Order, Workers};
+    use std::collections::HashSet;
+
+    let f = fixture("shards-resume-plan");
+    upload_shards(&f.s3, 12, 20, true);
+    let proxy = proxy_to(&f, false);
+    let s3 = S3::connect(
+        f.server
+            .config("data")
+            .endpoint(format!("http://{}", proxy.addr)),
+    )
+    .unwrap();
+    let caches = TempDir(f._dir.0.with_extension("cache"));
+    let pattern = "train/shard-{000000..000011}.tar";
+    let build = |cache: &str| {
+        let shards = open_s3_shards(&s3, pattern, &caches.0.join(cache), 0)
+            .shuffle(5)
+            .buffer(30)
+            .prefetch(3);
+        let planner = shards.clone();
+        let p = Pipeline::builder()
+            .source_sampled_planned(shards.sampler().clone(), shards.refs(), move |e, r| {
+                planner.plan_reads(e, r)
+            })
+            .checkpoint_fields(shards.fingerprint())
+            .describe(|r| r.to_string())
+            .pipe(
+                "read",
+                |r| Ok::<_, String>(sample_number(&r)),
+                Workers::fixed(2),
+            )
+            .output_order(Order::Input)
+            .aggregate(10, false)
+            .build()
+            .unwrap();
+        (p, shards)
+    };
+    // Two thirds of the epoch, then a checkpoint.
+    let (mut first, _) = build("first");
+    let before: Vec<u64> = first
+        .iter()
+        .take(16)
+        .map(Result::unwrap)
+        .collect::<Vec<_>>()
+        .concat();
+    let state = first.state();
+    drop(first);
+    let shard_of = |n: u64| format!("shard-{:06}.tar", n / 20);
+    let gets_before = proxy.counts.gets_of(".tar");
+    // A new process, an empty cache: the rest of the epoch.
+    let (mut second, shards) = build("second");
+    second.resume(&state).unwrap();
+    let rest: Vec<u64> = second
+        .iter()
+        .map(Result::unwrap)
+        .collect::<Vec<_>>()
+        .concat();
+    let all: HashSet<u64> = before.iter().chain(&rest).copied().collect();
+    assert_eq!((before.len() + rest.len(), all.len()), (240, 240));
+    let needed: HashSet<String> = rest.iter().map(|&n| shard_of(n)).collect();
+    let after = proxy.counts.gets_of(".tar");
+    let fetched: Vec<(String, u64)> = after
+        .iter()
+        .map(|(k, n)| (k.clone(), n - gets_before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    for (key, n) in &fetched {
+        let name = key.rsplit('/').next().unwrap();
+        assert!(
+            needed.contains(name),
+            "{name} was fetched after the resume, but none of its samples is left: {fetched:?}"
+        );
+        assert_eq!(*n, 1, "{name} fetched {n} times after the resume");
+    }
+    assert_eq!(fetched.len(), needed.len(), "{fetched:?} for {needed:?}");
+    // Every shard read to its last sample: the cache holds at most its working set.
+    let c = shards.cache().unwrap().stats();
+    let shard_bytes = std::fs::metadata(f._dir.0.join("data/train/shard-000000.tar"))
+        .unwrap()
+        .len();
+    assert!(
+        c.bytes <= 2 * shard_bytes,
+        "{} bytes left in the cache after the epoch ({} per shard): {c:?}",
+        c.bytes,
+        shard_bytes
+    );
+}

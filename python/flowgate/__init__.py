@@ -25,8 +25,8 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Opti
 from . import _native
 from ._native import Batch, DeviceUnavailable, LoaderError, skip_part
 from ._sources import Mix, Parquet, Shards, _check_ints
-from ._process import (_LIVE, _Epoch, _converter, _rebuild, _register_with_torch,
-                       _worker_split)
+from ._process import (_LIVE, _Epoch, _WorkerMarker, _converter, _in_worker, _rebuild,
+                       _register_with_torch, _worker_split)
 
 __all__ = ["ImageLoader", "AudioLoader", "VideoLoader", "Shards", "Parquet", "Mix", "Pipeline",
            "Batch", "LoaderError", "DeviceUnavailable", "merge_state_dicts", "skip_part"]
@@ -73,11 +73,17 @@ class _Loader:
     _pid: int
     _split: Optional[Tuple[int, int]]
     _fork_epoch: int
+    #: A state loaded in the training process and not yet iterated there: the processes
+    #: it forks (DataLoader workers) resume from it too.
+    _resume: Optional[Dict[str, Any]]
+    #: Set by DataLoader workers that read this loader (see ``state_dict``).
+    _marker: _WorkerMarker
     batch_size: int
     dataset: Any
 
-    def _setup(self, args: Dict[str, Any]) -> None:
-        """Builds the native side from the constructor's arguments (its ``locals()``)."""
+    def _setup(self, args: Dict[str, Any], marker: Optional[_WorkerMarker] = None) -> None:
+        """Builds the native side from the constructor's arguments (its ``locals()``);
+        ``marker``: the training process's, for a loader unpickled in a worker."""
         args = {k: v for k, v in args.items() if k not in ("self", "__class__")}
         if args.get("output") not in ("batch", "torch", "numpy"):
             raise ValueError(f'output must be "batch", "torch" or "numpy", not '
@@ -89,6 +95,8 @@ class _Loader:
         self.dataset = args["paths"]
         self._split = None
         self._fork_epoch = 0
+        self._resume = None
+        self._marker = marker if marker is not None else _WorkerMarker()
         self._native = self._build(args)
         self._pid = os.getpid()
         _LIVE.add(self)
@@ -100,8 +108,9 @@ class _Loader:
     def _here(self) -> Any:
         """The native loader for this process: after a ``fork`` (or in a ``DataLoader``
         worker of several) a new one, built from the arguments and starting at the epoch the
-        parent was at; in a worker it reads only its share (worker ``w`` of ``W`` on rank
-        ``r`` of ``R`` is rank ``r*W + w`` of ``R*W``)."""
+        parent was at (resuming a state the parent loaded for it); in a worker it reads only
+        its part of the rank's share: every ``W``-th item starting at the ``w``-th, never
+        padded, so the workers together read the rank's share exactly once."""
         split = _worker_split()
         if os.getpid() == self._pid and split == self._split:
             return self._native
@@ -119,10 +128,11 @@ class _Loader:
             self._native.close()
         args = dict(self._args)
         if split is not None:
-            rank, world = _rank_and_world(args)
-            args["rank"], args["world_size"] = rank * split[1] + split[0], world * split[1]
+            args["worker_split"] = split
         self._native = self._build(args)
         self._native.set_epoch(epoch)
+        if self._resume is not None and self._resume.get("epoch") == epoch:
+            self._native.load_state_dict(self._resume)
         self._pid, self._split = os.getpid(), split
         return self._native
 
@@ -139,6 +149,12 @@ class _Loader:
         ``labels`` and/or ``return_paths`` a tuple ``(batch, labels, paths)`` of what was asked
         for (with ``output="torch"``/``"numpy"``, tensors/arrays instead of batches)."""
         native = self._here()
+        if _in_worker():
+            self._marker.mark()
+        elif os.getpid() == self._marker.owner:
+            # Iterated here: this process's state covers what it delivers from now on.
+            self._resume = None
+            self._marker.clear()
         return _Epoch(native, _converter(self._output()))
 
     def __getitem__(self, index: Any) -> Any:
@@ -153,7 +169,7 @@ class _Loader:
 
     def __reduce__(self) -> Any:
         epoch = self._native._next_epoch() if os.getpid() == self._pid else self._fork_epoch
-        return (_rebuild, (type(self), self._args, epoch))
+        return (_rebuild, (type(self), self._args, epoch, self._marker, self._resume))
 
     def set_epoch(self, epoch: int) -> None:
         """Makes ``epoch`` the next epoch iterated (as ``DistributedSampler.set_epoch``):
@@ -190,13 +206,30 @@ class _Loader:
         return self._here().failures(epoch)
 
     def state_dict(self) -> Dict[str, Any]:
-        """A small checkpoint (plain ints and lists) of what this epoch has delivered."""
+        """A small checkpoint (plain ints and lists) of what this epoch has delivered.
+
+        Raises ``RuntimeError`` in the training process when the loader's batches were read
+        in ``DataLoader`` worker processes: what they delivered is not known here (a state
+        taken anyway would train on those batches again after a resume). Iterate the loader
+        in the training process instead — ``DataLoader(loader, batch_size=None)`` with the
+        default ``num_workers=0``, or the loader itself: it decodes on its own threads."""
+        if self._split is None and self._marker.marked():
+            raise RuntimeError(
+                "this loader's batches were read in DataLoader worker processes, so the "
+                "training process does not know which were delivered: a state_dict() taken "
+                "here would train on them again after a resume. Iterate the loader in the "
+                "training process to checkpoint it: DataLoader(loader, batch_size=None) "
+                "with num_workers=0, or `for batch in loader` (flowgate decodes on its own "
+                "threads; DataLoader workers add processes, not throughput)")
         return self._here().state_dict()
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the next epoch iterated yields exactly the
-        batches' items not delivered yet (same loader arguments required)."""
+        batches' items not delivered yet (same loader arguments required). ``DataLoader``
+        workers forked (or spawned) before that epoch is iterated here resume from it too,
+        each its part of the rank's rest."""
         self._here().load_state_dict(state)
+        self._resume = dict(state)
 
     def close(self) -> None:
         """Stops the pipeline and joins its threads (also done when the loader is freed)."""
@@ -504,7 +537,8 @@ _OPTIONS = ("batch_size", "shuffle", "seed", "rank", "world_size", "drop_last", 
 def _options(args: Dict[str, Any]) -> Any:
     """The arguments every loader shares (taken from its ``locals()``), as native options."""
     _check_ints(args, batch_size=1, seed=0, rank=0, world_size=1, workers=1)
-    return _native.Options(labels=_labels(args["labels"]), **{k: args[k] for k in _OPTIONS})
+    return _native.Options(labels=_labels(args["labels"]), worker_split=args.get("worker_split"),
+                           **{k: args[k] for k in _OPTIONS})
 
 
 def _rank_and_world(args: Dict[str, Any]) -> Tuple[int, int]:

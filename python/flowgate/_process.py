@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
+import uuid
 import weakref
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -65,6 +67,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_child=_native._after_fork_in_child)
 
 
+def _in_worker() -> bool:
+    """Whether this process is a ``torch.utils.data.DataLoader`` worker."""
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and data.get_worker_info() is not None
+
+
 def _worker_split() -> Optional[Tuple[int, int]]:
     """``(worker id, workers)`` inside a ``torch.utils.data.DataLoader`` worker of several,
     else None."""
@@ -105,9 +113,58 @@ def _converter(output: str) -> Optional[Callable[[Any], Any]]:
     return convert
 
 
-def _rebuild(cls: type, args: Dict[str, Any], epoch: int) -> Any:
-    """Unpickles a loader: built anew from its arguments, at the epoch it was at."""
+class _WorkerMarker:
+    """Whether ``DataLoader`` workers have read a loader: a file named after the loader,
+    made by a worker (forked or spawned) and seen by the training process that owns the
+    loader (removed with it)."""
+
+    def __init__(self) -> None:
+        self.owner = os.getpid()
+        self.path = os.path.join(tempfile.gettempdir(),
+                                 f"flowgate-workers-{self.owner}-{uuid.uuid4().hex}")
+        weakref.finalize(self, _unlink_if_owner, self.path, self.owner)
+
+    def __reduce__(self) -> Any:
+        return (_marker_of, (self.owner, self.path))
+
+    def mark(self) -> None:
+        try:
+            with open(self.path, "a"):
+                pass
+        except OSError:
+            pass
+
+    def marked(self) -> bool:
+        return os.getpid() == self.owner and os.path.exists(self.path)
+
+    def clear(self) -> None:
+        _unlink_if_owner(self.path, self.owner)
+
+
+def _marker_of(owner: int, path: str) -> _WorkerMarker:
+    """Unpickles a marker: the training process's, not a new one."""
+    m = _WorkerMarker.__new__(_WorkerMarker)
+    m.owner, m.path = owner, path
+    return m
+
+
+def _unlink_if_owner(path: str, owner: int) -> None:
+    if os.getpid() == owner:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _rebuild(cls: type, args: Dict[str, Any], epoch: int,
+             marker: Optional[_WorkerMarker] = None,
+             resume: Optional[Dict[str, Any]] = None) -> Any:
+    """Unpickles a loader: built anew from its arguments, at the epoch it was at (resuming
+    the state its training process loaded for that epoch)."""
     loader = cls.__new__(cls)
-    loader._setup(args)
+    loader._setup(args, marker)
     loader.set_epoch(epoch)
+    if resume is not None and resume.get("epoch") == epoch:
+        loader._resume = resume
+        loader._native.load_state_dict(resume)
     return loader

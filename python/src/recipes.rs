@@ -33,6 +33,9 @@ pub(crate) struct Options {
     memory_mb: Option<f64>,
     device: String,
     device_memory_mb: Option<f64>,
+    /// `(worker, workers)` in a DataLoader worker: this process reads its part of the rank's
+    /// share.
+    worker_split: Option<(usize, usize)>,
 }
 
 #[pymethods]
@@ -40,7 +43,7 @@ impl Options {
     #[new]
     #[pyo3(signature = (batch_size=32, shuffle=true, seed=0, rank=None, world_size=None,
         drop_last=false, workers=None, order="input".to_owned(), skip_errors=true, labels=None, return_paths=false,
-        memory_mb=None, device="cpu".to_owned(), device_memory_mb=None))]
+        memory_mb=None, device="cpu".to_owned(), device_memory_mb=None, worker_split=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         batch_size: usize,
@@ -57,6 +60,7 @@ impl Options {
         memory_mb: Option<f64>,
         device: String,
         device_memory_mb: Option<f64>,
+        worker_split: Option<(usize, usize)>,
     ) -> PyResult<Self> {
         for (name, v) in [
             ("memory_mb", memory_mb),
@@ -88,6 +92,7 @@ impl Options {
             memory_mb,
             device,
             device_memory_mb,
+            worker_split,
         })
     }
 }
@@ -115,13 +120,15 @@ impl Options {
                 ))
             }
         };
-        let dataset = Dataset::builder(source)
+        let mut dataset = Dataset::builder(source)
             .extensions(recipe.extensions())
             .shuffle_seed(self.shuffle.then_some(self.seed))
             .ranks_from(ranks)
-            .drop_last(self.drop_last)
-            .build()
-            .map_err(open_error)?;
+            .drop_last(self.drop_last);
+        if let Some((worker, workers)) = self.worker_split {
+            dataset = dataset.split(worker, workers);
+        }
+        let dataset = dataset.build().map_err(open_error)?;
         let mut b = flowgate::Loader::builder(dataset, recipe)
             .batch_size(self.batch_size)
             .drop_last(self.drop_last)

@@ -28,6 +28,10 @@ pub(crate) fn state_to_py<'py>(py: Python<'py>, s: &PipelineState) -> PyResult<B
             x.set_item("block_window", b.window)?;
             x.set_item("block_seed", b.seed)?;
         }
+        if let Some((w, n)) = sh.split {
+            x.set_item("worker", w)?;
+            x.set_item("workers", n)?;
+        }
         d.set_item("shard", x)?;
     }
     Ok(d)
@@ -82,6 +86,10 @@ pub(crate) fn state_from_py(state: &Bound<'_, PyDict>) -> PyResult<PipelineState
                         window: w.extract()?,
                         seed: s.extract()?,
                     }),
+                    _ => None,
+                },
+                split: match (x.get_item("worker")?, x.get_item("workers")?) {
+                    (Some(w), Some(n)) => Some((w.extract()?, n.extract()?)),
                     _ => None,
                 },
             })

@@ -81,6 +81,72 @@ def test_the_dataloader_route_reads_each_image_once(data, tmp_path):
         assert line in r.stdout, r.stdout + r.stderr[-3000:]
 
 
+def test_dataloader_workers_split_a_rank_share_exactly_and_resume_a_rank_state(data, tmp_path):
+    """41 files, 2 ranks, 3 DataLoader workers each, batches of 4 (nothing divides): each
+    rank's workers deliver its share once (the one padded item is the ranks' padding, as
+    DistributedSampler's, never a worker's); the training process refuses a state_dict it
+    cannot know; a rank's own mid-epoch state, loaded before the workers start, gives them
+    exactly the rest."""
+    import shutil
+    files = sorted(open(data / "images.txt").read().split())
+    extra = tmp_path / "extra.jpg"
+    shutil.copy(files[0], extra)
+    files.append(str(extra))
+    listing = tmp_path / "files.txt"
+    listing.write_text("\n".join(files))
+    r = run(f"""
+        import collections, json, torch, flowgate
+        from torch.utils.data import DataLoader
+
+        def make(rank):
+            return flowgate.ImageLoader({str(listing)!r}, batch_size=4, crop=32, resize=32,
+                                        return_paths=True, seed=5, rank=rank, world_size=2)
+
+        def through_workers(loader, context):
+            dl = DataLoader(loader, batch_size=None, num_workers=3,
+                            multiprocessing_context=context)
+            return [p for _, paths in dl for p in paths]
+
+        if __name__ == "__main__":
+            for context in ["fork", "spawn"]:
+                both = []
+                for rank in range(2):
+                    loader = make(rank)
+                    got = through_workers(loader, context)
+                    alone = [p for _, ps in make(rank) for p in ps]
+                    twice = [p for p, n in collections.Counter(got).items() if n > 1]
+                    print(context, "rank", rank, len(got), sorted(got) == sorted(alone),
+                          twice, flush=True)
+                    both += got
+                    try:
+                        loader.state_dict()
+                        print(context, "state taken", flush=True)
+                    except RuntimeError as e:
+                        print(context, "refused", "num_workers=0" in str(e), flush=True)
+                print(context, "world", len(both), len(set(both)), flush=True)
+            # A rank's own state after 3 batches, resumed by workers.
+            first = make(1)
+            it = iter(first)
+            seen = [p for _ in range(3) for p in next(it)[1]]
+            state = json.loads(json.dumps(first.state_dict()))
+            del it
+            share = [p for _, ps in make(1) for p in ps]
+            resumed = make(1)
+            resumed.load_state_dict(state)
+            rest = through_workers(resumed, "fork")
+            print("resume", len(seen), len(rest), sorted(seen + rest) == sorted(share),
+                  flush=True)
+    """, tmp_path, timeout=300)
+    out = r.stdout + r.stderr[-3000:]
+    for context in ["fork", "spawn"]:
+        for rank in range(2):
+            assert f"{context} rank {rank} 21 True []" in r.stdout, out
+        assert f"{context} refused True" in r.stdout, out
+        assert f"{context} state taken" not in r.stdout, out
+        assert f"{context} world 42 41" in r.stdout, out
+    assert "resume 12 9 True" in r.stdout, out
+
+
 def test_indexing_says_how_to_use_a_dataloader(data):
     loader = flowgate.ImageLoader(data / "images.txt", batch_size=4)
     with pytest.raises(TypeError, match=r"DataLoader\(loader, batch_size=None\)"):

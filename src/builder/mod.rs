@@ -143,13 +143,31 @@ impl SourceBuilder {
     ///
     /// [`PipelineState::merge`]: crate::PipelineState::merge
     pub fn source_sampled<F, U>(
-        mut self,
+        self,
         sampler: crate::sampler::Sampler,
         make: F,
     ) -> PipelineBuilder<U>
     where
         F: Fn(u64, usize) -> U + Send + Sync + 'static,
         U: Send + 'static,
+    {
+        self.source_sampled_planned(sampler, make, |_, _| {})
+    }
+
+    /// [`source_sampled`](Self::source_sampled), telling `plan` at the start of each epoch
+    /// which dataset indices the source will read in it, in order (this rank's share, less
+    /// what a resume skips): what a prefetcher plans from (the shard cache of
+    /// [`Shards`](crate::dataset::shards::Shards) on S3).
+    pub fn source_sampled_planned<F, U, P>(
+        mut self,
+        sampler: crate::sampler::Sampler,
+        make: F,
+        plan: P,
+    ) -> PipelineBuilder<U>
+    where
+        F: Fn(u64, usize) -> U + Send + Sync + 'static,
+        U: Send + 'static,
+        P: Fn(u64, &[usize]) + Send + Sync + 'static,
     {
         let sharding = crate::checkpoint::Sharding::new(sampler.clone());
         let shared = sharding.clone();
@@ -163,11 +181,9 @@ impl SourceBuilder {
         self.cfg.sharding = Some(sharding);
         self.source_epochs(move |epoch| {
             let make = Arc::clone(&make);
-            shared
-                .sampler
-                .epoch_after(epoch, shared.base(epoch))
-                .into_iter()
-                .map(move |i| make(epoch, i))
+            let order = shared.sampler.epoch_after(epoch, shared.base(epoch));
+            plan(epoch, &shared.reads(epoch, &order));
+            order.into_iter().map(move |i| make(epoch, i))
         })
     }
 

@@ -135,6 +135,12 @@ impl Files {
         self.try_map_sampler(Sampler::shard_from_env)
     }
 
+    /// Keeps worker `worker`'s part of this rank's share split among `workers` processes
+    /// (PyTorch `DataLoader` workers); see [`Sampler::split`].
+    pub fn split(self, worker: usize, workers: usize) -> Result<Self, PipelineError> {
+        self.try_map_sampler(|s| s.split(worker, workers))
+    }
+
     /// Makes every shard the same length by dropping or repeating; see [`ShardLengths`].
     pub fn shard_lengths(self, lengths: ShardLengths) -> Self {
         self.map_sampler(|s| s.shard_lengths(lengths))

@@ -153,6 +153,14 @@ impl DatasetBuilder {
         self
     }
 
+    /// Reads worker `worker`'s part of this rank's share split among `workers` processes
+    /// (PyTorch `DataLoader` workers): uneven by at most one item, never padded, so a rank's
+    /// workers together read its share exactly once (see [`Order::split`]).
+    pub fn split(mut self, worker: usize, workers: usize) -> Self {
+        self.order.split = Some((worker, workers));
+        self
+    }
+
     /// With several ranks, drop the items past the smallest share instead of padding every
     /// share to the largest (default: pad; see [`Order::drop_last`]).
     pub fn drop_last(mut self, drop: bool) -> Self {
@@ -269,6 +277,26 @@ impl Dataset {
         match &self.kind {
             Kind::Records { records, .. } => records.read_ahead(),
             _ => None,
+        }
+    }
+
+    /// Tells the dataset which items (dataset indices, in order) this process reads in
+    /// `epoch`: tar shards on S3 plan their downloads and their disk cache's evictions from
+    /// it (a resumed epoch reads less than the sampler's share). A no-op for other sources.
+    pub fn plan_reads(&self, epoch: u64, indices: &[usize]) {
+        match &self.kind {
+            Kind::Records { records, .. } => records.plan_reads(epoch, indices),
+            Kind::Mix { parts, sampler } => {
+                let mut each = vec![Vec::new(); parts.len()];
+                for &i in indices {
+                    let (s, j) = sampler.locate(i);
+                    each[s].push(j);
+                }
+                for (part, reads) in parts.iter().zip(&each) {
+                    part.plan_reads(epoch, reads);
+                }
+            }
+            _ => {}
         }
     }
 

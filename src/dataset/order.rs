@@ -38,6 +38,10 @@ pub struct Order {
     /// share to the largest by repeating the start of the epoch's order (what PyTorch's
     /// `DistributedSampler` does). Every rank gets as many items either way.
     pub drop_last: bool,
+    /// `(worker, workers)`: this process reads worker `worker`'s part of the rank's share
+    /// split among `workers` processes (PyTorch `DataLoader` workers), uneven by at most one
+    /// item and never padded: see [`Sampler::split`]. `None`: the rank's whole share.
+    pub split: Option<(usize, usize)>,
 }
 
 /// What can be shuffled and dealt out to ranks: files, shards, Parquet rows, samplers.
@@ -46,6 +50,7 @@ pub(crate) trait Dealt: Sized {
     fn shard(self, rank: usize, world: usize) -> Result<Self, PipelineError>;
     fn shard_from_env(self) -> Result<Self, PipelineError>;
     fn shard_lengths(self, lengths: ShardLengths) -> Self;
+    fn split(self, worker: usize, workers: usize) -> Result<Self, PipelineError>;
 }
 
 macro_rules! dealt {
@@ -63,6 +68,9 @@ macro_rules! dealt {
             fn shard_lengths(self, lengths: ShardLengths) -> Self {
                 <$t>::shard_lengths(self, lengths)
             }
+            fn split(self, worker: usize, workers: usize) -> Result<Self, PipelineError> {
+                <$t>::split(self, worker, workers)
+            }
         }
     )*};
 }
@@ -76,23 +84,29 @@ impl Order {
         seed: None,
         ranks: Ranks::Whole,
         drop_last: false,
+        split: None,
     };
 
-    /// `x` shuffled (with a seed) and dealt: this rank's share, every share as long.
+    /// `x` shuffled (with a seed) and dealt: this rank's share, every share as long (and
+    /// with a split, this worker's part of it).
     pub(crate) fn apply<T: Dealt>(&self, x: T) -> Result<T, PipelineError> {
         let x = match self.seed {
             Some(seed) => x.shuffled(seed),
             None => x,
         };
-        let x = match self.ranks {
-            Ranks::FromEnv => x.shard_from_env()?,
-            Ranks::Fixed { rank, world } => x.shard(rank, world)?,
-            Ranks::Whole => return Ok(x),
-        };
-        Ok(x.shard_lengths(if self.drop_last {
+        let lengths = if self.drop_last {
             ShardLengths::Drop
         } else {
             ShardLengths::Pad
-        }))
+        };
+        let x = match self.ranks {
+            Ranks::FromEnv => x.shard_from_env()?.shard_lengths(lengths),
+            Ranks::Fixed { rank, world } => x.shard(rank, world)?.shard_lengths(lengths),
+            Ranks::Whole => x,
+        };
+        match self.split {
+            Some((worker, workers)) => x.split(worker, workers),
+            None => Ok(x),
+        }
     }
 }

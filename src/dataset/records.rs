@@ -75,4 +75,13 @@ impl Records {
             _ => None,
         }
     }
+
+    /// The samples this process reads in `epoch` (see
+    /// [`Dataset::plan_reads`](super::Dataset::plan_reads)); Parquet plans nothing.
+    pub(crate) fn plan_reads(&self, epoch: u64, indices: &[usize]) {
+        #[allow(irrefutable_let_patterns)] // without the `parquet` feature
+        if let Records::Tar(s) = self {
+            s.plan_reads(epoch, indices);
+        }
+    }
 }

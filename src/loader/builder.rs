@@ -452,9 +452,17 @@ fn decode_stage(
             );
         }
     }
-    let (named, read) = (plan.clone(), plan.clone());
+    let (named, read, reads) = (plan.clone(), plan.clone(), plan.clone());
     Pipeline::builder()
-        .source_sampled(plan.sampler().clone(), |e, i| (i, e))
+        .source_sampled_planned(
+            plan.sampler().clone(),
+            |e, i| (i, e),
+            move |epoch, indices| {
+                if let Plan::Items(d) = &reads {
+                    d.plan_reads(epoch, indices);
+                }
+            },
+        )
         .describe(move |&(i, e): &(usize, u64)| named.name(i, e))
         .pipe(
             "decode",

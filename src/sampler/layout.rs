@@ -14,6 +14,11 @@ use super::{buffered, Blocks, ShardLengths};
 /// instead the `r`-th of `w` contiguous blocks of that list, through its shuffle buffer.
 /// With an empty `base` this is plain sharding; a pipeline resumed from a merged checkpoint
 /// at a new world size uses the merged delivered set as `base`.
+///
+/// With a [`split`](Self::split) `(w, n)` (the `n` DataLoader worker processes of one rank)
+/// this process visits every `n`-th of the rank's positions starting at the `w`-th: the
+/// rank's share is split without padding, so the rank's workers together visit exactly its
+/// share (padding, where ranks need equal counts, happens once, at the rank level).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Layout {
     /// This rank.
@@ -29,6 +34,8 @@ pub struct Layout {
     /// Contiguous blocks per rank, through a shuffle buffer (group sampling); `None`: every
     /// `world`-th position.
     pub blocks: Option<Blocks>,
+    /// `(w, n)`: worker `w` of the `n` that split this rank's share; `None`: the whole share.
+    pub split: Option<(usize, usize)>,
 }
 
 impl Layout {
@@ -57,14 +64,70 @@ impl Layout {
         }
     }
 
-    /// Number of positions this rank visits.
+    /// Number of positions this rank (or its worker, with a split) visits.
     pub fn len(&self) -> usize {
+        let (a, b) = self.split_range(self.rank_len() as u64);
+        match self.split {
+            Some((w, n)) if self.blocks.is_none() => {
+                let (share, n) = (self.rank_len(), n.max(1));
+                share / n + usize::from(w < share % n)
+            }
+            _ => (b - a) as usize,
+        }
+    }
+
+    /// Number of positions in this rank's share (before a split).
+    fn rank_len(&self) -> usize {
         let (d, w, r) = (self.dealt(), self.world.max(1) as u64, self.rank as u64);
         if self.blocks.is_some() {
             let (a, b) = self.block();
             return (b - a) as usize;
         }
         (d / w + u64::from(r < d % w)) as usize
+    }
+
+    /// With blocks (tar shards), a worker's part of the rank's `len` positions is one
+    /// contiguous run `[start, end)` of them (so it reads whole shards); `(0, len)` without
+    /// a split.
+    fn split_range(&self, len: u64) -> (u64, u64) {
+        match self.split {
+            Some((w, n)) => {
+                let n = n.max(1) as u64;
+                ((w as u64).min(n) * len / n, (w as u64 + 1).min(n) * len / n)
+            }
+            None => (0, len),
+        }
+    }
+
+    /// The rank's share of `positions` kept by this worker (all of it without a split):
+    /// every `n`-th starting at the `w`-th, or with blocks one contiguous run.
+    fn split_of(&self, positions: Vec<u64>) -> Vec<u64> {
+        match self.split {
+            Some((w, n)) if self.blocks.is_none() => {
+                positions.into_iter().skip(w).step_by(n.max(1)).collect()
+            }
+            Some(_) => {
+                let (a, b) = self.split_range(positions.len() as u64);
+                positions[a as usize..b as usize].to_vec()
+            }
+            None => positions,
+        }
+    }
+
+    /// The local position in this worker's list of the rank's local position `j` (before
+    /// the split), if this worker visits it.
+    pub(crate) fn split_local(&self, j: u64) -> Option<u64> {
+        match self.split {
+            Some((w, n)) if self.blocks.is_none() => {
+                let n = n.max(1) as u64;
+                (j % n == w as u64).then_some(j / n)
+            }
+            Some(_) => {
+                let (a, b) = self.split_range(self.rank_len() as u64);
+                (a..b).contains(&j).then(|| j - a)
+            }
+            None => Some(j),
+        }
     }
 
     /// This rank's block `[start, end)` of the dealt positions (group sampling).
@@ -90,9 +153,15 @@ impl Layout {
         out
     }
 
-    /// This rank's positions in the epoch's global order, in the order it visits them (its
-    /// local position `p` is the `p`-th).
+    /// This rank's (or worker's) positions in the epoch's global order, in the order it
+    /// visits them (its local position `p` is the `p`-th).
     pub fn positions(&self) -> Vec<u64> {
+        let share = self.rank_positions();
+        self.split_of(share)
+    }
+
+    /// The rank's positions, before a split.
+    fn rank_positions(&self) -> Vec<u64> {
         let rest = self.remaining_positions();
         if let Some(b) = self.blocks {
             let (start, end) = self.block();
@@ -135,7 +204,9 @@ impl Layout {
         let mut j = k;
         while j < d {
             if j % w == self.rank as u64 {
-                return Some(j / w);
+                if let Some(p) = self.split_local(j / w) {
+                    return Some(p);
+                }
             }
             j += m;
         }

@@ -99,6 +99,8 @@ pub struct Sampler {
     window: usize,
     /// Several sources drawn by weight.
     mixture: Option<std::sync::Arc<Mixture>>,
+    /// `(worker, workers)`: this process visits every `workers`-th of the rank's positions.
+    split: Option<(usize, usize)>,
 }
 
 impl Sampler {
@@ -114,6 +116,7 @@ impl Sampler {
             groups: None,
             window: 0,
             mixture: None,
+            split: None,
         }
     }
 
@@ -168,6 +171,22 @@ impl Sampler {
         }
         self.world = world;
         self.rank = rank;
+        Ok(self)
+    }
+
+    /// Splits this rank's share among `workers` processes (PyTorch `DataLoader` workers) and
+    /// keeps worker `worker`'s part: every `workers`-th of the rank's positions, starting at
+    /// the `worker`-th. The parts are uneven by at most one item and never padded, so the
+    /// workers of a rank together visit exactly the rank's share (padding or dropping for
+    /// equal counts happens at the rank level, see [`shard_lengths`](Self::shard_lengths)).
+    /// `workers == 1` is the whole share; a worker outside `0..workers` is an error.
+    pub fn split(mut self, worker: usize, workers: usize) -> Result<Self, PipelineError> {
+        if workers == 0 || worker >= workers {
+            return Err(PipelineError::config(format!(
+                "worker {worker} of {workers}: the worker must be in 0..workers"
+            )));
+        }
+        self.split = (workers > 1).then_some((worker, workers));
         Ok(self)
     }
 
@@ -345,6 +364,7 @@ impl Sampler {
                 window: self.window as u64,
                 seed: self.rng(epoch).next_u64(),
             }),
+            split: self.split,
         }
     }
 

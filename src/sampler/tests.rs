@@ -340,3 +340,46 @@ fn a_mixture_of_more_draws_than_an_epoch_may_hold_is_refused_by_name() {
     assert!(e.to_string().contains("draws an epoch; at most"), "{e}");
     assert!(Sampler::mixture(&[10, 10], &[1.0, 1.0], MixStop::Draws(1000)).is_ok());
 }
+
+proptest! {
+    /// DataLoader workers split a rank's share: together they visit exactly the rank's
+    /// positions (the padded copies included, once each), uneven by at most one (or, with
+    /// tar shards' blocks, contiguous runs), whatever the counts' divisibility.
+    #[test]
+    fn workers_split_a_rank_share_exactly(
+        n in 0usize..200, world in 1usize..5, workers in 1usize..6, seed in any::<u64>(),
+        grouped in any::<bool>(),
+        lengths in prop_oneof![Just(ShardLengths::Pad), Just(ShardLengths::Drop)],
+    ) {
+        let mut base = Sampler::new(n).shuffle(seed).shard_lengths(lengths);
+        if grouped && n > 0 {
+            let groups: Vec<usize> = (0..n).collect::<Vec<_>>().chunks(7).map(<[usize]>::len).collect();
+            base = Sampler::new(n).groups(&groups).unwrap().shuffle(seed).buffer(5).shard_lengths(lengths);
+        }
+        for r in 0..world {
+            let rank = base.clone().shard(r, world).unwrap();
+            let share = rank.epoch(3);
+            let parts: Vec<Vec<usize>> = (0..workers)
+                .map(|w| rank.clone().split(w, workers).unwrap().epoch(3))
+                .collect();
+            for (w, p) in parts.iter().enumerate() {
+                prop_assert_eq!(p.len(), rank.clone().split(w, workers).unwrap().len());
+            }
+            let lens: Vec<usize> = parts.iter().map(Vec::len).collect();
+            prop_assert!(lens.iter().max().unwrap() - lens.iter().min().unwrap() <= 1, "{:?}", lens);
+            prop_assert_eq!(sorted(parts.concat()), sorted(share.clone()), "rank {}", r);
+            // Each worker's part keeps the rank's order.
+            for p in &parts {
+                let places: Vec<usize> = p.iter().map(|i| share.iter().position(|x| x == i).unwrap()).collect();
+                prop_assert!(places.windows(2).all(|w| w[0] < w[1]) || lengths == ShardLengths::Pad);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_worker_outside_its_range_is_refused() {
+    assert!(Sampler::new(10).split(2, 2).is_err());
+    assert!(Sampler::new(10).split(0, 0).is_err());
+    assert_eq!(Sampler::new(10).split(0, 1).unwrap().len(), 10);
+}

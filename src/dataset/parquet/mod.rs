@@ -302,6 +302,14 @@ impl ParquetRows {
         Ok(self)
     }
 
+    /// Keeps worker `worker`'s part of this rank's share split among `workers` processes
+    /// (PyTorch `DataLoader` workers); see [`Sampler::split`].
+    pub fn split(self, worker: usize, workers: usize) -> Result<Self, PipelineError> {
+        let mut this = self;
+        this.sampler = this.sampler.split(worker, workers)?;
+        Ok(this)
+    }
+
     /// Makes every rank's share the same length (see [`ShardLengths`]).
     pub fn shard_lengths(self, lengths: ShardLengths) -> Self {
         self.map_sampler(|s| s.shard_lengths(lengths))

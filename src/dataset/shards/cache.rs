@@ -224,6 +224,20 @@ impl ShardCache {
     pub(super) fn begin_epoch(&self, epoch: u64, pending: impl FnOnce() -> Vec<u32>) {
         let mut st = self.lock();
         if st.epoch != Some(epoch) {
+            self.plan_locked(&mut st, epoch, pending());
+        }
+    }
+
+    /// Plans `epoch` anew (a resumed or rebuilt run of it): `pending` holds each shard's
+    /// samples still to be read in it. Replaces an earlier plan of the same epoch, so shards
+    /// a resume skips are released, not kept for reads that never come.
+    pub(super) fn plan_epoch(&self, epoch: u64, pending: Vec<u32>) {
+        let mut st = self.lock();
+        self.plan_locked(&mut st, epoch, pending);
+    }
+
+    fn plan_locked(&self, st: &mut State, epoch: u64, pending: Vec<u32>) {
+        if st.epoch != Some(epoch) {
             st.epoch = Some(epoch);
             // A new epoch tries every failed shard again at its first use.
             let now = Instant::now();
@@ -232,10 +246,10 @@ impl ShardCache {
                     *retry_at = now;
                 }
             }
-            st.pending = pending();
-            st.pending.resize(self.objects.len(), 0);
-            self.evict(&mut st);
         }
+        st.pending = pending;
+        st.pending.resize(self.objects.len(), 0);
+        self.evict(st);
     }
 
     /// One sample of shard `i` read in `epoch`.

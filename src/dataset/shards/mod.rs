@@ -298,6 +298,13 @@ impl Shards {
         Ok(self.map_sampler(|_| sampler))
     }
 
+    /// Keeps worker `worker`'s part of this rank's share split among `workers` processes
+    /// (PyTorch `DataLoader` workers); see [`Sampler::split`].
+    pub fn split(self, worker: usize, workers: usize) -> Result<Self, PipelineError> {
+        let sampler = self.sampler.clone().split(worker, workers)?;
+        Ok(self.map_sampler(|_| sampler))
+    }
+
     /// Makes every rank's share the same length (see [`ShardLengths`]).
     pub fn shard_lengths(self, lengths: ShardLengths) -> Self {
         self.map_sampler(|s| s.shard_lengths(lengths))
@@ -379,8 +386,25 @@ impl Shards {
                 sampler: self.sampler.clone(),
                 depth: self.prefetch.into(),
                 order: Mutex::new(None),
+                reads: Mutex::new(None),
             })
         }))
+    }
+
+    /// Plans `epoch` from the samples this process will read in it, in order (what the
+    /// source reads: its share less what a resume skips, or a mixture's draws from these
+    /// shards): shards on S3 are fetched ahead in that order, and each stays in the disk
+    /// cache until those samples are read. Without it the plan is the sampler's whole share.
+    pub fn plan_reads(&self, epoch: u64, indices: &[usize]) {
+        let plan = self.plan();
+        plan.set_reads(epoch, indices.to_vec());
+        #[cfg(feature = "s3")]
+        if let Some(cache) = self.inner.shards.iter().find_map(|s| match &s.body {
+            shard::Body::Remote { cache, .. } => Some(cache),
+            _ => None,
+        }) {
+            cache.plan_epoch(epoch, plan.counts(&self.inner, epoch));
+        }
     }
 
     /// The sample at dataset index `index` in `epoch`.

@@ -156,14 +156,32 @@ pub(super) struct Plan {
     /// The epoch, and its shards in the order this rank first visits them, with each one's
     /// place in that order.
     pub(super) order: Mutex<Option<EpochOrder>>,
+    /// The epoch, and the samples this process reads in it (see `Shards::plan_reads`);
+    /// for another epoch, the sampler's share.
+    pub(super) reads: Mutex<Option<(u64, Arc<Vec<usize>>)>>,
 }
 
 impl Plan {
+    /// Makes `indices` the samples read in `epoch`, in order.
+    pub(super) fn set_reads(&self, epoch: u64, indices: Vec<usize>) {
+        *self.reads.lock().unwrap_or_else(|p| p.into_inner()) = Some((epoch, Arc::new(indices)));
+        // The shard order is made again from them.
+        *self.order.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// The samples read in `epoch`, in order.
+    fn reads(&self, epoch: u64) -> Arc<Vec<usize>> {
+        match &*self.reads.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some((e, r)) if *e == epoch => Arc::clone(r),
+            _ => Arc::new(self.sampler.epoch(epoch)),
+        }
+    }
+
     /// This rank's samples of each shard in `epoch`.
     #[cfg(feature = "s3")]
     pub(super) fn counts(&self, inner: &Inner, epoch: u64) -> Vec<u32> {
         let mut counts = vec![0u32; inner.shards.len()];
-        for i in self.sampler.epoch(epoch) {
+        for &i in self.reads(epoch).iter() {
             counts[inner.at[i].0 as usize] += 1;
         }
         counts
@@ -183,7 +201,7 @@ impl Plan {
                 _ => {
                     let mut seen = std::collections::HashMap::new();
                     let mut order = Vec::new();
-                    for i in self.sampler.epoch(epoch) {
+                    for &i in self.reads(epoch).iter() {
                         let s = inner.at[i].0;
                         seen.entry(s).or_insert_with(|| {
                             order.push(s);
