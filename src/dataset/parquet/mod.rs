@@ -148,7 +148,8 @@ impl ParquetRows {
                 .collect::<Result<Vec<_>, _>>()?;
             let f = files.len() as u32;
             for (g, rg) in meta.metadata().row_groups().iter().enumerate() {
-                let n = usize::try_from(rg.num_rows()).unwrap_or(0);
+                let n = row_count(rg.num_rows(), rows)
+                    .map_err(|m| bad(format!("row group {g}: {m}")))?;
                 if n == 0 {
                     continue;
                 }
@@ -456,7 +457,8 @@ impl ParquetRows {
         let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(input, file.meta.clone())
             .with_row_groups(vec![rg as usize])
             .with_projection(mask)
-            .with_batch_size(rows.max(1))
+            // Decoded in batches of at most 64 Ki rows (a footer's count sizes nothing).
+            .with_batch_size(rows.clamp(1, 1 << 16))
             .build()
             .map_err(|e| e.to_string())?;
         let batches: Vec<RecordBatch> = reader
@@ -678,5 +680,39 @@ fn cell(col: &ArrayRef, row: usize) -> Result<Option<Vec<u8>>, String> {
             cell(bytes, row)
         }
         other => Err(format!("a {other} column cannot be a field (binary, string, integer, boolean or struct<bytes, path>)")),
+    }
+}
+/// A row group's row count from a footer, checked: negative counts and datasets past
+/// [`MAX_EPOCH_ITEMS`](crate::sampler::MAX_EPOCH_ITEMS) rows (`before` counted already) are
+/// errors naming the number, not an order that aborts the process when it is allocated.
+fn row_count(num_rows: i64, before: usize) -> Result<usize, String> {
+    let n = usize::try_from(num_rows).map_err(|_| format!("the footer says {num_rows} rows"))?;
+    if n > crate::sampler::MAX_EPOCH_ITEMS.saturating_sub(before) {
+        return Err(format!(
+            "the footer says {num_rows} rows, {} with the row groups before it: more than an \
+             epoch may hold ({})",
+            before as u128 + n as u128,
+            crate::sampler::MAX_EPOCH_ITEMS
+        ));
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::row_count;
+
+    #[test]
+    fn a_footers_row_counts_are_checked_before_they_size_an_order() {
+        assert_eq!(row_count(0, 0), Ok(0));
+        assert_eq!(row_count(1000, 5), Ok(1000));
+        let max = crate::sampler::MAX_EPOCH_ITEMS;
+        assert_eq!(row_count(max as i64, 0), Ok(max));
+        let e = row_count(-3, 0).unwrap_err();
+        assert!(e.contains("-3 rows"), "{e}");
+        let e = row_count(max as i64, 1).unwrap_err();
+        assert!(e.contains("more than an epoch may hold"), "{e}");
+        let e = row_count(i64::MAX, 0).unwrap_err();
+        assert!(e.contains(&i64::MAX.to_string()), "{e}");
     }
 }
