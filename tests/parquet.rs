@@ -340,3 +340,78 @@ fn parquet_on_s3_reads_the_same_rows_by_ranged_gets_of_the_requested_columns() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[cfg(all(feature = "s3", feature = "test-util"))]
+mod s3_common;
+
+/// A Parquet object rewritten on the store after it was opened: its row groups are read at
+/// the version whose footer was read (`If-Match`, checked by the proxy as S3 does), so each
+/// read is an error saying the object changed, never the new bytes decoded at the old
+/// footer's offsets. Reads before the rewrite are unaffected.
+#[cfg(all(feature = "s3", feature = "test-util"))]
+#[test]
+fn a_parquet_object_rewritten_while_read_is_an_error_never_mixed_versions() {
+    use flowgate::s3::S3;
+    use std::sync::atomic::Ordering;
+    let f = s3_common::fixture("parquet-rewrite");
+    let dir = tmp("s3-rewrite");
+    let local = dir.join("train.parquet");
+    write(&local);
+    s3_common::put(&f.s3, "hf/train-0.parquet", std::fs::read(&local).unwrap());
+    let proxy = s3_common::proxy_to(&f, false);
+    let s3 = S3::connect(
+        f.server
+            .config("data")
+            .endpoint(format!("http://{}", proxy.addr)),
+    )
+    .unwrap();
+    let rows = ParquetRows::open_s3(&s3, "hf/train-0.parquet", &["image", "label"]).unwrap();
+    let want = ParquetRows::open([&local], &["image", "label"]).unwrap();
+    // Row group 0 read before the rewrite.
+    assert_eq!(
+        rows.read(0, 0).unwrap().fields,
+        want.read(0, 0).unwrap().fields
+    );
+    // The same rows, written again with other row groups: other bytes, another entity tag.
+    let other = dir.join("other.parquet");
+    {
+        let file = std::fs::File::open(&local).unwrap();
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+            .unwrap()
+            .build()
+            .unwrap();
+        let batches: Vec<RecordBatch> = reader.map(Result::unwrap).collect();
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(17))
+            .build();
+        let mut w = ArrowWriter::try_new(
+            std::fs::File::create(&other).unwrap(),
+            batches[0].schema(),
+            Some(props),
+        )
+        .unwrap();
+        for b in &batches {
+            w.write(b).unwrap();
+        }
+        w.close().unwrap();
+    }
+    s3_common::put(&f.s3, "hf/train-0.parquet", std::fs::read(&other).unwrap());
+    for i in [45, 85] {
+        eprintln!(
+            "ranged {} if-match {} 412 {}",
+            proxy.counts.ranged.load(Ordering::Relaxed),
+            proxy.counts.ranged_if_match.load(Ordering::Relaxed),
+            proxy.counts.precondition_failed.load(Ordering::Relaxed)
+        );
+        let e = rows.read(0, i).unwrap_err().to_string();
+        assert!(e.contains("changed on the store"), "row {i}: {e}");
+    }
+    assert!(proxy.counts.precondition_failed.load(Ordering::Relaxed) >= 1);
+    // Every ranged GET of the object after the first (the footer's, which pins the
+    // version: the local server's listing names no entity tag) carried If-Match.
+    assert_eq!(
+        proxy.counts.ranged.load(Ordering::Relaxed) - 1,
+        proxy.counts.ranged_if_match.load(Ordering::Relaxed)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -31,6 +31,32 @@ pub struct S3Object {
     pub etag: Option<String>,
 }
 
+/// The version of an object that reads are pinned to: its entity tag, given (from a
+/// listing) or taken from the first response that carries one. Every later request for the
+/// object carries `If-Match` with it, so a rewritten object is an error (HTTP 412), never
+/// bytes of two versions read together. Clones share the pin.
+#[derive(Clone, Debug, Default)]
+pub struct Version(Arc<std::sync::Mutex<Option<String>>>);
+
+impl Version {
+    /// Pinned to `etag`, or to the first response's entity tag when `None`.
+    pub fn new(etag: Option<String>) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(etag)))
+    }
+
+    /// The entity tag pinned, if any yet.
+    pub fn etag(&self) -> Option<String> {
+        self.0.lock().map_or(None, |t| t.clone())
+    }
+
+    /// Pins `etag` if nothing is pinned yet.
+    fn pin(&self, etag: Option<&str>) {
+        if let (Some(t), Ok(mut p)) = (etag, self.0.lock()) {
+            p.get_or_insert_with(|| t.to_owned());
+        }
+    }
+}
+
 /// Counters of one client since it was built.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct S3Stats {
@@ -244,13 +270,26 @@ impl S3 {
 
     /// Fetches a whole object.
     pub async fn get(&self, key: &str) -> Result<Blob, S3Error> {
-        self.get_impl(key.to_owned(), None).await
+        self.get_impl(key.to_owned(), None, None).await
     }
 
     /// Fetches the bytes `range` of an object (an HTTP range request); a range that runs past
     /// the end returns what exists.
     pub async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Blob, S3Error> {
-        self.get_impl(key.to_owned(), Some(range)).await
+        self.get_impl(key.to_owned(), Some(range), None).await
+    }
+
+    /// [`get_range`](Self::get_range) of the object's `version` (see [`Version`]): another
+    /// version on the store is an error (HTTP 412), never bytes of one version read at the
+    /// offsets of another.
+    pub async fn get_range_version(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        version: &Version,
+    ) -> Result<Blob, S3Error> {
+        self.get_impl(key.to_owned(), Some(range), Some(version.clone()))
+            .await
     }
 
     /// Fetches a whole object, blocking the calling thread (for a synchronous stage).
@@ -268,7 +307,7 @@ impl S3 {
         move |key: K| {
             let s3 = s3.clone();
             let key = key_of(key.as_ref());
-            Box::pin(async move { s3.get_impl(key, None).await })
+            Box::pin(async move { s3.get_impl(key, None, None).await })
         }
     }
 
@@ -282,22 +321,23 @@ impl S3 {
     /// Every continuation carries `If-Match` with the entity tag of the first response, so an
     /// object rewritten during a download is an error (HTTP 412), never two versions spliced.
     pub async fn download(&self, key: &str, dest: &Path) -> Result<u64, S3Error> {
-        self.download_version(key, dest, None).await
+        self.download_version(key, dest, &Version::default()).await
     }
 
-    /// [`download`](Self::download) of the version whose entity tag is `etag` (every request
-    /// carries `If-Match`): the version a shard was listed and indexed at. Another version
-    /// on the store is an error, not different bytes under the same name.
+    /// [`download`](Self::download) of the object's `version` (every request carries
+    /// `If-Match` once it is pinned; see [`Version`]): the version a shard was listed and
+    /// indexed at, kept across its downloads. Another version on the store is an error, not
+    /// different bytes under the same name.
     pub async fn download_version(
         &self,
         key: &str,
         dest: &Path,
-        etag: Option<&str>,
+        version: &Version,
     ) -> Result<u64, S3Error> {
         let inner = self.inner.clone();
         let key = key.to_owned();
         let dest = dest.to_owned();
-        let pinned = Arc::new(std::sync::Mutex::new(etag.map(str::to_owned)));
+        let pinned = version.clone();
         self.spawn(async move {
             let file = std::fs::File::create(&dest).map_err(|e| {
                 S3Error::Client(format!(
@@ -315,7 +355,7 @@ impl S3 {
                         key.clone(),
                         Arc::clone(&file),
                         Arc::clone(&written),
-                        Arc::clone(&pinned),
+                        pinned.clone(),
                     )
                 })
                 .await?;
@@ -372,12 +412,21 @@ impl S3 {
         .await
     }
 
-    async fn get_impl(&self, key: String, range: Option<Range<u64>>) -> Result<Blob, S3Error> {
+    async fn get_impl(
+        &self,
+        key: String,
+        range: Option<Range<u64>>,
+        version: Option<Version>,
+    ) -> Result<Blob, S3Error> {
         let inner = self.inner.clone();
         self.spawn(async move {
             let bytes = inner
                 .retrier
-                .run(&key, || inner.clone().get_once(key.clone(), range.clone()))
+                .run(&key, || {
+                    inner
+                        .clone()
+                        .get_once(key.clone(), range.clone(), version.clone())
+                })
                 .await?;
             Ok(Blob {
                 path: PathBuf::from(&key),
@@ -410,8 +459,12 @@ impl Inner {
         self: Arc<Self>,
         key: String,
         range: Option<Range<u64>>,
+        version: Option<Version>,
     ) -> Result<Vec<u8>, Failed> {
         let mut req = self.client.get_object().bucket(&self.cfg.bucket).key(&key);
+        if let Some(t) = version.as_ref().and_then(Version::etag) {
+            req = req.if_match(t);
+        }
         if let Some(r) = &range {
             if r.is_empty() {
                 return Ok(Vec::new());
@@ -419,6 +472,9 @@ impl Inner {
             req = req.range(format!("bytes={}-{}", r.start, r.end - 1));
         }
         let out = req.send().await.map_err(|e| self.classify(&key, e))?;
+        if let Some(v) = &version {
+            v.pin(out.e_tag());
+        }
         let expected = out.content_length();
         let body = out.body.collect().await.map_err(|e| Failed::Transient {
             cause: format!("reading the body: {}", DisplayErrorContext(&e)),
@@ -444,7 +500,7 @@ impl Inner {
         key: String,
         file: Arc<std::sync::Mutex<std::fs::File>>,
         written: Arc<AtomicU64>,
-        pinned: Arc<std::sync::Mutex<Option<String>>>,
+        pinned: Version,
     ) -> Result<(), Failed> {
         use std::io::Write;
         let stall = self.cfg.attempt_timeout;
@@ -458,19 +514,14 @@ impl Inner {
             req = req.range(format!("bytes={from}-"));
             self.resumed.fetch_add(1, Ordering::Relaxed);
         }
-        let tag = pinned.lock().map_or(None, |p| p.clone());
-        if let Some(t) = &tag {
+        if let Some(t) = pinned.etag() {
             req = req.if_match(t);
         }
         let out = tokio::time::timeout(stall, req.send())
             .await
             .map_err(|_| stalled("the request"))?
             .map_err(|e| self.classify(&key, e))?;
-        if tag.is_none() {
-            if let (Some(t), Ok(mut p)) = (out.e_tag(), pinned.lock()) {
-                *p = Some(t.to_owned());
-            }
-        }
+        pinned.pin(out.e_tag());
         let expected = out.content_length().filter(|&n| n >= 0).map(|n| n as u64);
         let mut body = out.body;
         let mut got = 0u64;

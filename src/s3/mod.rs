@@ -48,7 +48,7 @@ mod error;
 mod local;
 mod retry;
 
-pub use client::{S3Future, S3Object, S3Stats, S3};
+pub use client::{S3Future, S3Object, S3Stats, Version, S3};
 pub use config::S3Config;
 pub use endpoint::Endpoint;
 pub use error::S3Error;

@@ -76,6 +76,10 @@ pub(crate) mod fault_proxy {
         pub(crate) ranged: AtomicU64,
         /// Of those, the ones that carry `If-Match` (pinned to the version being read).
         pub(crate) ranged_if_match: AtomicU64,
+        /// GETs answered 412 Precondition Failed: their `If-Match` named another version
+        /// than the store's (the local server ignores `If-Match`; the proxy checks it as S3
+        /// does).
+        pub(crate) precondition_failed: AtomicU64,
         /// Milliseconds every GET of a `.tar` waits before it is forwarded (a slow link).
         pub(crate) tar_latency_ms: AtomicU64,
         /// GET requests per path (`/bucket/key`, no query).
@@ -171,6 +175,16 @@ pub(crate) mod fault_proxy {
             };
         }
         Fault::None
+    }
+
+    /// The value of header `name` (lower case) in an HTTP head, trimmed.
+    fn header(head: &str, name: &str) -> Option<String> {
+        head.split("\r\n").find_map(|line| {
+            let (k, v) = line.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_owned())
+        })
     }
 
     fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -288,6 +302,26 @@ pub(crate) mod fault_proxy {
                 up.write_all(&req).await?;
                 let mut resp = Vec::new();
                 up.read_to_end(&mut resp).await?;
+                if let Some(wanted) = header(&head, "if-match") {
+                    let resp_head = find(&resp, b"\r\n\r\n")
+                        .map(|i| String::from_utf8_lossy(&resp[..i + 2]).into_owned())
+                        .unwrap_or_default();
+                    let ok = resp_head.starts_with("HTTP/1.1 2");
+                    if ok && header(&resp_head, "etag").as_deref() != Some(wanted.as_str()) {
+                        c.precondition_failed.fetch_add(1, Ordering::Relaxed);
+                        let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error>\
+                                    <Code>PreconditionFailed</Code><Message>At least one of \
+                                    the pre-conditions you specified did not hold</Message>\
+                                    </Error>";
+                        let resp = format!(
+                            "HTTP/1.1 412 Precondition Failed\r\nContent-Type: application/xml\r\n\
+                             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                            body.len()
+                        );
+                        client.write_all(resp.as_bytes()).await?;
+                        return client.shutdown().await;
+                    }
+                }
                 let cut = match (fault, find(&resp, b"\r\n\r\n")) {
                     (Fault::Truncate, Some(i)) if resp.len() > i + 4 + 1 => {
                         c.truncated.fetch_add(1, Ordering::Relaxed);

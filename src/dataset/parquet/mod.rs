@@ -245,7 +245,7 @@ impl ParquetRows {
                 let url = PathBuf::from(format!("s3://{bucket}/{}", o.key));
                 (
                     url,
-                    Where::S3(remote::Object::new(s3.clone(), o.key, o.size)),
+                    Where::S3(remote::Object::new(s3.clone(), o.key, o.size, o.etag)),
                 )
             }),
             columns,
@@ -535,7 +535,7 @@ mod remote {
     use bytes::{Buf, Bytes};
     use parking_lot::Mutex;
 
-    use crate::s3::S3;
+    use crate::s3::{Version, S3};
     use crate::PipelineError;
 
     /// How much of a file's end is fetched to read its footer at once.
@@ -543,16 +543,25 @@ mod remote {
     /// How much a read at an offset no fetched range covers fetches.
     const READAHEAD: u64 = 1 << 20;
 
-    /// One Parquet object.
+    /// One Parquet object, at the version it was listed at (or whose footer was read, when
+    /// the listing names none): every read carries `If-Match` with its entity tag, so an object rewritten on the store while it is read is an
+    /// error (HTTP 412) naming it, never row groups of one version read at the offsets of
+    /// the other's footer.
     pub(super) struct Object {
         s3: S3,
         key: String,
         size: u64,
+        version: Version,
     }
 
     impl Object {
-        pub(super) fn new(s3: S3, key: String, size: u64) -> Self {
-            Self { s3, key, size }
+        pub(super) fn new(s3: S3, key: String, size: u64, etag: Option<String>) -> Self {
+            Self {
+                s3,
+                key,
+                size,
+                version: Version::new(etag),
+            }
         }
 
         /// A reader holding the object's last 64 KiB (its footer, mostly).
@@ -576,6 +585,7 @@ mod remote {
                 s3: self.s3.clone(),
                 key: self.key.clone(),
                 size: self.size,
+                version: self.version.clone(),
                 held: Arc::new(Mutex::new(Vec::new())),
             };
             for r in merged {
@@ -591,14 +601,19 @@ mod remote {
         s3: S3,
         key: String,
         size: u64,
+        version: Version,
         held: Arc<Mutex<Vec<(u64, Bytes)>>>,
     }
 
     impl Ranged {
         fn fetch(&self, r: Range<u64>) -> Result<Bytes, ParquetError> {
             let r = r.start..r.end.min(self.size);
-            let blob = futures::executor::block_on(self.s3.get_range(&self.key, r.clone()))
-                .map_err(|e| ParquetError::External(Box::new(e)))?;
+            let blob = futures::executor::block_on(self.s3.get_range_version(
+                &self.key,
+                r.clone(),
+                &self.version,
+            ))
+            .map_err(|e| ParquetError::External(Box::new(e)))?;
             if blob.bytes.len() as u64 != r.end - r.start {
                 return Err(ParquetError::General(format!(
                     "s3://{}/{}: asked for bytes {}..{}, got {}",

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::s3::{S3Error, S3Object, S3};
+use crate::s3::{S3Error, S3Object, Version, S3};
 
 /// Counters of one [`ShardCache`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -92,6 +92,9 @@ struct State {
 pub struct ShardCache {
     s3: S3,
     objects: Vec<S3Object>,
+    /// Each shard's version (listed, or pinned by its first download): later downloads of
+    /// it (after an eviction) must be the same bytes its index and manifest describe.
+    versions: Vec<Version>,
     dir: PathBuf,
     limit: u64,
     state: Mutex<State>,
@@ -143,6 +146,10 @@ impl ShardCache {
         std::fs::create_dir_all(&dir)?;
         let cache = Self {
             s3,
+            versions: objects
+                .iter()
+                .map(|o| Version::new(o.etag.clone()))
+                .collect(),
             dir,
             limit,
             state: Mutex::new(State {
@@ -384,7 +391,7 @@ impl ShardCache {
             }
             // The version listed (and indexed, or counted by the manifest): a rewritten shard
             // is an error here, not samples read at the old offsets from new bytes.
-            futures::executor::block_on(self.s3.download_version(&o.key, &tmp, o.etag.as_deref()))?;
+            futures::executor::block_on(self.s3.download_version(&o.key, &tmp, &self.versions[i]))?;
             std::fs::rename(&tmp, &path).map_err(|e| {
                 S3Error::Client(format!("moving the download into {}: {e}", path.display()))
             })?;
