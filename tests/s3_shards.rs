@@ -612,3 +612,48 @@ fn a_shard_rewritten_after_it_was_indexed_fails_naming_the_change() {
     );
     assert!(proxy.counts.precondition_failed.load(Ordering::Relaxed) >= 1);
 }
+
+/// A pipeline stopped while its readers wait for shard downloads stops at once: the readers
+/// check their stage between short waits instead of waiting out a slow download (here 20 s
+/// a shard), which goes on for whoever reads the shard next.
+#[test]
+fn stopping_does_not_wait_for_shard_downloads() {
+    use flowgate::Workers;
+    use std::sync::atomic::Ordering;
+    use std::time::Instant;
+    let f = fixture("shards-stop");
+    upload_shards(&f.s3, 4, 10, true);
+    let proxy = proxy_to(&f, false);
+    proxy.counts.tar_latency_ms.store(20_000, Ordering::Relaxed);
+    let s3 = S3::connect(
+        f.server
+            .config("data")
+            .endpoint(format!("http://{}", proxy.addr)),
+    )
+    .unwrap();
+    let caches = TempDir(f._dir.0.with_extension("cache"));
+    let shards = open_s3_shards(&s3, "train/shard-{000000..000003}.tar", &caches.0, 0);
+    let mut p = Pipeline::builder()
+        .source_sampled(shards.sampler().clone(), shards.refs())
+        .pipe(
+            "read",
+            |r| r.read().map(|s| s.fields.len()),
+            Workers::fixed(3),
+        )
+        .build()
+        .unwrap();
+    let stop = p.stop_handle();
+    let stopped_at = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let at = std::sync::Arc::clone(&stopped_at);
+    let stopper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        *at.lock().unwrap() = Some(Instant::now());
+        stop.stop();
+    });
+    let last = p.iter().last().expect("the stop ends the epoch");
+    assert!(last.unwrap_err().is_stopped());
+    drop(p);
+    let took = stopped_at.lock().unwrap().expect("stopped").elapsed();
+    stopper.join().unwrap();
+    assert!(took < Duration::from_secs(5), "stopping took {took:?}");
+}

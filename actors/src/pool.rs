@@ -111,6 +111,20 @@ struct Shared<T, U> {
     in_order: Mutex<InOrder<U>>,
 }
 
+thread_local! {
+    /// Whether the stage whose worker this thread is shuts down; `None` outside a worker.
+    static STOPPING: std::cell::RefCell<Option<Box<dyn Fn() -> bool>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Whether the pool stage running the calling thread is shutting down (its pipeline is
+/// dropped or stopped); `false` on any other thread. A stage's function that waits for
+/// something slow (a download, a lock another process holds) checks it between short waits,
+/// so shutdown does not wait for the slow thing to finish.
+pub fn stopping() -> bool {
+    STOPPING.with(|s| s.borrow().as_ref().is_some_and(|f| f()))
+}
+
 impl<T, U> Shared<T, U> {
     fn should_exit(&self) -> bool {
         self.stopping.load(Ordering::Acquire) || self.input.budget().is_closed()
@@ -306,6 +320,14 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
     fn run(mut self) {
         let span = tracing::debug_span!("stage", name = %self.s.core.name, worker = self.idx);
         let _entered = span.enter();
+        let shared = Arc::downgrade(&self.s);
+        STOPPING.with(|s| {
+            *s.borrow_mut() = Some(Box::new(move || {
+                shared
+                    .upgrade()
+                    .is_none_or(|sh| sh.stopping.load(Ordering::Acquire))
+            }))
+        });
         while !self.s.should_exit() {
             if self.idx >= self.s.active.load(Ordering::Acquire) {
                 if self.park().is_err() {

@@ -128,7 +128,9 @@ impl Options {
         if let Some((worker, workers)) = self.worker_split {
             dataset = dataset.split(worker, workers);
         }
-        let dataset = dataset.build().map_err(open_error)?;
+        // Opening reads listings, manifests and footers (on S3: requests, retries): without
+        // the GIL, so the process's other threads run meanwhile.
+        let dataset = py.allow_threads(move || dataset.build()).map_err(open_error)?;
         let mut b = flowgate::Loader::builder(dataset, recipe)
             .batch_size(self.batch_size)
             .drop_last(self.drop_last)
@@ -147,8 +149,9 @@ impl Options {
         if let Some(d) = open_device(&self.device, self.device_memory_mb)? {
             b = b.device(d);
         }
-        let loader = more(b)
-            .build()
+        let b = more(b);
+        let loader = py
+            .allow_threads(move || b.build())
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Loader::new(loader, self.return_paths))
     }

@@ -4,20 +4,13 @@ and stopped after it: the same pixels and labels as the local shards and Parquet
 shards through the disk cache, and a missing shard named."""
 
 import os
-import pathlib
-import socket
-import subprocess
-import time
 
 import numpy as np
 import pytest
 
 import flowgate
+from faults import KEYS, S3S_FS, Server
 from test_shards import ARGS, by_label, paths_of, write_shards
-
-S3S_FS = pathlib.Path(
-    os.environ.get("FLOWGATE_S3S_FS")
-    or pathlib.Path(__file__).resolve().parents[2] / "target/tools/bin/s3s-fs")
 
 
 def _has_s3() -> bool:
@@ -39,30 +32,13 @@ def s3_root(tmp_path, monkeypatch):
         pytest.skip("needs s3s-fs (scripts/setup.sh --test) and the package built with s3")
     root = tmp_path / "s3"
     (root / "data").mkdir(parents=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [str(S3S_FS), "--host", "127.0.0.1", "--port", str(port), "--access-key", "flowgate",
-         "--secret-key", "flowgate-secret", str(root)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            assert proc.poll() is None, "s3s-fs exited"
-            assert time.monotonic() < deadline, "s3s-fs did not start"
-            time.sleep(0.02)
-    for k, v in (("AWS_ACCESS_KEY_ID", "flowgate"), ("AWS_SECRET_ACCESS_KEY", "flowgate-secret"),
-                 ("AWS_REGION", "us-east-1"), ("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")):
+    server = Server(root)
+    for k, v in {**KEYS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.port}"}.items():
         monkeypatch.setenv(k, v)
     try:
         yield root
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        server.stop()
 
 
 def test_shards_on_s3_give_the_local_shards_pixels_and_labels(data, tmp_path, s3_root):

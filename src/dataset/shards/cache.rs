@@ -46,6 +46,9 @@ pub struct CacheStats {
 
 /// How long a failed shard's samples fail with its error before a read fetches it again.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How often a reader waiting for a download checks whether its stage is shutting down.
+const STOP_CHECK: Duration = Duration::from_millis(50);
+
 /// The longest wait between fetches of a shard that keeps failing (the wait doubles from
 /// [`RETRY_AFTER`] with each failure).
 pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(60);
@@ -348,8 +351,19 @@ impl ShardCache {
                     return Err(Arc::clone(error));
                 }
                 Slot::Fetching => {
+                    // A stage shutting down does not wait for the download (it goes on, for
+                    // whoever reads the shard next).
+                    if crate::actors::pool::stopping() {
+                        return Err(Arc::new(S3Error::Client(format!(
+                            "{}: not waited for, the pipeline is stopping",
+                            self.url(i).display()
+                        ))));
+                    }
                     waited = true;
-                    st = self.ready.wait(st).unwrap_or_else(|p| p.into_inner());
+                    st = self
+                        .ready
+                        .wait_timeout(st, STOP_CHECK)
+                        .map_or_else(|p| p.into_inner().0, |(g, _)| g);
                 }
                 Slot::Absent | Slot::Failed { .. } => {
                     st.slots[i] = Slot::Fetching;
