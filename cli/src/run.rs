@@ -108,12 +108,18 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
         }) as flowgate::StatsCallback
     };
     let on_decision = Box::new(move |r: &flowgate::TraceRecord| {
+        // The rate the view shows (over its window), not the one tick's the tuner saw.
+        let mut rate = None;
+        view::with(|v| rate = v.batches_per_s());
+        let rate = match rate {
+            Some((b, window)) => format!("{b:>6.1} batches/s (last {window:.0} s)"),
+            None => format!("{:>6.1} batches/s", r.rate),
+        };
         for d in &r.decisions {
             let what = describe(&d.action, &r.stages, r.memory_budget);
             let line = format!(
-                "tuner @{:>5.1}s {:>7.1} batches/s  {what}: {}",
+                "tuner @{:>5.1}s {rate}  {what}: {}",
                 r.t,
-                r.rate,
                 d.reason.replace("results/s", "batches/s")
             );
             let mut logged = false;

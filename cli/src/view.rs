@@ -35,6 +35,9 @@ pub(crate) struct View {
     /// run's, at the end).
     prev: Option<(Instant, PipelineStats)>,
     first: Option<(Instant, PipelineStats)>,
+    /// Recent statistics (and the process's CPU seconds then), oldest first, spanning the
+    /// rate window: the terminal's rates and the decisions' are over it.
+    recent: std::collections::VecDeque<(Instant, PipelineStats, Option<f64>)>,
     /// When the last progress line was written (line mode).
     last_line: Option<Instant>,
     started: Instant,
@@ -59,6 +62,11 @@ pub(crate) struct View {
     latest_failure: Option<String>,
 }
 
+/// What the terminal's rates and the tuner decisions' are averaged over: long enough to span
+/// a stage's bursts (a batch's items finish together, a decode takes tens of ms), short
+/// enough to follow a change.
+const RATE_WINDOW: Duration = Duration::from_secs(2);
+
 static VIEW: Mutex<Option<View>> = Mutex::new(None);
 
 /// The view, locked (`None` before [`start`] and after [`finish`]).
@@ -73,6 +81,7 @@ pub(crate) fn start(mode: Mode, epochs: u64, epoch_items: usize, policy: Option<
         drawn: 0,
         prev: None,
         first: None,
+        recent: Default::default(),
         last_line: None,
         started: Instant::now(),
         epoch: (0, epochs),
@@ -234,12 +243,23 @@ impl View {
         if self.first.is_none() {
             self.first = Some((now, stats.clone()));
         }
+        self.recent.push_back((now, stats.clone(), cpu_seconds()));
+        // Keep the newest statistics at least a window old (the base of the rates).
+        while self
+            .recent
+            .get(1)
+            .is_some_and(|(t, _, _)| now.duration_since(*t) >= RATE_WINDOW)
+        {
+            self.recent.pop_front();
+        }
         let Some((then, prev)) = self.prev.replace((now, stats.clone())) else {
             return;
         };
         match self.mode {
             Mode::Off => {}
             Mode::Terminal => {
+                let (then, prev, cpu) = self.recent.front().cloned().unwrap_or((then, prev, None));
+                self.cpu = cpu.map(|c| (then, c));
                 let frame = self.frame(stats, &prev, now.duration_since(then), size());
                 let mut err = std::io::stderr().lock();
                 self.clear(&mut err);
@@ -272,6 +292,14 @@ impl View {
             let _ = write!(err, "\r\x1b[{}A\x1b[J", self.drawn);
             self.drawn = 0;
         }
+    }
+
+    /// Batches per second over the rate window (the figure the view shows), and the window
+    /// in seconds; `None` before two statistics.
+    pub(crate) fn batches_per_s(&self) -> Option<(f64, f64)> {
+        let ((t0, a, _), (t1, b, _)) = (self.recent.front()?, self.recent.back()?);
+        let dt = t1.duration_since(*t0).as_secs_f64();
+        (dt > 0.0).then(|| (b.delivered.saturating_sub(a.delivered) as f64 / dt, dt))
     }
 
     /// Seconds to the end of the run at the run's rate so far, if known.
@@ -318,9 +346,10 @@ impl View {
             self.eta().map_or_else(|| "-".to_owned(), clock)
         ));
         lines.push(format!(
-            "{:.1} batches/s ({:.0} items/s)  consumer waits {:.0}%  bottleneck: {}",
+            "{:.1} batches/s, {:.0} items/s (last {:.0} s)  consumer waits {:.0}%  bottleneck: {}",
             r.batches,
             r.items,
+            r.dt,
             100.0 * r.wait.min(1.0),
             r.bottleneck(now)
         ));

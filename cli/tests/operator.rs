@@ -238,7 +238,11 @@ fn off_a_terminal_progress_is_a_line_per_interval() {
 
 /// Runs `flowgate run FILE` with stderr on a pseudo-terminal `cols` wide and returns every
 /// screen a terminal would have shown (one per chunk read).
-fn run_on_a_terminal(file: &Path, cols: u16, rows: u16) -> (std::process::ExitStatus, Vec<Screen>) {
+fn run_on_a_terminal(
+    file: &Path,
+    cols: u16,
+    rows: u16,
+) -> (std::process::ExitStatus, Vec<Screen>, String) {
     use std::os::fd::{FromRawFd, OwnedFd};
     let (mut master, mut slave) = (0, 0);
     let ws = libc::winsize {
@@ -262,10 +266,17 @@ fn run_on_a_terminal(file: &Path, cols: u16, rows: u16) -> (std::process::ExitSt
     let mut child = flowgate()
         .arg("run")
         .arg(file)
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::from(slave))
         .spawn()
         .unwrap();
+    // The summary (stdout) is read on its own thread: a full pipe would stall the run.
+    let mut out = child.stdout.take().unwrap();
+    let summary = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
     let mut reader = std::fs::File::from(master);
     let mut parser = vt100::Parser::new(rows, cols, 0);
     let mut screens = Vec::new();
@@ -282,7 +293,40 @@ fn run_on_a_terminal(file: &Path, cols: u16, rows: u16) -> (std::process::ExitSt
                 .collect(),
         });
     }
-    (child.wait().unwrap(), screens)
+    (child.wait().unwrap(), screens, summary.join().unwrap())
+}
+
+/// The items/s the frames showed (their rate line), from the screens after the first
+/// quarter (the start-up), and the run's own figure from its JSON summary.
+fn shown_and_summary_rates(screens: &[Screen], stdout: &str) -> (Vec<f64>, f64) {
+    let shown: Vec<f64> = screens[screens.len() / 4..]
+        .iter()
+        .filter_map(|s| {
+            let line = s.rows.iter().find(|r| r.contains("batches/s, "))?;
+            let at = line.find(" items/s")?;
+            line[..at].rsplit(' ').next()?.parse().ok()
+        })
+        .collect();
+    let json: serde_json::Value = stdout
+        .lines()
+        .rfind(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .expect("the JSON summary");
+    (shown, json["items_per_s"].as_f64().unwrap())
+}
+
+/// The items/s a steady run's frames show are the run's: the median of what they showed
+/// within 25% of the summary's figure (rates over one redraw's interval read 0 while
+/// decode works in bursts).
+fn assert_shown_rate_is_the_runs(screens: &[Screen], stdout: &str) {
+    let (mut shown, summary) = shown_and_summary_rates(screens, stdout);
+    assert!(shown.len() > 3, "{} rate lines", shown.len());
+    shown.sort_by(f64::total_cmp);
+    let median = shown[shown.len() / 2];
+    assert!(
+        (median - summary).abs() <= 0.25 * summary,
+        "shown {median:.0} items/s (of {shown:?}), the summary {summary:.0}"
+    );
 }
 
 /// A pipeline file over `list` for the terminal tests: batches of 4, 12 epochs, a 25 ms
@@ -318,8 +362,9 @@ fn the_live_view_fits_an_80_column_terminal() {
     ));
     list.push(format!("{}/gone-too.jpg", dir.display()));
     let file = terminal_pipeline(&dir, &list);
-    let (status, screens) = run_on_a_terminal(&file, 80, 40);
+    let (status, screens, stdout) = run_on_a_terminal(&file, 80, 24);
     assert!(status.success());
+    assert_shown_rate_is_the_runs(&screens, &stdout);
     assert!(screens.len() > 5, "{} screens", screens.len());
     let mut with_eta = 0;
     for (i, s) in screens.iter().enumerate() {
@@ -361,8 +406,9 @@ fn the_live_view_fits_a_50_by_8_terminal() {
     let dir = scratch("pty-small");
     let list: Vec<String> = images().iter().map(|p| p.display().to_string()).collect();
     let file = terminal_pipeline(&dir, &list);
-    let (status, screens) = run_on_a_terminal(&file, 50, 8);
+    let (status, screens, stdout) = run_on_a_terminal(&file, 50, 8);
     assert!(status.success());
+    assert_shown_rate_is_the_runs(&screens, &stdout);
     let mut whole_frames = 0;
     for (i, s) in screens.iter().enumerate() {
         let text = s.rows.join("\n");
