@@ -1,7 +1,10 @@
 //! `flowgate plot`: a tuner trace as a picture (SVG or PNG), one panel per signal: results/s
-//! (batches when the pipeline batches) with the tuner's decisions numbered and listed, the consumer's wait, workers per stage
-//! (integer axis; each stage in its own colour and dash), and memory (buffered bytes, RSS and
-//! the budget, in MiB). Epoch boundaries are marked in every panel.
+//! (batches when the pipeline batches; averaged over the live view's 2-s window, each tick
+//! faint behind it) with the tuner's decisions numbered, marked with their knob and listed,
+//! the consumer's wait (averaged alike), workers per stage (integer axis; each stage in its
+//! own colour and dash), and memory (buffered bytes, RSS and the budget, in MiB). Epoch
+//! boundaries are marked in every panel and numbered from 1, as the run's summary numbers
+//! them.
 
 use std::path::{Path, PathBuf};
 
@@ -45,6 +48,9 @@ pub(crate) fn plot(trace: &Path, output: &Path) -> Result<(), Error> {
     if !matches!(ext, Some("svg" | "png")) {
         return Err(format!("{}: write .svg or .png", output.display()).into());
     }
+    // The drawing backends report a bad path as a nested debug dump: try the file first.
+    std::fs::File::create(output)
+        .map_err(|e| format!("cannot write the plot to {}: {e}", output.display()))?;
     // Text is laid out with a TrueType font: DejaVu Sans, which scripts/setup.sh installs
     // (fonts-dejavu-core), or $FLOWGATE_FONT.
     let font = std::env::var_os("FLOWGATE_FONT")
@@ -57,13 +63,15 @@ pub(crate) fn plot(trace: &Path, output: &Path) -> Result<(), Error> {
         )
     })?;
     let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    let drawn =
+        |e: Error| -> Error { format!("drawing the plot into {}: {e}", output.display()).into() };
     plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
         .map_err(|_| format!("{}: not a usable font", font.display()))?;
     let size = (1000, 1180);
     if ext == Some("svg") {
-        draw(SVGBackend::new(output, size).into_drawing_area(), &recs)?;
+        draw(SVGBackend::new(output, size).into_drawing_area(), &recs).map_err(drawn)?;
     } else {
-        draw(BitMapBackend::new(output, size).into_drawing_area(), &recs)?;
+        draw(BitMapBackend::new(output, size).into_drawing_area(), &recs).map_err(drawn)?;
     }
     let decisions: usize = recs.iter().map(|r| r.decisions.len()).sum();
     println!(
@@ -83,6 +91,38 @@ fn epoch_marks(recs: &[TraceRecord]) -> Vec<(f64, u64)> {
             _ => None,
         })
         .collect()
+}
+
+/// The seconds the rate and wait panels average over: the live view's window.
+const WINDOW_S: f64 = 2.0;
+
+/// `f` of each record averaged over the `WINDOW_S` before it (a tick's rate counts the
+/// batches that finished in its 100 ms: a comb between 0 and a burst).
+fn smoothed(recs: &[TraceRecord], f: impl Fn(&TraceRecord) -> f64) -> Vec<(f64, f64)> {
+    let mut from = 0;
+    let mut sum = 0.0;
+    let mut out = Vec::with_capacity(recs.len());
+    for (i, r) in recs.iter().enumerate() {
+        sum += f(r);
+        while recs[from].t < r.t - WINDOW_S && from < i {
+            sum -= f(&recs[from]);
+            from += 1;
+        }
+        out.push((r.t, sum / (i + 1 - from) as f64));
+    }
+    out
+}
+
+/// The knob a decision turns, in a word (marked on the rate panel).
+fn knob(d: &flowgate::tuner::Decision) -> &'static str {
+    use flowgate::tuner::Action;
+    match d.action {
+        Action::SetWorkers { .. } => "workers",
+        Action::SetPrefetch { .. } => "queue",
+        Action::SetCacheBytes { .. } => "cache",
+        Action::SetReadAhead { .. } => "read-ahead",
+        Action::SetItemThreads { .. } => "threads",
+    }
 }
 
 /// A decision in few words, for the list under the picture.
@@ -116,7 +156,15 @@ where
     let (first, last) = (&recs[0], &recs[recs.len() - 1]);
     let t0 = first.t;
     let t1 = last.t.max(first.t + 0.1);
-    let epochs = epoch_marks(recs);
+    // Many short epochs: every k-th marked and numbered (at most about ten), so the labels
+    // stay legible.
+    let epochs: Vec<(f64, u64)> = {
+        let all = epoch_marks(recs);
+        let every = all.len().div_ceil(10).max(1);
+        all.into_iter()
+            .filter(|&(_, e)| (e as usize) % every == 0)
+            .collect()
+    };
     root.fill(&WHITE)?;
     let (panels, notes) = root.split_vertically(1030);
     // Below the panels: the numbered decisions (at most LISTED, 18 px a row in two columns).
@@ -136,11 +184,13 @@ where
         };
     }
 
-    // 1. Batches per second, the decisions numbered on the line.
-    let max_rate = recs.iter().map(|r| r.rate).fold(1.0, f64::max) * 1.15;
+    // 1. Batches per second (over the window; each tick faint), the decisions numbered on
+    // the line with their knob.
+    let rate = smoothed(recs, |r| r.rate);
+    let max_rate = rate.iter().map(|&(_, v)| v).fold(1.0, f64::max) * 1.3;
     let mut c = ChartBuilder::on(&panels[0])
         .caption(
-            "results per second delivered (batches when batching; numbered dots: tuner decisions, listed below; dashes: epochs)",
+            format!("delivered per second, over {WINDOW_S:.0} s (faint: each 0.1-s tick); dots: tuner decisions; dashes: epochs"),
             font(17),
         )
         .margin(10)
@@ -155,34 +205,46 @@ where
     epoch_lines!(c, 0.0, max_rate);
     for &(t, e) in &epochs {
         c.draw_series(std::iter::once(Text::new(
-            format!("epoch {e}"),
+            format!("epoch {}", e + 1),
             (t, max_rate * 0.97),
             font(12).color(&GREY),
         )))?;
     }
     c.draw_series(LineSeries::new(
-        recs.iter().map(|r| (r.t, r.rate)),
-        PALETTE[0].stroke_width(2),
+        recs.iter().map(|r| (r.t, r.rate.min(max_rate))),
+        PALETTE[0].mix(0.18).stroke_width(1),
     ))?;
-    let ticks: Vec<&TraceRecord> = recs.iter().filter(|r| !r.decisions.is_empty()).collect();
-    for (n, r) in ticks.iter().enumerate().take(LISTED) {
+    c.draw_series(LineSeries::new(
+        rate.iter().copied(),
+        PALETTE[0].stroke_width(3),
+    ))?;
+    let ticks: Vec<(usize, &TraceRecord)> = recs
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.decisions.is_empty())
+        .collect();
+    for (n, &(i, r)) in ticks.iter().enumerate().take(LISTED) {
+        let y = rate[i].1;
         c.draw_series(std::iter::once(Circle::new(
-            (r.t, r.rate),
+            (r.t, y),
             4,
             PALETTE[3].filled(),
         )))?;
         // Labels alternate above and below the line so neighbours do not collide.
-        let dy = if n % 2 == 0 { 0.06 } else { -0.04 };
+        let dy = if n % 2 == 0 { 0.07 } else { -0.06 };
         c.draw_series(std::iter::once(Text::new(
-            format!("{}", n + 1),
-            (r.t, (r.rate + dy * max_rate).clamp(0.0, max_rate)),
+            format!("{} {}", n + 1, r.decisions.first().map_or("", knob)),
+            (r.t, (y + dy * max_rate).clamp(0.0, max_rate)),
             font(12),
         )))?;
     }
 
     // 2. The consumer's wait.
     let mut c = ChartBuilder::on(&panels[1])
-        .caption("consumer waiting for data (% of each tick)", font(17))
+        .caption(
+            format!("the training loop waiting for data (% of the time, over {WINDOW_S:.0} s)"),
+            font(17),
+        )
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(60)
@@ -194,7 +256,7 @@ where
         .draw()?;
     epoch_lines!(c, 0.0, 100.0);
     c.draw_series(LineSeries::new(
-        recs.iter().map(|r| (r.t, 100.0 * r.wait.clamp(0.0, 1.0))),
+        smoothed(recs, |r| 100.0 * r.wait.clamp(0.0, 1.0)),
         PALETTE[3].stroke_width(2),
     ))?;
 
@@ -327,7 +389,7 @@ where
 
     // The decisions, numbered as on the first panel, in two columns.
     let mut lines: Vec<String> = Vec::new();
-    for (n, r) in ticks.iter().enumerate().take(LISTED) {
+    for (n, (_, r)) in ticks.iter().enumerate().take(LISTED) {
         let what: Vec<String> = r.decisions.iter().map(|d| short(d, &r.stages)).collect();
         let why = r.decisions.first().map_or("", |d| d.reason.as_str());
         let mut line = format!("{}. @{:.1}s {}: {}", n + 1, r.t, what.join(", "), why);

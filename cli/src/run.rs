@@ -161,10 +161,15 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
             None => ", tuner off".to_owned(),
         }
     );
-    view::start(mode, spec.run.epochs, loader.items, policy);
+    view::start(
+        mode,
+        spec.run.epochs,
+        loader.items,
+        policy,
+        spec.run.seconds,
+    );
     on_stop_signals(on_stop_signal as extern "C" fn(libc::c_int) as libc::sighandler_t);
     let started = Instant::now(); // after the build (and any upload to a local S3 server)
-    let step = Duration::from_secs_f64(spec.run.step_ms / 1000.0);
     let mut epochs = Vec::new();
     let mut shape: Option<Vec<usize>> = None;
     let mut ended = Ended::Done;
@@ -183,6 +188,14 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
             break 'run;
         }
         loop {
+            if spec
+                .run
+                .seconds
+                .is_some_and(|t| started.elapsed().as_secs_f64() >= t)
+            {
+                epochs.push((items, t0.elapsed().as_secs_f64()));
+                break 'run;
+            }
             let signal = INTERRUPTED.load(Ordering::SeqCst);
             if signal != 0 {
                 epochs.push((items, t0.elapsed().as_secs_f64()));
@@ -228,8 +241,10 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
             if shape.as_ref().is_none_or(|s| s[0] < n) {
                 shape = Some(batch.shape().to_vec());
             }
-            if !step.is_zero() {
-                std::thread::sleep(step); // the simulated training step
+            let step = spec.run.step_at(started.elapsed().as_secs_f64());
+            if step > 0.0 {
+                // The simulated training step.
+                std::thread::sleep(Duration::from_secs_f64(step / 1000.0));
             }
         }
         epochs.push((items, t0.elapsed().as_secs_f64()));
@@ -302,13 +317,38 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
 /// The per-stage table after a run.
 fn summary(stats: &PipelineStats, epochs: &[(usize, f64)], groups: &view::FailureGroups) -> String {
     let mut s = String::new();
-    for (i, (items, secs)) in epochs.iter().enumerate() {
-        let _ = writeln!(
-            s,
-            "epoch {}: {items} items in {secs:.2} s = {:.0} items/s",
-            i + 1,
-            *items as f64 / secs.max(1e-9)
-        );
+    let rate = |&(items, secs): &(usize, f64)| items as f64 / secs.max(1e-9);
+    // A long run's middle epochs in one line: the first three and the last two in full.
+    let (head, tail) = if epochs.len() > 8 {
+        (3, epochs.len() - 2)
+    } else {
+        (epochs.len(), epochs.len())
+    };
+    for (i, e) in epochs.iter().enumerate() {
+        if i == head && head < tail {
+            let middle = &epochs[head..tail];
+            let (lo, hi) = middle
+                .iter()
+                .map(rate)
+                .fold((f64::MAX, 0.0f64), |(a, b), r| (a.min(r), b.max(r)));
+            let _ = writeln!(
+                s,
+                "epochs {}-{}: {} items, {lo:.0} to {hi:.0} items/s",
+                head + 1,
+                tail,
+                middle.iter().map(|e| e.0).sum::<usize>()
+            );
+        }
+        if i < head || i >= tail {
+            let _ = writeln!(
+                s,
+                "epoch {}: {} items in {:.2} s = {:.0} items/s",
+                i + 1,
+                e.0,
+                e.1,
+                rate(e)
+            );
+        }
     }
     let _ = writeln!(
         s,

@@ -43,6 +43,8 @@ pub(crate) struct View {
     started: Instant,
     /// The epoch being run (1-based) and how many.
     pub(crate) epoch: (u64, u64),
+    /// The run's time limit (`[run] seconds`), if it has one.
+    seconds: Option<f64>,
     /// Items per epoch (this rank's), and delivered so far: this epoch, and in all.
     pub(crate) epoch_items: usize,
     pub(crate) done: usize,
@@ -75,8 +77,15 @@ fn view() -> MutexGuard<'static, Option<View>> {
 }
 
 /// Starts the view.
-pub(crate) fn start(mode: Mode, epochs: u64, epoch_items: usize, policy: Option<String>) {
+pub(crate) fn start(
+    mode: Mode,
+    epochs: u64,
+    epoch_items: usize,
+    policy: Option<String>,
+    seconds: Option<f64>,
+) {
     *view() = Some(View {
+        seconds,
         mode,
         drawn: 0,
         prev: None,
@@ -302,6 +311,14 @@ impl View {
         (dt > 0.0).then(|| (b.delivered.saturating_sub(a.delivered) as f64 / dt, dt))
     }
 
+    /// `epoch 3/12`; in a run with a time limit, which ends before its epochs do, `epoch 3`.
+    fn epoch_label(&self) -> String {
+        match self.seconds {
+            Some(_) => format!("epoch {}", self.epoch.0),
+            None => format!("epoch {}/{}", self.epoch.0, self.epoch.1),
+        }
+    }
+
     /// Seconds to the end of the run at the run's rate so far, if known.
     fn eta(&self) -> Option<f64> {
         let elapsed = self.started.elapsed().as_secs_f64();
@@ -311,7 +328,12 @@ impl View {
         let rate = self.done_total as f64 / elapsed;
         let left_epochs = self.epoch.1.saturating_sub(self.epoch.0) as usize;
         let left = self.epoch_items.saturating_sub(self.done) + left_epochs * self.epoch_items;
-        Some(left as f64 / rate)
+        let by_epochs = left as f64 / rate;
+        // A run with a time limit ends at it, if the epochs do not end first.
+        Some(
+            self.seconds
+                .map_or(by_epochs, |t| by_epochs.min((t - elapsed).max(0.0))),
+        )
     }
 
     /// The process's CPU use in cores since the previous call.
@@ -334,16 +356,16 @@ impl View {
         let mut lines = Vec::new();
         let pct = self.processed_pct();
         lines.push(format!(
-            "epoch {}/{} {} {}/{} items{} {:.0}%  elapsed {}  ETA {}",
-            self.epoch.0,
-            self.epoch.1,
+            // The ETA before the elapsed time: a narrow terminal cuts the end of the line.
+            "{} {} {}/{} items{} {:.0}%  ETA {}  elapsed {}",
+            self.epoch_label(),
             bar(pct, 20),
             self.done,
             self.epoch_items,
             self.failed_note(),
             pct,
+            self.eta().map_or_else(|| "-".to_owned(), clock),
             clock(self.started.elapsed().as_secs_f64()),
-            self.eta().map_or_else(|| "-".to_owned(), clock)
         ));
         lines.push(format!(
             "{:.1} batches/s, {:.0} items/s (last {:.0} s)  consumer waits {:.0}%  bottleneck: {}",
@@ -450,11 +472,10 @@ impl View {
             .cpu_cores()
             .map_or_else(|| "-".to_owned(), |c| format!("{c:.1}"));
         format!(
-            "[{}] epoch {}/{} {}/{} items{} ({pct:.0}%) ETA {}  {:.1} batches/s  wait {:.0}%  \
+            "[{}] {} {}/{} items{} ({pct:.0}%) ETA {}  {:.1} batches/s  wait {:.0}%  \
              bottleneck {}  cpu {cpu} cores  rss {}  failures {}",
             clock(self.started.elapsed().as_secs_f64()),
-            self.epoch.0,
-            self.epoch.1,
+            self.epoch_label(),
             self.done,
             self.epoch_items,
             self.failed_note(),
@@ -528,10 +549,13 @@ impl<'a> Rates<'a> {
         s.items_out.saturating_sub(p) as f64 / self.dt
     }
 
-    /// The fraction of its workers' time a stage was busy.
+    /// The fraction of its workers' time a stage was busy (of the most workers it had in
+    /// the window, so a stage shrunk within it does not read over 100%).
     fn busy(&self, s: &StageStats) -> f64 {
-        let p = self.before(s).map_or(Duration::ZERO, |p| p.busy);
-        s.busy.saturating_sub(p).as_secs_f64() / (self.dt * s.workers.max(1) as f64)
+        let (p, workers) = self.before(s).map_or((Duration::ZERO, s.workers), |p| {
+            (p.busy, s.workers.max(p.workers))
+        });
+        s.busy.saturating_sub(p).as_secs_f64() / (self.dt * workers.max(1) as f64)
     }
 
     /// What limits the rate: the consumer when it hardly waits, else the busiest stage.

@@ -238,8 +238,8 @@ fn flowgate_plot_draws_a_trace_and_names_bad_lines() {
     );
     let picture = std::fs::read_to_string(&svg).unwrap();
     for text in [
-        "results per second",
-        "consumer waiting",
+        "delivered per second, over 2 s",
+        "training loop waiting",
         "workers per stage",
         "memory, MiB",
         "decode",
@@ -263,7 +263,11 @@ fn flowgate_plot_draws_a_trace_and_names_bad_lines() {
     let out = plot(&epochs, &svg);
     assert!(out.status.success());
     let picture = std::fs::read_to_string(&svg).unwrap();
-    assert!(picture.contains("epoch 1") && picture.contains("epoch 2"));
+    // Numbered as the run's summary numbers them: the first boundary starts epoch 2.
+    assert!(picture.contains("epoch 2") && picture.contains("epoch 3"));
+    assert!(!picture.contains("epoch 1<") && !picture.contains(">epoch 1 "));
+    // Each decision's dot names its knob.
+    assert!(picture.contains("1 workers"), "a dot without its knob");
     let png = dir.join("tuner.png");
     let out = plot(trace, &png);
     assert!(
@@ -285,6 +289,18 @@ fn flowgate_plot_draws_a_trace_and_names_bad_lines() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.jsonl:2:"), "{err}");
+    // A place the picture cannot go: one sentence naming it, not the backend's debug dump.
+    let out = plot(trace, &dir.join("no-such-folder/t.png"));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot write the plot to") && err.contains("no-such-folder/t.png"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("ImageError") && !err.contains("Os {"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -393,7 +393,12 @@ fn the_live_view_fits_an_80_column_terminal() {
             with_eta += 1;
         }
     }
-    assert!(with_eta > 3, "progress with ETA on {with_eta} screens");
+    assert!(
+        with_eta > 3,
+        "progress with ETA on {with_eta} of {} screens; the last:\n{}",
+        screens.len(),
+        screens.last().unwrap().rows.join("\n")
+    );
     let last = screens.last().unwrap().rows.join("\n");
     assert!(last.contains("failures 2"), "{last}");
     assert!(last.contains("rss") && last.contains("cores"), "{last}");

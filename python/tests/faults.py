@@ -5,9 +5,12 @@ The proxy forwards each request on its own upstream connection (``Connection: cl
 by the request's number, answers a burst of 503 SlowDown, resets the connection, cuts the
 response body in half, or stalls before forwarding. It checks ``If-Match`` as S3 does (the
 local server ignores it on GET): a GET pinned to another version than the store's is
-answered 412 Precondition Failed. Faults are only injected while ``faults`` is true.
+answered 412 Precondition Failed, before any other answer (a range past the new version's
+end included), as S3 evaluates preconditions first. Faults are only injected while
+``faults`` is true.
 """
 
+import hashlib
 import os
 import pathlib
 import socket
@@ -15,6 +18,7 @@ import struct
 import subprocess
 import threading
 import time
+import urllib.parse
 
 S3S_FS = pathlib.Path(
     os.environ.get("FLOWGATE_S3S_FS")
@@ -82,8 +86,12 @@ class FaultProxy:
     """See the module docs. ``counts`` holds what it did: requests, slow_down, reset,
     truncated, stalled, precondition_failed."""
 
-    def __init__(self, upstream_port: int, stall: float = 1.0, faults: bool = True) -> None:
+    def __init__(self, upstream_port: int, root: pathlib.Path, stall: float = 1.0,
+                 faults: bool = True) -> None:
         self.upstream = ("127.0.0.1", upstream_port)
+        #: The server's folder (buckets are its folders): the current version's entity tag
+        #: of an object is its file's MD5, as the server computes it.
+        self.root = root
         self.stall = stall
         self.faults = faults
         self.counts = dict(requests=0, gets=0, slow_down=0, reset=0, truncated=0, stalled=0,
@@ -164,6 +172,11 @@ class FaultProxy:
         if fault == "stall":
             self._count("stalled")
             time.sleep(self.stall)
+        wanted = _header(head, "if-match")
+        if method == "GET" and wanted is not None and wanted != self._etag(head):
+            self._count("precondition_failed")
+            conn.sendall(_error(412, "Precondition Failed", "PreconditionFailed"))
+            return
         lines = [line for line in head.split("\r\n") if line
                  and not line.lower().startswith("connection:")]
         request = ("\r\n".join(lines) + "\r\nConnection: close\r\n\r\n").encode("latin-1")
@@ -173,19 +186,21 @@ class FaultProxy:
             resp = b""
             while chunk := up.recv(1 << 16):
                 resp += chunk
-        wanted = _header(head, "if-match")
         resp_end = _find(resp, b"\r\n\r\n")
-        if wanted is not None and resp_end >= 0:
-            resp_head = resp[:resp_end + 2].decode("latin-1")
-            if resp_head.startswith("HTTP/1.1 2") and _header(resp_head, "etag") != wanted:
-                self._count("precondition_failed")
-                conn.sendall(_error(412, "Precondition Failed", "PreconditionFailed"))
-                return
         if fault == "truncate" and resp_end >= 0 and len(resp) > resp_end + 5:
             self._count("truncated")
             conn.sendall(resp[:resp_end + 4 + (len(resp) - resp_end - 4) // 2])
             return
         conn.sendall(resp)
+
+    def _etag(self, head: str):
+        """The entity tag of the object a request names, now: its file's MD5, quoted."""
+        target = urllib.parse.unquote(head.split(" ", 2)[1].split("?", 1)[0])
+        path = self.root / target.lstrip("/")
+        try:
+            return f'"{hashlib.md5(path.read_bytes()).hexdigest()}"'
+        except OSError:
+            return None
 
     def _count(self, what: str) -> None:
         with self._lock:

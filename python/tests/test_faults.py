@@ -94,7 +94,7 @@ def store(tmp_path, monkeypatch):
     root = tmp_path / "s3"
     (root / "data").mkdir(parents=True)
     server = Server(root)
-    proxy = FaultProxy(server.port)
+    proxy = FaultProxy(server.port, root)
     for k, v in {**KEYS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"}.items():
         monkeypatch.setenv(k, v)
     try:

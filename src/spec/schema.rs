@@ -476,6 +476,15 @@ pub struct RunSpec {
     /// Milliseconds of simulated training per batch (the consumer's step).
     #[serde(default)]
     pub step_ms: f64,
+    /// The step changing while the run goes on (a model whose steps get slower, a
+    /// demonstration of the tuner following the loop): from `at_s` seconds into the run on,
+    /// the step is `ms` (until the next change). In the order of `at_s`.
+    #[serde(default)]
+    pub step_changes: Vec<StepChange>,
+    /// Stop after this many seconds (within the epoch then running; the summary counts what
+    /// was delivered), if the epochs have not ended before.
+    #[serde(default)]
+    pub seconds: Option<f64>,
     /// The failure budget: an integer is a count (`0`: the first failure stops the run), a
     /// number with a fraction a rate of the items seen (`0.01`: 1%, applied once 100 items
     /// were seen). Absent: failing items are skipped and counted, never fatal.
@@ -488,6 +497,27 @@ pub struct RunSpec {
 
 fn ten() -> f64 {
     10.0
+}
+
+/// One of `run.step_changes`.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StepChange {
+    /// Seconds into the run.
+    pub at_s: f64,
+    /// The step from then on, in milliseconds.
+    pub ms: f64,
+}
+
+impl RunSpec {
+    /// The simulated step `elapsed` seconds into the run.
+    pub fn step_at(&self, elapsed: f64) -> f64 {
+        self.step_changes
+            .iter()
+            .take_while(|c| c.at_s <= elapsed)
+            .last()
+            .map_or(self.step_ms, |c| c.ms)
+    }
 }
 
 /// `run.max_failures`: a count or a rate.
@@ -509,6 +539,8 @@ impl Default for RunSpec {
         Self {
             epochs: 1,
             step_ms: 0.0,
+            step_changes: Vec::new(),
+            seconds: None,
             max_failures: None,
             progress_s: 10.0,
         }

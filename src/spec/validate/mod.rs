@@ -318,6 +318,38 @@ impl PipelineSpec {
         if !(self.run.step_ms >= 0.0 && self.run.step_ms <= MAX_MS) {
             return Err(err("run", "step_ms", format!("must be in 0..={MAX_MS}")));
         }
+        let mut at = 0.0;
+        for (i, c) in self.run.step_changes.iter().enumerate() {
+            if !(c.at_s >= at && c.at_s <= MAX_MS / 1000.0) {
+                return Err(err(
+                    "run",
+                    "step_changes",
+                    format!(
+                        "change {}: at_s {} must be in {at}..={} (in order)",
+                        i + 1,
+                        c.at_s,
+                        MAX_MS / 1000.0
+                    ),
+                ));
+            }
+            if !(c.ms >= 0.0 && c.ms <= MAX_MS) {
+                return Err(err(
+                    "run",
+                    "step_changes",
+                    format!("change {}: ms {} must be in 0..={MAX_MS}", i + 1, c.ms),
+                ));
+            }
+            at = c.at_s;
+        }
+        if let Some(t) = self.run.seconds {
+            if !(t > 0.0 && t <= MAX_MS / 1000.0) {
+                return Err(err(
+                    "run",
+                    "seconds",
+                    format!("must be in (0, {}]", MAX_MS / 1000.0),
+                ));
+            }
+        }
         if !(self.run.progress_s >= 0.1 && self.run.progress_s <= MAX_MS / 1000.0) {
             return Err(err(
                 "run",

@@ -207,6 +207,8 @@ pub struct ModelBased {
     consumer_step: Option<f64>,
     /// Decayed sum of results delivered (the denominator of each stage's flow ratio).
     delivered_sum: f64,
+    /// Results delivered since the policy started (the reasons say whether any were).
+    delivered_total: u64,
     sink_calm: u32,
     rates: VecDeque<f64>,
     trial: Option<Trial>,
@@ -249,6 +251,7 @@ impl ModelBased {
             }
         }
         self.delivered_sum = decay * self.delivered_sum + obs.delivered as f64;
+        self.delivered_total += obs.delivered;
         if obs.delivered > 0 {
             let step = (win - obs.consumer_wait.as_secs_f64()).max(0.0) / obs.delivered as f64;
             self.consumer_step = Some(self.ewma(self.consumer_step, step));
@@ -619,8 +622,11 @@ impl ModelBased {
             // per result), so the target is not yet in results/s.
             let why = if self.delivered_sum >= 1.0 {
                 format!("model: target {:.0} results/s", self.target_rate(obs, n))
-            } else {
+            } else if self.delivered_total == 0 {
                 "model: first allocation, from per-item costs (no result delivered yet)".to_owned()
+            } else {
+                "model: from per-item costs (too few results lately to weigh items per result)"
+                    .to_owned()
             };
             return Self::worker_decisions(obs, &targets, &why);
         }
