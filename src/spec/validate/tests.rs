@@ -206,6 +206,40 @@ fn numbers_that_size_buffers_caches_and_epochs_are_bounded() {
     assert_eq!(e.key, "source.sources.prefetch", "{e}");
     let e = error(&format!("{GOOD}\n[run]\nepochs = 99999999999\n"));
     assert_eq!(e.key, "run.epochs", "{e}");
+    for (run, says) in [
+        ("seconds = 0", "must be in (0"),
+        ("seconds = 1e12", "must be in (0"),
+        (
+            "step_changes = [{ at_s = 5.0, ms = 1.0 }, { at_s = 2.0, ms = 9.0 }]",
+            "change 2: at_s 2 must be in 5..=",
+        ),
+        (
+            "step_changes = [{ at_s = 1.0, ms = -1.0 }]",
+            "change 1: ms -1",
+        ),
+        (
+            "step_changes = [{ at_s = -1.0, ms = 1.0 }]",
+            "change 1: at_s -1",
+        ),
+    ] {
+        let e = error(&format!("{GOOD}\n[run]\n{run}\n"));
+        assert!(e.key.starts_with("run."), "{e}");
+        assert!(e.to_string().contains(says), "{run}: {e}");
+    }
+}
+
+#[test]
+fn the_step_follows_its_changes() {
+    let spec = crate::spec::PipelineSpec::parse(
+        &format!("{GOOD}\n[run]\nstep_ms = 1.0\nstep_changes = [{{ at_s = 10.0, ms = 250.0 }}, {{ at_s = 20.0, ms = 2.0 }}]\n"),
+        "t.toml",
+    )
+    .unwrap();
+    let at: Vec<f64> = [0.0, 9.9, 10.0, 19.0, 20.0, 99.0]
+        .iter()
+        .map(|&t| spec.run.step_at(t))
+        .collect();
+    assert_eq!(at, [1.0, 1.0, 250.0, 250.0, 2.0, 2.0]);
 }
 
 #[test]
