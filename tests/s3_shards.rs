@@ -459,6 +459,47 @@ fn a_shard_that_cannot_be_indexed_is_an_error_naming_it() {
     );
 }
 
+/// A shard whose download fails while the shards are opened (indexed, without a manifest)
+/// is fetched again after the cache's backoff: a failure that passes (here the cache file's
+/// place blocked for half a second) does not fail the open.
+#[test]
+fn a_shard_whose_indexing_download_fails_once_is_fetched_again() {
+    let f = fixture("shards-index-retry");
+    upload_shards(&f.s3, 3, 10, false);
+    let caches = TempDir(f._dir.0.with_extension("cache"));
+    let o = f.s3.objects(&["train/shard-000001.tar"]).unwrap()[0]
+        .clone()
+        .unwrap();
+    let tag = o
+        .etag
+        .map_or(o.size.to_string(), |t| t.trim_matches('"').to_owned());
+    let blocked = caches
+        .0
+        .join("data/train")
+        .join(format!("shard-000001.tar@{tag}"));
+    std::fs::create_dir_all(blocked.join("x")).unwrap();
+    let unblock = {
+        let blocked = blocked.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            std::fs::remove_dir_all(blocked).unwrap();
+        })
+    };
+    let opts = flowgate::dataset::shards::remote::RemoteOptions {
+        cache_dir: caches.0.clone(),
+        ..Default::default()
+    };
+    let shards = flowgate::dataset::shards::Shards::open_s3(
+        &f.s3,
+        "train/shard-{000000..000002}.tar",
+        &opts,
+    )
+    .expect("the second download of shard 1 succeeds");
+    unblock.join().unwrap();
+    assert_eq!(shards.len(), 30);
+    assert!(shards.cache().unwrap().stats().failures >= 1);
+}
+
 /// A resumed epoch plans its downloads from what it still reads: shards whose samples were
 /// all delivered before the checkpoint are not fetched again, each shard still needed is
 /// fetched once, and every shard leaves the disk cache once its last sample is read (a plan

@@ -83,15 +83,35 @@ pub(crate) struct PyPipeline {
     source: Py<PyAny>,
     stages: Mutex<Vec<StageSpec>>,
     skip_errors: bool,
-    running: Mutex<Option<(Pipeline<Py<PyAny>>, bool)>>,
+    /// The built pipeline, whether an epoch of it is being iterated, and the process whose
+    /// threads run it (after a `fork` the child has none of them).
+    running: Mutex<Option<Running>>,
     source_error: SourceError,
+}
+
+struct Running {
+    pipeline: Pipeline<Py<PyAny>>,
+    in_epoch: bool,
+    pid: u32,
+}
+
+impl Running {
+    /// Stops the pipeline and joins its threads, with the GIL released (its workers may be
+    /// waiting for it); in a forked child, where the threads are the parent's, only forgets
+    /// it (joining would wait forever).
+    fn end(self, py: Python<'_>) {
+        if self.pid == std::process::id() {
+            py.allow_threads(move || drop(self));
+        } else {
+            std::mem::forget(self);
+        }
+    }
 }
 
 impl Drop for PyPipeline {
     fn drop(&mut self) {
-        // Worker threads may be waiting for the GIL: release it while they are joined.
         if let Some(r) = self.running.get_mut().ok().and_then(Option::take) {
-            Python::with_gil(|py| py.allow_threads(move || drop(r)));
+            Python::with_gil(|py| r.end(py));
         }
     }
 }
@@ -215,20 +235,34 @@ impl PyPipeline {
         Ok(slf)
     }
 
-    /// Starts an epoch (building the pipeline the first time).
+    /// Starts an epoch (building the pipeline the first time, and again in a forked child:
+    /// at the epoch the parent was in, or the next if it was between epochs).
     fn _start_epoch(&self, py: Python<'_>) -> PyResult<()> {
         let mut r = self.running.lock().expect("running");
+        let here = std::process::id();
         match r.as_mut() {
-            Some((_, in_epoch)) if !*in_epoch => *in_epoch = true,
+            Some(run) if !run.in_epoch && run.pid == here => run.in_epoch = true,
             _ => {
-                let next = r.as_ref().map(|(p, _)| p.epoch() + 1);
-                let cleared = r.take();
-                py.allow_threads(move || drop(cleared));
+                let next = r.as_ref().map(|run| {
+                    let e = run.pipeline.epoch();
+                    if run.pid != here && run.in_epoch {
+                        e
+                    } else {
+                        e + 1
+                    }
+                });
+                if let Some(old) = r.take() {
+                    old.end(py);
+                }
                 let mut p = self.build(py).map_err(to_py)?;
                 if let Some(epoch) = next {
                     p.start_at_epoch(epoch).map_err(to_py)?;
                 }
-                *r = Some((p, true));
+                *r = Some(Running {
+                    pipeline: p,
+                    in_epoch: true,
+                    pid: here,
+                });
             }
         }
         Ok(())
@@ -241,20 +275,21 @@ impl PyPipeline {
         let r = loop {
             let r = py.allow_threads(|| {
                 let mut g = running.lock().expect("running");
-                let Some((p, in_epoch)) = g.as_mut() else {
+                let Some(run) = g.as_mut() else {
                     return Some(Ok(None));
                 };
-                if !*in_epoch {
+                // An epoch the parent started before a fork is not this process's to read.
+                if !run.in_epoch || run.pid != std::process::id() {
                     return Some(Ok(None));
                 }
-                match p.next_within(SLICE) {
+                match run.pipeline.next_within(SLICE) {
                     Within::Next(Ok(x)) => Some(Ok(Some(x))),
                     Within::Next(Err(e)) => {
-                        *g = None;
+                        drop(g.take());
                         Some(Err(e))
                     }
                     Within::EpochEnd => {
-                        *in_epoch = false;
+                        run.in_epoch = false;
                         Some(Ok(None))
                     }
                     Within::TimedOut => None,
@@ -277,7 +312,9 @@ impl PyPipeline {
     /// Stops the pipeline and joins its threads.
     fn close(&self, py: Python<'_>) {
         let r = self.running.lock().expect("running").take();
-        py.allow_threads(move || drop(r));
+        if let Some(r) = r {
+            r.end(py);
+        }
     }
 }
 

@@ -79,3 +79,35 @@ def test_ctrl_c_interrupts_a_python_pipeline_that_waits(tmp_path):
         p = flowgate.Pipeline(range(4)).map(lambda x: time.sleep(30), workers=1)
         it = iter(p)
     """, tmp_path)
+
+
+def test_a_forked_child_runs_its_own_python_pipeline(tmp_path):
+    """A Pipeline mid-epoch when the process forks: the child's next ``iter()`` builds its
+    own (the parent's threads do not exist there; joining them would hang) and reads the
+    epoch the parent was in, whole; the parent finishes its own; both exit."""
+    r = run("""
+        import os, signal, time, flowgate
+
+        def slow(x):
+            time.sleep(0.001)
+            return x * 2
+
+        p = flowgate.Pipeline(lambda epoch: range(epoch * 1000, epoch * 1000 + 200)) \\
+            .map(slow, workers=3).batch(16)
+        first = list(iter(p))                  # epoch 0
+        it = iter(p)                           # epoch 1, mid-way
+        head = next(it)
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(30)   # a hang ends the child with SIGALRM, not the test's timeout
+            got = sorted(x for b in p for x in b)
+            again = sorted(x for b in p for x in b)
+            print("child", len(got), got[0], got[-1], again[0], flush=True)
+            p.close()
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        rest = [x for b in it for x in b]
+        print("parent", len(head) + len(rest), "status", status, flush=True)
+    """, tmp_path, timeout=90)
+    assert "child 200 2000 2398 4000" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "parent 200 status 0" in r.stdout, r.stdout + r.stderr[-3000:]

@@ -170,18 +170,41 @@ impl Shards {
             (0..cache.len()).map(|_| OnceLock::new()).collect();
         if counts.is_none() {
             index_all(&cache, &entries, opts);
-            // A shard that could not be indexed has no sample count: guessing one would change
-            // the epoch's order and the checkpoints' fingerprint. The error reaches the user.
-            if let Some(slot) = entries.iter().position(|e| e.get().is_none()) {
-                let why = match cache.file(slot) {
-                    Err(e) => e.to_string(),
-                    Ok(_) => "its download did not finish".to_owned(),
-                };
-                return Err(PipelineError::config(format!(
-                    "{}: the shard could not be indexed (no manifest gives its sample count; \
-                     open again, or write one with Shards::write_manifest): {why}",
-                    cache.url(slot).display()
-                )));
+            // A shard whose download failed (past the client's retries: a burst of errors) is
+            // fetched again after the cache's backoff, a few times, before opening fails.
+            for slot in 0..entries.len() {
+                let mut wait = super::cache::RETRY_AFTER;
+                for attempt in 0..=INDEX_RETRIES {
+                    if entries[slot].get().is_some() {
+                        break;
+                    }
+                    match cache.file(slot) {
+                        Ok(file) => {
+                            let _ = entries[slot].set(super::index_file(&file, opts.max_member));
+                        }
+                        // A shard that could not be indexed has no sample count: guessing one
+                        // would change the epoch's order and the checkpoints' fingerprint.
+                        Err(e)
+                            if attempt == INDEX_RETRIES
+                                || matches!(
+                                    *e,
+                                    crate::s3::S3Error::NotFound { .. }
+                                        | crate::s3::S3Error::Forbidden { .. }
+                                ) =>
+                        {
+                            return Err(PipelineError::config(format!(
+                                "{}: the shard could not be indexed (no manifest gives its \
+                                 sample count; open again, or write one with \
+                                 Shards::write_manifest): {e}",
+                                cache.url(slot).display()
+                            )));
+                        }
+                        Err(_) => {
+                            std::thread::sleep(wait);
+                            wait *= 2;
+                        }
+                    }
+                }
             }
         }
         let shards = entries
@@ -207,6 +230,10 @@ impl Shards {
 
 /// Downloads and indexes every shard, `index_concurrency` at a time. A shard that cannot be
 /// fetched stays unindexed (one place, which reports the error when read).
+/// How many more times opening fetches a shard it must index whose download failed (after
+/// 1, 2, 4 s: the cache's backoff).
+const INDEX_RETRIES: u32 = 3;
+
 fn index_all(
     cache: &Arc<ShardCache>,
     entries: &[OnceLock<Vec<super::Entry>>],
