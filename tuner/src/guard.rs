@@ -1,7 +1,8 @@
 //! The guard every decision passes through before it is applied, in the simulator and in the
 //! tuner actor alike: pinned knobs are never touched, workers stay within `1..=max_workers`,
-//! a stage's `workers × threads per item` never exceeds the cores, and the buffers' committed
-//! bytes never exceed the memory budget.
+//! a stage's `workers × threads per item` never exceeds the cores, the buffers' committed
+//! bytes never exceed the memory budget, and while the buffers hold more than the budget (a
+//! batch of large items, a budget the tuner did not set) no buffer or cache grows.
 //!
 //! Two sums are kept within the budget. The *commitment* (what the buffers would hold if every
 //! item budget filled with items of the size seen so far) bounds how far item budgets grow.
@@ -36,6 +37,8 @@ pub fn enforce(decisions: Vec<Decision>, obs: &Observation) -> Vec<Decision> {
     // The byte limits, per stage, when every buffer has one (a pipeline with a memory budget).
     let mut limits: Vec<u64> = obs.stages.iter().map(|s| s.budget_bytes).collect();
     let bounded = limits.iter().all(|&l| l < u64::MAX);
+    // Over the budget now: buffers and caches may shrink, not grow.
+    let over = obs.buffered_bytes > budget;
     let mut out = Vec::with_capacity(decisions.len());
     for mut d in decisions {
         match &mut d.action {
@@ -82,6 +85,10 @@ pub fn enforce(decisions: Vec<Decision>, obs: &Observation) -> Vec<Decision> {
                     *bytes = (*bytes).min(budget.saturating_sub(other_limits).max(1));
                     limits[*stage] = *bytes;
                 }
+                if over {
+                    *items = (*items).min(s.budget_items);
+                    *bytes = (*bytes).min(s.budget_bytes);
+                }
                 if *items == s.budget_items && *bytes == s.budget_bytes {
                     continue;
                 }
@@ -114,6 +121,9 @@ pub fn enforce(decisions: Vec<Decision>, obs: &Observation) -> Vec<Decision> {
                         .fold(0u64, u64::saturating_add);
                     let room = budget.saturating_sub(held).saturating_sub(caches);
                     *bytes = (*bytes).min(room);
+                }
+                if over {
+                    *bytes = (*bytes).min(c.capacity_bytes);
                 }
                 if *bytes == c.capacity_bytes {
                     continue;
@@ -214,5 +224,38 @@ mod tests {
         };
         let out = enforce(vec![grow(0)], &obs);
         assert!(matches!(out[0].action, Action::SetPrefetch { items, .. } if items <= 64));
+    }
+
+    /// Buffers holding more than the budget (items larger than the buffers' byte limits
+    /// foresaw): a doubling is dropped, a shrink goes through.
+    #[test]
+    fn nothing_grows_while_the_buffers_are_over_the_budget() {
+        let mut obs = Observation {
+            stages: vec![stage(32 << 20), stage(32 << 20)],
+            budgets: Some(Budgets {
+                memory_bytes: 128 << 20,
+                cores: 2,
+            }),
+            buffered_bytes: 300 << 20,
+            ..Observation::default()
+        };
+        let shrink = Decision {
+            action: Action::SetPrefetch {
+                stage: 1,
+                items: 4,
+                bytes: 16 << 20,
+            },
+            reason: "shrink".into(),
+        };
+        let out = enforce(vec![grow(0), shrink.clone()], &obs);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert!(matches!(out[0].action, Action::SetPrefetch { stage: 1, items: 4, .. }));
+        // Back under the budget, the same doubling goes through.
+        obs.buffered_bytes = 20 << 20;
+        let out = enforce(vec![grow(0)], &obs);
+        assert!(
+            matches!(out[0].action, Action::SetPrefetch { stage: 0, items, .. } if items > 8),
+            "{out:?}"
+        );
     }
 }
