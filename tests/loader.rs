@@ -511,3 +511,53 @@ fn a_state_taken_after_a_break_resumes_the_rest_of_that_epoch() {
     assert_eq!(next.len(), IMAGES);
     assert_eq!(first.state().unwrap().epoch, 2);
 }
+
+/// Bytes this process has read through system calls (`rchar` of `/proc/self/io`).
+fn bytes_read() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("rchar: "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A tar sample's fields that are neither its media nor its label are not read at all: a
+/// 48 MiB side file beside each 1 KiB image costs no I/O and no memory.
+#[test]
+fn a_samples_unused_fields_are_not_read() {
+    let dir = std::env::temp_dir().join(format!("flowgate-unused-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let big = vec![7u8; 48 << 20];
+    let members: Vec<(String, Vec<u8>)> = (0..3)
+        .flat_map(|i| {
+            [
+                (format!("s{i}.bin"), big.clone()),
+                (format!("s{i}.jpg"), jpeg(i)),
+                (format!("s{i}.cls"), i.to_string().into_bytes()),
+            ]
+        })
+        .collect();
+    let mut tar = Vec::new();
+    flowgate::dataset::shards::tar::write_archive(&mut tar, members).unwrap();
+    let shard = dir.join("shard-0.tar");
+    std::fs::write(&shard, tar).unwrap();
+    drop(big);
+    let dataset = Dataset::builder(
+        Source::shards(shard.display().to_string()).labels(Labels::Field("cls".into())),
+    )
+    .ranks_from(Ranks::Whole)
+    .build()
+    .unwrap();
+    let before = bytes_read();
+    let items: Vec<_> = (0..3).map(|i| dataset.read(i, 0).unwrap()).collect();
+    let read = bytes_read() - before;
+    assert_eq!(
+        items.iter().map(|x| x.label).collect::<Vec<_>>(),
+        [Some(0), Some(1), Some(2)]
+    );
+    assert!(read < 1 << 20, "{read} bytes read for three 1-KiB images");
+    let _ = std::fs::remove_dir_all(&dir);
+}

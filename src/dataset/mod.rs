@@ -361,7 +361,11 @@ impl Dataset {
                 media,
                 label,
             } => {
-                let mut raw = records.read(index, epoch)?;
+                // Only the media fields and the label are read: a sample's other fields take
+                // no I/O and no memory.
+                let mut raw = records.read(index, epoch, |ext| {
+                    media.iter().any(|m| m == ext) || label.as_deref() == Some(ext)
+                })?;
                 let label = label.as_deref().map(|f| raw.take_label(f)).transpose()?;
                 let (ext, bytes) = raw.take_required(media)?;
                 let path = raw.field_path(&ext);

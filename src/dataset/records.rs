@@ -38,9 +38,15 @@ impl Records {
         }
     }
 
-    pub(crate) fn read(&self, index: usize, epoch: u64) -> Result<RawSample, ShardError> {
+    /// The sample's fields whose extension (a Parquet column's name) `wanted` accepts.
+    pub(crate) fn read(
+        &self,
+        index: usize,
+        epoch: u64,
+        wanted: impl Fn(&str) -> bool,
+    ) -> Result<RawSample, ShardError> {
         match self {
-            Records::Tar(s) => s.get(epoch, index).read(),
+            Records::Tar(s) => s.get(epoch, index).read_fields(wanted),
             #[cfg(feature = "parquet")]
             Records::Parquet(p) => p.read(epoch, index),
         }

@@ -249,7 +249,14 @@ mod tests {
         };
         let out = enforce(vec![grow(0), shrink.clone()], &obs);
         assert_eq!(out.len(), 1, "{out:?}");
-        assert!(matches!(out[0].action, Action::SetPrefetch { stage: 1, items: 4, .. }));
+        assert!(matches!(
+            out[0].action,
+            Action::SetPrefetch {
+                stage: 1,
+                items: 4,
+                ..
+            }
+        ));
         // Back under the budget, the same doubling goes through.
         obs.buffered_bytes = 20 << 20;
         let out = enforce(vec![grow(0)], &obs);

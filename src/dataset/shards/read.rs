@@ -74,6 +74,13 @@ impl SampleRef {
     /// any number of threads read at once). A shard on S3 is downloaded first (or waited
     /// for), and the next shards of this rank's order are started.
     pub fn read(&self) -> Result<RawSample, ShardError> {
+        self.read_fields(|_| true)
+    }
+
+    /// [`read`](Self::read) of the fields whose extension `wanted` accepts: the others are
+    /// not read at all (a sample's unused fields — another modality, a large side file — take
+    /// no memory and no I/O).
+    pub fn read_fields(&self, wanted: impl Fn(&str) -> bool) -> Result<RawSample, ShardError> {
         let (shard, e) = self.place();
         #[cfg(feature = "s3")]
         let _done = match &shard.body {
@@ -126,7 +133,7 @@ impl SampleRef {
             source,
         };
         let mut fields = Vec::with_capacity(entry.fields.len());
-        for f in &entry.fields {
+        for f in entry.fields.iter().filter(|f| wanted(&f.ext)) {
             let mut bytes = vec![0u8; f.size as usize];
             read_at(&opened.file, &mut bytes, f.offset).map_err(read_err)?;
             fields.push((f.ext.clone(), bytes));
