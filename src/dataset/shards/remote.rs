@@ -172,15 +172,15 @@ impl Shards {
             index_all(&cache, &entries, opts);
             // A shard whose download failed (past the client's retries: a burst of errors) is
             // fetched again after the cache's backoff, a few times, before opening fails.
-            for slot in 0..entries.len() {
+            for (slot, entry) in entries.iter().enumerate() {
                 let mut wait = super::cache::RETRY_AFTER;
                 for attempt in 0..=INDEX_RETRIES {
-                    if entries[slot].get().is_some() {
+                    if entry.get().is_some() {
                         break;
                     }
                     match cache.file(slot) {
                         Ok(file) => {
-                            let _ = entries[slot].set(super::index_file(&file, opts.max_member));
+                            let _ = entry.set(super::index_file(&file, opts.max_member));
                         }
                         // A shard that could not be indexed has no sample count: guessing one
                         // would change the epoch's order and the checkpoints' fingerprint.
