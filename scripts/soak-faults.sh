@@ -17,8 +17,11 @@ VENV=${FLOWGATE_PYVENV:-$HOME/.cache/flowgate/pyvenv}
 mkdir -p target
 : > target/soak-faults.jsonl
 for round in $(seq 1 "$ROUNDS"); do
+  log=target/soak-faults-round$round.log
   FLOWGATE_SOAK_SAMPLES=$SAMPLES "$VENV/bin/python" -m pytest -q -s python/tests/test_faults.py \
-    | tee /dev/stderr | grep '^{"items"' >> target/soak-faults.jsonl
+    > "$log" 2>&1 || { tail -50 "$log" >&2; echo "round $round failed: $log" >&2; exit 1; }
+  # pytest prints a passing test's dot before its line: take the JSON wherever it starts.
+  grep -o '{"items".*' "$log" >> target/soak-faults.jsonl
   echo "round $round of $ROUNDS passed" >&2
 done
 cat target/soak-faults.jsonl
