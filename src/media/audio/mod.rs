@@ -161,11 +161,13 @@ impl AudioRecipe {
     /// Like [`load`](Self::load), with the number of real (not padded) samples: the lengths
     /// vector of a batch of clips shorter than the window.
     pub fn load_with_length(&self, path: &Path) -> Result<(Tensor, usize), MediaError> {
-        if let Some(r) = self.load_wav(path) {
-            return r;
-        }
-        let source = self.open(path)?;
-        self.decode_source(source, path)
+        let r = match self.load_wav(path) {
+            Some(r) => r,
+            None => self
+                .open(path)
+                .and_then(|source| self.decode_source(source, path)),
+        };
+        not_silent(r, path)
     }
 
     /// Decodes the clips of one length-aware batch (see
@@ -218,10 +220,11 @@ impl AudioRecipe {
                 path: path.to_path_buf(),
             });
         }
-        if let Some(r) = self.decode_wav(&bytes, path) {
-            return r;
-        }
-        self.decode_source(Box::new(Cursor::new(bytes)), path)
+        let r = match self.decode_wav(&bytes, path) {
+            Some(r) => r,
+            None => self.decode_source(Box::new(Cursor::new(bytes)), path),
+        };
+        not_silent(r, path)
     }
 
     /// Decodes, turning a panic inside a codec into a typed error: symphonia's probes panic
@@ -562,6 +565,23 @@ fn f32_slice_mut(t: &mut Tensor) -> &mut [f32] {
     // SAFETY: tensor buffers are 64-byte aligned, and an F32 tensor's length is a multiple of
     // 4; every bit pattern is a valid f32.
     unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f32>(), bytes.len() / 4) }
+}
+
+/// One rule for a clip that holds no samples (a valid header, an empty data chunk): a failed
+/// item naming it, in fixed windows and length-aware batches alike (skipped and counted, or
+/// fatal, as the failure budget says), never a window of zeros in one mode and a batch of
+/// length 0 in the other.
+fn not_silent(
+    r: Result<(Tensor, usize), MediaError>,
+    path: &Path,
+) -> Result<(Tensor, usize), MediaError> {
+    match r {
+        Ok((_, 0)) => Err(MediaError::Decode {
+            path: path.to_path_buf(),
+            source: "the clip holds no audio samples".into(),
+        }),
+        r => r,
+    }
 }
 
 #[cfg(test)]

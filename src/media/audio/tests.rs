@@ -263,6 +263,37 @@ fn bad_audio_is_a_typed_error_naming_the_file() {
     );
 }
 
+/// A WAV with a valid header and no samples is a failed item in both modes: not 2 s of
+/// zeros from `load`/`decode`, not a row of length 0 in a length-aware batch.
+#[test]
+fn a_clip_without_samples_is_a_failed_item_in_every_mode() {
+    let r = AudioRecipe::default();
+    let dir = std::env::temp_dir().join(format!("flowgate-silent-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let empty = dir.join("empty.wav");
+    std::fs::write(&empty, wav(16_000, 1, &[])).unwrap();
+    let e = r.load(&empty).unwrap_err();
+    assert!(e.to_string().contains("no audio samples"), "{e}");
+    let e = r.decode(wav(16_000, 1, &[]), &empty).unwrap_err();
+    assert!(e.to_string().contains("empty.wav"), "{e}");
+    let good = dir.join("good.wav");
+    let frames: Vec<[i16; 2]> = (0..8_000).map(|i| [i as i16, 0]).collect();
+    std::fs::write(&good, wav(16_000, 1, &frames)).unwrap();
+    let (batch, errors) = r.load_batch(&[empty.clone(), good.clone()]);
+    let (audio, lengths) = batch.expect("the good clip");
+    assert_eq!(
+        audio.shape()[0],
+        1,
+        "the empty clip is left out of its batch"
+    );
+    assert_eq!(lengths.shape(), [1]);
+    assert_eq!(errors.len(), 1);
+    assert!(errors[0].to_string().contains("no audio samples"));
+    let (batch, errors) = r.load_batch(&[empty]);
+    assert!(batch.is_none() && errors.len() == 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A WAV with a float or 16-bit data chunk after an unrelated chunk; `extensible` writes
 /// WAVE_FORMAT_EXTENSIBLE's longer `fmt `.
 fn wav_with(rate: u32, channels: u16, float: bool, extensible: bool, samples: &[f32]) -> Vec<u8> {
