@@ -5,6 +5,7 @@ tensors or NumPy arrays."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import tempfile
@@ -65,6 +66,9 @@ def _before_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_child=_native._after_fork_in_child)
+
+# From interpreter exit on, freed loaders join their threads without releasing the GIL.
+atexit.register(_native._exiting)
 
 
 def _in_worker() -> bool:

@@ -49,6 +49,17 @@ fn _after_fork_in_child() {
     flowgate::after_fork_in_child();
 }
 
+/// Set when the interpreter starts to exit (`flowgate` registers [`_exiting`] with `atexit`):
+/// from then on a loader freed joins its threads without releasing the GIL (the interpreter
+/// is being torn down; another thread may not take it back).
+pub(crate) static EXITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// See [`EXITING`].
+#[pyfunction]
+fn _exiting() {
+    EXITING.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
 /// Keeps `obj` alive for the rest of the process: a loader inherited through `fork`, whose
 /// threads are the parent's (freeing it would wait for them).
 #[pyfunction]
@@ -71,6 +82,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(batch::_batch_from_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(_leak, m)?)?;
+    m.add_function(wrap_pyfunction!(_exiting, m)?)?;
     m.add_function(wrap_pyfunction!(pipeline::skip_part, m)?)?;
     m.add("LoaderError", m.py().get_type::<error::LoaderError>())?;
     m.add(

@@ -38,6 +38,21 @@ pub(crate) struct Loader {
     sim_log: Option<flowgate::device::SimLog>,
 }
 
+impl Drop for Loader {
+    /// A loader freed mid-epoch joins its threads (each finishing the item in hand): with the
+    /// GIL released, so the process's other Python threads run meanwhile. (Freed from Python,
+    /// this runs in the object's deallocation, where this thread holds the GIL.)
+    fn drop(&mut self) {
+        if crate::EXITING.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let core = self.core.get_mut().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: a pyclass is dropped by its type's deallocation, with the GIL held.
+        let py = unsafe { Python::assume_gil_acquired() };
+        py.allow_threads(|| core.loader.close());
+    }
+}
+
 impl Loader {
     pub(crate) fn new(loader: flowgate::Loader, return_paths: bool) -> Self {
         Self {
