@@ -422,6 +422,23 @@ fn a_shard_whose_download_failed_is_fetched_again_in_the_next_epoch() {
     assert!(shards.cache().unwrap().stats().failures >= 1);
 }
 
+/// Makes the download of `key` impossible to put in place: a folder holds its cache file's
+/// name (the cache names a file by its key and entity tag, else its size). Returns the folder.
+fn block_cache_file(f: &s3_common::Fixture, caches: &TempDir, key: &str) -> std::path::PathBuf {
+    let o = f.s3.objects(&[key]).unwrap()[0].clone().unwrap();
+    let tag = o
+        .etag
+        .map_or(o.size.to_string(), |t| t.trim_matches('"').to_owned());
+    let (dir, name) = key.rsplit_once('/').unwrap();
+    let blocked = caches
+        .0
+        .join("data")
+        .join(dir)
+        .join(format!("{name}@{tag}"));
+    std::fs::create_dir_all(blocked.join("x")).unwrap();
+    blocked
+}
+
 /// Without a manifest every shard is indexed when opened; one that cannot be (its download
 /// fails) is an error naming it, not a shard of one made-up sample.
 #[test]
@@ -429,19 +446,7 @@ fn a_shard_that_cannot_be_indexed_is_an_error_naming_it() {
     let f = fixture("shards-index");
     upload_shards(&f.s3, 3, 10, false);
     let caches = TempDir(f._dir.0.with_extension("cache"));
-    // The download of shard 1 cannot be put in place: a folder holds its cache file's name.
-    // (The cache names a file by its key and entity tag, else its size.)
-    let o = f.s3.objects(&["train/shard-000001.tar"]).unwrap()[0]
-        .clone()
-        .unwrap();
-    let tag = o
-        .etag
-        .map_or(o.size.to_string(), |t| t.trim_matches('"').to_owned());
-    let blocked = caches
-        .0
-        .join("data/train")
-        .join(format!("shard-000001.tar@{tag}"));
-    std::fs::create_dir_all(blocked.join("x")).unwrap();
+    block_cache_file(&f, &caches, "train/shard-000001.tar");
     let opts = flowgate::dataset::shards::remote::RemoteOptions {
         cache_dir: caches.0.clone(),
         ..Default::default()
@@ -467,17 +472,7 @@ fn a_shard_whose_indexing_download_fails_once_is_fetched_again() {
     let f = fixture("shards-index-retry");
     upload_shards(&f.s3, 3, 10, false);
     let caches = TempDir(f._dir.0.with_extension("cache"));
-    let o = f.s3.objects(&["train/shard-000001.tar"]).unwrap()[0]
-        .clone()
-        .unwrap();
-    let tag = o
-        .etag
-        .map_or(o.size.to_string(), |t| t.trim_matches('"').to_owned());
-    let blocked = caches
-        .0
-        .join("data/train")
-        .join(format!("shard-000001.tar@{tag}"));
-    std::fs::create_dir_all(blocked.join("x")).unwrap();
+    let blocked = block_cache_file(&f, &caches, "train/shard-000001.tar");
     let unblock = {
         let blocked = blocked.clone();
         std::thread::spawn(move || {

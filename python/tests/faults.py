@@ -28,6 +28,31 @@ KEYS = {"AWS_ACCESS_KEY_ID": "flowgate", "AWS_SECRET_ACCESS_KEY": "flowgate-secr
         "AWS_REGION": "us-east-1"}
 
 
+def s3_store(tmp_path, monkeypatch, *, faults: bool, available: bool = True):
+    """A pytest fixture's body: the server over ``tmp_path/s3`` (bucket ``data``), with the
+    fault proxy before it when ``faults``; the environment points clients at whichever is in
+    front. Yields ``(root, proxy or None)``; skips (fails under CI) when s3s-fs or the
+    package's ``s3`` feature (``available``) is missing."""
+    import pytest
+    if not S3S_FS.exists() or not available:
+        if os.environ.get("CI"):
+            pytest.fail(f"{S3S_FS} or the package's s3 feature is missing")
+        pytest.skip("needs s3s-fs (scripts/setup.sh --test) and the package built with s3")
+    root = tmp_path / "s3"
+    (root / "data").mkdir(parents=True)
+    server = Server(root)
+    proxy = FaultProxy(server.port, root) if faults else None
+    port = proxy.port if proxy else server.port
+    for k, v in {**KEYS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}.items():
+        monkeypatch.setenv(k, v)
+    try:
+        yield root, proxy
+    finally:
+        if proxy:
+            proxy.stop()
+        server.stop()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -24,7 +24,7 @@ import time
 import pytest
 
 import flowgate
-from faults import KEYS, S3S_FS, FaultProxy, Server
+from faults import s3_store
 
 torch = pytest.importorskip("torch")
 pa = pytest.importorskip("pyarrow")
@@ -87,21 +87,8 @@ def torchrun(n, out, *args, check=True):
 def store(tmp_path, monkeypatch):
     """The server over ``tmp_path/s3`` (bucket ``data``) and the fault proxy before it; the
     environment points clients at the proxy."""
-    if not S3S_FS.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{S3S_FS} is missing (scripts/setup.sh --test)")
-        pytest.skip("needs s3s-fs (scripts/setup.sh --test)")
-    root = tmp_path / "s3"
-    (root / "data").mkdir(parents=True)
-    server = Server(root)
-    proxy = FaultProxy(server.port, root)
-    for k, v in {**KEYS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"}.items():
-        monkeypatch.setenv(k, v)
-    try:
+    for root, proxy in s3_store(tmp_path, monkeypatch, faults=True):
         yield root / "data", proxy
-    finally:
-        proxy.stop()
-        server.stop()
 
 
 def rewrite_when_opened(out, rewrite):

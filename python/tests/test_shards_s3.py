@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import flowgate
-from faults import KEYS, S3S_FS, Server
+from faults import s3_store
 from test_shards import ARGS, by_label, paths_of, write_shards
 
 
@@ -26,19 +26,8 @@ def _has_s3() -> bool:
 @pytest.fixture
 def s3_root(tmp_path, monkeypatch):
     """A server over a folder: its subfolders are buckets, their files objects."""
-    if not S3S_FS.exists() or not _has_s3():
-        if os.environ.get("CI"):
-            pytest.fail(f"{S3S_FS} or the package's s3 feature is missing")
-        pytest.skip("needs s3s-fs (scripts/setup.sh --test) and the package built with s3")
-    root = tmp_path / "s3"
-    (root / "data").mkdir(parents=True)
-    server = Server(root)
-    for k, v in {**KEYS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.port}"}.items():
-        monkeypatch.setenv(k, v)
-    try:
+    for root, _ in s3_store(tmp_path, monkeypatch, faults=False, available=_has_s3()):
         yield root
-    finally:
-        server.stop()
 
 
 def test_shards_on_s3_give_the_local_shards_pixels_and_labels(data, tmp_path, s3_root):
