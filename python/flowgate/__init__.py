@@ -114,6 +114,12 @@ class _Loader:
         split = _worker_split()
         if os.getpid() == self._pid and split == self._split:
             return self._native
+        if split is not None and self._args.get("drop_last"):
+            raise ValueError(
+                "drop_last=True with DataLoader workers would drop a partial batch in every "
+                "worker (up to a batch each, all of a small share): iterate the loader in the "
+                "training process (num_workers=0; it decodes on its own threads), or use "
+                "drop_last=False")
         if split is not None and self._args.get("device", "cpu") != "cpu":
             raise DeviceUnavailable(
                 f"device={self._args['device']!r} uploads from the training process: iterate "
@@ -123,6 +129,7 @@ class _Loader:
             # The parent's threads do not exist here: freeing its loader would wait for them.
             _native._leak(self._native)
             epoch = self._fork_epoch
+            self._own_marker()
         else:
             epoch = self._native._next_epoch()
             self._native.close()
@@ -135,6 +142,13 @@ class _Loader:
             self._native.load_state_dict(self._resume)
         self._pid, self._split = os.getpid(), split
         return self._native
+
+    def _own_marker(self) -> None:
+        """A process that uses the loader and is not a DataLoader worker (a child the training
+        runs in, a copy's process) gets its own worker marker: its ``state_dict`` asks whether
+        *its* workers read the loader, not its parent's."""
+        if os.getpid() != self._marker.owner and not _in_worker():
+            self._marker = _WorkerMarker()
 
     def _output(self) -> str:
         output = self._args["output"]
@@ -169,6 +183,8 @@ class _Loader:
 
     def __reduce__(self) -> Any:
         epoch = self._native._next_epoch() if os.getpid() == self._pid else self._fork_epoch
+        # Pickled for the workers of this process (spawn): they mark this process's marker.
+        self._own_marker()
         return (_rebuild, (type(self), self._args, epoch, self._marker, self._resume))
 
     def set_epoch(self, epoch: int) -> None:
@@ -179,6 +195,9 @@ class _Loader:
         workers start at the epoch set in the parent."""
         _check_ints({"epoch": epoch}, epoch=0)
         self._here().set_epoch(epoch)
+        if self._resume is not None and self._resume.get("epoch") != epoch:
+            # Another epoch: the loaded state no longer applies (for workers started later).
+            self._resume = None
 
     @property
     def classes(self) -> Optional[List[str]]:
@@ -213,6 +232,7 @@ class _Loader:
         taken anyway would train on those batches again after a resume). Iterate the loader
         in the training process instead — ``DataLoader(loader, batch_size=None)`` with the
         default ``num_workers=0``, or the loader itself: it decodes on its own threads."""
+        self._own_marker()
         if self._split is None and self._marker.marked():
             raise RuntimeError(
                 "this loader's batches were read in DataLoader worker processes, so the "
@@ -299,9 +319,12 @@ class ImageLoader(_Loader):
     The loader runs its own threads, so a ``DataLoader`` adds nothing but processes; where a
     ``Dataset`` is expected it is an ``IterableDataset`` that batches itself
     (``DataLoader(loader, batch_size=None, num_workers=N)``; import torch before building the
-    loader): each worker reads its own share (worker ``w`` of ``N`` on rank ``r`` is rank
-    ``r*N + w`` of ``world_size*N``, padded as ranks are) and yields torch tensors; call
-    :meth:`set_epoch` before each epoch as with ``DistributedSampler``. A loader is picklable
+    loader): each worker reads its part of the rank's share (every ``N``-th item, never
+    padded: the rank's workers read its share once) and yields torch tensors; call
+    :meth:`set_epoch` before each epoch as with ``DistributedSampler`` (with
+    ``persistent_workers=True`` the workers read consecutive epochs from the first, whatever
+    ``set_epoch`` says later). ``drop_last=True`` is refused there (each worker would drop its
+    own partial batch, losing up to a batch per worker). A loader is picklable
     (rebuilt from its arguments, at its epoch) and fork-safe (a forked child builds its own
     threads at its first ``iter()``, starting the epoch the parent was at).
     """

@@ -57,6 +57,8 @@ _LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 def _before_fork() -> None:
     for loader in list(_LIVE):
+        # The forked DataLoader workers mark this process's marker, not its parent's.
+        loader._own_marker()
         if loader._pid == os.getpid():
             try:
                 loader._fork_epoch = loader._native._next_epoch()
@@ -166,6 +168,10 @@ def _rebuild(cls: type, args: Dict[str, Any], epoch: int,
     """Unpickles a loader: built anew from its arguments, at the epoch it was at (resuming
     the state its training process loaded for that epoch)."""
     loader = cls.__new__(cls)
+    # A copy in the same process (deepcopy, pickle round trip) is its own loader, with its
+    # own marker; in another process (a spawned DataLoader worker) it marks the original's.
+    if marker is not None and marker.owner == os.getpid():
+        marker = None
     loader._setup(args, marker)
     loader.set_epoch(epoch)
     if resume is not None and resume.get("epoch") == epoch:

@@ -21,127 +21,131 @@ import torch.distributed as dist
 
 import flowgate
 
-ap = argparse.ArgumentParser()
-ap.add_argument("spec")
-ap.add_argument("out")
-ap.add_argument("--phase", choices=["first", "resume"], required=True)
-ap.add_argument("--every", type=int, default=2)
-ap.add_argument("--kill-rank", type=int, default=-1)
-ap.add_argument("--kill-step", type=int, default=0)
-ap.add_argument("--workers", type=int, default=2)
-ap.add_argument("--gate", action="store_true")
-a = ap.parse_args()
-spec = json.loads(open(a.spec).read())
+# Spawned DataLoader workers import this file again: only the launched process runs it.
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("spec")
+    ap.add_argument("out")
+    ap.add_argument("--phase", choices=["first", "resume"], required=True)
+    ap.add_argument("--every", type=int, default=2)
+    ap.add_argument("--kill-rank", type=int, default=-1)
+    ap.add_argument("--kill-step", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--context", default="fork", help="the DataLoader workers' start method")
+    ap.add_argument("--gate", action="store_true")
+    a = ap.parse_args()
+    spec = json.loads(open(a.spec).read())
 
-dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
-cache_dir = os.path.join(a.out, f"cache-{a.phase}-rank{rank}")
-
-
-def gather(x):
-    out = [None] * world
-    dist.all_gather_object(out, x)
-    return out
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cache_dir = os.path.join(a.out, f"cache-{a.phase}-rank{rank}")
 
 
-def rss_mb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    def gather(x):
+        out = [None] * world
+        dist.all_gather_object(out, x)
+        return out
 
 
-def folder_bytes(d):
-    total = 0
-    for root, _, files in os.walk(d):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(root, f))
-            except OSError:
-                pass
-    return total
+    def rss_mb():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def make():
-    if spec["kind"] == "shards":
-        source = flowgate.Shards(spec["url"], cache_dir=cache_dir, cache_mb=spec["cache_mb"],
-                                 prefetch=2)
-    else:
-        source = flowgate.Mix([flowgate.Shards(spec["shards"]),
-                               flowgate.Parquet(spec["parquet"], column="image")],
-                              weights=[0.6, 0.4], stop="all")
-    return flowgate.ImageLoader(source, batch_size=spec["batch"], resize=32, crop=32,
-                                seed=spec["seed"], return_paths=True,
-                                memory_mb=spec["memory_mb"])
+    def folder_bytes(d):
+        total = 0
+        for root, _, files in os.walk(d):
+            for f in files:
+                try:
+                    total += os.path.getsize(os.path.join(root, f))
+                except OSError:
+                    pass
+        return total
 
 
-def write_json(name, value):
-    tmp = os.path.join(a.out, f".{name}.tmp-{rank}")
-    with open(tmp, "w") as f:
-        json.dump(value, f)
-    os.replace(tmp, os.path.join(a.out, name))
+    def make():
+        if spec["kind"] == "shards":
+            source = flowgate.Shards(spec["url"], cache_dir=cache_dir, cache_mb=spec["cache_mb"],
+                                     prefetch=2)
+        else:
+            source = flowgate.Mix([flowgate.Shards(spec["shards"]),
+                                   flowgate.Parquet(spec["parquet"], column="image")],
+                                  weights=[0.6, 0.4], stop="all")
+        return flowgate.ImageLoader(source, batch_size=spec["batch"], resize=32, crop=32,
+                                    seed=spec["seed"], return_paths=True,
+                                    memory_mb=spec["memory_mb"])
 
 
-rss_before = rss_mb()
-loader = make()
-report = {"rank": rank, "world": world, "steps": 0, "failures": [], "cache_bytes": [],
-          "over_budget_ticks": 0, "ticks": 0}
+    def write_json(name, value):
+        tmp = os.path.join(a.out, f".{name}.tmp-{rank}")
+        with open(tmp, "w") as f:
+            json.dump(value, f)
+        os.replace(tmp, os.path.join(a.out, name))
 
 
-def note_progress():
-    trace = loader.tuner_trace()
-    report["ticks"] = len(trace)
-    report["over_budget_ticks"] = sum(
-        1 for t in trace if t.get("memory_budget") and t["bytes"] > t["memory_budget"])
-    report["max_bytes"] = max((t["bytes"] for t in trace), default=0)
-    report["memory_budget"] = max((t.get("memory_budget") or 0 for t in trace), default=0)
-    report["rss_growth_mb"] = rss_mb() - rss_before
-    report["cache_bytes"].append(folder_bytes(cache_dir))
-    write_json(f"report-{a.phase}-{rank}.json", report)
+    rss_before = rss_mb()
+    loader = make()
+    report = {"rank": rank, "world": world, "steps": 0, "failures": [], "cache_bytes": [],
+              "over_budget_ticks": 0, "ticks": 0}
 
 
-if a.phase == "first":
-    if a.gate:
-        # The shards are opened (indexed); the test rewrites one on the store now.
-        dist.barrier()
-        if rank == 0:
-            open(os.path.join(a.out, "opened"), "w").close()
-            deadline = time.monotonic() + 120
-            while not os.path.exists(os.path.join(a.out, "rewritten")):
-                assert time.monotonic() < deadline, "the test did not rewrite the object"
-                time.sleep(0.05)
-        dist.barrier()
-    committed, pending, step = [], [], 0
-    for _, paths in loader:
-        step += 1
-        pending += paths
-        report["steps"] = step
-        if rank == a.kill_rank and step == a.kill_step:
-            note_progress()
-            os.kill(os.getpid(), signal.SIGKILL)
-        if step % a.every == 0:
-            states, delivered = gather(loader.state_dict()), gather(pending)
-            pending = []
-            report["failures"] = [list(f) for f in loader.failures()]
-            note_progress()
+    def note_progress():
+        trace = loader.tuner_trace()
+        report["ticks"] = len(trace)
+        report["over_budget_ticks"] = sum(
+            1 for t in trace if t.get("memory_budget") and t["bytes"] > t["memory_budget"])
+        report["max_bytes"] = max((t["bytes"] for t in trace), default=0)
+        report["memory_budget"] = max((t.get("memory_budget") or 0 for t in trace), default=0)
+        report["rss_growth_mb"] = rss_mb() - rss_before
+        report["cache_bytes"].append(folder_bytes(cache_dir))
+        write_json(f"report-{a.phase}-{rank}.json", report)
+
+
+    if a.phase == "first":
+        if a.gate:
+            # The shards are opened (indexed); the test rewrites one on the store now.
+            dist.barrier()
             if rank == 0:
-                committed += [p for ps in delivered for p in ps]
-                write_json("checkpoint.json", {"state": flowgate.merge_state_dicts(states),
-                                               "committed": committed, "step": step})
-    note_progress()
-else:
-    ckpt = json.loads(open(os.path.join(a.out, "checkpoint.json")).read())
-    loader.load_state_dict(ckpt["state"])
-    dl = torch.utils.data.DataLoader(loader, batch_size=None, num_workers=a.workers)
-    got = []
-    for x, paths in dl:
-        assert x.shape[0] == len(paths)
-        got += paths
-        report["steps"] += 1
-    try:
-        loader.state_dict()
-        report["parent_state"] = "taken"
-    except RuntimeError as e:
-        report["parent_state"] = str(e)
-    note_progress()
-    everything = gather(got)
-    if rank == 0:
-        write_json("resumed.json", [p for ps in everything for p in ps])
-dist.destroy_process_group()
+                open(os.path.join(a.out, "opened"), "w").close()
+                deadline = time.monotonic() + 120
+                while not os.path.exists(os.path.join(a.out, "rewritten")):
+                    assert time.monotonic() < deadline, "the test did not rewrite the object"
+                    time.sleep(0.05)
+            dist.barrier()
+        committed, pending, step = [], [], 0
+        for _, paths in loader:
+            step += 1
+            pending += paths
+            report["steps"] = step
+            if rank == a.kill_rank and step == a.kill_step:
+                note_progress()
+                os.kill(os.getpid(), signal.SIGKILL)
+            if step % a.every == 0:
+                states, delivered = gather(loader.state_dict()), gather(pending)
+                pending = []
+                report["failures"] = [list(f) for f in loader.failures()]
+                note_progress()
+                if rank == 0:
+                    committed += [p for ps in delivered for p in ps]
+                    write_json("checkpoint.json", {"state": flowgate.merge_state_dicts(states),
+                                                   "committed": committed, "step": step})
+        note_progress()
+    else:
+        ckpt = json.loads(open(os.path.join(a.out, "checkpoint.json")).read())
+        loader.load_state_dict(ckpt["state"])
+        dl = torch.utils.data.DataLoader(loader, batch_size=None, num_workers=a.workers,
+                                         multiprocessing_context=a.context)
+        got = []
+        for x, paths in dl:
+            assert x.shape[0] == len(paths)
+            got += paths
+            report["steps"] += 1
+        try:
+            loader.state_dict()
+            report["parent_state"] = "taken"
+        except RuntimeError as e:
+            report["parent_state"] = str(e)
+        note_progress()
+        everything = gather(got)
+        if rank == 0:
+            write_json("resumed.json", [p for ps in everything for p in ps])
+    dist.destroy_process_group()

@@ -78,6 +78,8 @@ def torchrun(n, out, *args, check=True):
          "--master_port", str(29000 + os.getpid() % 1000 + n), str(WORKER),
          str(out / "spec.json"), str(out), *map(str, args)],
         env=env, capture_output=True, text=True, timeout=300, cwd=out)
+    # The whole output beside the run (an assertion shows its end).
+    (out / f"torchrun-{n}.log").write_text(r.stdout + r.stderr)
     if check:
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
     return r
@@ -118,7 +120,7 @@ def reference(spec, tmp_path):
     return collections.Counter(p for _, paths in loader for p in paths)
 
 
-def run_harness(spec, out, proxy, rewrite, tmp_path, shard_bytes):
+def run_harness(spec, out, proxy, rewrite, tmp_path, shard_bytes, context="fork"):
     out.mkdir(exist_ok=True)
     (out / "spec.json").write_text(json.dumps(spec))
     done = rewrite_when_opened(out, rewrite)
@@ -137,7 +139,7 @@ def run_harness(spec, out, proxy, rewrite, tmp_path, shard_bytes):
     assert firsts[1]["steps"] == kill_step, (firsts[1], first.stderr[-3000:])
     ckpt = json.loads((out / "checkpoint.json").read_text())
     assert ckpt["step"] == kill_step - 1, ckpt["step"]
-    torchrun(RESUMED_WORLD, out, "--phase", "resume", "--workers", WORKERS)
+    torchrun(RESUMED_WORLD, out, "--phase", "resume", "--workers", WORKERS, "--context", context)
     resumed = json.loads((out / "resumed.json").read_text())
     rest = [json.loads((out / f"report-resume-{r}.json").read_text())
             for r in range(RESUMED_WORLD)]
@@ -218,4 +220,6 @@ def test_a_mixture_of_shards_and_parquet_on_s3_under_faults_a_killed_rank_and_a_
         # The same rows and row groups in other bytes: another version on the store.
         write_parquet(bucket / "rows.parquet", rows, "gzip")
 
-    run_harness(spec, tmp_path / "run", proxy, rewrite, tmp_path, 0)
+    # Spawned workers: forked ones crash now and then inside the S3 client (a segfault in
+    # about one run of seven, under investigation; see docs/guarantees.md).
+    run_harness(spec, tmp_path / "run", proxy, rewrite, tmp_path, 0, context="spawn")

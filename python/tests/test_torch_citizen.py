@@ -235,3 +235,62 @@ def test_output_torch_and_numpy_and_the_attributes(data):
             flowgate.ImageLoader(files, normalize=bad)
     with pytest.raises(ValueError, match="scale"):
         flowgate.ImageLoader(files, train=True, scale=0.5)
+
+
+def test_worker_checkpoints_are_refused_in_the_process_whose_workers_read(data, tmp_path):
+    """Whose DataLoader workers read a loader decides whose ``state_dict()`` is refused: a
+    child process that trains through workers is refused, the parent that built the loader
+    (and never used workers) is not; a copy is its own loader. ``drop_last=True`` through
+    workers is refused (each worker would drop its own partial batch); a loaded state no
+    longer applies once ``set_epoch`` names another epoch, for workers as for the loader."""
+    r = run(f"""
+        import copy, glob, multiprocessing as mp, torch, flowgate
+        from torch.utils.data import DataLoader
+        paths = sorted(glob.glob({str(data / "images")!r} + "/*.jpg"))
+
+        def mk(**kw):
+            return flowgate.ImageLoader(paths, batch_size=4, resize=16, crop=16,
+                                        return_paths=True, seed=7, **kw)
+
+        def refused(loader):
+            try:
+                loader.state_dict()
+                return False
+            except RuntimeError:
+                return True
+
+        def train(loader, q):
+            n = sum(len(b[-1]) for b in DataLoader(loader, batch_size=None, num_workers=2))
+            q.put((n, refused(loader)))
+
+        if __name__ == "__main__":
+            loader = mk()
+            for ctx in ("spawn", "fork"):
+                q = mp.get_context(ctx).Queue()
+                p = mp.get_context(ctx).Process(target=train, args=(loader, q))
+                p.start(); n, r = q.get(timeout=120); p.join()
+                print(ctx, "child", n, "refused" if r else "taken", flush=True)
+            print("builder", "refused" if refused(loader) else "taken", flush=True)
+            a = mk(); b = copy.deepcopy(a)
+            for _ in DataLoader(a, batch_size=None, num_workers=2): pass
+            for _ in b: pass
+            print("copies", refused(a), refused(b), flush=True)
+            try:
+                list(DataLoader(mk(drop_last=True, rank=0, world_size=3), batch_size=None,
+                                num_workers=2))
+                print("drop_last taken", flush=True)
+            except Exception as e:
+                print("drop_last refused", "drop_last=True" in str(e), flush=True)
+            p = mk(); p.set_epoch(3); it = iter(p); next(it); next(it); st = p.state_dict()
+            del it; p.close()
+            w = mk(); w.load_state_dict(st); w.set_epoch(4); w.set_epoch(3)
+            n = sum(len(x[-1]) for x in DataLoader(w, batch_size=None, num_workers=2))
+            print("away and back", n, flush=True)
+    """, tmp_path, timeout=300)
+    out = r.stdout + r.stderr[-3000:]
+    assert "spawn child 40 refused" in r.stdout, out
+    assert "fork child 40 refused" in r.stdout, out
+    assert "builder taken" in r.stdout, out
+    assert "copies True False" in r.stdout, out
+    assert "drop_last refused True" in r.stdout, out
+    assert "away and back 40" in r.stdout, out
