@@ -351,7 +351,6 @@ mod s3_common;
 #[cfg(all(feature = "s3", feature = "test-util"))]
 #[test]
 fn a_parquet_object_rewritten_while_read_is_an_error_never_mixed_versions() {
-    use flowgate::s3::S3;
     use std::sync::atomic::Ordering;
     let f = s3_common::fixture("parquet-rewrite");
     let dir = tmp("s3-rewrite");
@@ -359,12 +358,7 @@ fn a_parquet_object_rewritten_while_read_is_an_error_never_mixed_versions() {
     write(&local);
     s3_common::put(&f.s3, "hf/train-0.parquet", std::fs::read(&local).unwrap());
     let proxy = s3_common::proxy_to(&f, false);
-    let s3 = S3::connect(
-        f.server
-            .config("data")
-            .endpoint(format!("http://{}", proxy.addr)),
-    )
-    .unwrap();
+    let s3 = s3_common::through(&f, &proxy);
     let rows = ParquetRows::open_s3(&s3, "hf/train-0.parquet", &["image", "label"]).unwrap();
     let want = ParquetRows::open([&local], &["image", "label"]).unwrap();
     // Row group 0 read before the rewrite.

@@ -10,7 +10,7 @@ use flowgate::s3::{RetryPolicy, S3};
 use flowgate::Pipeline;
 
 mod s3_common;
-use s3_common::{fixture, jpeg, proxy_to, put, TempDir};
+use s3_common::{fixture, jpeg, proxy_to, put, through, TempDir};
 
 /// Tar shards on the local S3 server: `shards` shards of `per` samples (`jpg`, `cls`,
 /// `json` holding the sample's number) under `train/`, and, with `manifest`, their
@@ -78,12 +78,7 @@ fn sixty_four_shards_on_s3_read_by_four_ranks_once_each_with_one_get_per_shard()
     let f = fixture("shards64");
     upload_shards(&f.s3, 64, 100, true);
     let proxy = proxy_to(&f, false);
-    let s3 = S3::connect(
-        f.server
-            .config("data")
-            .endpoint(format!("http://{}", proxy.addr)),
-    )
-    .unwrap();
+    let s3 = through(&f, &proxy);
     let caches = TempDir(f._dir.0.with_extension("cache"));
     let pattern = "train/shard-{000000..000063}.tar";
     let rank = |r: usize, seed: u64| {
@@ -315,12 +310,7 @@ fn the_tuner_deepens_the_shard_read_ahead_when_readers_wait() {
     upload_shards(&f.s3, 24, 20, true);
     let proxy = proxy_to(&f, false);
     proxy.counts.tar_latency_ms.store(40, Ordering::Relaxed);
-    let s3 = S3::connect(
-        f.server
-            .config("data")
-            .endpoint(format!("http://{}", proxy.addr)),
-    )
-    .unwrap();
+    let s3 = through(&f, &proxy);
     let cache = TempDir(f._dir.0.with_extension("cache"));
     let shards = open_s3_shards(&s3, "train/shard-{000000..000023}.tar", &cache.0, 0).prefetch(1);
     let read_ahead = shards.read_ahead().expect("shards on S3 have a read-ahead");
@@ -507,12 +497,7 @@ fn a_resumed_epoch_fetches_only_the_shards_it_still_reads_and_releases_them() {
     let f = fixture("shards-resume-plan");
     upload_shards(&f.s3, 12, 20, true);
     let proxy = proxy_to(&f, false);
-    let s3 = S3::connect(
-        f.server
-            .config("data")
-            .endpoint(format!("http://{}", proxy.addr)),
-    )
-    .unwrap();
+    let s3 = through(&f, &proxy);
     let caches = TempDir(f._dir.0.with_extension("cache"));
     let pattern = "train/shard-{000000..000011}.tar";
     let build = |cache: &str| {
@@ -600,12 +585,7 @@ fn a_shard_rewritten_after_it_was_indexed_fails_naming_the_change() {
     let f = fixture("shards-rewrite");
     upload_shards(&f.s3, 4, 10, false);
     let proxy = proxy_to(&f, false);
-    let s3 = S3::connect(
-        f.server
-            .config("data")
-            .endpoint(format!("http://{}", proxy.addr)),
-    )
-    .unwrap();
+    let s3 = through(&f, &proxy);
     let caches = TempDir(f._dir.0.with_extension("cache"));
     // Indexed when opened, one after another; with no room beyond the working set, the
     // first two leave the cache again.
@@ -661,12 +641,7 @@ fn stopping_does_not_wait_for_shard_downloads() {
     upload_shards(&f.s3, 4, 10, true);
     let proxy = proxy_to(&f, false);
     proxy.counts.tar_latency_ms.store(20_000, Ordering::Relaxed);
-    let s3 = S3::connect(
-        f.server
-            .config("data")
-            .endpoint(format!("http://{}", proxy.addr)),
-    )
-    .unwrap();
+    let s3 = through(&f, &proxy);
     let caches = TempDir(f._dir.0.with_extension("cache"));
     let shards = open_s3_shards(&s3, "train/shard-{000000..000003}.tar", &caches.0, 0);
     let mut p = Pipeline::builder()

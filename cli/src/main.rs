@@ -203,6 +203,7 @@ type Error = Box<dyn std::error::Error>;
 mod metrics;
 mod plot;
 mod profile;
+mod rates;
 mod run;
 mod view;
 

@@ -339,6 +339,16 @@ pub(crate) mod fault_proxy {
     }
 }
 
+/// A client of the fixture's bucket whose requests go through `proxy`.
+pub(crate) fn through(f: &Fixture, proxy: &fault_proxy::FaultProxy) -> S3 {
+    S3::connect(
+        f.server
+            .config("data")
+            .endpoint(format!("http://{}", proxy.addr)),
+    )
+    .unwrap()
+}
+
 pub(crate) fn proxy_to(f: &Fixture, faults: bool) -> fault_proxy::FaultProxy {
     let upstream: std::net::SocketAddr = f
         .server
