@@ -116,6 +116,12 @@ if __name__ == "__main__":
             step += 1
             pending += paths
             report["steps"] = step
+            if step == 1:
+                # The memory check reads the tuner's ticks: let it tick once before the
+                # first checkpoint (a fast rank may otherwise reach it first).
+                deadline = time.monotonic() + 5
+                while not loader.tuner_trace() and time.monotonic() < deadline:
+                    time.sleep(0.02)
             if rank == a.kill_rank and step == a.kill_step:
                 note_progress()
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -168,7 +168,8 @@ def run_harness(spec, out, proxy, rewrite, tmp_path, shard_bytes, context="fork"
     for r in firsts:
         for stage, path, message in r["failures"]:
             assert "changed on the store" in message, (stage, path, message)
-    # Memory: the accounted bytes within the budget at every tick.
+    # Memory: the accounted bytes within the budget at every tick (each rank waits for its
+    # tuner's first tick after its first batch).
     for r in firsts:
         assert r["ticks"] > 0 and r["over_budget_ticks"] == 0, r
         assert r["max_bytes"] <= r["memory_budget"], r
