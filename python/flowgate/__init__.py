@@ -25,8 +25,8 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Opti
 from . import _native
 from ._native import Batch, DeviceUnavailable, LoaderError, skip_part
 from ._sources import Mix, Parquet, Shards, _check_ints
-from ._process import (_LIVE, _Epoch, _WorkerMarker, _converter, _in_worker, _rebuild,
-                       _register_with_torch, _worker_split)
+from ._process import (_LIVE, _Epoch, _WorkerMarker, _converter, _in_worker, _reads_s3,
+                       _rebuild, _register_with_torch, _worker_split)
 
 __all__ = ["ImageLoader", "AudioLoader", "VideoLoader", "Shards", "Parquet", "Mix", "Pipeline",
            "Batch", "LoaderError", "DeviceUnavailable", "merge_state_dicts", "skip_part"]
@@ -114,6 +114,14 @@ class _Loader:
         split = _worker_split()
         if os.getpid() == self._pid and split == self._split:
             return self._native
+        if os.getpid() != self._pid and _in_worker() and _reads_s3(self._args["paths"]):
+            # A forked copy of a process whose S3 client runs threads: its next S3 client has
+            # crashed (a segfault inside the AWS SDK) or hung in the fault harness.
+            raise RuntimeError(
+                "this loader reads S3, and DataLoader workers forked from a process whose S3 "
+                "client is running can crash or hang: use "
+                "DataLoader(..., multiprocessing_context='spawn'), or iterate the loader in "
+                "the training process (num_workers=0; it decodes on its own threads)")
         if split is not None and self._args.get("drop_last"):
             raise ValueError(
                 "drop_last=True with DataLoader workers would drop a partial batch in every "
