@@ -39,6 +39,16 @@ fn pipeline(dir: &Path, list: &str, extra: &str) -> PathBuf {
 }
 
 /// The JSON line a run ends with.
+/// Asserts the run exited 0, showing its stderr if not.
+fn assert_succeeded(out: &Output) {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn json(out: &Output) -> serde_json::Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(stdout.lines().last().unwrap_or(""))
@@ -80,12 +90,7 @@ fn exit_codes_say_whether_the_run_delivered() {
     list.extend((0..4).map(|i| format!("gone/{i}.jpg")));
     std::fs::write(dir.join("mixed.txt"), list.join("\n")).unwrap();
     let out = run_quiet(&pipeline(&dir, "mixed.txt", ""));
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     assert_eq!(json(&out)["items"], 40);
     let out = run_quiet(&pipeline(&dir, "mixed.txt", "[run]\nmax_failures = 2\n"));
     assert_eq!(out.status.code(), Some(1));
@@ -102,12 +107,7 @@ fn exit_codes_say_whether_the_run_delivered() {
         list.push(b'\n');
         std::fs::write(dir.join("latin1.txt"), list).unwrap();
         let out = run_quiet(&pipeline(&dir, "latin1.txt", ""));
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_succeeded(&out);
         assert_eq!(
             (
                 json(&out)["items"].as_u64(),
@@ -182,12 +182,7 @@ fn a_sample_config_runs_from_any_directory() {
         .current_dir(std::env::temp_dir())
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     assert_eq!(json(&out)["items"], 120);
 }
 
@@ -632,12 +627,7 @@ fn a_piped_runs_last_progress_line_agrees_with_the_summary() {
         .stderr(Stdio::piped())
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     let j = json(&out);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let last = stderr
