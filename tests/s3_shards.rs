@@ -56,6 +56,27 @@ fn sample_number(r: &flowgate::dataset::shards::SampleRef) -> u64 {
         .unwrap()
 }
 
+/// A fixture holding `shards` shards of `per` samples (and with `manifest`, their manifest),
+/// a counting proxy (no faults) in front of its server, a client through it, and a cache folder.
+fn shards_behind_a_proxy(
+    name: &str,
+    shards: usize,
+    per: usize,
+    manifest: bool,
+) -> (
+    s3_common::Fixture,
+    s3_common::fault_proxy::FaultProxy,
+    S3,
+    TempDir,
+) {
+    let f = fixture(name);
+    upload_shards(&f.s3, shards, per, manifest);
+    let proxy = proxy_to(&f, false);
+    let s3 = through(&f, &proxy);
+    let caches = TempDir(f._dir.0.with_extension("cache"));
+    (f, proxy, s3, caches)
+}
+
 fn open_s3_shards(
     s3: &S3,
     pattern: &str,
@@ -75,11 +96,7 @@ fn sixty_four_shards_on_s3_read_by_four_ranks_once_each_with_one_get_per_shard()
     use std::collections::HashSet;
     use std::sync::atomic::Ordering;
 
-    let f = fixture("shards64");
-    upload_shards(&f.s3, 64, 100, true);
-    let proxy = proxy_to(&f, false);
-    let s3 = through(&f, &proxy);
-    let caches = TempDir(f._dir.0.with_extension("cache"));
+    let (_f, proxy, s3, caches) = shards_behind_a_proxy("shards64", 64, 100, true);
     let pattern = "train/shard-{000000..000063}.tar";
     let rank = |r: usize, seed: u64| {
         // Each rank its own cache folder, as on its own machine; no disk cache beyond the
@@ -494,11 +511,7 @@ fn a_resumed_epoch_fetches_only_the_shards_it_still_reads_and_releases_them() {
     use flowgate::{Order, Workers};
     use std::collections::HashSet;
 
-    let f = fixture("shards-resume-plan");
-    upload_shards(&f.s3, 12, 20, true);
-    let proxy = proxy_to(&f, false);
-    let s3 = through(&f, &proxy);
-    let caches = TempDir(f._dir.0.with_extension("cache"));
+    let (f, proxy, s3, caches) = shards_behind_a_proxy("shards-resume-plan", 12, 20, true);
     let pattern = "train/shard-{000000..000011}.tar";
     let build = |cache: &str| {
         let shards = open_s3_shards(&s3, pattern, &caches.0.join(cache), 0)
@@ -582,11 +595,7 @@ fn a_resumed_epoch_fetches_only_the_shards_it_still_reads_and_releases_them() {
 #[test]
 fn a_shard_rewritten_after_it_was_indexed_fails_naming_the_change() {
     use std::sync::atomic::Ordering;
-    let f = fixture("shards-rewrite");
-    upload_shards(&f.s3, 4, 10, false);
-    let proxy = proxy_to(&f, false);
-    let s3 = through(&f, &proxy);
-    let caches = TempDir(f._dir.0.with_extension("cache"));
+    let (f, proxy, s3, caches) = shards_behind_a_proxy("shards-rewrite", 4, 10, false);
     // Indexed when opened, one after another; with no room beyond the working set, the
     // first two leave the cache again.
     let opts = flowgate::dataset::shards::remote::RemoteOptions {
