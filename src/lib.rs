@@ -43,6 +43,7 @@ pub use flowgate_actors::cap::{cpu_worker_cap, set_cpu_worker_cap};
 pub use flowgate_actors::emit::Order;
 pub use flowgate_actors::error::{BoxError, Described, ItemError, Panicked, PipelineError};
 pub use flowgate_actors::failure::{skip_part, FailureBudget};
+pub use flowgate_actors::node::CpuBudget;
 pub use flowgate_actors::tuner::{PolicyChoice, TraceRecord, TunerSettings};
 pub use flowgate_tuner as tuner;
 pub use flowgate_tuner::{LatencySummary, StageKind, StageStats};
@@ -55,6 +56,7 @@ pub use flowgate_tuner::{LatencySummary, StageKind, StageStats};
 /// The Python package does this itself (`os.register_at_fork`).
 pub fn after_fork_in_child() {
     flowgate_actors::cap::reset_after_fork();
+    flowgate_actors::node::reset_after_fork();
     tensor::pool::forget_after_fork();
 }
 

@@ -14,9 +14,10 @@ static CAP: AtomicUsize = AtomicUsize::new(0);
 static IN_USE: AtomicUsize = AtomicUsize::new(0);
 
 /// The number of cores this process may use: the machine's, divided among the
-/// `LOCAL_WORLD_SIZE` ranks of a node.
+/// `LOCAL_WORLD_SIZE` ranks of a node; on a node CPU budget ([`crate::node`]), the whole
+/// budget (a rank may borrow every core the others leave idle; the ledger keeps the sum).
 pub fn cores() -> usize {
-    flowgate_tuner::process_cores()
+    crate::node::current().map_or_else(flowgate_tuner::process_cores, |n| n.cores())
 }
 
 /// The cap on extra (beyond one per stage) active CPU workers in this process.

@@ -23,6 +23,7 @@ pub mod emit;
 pub mod error;
 pub mod failure;
 pub mod metrics;
+pub mod node;
 pub mod op;
 pub mod origin;
 pub mod pool;

@@ -19,7 +19,8 @@
 //! its results and parks on the `park` event, costing nothing. Items are never dropped or
 //! duplicated by a resize: every item sits in exactly one deque, the injector, the channel, or
 //! a worker's hands. Workers beyond the first need a token from the process-wide
-//! [`cap`](crate::cap).
+//! [`cap`](crate::cap). On a node CPU budget ([`node`](crate::node)) a worker also holds one
+//! of the node's cores for each item it runs.
 //!
 //! # End of epoch and shutdown
 //!
@@ -43,6 +44,7 @@ use crate::emit::{flush, Done, Order, OutputLedger, Reorder, Run};
 use crate::error::PipelineError;
 use crate::failure::collect_skipped_parts;
 use crate::metrics::{nanos, WorkerCounters};
+use crate::node;
 use crate::op::{call_caught, Describe, Op, Sizer};
 use crate::origin::Origin;
 use crate::stage::{StageControl, StageCore};
@@ -386,9 +388,19 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
             origin,
         } = env;
         self.counters.c.items_in += 1;
+        // On a node CPU budget, the item runs on one of the node's cores (see `node`).
+        let core = match node::hold_for_item(&|| self.s.stopping.load(Ordering::Acquire)) {
+            Ok(core) => core,
+            Err(()) => return, // shutting down: the item is not run
+        };
+        if core.is_some() {
+            // Waiting for a core is neither work nor a wait for input.
+            self.last = Instant::now();
+        }
         let desc = self.s.describe.as_ref().map(|d| d(&item));
         let (result, parts) =
             collect_skipped_parts(|| call_caught(&*self.s.op, item, &mut self.scratch));
+        drop(core);
         let now = Instant::now();
         let dt = nanos(self.last, now);
         self.last = now;

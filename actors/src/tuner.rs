@@ -65,6 +65,10 @@ pub struct TunerSettings {
     /// Cores the CPU stages may use; default the number of cores.
     #[serde(default)]
     pub cores: Option<usize>,
+    /// A CPU budget shared by the ranks of the node (see [`crate::node`]); none by default
+    /// (each process within its share of the node's cores).
+    #[serde(default)]
+    pub cpu_budget: Option<crate::node::CpuBudget>,
     /// Where to write the decision trace (JSON lines); none by default.
     #[serde(default)]
     pub trace: Option<PathBuf>,
@@ -135,8 +139,121 @@ pub struct TraceRecord {
     /// The pipeline's epoch at the tick, when the tuner was told it (a pipeline's tuner is).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<u64>,
+    /// This rank's use of the node's CPU budget, on one (see [`crate::node`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuShare>,
     /// What the policy decided, and why.
     pub decisions: Vec<Decision>,
+}
+
+/// A rank's use of the node's shared CPU budget at one tick.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CpuShare {
+    /// The node's budget, cores.
+    pub budget: usize,
+    /// Cores held by every rank on the node at the tick.
+    pub node_busy: usize,
+    /// Cores this rank's workers held at the tick.
+    pub held: usize,
+    /// Cores this rank used on average over the tick (core-seconds per second).
+    pub share: f64,
+    /// Worker-seconds per second this rank's workers waited for a core.
+    pub waited: f64,
+    /// Why the share moved, when it moved by half a core or more (1-s averages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+/// Follows a rank's share of the node's CPU budget from tick to tick.
+#[derive(Debug, Default)]
+struct ShareWatch {
+    prev: Option<crate::node::ProcessCores>,
+    /// The last second of shares and of the consumer's wait fractions.
+    recent: std::collections::VecDeque<(f64, f64)>,
+    /// The share last explained (`None` until a first second is averaged).
+    noted: Option<f64>,
+    /// Cores the other ranks hold, a moving average of the ticks' counts.
+    others: Option<f64>,
+}
+
+impl ShareWatch {
+    /// The cores the other ranks on the node leave this one (their holds, averaged over the
+    /// last second or so), rounded up: the pool workers worth running here. `None` off a
+    /// node budget.
+    fn room(&mut self) -> Option<usize> {
+        let node = crate::node::current()?;
+        let others = node
+            .in_use()
+            .saturating_sub(crate::node::process_cores().held) as f64;
+        self.others = match self.others {
+            Some(avg) => Some(avg + 0.2 * (others - avg)),
+            None => Some(others),
+        };
+        let free = node.cores() as f64 - self.others.unwrap_or(0.0);
+        Some((free - 0.05).ceil().max(1.0) as usize)
+    }
+
+    fn tick(&mut self, window: Duration, consumer_wait: f64) -> Option<CpuShare> {
+        let node = crate::node::current()?;
+        let now = crate::node::process_cores();
+        let prev = self.prev.replace(now).unwrap_or_default();
+        let secs = window.as_secs_f64().max(1e-9);
+        let share = now.held_ns.saturating_sub(prev.held_ns) as f64 / 1e9 / secs;
+        let waited = now.wait_ns.saturating_sub(prev.wait_ns) as f64 / 1e9 / secs;
+        let ticks = (Duration::from_secs(1).as_secs_f64() / secs)
+            .ceil()
+            .max(1.0) as usize;
+        self.recent.push_back((share, consumer_wait));
+        while self.recent.len() > ticks {
+            self.recent.pop_front();
+        }
+        let n = self.recent.len() as f64;
+        let avg = self.recent.iter().map(|r| r.0).sum::<f64>() / n;
+        let consumer_wait = self.recent.iter().map(|r| r.1).sum::<f64>() / n;
+        let (budget, node_busy) = (node.cores(), node.in_use());
+        let noted = match self.noted {
+            Some(n) => n,
+            None => {
+                if self.recent.len() == ticks {
+                    self.noted = Some(avg); // the start: nothing moved yet
+                }
+                avg
+            }
+        };
+        let why = if avg >= noted + 0.5 {
+            Some(format!(
+                "took {avg:.1} of the node's {budget} cores (from {:.1}): the consumer waited {:.0}% and other ranks left cores idle",
+                noted,
+                consumer_wait * 100.0
+            ))
+        } else if avg + 0.5 <= noted {
+            Some(if node_busy >= budget || node.someone_waits() {
+                format!(
+                    "gave back to {avg:.1} of {budget} cores (from {:.1}): other ranks wanted them ({node_busy}/{budget} busy)",
+                    noted
+                )
+            } else {
+                format!(
+                    "gave back to {avg:.1} of {budget} cores (from {:.1}): the training step is the bottleneck (the consumer waited {:.0}%)",
+                    noted,
+                    consumer_wait * 100.0
+                )
+            })
+        } else {
+            None
+        };
+        if why.is_some() {
+            self.noted = Some(avg);
+        }
+        Some(CpuShare {
+            budget,
+            node_busy,
+            held: now.held,
+            share,
+            waited,
+            why,
+        })
+    }
 }
 
 /// The tuner's recent ticks, shared with the pipeline.
@@ -187,6 +304,7 @@ pub struct TunerActor {
     on_decision: Option<OnDecision>,
     gpu: Option<GpuSampler>,
     epoch: Option<Arc<std::sync::atomic::AtomicU64>>,
+    cpu: ShareWatch,
 }
 
 /// Samples accelerator utilisation (0..=1) once per tuner tick; `None` when unknown.
@@ -228,6 +346,7 @@ impl TunerActor {
             on_decision,
             gpu: None,
             epoch: None,
+            cpu: ShareWatch::default(),
         })
     }
 
@@ -247,7 +366,12 @@ impl TunerActor {
     fn observe(&mut self, now: Instant, snaps: &[StageStats]) -> Option<Observation> {
         let (then, prev) = self.prev.replace((now, snaps.to_vec()))?;
         let window = now.duration_since(then);
-        let spare_tokens = cap::cpu_worker_cap().saturating_sub(cap::cpu_workers_in_use());
+        let mut spare_tokens = cap::cpu_worker_cap().saturating_sub(cap::cpu_workers_in_use());
+        if let Some(room) = self.cpu.room() {
+            // On a node budget, workers beyond the cores the other ranks leave would only
+            // wait for a core.
+            spare_tokens = spare_tokens.min(room.saturating_sub(1 + cap::cpu_workers_in_use()));
+        }
         let stages: Vec<StageObservation> = snaps
             .iter()
             .zip(&prev)
@@ -358,6 +482,7 @@ impl TunerActor {
                 .epoch
                 .as_ref()
                 .map(|e| e.load(std::sync::atomic::Ordering::Relaxed)),
+            cpu: self.cpu.tick(obs.window, obs.wait_fraction()),
             decisions,
         };
         if let Some(f) = &mut self.trace_file {
@@ -365,7 +490,7 @@ impl TunerActor {
                 let _ = writeln!(f, "{line}");
             }
         }
-        if !record.decisions.is_empty() {
+        if !record.decisions.is_empty() || record.cpu.as_ref().is_some_and(|c| c.why.is_some()) {
             if let Some(cb) = &mut self.on_decision {
                 cb(&record);
             }

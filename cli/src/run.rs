@@ -131,6 +131,17 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
                 eprintln!("{line}");
             }
         }
+        if let Some(why) = r.cpu.as_ref().and_then(|c| c.why.as_deref()) {
+            let line = format!("tuner @{:>5.1}s {rate}  node cpu share: {why}", r.t);
+            let mut logged = false;
+            view::with(|v| {
+                v.decision(r, line.clone(), "node cpu share".to_owned());
+                logged = true;
+            });
+            if !logged {
+                eprintln!("{line}");
+            }
+        }
     }) as flowgate::spec::DecisionHook;
     let on_failure = Box::new(|e: &flowgate::ItemError| view::with(|v| v.failure(e)))
         as flowgate::spec::FailureHook;

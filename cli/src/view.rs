@@ -42,6 +42,8 @@ pub(crate) struct View {
     recent: std::collections::VecDeque<(Instant, PipelineStats, Option<f64>)>,
     /// When the last progress line was written (line mode).
     last_line: Option<Instant>,
+    /// This process's core-nanoseconds on the node's CPU budget at the last frame.
+    node_prev: Option<(Instant, u64)>,
     started: Instant,
     /// The epoch being run (1-based) and how many.
     pub(crate) epoch: (u64, u64),
@@ -93,6 +95,7 @@ pub(crate) fn start(
         prev: None,
         first: None,
         recent: Default::default(),
+        node_prev: None,
         last_line: None,
         started: Instant::now(),
         epoch: (0, epochs),
@@ -346,6 +349,28 @@ impl View {
         (dt > 0.0).then(|| (now.1 - prev.1) / dt)
     }
 
+    /// On a node CPU budget: this rank's cores since the last frame, of the budget, and how
+    /// many the node's ranks hold now (`  node 0.8 of 2 cores, 2 busy`); empty otherwise.
+    fn node_share(&mut self) -> String {
+        let Some(node) = flowgate::actors::node::current() else {
+            return String::new();
+        };
+        let now = (
+            Instant::now(),
+            flowgate::actors::node::process_cores().held_ns,
+        );
+        let share = self.node_prev.replace(now).and_then(|prev| {
+            let dt = now.0.duration_since(prev.0).as_secs_f64();
+            (dt > 0.0).then(|| now.1.saturating_sub(prev.1) as f64 / 1e9 / dt)
+        });
+        format!(
+            "  node {} of {} cores, {} busy",
+            share.map_or_else(|| "-".to_owned(), |s| format!("{s:.1}")),
+            node.cores(),
+            node.in_use()
+        )
+    }
+
     /// The frame on a terminal `width` columns wide and `height` rows high.
     fn frame(
         &mut self,
@@ -382,8 +407,9 @@ impl View {
             .cpu_cores()
             .map_or_else(|| "-".to_owned(), |c| format!("{c:.1}"));
         let buffered: u64 = now.stages.iter().map(|s| s.queue_bytes).sum();
+        let node = self.node_share();
         lines.push(format!(
-            "cpu {cpu} of {cores} cores  rss {}  buffered {}{}",
+            "cpu {cpu} of {cores} cores  rss {}  buffered {}{}{node}",
             rss_bytes().map_or_else(|| "-".to_owned(), bytes),
             bytes(buffered),
             self.memory_budget
@@ -473,9 +499,10 @@ impl View {
         let cpu = self
             .cpu_cores()
             .map_or_else(|| "-".to_owned(), |c| format!("{c:.1}"));
+        let node = self.node_share();
         format!(
             "[{}] {} {}/{} items{} ({pct:.0}%) ETA {}  {:.1} batches/s  wait {:.0}%  \
-             bottleneck {}  cpu {cpu} cores  rss {}  failures {}",
+             bottleneck {}  cpu {cpu} cores{node}  rss {}  failures {}",
             clock(self.started.elapsed().as_secs_f64()),
             self.epoch_label(),
             self.done,

@@ -290,6 +290,12 @@ class ImageLoader(_Loader):
     files (default) instead of raising :class:`LoaderError`. ``memory_mb``: the most the
     loader may hold — files in work, decoded items, batches waiting — in MiB (default: half
     the available memory); :meth:`stats` shows what each stage holds against it.
+    ``cpu_budget``: cores the ranks of this node may keep busy decoding, together — a count
+    (``2``), a fraction (``0.4``) or a percentage (``"40%"``) of the node's cores. Ranks that
+    give the same budget share it (``torchrun`` ranks of one job; ``FLOWGATE_NODE_KEY`` names
+    another group): at no instant do they decode more items than it has cores, a rank whose
+    training loop waits uses the cores the others leave idle, and a rank that dies gives its
+    cores back at once. Default: none (each rank tunes within its share of the node's cores).
 
     ``train``: torchvision's ``RandomResizedCrop(crop, scale, ratio)`` (bilinear) and
     ``RandomHorizontalFlip`` instead of resize + center crop (``resize`` unused), drawn anew
@@ -360,6 +366,7 @@ class ImageLoader(_Loader):
         labels: Labels = None,
         return_paths: bool = False,
         memory_mb: Optional[float] = None,
+        cpu_budget: Union[int, float, str, None] = None,
         device: str = "cpu",
         device_memory_mb: Optional[float] = None,
         output: str = "batch",
@@ -414,6 +421,7 @@ class AudioLoader(_Loader):
         labels: Labels = None,
         return_paths: bool = False,
         memory_mb: Optional[float] = None,
+        cpu_budget: Union[int, float, str, None] = None,
         device: str = "cpu",
         device_memory_mb: Optional[float] = None,
         output: str = "batch",
@@ -495,6 +503,7 @@ class VideoLoader(_Loader):
         labels: Labels = None,
         return_paths: bool = False,
         memory_mb: Optional[float] = None,
+        cpu_budget: Union[int, float, str, None] = None,
         device: str = "cpu",
         device_memory_mb: Optional[float] = None,
         output: str = "batch",
@@ -562,7 +571,8 @@ def _paths(paths: PathsLike) -> Any:
 
 
 _OPTIONS = ("batch_size", "shuffle", "seed", "rank", "world_size", "drop_last", "workers",
-            "order", "skip_errors", "return_paths", "memory_mb", "device", "device_memory_mb")
+            "order", "skip_errors", "return_paths", "memory_mb", "cpu_budget", "device",
+            "device_memory_mb")
 
 
 def _options(args: Dict[str, Any]) -> Any:

@@ -1,6 +1,6 @@
 """Type stubs of the native module (the Rust side of flowgate)."""
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 class LoaderError(RuntimeError):
     """A pipeline failed; ``stage`` and ``item`` name where (None when not about one item)."""
@@ -69,7 +69,8 @@ class Options:
                  drop_last: bool = ..., workers: Optional[int] = ..., order: str = ...,
                  skip_errors: bool = ...,
                  labels: Any = ..., return_paths: bool = ...,
-                 memory_mb: Optional[float] = ..., device: str = ...,
+                 memory_mb: Optional[float] = ...,
+                 cpu_budget: Union[int, float, str, None] = ..., device: str = ...,
                  device_memory_mb: Optional[float] = ...) -> None: ...
 
 def image_loader(paths: Any, options: Options, resize: int = ..., crop: int = ...,

@@ -221,8 +221,12 @@ impl Loader {
     /// The tuner's recent ticks, oldest first: dicts of `t` (seconds since the pipeline
     /// started), `rate` (batches/s), `wait` (fraction of the tick the consumer waited),
     /// `stages`, `workers` and `budgets` (per stage), `bytes` (buffered), `memory_budget`,
-    /// `rss_bytes`, and `decisions` (what changed and why, as strings). Empty with the tuner
-    /// off. Returns at once, from any thread.
+    /// `rss_bytes`, `decisions` (what changed and why, as strings), and on a node CPU
+    /// budget `cpu`: a dict of `budget` (the node's cores), `node_busy` (cores the node's ranks
+    /// held at the tick), `held` (this rank's), `share` (cores this rank used over the tick),
+    /// `waited` (its workers' seconds waiting for a core, per second) and `why` (a sentence
+    /// when the share moved by half a core, else None). Empty with the tuner off. Returns at
+    /// once, from any thread.
     fn tuner_trace<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let records = self.monitor(py)?.tuner_trace();
         let out = PyList::empty(py);
@@ -243,6 +247,16 @@ impl Loader {
                 .map(|x| format!("{:?}: {}", x.action, x.reason))
                 .collect();
             d.set_item("decisions", decisions)?;
+            if let Some(c) = r.cpu {
+                let cpu = PyDict::new(py);
+                cpu.set_item("budget", c.budget)?;
+                cpu.set_item("node_busy", c.node_busy)?;
+                cpu.set_item("held", c.held)?;
+                cpu.set_item("share", c.share)?;
+                cpu.set_item("waited", c.waited)?;
+                cpu.set_item("why", c.why)?;
+                d.set_item("cpu", cpu)?;
+            }
             out.append(d)?;
         }
         Ok(out)

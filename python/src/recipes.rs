@@ -31,6 +31,7 @@ pub(crate) struct Options {
     labels: Option<Py<PyAny>>,
     return_paths: bool,
     memory_mb: Option<f64>,
+    cpu_budget: Option<flowgate::CpuBudget>,
     device: String,
     device_memory_mb: Option<f64>,
     /// `(worker, workers)` in a DataLoader worker: this process reads its part of the rank's
@@ -43,7 +44,7 @@ impl Options {
     #[new]
     #[pyo3(signature = (batch_size=32, shuffle=true, seed=0, rank=None, world_size=None,
         drop_last=false, workers=None, order="input".to_owned(), skip_errors=true, labels=None, return_paths=false,
-        memory_mb=None, device="cpu".to_owned(), device_memory_mb=None, worker_split=None))]
+        memory_mb=None, cpu_budget=None, device="cpu".to_owned(), device_memory_mb=None, worker_split=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         batch_size: usize,
@@ -58,10 +59,12 @@ impl Options {
         labels: Option<Py<PyAny>>,
         return_paths: bool,
         memory_mb: Option<f64>,
+        cpu_budget: Option<&Bound<'_, PyAny>>,
         device: String,
         device_memory_mb: Option<f64>,
         worker_split: Option<(usize, usize)>,
     ) -> PyResult<Self> {
+        let cpu_budget = cpu_budget.map(cpu_budget_of).transpose()?;
         for (name, v) in [
             ("memory_mb", memory_mb),
             ("device_memory_mb", device_memory_mb),
@@ -90,11 +93,30 @@ impl Options {
             labels,
             return_paths,
             memory_mb,
+            cpu_budget,
             device,
             device_memory_mb,
             worker_split,
         })
     }
+}
+
+/// `cpu_budget=`: a number of cores (int), a fraction of the node (a float below 1) or a
+/// percentage (`"40%"`).
+fn cpu_budget_of(v: &Bound<'_, PyAny>) -> PyResult<flowgate::CpuBudget> {
+    let parsed = if v.is_instance_of::<pyo3::types::PyBool>() {
+        Err("cpu_budget: a number of cores, a fraction or a percentage, not a bool".to_owned())
+    } else if let Ok(s) = v.extract::<String>() {
+        s.parse()
+    } else if let Ok(f) = v.extract::<f64>() {
+        flowgate::CpuBudget::from_number(f)
+    } else {
+        Err(format!(
+            "cpu_budget: a number of cores (2), a fraction (0.4) or a percentage (\"40%\"), not {}",
+            v.get_type().name()?
+        ))
+    };
+    parsed.map_err(PyValueError::new_err)
 }
 
 impl Options {
@@ -145,6 +167,9 @@ impl Options {
         }
         if let Some(m) = self.memory_mb {
             b = b.memory_budget((m * 1048576.0) as u64);
+        }
+        if let Some(c) = self.cpu_budget {
+            b = b.cpu_budget(c);
         }
         if let Some(d) = open_device(&self.device, self.device_memory_mb)? {
             b = b.device(d);

@@ -86,6 +86,11 @@ pub(crate) fn assemble<T: Send + 'static>(
     engine.add_stage(Arc::clone(&source).as_control());
     engine.set_source(source);
     let mut stages = stages;
+    if let Some(budget) = autotune.as_ref().and_then(|a| a.settings.cpu_budget) {
+        flowgate_actors::node::join(budget).map_err(|e| {
+            PipelineError::config(format!("joining the node's CPU budget ({budget:?}): {e}"))
+        })?;
+    }
     start_auto_stages(&mut stages, autotune.as_ref());
     for s in stages {
         let chunk = cfg.chunk_at(s.in_scale);
@@ -173,13 +178,9 @@ pub(crate) fn assemble<T: Send + 'static>(
     ))
 }
 
-/// Gives every buffer a byte limit so that the limits add up to `memory`: stages with their
-/// own byte budget keep it (`u64::MAX`: no limit, by choice), the other buffers (and the
-/// sink's, unless set) share what they and the attached caches (`caches` bytes) leave,
-/// equally. Fails, naming them, if the stages' own budgets and the caches exceed `memory`.
 /// Gives the pool stages built with [`Workers::auto`] their start: an equal share of the
 /// cores the tuner may use (the tuner's `cores` setting, else the process's share of the
-/// node), at least one each.
+/// node's CPU budget or of the node), at least one each.
 fn start_auto_stages(stages: &mut [crate::builder::plan::Pending], autotune: Option<&Autotune>) {
     let auto = |s: &crate::builder::plan::Pending| s.workers.auto && s.kind == StageKind::Pool;
     let n = stages.iter().filter(|s| auto(s)).count();
@@ -188,6 +189,12 @@ fn start_auto_stages(stages: &mut [crate::builder::plan::Pending], autotune: Opt
     }
     let cores = autotune
         .and_then(|a| a.settings.cores)
+        .or_else(|| {
+            let budget = autotune?.settings.cpu_budget?;
+            let ranks = std::env::var("LOCAL_WORLD_SIZE").ok();
+            let ranks = flowgate_tuner::local_ranks(ranks.as_deref());
+            Some(flowgate_tuner::node_share(budget.cores(), ranks))
+        })
         .unwrap_or_else(flowgate_tuner::process_cores)
         .max(1);
     let share = (cores / n).max(1);
@@ -197,6 +204,10 @@ fn start_auto_stages(stages: &mut [crate::builder::plan::Pending], autotune: Opt
     }
 }
 
+/// Gives every buffer a byte limit so that the limits add up to `memory`: stages with their
+/// own byte budget keep it (`u64::MAX`: no limit, by choice), the other buffers (and the
+/// sink's, unless set) share what they and the attached caches (`caches` bytes) leave,
+/// equally. Fails, naming them, if the stages' own budgets and the caches exceed `memory`.
 fn share_memory(
     memory: u64,
     caches: u64,

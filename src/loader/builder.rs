@@ -77,6 +77,7 @@ pub struct LoaderBuilder {
     cache: Option<crate::cache::ByteCache>,
     order: Order,
     checkpoint_fields: Vec<(String, String)>,
+    cpu_budget: Option<crate::CpuBudget>,
 }
 
 impl std::fmt::Debug for LoaderBuilder {
@@ -117,6 +118,7 @@ impl LoaderBuilder {
             cache: None,
             order: DEFAULT_ORDER,
             checkpoint_fields: Vec::new(),
+            cpu_budget: None,
         }
     }
 
@@ -201,6 +203,19 @@ impl LoaderBuilder {
         self
     }
 
+    /// Shares a CPU budget with the other ranks on this node (see
+    /// [`node`](crate::actors::node)): at no instant do the node's ranks run more decode items
+    /// than the budget has cores, and a rank whose consumer waits uses the cores the others
+    /// leave idle. `CpuBudget::Cores(2)`, or `CpuBudget::Fraction(0.4)` of the node's cores.
+    /// Default: none (each rank tunes within its share of the node's cores).
+    pub fn cpu_budget(mut self, budget: crate::CpuBudget) -> Self {
+        self.cpu_budget = Some(budget);
+        if let Some(t) = self.tuner.as_mut() {
+            t.cpu_budget = Some(budget);
+        }
+        self
+    }
+
     /// Turns the tuner off: the decode workers stay where they start.
     pub fn autotune_off(mut self) -> Self {
         self.tuner = None;
@@ -254,6 +269,13 @@ impl LoaderBuilder {
     pub fn build(self) -> Result<Loader, PipelineError> {
         if self.batch_size == 0 {
             return Err(PipelineError::config("batch_size must be at least 1"));
+        }
+        if let Some(budget) = self.cpu_budget {
+            // Joined here too, not only by the pipeline's tuner: the budget holds with the
+            // tuner off.
+            crate::actors::node::join(budget).map_err(|e| {
+                PipelineError::config(format!("joining the node's CPU budget ({budget:?}): {e}"))
+            })?;
         }
         if self.decoder.lengths && !self.decoder.recipe.has_length() {
             return Err(PipelineError::config(

@@ -303,6 +303,7 @@ impl PipelineSpec {
             },
             memory_bytes: self.tuner.memory_mb.map(|m| (m * 1048576.0) as u64),
             trace: self.tuner.trace.clone(),
+            cpu_budget: self.tuner.cpu_budget,
             ..TunerSettings::default()
         }
     }

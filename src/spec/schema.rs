@@ -566,6 +566,11 @@ pub struct TunerSpec {
     /// Write the decision trace (JSON lines) here.
     #[serde(default)]
     pub trace: Option<PathBuf>,
+    /// Cores the ranks of this node may keep busy decoding, together: a count (`2`), a
+    /// fraction (`0.4`) or a percentage (`"40%"`) of the node; shared through a ledger in
+    /// `/dev/shm` (default: none, each rank within its share of the node's cores).
+    #[serde(default)]
+    pub cpu_budget: Option<flowgate_actors::node::CpuBudget>,
 }
 
 /// A shipped policy, by name.
@@ -593,6 +598,7 @@ impl Default for TunerSpec {
             tick_ms: None,
             memory_mb: None,
             trace: None,
+            cpu_budget: None,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The checks of pipeline files: every error names its key and line.
 
 use super::*;
+use flowgate_actors::node::CpuBudget;
 
 const GOOD: &str = r#"
 [source]
@@ -259,4 +260,22 @@ fn a_bad_value_in_source_or_decode_names_its_key_and_line_in_words() {
     let e = error(&format!("{GOOD}\n[run]\nmax_failures = \"x\"\n"));
     assert_eq!(e.key, "run.max_failures", "{e}");
     assert!(e.message.contains("a count of failures"), "{e}");
+}
+
+#[test]
+fn a_cpu_budget_is_a_count_a_fraction_or_a_percentage() {
+    for (text, want) in [
+        ("2", CpuBudget::Cores(2)),
+        ("0.4", CpuBudget::Fraction(0.4)),
+        ("\"40%\"", CpuBudget::Fraction(0.4)),
+    ] {
+        let spec = PipelineSpec::parse(&format!("{GOOD}\n[tuner]\ncpu_budget = {text}\n"), "t")
+            .unwrap();
+        assert_eq!(spec.tuner.cpu_budget, Some(want), "{text}");
+        assert_eq!(spec.tuner_settings().cpu_budget, Some(want), "{text}");
+    }
+    for bad in ["0", "1.5", "-2", "\"lots\"", "5000", "true"] {
+        let e = error(&format!("{GOOD}\n[tuner]\ncpu_budget = {bad}\n"));
+        assert!(e.to_string().contains("cpu_budget"), "{bad}: {e}");
+    }
 }

@@ -1,0 +1,499 @@
+//! A node's CPU budget, shared by the ranks on one host.
+//!
+//! `torchrun --nproc_per_node=8` starts eight loaders on one node. Without a shared budget each
+//! takes a fixed share of the cores ([`cap`](crate::cap)); with one, the ranks draw from one
+//! pool of cores: a rank whose consumer waits uses the cores a step-bound rank leaves idle,
+//! and the node never runs more decode work at once than the budget.
+//!
+//! # The ledger
+//!
+//! The budget is a file (`/dev/shm/flowgate-cpu-<key>-<cores>`) whose first `cores` bytes are
+//! the cores. A pool worker holds a core for each item it runs: an exclusive open-file-
+//! description lock (`F_OFD_SETLK`) on one of those bytes, taken before the stage's function
+//! and released right after it. The kernel is the ledger: a worker that blocks (on its input,
+//! on a full output) holds nothing, so a step-bound rank gives its cores back by itself; at no
+//! instant do more items run than the budget has cores; and a process that dies (SIGKILL
+//! included) releases its locks with its file descriptors, at once, with no lease to expire.
+//! The file outlives every rank, so a rank restarted by `torchrun` joins the same ledger.
+//!
+//! A worker that finds every core taken enters the *waiting room* (a shared lock on byte
+//! `cores`) and polls (50 µs doubling to 500 µs). A worker that releases a core while someone
+//! waits pauses 2 ms before its next item, so the waiter takes the core: the cores rotate
+//! between waiting workers item by item, whichever process they are in.
+//!
+//! Ranks join the same ledger when they share the key: `FLOWGATE_NODE_KEY` if set, else
+//! `torchrun`'s `TORCHELASTIC_RUN_ID` and `MASTER_PORT`, else the user id (every flowgate
+//! process of the user on the host). Ranks must ask for the same budget: a different number
+//! of cores is a different ledger.
+//!
+//! Limits: a rank stopped with SIGSTOP while running an item keeps its core until it
+//! continues; Linux only (elsewhere a budget is refused at construction).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
+
+/// Most cores a budget may name (a byte each in the ledger file).
+pub const MAX_CORES: usize = 4096;
+/// First wait between polls of a worker waiting for a core.
+const POLL_MIN: Duration = Duration::from_micros(50);
+/// Longest wait between polls.
+const POLL_MAX: Duration = Duration::from_micros(500);
+/// How long a worker that released a core while others wait stays off the cores.
+const YIELD: Duration = Duration::from_millis(2);
+
+/// How many cores the ranks of a node may keep busy decoding, together.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "BudgetRepr", into = "BudgetRepr")]
+pub enum CpuBudget {
+    /// A number of cores (1..=[`MAX_CORES`]).
+    Cores(usize),
+    /// A fraction (0..1, exclusive) of the node's cores, at least one core.
+    Fraction(f64),
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum BudgetRepr {
+    Number(f64),
+    Text(String),
+}
+
+impl TryFrom<BudgetRepr> for CpuBudget {
+    type Error = String;
+    fn try_from(r: BudgetRepr) -> Result<Self, String> {
+        match r {
+            BudgetRepr::Number(v) => Self::from_number(v),
+            BudgetRepr::Text(t) => t.parse(),
+        }
+    }
+}
+
+impl From<CpuBudget> for BudgetRepr {
+    fn from(b: CpuBudget) -> Self {
+        match b {
+            CpuBudget::Cores(n) => BudgetRepr::Number(n as f64),
+            CpuBudget::Fraction(f) => BudgetRepr::Number(f),
+        }
+    }
+}
+
+impl CpuBudget {
+    /// A whole number of cores (1..=[`MAX_CORES`]), or a fraction of the node strictly
+    /// between 0 and 1; anything else is an error that says so.
+    pub fn from_number(v: f64) -> Result<Self, String> {
+        if !v.is_finite() || v <= 0.0 {
+            return Err(format!(
+                "cpu_budget {v}: a number of cores (1, 2, ...) or a fraction of the node (0.4)"
+            ));
+        }
+        if v < 1.0 {
+            return Ok(Self::Fraction(v));
+        }
+        if v.fract() != 0.0 || v > MAX_CORES as f64 {
+            return Err(format!(
+                "cpu_budget {v}: a whole number of cores from 1 to {MAX_CORES}, or a fraction \
+                 of the node below 1 (0.4, or \"40%\")"
+            ));
+        }
+        Ok(Self::Cores(v as usize))
+    }
+
+    /// The cores this budget stands for on a node of `node_cores`.
+    pub fn cores_of(self, node_cores: usize) -> usize {
+        match self {
+            Self::Cores(n) => n,
+            Self::Fraction(f) => ((f * node_cores as f64).round() as usize).max(1),
+        }
+    }
+
+    /// The cores this budget stands for on this node.
+    pub fn cores(self) -> usize {
+        self.cores_of(node_cores())
+    }
+}
+
+impl std::str::FromStr for CpuBudget {
+    type Err = String;
+    /// `2` (cores), `0.4` or `40%` (of the node).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        if let Some(p) = t.strip_suffix('%') {
+            let v: f64 = p
+                .trim()
+                .parse()
+                .map_err(|_| format!("cpu_budget `{s}`: a percentage of the node's cores (40%)"))?;
+            if !(v > 0.0 && v <= 100.0) {
+                return Err(format!(
+                    "cpu_budget `{s}`: a percentage above 0 and at most 100"
+                ));
+            }
+            return Ok(if v == 100.0 {
+                Self::Cores(node_cores())
+            } else {
+                Self::Fraction(v / 100.0)
+            });
+        }
+        let v: f64 = t.parse().map_err(|_| {
+            format!(
+                "cpu_budget `{s}`: a number of cores (2), a fraction (0.4) or a percentage (40%)"
+            )
+        })?;
+        Self::from_number(v)
+    }
+}
+
+/// The node's cores: every core of the machine, whatever this process's affinity mask (ranks
+/// pinned to different cores still share the node).
+pub fn node_cores() -> usize {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| count_cpu_list(s.trim()))
+        .unwrap_or_else(flowgate_tuner::machine_cores)
+}
+
+/// Counts a kernel CPU list (`0-3,8-11`).
+fn count_cpu_list(s: &str) -> Option<usize> {
+    let mut n = 0;
+    for part in s.split(',') {
+        n += match part.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().ok()?.checked_sub(a.parse().ok()?)? + 1,
+            None => {
+                part.parse::<usize>().ok()?;
+                1
+            }
+        };
+    }
+    (n > 0).then_some(n)
+}
+
+/// The key ranks of one job on one node share: `FLOWGATE_NODE_KEY`, else `torchrun`'s run id
+/// and master port, else the user.
+pub fn node_key() -> String {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let raw = var("FLOWGATE_NODE_KEY").unwrap_or_else(|| {
+        match (var("TORCHELASTIC_RUN_ID"), var("MASTER_PORT")) {
+            (None, None) => format!("uid{}", unsafe { libc::getuid() }),
+            (run, port) => format!("{}-{}", run.unwrap_or_default(), port.unwrap_or_default()),
+        }
+    });
+    raw.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(100)
+        .collect()
+}
+
+/// A joined ledger: see the module docs.
+#[derive(Debug)]
+pub struct NodeCores {
+    path: PathBuf,
+    cores: usize,
+    /// Distinguishes ledgers a process joined one after another (thread-local descriptors).
+    id: u64,
+    /// A descriptor that never holds a core: for counting the node's.
+    query: File,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static NODE: RwLock<Option<Arc<NodeCores>>> = RwLock::new(None);
+/// Cores this process's workers hold now.
+static HELD: AtomicUsize = AtomicUsize::new(0);
+/// Nanoseconds of cores held by this process's workers, released ones only.
+static HELD_NS: AtomicU64 = AtomicU64::new(0);
+/// Nanoseconds this process's workers waited for a core.
+static WAIT_NS: AtomicU64 = AtomicU64::new(0);
+
+impl NodeCores {
+    /// Opens (creating it if needed) the ledger of `cores` cores under `key` in `dir`.
+    pub fn open_in(dir: &Path, key: &str, cores: usize) -> std::io::Result<Self> {
+        if !(1..=MAX_CORES).contains(&cores) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("a node CPU budget of {cores} cores (1 to {MAX_CORES})"),
+            ));
+        }
+        let path = dir.join(format!("flowgate-cpu-{key}-{cores}"));
+        let query = open_ledger(&path)?;
+        // Probe once: a file system without OFD locks fails here, not in a worker.
+        getlk(&query, 0)?;
+        Ok(Self {
+            path,
+            cores,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            query,
+        })
+    }
+
+    /// Opens the ledger of `budget` for this node's ranks (see [`node_key`]), in `/dev/shm`
+    /// (the temporary directory where there is none).
+    pub fn open(budget: CpuBudget) -> std::io::Result<Self> {
+        let shm = Path::new("/dev/shm");
+        let dir = if shm.is_dir() {
+            shm.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        Self::open_in(&dir, &node_key(), budget.cores())
+    }
+
+    /// The budget's cores.
+    pub fn cores(&self) -> usize {
+        self.cores
+    }
+
+    /// The ledger file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Cores held now by every process on the ledger.
+    pub fn in_use(&self) -> usize {
+        (0..self.cores)
+            .filter(|&k| getlk(&self.query, k as u64).unwrap_or(false))
+            .count()
+    }
+
+    /// Whether some worker (of any process) waits for a core now.
+    pub fn someone_waits(&self) -> bool {
+        getlk(&self.query, self.cores as u64).unwrap_or(false)
+    }
+
+    /// Holds a core on this ledger from the calling thread (its own descriptor), waiting for
+    /// one while `stop()` is false. `None` once `stop()` says so.
+    pub fn hold(self: &Arc<Self>, stop: &dyn Fn() -> bool) -> Option<CoreHeld> {
+        THREAD.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            if slot.as_ref().is_none_or(|t| t.id != self.id) {
+                *slot = Some(ThreadLedger {
+                    id: self.id,
+                    file: open_ledger(&self.path).ok()?,
+                    start: NEXT_START.fetch_add(1, Ordering::Relaxed),
+                    yield_until: None,
+                });
+            }
+            let t = slot.as_mut().expect("set above");
+            let t0 = Instant::now();
+            if let Some(until) = t.yield_until.take() {
+                if let Some(d) = until.checked_duration_since(t0) {
+                    std::thread::sleep(d);
+                }
+            }
+            let mut in_room = false;
+            let mut poll = POLL_MIN;
+            loop {
+                for j in 0..self.cores {
+                    let k = (t.start + j) % self.cores;
+                    if setlk(&t.file, k as u64, libc::F_WRLCK as i16).unwrap_or(false) {
+                        if in_room {
+                            let _ = setlk(&t.file, self.cores as u64, libc::F_UNLCK as i16);
+                        }
+                        t.start = k;
+                        let now = Instant::now();
+                        WAIT_NS.fetch_add(nanos(now - t0), Ordering::Relaxed);
+                        HELD.fetch_add(1, Ordering::Relaxed);
+                        return Some(CoreHeld {
+                            node: Arc::clone(self),
+                            core: k,
+                            since: now,
+                        });
+                    }
+                }
+                if !in_room {
+                    in_room =
+                        setlk(&t.file, self.cores as u64, libc::F_RDLCK as i16).unwrap_or(false);
+                }
+                if stop() {
+                    if in_room {
+                        let _ = setlk(&t.file, self.cores as u64, libc::F_UNLCK as i16);
+                    }
+                    WAIT_NS.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
+                    return None;
+                }
+                std::thread::sleep(poll);
+                poll = (poll * 2).min(POLL_MAX);
+            }
+        })
+    }
+}
+
+/// A core held by the calling thread; released when dropped (on the same thread).
+#[derive(Debug)]
+pub struct CoreHeld {
+    node: Arc<NodeCores>,
+    core: usize,
+    since: Instant,
+}
+
+impl Drop for CoreHeld {
+    fn drop(&mut self) {
+        HELD.fetch_sub(1, Ordering::Relaxed);
+        HELD_NS.fetch_add(nanos(self.since.elapsed()), Ordering::Relaxed);
+        THREAD.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            let Some(t) = slot.as_mut().filter(|t| t.id == self.node.id) else {
+                return; // that descriptor is closed: the lock went with it
+            };
+            let _ = setlk(&t.file, self.core as u64, libc::F_UNLCK as i16);
+            // Someone waits: stay off the cores a moment so they take this one.
+            if getlk(&t.file, self.node.cores as u64).unwrap_or(false) {
+                t.yield_until = Some(Instant::now() + YIELD);
+            }
+        });
+    }
+}
+
+struct ThreadLedger {
+    id: u64,
+    file: File,
+    /// The core tried first (the last one held: spreads threads over the bytes).
+    start: usize,
+    yield_until: Option<Instant>,
+}
+
+static NEXT_START: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static THREAD: std::cell::RefCell<Option<ThreadLedger>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+fn nanos(d: Duration) -> u64 {
+    d.as_nanos().min(u64::MAX as u128) as u64
+}
+
+fn open_ledger(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o666)
+        .open(path)?;
+    Ok(f)
+}
+
+fn flock_at(byte: u64, kind: i16) -> libc::flock {
+    // SAFETY: `flock` is plain old data; zero is a valid value of every field.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_start = byte as libc::off_t;
+    fl.l_len = 1;
+    fl
+}
+
+/// Takes (or releases, with `F_UNLCK`) the lock on `byte` without waiting; `Ok(false)` when
+/// another descriptor holds a conflicting one.
+fn setlk(f: &File, byte: u64, kind: i16) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let fl = flock_at(byte, kind);
+    // SAFETY: a valid descriptor and a valid `flock` for the call's duration.
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
+    if r == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+/// Whether another descriptor holds a lock on `byte` that an exclusive lock would conflict
+/// with.
+fn getlk(f: &File, byte: u64) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let mut fl = flock_at(byte, libc::F_WRLCK as i16);
+    // SAFETY: a valid descriptor and a valid, writable `flock` for the call's duration.
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fl.l_type != libc::F_UNLCK as i16)
+}
+
+/// Makes `node` the ledger this process's pool workers hold cores on (`None`: no node
+/// budget, each process within its own share). Returns the one it replaces.
+pub fn set_node(node: Option<Arc<NodeCores>>) -> Option<Arc<NodeCores>> {
+    std::mem::replace(&mut *NODE.write(), node)
+}
+
+/// The ledger this process's pool workers hold cores on, if any.
+pub fn current() -> Option<Arc<NodeCores>> {
+    NODE.read().clone()
+}
+
+/// Joins the ledger of `budget` (see [`NodeCores::open`]) unless this process is on it
+/// already; returns it.
+pub fn join(budget: CpuBudget) -> std::io::Result<Arc<NodeCores>> {
+    let cores = budget.cores();
+    if let Some(n) = current().filter(|n| n.cores == cores) {
+        return Ok(n);
+    }
+    let node = Arc::new(NodeCores::open(budget)?);
+    if let Some(old) = set_node(Some(Arc::clone(&node))) {
+        tracing::warn!(
+            old = old.cores,
+            new = cores,
+            "this process now shares a node CPU budget of another size"
+        );
+    }
+    Ok(node)
+}
+
+/// What this process's workers did on the node's ledger, since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ProcessCores {
+    /// Cores held now.
+    pub held: usize,
+    /// Core-nanoseconds held (released holds only).
+    pub held_ns: u64,
+    /// Nanoseconds workers waited for a core.
+    pub wait_ns: u64,
+}
+
+/// This process's counters (see [`ProcessCores`]).
+pub fn process_cores() -> ProcessCores {
+    ProcessCores {
+        held: HELD.load(Ordering::Relaxed),
+        held_ns: HELD_NS.load(Ordering::Relaxed),
+        wait_ns: WAIT_NS.load(Ordering::Relaxed),
+    }
+}
+
+/// Holds a core for one item of a pool worker when the process is on a node ledger:
+/// `Ok(None)` without one, `Err(())` when `stop()` said so while waiting.
+pub(crate) fn hold_for_item(stop: &dyn Fn() -> bool) -> Result<Option<CoreHeld>, ()> {
+    match current() {
+        None => Ok(None),
+        Some(node) => node.hold(stop).map(Some).ok_or(()),
+    }
+}
+
+/// Forgets the holds of a parent's threads (they do not exist in a forked child; their
+/// descriptors' locks are the parent's). Only for a child right after `fork`.
+pub fn reset_after_fork() {
+    HELD.store(0, Ordering::Relaxed);
+    THREAD.with(|c| {
+        // The forking thread's descriptor shares its open file description (and locks)
+        // with the parent's: leak it so closing it cannot release the parent's lock.
+        if let Some(t) = c.borrow_mut().take() {
+            std::mem::forget(t.file);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests;

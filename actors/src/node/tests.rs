@@ -1,0 +1,240 @@
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+fn ledger(dir: &Path, cores: usize) -> Arc<NodeCores> {
+    Arc::new(NodeCores::open_in(dir, "test", cores).expect("ledger"))
+}
+
+/// A fresh directory under the temporary one (removed by the OS's cleaning, not here: a
+/// ledger file is a few bytes).
+fn temp_dir() -> std::path::PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "flowgate-node-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn spin(d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+#[test]
+fn budgets_parse_and_refuse() {
+    assert_eq!("2".parse::<CpuBudget>(), Ok(CpuBudget::Cores(2)));
+    assert_eq!("0.4".parse::<CpuBudget>(), Ok(CpuBudget::Fraction(0.4)));
+    assert_eq!("40%".parse::<CpuBudget>(), Ok(CpuBudget::Fraction(0.4)));
+    for bad in ["0", "-1", "1.5", "nan", "inf", "x", "0%", "101%", "5000"] {
+        let e = bad.parse::<CpuBudget>().unwrap_err();
+        assert!(e.contains("cpu_budget"), "{bad}: {e}");
+    }
+    assert_eq!(CpuBudget::Fraction(0.4).cores_of(16), 6);
+    assert_eq!(CpuBudget::Fraction(0.01).cores_of(16), 1);
+    assert_eq!(CpuBudget::Cores(3).cores_of(16), 3);
+    let toml: CpuBudget = serde_json::from_str("0.25").unwrap();
+    assert_eq!(toml, CpuBudget::Fraction(0.25));
+    let text: CpuBudget = serde_json::from_str("\"2\"").unwrap();
+    assert_eq!(text, CpuBudget::Cores(2));
+    assert!(serde_json::from_str::<CpuBudget>("2.5").is_err());
+    assert_eq!(count_cpu_list("0-3,8-11"), Some(8));
+    assert_eq!(count_cpu_list("0"), Some(1));
+    assert_eq!(count_cpu_list("x"), None);
+    assert!(NodeCores::open_in(&std::env::temp_dir(), "t", 0).is_err());
+}
+
+/// Three "ranks" (separate ledger handles, as separate processes have) with eight threads
+/// in all on a budget of two cores: never more than two items run at once.
+#[test]
+fn never_more_holds_than_cores() {
+    let dir = temp_dir();
+    let ranks: Vec<_> = (0..3).map(|_| ledger(&dir, 2)).collect();
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let monitor = {
+        let (node, done) = (Arc::clone(&ranks[0]), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let mut most_seen = 0;
+            while !done.load(Ordering::Relaxed) {
+                most_seen = most_seen.max(node.in_use());
+            }
+            most_seen
+        })
+    };
+    let workers: Vec<_> = (0..8)
+        .map(|i| {
+            let node = Arc::clone(&ranks[i % 3]);
+            let (running, most) = (Arc::clone(&running), Arc::clone(&most));
+            std::thread::spawn(move || {
+                for _ in 0..150 {
+                    let held = node.hold(&|| false).expect("a core");
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    spin(Duration::from_micros(200));
+                    running.fetch_sub(1, Ordering::SeqCst);
+                    drop(held);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    done.store(true, Ordering::Relaxed);
+    let seen = monitor.join().unwrap();
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        2,
+        "two cores, both used, never three"
+    );
+    assert!(seen <= 2, "the ledger counted {seen} cores held");
+    assert_eq!(ranks[1].in_use(), 0);
+}
+
+/// Two threads that hold the only core item after item, back to back, and a third that
+/// wants it: the third gets a fair turn (without the pause after a release it got almost
+/// none: the releaser takes the core again before a poller wakes).
+#[test]
+fn a_waiting_worker_gets_its_turn() {
+    let dir = temp_dir();
+    let counts: Vec<_> = (0..3).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+    let stop_at = Instant::now() + Duration::from_millis(1500);
+    let threads: Vec<_> = (0..3)
+        .map(|i| {
+            let node = ledger(&dir, 1);
+            let count = Arc::clone(&counts[i]);
+            std::thread::spawn(move || {
+                while Instant::now() < stop_at {
+                    if let Some(h) = node.hold(&|| Instant::now() >= stop_at) {
+                        spin(Duration::from_millis(1));
+                        count.fetch_add(1, Ordering::Relaxed);
+                        drop(h);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let got: Vec<usize> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    let total: usize = got.iter().sum();
+    assert!(total > 100, "{got:?}");
+    for g in &got {
+        assert!(
+            *g * 6 >= total,
+            "each of three should get a fair turn: {got:?}"
+        );
+    }
+}
+
+#[test]
+fn stop_ends_a_wait() {
+    let dir = temp_dir();
+    let a = ledger(&dir, 1);
+    let b = ledger(&dir, 1);
+    // One thread per ledger handle, as in a pool (a thread holds one core at a time).
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let held = a.hold(&|| false).unwrap();
+        rx.recv().unwrap();
+        drop(held);
+    });
+    while b.in_use() == 0 {
+        std::thread::yield_now();
+    }
+    let t0 = Instant::now();
+    let waiter = Arc::clone(&b);
+    let gave_up = std::thread::spawn(move || {
+        waiter
+            .hold(&|| t0.elapsed() > Duration::from_millis(50))
+            .is_none()
+    });
+    assert!(gave_up.join().unwrap(), "the wait ended when told to stop");
+    assert!(
+        !b.someone_waits(),
+        "a worker that gave up left the waiting room"
+    );
+    tx.send(()).unwrap();
+    holder.join().unwrap();
+    assert_eq!(b.in_use(), 0);
+    let taker = std::thread::spawn(move || b.hold(&|| false).is_some());
+    assert!(taker.join().unwrap());
+}
+
+/// The body of [`a_killed_rank_frees_its_cores`]'s child process: holds both cores of the
+/// ledger in `FLOWGATE_TEST_HOLD_DIR` until killed. A no-op in a normal run.
+#[test]
+fn child_holds_cores() {
+    let Ok(dir) = std::env::var("FLOWGATE_TEST_HOLD_DIR") else {
+        return;
+    };
+    let node = ledger(Path::new(&dir), 2);
+    let holders: Vec<_> = (0..2)
+        .map(|_| {
+            let node = Arc::clone(&node);
+            std::thread::spawn(move || {
+                let _held = node.hold(&|| false).expect("a core");
+                std::thread::sleep(Duration::from_secs(120));
+            })
+        })
+        .collect();
+    for h in holders {
+        let _ = h.join();
+    }
+}
+
+/// A rank killed with SIGKILL while it holds every core: the node has them back at once.
+#[test]
+fn a_killed_rank_frees_its_cores() {
+    let dir = temp_dir();
+    let node = ledger(&dir, 2);
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "node::tests::child_holds_cores",
+            "--test-threads=1",
+        ])
+        .env("FLOWGATE_TEST_HOLD_DIR", &dir)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while node.in_use() < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the child never held both cores"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let t1 = Instant::now();
+    assert!(node
+        .hold(&|| t1.elapsed() > Duration::from_millis(100))
+        .is_none());
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let t2 = Instant::now();
+    let held = node.hold(&|| t2.elapsed() > Duration::from_secs(2));
+    assert!(held.is_some(), "a killed rank's cores came back");
+    assert!(
+        t2.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t2.elapsed()
+    );
+    assert_eq!(
+        node.in_use(),
+        1,
+        "this thread's hold, on its own descriptor"
+    );
+    drop(held);
+    assert_eq!(node.in_use(), 0);
+}

@@ -1,0 +1,47 @@
+"""One rank of test_cpu_budget.py and scripts/bench-cpu-budget.sh, under torchrun.
+
+Rank 0 decodes the heavy clips, the other ranks the light ones (each rank its whole list: the
+work differs per rank, as with ranks whose clips differ in length); every rank takes a training
+step (a sleep) per batch. Writes `report-RANK.json`: the epochs' times and the tuner's ticks
+(decode workers, and the node CPU budget's figures when there is one)."""
+
+import argparse
+import json
+import os
+import time
+
+import flowgate
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--heavy", required=True)
+ap.add_argument("--light", required=True)
+ap.add_argument("--budget", default="none")
+ap.add_argument("--step-ms", type=float, default=10.0)
+ap.add_argument("--epochs", type=int, default=2)
+ap.add_argument("--repeat", type=int, default=1)
+ap.add_argument("--seconds", type=float, default=12.0)
+a = ap.parse_args()
+
+rank = int(os.environ["RANK"])
+listing = a.heavy if rank == 0 else a.light
+paths = open(listing).read().split() * a.repeat
+loader = flowgate.AudioLoader(
+    paths, batch_size=8, seconds=a.seconds, rank=0, world_size=1, seed=rank,
+    cpu_budget=None if a.budget == "none" else a.budget)
+epochs = []
+started = time.time()
+for epoch in range(a.epochs):
+    t = time.time()
+    n = 0
+    for batch in loader:
+        n += 1
+        time.sleep(a.step_ms / 1000)
+    epochs.append({"seconds": time.time() - t, "batches": n})
+ticks = []
+for r in loader.tuner_trace():
+    workers = dict(zip(r["stages"], r["workers"]))
+    ticks.append({"t": r["t"], "decode": workers.get("decode"), "wait": r["wait"],
+                  "cpu": r.get("cpu")})
+with open(f"report-{rank}.json", "w") as f:
+    json.dump({"rank": rank, "heavy": rank == 0, "epochs": epochs, "ticks": ticks,
+               "started": started, "local_world_size": os.environ.get("LOCAL_WORLD_SIZE")}, f)
