@@ -112,9 +112,11 @@ impl CpuBudget {
         }
     }
 
-    /// The cores this budget stands for on this node.
+    /// The cores this budget stands for on this node: never more than the node has (a
+    /// budget written for a bigger node is the whole of a smaller one).
     pub fn cores(self) -> usize {
-        self.cores_of(node_cores())
+        let node = node_cores();
+        self.cores_of(node).min(node)
     }
 }
 
@@ -197,6 +199,8 @@ pub fn node_key() -> String {
 /// A joined ledger: see the module docs.
 #[derive(Debug)]
 pub struct NodeCores {
+    dir: PathBuf,
+    key: String,
     path: PathBuf,
     cores: usize,
     /// Distinguishes ledgers a process joined one after another (thread-local descriptors).
@@ -223,11 +227,16 @@ impl NodeCores {
                 format!("a node CPU budget of {cores} cores (1 to {MAX_CORES})"),
             ));
         }
-        let path = dir.join(format!("flowgate-cpu-{key}-{cores}"));
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let path = dir.join(format!("flowgate-cpu-u{uid}-{key}-{cores}"));
         let query = open_ledger(&path)?;
+        check_owner(&query, &path, uid)?;
         // Probe once: a file system without OFD locks fails here, not in a worker.
         getlk(&query, 0)?;
         Ok(Self {
+            dir: dir.to_path_buf(),
+            key: key.to_owned(),
             path,
             cores,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -269,18 +278,30 @@ impl NodeCores {
         getlk(&self.query, self.cores as u64).unwrap_or(false)
     }
 
+    /// Whether the ledger's file was removed or replaced since this process opened it (a
+    /// cleanup of `/dev/shm`, say): ranks that open it now would start a new ledger.
+    pub fn is_stale(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::symlink_metadata(&self.path), self.query.metadata()) {
+            (Ok(now), Ok(ours)) => now.ino() != ours.ino() || now.dev() != ours.dev(),
+            _ => true,
+        }
+    }
+
     /// Holds a core on this ledger from the calling thread (its own descriptor), waiting for
-    /// one while `stop()` is false. `None` once `stop()` says so.
-    pub fn hold(self: &Arc<Self>, stop: &dyn Fn() -> bool) -> Option<CoreHeld> {
+    /// one while `stop()` is false. `Ok(None)` once `stop()` says so; an error when the
+    /// thread cannot open its descriptor (out of file descriptors, say).
+    pub fn hold(self: &Arc<Self>, stop: &dyn Fn() -> bool) -> std::io::Result<Option<CoreHeld>> {
         THREAD.with(|cell| {
             let mut slot = cell.borrow_mut();
             if slot.as_ref().is_none_or(|t| t.id != self.id) {
-                *slot = Some(ThreadLedger {
-                    id: self.id,
-                    file: open_ledger(&self.path).ok()?,
-                    start: NEXT_START.fetch_add(1, Ordering::Relaxed),
-                    yield_until: None,
-                });
+                let file = open_ledger(&self.path).map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("holding a core of the node's CPU budget: {e}"),
+                    )
+                })?;
+                *slot = Some(ThreadLedger::new(self.id, file));
             }
             let t = slot.as_mut().expect("set above");
             let t0 = Instant::now();
@@ -289,62 +310,102 @@ impl NodeCores {
                     std::thread::sleep(d);
                 }
             }
-            let mut in_room = false;
-            let mut poll = POLL_MIN;
-            loop {
-                for j in 0..self.cores {
-                    let k = (t.start + j) % self.cores;
-                    if setlk(&t.file, k as u64, libc::F_WRLCK as i16).unwrap_or(false) {
-                        if in_room {
-                            let _ = setlk(&t.file, self.cores as u64, libc::F_UNLCK as i16);
-                        }
-                        t.start = k;
-                        let now = Instant::now();
-                        WAIT_NS.fetch_add(nanos(now - t0), Ordering::Relaxed);
-                        HELD.fetch_add(1, Ordering::Relaxed);
-                        return Some(CoreHeld {
-                            node: Arc::clone(self),
-                            core: k,
-                            since: now,
-                        });
-                    }
+            let got = self.acquire(t, stop);
+            WAIT_NS.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
+            Ok(got.map(|core| {
+                HELD.fetch_add(1, Ordering::Relaxed);
+                HERE.set(Some(core));
+                CoreHeld {
+                    node: Arc::clone(self),
+                    since: Instant::now(),
                 }
-                if !in_room {
-                    in_room =
-                        setlk(&t.file, self.cores as u64, libc::F_RDLCK as i16).unwrap_or(false);
-                }
-                if stop() {
+            }))
+        })
+    }
+
+    /// Locks a free core's byte on `t`'s descriptor, polling from the waiting room while
+    /// none is free and `stop()` is false.
+    fn acquire(&self, t: &mut ThreadLedger, stop: &dyn Fn() -> bool) -> Option<usize> {
+        let mut in_room = false;
+        let mut poll = POLL_MIN;
+        loop {
+            for j in 0..self.cores {
+                let k = (t.start + j) % self.cores;
+                if setlk(&t.file, k as u64, libc::F_WRLCK as i16).unwrap_or(false) {
                     if in_room {
                         let _ = setlk(&t.file, self.cores as u64, libc::F_UNLCK as i16);
                     }
-                    WAIT_NS.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
-                    return None;
+                    t.start = k;
+                    return Some(k);
                 }
-                std::thread::sleep(poll);
-                poll = (poll * 2).min(POLL_MAX);
             }
-        })
+            if !in_room {
+                in_room = setlk(&t.file, self.cores as u64, libc::F_RDLCK as i16).unwrap_or(false);
+            }
+            if stop() {
+                if in_room {
+                    let _ = setlk(&t.file, self.cores as u64, libc::F_UNLCK as i16);
+                }
+                return None;
+            }
+            std::thread::sleep(poll);
+            poll = (poll * 2).min(POLL_MAX);
+        }
     }
+}
+
+/// Runs `wait` with the calling thread's core given back, if it holds one, and holds one
+/// again after (waiting for it): for a stage's function that consumes another budgeted
+/// loader (a loader inside a pipeline's map). Without it, the function would wait for
+/// results while holding a core the inner loader's workers need: on a budget of one core,
+/// for ever. The sink's blocking waits call it.
+pub fn released_while<R>(wait: impl FnOnce() -> R) -> R {
+    let Some(core) = HERE.take() else {
+        return wait();
+    };
+    let node = THREAD.with(|cell| {
+        let slot = cell.borrow();
+        let t = slot.as_ref()?;
+        let _ = setlk(&t.file, core as u64, libc::F_UNLCK as i16);
+        Some(t.id)
+    });
+    HELD.fetch_sub(1, Ordering::Relaxed);
+    let r = wait();
+    let again = THREAD.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let t = slot.as_mut().filter(|t| Some(t.id) == node)?;
+        let n = current().filter(|n| n.id == t.id)?;
+        n.acquire(t, &|| false)
+    });
+    if let Some(k) = again {
+        HELD.fetch_add(1, Ordering::Relaxed);
+        HERE.set(Some(k));
+    }
+    r
 }
 
 /// A core held by the calling thread; released when dropped (on the same thread).
 #[derive(Debug)]
 pub struct CoreHeld {
     node: Arc<NodeCores>,
-    core: usize,
     since: Instant,
 }
 
 impl Drop for CoreHeld {
     fn drop(&mut self) {
-        HELD.fetch_sub(1, Ordering::Relaxed);
+        if HERE.get().is_some() {
+            HELD.fetch_sub(1, Ordering::Relaxed);
+        }
         HELD_NS.fetch_add(nanos(self.since.elapsed()), Ordering::Relaxed);
         THREAD.with(|cell| {
             let mut slot = cell.borrow_mut();
             let Some(t) = slot.as_mut().filter(|t| t.id == self.node.id) else {
                 return; // that descriptor is closed: the lock went with it
             };
-            let _ = setlk(&t.file, self.core as u64, libc::F_UNLCK as i16);
+            let Some(core) = HERE.take() else {
+                return; // given back while the thread waited, and not held again
+            };
+            let _ = setlk(&t.file, core as u64, libc::F_UNLCK as i16);
             // Someone waits: stay off the cores a moment so they take this one.
             if getlk(&t.file, self.node.cores as u64).unwrap_or(false) {
                 t.yield_until = Some(Instant::now() + YIELD);
@@ -359,19 +420,75 @@ struct ThreadLedger {
     /// The core tried first (the last one held: spreads threads over the bytes).
     start: usize,
     yield_until: Option<Instant>,
+    /// This descriptor's slot in [`THREAD_FDS`].
+    registered: Option<usize>,
+}
+
+impl ThreadLedger {
+    fn new(id: u64, file: File) -> Self {
+        use std::os::fd::AsRawFd;
+        let fd = file.as_raw_fd();
+        let registered = THREAD_FDS.iter().position(|s| {
+            s.compare_exchange(0, fd, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        });
+        ensure_fork_handler();
+        Self {
+            id,
+            file,
+            start: NEXT_START.fetch_add(1, Ordering::Relaxed),
+            yield_until: None,
+            registered,
+        }
+    }
+}
+
+impl Drop for ThreadLedger {
+    fn drop(&mut self) {
+        if let Some(i) = self.registered {
+            THREAD_FDS[i].store(0, Ordering::Release);
+        }
+    }
 }
 
 static NEXT_START: AtomicUsize = AtomicUsize::new(0);
 
+/// Every worker thread's ledger descriptor (0: a free slot): a forked child closes its copies
+/// at once. Each copy refers to the parent's open file description, whose locks would
+/// otherwise outlive the parent (a rank killed with SIGKILL would keep its cores while a
+/// child it forked — a DataLoader worker — lives).
+static THREAD_FDS: [std::sync::atomic::AtomicI32; 1024] =
+    [const { std::sync::atomic::AtomicI32::new(0) }; 1024];
+
+/// Registers [`reset_after_fork`] to run in every child this process forks (`pthread_atfork`),
+/// once.
+fn ensure_fork_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    extern "C" fn in_child() {
+        reset_after_fork();
+    }
+    ONCE.call_once(|| {
+        // SAFETY: registers a handler with no prepare or parent part; `in_child` only
+        // closes descriptors and stores atomics (and touches this thread's slot).
+        unsafe {
+            libc::pthread_atfork(None, None, Some(in_child));
+        }
+    });
+}
+
 thread_local! {
     static THREAD: std::cell::RefCell<Option<ThreadLedger>> =
         const { std::cell::RefCell::new(None) };
+    /// The core the calling thread holds, if any.
+    static HERE: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
 }
 
 fn nanos(d: Duration) -> u64 {
     d.as_nanos().min(u64::MAX as u128) as u64
 }
 
+/// Opens the ledger file (created readable and writable by its user only: anyone who can
+/// read it can lock its bytes, so another user could hold a budget's cores).
 fn open_ledger(path: &Path) -> std::io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
@@ -379,9 +496,30 @@ fn open_ledger(path: &Path) -> std::io::Result<File> {
         .write(true)
         .create(true)
         .truncate(false)
-        .mode(0o666)
-        .open(path)?;
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     Ok(f)
+}
+
+/// Refuses a ledger file another user owns or others may read (they could lock its cores).
+fn check_owner(f: &File, path: &Path, uid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = f.metadata()?;
+    if m.uid() != uid || m.mode() & 0o077 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is owned by uid {} with mode {:o}: a node CPU budget's ledger must be this \
+                 user's (uid {uid}) and private to it; remove it or set FLOWGATE_NODE_KEY",
+                path.display(),
+                m.uid(),
+                m.mode() & 0o777
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn flock_at(byte: u64, kind: i16) -> libc::flock {
@@ -436,21 +574,27 @@ pub fn current() -> Option<Arc<NodeCores>> {
 }
 
 /// Joins the ledger of `budget` (see [`NodeCores::open`]) unless this process is on it
-/// already; returns it.
+/// already; returns it. A process is on one budget at most: another size is an error (leave
+/// the first with [`set_node`]`(None)`).
 pub fn join(budget: CpuBudget) -> std::io::Result<Arc<NodeCores>> {
     let cores = budget.cores();
-    if let Some(n) = current().filter(|n| n.cores == cores) {
-        return Ok(n);
+    let mut g = NODE.write();
+    match g.as_ref() {
+        Some(n) if n.cores == cores => Ok(Arc::clone(n)),
+        Some(n) => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "this process already shares a node CPU budget of {} cores; every loader of a \
+                 process shares the same one (asked for {cores})",
+                n.cores
+            ),
+        )),
+        None => {
+            let node = Arc::new(NodeCores::open(budget)?);
+            *g = Some(Arc::clone(&node));
+            Ok(node)
+        }
     }
-    let node = Arc::new(NodeCores::open(budget)?);
-    if let Some(old) = set_node(Some(Arc::clone(&node))) {
-        tracing::warn!(
-            old = old.cores,
-            new = cores,
-            "this process now shares a node CPU budget of another size"
-        );
-    }
-    Ok(node)
 }
 
 /// What this process's workers did on the node's ledger, since it started.
@@ -473,26 +617,89 @@ pub fn process_cores() -> ProcessCores {
     }
 }
 
+/// Why a pool worker runs no item now.
+#[derive(Debug)]
+pub(crate) enum NoCore {
+    /// The stage stops.
+    Stopped,
+    /// The ledger could not be used: the item fails with this.
+    Failed(std::io::Error),
+}
+
+/// Milliseconds (since [`checked_epoch`]) of the last check that the ledger file is still
+/// the one this process uses.
+static LAST_CHECK_MS: AtomicU64 = AtomicU64::new(0);
+
+fn checked_epoch() -> Instant {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *START.get_or_init(Instant::now)
+}
+
 /// Holds a core for one item of a pool worker when the process is on a node ledger:
-/// `Ok(None)` without one, `Err(())` when `stop()` said so while waiting.
-pub(crate) fn hold_for_item(stop: &dyn Fn() -> bool) -> Result<Option<CoreHeld>, ()> {
-    match current() {
-        None => Ok(None),
-        Some(node) => node.hold(stop).map(Some).ok_or(()),
+/// `Ok(None)` without one. Every 100 ms or so it checks that the ledger's file is still
+/// there: a removed or replaced file (a cleanup of `/dev/shm`) is opened anew, so that this
+/// process and the ranks that join later count on the same one.
+pub(crate) fn hold_for_item(stop: &dyn Fn() -> bool) -> Result<Option<CoreHeld>, NoCore> {
+    let Some(mut node) = current() else {
+        return Ok(None);
+    };
+    // Offset by the interval: the first hold of the process checks too.
+    let now = checked_epoch().elapsed().as_millis() as u64 + 100;
+    let last = LAST_CHECK_MS.load(Ordering::Relaxed);
+    if now >= last + 100
+        && LAST_CHECK_MS
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        && node.is_stale()
+    {
+        tracing::warn!(path = %node.path.display(), "the node CPU budget's ledger file was removed or replaced: opening it anew");
+        let reopened = Some(NodeCores::open_in(&node.dir, &node.key, node.cores));
+        match reopened {
+            Some(Ok(fresh)) => {
+                let fresh = Arc::new(fresh);
+                let mut g = NODE.write();
+                if g.as_ref().is_some_and(|n| Arc::ptr_eq(n, &node)) {
+                    *g = Some(Arc::clone(&fresh));
+                }
+                node = g.clone().unwrap_or(fresh);
+            }
+            Some(Err(e)) => return Err(NoCore::Failed(e)),
+            None => {}
+        }
+    }
+    match node.hold(stop) {
+        Ok(Some(held)) => Ok(Some(held)),
+        Ok(None) => Err(NoCore::Stopped),
+        Err(e) => Err(NoCore::Failed(e)),
     }
 }
 
 /// Forgets the holds of a parent's threads (they do not exist in a forked child; their
-/// descriptors' locks are the parent's). Only for a child right after `fork`.
+/// descriptors' locks are the parent's) and closes the child's copies of every worker's
+/// descriptor, so that the parent's locks go with the parent. Runs by itself in every forked
+/// child (`pthread_atfork`) once a worker held a core; calling it again is harmless.
 pub fn reset_after_fork() {
     HELD.store(0, Ordering::Relaxed);
-    THREAD.with(|c| {
-        // The forking thread's descriptor shares its open file description (and locks)
-        // with the parent's: leak it so closing it cannot release the parent's lock.
-        if let Some(t) = c.borrow_mut().take() {
-            std::mem::forget(t.file);
+    // The forking thread's own descriptor is among the registered ones: forget its `File`
+    // (closed below) so that dropping it cannot close a reused descriptor number.
+    let _ = THREAD.try_with(|c| {
+        if let Ok(mut slot) = c.try_borrow_mut() {
+            if let Some(mut t) = slot.take() {
+                t.registered = None;
+                std::mem::forget(t);
+            }
         }
     });
+    for s in &THREAD_FDS {
+        let fd = s.swap(0, Ordering::AcqRel);
+        if fd > 0 {
+            // SAFETY: a descriptor this process registered and nothing else closes (the
+            // child has no worker threads left to use it).
+            unsafe {
+                libc::close(fd);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -389,18 +389,22 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
         } = env;
         self.counters.c.items_in += 1;
         // On a node CPU budget, the item runs on one of the node's cores (see `node`).
-        let core = match node::hold_for_item(&|| self.s.stopping.load(Ordering::Acquire)) {
-            Ok(core) => core,
-            Err(()) => return, // shutting down: the item is not run
-        };
-        if core.is_some() {
+        let core = node::hold_for_item(&|| self.s.stopping.load(Ordering::Acquire));
+        if matches!(core, Ok(Some(_))) {
             // Waiting for a core is neither work nor a wait for input.
             self.last = Instant::now();
         }
         let desc = self.s.describe.as_ref().map(|d| d(&item));
-        let (result, parts) =
-            collect_skipped_parts(|| call_caught(&*self.s.op, item, &mut self.scratch));
-        drop(core);
+        let (result, parts) = match core {
+            Ok(core) => {
+                let r = collect_skipped_parts(|| call_caught(&*self.s.op, item, &mut self.scratch));
+                drop(core);
+                r
+            }
+            Err(node::NoCore::Stopped) => return, // shutting down: the item is not run
+            // The item fails (counted or fatal, as configured), never silently dropped.
+            Err(node::NoCore::Failed(e)) => (Err(e.into()), Default::default()),
+        };
         let now = Instant::now();
         let dt = nanos(self.last, now);
         self.last = now;

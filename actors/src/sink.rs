@@ -199,10 +199,11 @@ impl<T: Send + 'static> SinkReader<T> {
                 waited_since = Some(t0);
                 self.stats.start_wait(t0);
             }
+            // A consumer inside a budgeted stage's function gives its core back meanwhile.
             match deadline {
-                None => listener.wait(),
+                None => crate::node::released_while(|| listener.wait()),
                 Some(d) => {
-                    if listener.wait_deadline(d).is_none() {
+                    if crate::node::released_while(|| listener.wait_deadline(d)).is_none() {
                         break None;
                     }
                 }

@@ -196,7 +196,8 @@ impl ShareWatch {
     fn tick(&mut self, window: Duration, consumer_wait: f64) -> Option<CpuShare> {
         let node = crate::node::current()?;
         let now = crate::node::process_cores();
-        let prev = self.prev.replace(now).unwrap_or_default();
+        // The first tick is its own baseline: the process's earlier pipelines held cores too.
+        let prev = self.prev.replace(now).unwrap_or(now);
         let secs = window.as_secs_f64().max(1e-9);
         let share = now.held_ns.saturating_sub(prev.held_ns) as f64 / 1e9 / secs;
         let waited = now.wait_ns.saturating_sub(prev.wait_ns) as f64 / 1e9 / secs;
@@ -436,6 +437,10 @@ impl TunerActor {
             buffered_bytes: stages.iter().map(|s| s.queue_bytes).sum(),
             rss_bytes: rss_bytes(),
             budgets: Some(self.budgets),
+            epoch: self
+                .epoch
+                .as_ref()
+                .map(|e| e.load(std::sync::atomic::Ordering::Relaxed)),
             stages,
         })
     }
@@ -478,10 +483,7 @@ impl TunerActor {
             memory_budget: self.budgets.memory_bytes,
             rss_bytes: obs.rss_bytes,
             gpu_util: obs.gpu_util,
-            epoch: self
-                .epoch
-                .as_ref()
-                .map(|e| e.load(std::sync::atomic::Ordering::Relaxed)),
+            epoch: obs.epoch,
             cpu: self.cpu.tick(obs.window, obs.wait_fraction()),
             decisions,
         };

@@ -295,7 +295,9 @@ class ImageLoader(_Loader):
     give the same budget share it (``torchrun`` ranks of one job; ``FLOWGATE_NODE_KEY`` names
     another group): at no instant do they decode more items than it has cores, a rank whose
     training loop waits uses the cores the others leave idle, and a rank that dies gives its
-    cores back at once. Default: none (each rank tunes within its share of the node's cores).
+    cores back at once. A budget is the process's: every loader in it shares the one its first
+    budgeted loader joined (another size raises). Default: none (each rank tunes within its
+    share of the node's cores).
 
     ``train``: torchvision's ``RandomResizedCrop(crop, scale, ratio)`` (bilinear) and
     ``RandomHorizontalFlip`` instead of resize + center crop (``resize`` unused), drawn anew
@@ -536,12 +538,14 @@ class Pipeline:
     calls hold the GIL, so the gain is in overlapping I/O and native code that releases it.
     An exception in ``f`` raises :class:`LoaderError` naming the stage and the item, unless
     ``skip_errors=True`` (skip and count); so does a part ``f`` leaves out of its result with
-    :func:`skip_part` (``skip_part(name, exception)``).
+    :func:`skip_part` (``skip_part(name, exception)``). ``cpu_budget``: as the loaders'
+    (the process joins the node's budget when the pipeline starts; one budget per process).
     """
 
     def __init__(self, source: Union[Iterable[Any], Callable[[int], Iterable[Any]]],
-                 skip_errors: bool = False) -> None:
-        self._native = _native.Pipeline(source, skip_errors)
+                 skip_errors: bool = False,
+                 cpu_budget: Union[int, float, str, None] = None) -> None:
+        self._native = _native.Pipeline(source, skip_errors, cpu_budget)
 
     def map(self, f: Callable[[Any], Any], workers: int = 1,
             name: Optional[str] = None) -> "Pipeline":

@@ -83,6 +83,8 @@ pub(crate) struct PyPipeline {
     source: Py<PyAny>,
     stages: Mutex<Vec<StageSpec>>,
     skip_errors: bool,
+    /// The node CPU budget the pipeline's process joins (`cpu_budget=`).
+    cpu_budget: Option<flowgate::CpuBudget>,
     /// The built pipeline, whether an epoch of it is being iterated, and the process whose
     /// threads run it (after a `fork` the child has none of them).
     running: Mutex<Option<Running>>,
@@ -177,6 +179,11 @@ impl PyPipeline {
                 ),
             };
         }
+        if let Some(c) = self.cpu_budget {
+            flowgate::actors::node::join(c).map_err(|e| {
+                PipelineError::config(format!("joining the node's CPU budget ({c:?}): {e}"))
+            })?;
+        }
         b.max_failures(budget).build()
     }
 }
@@ -184,15 +191,20 @@ impl PyPipeline {
 #[pymethods]
 impl PyPipeline {
     #[new]
-    #[pyo3(signature = (source, skip_errors=false))]
-    fn new(source: Py<PyAny>, skip_errors: bool) -> Self {
-        Self {
+    #[pyo3(signature = (source, skip_errors=false, cpu_budget=None))]
+    fn new(
+        source: Py<PyAny>,
+        skip_errors: bool,
+        cpu_budget: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        Ok(Self {
             source,
             stages: Mutex::new(Vec::new()),
             skip_errors,
+            cpu_budget: cpu_budget.map(crate::recipes::cpu_budget_of).transpose()?,
             running: Mutex::new(None),
             source_error: Arc::default(),
-        }
+        })
     }
 
     /// Adds a stage calling `f(item)` on `workers` threads (a starting point: the tuner may

@@ -101,19 +101,22 @@ impl Options {
     }
 }
 
-/// `cpu_budget=`: a number of cores (int), a fraction of the node (a float below 1) or a
-/// percentage (`"40%"`).
-fn cpu_budget_of(v: &Bound<'_, PyAny>) -> PyResult<flowgate::CpuBudget> {
-    let parsed = if v.is_instance_of::<pyo3::types::PyBool>() {
-        Err("cpu_budget: a number of cores, a fraction or a percentage, not a bool".to_owned())
-    } else if let Ok(s) = v.extract::<String>() {
-        s.parse()
-    } else if let Ok(f) = v.extract::<f64>() {
-        flowgate::CpuBudget::from_number(f)
+/// `cpu_budget=`: a number of cores (an int, or anything with `__index__`), a fraction of the
+/// node (a float below 1) or a percentage (`"40%"`); a bool (Python's or NumPy's) or any
+/// other type is refused, naming the argument.
+pub(crate) fn cpu_budget_of(v: &Bound<'_, PyAny>) -> PyResult<flowgate::CpuBudget> {
+    let type_name = v.get_type().name()?.to_string();
+    let parsed = if type_name.contains("bool") {
+        Err(format!("cpu_budget: a number of cores, a fraction or a percentage, not {type_name}"))
+    } else if let Ok(s) = v.downcast::<pyo3::types::PyString>() {
+        s.extract::<String>()?.parse()
+    } else if v.is_instance_of::<pyo3::types::PyFloat>() {
+        flowgate::CpuBudget::from_number(v.extract::<f64>()?)
+    } else if let Ok(n) = v.extract::<i64>() {
+        flowgate::CpuBudget::from_number(n as f64)
     } else {
         Err(format!(
-            "cpu_budget: a number of cores (2), a fraction (0.4) or a percentage (\"40%\"), not {}",
-            v.get_type().name()?
+            "cpu_budget: a number of cores (2), a fraction (0.4) or a percentage (\"40%\"), not {type_name}"
         ))
     };
     parsed.map_err(PyValueError::new_err)

@@ -56,21 +56,47 @@ def test_three_ranks_never_decode_on_more_cores_than_the_budget(tmp_path, clips)
             # The node's holds at the tick: every rank's decoding items at that instant.
             assert c["budget"] == 2 and c["node_busy"] <= 2 and c["held"] <= 2, c
             assert c["share"] <= 2.2, c
-    heavy = reports[0]
-    # The heavy rank's consumer waits: it grew past its static share of one worker
-    # (2 cores / 3 ranks) into the cores the step-bound light ranks leave idle.
-    assert max(t["decode"] for t in heavy["ticks"]) >= 2, heavy["ticks"]
-    assert max(c["share"] for c in (t["cpu"] for t in heavy["ticks"] if t["cpu"])) > 1.0
-    # Every rank gone: the ledger holds nothing.
-    ledger = pathlib.Path("/dev/shm") / f"flowgate-cpu-{key}-2"
-    assert ledger.exists(), "the ledger lives in /dev/shm, named by the key and the budget"
+    # (Whether the heavy rank borrows, and what it gains, is timing: the benchmark in
+    # docs/performance.md measures it, scripts/bench_cpu_budget.sh.)
+    ledger = pathlib.Path("/dev/shm") / f"flowgate-cpu-u{os.getuid()}-{key}-2"
+    assert ledger.exists(), "the ledger lives in /dev/shm, named by the user, key and budget"
+    assert ledger.stat().st_mode & 0o777 == 0o600, "private to its user"
     ledger.unlink()
 
 
-@pytest.mark.parametrize("bad", [True, 0, -1, 1.5, "x", "0%", "101%", float("nan"), [2]])
+@pytest.mark.parametrize("bad", [True, 0, -1, 1.5, "x", "0%", "101%", float("nan"), [2],
+                                 "nope", 2.5])
 def test_a_bad_cpu_budget_is_refused_naming_it(data, bad):
     with pytest.raises((ValueError, TypeError), match="cpu_budget"):
         flowgate.ImageLoader(data / "images.txt", cpu_budget=bad)
+
+
+def test_numpy_bools_and_other_types_are_refused():
+    np = pytest.importorskip("numpy")
+    from decimal import Decimal
+    for bad in (np.bool_(True), Decimal(2), b"2", 1 + 0j):
+        with pytest.raises(ValueError, match="cpu_budget"):
+            flowgate.Pipeline(range(3), cpu_budget=bad)
+    assert flowgate.Pipeline(range(3), cpu_budget=np.int64(1)) is not None
+
+
+def test_a_loader_inside_a_budgeted_map_does_not_deadlock(data, monkeypatch):
+    """The map's item holds the only core while it iterates an inner budgeted loader: the
+    inner loader's workers get the core while the outer function waits for them."""
+    monkeypatch.setenv("FLOWGATE_NODE_KEY", f"pytest-nested-{os.getpid()}")
+    paths = (data / "images.txt").read_text().split()[:16]
+
+    def inner(_):
+        loader = flowgate.ImageLoader(paths, batch_size=8, crop=32, resize=32, cpu_budget=1)
+        n = sum(len(b) for b in loader)
+        loader.close()
+        return n
+
+    p = flowgate.Pipeline(range(3), cpu_budget=1).map(inner, workers=2)
+    assert sorted(p) == [16, 16, 16]
+    p.close()
+    for ledger in pathlib.Path("/dev/shm").glob(f"flowgate-cpu-u*-pytest-nested-{os.getpid()}-*"):
+        ledger.unlink()
 
 
 def test_a_cpu_budget_takes_cores_fractions_and_percentages(data, monkeypatch):
@@ -83,5 +109,5 @@ def test_a_cpu_budget_takes_cores_fractions_and_percentages(data, monkeypatch):
         cpu = [r["cpu"] for r in loader.tuner_trace() if r.get("cpu")]
         assert cpu and all(c["budget"] >= 1 and c["node_busy"] <= c["budget"] for c in cpu)
         loader.close()
-    for ledger in pathlib.Path("/dev/shm").glob(f"flowgate-cpu-pytest-forms-{os.getpid()}-*"):
+    for ledger in pathlib.Path("/dev/shm").glob(f"flowgate-cpu-u*-pytest-*-{os.getpid()}-*"):
         ledger.unlink()

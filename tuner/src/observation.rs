@@ -147,6 +147,10 @@ pub struct Observation {
     pub rss_bytes: Option<u64>,
     /// The limits.
     pub budgets: Option<Budgets>,
+    /// The epoch the pipeline runs, when known: a consumer waits at an epoch's start whatever
+    /// the buffers hold (nothing of it could be made earlier), which a policy may discount.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
 }
 
 impl Observation {

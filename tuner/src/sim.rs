@@ -497,6 +497,7 @@ impl Simulator {
             consumer_wait: secs(wait),
             gpu_util: None,
             rss_bytes: None,
+            epoch: None,
             budgets: Some(self.budgets()),
         }
     }

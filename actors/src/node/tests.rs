@@ -76,7 +76,7 @@ fn never_more_holds_than_cores() {
             let (running, most) = (Arc::clone(&running), Arc::clone(&most));
             std::thread::spawn(move || {
                 for _ in 0..150 {
-                    let held = node.hold(&|| false).expect("a core");
+                    let held = node.hold(&|| false).unwrap().expect("a core");
                     let now = running.fetch_add(1, Ordering::SeqCst) + 1;
                     most.fetch_max(now, Ordering::SeqCst);
                     spin(Duration::from_micros(200));
@@ -114,7 +114,7 @@ fn a_waiting_worker_gets_its_turn() {
             let count = Arc::clone(&counts[i]);
             std::thread::spawn(move || {
                 while Instant::now() < stop_at {
-                    if let Some(h) = node.hold(&|| Instant::now() >= stop_at) {
+                    if let Some(h) = node.hold(&|| Instant::now() >= stop_at).unwrap() {
                         spin(Duration::from_millis(1));
                         count.fetch_add(1, Ordering::Relaxed);
                         drop(h);
@@ -145,7 +145,7 @@ fn stop_ends_a_wait() {
     // One thread per ledger handle, as in a pool (a thread holds one core at a time).
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let holder = std::thread::spawn(move || {
-        let held = a.hold(&|| false).unwrap();
+        let held = a.hold(&|| false).unwrap().unwrap();
         rx.recv().unwrap();
         drop(held);
     });
@@ -157,6 +157,7 @@ fn stop_ends_a_wait() {
     let gave_up = std::thread::spawn(move || {
         waiter
             .hold(&|| t0.elapsed() > Duration::from_millis(50))
+            .unwrap()
             .is_none()
     });
     assert!(gave_up.join().unwrap(), "the wait ended when told to stop");
@@ -167,7 +168,7 @@ fn stop_ends_a_wait() {
     tx.send(()).unwrap();
     holder.join().unwrap();
     assert_eq!(b.in_use(), 0);
-    let taker = std::thread::spawn(move || b.hold(&|| false).is_some());
+    let taker = std::thread::spawn(move || b.hold(&|| false).unwrap().is_some());
     assert!(taker.join().unwrap());
 }
 
@@ -183,11 +184,27 @@ fn child_holds_cores() {
         .map(|_| {
             let node = Arc::clone(&node);
             std::thread::spawn(move || {
-                let _held = node.hold(&|| false).expect("a core");
+                let _held = node.hold(&|| false).unwrap().expect("a core");
                 std::thread::sleep(Duration::from_secs(120));
             })
         })
         .collect();
+    if let Ok(pids) = std::env::var("FLOWGATE_TEST_FORK_PIDS") {
+        // Fork while both cores are held (a DataLoader worker started meanwhile): the
+        // grandchild must not keep them once this process dies.
+        while node.in_use() < 2 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // SAFETY: the child only sleeps and exits (async-signal-safe calls).
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            unsafe {
+                libc::sleep(60);
+                libc::_exit(0);
+            }
+        }
+        std::fs::write(pids, pid.to_string()).unwrap();
+    }
     for h in holders {
         let _ = h.join();
     }
@@ -196,20 +213,36 @@ fn child_holds_cores() {
 /// A rank killed with SIGKILL while it holds every core: the node has them back at once.
 #[test]
 fn a_killed_rank_frees_its_cores() {
+    killed_rank_frees_its_cores(false);
+}
+
+/// The same with a child the rank forked while holding them (a DataLoader worker, say) still
+/// alive: its copies of the workers' descriptors were closed at the fork.
+#[test]
+fn a_killed_rank_frees_its_cores_though_a_child_it_forked_lives() {
+    killed_rank_frees_its_cores(true);
+}
+
+fn killed_rank_frees_its_cores(fork: bool) {
     let dir = temp_dir();
     let node = ledger(&dir, 2);
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "node::tests::child_holds_cores",
-            "--test-threads=1",
-        ])
-        .env("FLOWGATE_TEST_HOLD_DIR", &dir)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let pids = dir.join("grandchild");
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "node::tests::child_holds_cores",
+        "--test-threads=1",
+    ])
+    .env("FLOWGATE_TEST_HOLD_DIR", &dir)
+    .stdout(std::process::Stdio::null());
+    if fork {
+        cmd.env("FLOWGATE_TEST_FORK_PIDS", &pids);
+    }
+    let mut child = cmd.spawn().unwrap();
     let t0 = Instant::now();
-    while node.in_use() < 2 {
+    while node.in_use() < 2
+        || (fork && std::fs::read_to_string(&pids).map_or(true, |p| p.is_empty()))
+    {
         assert!(
             t0.elapsed() < Duration::from_secs(20),
             "the child never held both cores"
@@ -217,24 +250,115 @@ fn a_killed_rank_frees_its_cores() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let t1 = Instant::now();
-    assert!(node
-        .hold(&|| t1.elapsed() > Duration::from_millis(100))
-        .is_none());
+    let waiter = Arc::clone(&node);
+    let refused = std::thread::spawn(move || {
+        waiter
+            .hold(&|| t1.elapsed() > Duration::from_millis(100))
+            .unwrap()
+            .is_none()
+    });
+    assert!(refused.join().unwrap(), "both cores were held");
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     let t2 = Instant::now();
-    let held = node.hold(&|| t2.elapsed() > Duration::from_secs(2));
-    assert!(held.is_some(), "a killed rank's cores came back");
-    assert!(
-        t2.elapsed() < Duration::from_millis(500),
-        "{:?}",
-        t2.elapsed()
-    );
-    assert_eq!(
-        node.in_use(),
-        1,
-        "this thread's hold, on its own descriptor"
-    );
-    drop(held);
+    let taker = Arc::clone(&node);
+    let (got, took) = std::thread::spawn(move || {
+        let held = taker
+            .hold(&|| t2.elapsed() > Duration::from_secs(2))
+            .unwrap();
+        let took = t2.elapsed();
+        let got = held.is_some();
+        let in_use = taker.in_use();
+        drop(held);
+        ((got, in_use), took)
+    })
+    .join()
+    .unwrap();
+    assert!(got.0, "a killed rank's cores came back");
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    assert_eq!(got.1, 1, "only this thread's hold: the rank's two are gone");
     assert_eq!(node.in_use(), 0);
+    if fork {
+        let pid: i32 = std::fs::read_to_string(&pids)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // SAFETY: plain kills of the grandchild this test made.
+        assert_eq!(
+            unsafe { libc::kill(pid, 0) },
+            0,
+            "the grandchild was alive throughout"
+        );
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+}
+
+#[test]
+fn a_ledger_another_user_could_lock_is_refused() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = temp_dir();
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let path = dir.join(format!("flowgate-cpu-u{uid}-test-2"));
+    std::fs::write(&path, b"").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let e = NodeCores::open_in(&dir, "test", 2).unwrap_err();
+    assert!(e.to_string().contains("private"), "{e}");
+    std::fs::remove_file(&path).unwrap();
+    let fresh = NodeCores::open_in(&dir, "test", 2).unwrap();
+    assert_eq!(
+        std::fs::metadata(fresh.path()).unwrap().mode() & 0o777,
+        0o600
+    );
+}
+
+/// A stage's function that consumes another budgeted loader gives its core back while it
+/// waits for results (on a one-core budget it would wait for ever otherwise); a removed
+/// ledger file is opened anew by the next item's hold.
+#[test]
+fn a_waiting_consumer_gives_its_core_back_and_a_removed_ledger_is_reopened() {
+    let dir = temp_dir();
+    let outer = ledger(&dir, 1);
+    let inner = ledger(&dir, 1);
+    // The process's ledger (no other test of this binary sets it).
+    assert!(set_node(Some(Arc::clone(&outer))).is_none());
+    let held = outer.hold(&|| false).unwrap().unwrap();
+    assert_eq!(inner.in_use(), 1);
+    let produced = released_while(|| {
+        // The inner loader's worker (another thread) gets the core meanwhile.
+        let inner = Arc::clone(&inner);
+        std::thread::spawn(move || {
+            let h = inner
+                .hold(&|| false)
+                .unwrap()
+                .expect("the core was given back");
+            drop(h);
+            7
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(produced, 7);
+    assert_eq!(inner.in_use(), 1, "held again after the wait");
+    assert_eq!(process_cores().held, 1);
+    drop(held);
+    assert_eq!(inner.in_use(), 0);
+    assert!(!outer.is_stale());
+    std::fs::remove_file(outer.path()).unwrap();
+    assert!(outer.is_stale());
+    let t = std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_millis(120)); // past the check's interval
+        matches!(hold_for_item(&|| false), Ok(Some(_)))
+    });
+    assert!(t.join().unwrap());
+    let now = current().unwrap();
+    assert!(
+        !Arc::ptr_eq(&now, &outer),
+        "the process moved to the new file"
+    );
+    assert!(now.path().exists() && !now.is_stale());
+    set_node(None);
 }

@@ -269,8 +269,8 @@ fn a_cpu_budget_is_a_count_a_fraction_or_a_percentage() {
         ("0.4", CpuBudget::Fraction(0.4)),
         ("\"40%\"", CpuBudget::Fraction(0.4)),
     ] {
-        let spec = PipelineSpec::parse(&format!("{GOOD}\n[tuner]\ncpu_budget = {text}\n"), "t")
-            .unwrap();
+        let spec =
+            PipelineSpec::parse(&format!("{GOOD}\n[tuner]\ncpu_budget = {text}\n"), "t").unwrap();
         assert_eq!(spec.tuner.cpu_budget, Some(want), "{text}");
         assert_eq!(spec.tuner_settings().cpu_budget, Some(want), "{text}");
     }
