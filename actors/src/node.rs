@@ -17,9 +17,11 @@
 //! The file outlives every rank, so a rank restarted by `torchrun` joins the same ledger.
 //!
 //! A worker that finds every core taken enters the *waiting room* (a shared lock on byte
-//! `cores`) and polls (50 µs doubling to 500 µs). A worker that releases a core while someone
-//! waits pauses 2 ms before its next item, so the waiter takes the core: the cores rotate
-//! between waiting workers item by item, whichever process they are in.
+//! `cores`) and sleeps on a futex in the file's first page (mapped by every process on the
+//! ledger), which every release bumps and wakes: a freed core is taken within microseconds,
+//! and a holder that died (no release) is noticed within 5 ms. A worker that releases a core
+//! while someone waits pauses 200 µs before its next item, so the waiter takes the core: the
+//! cores rotate between waiting workers item by item, whichever process they are in.
 //!
 //! Ranks join the same ledger when they share the key: `FLOWGATE_NODE_KEY` if set, else
 //! `torchrun`'s `TORCHELASTIC_RUN_ID` and `MASTER_PORT`, else the user id (every flowgate
@@ -40,12 +42,12 @@ use serde::{Deserialize, Serialize};
 
 /// Most cores a budget may name (a byte each in the ledger file).
 pub const MAX_CORES: usize = 4096;
-/// First wait between polls of a worker waiting for a core.
-const POLL_MIN: Duration = Duration::from_micros(50);
-/// Longest wait between polls.
-const POLL_MAX: Duration = Duration::from_micros(500);
-/// How long a worker that released a core while others wait stays off the cores.
-const YIELD: Duration = Duration::from_millis(2);
+/// Longest sleep of a worker waiting for a core between two looks (it is woken at the next
+/// release; this covers a holder that died).
+const POLL_MAX: Duration = Duration::from_millis(5);
+/// How long a worker that released a core while others wait stays off the cores (a woken
+/// waiter runs within tens of microseconds).
+const YIELD: Duration = Duration::from_micros(200);
 
 /// How many cores the ranks of a node may keep busy decoding, together.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -207,6 +209,98 @@ pub struct NodeCores {
     id: u64,
     /// A descriptor that never holds a core: for counting the node's.
     query: File,
+    /// The file's first page, shared by every process on the ledger: a word that counts
+    /// releases, which waiting workers sleep on (a futex) to wake as soon as a core frees.
+    wake: Mapping,
+}
+
+/// A shared mapping of a ledger's first page.
+#[derive(Debug)]
+struct Mapping(*mut libc::c_void);
+
+// SAFETY: the mapping is only read and written through atomics.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+const PAGE: usize = 4096;
+
+impl Mapping {
+    fn new(f: &File) -> std::io::Result<Self> {
+        use std::os::fd::AsRawFd;
+        if f.metadata()?.len() < PAGE as u64 {
+            f.set_len(PAGE as u64)?;
+        }
+        // SAFETY: a shared read-write mapping of a page of an open file; unmapped on drop.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Self(p))
+    }
+
+    fn releases(&self) -> &std::sync::atomic::AtomicU32 {
+        // SAFETY: the page is mapped for the mapping's life and 4-aligned; only atomics
+        // touch the word.
+        unsafe { &*(self.0 as *const std::sync::atomic::AtomicU32) }
+    }
+
+    /// Sleeps until the release count moves from `seen` (or `max` passes).
+    fn wait(&self, seen: u32, max: Duration) {
+        let ts = libc::timespec {
+            tv_sec: max.as_secs() as libc::time_t,
+            tv_nsec: max.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: a futex wait on a mapped word, with a valid timeout.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.releases().as_ptr(),
+                libc::FUTEX_WAIT,
+                seen,
+                &ts as *const libc::timespec,
+                std::ptr::null::<u32>(),
+                0u32,
+            );
+        }
+    }
+
+    /// Counts a release and wakes one waiting worker, of any process.
+    fn released(&self, someone_waits: bool) {
+        self.releases().fetch_add(1, Ordering::Release);
+        if someone_waits {
+            // SAFETY: a futex wake on a mapped word.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.releases().as_ptr(),
+                    libc::FUTEX_WAKE,
+                    1u32,
+                    std::ptr::null::<libc::timespec>(),
+                    std::ptr::null::<u32>(),
+                    0u32,
+                );
+            }
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe {
+            libc::munmap(self.0, PAGE);
+        }
+    }
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -240,6 +334,7 @@ impl NodeCores {
             path,
             cores,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            wake: Mapping::new(&query)?,
             query,
         })
     }
@@ -323,12 +418,12 @@ impl NodeCores {
         })
     }
 
-    /// Locks a free core's byte on `t`'s descriptor, polling from the waiting room while
+    /// Locks a free core's byte on `t`'s descriptor, sleeping in the waiting room while
     /// none is free and `stop()` is false.
     fn acquire(&self, t: &mut ThreadLedger, stop: &dyn Fn() -> bool) -> Option<usize> {
         let mut in_room = false;
-        let mut poll = POLL_MIN;
         loop {
+            let seen = self.wake.releases().load(Ordering::Acquire);
             for j in 0..self.cores {
                 let k = (t.start + j) % self.cores;
                 if setlk(&t.file, k as u64, libc::F_WRLCK as i16).unwrap_or(false) {
@@ -348,8 +443,9 @@ impl NodeCores {
                 }
                 return None;
             }
-            std::thread::sleep(poll);
-            poll = (poll * 2).min(POLL_MAX);
+            // Woken by the next release on the node; the timeout covers a holder that died
+            // (its lock went without a release count).
+            self.wake.wait(seen, POLL_MAX);
         }
     }
 }
@@ -367,6 +463,10 @@ pub fn released_while<R>(wait: impl FnOnce() -> R) -> R {
         let slot = cell.borrow();
         let t = slot.as_ref()?;
         let _ = setlk(&t.file, core as u64, libc::F_UNLCK as i16);
+        if let Some(n) = current().filter(|n| n.id == t.id) {
+            n.wake
+                .released(getlk(&t.file, n.cores as u64).unwrap_or(false));
+        }
         Some(t.id)
     });
     HELD.fetch_sub(1, Ordering::Relaxed);
@@ -406,8 +506,10 @@ impl Drop for CoreHeld {
                 return; // given back while the thread waited, and not held again
             };
             let _ = setlk(&t.file, core as u64, libc::F_UNLCK as i16);
-            // Someone waits: stay off the cores a moment so they take this one.
-            if getlk(&t.file, self.node.cores as u64).unwrap_or(false) {
+            // Someone waits: wake them, and stay off the cores a moment so they take this one.
+            let waits = getlk(&t.file, self.node.cores as u64).unwrap_or(false);
+            self.node.wake.released(waits);
+            if waits {
                 t.yield_until = Some(Instant::now() + YIELD);
             }
         });

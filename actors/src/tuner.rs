@@ -368,10 +368,13 @@ impl TunerActor {
         let (then, prev) = self.prev.replace((now, snaps.to_vec()))?;
         let window = now.duration_since(then);
         let mut spare_tokens = cap::cpu_worker_cap().saturating_sub(cap::cpu_workers_in_use());
+        let mut budgets = self.budgets;
         if let Some(room) = self.cpu.room() {
             // On a node budget, workers beyond the cores the other ranks leave would only
-            // wait for a core.
+            // wait for a core; and those cores, not a fixed share, are what the policy plans
+            // with.
             spare_tokens = spare_tokens.min(room.saturating_sub(1 + cap::cpu_workers_in_use()));
+            budgets.cores = room;
         }
         let stages: Vec<StageObservation> = snaps
             .iter()
@@ -436,7 +439,7 @@ impl TunerActor {
                 .map(|u| u.clamp(0.0, 1.0)),
             buffered_bytes: stages.iter().map(|s| s.queue_bytes).sum(),
             rss_bytes: rss_bytes(),
-            budgets: Some(self.budgets),
+            budgets: Some(budgets),
             epoch: self
                 .epoch
                 .as_ref()

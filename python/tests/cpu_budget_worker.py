@@ -40,7 +40,7 @@ for epoch in range(a.epochs):
 ticks = []
 for r in loader.tuner_trace():
     workers = dict(zip(r["stages"], r["workers"]))
-    ticks.append({"t": r["t"], "decode": workers.get("decode"), "wait": r["wait"],
+    ticks.append({"t": r["t"], "decode": workers.get("decode"), "wait": r["wait"], "workers": workers, "decisions": r["decisions"],
                   "cpu": r.get("cpu")})
 with open(f"report-{rank}.json", "w") as f:
     json.dump({"rank": rank, "heavy": rank == 0, "epochs": epochs, "ticks": ticks,
