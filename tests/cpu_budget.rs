@@ -80,5 +80,29 @@ fn pipelines_on_a_one_core_budget_never_overlap_their_items() {
         cpu.iter().any(|c| c.share > 0.1),
         "the shares were measured: {cpu:?}"
     );
+    // One budget per process: another size is refused, naming both (a budget is at most the
+    // node's cores: on a one-core node 2 is 1, the same).
+    if flowgate::actors::node::node_cores() < 2 {
+        return;
+    }
+    let e = flowgate::actors::node::join(CpuBudget::Cores(2)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("already shares a node CPU budget of 1"),
+        "{e}"
+    );
+    let e = Pipeline::builder()
+        .source_epochs(|_| 0..3u32)
+        .pipe("p", Ok::<u32, std::io::Error>, 1)
+        .autotune(TunerSettings {
+            cpu_budget: Some(CpuBudget::Cores(2)),
+            ..TunerSettings::default()
+        })
+        .build()
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("cpu_budget") || e.to_string().contains("CPU budget"),
+        "{e}"
+    );
     let _ = std::fs::remove_file(node.path());
 }
