@@ -13,6 +13,7 @@
 
 mod guard;
 mod histogram;
+pub mod node_sim;
 mod observation;
 pub mod policy;
 mod rng;

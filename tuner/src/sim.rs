@@ -177,6 +177,12 @@ pub struct Simulator {
     delivered: u64,
     consumer_wait: f64,
     next_change: usize,
+    /// Cores the CPU stages share now (the scenario's, or a node's allotment).
+    cores: f64,
+    /// The cores the policy is told it may plan with, when not the scenario's.
+    planned_cores: Option<usize>,
+    /// The consumer takes no result past this count (ranks in lockstep).
+    consumer_cap: Option<u64>,
 }
 
 impl Simulator {
@@ -223,6 +229,9 @@ impl Simulator {
             delivered: 0,
             consumer_wait: 0.0,
             next_change: 0,
+            cores: sc.cores as f64,
+            planned_cores: None,
+            consumer_cap: None,
             sc: sc.clone(),
         }
     }
@@ -241,11 +250,12 @@ impl Simulator {
     fn budgets(&self) -> Budgets {
         Budgets {
             memory_bytes: self.sc.memory_bytes(),
-            cores: self.sc.cores,
+            cores: self.planned_cores.unwrap_or(self.sc.cores),
         }
     }
 
-    fn cpu_busy(&self) -> usize {
+    /// CPU threads in service now (each item counts its threads).
+    pub fn cpu_busy(&self) -> usize {
         self.stages
             .iter()
             .filter(|s| s.kind == SimKind::Cpu)
@@ -256,7 +266,7 @@ impl Simulator {
     fn cpu_speed(&self) -> f64 {
         match self.cpu_busy() {
             0 => 1.0,
-            b => (self.sc.cores as f64 / b as f64).min(1.0),
+            b => (self.cores / b as f64).clamp(1e-9, 1.0),
         }
     }
 
@@ -265,7 +275,10 @@ impl Simulator {
         loop {
             let mut moved = false;
             // The consumer takes a result when it is free.
-            while self.sink_held > 0 && self.consumer_free_at <= self.now + EPS {
+            while self.sink_held > 0
+                && self.consumer_free_at <= self.now + EPS
+                && self.consumer_cap.is_none_or(|c| self.delivered < c)
+            {
                 self.sink_held -= 1;
                 self.delivered += 1;
                 self.consumer_free_at = self.now + self.consumer_step;
@@ -539,15 +552,44 @@ impl Simulator {
             + self.sink_cap as u64 * last
     }
 
+    /// Gives the CPU stages `cores` from now on (a share of a node: fractions allowed) and
+    /// tells the policy it may plan with `planned` cores.
+    pub fn set_cores(&mut self, cores: f64, planned: usize) {
+        self.cores = cores.max(0.0);
+        self.planned_cores = Some(planned.max(1));
+    }
+
+    /// Lets the consumer take results only up to `cap` in all (`None`: no limit).
+    pub fn set_consumer_cap(&mut self, cap: Option<u64>) {
+        self.consumer_cap = cap;
+    }
+
+    /// Results the consumer took so far.
+    pub fn delivered(&self) -> u64 {
+        self.delivered
+    }
+
+    /// Simulated seconds so far.
+    pub fn now(&self) -> f64 {
+        self.now
+    }
+
     /// Runs `policy` for `seconds` simulated seconds.
     pub fn run(&mut self, policy: &mut dyn Policy, seconds: f64) -> Run {
-        let tick = self.sc.tick_ms / 1e3;
         let mut run = Run::default();
-        let mut t = self.now;
         let end = self.now + seconds;
-        while t < end - EPS {
+        while self.now < end - EPS {
+            self.tick(policy, end, &mut run);
+        }
+        run
+    }
+
+    /// Runs one tick of `policy` (or up to `end`, if sooner), recording it in `run`.
+    pub fn tick(&mut self, policy: &mut dyn Policy, end: f64, run: &mut Run) {
+        let tick = self.sc.tick_ms / 1e3;
+        {
             let delivered_before = self.delivered;
-            t = (t + tick).min(end);
+            let t = (self.now + tick).min(end);
             self.run_until(t);
             let obs = self.observe(tick, self.delivered - delivered_before);
             run.ticks.push(TickRecord {
@@ -572,7 +614,6 @@ impl Simulator {
                 run.decisions.push((t, d));
             }
         }
-        run
     }
 }
 
