@@ -98,6 +98,8 @@ pub(crate) struct Config {
     pub(crate) max_concurrency: usize,
     pub(crate) io_threads: usize,
     pub(crate) sink_items: Option<usize>,
+    /// The sink's item budget to start at, which the tuner may change.
+    pub(crate) sink_start: Option<usize>,
     pub(crate) sink_bytes: u64,
     /// The bytes everything the pipeline holds may take (see
     /// [`PipelineBuilder::memory_budget`](crate::PipelineBuilder::memory_budget)).
@@ -123,6 +125,7 @@ impl Default for Config {
             max_concurrency: DEFAULT_MAX_CONCURRENCY,
             io_threads: 1,
             sink_items: None,
+            sink_start: None,
             sink_bytes: u64::MAX,
             memory_bytes: None,
             fingerprint: Default::default(),
@@ -136,6 +139,8 @@ impl Default for Config {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct StageOpts {
     pub(crate) budget_items: Option<usize>,
+    /// An item budget to start at that the tuner may change (`budget_items` pins one).
+    pub(crate) start_items: Option<usize>,
     pub(crate) budget_bytes: Option<u64>,
     pub(crate) failures: Option<FailureBudget>,
     pub(crate) cache: Option<AttachedCache>,

@@ -97,6 +97,7 @@ pub(crate) fn assemble<T: Send + 'static>(
         let items = s
             .opts
             .budget_items
+            .or(s.opts.start_items)
             .unwrap_or_else(|| Config::default_budget(chunk, s.workers.n));
         s.input
             .budget()
@@ -117,7 +118,7 @@ pub(crate) fn assemble<T: Send + 'static>(
         engine.add_stage(control);
     }
     let sink_chunk = cfg.chunk_at(tail_scale);
-    let sink_items = cfg.sink_items.unwrap_or(2 * sink_chunk);
+    let sink_items = cfg.sink_items.or(cfg.sink_start).unwrap_or(2 * sink_chunk);
     tail.budget().set_limits(sink_items, cfg.sink_bytes);
     let memory = cfg.memory_bytes.map(|m| {
         let tuner = autotune.as_ref().and_then(|a| a.settings.memory_bytes);

@@ -476,6 +476,16 @@ impl<T: Send + 'static> PipelineBuilder<T> {
         self
     }
 
+    /// Starts the stage added last at an item budget of `items`, which the tuner may change
+    /// (where [`budget`](Self::budget) pins it): for a buffer that should start small and
+    /// grow only if the consumer waits for it.
+    pub fn budget_start(mut self, items: usize) -> Self {
+        if let Some(s) = self.c.stages.last_mut() {
+            s.opts.start_items = Some(items.max(1));
+        }
+        self
+    }
+
     /// Attaches `read_ahead` to the stage added last (the one that reads what it fetches):
     /// its depth, reads and waits appear in that stage's statistics, and the tuner deepens it
     /// when readers wait for fetches (see [`Shards::read_ahead`](crate::dataset::shards::Shards::read_ahead)).
@@ -573,6 +583,13 @@ impl<T: Send + 'static> PipelineBuilder<T> {
     /// How many finished results may wait for the consumer (default: two chunks).
     pub fn sink(mut self, buffer: usize) -> Self {
         self.c.cfg.sink_items = Some(buffer.max(1));
+        self
+    }
+
+    /// Starts the consumer's buffer at `buffer` results, which the tuner may change (where
+    /// [`sink`](Self::sink) pins it).
+    pub fn sink_start(mut self, buffer: usize) -> Self {
+        self.c.cfg.sink_start = Some(buffer.max(1));
         self
     }
 

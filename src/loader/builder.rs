@@ -396,7 +396,12 @@ fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: FailureLog) -
                 move |items| collate(items, alloc.as_ref(), labels),
                 1,
             )
-            .measure(Batch::nbytes);
+            .measure(Batch::nbytes)
+            // Batches ahead of the training loop start at two in each buffer (a batch being
+            // made and one ready): the tuner doubles a buffer the consumer waits for, and a
+            // step-bound loop never pays for more (the first second's fill sets peak RSS).
+            .budget_start(2)
+            .sink_start(2);
         if let Some(up) = uploader {
             p = p.upload_with(up, |up, batch: Batch| batch.upload(up), Batch::nbytes);
         }

@@ -486,3 +486,66 @@ fn threads_per_item_that_do_not_pay_are_undone_and_rarely_retried() {
         "tuned {tuned_rate:.1}/s vs one thread per clip {one_rate:.1}/s"
     );
 }
+
+/// Buffers sized by need: while the consumer is the bottleneck the tuner keeps only what
+/// keeps each stage's workers busy ahead of it (a few items a stage, where a cold start held
+/// more), at the best static rate; when the consumer speeds up twenty-fold the buffers grow
+/// again and the pipeline reaches the new regime's best static rate.
+#[test]
+fn i_buffers_shrink_while_step_bound_and_grow_back() {
+    let sc = load("i_step_bound_then_not.toml");
+    // Started as the engine starts a loader: two chunks of 64 items a stage, a sink of four.
+    let start = StaticConfig {
+        workers: vec![2, 2],
+        budgets: vec![128, 128],
+        sink: 4,
+    };
+    let runs: Vec<Run> = (1..=SEEDS)
+        .map(|k| {
+            Simulator::with_config(&with_seed(&sc, k), &start).run(&mut ModelBased::default(), 40.0)
+        })
+        .collect();
+    for run in &runs {
+        let early: usize = run.ticks[5].budgets.iter().sum();
+        for t in run.ticks.iter().filter(|t| t.t > 12.0 && t.t < 20.0) {
+            // What keeps each stage's workers busy (2w or w + 2), and two results ahead of
+            // the consumer.
+            let floor: usize = t.workers.iter().map(|&w| (2 * w).max(w + 2)).sum::<usize>() + 2;
+            let held: usize = t.budgets.iter().sum();
+            assert!(
+                held <= floor + 2,
+                "{:?} items of budget at {:.1} s with {:?} workers (floor {floor})",
+                t.budgets,
+                t.t,
+                t.workers
+            );
+            assert!(
+                held < early,
+                "nothing shrank: {held} at {:.1} s, {early} at 0.6 s",
+                t.t
+            );
+        }
+    }
+    for (from, to, label, need) in [
+        (0.0, 20.0, "step-bound", 0.95),
+        (20.0, 40.0, "fast step", 0.90),
+    ] {
+        let r = regime(&sc, from);
+        let (best, _) = best_static(&r, &grid(&r), 3.0, 12.0);
+        let window = if from == 0.0 {
+            (10.0, 20.0)
+        } else {
+            (from + 8.0, to)
+        };
+        let best_rate = static_rate(&r, &best, (3.0, 3.0 + window.1 - window.0));
+        let ratio = report(
+            &format!("{} [{label}]", sc.name),
+            &best,
+            best_rate,
+            &runs,
+            from,
+            window,
+        );
+        assert!(ratio >= need, "{label}: {ratio:.3} of the best static");
+    }
+}

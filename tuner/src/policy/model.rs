@@ -535,7 +535,11 @@ impl ModelBased {
             } else {
                 frac(s.blocked_get, s.workers) > self.s.dry
             };
-            let upstream_blocked = i > 0 && {
+            let upstream_blocked = if i == 0 {
+                // The source is not observed; the first stage's buffer can only have run dry
+                // for want of room if the lean rule shrank it.
+                self.stages.first().is_some_and(|m| m.lean.shrunk)
+            } else {
                 let u = &obs.stages[i - 1];
                 frac(u.blocked_put, u.workers) > self.s.dry
             };
