@@ -104,6 +104,8 @@ def main():
           f"{', '.join(f'{r:.2f}' for r in ratios)}")
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps(rows, indent=1))
+    for ledger in pathlib.Path("/dev/shm").glob(f"flowgate-cpu-u*-bench-{os.getpid()}-*"):
+        ledger.unlink()
 
 
 if __name__ == "__main__":

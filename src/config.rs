@@ -100,6 +100,8 @@ pub(crate) struct Config {
     pub(crate) sink_items: Option<usize>,
     /// The sink's item budget to start at, which the tuner may change.
     pub(crate) sink_start: Option<usize>,
+    /// The node CPU budget this pipeline's pool stages hold cores of, if any.
+    pub(crate) cpu_budget: Option<crate::CpuBudget>,
     pub(crate) sink_bytes: u64,
     /// The bytes everything the pipeline holds may take (see
     /// [`PipelineBuilder::memory_budget`](crate::PipelineBuilder::memory_budget)).
@@ -126,6 +128,7 @@ impl Default for Config {
             io_threads: 1,
             sink_items: None,
             sink_start: None,
+            cpu_budget: None,
             sink_bytes: u64::MAX,
             memory_bytes: None,
             fingerprint: Default::default(),

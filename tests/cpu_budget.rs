@@ -80,6 +80,31 @@ fn pipelines_on_a_one_core_budget_never_overlap_their_items() {
         cpu.iter().any(|c| c.share > 0.1),
         "the shares were measured: {cpu:?}"
     );
+    drop(a); // its workers' tokens back to the process's cap
+             // A pipeline of the same process without the budget is not held to it (it keeps its
+             // share of the node): its items overlap.
+    let (running, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (r, m) = (Arc::clone(&running), Arc::clone(&most));
+    let mut free = Pipeline::builder()
+        .source_epochs(|_| 0..200u32)
+        .pipe(
+            "decode",
+            move |x: u32| {
+                let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+                m.fetch_max(now, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(2));
+                r.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(x)
+            },
+            Workers::fixed(2),
+        )
+        .build()
+        .unwrap();
+    assert_eq!(free.iter().count(), 200);
+    assert!(
+        most.load(Ordering::SeqCst) >= 2,
+        "an unbudgeted pipeline was held to the process's budget of one core"
+    );
     // One budget per process: another size is refused, naming both (a budget is at most the
     // node's cores: on a one-core node 2 is 1, the same).
     if flowgate::actors::node::node_cores() < 2 {

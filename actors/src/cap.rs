@@ -14,10 +14,12 @@ static CAP: AtomicUsize = AtomicUsize::new(0);
 static IN_USE: AtomicUsize = AtomicUsize::new(0);
 
 /// The number of cores this process may use: the machine's, divided among the
-/// `LOCAL_WORLD_SIZE` ranks of a node; on a node CPU budget ([`crate::node`]), the whole
-/// budget (a rank may borrow every core the others leave idle; the ledger keeps the sum).
+/// `LOCAL_WORLD_SIZE` ranks of a node; on a node CPU budget ([`crate::node`]), at least the
+/// whole budget (a budgeted pipeline may borrow every core the other ranks leave idle; the
+/// ledger keeps the sum, and pipelines without the budget keep their share).
 pub fn cores() -> usize {
-    crate::node::current().map_or_else(flowgate_tuner::process_cores, |n| n.cores())
+    let share = flowgate_tuner::process_cores();
+    crate::node::current().map_or(share, |n| n.cores().max(share))
 }
 
 /// The cap on extra (beyond one per stage) active CPU workers in this process.

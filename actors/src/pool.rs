@@ -69,6 +69,9 @@ pub struct PoolSpec<T, U> {
     pub chunk: usize,
     /// Most workers the stage may ever run.
     pub max_workers: usize,
+    /// Whether each item holds a core of the process's node CPU budget
+    /// ([`node`](crate::node)).
+    pub budgeted: bool,
 }
 
 impl<T, U> std::fmt::Debug for PoolSpec<T, U> {
@@ -104,6 +107,7 @@ struct Shared<T, U> {
     describe: Option<Describe<T>>,
     order: Order,
     chunk: usize,
+    budgeted: bool,
     injector: Injector<Envelope<T>>,
     stealers: Vec<Stealer<Envelope<T>>>,
     active: AtomicUsize,
@@ -172,6 +176,7 @@ impl<T: Send + 'static, U: Send + 'static> PoolStage<T, U> {
             describe: spec.describe,
             order: spec.order,
             chunk: spec.chunk.max(1),
+            budgeted: spec.budgeted,
             injector: Injector::new(),
             stealers,
             active: AtomicUsize::new(0),
@@ -389,7 +394,11 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
         } = env;
         self.counters.c.items_in += 1;
         // On a node CPU budget, the item runs on one of the node's cores (see `node`).
-        let core = node::hold_for_item(&|| self.s.stopping.load(Ordering::Acquire));
+        let core = if self.s.budgeted {
+            node::hold_for_item(&|| self.s.stopping.load(Ordering::Acquire))
+        } else {
+            Ok(None)
+        };
         if matches!(core, Ok(Some(_))) {
             // Waiting for a core is neither work nor a wait for input.
             self.last = Instant::now();

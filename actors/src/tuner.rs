@@ -167,6 +167,8 @@ pub struct CpuShare {
 /// Follows a rank's share of the node's CPU budget from tick to tick.
 #[derive(Debug, Default)]
 struct ShareWatch {
+    /// Whether the pipeline is on the budget (its pool stages hold its cores).
+    budgeted: bool,
     prev: Option<crate::node::ProcessCores>,
     /// The last second of shares and of the consumer's wait fractions.
     recent: std::collections::VecDeque<(f64, f64)>,
@@ -181,7 +183,7 @@ impl ShareWatch {
     /// last second or so), rounded up: the pool workers worth running here. `None` off a
     /// node budget.
     fn room(&mut self) -> Option<usize> {
-        let node = crate::node::current()?;
+        let node = crate::node::current().filter(|_| self.budgeted)?;
         let others = node
             .in_use()
             .saturating_sub(crate::node::process_cores().held) as f64;
@@ -194,7 +196,7 @@ impl ShareWatch {
     }
 
     fn tick(&mut self, window: Duration, consumer_wait: f64) -> Option<CpuShare> {
-        let node = crate::node::current()?;
+        let node = crate::node::current().filter(|_| self.budgeted)?;
         let now = crate::node::process_cores();
         // The first tick is its own baseline: the process's earlier pipelines held cores too.
         let prev = self.prev.replace(now).unwrap_or(now);
@@ -347,7 +349,10 @@ impl TunerActor {
             on_decision,
             gpu: None,
             epoch: None,
-            cpu: ShareWatch::default(),
+            cpu: ShareWatch {
+                budgeted: settings.cpu_budget.is_some(),
+                ..ShareWatch::default()
+            },
         })
     }
 

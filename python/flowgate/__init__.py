@@ -295,9 +295,9 @@ class ImageLoader(_Loader):
     give the same budget share it (``torchrun`` ranks of one job; ``FLOWGATE_NODE_KEY`` names
     another group): at no instant do they decode more items than it has cores, a rank whose
     training loop waits uses the cores the others leave idle, and a rank that dies gives its
-    cores back at once. A budget is the process's: every loader in it shares the one its first
-    budgeted loader joined (another size raises). Default: none (each rank tunes within its
-    share of the node's cores).
+    cores back at once. Only loaders (and pipelines) given a ``cpu_budget`` are held to it; a
+    process is on one budget at most (another size raises). Default: none (each rank tunes
+    within its share of the node's cores).
 
     ``train``: torchvision's ``RandomResizedCrop(crop, scale, ratio)`` (bilinear) and
     ``RandomHorizontalFlip`` instead of resize + center crop (``resize`` unused), drawn anew
@@ -538,8 +538,7 @@ class Pipeline:
     calls hold the GIL, so the gain is in overlapping I/O and native code that releases it.
     An exception in ``f`` raises :class:`LoaderError` naming the stage and the item, unless
     ``skip_errors=True`` (skip and count); so does a part ``f`` leaves out of its result with
-    :func:`skip_part` (``skip_part(name, exception)``). ``cpu_budget``: as the loaders'
-    (the process joins the node's budget when the pipeline starts; one budget per process).
+    :func:`skip_part` (``skip_part(name, exception)``). ``cpu_budget``: as the loaders'.
     """
 
     def __init__(self, source: Union[Iterable[Any], Callable[[int], Iterable[Any]]],

@@ -180,9 +180,7 @@ impl PyPipeline {
             };
         }
         if let Some(c) = self.cpu_budget {
-            flowgate::actors::node::join(c).map_err(|e| {
-                PipelineError::config(format!("joining the node's CPU budget ({c:?}): {e}"))
-            })?;
+            b = b.cpu_budget(c);
         }
         b.max_failures(budget).build()
     }

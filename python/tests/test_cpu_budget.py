@@ -17,6 +17,14 @@ pytest.importorskip("torch")
 WORKER = pathlib.Path(__file__).with_name("cpu_budget_worker.py")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _remove_this_process_ledgers():
+    """The ledgers this test process joined (files of a few bytes in /dev/shm)."""
+    yield
+    for ledger in pathlib.Path("/dev/shm").glob(f"flowgate-cpu-u*-pytest-*-{os.getpid()}-*"):
+        ledger.unlink()
+
+
 @pytest.fixture(scope="session")
 def clips() -> pathlib.Path:
     """48 light (2 s) and 48 heavy (12 s) FLAC clips."""
@@ -95,8 +103,6 @@ def test_a_loader_inside_a_budgeted_map_does_not_deadlock(data, monkeypatch):
     p = flowgate.Pipeline(range(3), cpu_budget=1).map(inner, workers=2)
     assert sorted(p) == [16, 16, 16]
     p.close()
-    for ledger in pathlib.Path("/dev/shm").glob(f"flowgate-cpu-u*-pytest-nested-{os.getpid()}-*"):
-        ledger.unlink()
 
 
 def test_a_cpu_budget_takes_cores_fractions_and_percentages(data, monkeypatch):
@@ -109,5 +115,3 @@ def test_a_cpu_budget_takes_cores_fractions_and_percentages(data, monkeypatch):
         cpu = [r["cpu"] for r in loader.tuner_trace() if r.get("cpu")]
         assert cpu and all(c["budget"] >= 1 and c["node_busy"] <= c["budget"] for c in cpu)
         loader.close()
-    for ledger in pathlib.Path("/dev/shm").glob(f"flowgate-cpu-u*-pytest-*-{os.getpid()}-*"):
-        ledger.unlink()

@@ -32,8 +32,8 @@ pub(crate) fn assemble<T: Send + 'static>(
     plan.validate()?;
     crate::pipeline::return_large_frees();
     let Plan {
-        cfg,
-        autotune,
+        mut cfg,
+        mut autotune,
         source,
         stages,
         channels,
@@ -41,6 +41,19 @@ pub(crate) fn assemble<T: Send + 'static>(
         on_stats,
         on_failure,
     } = plan;
+    // The node CPU budget: the builder's, or the tuner's settings'; joined before any stage
+    // starts, and only this pipeline's pool stages hold its cores.
+    if cfg.cpu_budget.is_none() {
+        cfg.cpu_budget = autotune.as_ref().and_then(|a| a.settings.cpu_budget);
+    }
+    if let Some(budget) = cfg.cpu_budget {
+        flowgate_actors::node::join(budget).map_err(|e| {
+            PipelineError::config(format!("joining the node's CPU budget ({budget:?}): {e}"))
+        })?;
+        if let Some(a) = autotune.as_mut() {
+            a.settings.cpu_budget = Some(budget);
+        }
+    }
     let ledger = Arc::new(Failures::new(cfg.failures));
     if let Some(f) = on_failure {
         ledger.on_failure(f);
@@ -86,11 +99,6 @@ pub(crate) fn assemble<T: Send + 'static>(
     engine.add_stage(Arc::clone(&source).as_control());
     engine.set_source(source);
     let mut stages = stages;
-    if let Some(budget) = autotune.as_ref().and_then(|a| a.settings.cpu_budget) {
-        flowgate_actors::node::join(budget).map_err(|e| {
-            PipelineError::config(format!("joining the node's CPU budget ({budget:?}): {e}"))
-        })?;
-    }
     start_auto_stages(&mut stages, autotune.as_ref());
     for s in stages {
         let chunk = cfg.chunk_at(s.in_scale);

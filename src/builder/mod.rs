@@ -317,6 +317,7 @@ impl<T: Send + 'static> PipelineBuilder<T> {
                     order: ctx.cfg.order,
                     chunk: if emit_each { 1 } else { ctx.cfg.chunk },
                     max_workers: ctx.cfg.max_workers.max(n),
+                    budgeted: ctx.cfg.cpu_budget.is_some(),
                 };
                 Ok(PoolStage::start(spec, n)? as Arc<dyn StageControl>)
             },
@@ -583,6 +584,14 @@ impl<T: Send + 'static> PipelineBuilder<T> {
     /// How many finished results may wait for the consumer (default: two chunks).
     pub fn sink(mut self, buffer: usize) -> Self {
         self.c.cfg.sink_items = Some(buffer.max(1));
+        self
+    }
+
+    /// Shares a CPU budget with the other ranks on this node (see
+    /// [`node`](crate::actors::node)): this pipeline's pool stages hold one of the budget's
+    /// cores for each item they run. Default: none (the tuner's settings may give one).
+    pub fn cpu_budget(mut self, budget: crate::CpuBudget) -> Self {
+        self.c.cfg.cpu_budget = Some(budget);
         self
     }
 

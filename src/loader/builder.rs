@@ -446,6 +446,9 @@ fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: FailureLog) -
         if let Some(m) = b.memory_bytes {
             p = p.memory_budget(m);
         }
+        if let Some(c) = b.cpu_budget {
+            p = p.cpu_budget(c);
+        }
         p.output_order(b.order).build()
     })
 }
