@@ -266,6 +266,22 @@ fn f_steady_work_is_not_oversubscribed() {
     }
 }
 
+/// The tuned runs' rate over `window` against the best static configuration of the regime
+/// in force from `from` (measured from a warm start over as long a window), reported.
+fn regime_ratio(sc: &Scenario, runs: &[Run], from: f64, window: (f64, f64), label: &str) -> f64 {
+    let r = regime(sc, from);
+    let (best, _) = best_static(&r, &grid(&r), 3.0, 12.0);
+    let best_rate = static_rate(&r, &best, (3.0, 3.0 + window.1 - window.0));
+    report(
+        &format!("{} [{label}]", sc.name),
+        &best,
+        best_rate,
+        runs,
+        from,
+        window,
+    )
+}
+
 #[test]
 fn e_shifts() {
     let sc = load("e_shift.toml");
@@ -275,23 +291,12 @@ fn e_shifts() {
         (30.0, 45.0, "cost x2"),
         (45.0, 60.0, "consumer /2"),
     ] {
-        let r = regime(&sc, from);
-        let (best, _) = best_static(&r, &grid(&r), 3.0, 12.0);
         let (window, need) = if from == 0.0 {
             ((10.0, 30.0), 0.95)
         } else {
             ((from + 5.0, to), 0.90)
         };
-        // The regime's best static, measured from a warm start over as long a window.
-        let best_rate = static_rate(&r, &best, (3.0, 3.0 + window.1 - window.0));
-        let ratio = report(
-            &format!("{} [{label}]", sc.name),
-            &best,
-            best_rate,
-            &runs,
-            from,
-            window,
-        );
+        let ratio = regime_ratio(&sc, &runs, from, window, label);
         assert!(ratio >= need, "{label}: {ratio:.3} of the best static");
     }
     for run in &runs {
@@ -530,22 +535,12 @@ fn i_buffers_shrink_while_step_bound_and_grow_back() {
         (0.0, 20.0, "step-bound", 0.95),
         (20.0, 40.0, "fast step", 0.90),
     ] {
-        let r = regime(&sc, from);
-        let (best, _) = best_static(&r, &grid(&r), 3.0, 12.0);
         let window = if from == 0.0 {
             (10.0, 20.0)
         } else {
             (from + 8.0, to)
         };
-        let best_rate = static_rate(&r, &best, (3.0, 3.0 + window.1 - window.0));
-        let ratio = report(
-            &format!("{} [{label}]", sc.name),
-            &best,
-            best_rate,
-            &runs,
-            from,
-            window,
-        );
+        let ratio = regime_ratio(&sc, &runs, from, window, label);
         assert!(ratio >= need, "{label}: {ratio:.3} of the best static");
     }
 }
