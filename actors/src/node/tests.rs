@@ -2,6 +2,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::budget::count_cpu_list;
 use super::*;
 
 fn ledger(dir: &Path, cores: usize) -> Arc<NodeCores> {
