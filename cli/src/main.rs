@@ -205,6 +205,7 @@ mod plot;
 mod profile;
 mod rates;
 mod run;
+mod text;
 mod view;
 
 fn gen_data(spec: flowgate::media::synth::DatasetSpec) -> Result<(), Error> {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use flowgate::spec::PipelineSpec;
 use flowgate::{PipelineStats, Within};
 
+use crate::text;
 use crate::view;
 
 type Error = Box<dyn std::error::Error>;
@@ -276,9 +277,9 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
             "cache: {} hits, {} misses, {} of {}, {} evicted",
             c.hits,
             c.misses,
-            view::bytes(c.bytes),
-            view::bytes(c.capacity_bytes),
-            view::bytes(c.evicted_bytes)
+            text::bytes(c.bytes),
+            text::bytes(c.capacity_bytes),
+            text::bytes(c.evicted_bytes)
         );
     }
     let items: usize = epochs.iter().map(|e| e.0).sum();
@@ -428,11 +429,11 @@ fn describe(action: &flowgate::tuner::Action, stages: &[String], memory_budget: 
             if bytes == u64::MAX || bytes >= memory_budget {
                 queue
             } else {
-                format!("{queue}, at most {}", view::bytes(bytes))
+                format!("{queue}, at most {}", text::bytes(bytes))
             }
         }
         Action::SetCacheBytes { stage, bytes } => {
-            format!("{} cache → {}", name(stage), view::bytes(bytes))
+            format!("{} cache → {}", name(stage), text::bytes(bytes))
         }
         Action::SetReadAhead { stage, depth } => {
             format!("{} read-ahead → {}", name(stage), count(depth, "shard"))
