@@ -19,14 +19,7 @@ mod common;
 /// Images per test set: a prime, so no rank count or batch size divides it.
 const IMAGES: usize = 37;
 
-fn jpeg(shade: usize) -> Vec<u8> {
-    let mut out = Vec::new();
-    let pixels: Vec<u8> = (0..16 * 12 * 3).map(|i| (shade * 7 + i) as u8).collect();
-    jpeg_encoder::Encoder::new(&mut out, 90)
-        .encode(&pixels, 16, 12, jpeg_encoder::ColorType::Rgb)
-        .unwrap();
-    out
-}
+use common::tiny_jpeg as jpeg;
 
 /// `IMAGES` JPEGs in three class folders (`a`, `b`, `c` by index modulo 3), and the same
 /// images as tar shards of 10 (labels = index) and a Parquet file (labels = 1000 + index).

@@ -65,6 +65,8 @@ pub struct LoaderBuilder {
     decoder: Decoder,
     batch_size: usize,
     drop_last: bool,
+    /// Decodes units of another loader's plan: no batch is dropped here.
+    units: bool,
     workers: Option<usize>,
     failures: FailureBudget,
     memory_bytes: Option<u64>,
@@ -106,6 +108,7 @@ impl LoaderBuilder {
             },
             batch_size: DEFAULT_BATCH_SIZE,
             drop_last: false,
+            units: false,
             workers: None,
             failures: FailureBudget::unlimited(),
             memory_bytes: None,
@@ -139,6 +142,16 @@ impl LoaderBuilder {
     /// Drops the last batch of an epoch when it is short (default: delivered short).
     pub fn drop_last(mut self, drop: bool) -> Self {
         self.drop_last = drop;
+        self
+    }
+
+    /// Makes a loader that decodes units of another loader's
+    /// [`EpochPlan`](super::EpochPlan) (resuming [`unit_state`](super::EpochPlan::unit_state)s):
+    /// with [`drop_last`](Self::drop_last) a unit's batch left short by a skipped item is
+    /// delivered, not dropped (the plan has cut the epoch's tail already). Every other
+    /// setting, and the checkpoint's fingerprint, stay the planning loader's.
+    pub fn decodes_units(mut self) -> Self {
+        self.units = true;
         self
     }
 
@@ -321,6 +334,7 @@ impl LoaderBuilder {
         };
         let failures = FailureLog::default();
         let sim_log = self.device.as_ref().and_then(|d| d.log().cloned());
+        let batching = (batch_size, self.drop_last);
         let make = make(self, plan.clone(), batch_size, failures.clone());
         Ok(Loader::from_parts(
             make,
@@ -328,6 +342,7 @@ impl LoaderBuilder {
             batches_per_epoch,
             failures,
             sim_log,
+            batching,
         ))
     }
 }
@@ -390,7 +405,7 @@ fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: FailureLog) -
             p = p.item_threads(t);
         }
         let mut p = p
-            .aggregate(batch_size, b.drop_last)
+            .aggregate(batch_size, b.drop_last && !b.units)
             .pipe(
                 "collate",
                 move |items| collate(items, alloc.as_ref(), labels),

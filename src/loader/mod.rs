@@ -29,6 +29,8 @@
 //! 4. `lengths` — length-aware batches.
 //! 5. `device` — [`Device`]: where batches are uploaded.
 //! 6. `failures` — [`SkippedFailure`]s, per epoch.
+//! 7. `units` — [`EpochPlan`]: an epoch cut into units other processes decode (remote
+//!    workers), and the checkpoint the planning loader keeps.
 
 mod batch;
 mod builder;
@@ -36,6 +38,7 @@ mod decode;
 mod device;
 mod failures;
 mod lengths;
+mod units;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -44,11 +47,12 @@ pub use batch::{Batch, ItemMeta};
 pub use builder::{LoaderBuilder, DEFAULT_BATCH_SIZE, DEFAULT_ORDER};
 pub use device::{Device, DEFAULT_DEVICE_BYTES, DEFAULT_STAGING_BYTES};
 pub use failures::{SkippedFailure, KEEP_FAILURES};
+pub use units::{EpochPlan, Unit};
 
 use crate::dataset::Dataset;
 use crate::device::SimLog;
 use crate::media::Recipe;
-use crate::{Monitor, Pipeline, PipelineError, PipelineState, PipelineStats, ShardState, Within};
+use crate::{Monitor, Pipeline, PipelineError, PipelineState, PipelineStats, Within};
 use builder::Make;
 use failures::FailureLog;
 use lengths::LengthPlan;
@@ -88,6 +92,12 @@ pub struct Loader {
     /// The progress of an epoch abandoned mid-way (a `break`, `close`), until another epoch
     /// starts: what a checkpoint taken now records.
     abandoned: Option<PipelineState>,
+    /// Whether the pipeline was resumed and its epoch not started yet (its delivered items
+    /// are the resumed epoch's, not a finished one's).
+    resumed: bool,
+    /// Positions per batch (1 for length-aware batches) and whether a last partial batch is
+    /// dropped: how an epoch's positions fall into batches.
+    batching: (usize, bool),
 }
 
 impl std::fmt::Debug for Loader {
@@ -135,6 +145,7 @@ impl Loader {
         batches_per_epoch: usize,
         failures: FailureLog,
         sim_log: Option<SimLog>,
+        batching: (usize, bool),
     ) -> Self {
         Self {
             make,
@@ -150,6 +161,8 @@ impl Loader {
             last_stats: None,
             delivered: 0,
             abandoned: None,
+            resumed: false,
+            batching,
         }
     }
 
@@ -250,6 +263,7 @@ impl Loader {
             self.last_stats = Some(stats);
         }
         self.in_epoch = false;
+        self.resumed = false;
     }
 
     /// Starts an epoch — the next one, or the resumed one after [`resume`](Self::resume) —
@@ -261,6 +275,7 @@ impl Loader {
         let epoch = self.pipeline()?.epoch();
         self.failures.set_epoch(epoch);
         self.in_epoch = true;
+        self.resumed = false;
         self.delivered = 0;
         self.abandoned = None;
         Ok(epoch)
@@ -354,20 +369,19 @@ impl Loader {
         if let (false, Some(s)) = (self.in_epoch, &self.abandoned) {
             return Ok(s.clone());
         }
-        let in_epoch = self.in_epoch;
+        if self.in_epoch {
+            return Ok(self.pipeline()?.state());
+        }
+        self.next_state()
+    }
+
+    /// The state the next [`start_epoch`](Self::start_epoch) starts from: the resumed one,
+    /// or after a finished epoch the next from its start.
+    fn next_state(&mut self) -> Result<PipelineState, PipelineError> {
+        let resumed = self.resumed;
         let s = self.pipeline()?.state();
-        if !in_epoch && s.delivered_items > 0 {
-            return Ok(PipelineState {
-                epoch: s.epoch + 1,
-                delivered: Vec::new(),
-                delivered_items: 0,
-                partial: Vec::new(),
-                shard: s.shard.map(|sh| ShardState {
-                    base: Vec::new(),
-                    ..sh
-                }),
-                ..s
-            });
+        if !resumed && s.delivered_items > 0 {
+            return Ok(units::next_epoch(&s));
         }
         Ok(s)
     }
@@ -380,7 +394,9 @@ impl Loader {
         *self.monitor.lock().expect("monitor") = None;
         self.in_epoch = false;
         self.resume_at = 0; // the state says where to start
-        self.pipeline()?.resume(state)
+        self.pipeline()?.resume(state)?;
+        self.resumed = true;
+        Ok(())
     }
 }
 

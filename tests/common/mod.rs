@@ -96,3 +96,13 @@ pub(crate) fn take_then_save(
     }
     (taken, e.state().unwrap())
 }
+
+/// A 16 x 12 JPEG whose pixels depend on `shade` (so every file decodes differently).
+pub(crate) fn tiny_jpeg(shade: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let pixels: Vec<u8> = (0..16 * 12 * 3).map(|i| (shade * 7 + i) as u8).collect();
+    jpeg_encoder::Encoder::new(&mut out, 90)
+        .encode(&pixels, 16, 12, jpeg_encoder::ColorType::Rgb)
+        .unwrap();
+    out
+}

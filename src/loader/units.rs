@@ -1,0 +1,246 @@
+//! Work units: an epoch's batches cut into runs that another process decodes alone (a pool of
+//! Ray actors, in the Python package), with the checkpoint the consumer's process keeps.
+//!
+//! An [`EpochPlan`] is made by the loader that *plans* (the training process's): the epoch
+//! its next [`start_epoch`](super::Loader::start_epoch) would run, the positions of this
+//! rank's share still to deliver (after a resume, the rest), and how they fall into batches.
+//! Unit `u` is batches `[u·k, (u+1)·k)` of that list. [`EpochPlan::unit_state`] is a
+//! checkpoint in which everything but the unit's positions is delivered: a loader built with
+//! the same arguments (and the same rank and world size) that resumes it decodes exactly the
+//! unit, with the same order, batches and augmentation as the planning loader would, so a
+//! unit is a pure function of (dataset, seed, epoch, unit) and a unit lost with its worker is
+//! simply decoded again. [`EpochPlan::state_after`] is the planning loader's checkpoint once
+//! the consumer has received whole units and part of the next one: the same
+//! [`PipelineState`] a local loader would record, so it resumes locally or remotely.
+//!
+//! A skipped item (a bad file, skip-and-count) shortens the batch of its unit it falls in,
+//! where a local loader would fill the batch from the next items: units keep their
+//! boundaries so that every pool size gives the same batches.
+
+use flowgate_actors::origin::RangeSet;
+
+use super::Loader;
+use crate::{PipelineError, PipelineState, ShardState};
+
+/// The epoch a planning loader runs next, cut into units; see the [module docs](self).
+#[derive(Clone, Debug)]
+pub struct EpochPlan {
+    /// The state the epoch starts from (what was delivered before it, after a resume).
+    start: PipelineState,
+    /// The rank's local positions not yet delivered, in the order they are read.
+    todo: Vec<u64>,
+    /// Positions per batch (1 for length-aware batches: a position is a batch).
+    per_batch: usize,
+    /// Batches per unit.
+    per_unit: usize,
+    /// Whether a last partial batch is dropped.
+    drop_last: bool,
+}
+
+/// One unit of an [`EpochPlan`]: its batches and the positions they read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unit {
+    /// Its index in the epoch's units.
+    pub index: usize,
+    /// Its first batch in the epoch (as the planning loader counts them after a resume).
+    pub first_batch: usize,
+    /// Its batches (the last unit may have fewer than the plan's per-unit count).
+    pub batches: usize,
+    /// The rank's local positions it reads.
+    pub positions: RangeSet,
+}
+
+impl Loader {
+    /// The epoch the next [`start_epoch`](Self::start_epoch) would run (the resumed one
+    /// after [`resume`](Self::resume)), cut into units of `batches_per_unit` batches, for
+    /// other processes to decode (see [`units`](self)). Refused while an epoch is iterated.
+    pub fn plan_units(&mut self, batches_per_unit: usize) -> Result<EpochPlan, PipelineError> {
+        if self.in_epoch {
+            return Err(PipelineError::config(
+                "plan_units: an epoch is being iterated; plan the next one between epochs",
+            ));
+        }
+        if batches_per_unit == 0 {
+            return Err(PipelineError::config(
+                "plan_units: batches_per_unit must be at least 1",
+            ));
+        }
+        let start = self.next_state()?;
+        let Some(shard) = &start.shard else {
+            return Err(PipelineError::config(
+                "plan_units: this loader's source is not sampled, so its positions have no \
+                 layout to plan",
+            ));
+        };
+        let len = shard.layout().len() as u64;
+        let done = RangeSet::from_ranges(start.delivered.iter().copied());
+        let todo = (0..len).filter(|&p| !done.contains(p)).collect();
+        let (per_batch, drop_last) = self.batching;
+        Ok(EpochPlan {
+            start,
+            todo,
+            per_batch,
+            per_unit: batches_per_unit,
+            drop_last,
+        })
+    }
+}
+
+impl EpochPlan {
+    /// The epoch planned.
+    pub fn epoch(&self) -> u64 {
+        self.start.epoch
+    }
+
+    /// Batches left in the epoch.
+    pub fn batches(&self) -> usize {
+        let n = self.todo.len();
+        if self.drop_last {
+            n / self.per_batch
+        } else {
+            n.div_ceil(self.per_batch)
+        }
+    }
+
+    /// Units in the epoch.
+    pub fn len(&self) -> usize {
+        self.batches().div_ceil(self.per_unit)
+    }
+
+    /// Whether nothing is left of the epoch.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Unit `index` (`None` past the last).
+    pub fn unit(&self, index: usize) -> Option<Unit> {
+        if index >= self.len() {
+            return None;
+        }
+        let first_batch = index * self.per_unit;
+        let batches = self.per_unit.min(self.batches() - first_batch);
+        let a = first_batch * self.per_batch;
+        let b = ((first_batch + batches) * self.per_batch).min(self.todo.len());
+        Some(Unit {
+            index,
+            first_batch,
+            batches,
+            positions: RangeSet::from_ranges(self.todo[a..b].iter().map(|&p| (p, p + 1))),
+        })
+    }
+
+    /// The checkpoint that makes a loader built like the planning one (same arguments, rank
+    /// and world size) decode exactly `unit`: everything else in the epoch delivered.
+    pub fn unit_state(&self, unit: &Unit) -> PipelineState {
+        let len = self
+            .start
+            .shard
+            .as_ref()
+            .map_or(0, |s| s.layout().len() as u64);
+        let unit_ranges: Vec<_> = unit.positions.ranges().collect();
+        let others = minus(&[(0, len)], &unit_ranges);
+        PipelineState {
+            delivered: others.ranges().collect(),
+            delivered_items: others.len(),
+            partial: self
+                .start
+                .partial
+                .iter()
+                .copied()
+                .filter(|&(p, _, _)| unit.positions.contains(p))
+                .collect(),
+            ..self.start.clone()
+        }
+    }
+
+    /// The planning loader's checkpoint once the consumer has received units `0..units`
+    /// whole and, of the next one, the positions in `partly` (what its worker's loader
+    /// delivered: [`PipelineState::delivered_since`] of its unit state): the state a local
+    /// loader would record at that batch. Once every unit is received, the next epoch from
+    /// its start.
+    pub fn state_after(&self, units: usize, partly: &RangeSet) -> PipelineState {
+        if units >= self.len() {
+            return next_epoch(&self.start);
+        }
+        // Units `0..units` read the first positions of `todo`.
+        let whole = self
+            .unit(units)
+            .map_or(self.todo.len(), |u| u.first_batch * self.per_batch);
+        let mut ranges: Vec<(u64, u64)> = self.start.delivered.clone();
+        ranges.extend(self.todo[..whole].iter().map(|&p| (p, p + 1)));
+        if let Some(next) = self.unit(units) {
+            let theirs: Vec<_> = partly.ranges().collect();
+            let outside: Vec<_> = minus(&theirs, &next.positions.ranges().collect::<Vec<_>>())
+                .ranges()
+                .collect();
+            ranges.extend(minus(&theirs, &outside).ranges());
+        }
+        let done = RangeSet::from_ranges(ranges);
+        let received = |p: u64| done.contains(p);
+        PipelineState {
+            delivered: done.ranges().collect(),
+            delivered_items: done.len(),
+            partial: self
+                .start
+                .partial
+                .iter()
+                .copied()
+                .filter(|&(p, _, _)| !received(p))
+                .collect(),
+            ..self.start.clone()
+        }
+    }
+}
+
+impl PipelineState {
+    /// The positions delivered in `self` and not in `earlier` (a unit's progress: the state
+    /// of the loader decoding it, against its [`unit_state`](EpochPlan::unit_state)).
+    pub fn delivered_since(&self, earlier: &PipelineState) -> RangeSet {
+        minus(&self.delivered, &earlier.delivered)
+    }
+}
+
+/// The positions in the sorted ranges `a` and not in the sorted ranges `b`, in one walk of
+/// both.
+fn minus(a: &[(u64, u64)], b: &[(u64, u64)]) -> RangeSet {
+    let mut out = Vec::new();
+    let mut j = 0;
+    for &(lo, hi) in a {
+        let mut at = lo;
+        while j < b.len() && b[j].1 <= at {
+            j += 1;
+        }
+        let mut k = j;
+        while at < hi {
+            match b.get(k) {
+                Some(&(c, d)) if c < hi => {
+                    if c > at {
+                        out.push((at, c));
+                    }
+                    at = at.max(d);
+                    k += 1;
+                }
+                _ => {
+                    out.push((at, hi));
+                    at = hi;
+                }
+            }
+        }
+    }
+    RangeSet::from_ranges(out)
+}
+
+/// The state of the epoch after `s`'s, from its start (the rank's own place, no base).
+pub(super) fn next_epoch(s: &PipelineState) -> PipelineState {
+    PipelineState {
+        epoch: s.epoch + 1,
+        delivered: Vec::new(),
+        delivered_items: 0,
+        partial: Vec::new(),
+        shard: s.shard.clone().map(|sh| ShardState {
+            base: Vec::new(),
+            ..sh
+        }),
+        ..s.clone()
+    }
+}

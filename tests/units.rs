@@ -1,0 +1,297 @@
+//! An epoch cut into units that other loaders decode (`Loader::plan_units`, the remote mode's
+//! contract): the units' batches, decoded by any loader built alike in any order, are the
+//! local epoch's batches; the planner's checkpoint after whole units and part of the next is
+//! the local loader's at that batch, and resumes exactly; plans follow resumes (a rank's own
+//! state, a merged one at another world size) and skip-and-count failures.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use flowgate::dataset::{Dataset, Ranks, Source};
+use flowgate::loader::{Batch, EpochPlan};
+use flowgate::media::{image::ImageRecipe, Recipe};
+use flowgate::{Loader, PipelineState};
+
+mod common;
+
+/// Images: a prime, so no rank count, batch size or unit size divides it.
+const IMAGES: usize = 41;
+
+/// `IMAGES` JPEGs, and the same list with item `BAD` a file that is not one (skipped and
+/// counted).
+fn paths(with_bad: bool) -> Vec<PathBuf> {
+    static PATHS: OnceLock<(Vec<PathBuf>, PathBuf)> = OnceLock::new();
+    let (good, bad) = PATHS.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("units");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = (0..IMAGES)
+            .map(|i| {
+                let p = dir.join(format!("{i:03}.jpg"));
+                std::fs::write(&p, common::tiny_jpeg(i)).unwrap();
+                p
+            })
+            .collect();
+        let bad = dir.join("bad.jpg");
+        std::fs::write(&bad, b"not a jpeg").unwrap();
+        (good, bad)
+    });
+    let mut out = good.clone();
+    if with_bad {
+        out[BAD] = bad.clone();
+    }
+    out
+}
+
+const BAD: usize = 17;
+
+/// Rank `rank` of `world`, shuffled, batches of 5, random crops (so augmentation must match
+/// too), `workers` decode threads.
+fn loader(rank: usize, world: usize, drop_last: bool, workers: usize) -> Loader {
+    loader_of(paths(false), rank, world, drop_last, workers)
+}
+
+fn loader_of(
+    files: Vec<PathBuf>,
+    rank: usize,
+    world: usize,
+    drop_last: bool,
+    workers: usize,
+) -> Loader {
+    build(files, rank, world, drop_last, workers, false)
+}
+
+/// A loader that decodes units (see `LoaderBuilder::decodes_units`).
+fn worker_of(
+    files: Vec<PathBuf>,
+    rank: usize,
+    world: usize,
+    drop_last: bool,
+    workers: usize,
+) -> Loader {
+    build(files, rank, world, drop_last, workers, true)
+}
+
+fn build(
+    files: Vec<PathBuf>,
+    rank: usize,
+    world: usize,
+    drop_last: bool,
+    workers: usize,
+    units: bool,
+) -> Loader {
+    let dataset = Dataset::builder(Source::files(files))
+        .shuffle(9)
+        .ranks_from(Ranks::Fixed { rank, world })
+        .drop_last(drop_last)
+        .build()
+        .unwrap();
+    let recipe = Recipe::image(ImageRecipe {
+        resize: 12,
+        crop: 8,
+        random_crop: Some(Default::default()),
+        flip: true,
+        seed: 4,
+        ..ImageRecipe::default()
+    })
+    .unwrap();
+    let b = Loader::builder(dataset, recipe)
+        .batch_size(5)
+        .drop_last(drop_last)
+        .workers(workers);
+    if units { b.decodes_units() } else { b }.build().unwrap()
+}
+
+/// A batch as what it holds: each item's dataset index and its pixels.
+type Seen = Vec<(usize, Vec<u8>)>;
+
+fn seen(b: Batch) -> Seen {
+    let items = b.items;
+    let tensor = b.fields.into_iter().next().unwrap().into_host().unwrap();
+    let pixels = tensor.bytes();
+    let per = pixels.len() / items.len();
+    items
+        .iter()
+        .enumerate()
+        .map(|(k, m)| (m.index, pixels[k * per..(k + 1) * per].to_vec()))
+        .collect()
+}
+
+/// Asserts `got == want`, showing the items' indices (not their pixels) when they differ.
+#[track_caller]
+fn same(got: &[Seen], want: &[Seen], what: &str) {
+    if got != want {
+        let ids = |v: &[Seen]| -> Vec<Vec<usize>> {
+            v.iter()
+                .map(|b| b.iter().map(|(i, _)| *i).collect())
+                .collect()
+        };
+        panic!("{what}:\n got {:?}\nwant {:?}", ids(got), ids(want));
+    }
+}
+
+fn local_epoch(l: &mut Loader) -> Vec<Seen> {
+    l.epoch().unwrap().map(|b| seen(b.unwrap())).collect()
+}
+
+/// Unit `u` of `plan` decoded by `worker`: its batches, and the worker's progress after each.
+fn run_unit(worker: &mut Loader, plan: &EpochPlan, u: usize) -> Vec<(Seen, PipelineState)> {
+    let unit = plan.unit(u).unwrap();
+    let start = plan.unit_state(&unit);
+    worker.resume(&start).unwrap();
+    let mut e = worker.epoch().unwrap();
+    let mut out = Vec::new();
+    while let Some(b) = e.next() {
+        let b = seen(b.unwrap());
+        out.push((b, e.state().unwrap()));
+    }
+    assert!(out.len() <= unit.batches, "unit {u}: {} batches", out.len());
+    out
+}
+
+#[test]
+fn units_decoded_anywhere_in_any_order_are_the_local_epochs_batches() {
+    let with_bad =
+        |rank, world, drop_last, workers| loader_of(paths(true), rank, world, drop_last, workers);
+    for drop_last in [false, true] {
+        for (rank, world) in [(0, 1), (1, 3), (2, 3)] {
+            let mut local = with_bad(rank, world, drop_last, 2);
+            let mut planner = with_bad(rank, world, drop_last, 1);
+            for epoch in 0..2 {
+                let want = local_epoch(&mut local);
+                let plan = planner.plan_units(2).unwrap();
+                assert_eq!(plan.epoch(), epoch);
+                assert_eq!(plan.batches(), planner.len());
+                // Two workers built alike, given the units back to front, alternately.
+                let mut workers = [
+                    worker_of(paths(true), rank, world, drop_last, 1),
+                    worker_of(paths(true), rank, world, drop_last, 3),
+                ];
+                let mut got = vec![Vec::new(); plan.len()];
+                for u in (0..plan.len()).rev() {
+                    got[u] = run_unit(&mut workers[u % 2], &plan, u)
+                        .into_iter()
+                        .map(|(b, _)| b)
+                        .collect();
+                }
+                let got: Vec<Seen> = got.into_iter().flatten().collect();
+                // The bad item fails wherever it falls (its unit's batch is one short where
+                // the local loader fills it from the next items): the same items, in the
+                // same order, with the same crops; the same batches where it is not read.
+                let flat = |v: &[Seen]| vec![v.iter().flatten().cloned().collect::<Vec<_>>()];
+                let what = format!("rank {rank}/{world}, epoch {epoch}, drop_last {drop_last}");
+                let failed = local.watch().failures(Some(epoch)).len();
+                let (g, mut w) = (flat(&got), flat(&want));
+                if drop_last {
+                    // The local loader filled its batches from the epoch's tail, which the
+                    // plan had cut: at most one item per failure.
+                    assert!(w[0].len() - g[0].len() <= failed, "{what}");
+                    w[0].truncate(g[0].len());
+                }
+                same(&g, &w, &what);
+                assert!(g[0].iter().all(|(i, _)| *i != BAD));
+                if failed == 0 {
+                    same(&got, &want, &what);
+                }
+                // The planner's state after the epoch's units is the next epoch's start.
+                let end = plan.state_after(plan.len(), &Default::default());
+                assert_eq!(end.epoch, epoch + 1);
+                assert_eq!(end.delivered_items, 0);
+                planner.resume(&end).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn the_planners_state_mid_unit_is_the_local_loaders_and_resumes_the_rest() {
+    let (rank, world) = (1, 2);
+    let mut planner = loader(rank, world, false, 1);
+    // 21 positions (41 items on 2 ranks, padded): units of 2 batches, 10 + 10 + 1.
+    let plan = planner.plan_units(2).unwrap();
+    assert_eq!((plan.len(), plan.batches()), (3, 5));
+    let mut worker = worker_of(paths(false), rank, world, false, 2);
+    let want = local_epoch(&mut loader(rank, world, false, 2));
+    // Unit 0 whole, then one batch of unit 1.
+    let _ = run_unit(&mut worker, &plan, 0);
+    let part = run_unit(&mut worker, &plan, 1);
+    let start1 = plan.unit_state(&plan.unit(1).unwrap());
+    let partly = part[0].1.delivered_since(&start1);
+    assert_eq!(partly.len(), 5);
+    let state = plan.state_after(1, &partly);
+    // A local loader's state after the same three batches.
+    let mut local = loader(rank, world, false, 2);
+    let local_state = {
+        let mut e = local.epoch().unwrap();
+        for _ in 0..3 {
+            e.next().unwrap().unwrap();
+        }
+        e.state().unwrap()
+    };
+    assert_eq!(state, local_state);
+    // Resumed locally (through JSON, as a checkpoint travels): exactly the rest.
+    let json = serde_json::to_string(&state).unwrap();
+    let mut resumed = loader(rank, world, false, 2);
+    resumed
+        .resume(&serde_json::from_str(&json).unwrap())
+        .unwrap();
+    same(&local_epoch(&mut resumed), &want[3..], "resumed locally");
+    // And planned again: the rest's units, the same batches.
+    let mut planner = loader(rank, world, false, 1);
+    planner.resume(&state).unwrap();
+    let rest = planner.plan_units(2).unwrap();
+    assert_eq!(rest.batches(), want.len() - 3);
+    let got: Vec<Seen> = (0..rest.len())
+        .flat_map(|u| run_unit(&mut worker, &rest, u).into_iter().map(|(b, _)| b))
+        .collect();
+    same(&got, &want[3..], "the rest, planned");
+}
+
+#[test]
+fn a_plan_after_a_merged_resume_at_another_world_size_covers_the_rest_once() {
+    // Three ranks take two batches each; two ranks resume the merged state, planned.
+    let mut before = Vec::new();
+    let mut states = Vec::new();
+    for rank in 0..3 {
+        let mut l = loader(rank, 3, false, 2);
+        let (taken, state) = common::take_then_save(&mut l, 2);
+        before.extend(taken);
+        states.push(state);
+    }
+    let merged = PipelineState::merge(&states).unwrap();
+    let mut after = Vec::new();
+    for rank in 0..2 {
+        let mut planner = loader(rank, 2, false, 1);
+        planner.resume(&merged).unwrap();
+        let plan = planner.plan_units(2).unwrap();
+        let mut local = loader(rank, 2, false, 2);
+        local.resume(&merged).unwrap();
+        let want = local_epoch(&mut local);
+        let mut worker = worker_of(paths(false), rank, 2, false, 1);
+        let got: Vec<Seen> = (0..plan.len())
+            .flat_map(|u| run_unit(&mut worker, &plan, u).into_iter().map(|(b, _)| b))
+            .collect();
+        same(&got, &want, &format!("rank {rank} of 2"));
+        after.extend(got.iter().flatten().map(|(i, _)| *i));
+    }
+    let mut all: Vec<usize> = before.into_iter().chain(after).collect();
+    all.sort_unstable();
+    all.dedup();
+    // Every item, at least once (padding repeats some).
+    assert_eq!(all.len(), IMAGES);
+}
+
+#[test]
+fn planning_is_refused_mid_epoch_and_with_no_batches_per_unit() {
+    let mut l = loader(0, 1, false, 1);
+    assert!(l.plan_units(0).is_err());
+    let mut e = l.epoch().unwrap();
+    e.next().unwrap().unwrap();
+    drop(e);
+    // The epoch was abandoned: the next plan is the next epoch, whole.
+    let plan = l.plan_units(4).unwrap();
+    assert_eq!(plan.epoch(), 1);
+    assert_eq!(plan.batches(), IMAGES.div_ceil(5));
+    l.start_epoch().unwrap();
+    assert!(l.plan_units(1).is_err());
+}
