@@ -22,10 +22,13 @@ cargo test --locked --no-default-features --features image --lib media::image
 cargo check --locked --lib --no-default-features --features spec
 # Python: a virtualenv kept per machine (PyTorch is ~4 GB with the CUDA packages PyPI's wheel
 # depends on; installed once), the package built by maturin through pip (with VideoLoader),
-# pytest; multi-rank tests run under torchrun (gloo, CPU).
+# pytest; multi-rank tests run under torchrun (gloo, CPU), remote decode on a local Ray
+# runtime.
 VENV=${FLOWGATE_PYVENV:-$HOME/.cache/flowgate/pyvenv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install --quiet --upgrade "maturin>=1.5,<2" "numpy>=1.22" "pytest>=7" "pyarrow>=15"
 "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/pip" install --quiet "torch==2.15.0"
+# Ray, for the remote mode's tests (python/tests/test_ray.py starts a local runtime).
+"$VENV/bin/python" -c "import ray" 2>/dev/null || "$VENV/bin/pip" install --quiet "ray==2.60.0"
 MATURIN_PEP517_ARGS="--features video,s3,cuda" "$VENV/bin/pip" install --quiet --force-reinstall --no-deps ./python
 "$VENV/bin/python" -m pytest -q python/tests

@@ -27,9 +27,10 @@ from ._native import Batch, DeviceUnavailable, LoaderError, skip_part
 from ._sources import Mix, Parquet, Shards, _check_ints
 from ._process import (_LIVE, _Epoch, _WorkerMarker, _converter, _in_worker, _reads_s3,
                        _rebuild, _register_with_torch, _worker_split)
+from ._remote import Ray, _Pool, _RemoteEpoch
 
 __all__ = ["ImageLoader", "AudioLoader", "VideoLoader", "Shards", "Parquet", "Mix", "Pipeline",
-           "Batch", "LoaderError", "DeviceUnavailable", "merge_state_dicts", "skip_part"]
+           "Ray", "Batch", "LoaderError", "DeviceUnavailable", "merge_state_dicts", "skip_part"]
 
 
 def merge_state_dicts(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
@@ -47,8 +48,8 @@ def merge_state_dicts(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     return _native.merge_state_dicts(list(states))
 
 
-# Defined in ._sources, documented and pickled as flowgate's own.
-for _cls in (Shards, Parquet, Mix):
+# Defined in ._sources and ._remote, documented and pickled as flowgate's own.
+for _cls in (Shards, Parquet, Mix, Ray):
     _cls.__module__ = __name__
 del _cls
 
@@ -97,6 +98,22 @@ class _Loader:
         self._fork_epoch = 0
         self._resume = None
         self._marker = marker if marker is not None else _WorkerMarker()
+        remote = args.get("remote")
+        if remote is not None:
+            if not isinstance(remote, Ray):
+                raise TypeError(f"remote must be a flowgate.Ray(...) or None, not {remote!r}")
+            if args.get("device", "cpu") != "cpu":
+                raise DeviceUnavailable(
+                    f"device={args['device']!r} with remote=: batches decoded remotely arrive "
+                    "in host memory; use device='cpu' and move them (batch.to('cuda', "
+                    "non_blocking=True) after pin_memory())")
+        #: The remote pool (made at the first remote epoch), the checkpoint of the last remote
+        #: epoch (None: the native loader's is current), the failures its units skipped, and
+        #: the epoch being iterated remotely.
+        self._pool: Optional[_Pool] = None
+        self._remote_state: Optional[Dict[str, Any]] = None
+        self._remote_failures: Dict[int, List[Tuple[str, str, str]]] = {}
+        self._remote_epoch: Optional[int] = None
         self._native = self._build(args)
         self._pid = os.getpid()
         _LIVE.add(self)
@@ -158,6 +175,11 @@ class _Loader:
         if os.getpid() != self._marker.owner and not _in_worker():
             self._marker = _WorkerMarker()
 
+    def _remote_pool(self) -> _Pool:
+        if self._pool is None:
+            self._pool = _Pool(self, self._args["remote"])
+        return self._pool
+
     def _output(self) -> str:
         output = self._args["output"]
         # Batches leave a DataLoader worker pickled; torch tensors go through shared memory.
@@ -170,6 +192,12 @@ class _Loader:
         ``break`` is abandoned: its pipeline stops at once). Yields a :class:`Batch`, or with
         ``labels`` and/or ``return_paths`` a tuple ``(batch, labels, paths)`` of what was asked
         for (with ``output="torch"``/``"numpy"``, tensors/arrays instead of batches)."""
+        if self._args.get("remote") is not None:
+            if _in_worker() or os.getpid() != self._pid:
+                raise RuntimeError(
+                    "a loader with remote= hands its units to Ray actors from the training "
+                    "process: iterate it there (not in DataLoader workers or a forked child)")
+            return _RemoteEpoch(self)
         native = self._here()
         if _in_worker():
             self._marker.mark()
@@ -202,7 +230,11 @@ class _Loader:
         :meth:`load_state_dict`); an epoch being iterated is abandoned. ``DataLoader``
         workers start at the epoch set in the parent."""
         _check_ints({"epoch": epoch}, epoch=0)
-        self._here().set_epoch(epoch)
+        native = self._here()
+        if self._remote_state is not None and (native._next_epoch() != epoch
+                                               or self._remote_state.get("epoch") != epoch):
+            self._remote_state = None
+        native.set_epoch(epoch)
         if self._resume is not None and self._resume.get("epoch") != epoch:
             # Another epoch: the loaded state no longer applies (for workers started later).
             self._resume = None
@@ -215,21 +247,46 @@ class _Loader:
     @property
     def epoch(self) -> int:
         """The epoch being iterated, or the next one."""
+        if self._remote_epoch is not None:
+            return self._remote_epoch
         return self._here().epoch
 
     def stats(self) -> Dict[str, Any]:
-        """Delivered batches, failures, the consumer's wait, and per-stage workers and rates."""
-        return self._here().stats()
+        """Delivered batches, failures, the consumer's wait, and per-stage workers and rates.
+        With ``remote=``, also ``remote``: the pool's workers, units issued again, and the
+        training process's own unit loader's statistics (``local``) when it decodes."""
+        s = self._here().stats()
+        if self._pool is not None:
+            p = self._pool
+            s["remote"] = {"workers": len(p.remote_workers()), "started": p.started,
+                           "reissued_units": p.reissued,
+                           "local": p.local_loader.stats() if p.local_loader else None}
+        return s
 
     def tuner_trace(self) -> List[Dict[str, Any]]:
         """The tuner's recent ticks, oldest first: ``t``, ``rate`` (batches/s), ``wait``,
         per-stage ``stages``/``workers``/``budgets``, ``bytes``, ``memory_budget``,
-        ``rss_bytes`` and ``decisions`` (what changed and why). Empty with the tuner off."""
+        ``rss_bytes`` and ``decisions`` (what changed and why). Empty with the tuner off.
+
+        With ``remote=``, the pool's windows instead (about one a second): ``t``,
+        ``workers`` (actors), ``local``, ``wait`` (the fraction of the window the loop
+        waited), ``ready`` and ``in_flight`` units, ``starting`` actors, ``rate`` (units/s
+        taken), ``worker_rate``/``local_rate`` (units/s a busy actor / the training process
+        decodes) and ``decisions`` (``RemoteWorkers(n -> m): why``, and units issued again
+        after an actor died)."""
+        if self._pool is not None:
+            return list(self._pool.trace)
         return self._here().tuner_trace()
 
     def failures(self, epoch: Optional[int] = None) -> List[Tuple[str, str, str]]:
         """The failures skipped in ``epoch`` (default: the epoch being iterated, or the last
         one started): ``(stage, path, message)``, of the last 1,000 kept."""
+        if self._remote_failures:
+            if epoch is None:
+                epoch = self._remote_epoch if self._remote_epoch is not None else \
+                    max(self._remote_failures)
+            if epoch in self._remote_failures:
+                return list(self._remote_failures[epoch][-1000:])
         return self._here().failures(epoch)
 
     def state_dict(self) -> Dict[str, Any]:
@@ -249,6 +306,8 @@ class _Loader:
                 "training process to checkpoint it: DataLoader(loader, batch_size=None) "
                 "with num_workers=0, or `for batch in loader` (flowgate decodes on its own "
                 "threads; DataLoader workers add processes, not throughput)")
+        if self._remote_state is not None:
+            return dict(self._remote_state)
         return self._here().state_dict()
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -257,12 +316,16 @@ class _Loader:
         workers forked (or spawned) before that epoch is iterated here resume from it too,
         each its part of the rank's rest."""
         self._here().load_state_dict(state)
+        self._remote_state = None
         self._resume = dict(state)
 
     def close(self) -> None:
         """Stops the pipeline and joins its threads (also done when the loader is freed)."""
         if os.getpid() == self._pid:
             self._native.close()
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
 
     def __enter__(self) -> "_Loader":
         return self
@@ -372,6 +435,7 @@ class ImageLoader(_Loader):
         device: str = "cpu",
         device_memory_mb: Optional[float] = None,
         output: str = "batch",
+        remote: Optional[Ray] = None,
     ) -> None:
         self._setup(locals())
 
@@ -427,6 +491,7 @@ class AudioLoader(_Loader):
         device: str = "cpu",
         device_memory_mb: Optional[float] = None,
         output: str = "batch",
+        remote: Optional[Ray] = None,
     ) -> None:
         self._setup(locals())
 
@@ -509,6 +574,7 @@ class VideoLoader(_Loader):
         device: str = "cpu",
         device_memory_mb: Optional[float] = None,
         output: str = "batch",
+        remote: Optional[Ray] = None,
     ) -> None:
         if not hasattr(_native, "video_loader"):
             raise RuntimeError(
@@ -582,6 +648,7 @@ def _options(args: Dict[str, Any]) -> Any:
     """The arguments every loader shares (taken from its ``locals()``), as native options."""
     _check_ints(args, batch_size=1, seed=0, rank=0, world_size=1, workers=1)
     return _native.Options(labels=_labels(args["labels"]), worker_split=args.get("worker_split"),
+                           units=bool(args.get("decodes_units")),
                            **{k: args[k] for k in _OPTIONS})
 
 

@@ -371,9 +371,14 @@ impl Batch {
     }
 }
 
-/// A batch from pickled bytes (see `Batch.__reduce__`).
+/// A batch from pickled bytes (see `Batch.__reduce__`); `None`: zeros, for a caller that
+/// fills its writable NumPy view (a remote worker's array: copied once).
 #[pyfunction]
-pub(crate) fn _batch_from_bytes(bytes: &[u8], dtype: &str, shape: Vec<usize>) -> PyResult<Batch> {
+pub(crate) fn _batch_from_bytes(
+    bytes: Option<&[u8]>,
+    dtype: &str,
+    shape: Vec<usize>,
+) -> PyResult<Batch> {
     let d = match dtype {
         "uint8" => DType::U8,
         "float32" => DType::F32,
@@ -385,6 +390,9 @@ pub(crate) fn _batch_from_bytes(bytes: &[u8], dtype: &str, shape: Vec<usize>) ->
         }
     };
     let mut t = Tensor::zeros(&shape, d);
+    let Some(bytes) = bytes else {
+        return Ok(t.into());
+    };
     if t.nbytes() != bytes.len() {
         return Err(PyValueError::new_err(format!(
             "{} bytes for a {dtype} batch of shape {shape:?}",

@@ -28,6 +28,7 @@ mod loader;
 mod pipeline;
 mod recipes;
 mod state;
+mod units;
 
 /// Native threads of this process (for tests: nothing leaks).
 #[pyfunction]
@@ -52,7 +53,8 @@ fn _after_fork_in_child() {
 /// Set when the interpreter starts to exit (`flowgate` registers [`_exiting`] with `atexit`):
 /// from then on a loader freed joins its threads without releasing the GIL (the interpreter
 /// is being torn down; another thread may not take it back).
-pub(crate) static EXITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+pub(crate) static EXITING: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 /// See [`EXITING`].
 #[pyfunction]
@@ -72,6 +74,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<batch::Batch>()?;
     m.add_class::<loader::Loader>()?;
     m.add_class::<recipes::Options>()?;
+    m.add_class::<units::EpochPlan>()?;
+    m.add_class::<units::PoolSizer>()?;
+    m.add_function(wrap_pyfunction!(units::_delivered_since, m)?)?;
     m.add_class::<pipeline::PyPipeline>()?;
     m.add_function(wrap_pyfunction!(recipes::image_loader, m)?)?;
     m.add_function(wrap_pyfunction!(recipes::audio_loader, m)?)?;

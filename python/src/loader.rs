@@ -315,6 +315,25 @@ impl Loader {
             .map_err(to_py)
     }
 
+    /// The epoch the next iterator would run (the resumed one after `load_state_dict`), cut
+    /// into units of `batches_per_unit` batches for other processes to decode.
+    fn _plan_units(
+        &self,
+        py: Python<'_>,
+        batches_per_unit: usize,
+    ) -> PyResult<crate::units::EpochPlan> {
+        let core = &self.core;
+        let plan = py
+            .allow_threads(|| {
+                core.lock()
+                    .expect("loader")
+                    .loader
+                    .plan_units(batches_per_unit)
+            })
+            .map_err(to_py)?;
+        Ok(crate::units::EpochPlan { plan })
+    }
+
     /// Stops the pipeline and joins its threads (also done when the loader is freed).
     fn close(&self, py: Python<'_>) {
         let core = &self.core;

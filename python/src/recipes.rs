@@ -37,6 +37,8 @@ pub(crate) struct Options {
     /// `(worker, workers)` in a DataLoader worker: this process reads its part of the rank's
     /// share.
     worker_split: Option<(usize, usize)>,
+    /// Decodes units of another loader's plan (a remote worker): no batch dropped.
+    units: bool,
 }
 
 #[pymethods]
@@ -44,7 +46,7 @@ impl Options {
     #[new]
     #[pyo3(signature = (batch_size=32, shuffle=true, seed=0, rank=None, world_size=None,
         drop_last=false, workers=None, order="input".to_owned(), skip_errors=true, labels=None, return_paths=false,
-        memory_mb=None, cpu_budget=None, device="cpu".to_owned(), device_memory_mb=None, worker_split=None))]
+        memory_mb=None, cpu_budget=None, device="cpu".to_owned(), device_memory_mb=None, worker_split=None, units=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         batch_size: usize,
@@ -63,6 +65,7 @@ impl Options {
         device: String,
         device_memory_mb: Option<f64>,
         worker_split: Option<(usize, usize)>,
+        units: bool,
     ) -> PyResult<Self> {
         let cpu_budget = cpu_budget.map(cpu_budget_of).transpose()?;
         for (name, v) in [
@@ -97,6 +100,7 @@ impl Options {
             device,
             device_memory_mb,
             worker_split,
+            units,
         })
     }
 }
@@ -107,7 +111,9 @@ impl Options {
 pub(crate) fn cpu_budget_of(v: &Bound<'_, PyAny>) -> PyResult<flowgate::CpuBudget> {
     let type_name = v.get_type().name()?.to_string();
     let parsed = if type_name.contains("bool") {
-        Err(format!("cpu_budget: a number of cores, a fraction or a percentage, not {type_name}"))
+        Err(format!(
+            "cpu_budget: a number of cores, a fraction or a percentage, not {type_name}"
+        ))
     } else if let Ok(s) = v.downcast::<pyo3::types::PyString>() {
         s.extract::<String>()?.parse()
     } else if v.is_instance_of::<pyo3::types::PyFloat>() {
@@ -155,7 +161,9 @@ impl Options {
         }
         // Opening reads listings, manifests and footers (on S3: requests, retries): without
         // the GIL, so the process's other threads run meanwhile.
-        let dataset = py.allow_threads(move || dataset.build()).map_err(open_error)?;
+        let dataset = py
+            .allow_threads(move || dataset.build())
+            .map_err(open_error)?;
         let mut b = flowgate::Loader::builder(dataset, recipe)
             .batch_size(self.batch_size)
             .drop_last(self.drop_last)
@@ -167,6 +175,9 @@ impl Options {
             });
         if let Some(n) = self.workers {
             b = b.workers(n);
+        }
+        if self.units {
+            b = b.decodes_units();
         }
         if let Some(m) = self.memory_mb {
             b = b.memory_budget((m * 1048576.0) as u64);

@@ -9,6 +9,7 @@
 //!   [`HillClimb`](policy::HillClimb) and [`ModelBased`](policy::ModelBased) (the default).
 //! - [`sim`]: a discrete-event simulator that runs any policy on a [`scenario`] in
 //!   milliseconds, the same code the real pipeline's tuner actor runs.
+//! - [`pool`]: sizing a pool of remote decode workers from what the training loop waits.
 //! - [`Histogram`] and [`StageStats`]: the measurement vocabulary shared with the engine.
 
 mod guard;
@@ -16,6 +17,7 @@ mod histogram;
 pub mod node_sim;
 mod observation;
 pub mod policy;
+pub mod pool;
 mod rng;
 pub mod scenario;
 pub mod sim;

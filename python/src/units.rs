@@ -1,0 +1,134 @@
+//! The remote mode's native half: an epoch cut into units ([`EpochPlan`]) by the training
+//! process's loader, each unit's `state_dict` for the worker that decodes it, and the
+//! training process's checkpoint once units arrive (see `flowgate.loader::units`).
+
+use flowgate::actors::origin::RangeSet;
+use pyo3::exceptions::PyIndexError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::state::{state_from_py, state_to_py};
+
+/// An epoch's units: made by `Loader._plan_units`.
+#[pyclass(frozen, module = "flowgate._native")]
+pub(crate) struct EpochPlan {
+    pub(crate) plan: flowgate::loader::EpochPlan,
+}
+
+#[pymethods]
+impl EpochPlan {
+    /// The epoch planned.
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.plan.epoch()
+    }
+
+    /// Batches left in the epoch.
+    #[getter]
+    fn batches(&self) -> usize {
+        self.plan.batches()
+    }
+
+    /// Units in the epoch.
+    fn __len__(&self) -> usize {
+        self.plan.len()
+    }
+
+    /// Unit `index`'s batches.
+    fn unit_batches(&self, index: usize) -> PyResult<usize> {
+        Ok(self.unit(index)?.batches)
+    }
+
+    /// The `state_dict` that makes a loader built alike decode exactly unit `index`.
+    fn unit_state<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyDict>> {
+        let unit = self.unit(index)?;
+        state_to_py(py, &self.plan.unit_state(&unit))
+    }
+
+    /// The training process's `state_dict` once units `0..units` arrived whole and, of the
+    /// next, the positions in `partly` (`[start, end)` pairs, from `_delivered_since`).
+    fn state_after<'py>(
+        &self,
+        py: Python<'py>,
+        units: usize,
+        partly: Vec<(u64, u64)>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let partly = RangeSet::from_ranges(partly);
+        state_to_py(py, &self.plan.state_after(units, &partly))
+    }
+}
+
+impl EpochPlan {
+    fn unit(&self, index: usize) -> PyResult<flowgate::loader::Unit> {
+        self.plan.unit(index).ok_or_else(|| {
+            PyIndexError::new_err(format!("unit {index} of {} units", self.plan.len()))
+        })
+    }
+}
+
+/// The positions delivered in `later` and not in `earlier` (a unit's progress: the state of
+/// the loader decoding it against the unit's state), as `[start, end)` pairs.
+#[pyfunction]
+pub(crate) fn _delivered_since(
+    later: &Bound<'_, PyDict>,
+    earlier: &Bound<'_, PyDict>,
+) -> PyResult<Vec<(u64, u64)>> {
+    let (later, earlier) = (state_from_py(later)?, state_from_py(earlier)?);
+    Ok(later.delivered_since(&earlier).ranges().collect())
+}
+
+/// The remote pool's sizing rule (`flowgate::tuner::pool`): once a window, the pool's size
+/// and the reason it changed.
+#[pyclass(module = "flowgate._native")]
+pub(crate) struct PoolSizer {
+    sizer: std::sync::Mutex<flowgate::tuner::pool::PoolSizer>,
+}
+
+#[pymethods]
+impl PoolSizer {
+    #[new]
+    fn new(min_workers: usize, max_workers: usize, cpus_per_worker: f64, local: bool) -> Self {
+        use flowgate::tuner::pool::{PoolLimits, PoolSizer as Rule};
+        Self {
+            sizer: std::sync::Mutex::new(Rule::new(PoolLimits {
+                min_workers,
+                max_workers,
+                cpus_per_worker,
+                local,
+            })),
+        }
+    }
+
+    /// The pool's size after a window: `(workers, why or None)`. Arguments as
+    /// `flowgate::tuner::pool::PoolObservation`'s fields.
+    #[allow(clippy::too_many_arguments)]
+    fn decide(
+        &self,
+        workers: usize,
+        starting: usize,
+        wait: f64,
+        ready: usize,
+        in_flight: usize,
+        free_cpus: f64,
+        rate: f64,
+        worker_rate: f64,
+        local_rate: f64,
+    ) -> (usize, Option<String>) {
+        let d = self
+            .sizer
+            .lock()
+            .expect("sizer")
+            .decide(&flowgate::tuner::pool::PoolObservation {
+                workers,
+                starting,
+                wait,
+                ready,
+                in_flight,
+                free_cpus,
+                rate,
+                worker_rate,
+                local_rate,
+            });
+        (d.workers, d.why)
+    }
+}

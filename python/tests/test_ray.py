@@ -1,0 +1,241 @@
+"""Remote decode on Ray actors (``remote=flowgate.Ray(...)``), against a real local Ray
+runtime started here: the same batches as the local loader for the same seed at any pool
+size, every item once per epoch with an actor killed mid-epoch, checkpoints that resume
+locally and remotely (and merged across ranks), the pool growing while the loop waits, and
+clear errors (no ``ray``, a bad file with ``skip_errors=False``, bad arguments)."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import flowgate
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray runtime: 6 logical CPUs (actors reserve 1 each here), a small object
+    store; stopped after the module."""
+    ray.init(num_cpus=6, object_store_memory=256 * 1024 * 1024, include_dashboard=False,
+             log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def images(data: pathlib.Path) -> str:
+    return str(data / "images.txt")
+
+
+def loader(data, remote=None, **kw):
+    """40 images in batches of 6 (the last of 4), random crops: batches, crops and order all
+    follow from the seed, so two loaders agree only if they decode the same units alike."""
+    args = dict(batch_size=6, resize=32, crop=24, train=True, seed=3, return_paths=True,
+                output="numpy")
+    args.update(kw)
+    return flowgate.ImageLoader(images(data), remote=remote, **args)
+
+
+def epoch(l, limit=None):
+    out = []
+    for b, paths in l:
+        out.append((np.array(b), list(paths)))
+        if limit is not None and len(out) == limit:
+            break
+    return out
+
+
+def same(got, want):
+    assert [p for _, p in got] == [p for _, p in want]
+    for (a, _), (b, _) in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
+def remote(**kw):
+    kw.setdefault("cpus_per_worker", 1)
+    return flowgate.Ray(**kw)
+
+
+def test_remote_batches_are_the_local_loaders_at_any_pool_size(cluster, data):
+    local = loader(data)
+    want = [epoch(local), epoch(local)]
+    assert [p for _, p in want[0]] != [p for _, p in want[1]]
+    for r in (remote(workers=1, local=False), remote(workers=2, local=False),
+              remote(workers=2, local=True, batches_per_unit=3), remote(workers=0)):
+        with loader(data, r) as l:
+            assert len(l) == 7
+            for e in range(2):
+                same(epoch(l), want[e])
+            assert l.state_dict()["epoch"] == 2
+
+
+def test_every_output_type_arrives_remotely(cluster, data):
+    want = epoch(loader(data))
+    torch = pytest.importorskip("torch")
+    for output, kind in (("torch", torch.Tensor), ("batch", flowgate.Batch)):
+        with loader(data, remote(workers=1, local=False), output=output) as l:
+            got = []
+            for b, paths in l:
+                assert isinstance(b, kind)
+                got.append((np.asarray(b) if output == "batch" else b.numpy(), paths))
+            same(got, want)
+
+
+def actor_pids(l):
+    return [ray.get(w.actor.pid.remote()) for w in l._pool.workers]
+
+
+def test_an_actor_killed_mid_epoch_loses_nothing_and_repeats_nothing(cluster, data):
+    want = epoch(loader(data))
+    with loader(data, remote(workers=2, local=False, batches_per_unit=1)) as l:
+        got = []
+        it = iter(l)
+        got.append(next(it))
+        # Both actors hold units now (two each): kill one as the OOM killer would.
+        victim = l._pool.workers[0]
+        assert victim.units, "the victim holds units"
+        pid = ray.get(victim.actor.pid.remote())
+        os.kill(pid, signal.SIGKILL)
+        for b, paths in it:
+            got.append((np.array(b), list(paths)))
+        got[0] = (np.array(got[0][0]), list(got[0][1]))
+        same(got, want)
+        assert l.stats()["remote"]["reissued_units"] >= 1
+        died = [d for r in l.tuner_trace() for d in r["decisions"] if "died" in d]
+        assert died, l.tuner_trace()
+        # The next epoch runs on the replacement.
+        assert len(l._pool.workers) == 2
+        assert len(epoch(l)) == 7
+
+
+def test_a_remote_checkpoint_resumes_locally_and_a_local_one_remotely(cluster, data):
+    want = epoch(loader(data))
+    # Remote → local, mid-unit (units of 2 batches: 3 batches is one and a half).
+    with loader(data, remote(workers=2, local=False)) as l:
+        head = epoch(l, limit=3)
+        state = l.state_dict()
+    assert state["delivered_items"] == 18
+    local = loader(data)
+    local.load_state_dict(state)
+    same(head + epoch(local), want)
+    # Local → remote.
+    local = loader(data)
+    head = epoch(local, limit=2)
+    state = local.state_dict()
+    with loader(data, remote(workers=1, local=True)) as l:
+        l.load_state_dict(state)
+        same(head + epoch(l), want)
+        # And the epoch after continues remotely from its start.
+        assert l.state_dict()["epoch"] == 1 and l.state_dict()["delivered_items"] == 0
+
+
+def test_ranks_states_merged_resume_remotely_at_another_world_size(cluster, data):
+    # Two ranks take one batch each remotely (40 items: 20 each, not a multiple of 6).
+    seen, states = [], []
+    for rank in range(2):
+        with loader(data, remote(workers=1, local=False), rank=rank, world_size=2) as l:
+            for b, paths in epoch(l, limit=1):
+                seen += paths
+            states.append(l.state_dict())
+    merged = flowgate.merge_state_dicts(states)
+    with loader(data, remote(workers=2, local=False)) as l:
+        l.load_state_dict(merged)
+        rest = [p for _, paths in epoch(l) for p in paths]
+    everything = [p for _, paths in epoch(loader(data)) for p in paths]
+    assert sorted(seen + rest) == sorted(everything)
+    assert len(set(seen + rest)) == 40
+
+
+def test_a_break_keeps_what_was_delivered_and_the_next_epoch_follows(cluster, data):
+    want = [epoch(loader(data)), None]
+    local = loader(data)
+    epoch(local)
+    want[1] = epoch(local)
+    with loader(data, remote(workers=1, local=False)) as l:
+        epoch(l, limit=4)
+        state = l.state_dict()
+        assert state["epoch"] == 0 and state["delivered_items"] == 24
+        # The next iteration is the next epoch, whole, as with a local loader.
+        same(epoch(l), want[1])
+    local = loader(data)
+    local.load_state_dict(state)
+    assert len(epoch(local)) == 3
+
+
+def test_the_pool_grows_while_the_loop_waits_and_says_why(cluster, data):
+    r = remote(workers="auto", min_workers=1, max_workers=3, local=False, batches_per_unit=1)
+    with loader(data, r, resize=96, crop=80) as l:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            epoch(l)
+            if len(l._pool.remote_workers()) >= 2 and len(l.tuner_trace()) >= 3:
+                break
+        trace = l.tuner_trace()
+        grew = [d for rec in trace for d in rec["decisions"] if "one more worker" in d]
+        assert grew, trace
+        assert "RemoteWorkers(1 -> 2)" in grew[0]
+        assert max(rec["workers"] for rec in trace) >= 2
+        assert all(rec["workers"] <= 3 for rec in trace)
+        assert all(0.0 <= rec.get("wait", 0.0) <= 1.0 for rec in trace)
+
+
+def test_actors_show_their_class_in_the_process_list(cluster, data):
+    with loader(data, remote(workers=1, local=False)) as l:
+        epoch(l)
+        (pid,) = actor_pids(l)
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read().replace(b"\0", b" ").decode()
+        assert "FlowgateDecoder" in cmdline
+
+
+def test_a_bad_file_with_skip_errors_off_raises_in_the_training_loop(cluster, data, tmp_path):
+    files = [str(p) for p in sorted((data / "images").rglob("*.jpg"))][:10]
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"not a jpeg")
+    files.insert(4, str(bad))
+    l = flowgate.ImageLoader(files, batch_size=3, resize=32, crop=24, shuffle=False,
+                             skip_errors=False, output="numpy",
+                             remote=remote(workers=1, local=False))
+    with pytest.raises(flowgate.LoaderError, match="bad.jpg"):
+        for _ in l:
+            pass
+    l.close()
+    # Skipped and counted by default, in the training process's failures().
+    l = flowgate.ImageLoader(files, batch_size=3, resize=32, crop=24, shuffle=False,
+                             output="numpy", remote=remote(workers=1, local=False))
+    assert sum(len(b) for b in l) == 10
+    assert [f[1] for f in l.failures()] == [str(bad)]
+    l.close()
+
+
+def test_bad_remote_arguments_are_refused(data):
+    with pytest.raises(TypeError, match="flowgate.Ray"):
+        flowgate.ImageLoader(images(data), remote="ray")
+    with pytest.raises(ValueError, match="workers"):
+        flowgate.Ray(workers=0, local=False)
+    with pytest.raises(ValueError, match="min_workers"):
+        flowgate.Ray(min_workers=5, max_workers=2)
+    with pytest.raises(ValueError, match="cpus_per_worker"):
+        flowgate.Ray(cpus_per_worker=0)
+    with pytest.raises(flowgate.DeviceUnavailable, match="remote"):
+        flowgate.ImageLoader(images(data), device="simulated", remote=flowgate.Ray())
+
+
+def test_without_ray_the_error_names_the_package(data):
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "import flowgate\n"
+        f"l = flowgate.ImageLoader({images(data)!r}, remote=flowgate.Ray())\n"
+        "try:\n"
+        "    iter(l)\n"
+        "except ImportError as e:\n"
+        "    print('ERR', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert "ERR" in out.stdout and "pip install ray" in out.stdout, out.stdout + out.stderr
