@@ -144,6 +144,11 @@ impl PoolSizer {
         let busy = o.in_flight >= n + usize::from(local);
         if waits && busy {
             self.ahead = 0;
+            let who = match (local, n) {
+                (true, 0) => "the training process's own decode".to_owned(),
+                (true, n) => format!("its own decode and all {n} workers"),
+                (false, n) => format!("all {n} workers"),
+            };
             if self.calm <= SETTLE_WINDOWS {
                 return keep(None);
             }
@@ -159,8 +164,8 @@ impl PoolSizer {
                 self.held = Some(why);
                 return keep(first.then(|| {
                     format!(
-                        "the training loop waited {:.0}% of the window with all {n} workers busy, \
-                         but the pool is {why}",
+                        "the training loop waited {:.0}% of the window with {who} busy, but the \
+                         pool is {why}",
                         o.wait * 100.0
                     )
                 }));
@@ -168,8 +173,8 @@ impl PoolSizer {
             return self.change(
                 n + 1,
                 format!(
-                    "the training loop waited {:.0}% of the window with all {n} workers busy: \
-                     one more worker ({:.0} CPUs free)",
+                    "the training loop waited {:.0}% of the window with {who} busy: one more \
+                     worker ({:.0} CPUs free)",
                     o.wait * 100.0,
                     o.free_cpus
                 ),
