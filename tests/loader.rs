@@ -505,6 +505,33 @@ fn a_state_taken_after_a_break_resumes_the_rest_of_that_epoch() {
     assert_eq!(first.state().unwrap().epoch, 2);
 }
 
+/// A checkpoint taken right after a resume, before the resumed epoch is iterated (a training
+/// loop that saves at the top of every epoch), is the resumed state itself: it named the next
+/// epoch before, so a crash then lost the rest of the resumed one.
+#[test]
+fn a_state_taken_right_after_a_resume_is_the_resumed_state() {
+    let d = data();
+    let build = || {
+        let dataset = Dataset::builder(Source::files(d.paths.clone()))
+            .shuffle(6)
+            .build()
+            .unwrap();
+        Loader::builder(dataset, recipe())
+            .batch_size(4)
+            .build()
+            .unwrap()
+    };
+    let (taken, state) = common::take_then_save(&mut build(), 2);
+    let mut resumed = build();
+    resumed.resume(&state).unwrap();
+    let again = resumed.state().unwrap();
+    assert_eq!(again, state);
+    let rest = common::rest_after(&mut build(), &again);
+    let mut all = [taken, rest].concat();
+    all.sort_unstable();
+    assert_eq!(all, (0..IMAGES).collect::<Vec<_>>());
+}
+
 /// Bytes this process has read through system calls (`rchar` of `/proc/self/io`).
 fn bytes_read() -> u64 {
     std::fs::read_to_string("/proc/self/io")
