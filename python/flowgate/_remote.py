@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import os
-import threading
 import time
 import warnings
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
@@ -96,7 +95,7 @@ def _ray() -> Any:
 def _unit_args(args: Dict[str, Any], output: str) -> Dict[str, Any]:
     """A unit loader's arguments: the training loader's, at its rank and world size (as
     resolved there), decoding units, on the CPU, not remote again."""
-    from . import _rank_and_world
+    from ._args import _rank_and_world
     rank, world = _rank_and_world(args)
     return dict(args, rank=rank, world_size=world, remote=None, device="cpu",
                 device_memory_mb=None, output=output, decodes_units=True)
