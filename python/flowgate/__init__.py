@@ -219,6 +219,9 @@ class _Loader:
 
     def __reduce__(self) -> Any:
         epoch = self._native._next_epoch() if os.getpid() == self._pid else self._fork_epoch
+        if self._remote_epoch is not None:
+            # Mid-way through a remote epoch (the native loader plans the one after it).
+            epoch = self._remote_epoch
         # Pickled for the workers of this process (spawn): they mark this process's marker.
         self._own_marker()
         return (_rebuild, (type(self), self._args, epoch, self._marker, self._resume))
@@ -231,6 +234,10 @@ class _Loader:
         workers start at the epoch set in the parent."""
         _check_ints({"epoch": epoch}, epoch=0)
         native = self._here()
+        if self._pool is not None and self._remote_epoch is not None:
+            # A remote epoch being iterated is abandoned, as a local one is.
+            self._pool.abandon()
+            self._remote_epoch = None
         if self._remote_state is not None and (native._next_epoch() != epoch
                                                or self._remote_state.get("epoch") != epoch):
             self._remote_state = None
@@ -316,7 +323,10 @@ class _Loader:
         workers forked (or spawned) before that epoch is iterated here resume from it too,
         each its part of the rank's rest."""
         self._here().load_state_dict(state)
+        if self._pool is not None:
+            self._pool.abandon()
         self._remote_state = None
+        self._remote_epoch = None
         self._resume = dict(state)
 
     def close(self) -> None:
@@ -326,6 +336,7 @@ class _Loader:
             if self._pool is not None:
                 self._pool.close()
                 self._pool = None
+                self._remote_epoch = None
 
     def __enter__(self) -> "_Loader":
         return self

@@ -8,9 +8,11 @@ so a unit is a pure function of (dataset, seed, epoch, unit) and a unit lost wit
 issued again. Actors (``FlowgateDecoder``, one process each) decode units with flowgate's
 native loader and its own tuned threads and return them through Ray's object store (NumPy
 arrays: one copy into the store, none out of it); the training process may decode units
-itself too (``local=True``). The loader yields units in plan order, so the training loop sees
-every item once per epoch in the same order whatever the pool's size, and ``state_dict`` is
-the local loader's at that batch.
+itself too (``local=True``). The loader takes the units' batches in plan order and yields
+them as they are, or — where a skipped item left a batch short — regrouped by the batch size
+(rows copied), so the training loop sees the local loader's batches, every item once per
+epoch, whatever the pool's size; ``state_dict`` is the local loader's at that batch (the
+positions of the rows yielded).
 
 The pool's size follows what the training loop waits (``flowgate::tuner::pool``): once a
 second the sizer sees the loop's wait, the units decoded and in hand, the workers starting and
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import math
 import os
 import time
 import warnings
@@ -37,43 +40,58 @@ class Ray:
     """Where and how a loader decodes remotely: a pool of Ray actors (``FlowgateDecoder``).
 
     ``workers``: ``"auto"`` (default) sizes the pool from what the training loop waits,
-    between ``min_workers`` and ``max_workers`` and within the CPUs the Ray cluster has free;
-    an int pins it. ``cpus_per_worker``: CPUs each actor reserves from Ray and decodes on (its
-    native threads are held to that many cores). ``local``: the training process decodes
-    units too, on its own threads (the pool adds to the node's cores instead of replacing
-    them); ``False`` keeps the node's CPUs for training. ``batches_per_unit``: batches per
-    unit of work (more: less overhead per batch, more lost with an actor). ``address``: the
-    Ray cluster to join when Ray is not initialised yet (default: ``RAY_ADDRESS``, or a local
-    one). Requires the ``ray`` package (``pip install ray``)."""
+    between ``min_workers`` and ``max_workers`` and within the CPUs the Ray cluster has free
+    (it starts at ``min_workers``, at least one actor unless ``local``); an int pins it.
+    ``cpus_per_worker``: CPUs each actor reserves from Ray and decodes on (its native threads
+    are held to that many cores). ``local``: the training process decodes units too, on its
+    own threads (the pool adds to the node's cores instead of replacing them); ``False``
+    keeps the node's CPUs for training. ``batches_per_unit``: batches per unit of work (more:
+    less overhead per batch, more decoded again when an actor is lost). ``start_timeout``:
+    seconds the loop may wait with no actor started and nothing decoding locally before a
+    ``RuntimeError`` says Ray cannot place the actors. ``address``: the Ray cluster to join
+    when Ray is not initialised yet (default: ``RAY_ADDRESS``, or a local one). Requires the
+    ``ray`` package (``pip install ray``)."""
 
     def __init__(self, workers: Any = "auto", max_workers: int = 16,
                  min_workers: Optional[int] = None, cpus_per_worker: float = 4,
                  local: bool = True, batches_per_unit: int = 2,
-                 address: Optional[str] = None) -> None:
-        if workers != "auto" and not (isinstance(workers, int) and not isinstance(workers, bool)
-                                      and workers >= (0 if local else 1)):
-            raise ValueError(f'workers must be "auto" or a number of actors (at least '
-                             f'{0 if local else 1}), not {workers!r}')
-        for name, v, low in (("max_workers", max_workers, 1),
-                             ("batches_per_unit", batches_per_unit, 1)):
+                 start_timeout: float = 300.0, address: Optional[str] = None) -> None:
+        if not isinstance(local, bool):
+            raise TypeError(f"local must be True or False, not {local!r}")
+        floor = 0 if local else 1
+
+        def count(name: str, v: Any, low: int) -> int:
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise ValueError(f"{name} must be an int of at least {low}, not {v!r}")
-        floor = 0 if local else 1
+            return v
+
+        count("max_workers", max_workers, 1)
+        count("batches_per_unit", batches_per_unit, 1)
+        if workers != "auto":
+            count('workers (or "auto")', workers, floor)
+            if workers > max_workers:
+                raise ValueError(f"workers={workers} is more than max_workers={max_workers}")
         if min_workers is None:
-            min_workers = floor
-        if not isinstance(min_workers, int) or isinstance(min_workers, bool) or \
-                not floor <= min_workers <= max_workers:
-            raise ValueError(f"min_workers must be an int in [{floor}, max_workers], not "
-                             f"{min_workers!r}")
-        if not isinstance(cpus_per_worker, (int, float)) or isinstance(cpus_per_worker, bool) \
-                or not cpus_per_worker > 0:
-            raise ValueError(f"cpus_per_worker must be a number above 0, not {cpus_per_worker!r}")
+            min_workers = floor if workers == "auto" else workers
+        count("min_workers", min_workers, floor)
+        if min_workers > max_workers:
+            raise ValueError(f"min_workers={min_workers} is more than max_workers={max_workers}")
+        if workers != "auto" and min_workers != workers:
+            raise ValueError(f"min_workers={min_workers} with a pinned pool of workers={workers}: "
+                             'give one of them (min_workers applies to workers="auto")')
+        for name, v in (("cpus_per_worker", cpus_per_worker), ("start_timeout", start_timeout)):
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not (
+                    v > 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number above 0, not {v!r}")
+        if address is not None and not isinstance(address, str):
+            raise TypeError(f"address must be a str (a Ray address) or None, not {address!r}")
         self.workers = workers
         self.max_workers = max_workers
         self.min_workers = min_workers
         self.cpus_per_worker = float(cpus_per_worker)
-        self.local = bool(local)
+        self.local = local
         self.batches_per_unit = batches_per_unit
+        self.start_timeout = float(start_timeout)
         self.address = address
 
     def __repr__(self) -> str:
@@ -92,31 +110,34 @@ def _ray() -> Any:
     return ray
 
 
-def _unit_args(args: Dict[str, Any], output: str) -> Dict[str, Any]:
+def _unit_args(args: Dict[str, Any]) -> Dict[str, Any]:
     """A unit loader's arguments: the training loader's, at its rank and world size (as
-    resolved there), decoding units, on the CPU, not remote again."""
+    resolved there), decoding units into NumPy arrays on the CPU, not remote again."""
     from ._args import _rank_and_world
     rank, world = _rank_and_world(args)
     return dict(args, rank=rank, world_size=world, remote=None, device="cpu",
-                device_memory_mb=None, output=output, decodes_units=True)
+                device_memory_mb=None, output="numpy", decodes_units=True)
 
 
 def _decode_unit(loader: Any, state: Dict[str, Any]) -> Dict[str, Any]:
-    """Decodes the unit `state` names with `loader` (built by `_unit_args`): its batches as
-    the loader yields them, the positions delivered after each, the failures skipped, and
-    the seconds it took."""
+    """Decodes the unit `state` names with `loader` (built from `_unit_args`): its batches
+    (NumPy arrays, or tuples holding some), each batch's positions (``[start, end)`` pairs:
+    one per row, in row order for input order), the failures skipped, and the seconds it
+    took."""
     start = time.perf_counter()
     native = loader._native
     epoch = state["epoch"]
     # The loader keeps the epoch's failures across its units: this unit's are the new ones.
     before = len(native.failures(epoch))
     native.load_state_dict(state)
-    batches, progress = [], []
+    batches, rows = [], []
+    prev = state
     for item in loader:
+        now = native.state_dict()
         batches.append(item)
-        progress.append(_native._delivered_since(native.state_dict(), state))
-    return {"batches": batches, "progress": progress,
-            "failures": native.failures(epoch)[before:],
+        rows.append(_native._delivered_since(now, prev))
+        prev = now
+    return {"batches": batches, "rows": rows, "failures": native.failures(epoch)[before:],
             "seconds": time.perf_counter() - start}
 
 
@@ -148,19 +169,23 @@ class FlowgateDecoder:
 
 class _Worker:
     """One actor (or the training process's own decode, ``actor is None``) and the units in
-    its hands, oldest first."""
+    its hands, oldest first: ``(epoch token, unit, ObjectRef or Future)``."""
 
-    def __init__(self, actor: Any, name: str) -> None:
+    def __init__(self, actor: Any, name: str, ready: Any = None) -> None:
         self.actor = actor
         self.name = name
-        self.units: Deque[Tuple[int, Any]] = collections.deque()
+        self.units: Deque[Tuple[int, int, Any]] = collections.deque()
         self.finished = 0
         self.retiring = False
         self.busy_seconds = 0.0
+        #: The actor's first answer (its pid): until it comes, it gets no units.
+        self.ready_ref = ready
+        self.ready = actor is None
 
 
 class _Pool:
-    """A loader's actors, kept across its epochs; the local decoder; the sizer."""
+    """A loader's actors, kept across its epochs; the local decoder; the sizer; which epoch
+    (token) owns the units in hand."""
 
     def __init__(self, loader: Any, remote: Ray) -> None:
         self.ray = _ray()
@@ -169,8 +194,7 @@ class _Pool:
                           log_to_driver=False)
         self.remote = remote
         self.cls_name = type(loader).__name__
-        self.args = _unit_args(loader._args, "numpy")
-        self.local_args = _unit_args(loader._args, loader._args["output"])
+        self.args = _unit_args(loader._args)
         self.actor_class = self.ray.remote(FlowgateDecoder)
         self.workers: List[_Worker] = []
         self.local: Optional[_Worker] = None
@@ -178,9 +202,14 @@ class _Pool:
         self.executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self.started = 0
         self.deaths_before_a_unit = 0
+        self.last_death = ""
         self.reissued = 0
         self.trace: Deque[Dict[str, Any]] = collections.deque(maxlen=1000)
         self.t0 = time.monotonic()
+        #: The epoch whose units the workers hold (a new iterator, set_epoch, a resume or
+        #: close end the last one's).
+        self.current = 0
+        self.tokens = 0
         # The sizer's window (it runs across epochs): its start, the loop's wait in it, and
         # the units the loop took.
         self.window_start = self.t0
@@ -190,7 +219,7 @@ class _Pool:
         if remote.workers == "auto":
             self.sizer = _native.PoolSizer(remote.min_workers, remote.max_workers,
                                            remote.cpus_per_worker, remote.local)
-            initial = max(remote.min_workers, 1)
+            initial = remote.min_workers if remote.local else max(remote.min_workers, 1)
         else:
             initial = remote.workers
         if remote.local:
@@ -204,24 +233,86 @@ class _Pool:
         self.started += 1
         actor = self.actor_class.options(num_cpus=self.remote.cpus_per_worker).remote(
             self.cls_name, self.args, self.remote.cpus_per_worker)
-        self.workers.append(_Worker(actor, f"FlowgateDecoder-{self.started}"))
+        self.workers.append(_Worker(actor, f"FlowgateDecoder-{self.started}",
+                                    actor.pid.remote()))
+
+    def begin(self) -> int:
+        """A new epoch takes the pool: the units of any other are dropped."""
+        self.abandon()
+        self.tokens += 1
+        self.current = self.tokens
+        return self.current
+
+    def abandon(self) -> None:
+        """No epoch owns the pool: units in hand are dropped (cancelled where not started; an
+        actor busy with one finishes it, and its result is never read)."""
+        self.current = 0
+        for w in self.workers + ([self.local] if self.local else []):
+            for _, _, ref in w.units:
+                try:
+                    if isinstance(ref, concurrent.futures.Future):
+                        ref.cancel()
+                    else:
+                        self.ray.cancel(ref)
+                except Exception:
+                    pass
+            w.units.clear()
+        self.reap()
 
     def remote_workers(self) -> List[_Worker]:
         return [w for w in self.workers if not w.retiring]
 
-    def hands(self) -> List[_Worker]:
-        """The workers that take new units: the live actors and the local decoder."""
-        return self.remote_workers() + ([self.local] if self.local is not None else [])
+    def check_ready(self) -> None:
+        """Notes the actors that have started; buries those whose start failed."""
+        for w in list(self.workers):
+            if w.ready or w.ready_ref is None:
+                continue
+            done, _ = self.ray.wait([w.ready_ref], timeout=0)
+            if not done:
+                continue
+            try:
+                self.ray.get(w.ready_ref)
+                w.ready = True
+            except Exception as e:  # the actor's constructor failed, or it died
+                self.died(w, e)
 
-    def issue(self, worker: _Worker, unit: int, state: Dict[str, Any]) -> None:
+    def died(self, worker: _Worker, error: BaseException) -> List[int]:
+        """Removes a dead actor; returns the units it held (of the current epoch). A pinned
+        pool is kept at its size, a sized one at its floor (the sizer grows it)."""
+        if worker in self.workers:
+            self.workers.remove(worker)
+        lost = [u for t, u, _ in worker.units if t == self.current]
+        worker.units.clear()
+        if worker.finished == 0:
+            self.deaths_before_a_unit += 1
+            self.last_death = str(error).strip().splitlines()[-1][:500] if str(error) else \
+                type(error).__name__
+            if self.deaths_before_a_unit >= _STARTUP_DEATHS:
+                raise RuntimeError(
+                    f"{_STARTUP_DEATHS} FlowgateDecoder actors in a row died before decoding a "
+                    f"unit, the last with: {self.last_death} (their loader cannot be built "
+                    "there, or the cluster kills them; `ray logs` has more)")
+        floor = self.remote.min_workers if self.sizer is not None else self.remote.workers
+        if not worker.retiring and len(self.remote_workers()) < max(floor,
+                                                                    int(self.local is None)):
+            self.start_worker()
+        return lost
+
+    def hands(self) -> List[_Worker]:
+        """The workers that take new units: the started actors and the local decoder."""
+        self.check_ready()
+        out = [w for w in self.remote_workers() if w.ready]
+        return out + ([self.local] if self.local is not None else [])
+
+    def issue(self, worker: _Worker, token: int, unit: int, state: Dict[str, Any]) -> None:
         if worker.actor is None:
             if self.local_loader is None:
-                self.local_loader = _unit_loader(self.cls_name, self.local_args)
-            assert self.executor is not None
+                self.local_loader = _unit_loader(self.cls_name, self.args)
+            assert self.executor is not None, "the pool is closed"
             ref = self.executor.submit(_decode_unit, self.local_loader, state)
         else:
             ref = worker.actor.run.remote(state)
-        worker.units.append((unit, ref))
+        worker.units.append((token, unit, ref))
 
     def retire(self, worker: _Worker) -> None:
         worker.retiring = True
@@ -238,6 +329,7 @@ class _Pool:
                     pass
 
     def close(self) -> None:
+        self.abandon()
         for w in self.workers:
             try:
                 self.ray.kill(w.actor)
@@ -259,64 +351,137 @@ def _done(ray: Any, ref: Any) -> bool:
     return bool(ready)
 
 
+class _Rows:
+    """A source batch (NumPy arrays, or a tuple holding some and lists) and its rows'
+    positions; `at`: the rows already yielded."""
+
+    def __init__(self, item: Any, positions: List[int]) -> None:
+        self.item = item
+        self.positions = positions
+        self.at = 0
+
+    def __len__(self) -> int:
+        return len(self.positions) - self.at
+
+    def take(self, n: int) -> Tuple[Any, List[int]]:
+        a, b = self.at, self.at + n
+        self.at = b
+        return _slice(self.item, a, b), self.positions[a:b]
+
+
+def _slice(item: Any, a: int, b: int) -> Any:
+    if isinstance(item, tuple):
+        return tuple(_slice(x, a, b) for x in item)
+    return item[a:b]
+
+
+def _concat(parts: List[Any]) -> Any:
+    import numpy
+    first = parts[0]
+    if isinstance(first, tuple):
+        return tuple(_concat([p[k] for p in parts]) for k in range(len(first)))
+    if isinstance(first, list):
+        return [x for p in parts for x in p]
+    return numpy.concatenate(parts)
+
+
+def _expand(ranges: List[Tuple[int, int]]) -> List[int]:
+    return [p for a, b in ranges for p in range(a, b)]
+
+
 class _RemoteEpoch:
-    """One epoch of a remote loader: units handed out to the pool, batches yielded in plan
-    order, the loader's checkpoint kept at each batch."""
+    """One epoch of a remote loader: units handed out to the pool, their batches yielded in
+    plan order (regrouped where a skipped item left one short), the loader's checkpoint kept
+    at each batch."""
 
     #: Units issued or waiting per worker (and for the local decoder).
     WINDOW_PER_WORKER = 2
     #: Seconds between the sizer's windows.
     WINDOW_SECONDS = 1.0
-    #: Seconds a wait lasts before it checks for signals (Ctrl-C).
+    #: Seconds a wait lasts before it checks for signals (Ctrl-C) and the pool.
     SLICE = 0.05
 
     def __init__(self, loader: Any) -> None:
         self._loader = loader
         self._pool: _Pool = loader._remote_pool()
+        self._token = self._pool.begin()
         native = loader._native
         self._plan = native._plan_units(loader._args["remote"].batches_per_unit)
         self.epoch = self._plan.epoch
         # The native loader's next epoch is the one after this (the plan holds this one).
         native.set_epoch(self.epoch + 1)
         self._units = len(self._plan)
+        self._batch = loader._args["batch_size"]
+        # Regrouping rows needs them in position order (input order) and fixed-size batches.
+        self._regroup = self._plan.per_batch > 1 and loader._args.get("order", "input") == "input"
         self._issued = 0          # units handed out: 0.._issued
-        self._at = 0              # the unit being yielded
+        self._at = 0              # the next unit to take
         self._states: Dict[int, Dict[str, Any]] = {}
-        self._results: Dict[int, Dict[str, Any]] = {}
-        self._batches: Deque[Any] = collections.deque()
-        self._progress: Deque[List[Tuple[int, int]]] = collections.deque()
+        self._rows: Deque[_Rows] = collections.deque()
         self._convert = _converter_from_numpy(loader._args["output"])
-        loader._remote_state = self._plan.state_after(0, [])
-        loader._remote_failures.setdefault(self.epoch, [])
+        loader._remote_state = self._plan.state()
+        loader._remote_failures[self.epoch] = []
         loader._remote_epoch = self.epoch
+        self._no_hands_since: Optional[float] = None
         self._finished = False
 
     def __iter__(self) -> "_RemoteEpoch":
         return self
 
+    def __del__(self) -> None:
+        # Left with `break` (or dropped mid-way): its units are dropped at once.
+        try:
+            if not self._finished and self._pool.current == self._token:
+                self._pool.abandon()
+                self._loader._remote_epoch = None
+        except Exception:
+            pass
+
     def __next__(self) -> Any:
-        if self._finished:
+        if self._finished or self._pool.current != self._token:
+            # Ended, or abandoned (another iterator, set_epoch, a resume, close).
+            self._finished = True
             raise StopIteration
-        while not self._batches:
-            if self._at >= self._units:
-                self._finish()
-                raise StopIteration
-            self._take(self._at)
-        batch = self._batches.popleft()
-        partly = self._progress.popleft()
-        if self._batches:
-            # Part of the unit delivered.
-            self._loader._remote_state = self._plan.state_after(self._at, partly)
-        else:
-            self._at += 1
-            self._pool.consumed += 1
-            self._loader._remote_state = self._plan.state_after(self._at, [])
+        item, positions = self._next_batch()
+        if item is None:
+            self._finish()
+            raise StopIteration
+        self._plan.receive([(p, p + 1) for p in positions])
+        self._loader._remote_state = self._plan.state()
         self._maybe_resize()
-        return batch
+        return self._convert(item)
+
+    def _next_batch(self) -> Tuple[Any, List[int]]:
+        """The next batch and its rows' positions, or ``(None, [])`` at the epoch's end."""
+        while not self._rows and self._at < self._units:
+            self._take(self._at)
+        if not self._rows:
+            return None, []
+        head = self._rows[0]
+        if not self._regroup or (head.at == 0 and len(head) == self._batch):
+            self._rows.popleft()
+            return head.item, head.positions
+        # A short batch (a skipped item): rows from the next batches make it up, as the local
+        # loader fills a batch from the next items.
+        parts, positions = [], []
+        while len(positions) < self._batch:
+            while not self._rows and self._at < self._units:
+                self._take(self._at)
+            if not self._rows:
+                break
+            head = self._rows[0]
+            part, pos = head.take(min(len(head), self._batch - len(positions)))
+            parts.append(part)
+            positions += pos
+            if not len(head):
+                self._rows.popleft()
+        if len(positions) < self._batch and self._plan.drop_last:
+            return None, []
+        return _concat(parts), positions
 
     def _finish(self) -> None:
         self._finished = True
-        self._loader._remote_state = self._plan.state_after(self._units, [])
+        self._loader._remote_state = self._plan.next_state()
         self._loader._remote_epoch = None
 
     def _fill(self) -> None:
@@ -326,36 +491,46 @@ class _RemoteEpoch:
             hands = pool.hands()
             if not hands:
                 return
-            ahead = self._issued - self._at
-            if ahead >= self.WINDOW_PER_WORKER * len(hands):
+            if self._issued - self._at >= self.WINDOW_PER_WORKER * len(hands):
                 return
             worker = min(hands, key=lambda w: len(w.units))
             if len(worker.units) >= self.WINDOW_PER_WORKER:
                 return
             u = self._issued
             self._states[u] = self._plan.unit_state(u)
-            pool.issue(worker, u, self._states[u])
+            pool.issue(worker, self._token, u, self._states[u])
             self._issued += 1
 
-    def _holder(self, unit: int) -> Optional[Tuple[_Worker, Any]]:
-        for w in self._pool.workers + ([self._pool.local] if self._pool.local else []):
-            for u, ref in w.units:
-                if u == unit:
-                    return w, ref
+    def _holder(self, unit: int) -> Optional[Tuple[_Worker, Tuple[int, int, Any]]]:
+        pool = self._pool
+        for w in pool.workers + ([pool.local] if pool.local else []):
+            for entry in w.units:
+                if entry[0] == self._token and entry[1] == unit:
+                    return w, entry
         return None
 
     def _take(self, unit: int) -> None:
-        """Waits for `unit`'s result (reissuing it if its actor died) and queues its batches."""
-        ray = self._pool.ray
+        """Waits for `unit`'s result (issuing it again if its actor died) and queues its
+        batches."""
+        pool = self._pool
+        ray = pool.ray
         start = time.monotonic()
         while True:
+            if pool.current != self._token:
+                raise StopIteration
             self._fill()
             held = self._holder(unit)
             if held is None:
+                if not pool.hands():
+                    self._no_hands(start)
+                    time.sleep(self.SLICE)
+                    self._maybe_resize(waiting_since=start)
+                    continue
                 # Its worker died and no one has it: hand it out again.
                 self._reissue([unit])
                 continue
-            worker, ref = held
+            worker, entry = held
+            ref = entry[2]
             try:
                 if isinstance(ref, concurrent.futures.Future):
                     result = ref.result(timeout=self.SLICE)
@@ -370,68 +545,70 @@ class _RemoteEpoch:
                 continue
             except Exception as e:  # noqa: BLE001 - sorted below
                 if self._lost_actor(e):
-                    self._bury(worker)
+                    self._bury(worker, e)
                     continue
                 raise _loader_error(e) from None
             break
-        self._pool.waited += time.monotonic() - start
-        worker.units.popleft()
+        pool.waited += time.monotonic() - start
+        worker.units.remove(entry)
         worker.finished += 1
         worker.busy_seconds += result["seconds"]
-        self._pool.deaths_before_a_unit = 0
-        self._pool.reap()
+        pool.deaths_before_a_unit = 0
+        pool.reap()
         self._loader._remote_failures[self.epoch].extend(result["failures"])
-        for b, p in zip(result["batches"], result["progress"]):
-            self._batches.append(b if worker.actor is None else self._convert(b))
-            self._progress.append(p)
+        for b, rows in zip(result["batches"], result["rows"]):
+            if worker.actor is None and not isinstance(b, tuple):
+                b.flags.writeable = False
+            elif worker.actor is None:
+                for x in b:
+                    if hasattr(x, "flags"):
+                        x.flags.writeable = False
+            self._rows.append(_Rows(b, _expand(rows)))
         self._states.pop(unit, None)
-        if not result["batches"]:
-            # Every item of the unit failed (skipped): the unit is done, nothing to yield.
-            self._at += 1
-            self._loader._remote_state = self._plan.state_after(self._at, [])
+        self._at += 1
+        pool.consumed += 1
+
+    def _no_hands(self, start: float) -> None:
+        """No started actor and no local decoder: waits for Ray to place one, for at most
+        ``start_timeout`` seconds."""
+        pool = self._pool
+        if self._no_hands_since is None:
+            self._no_hands_since = start
+        waited = time.monotonic() - self._no_hands_since
+        if waited > pool.remote.start_timeout:
+            try:
+                free = pool.ray.available_resources().get("CPU", 0.0)
+            except Exception:
+                free = float("nan")
+            raise RuntimeError(
+                f"no FlowgateDecoder actor started in {waited:.0f} s: each asks Ray for "
+                f"cpus_per_worker={pool.remote.cpus_per_worker:g} CPUs and the cluster has "
+                f"{free:g} free (lower cpus_per_worker, add nodes, or use local=True)")
 
     def _lost_actor(self, e: BaseException) -> bool:
         exc = self._pool.ray.exceptions
-        return isinstance(e, (exc.RayActorError, getattr(exc, "ActorDiedError", exc.RayActorError),
-                              getattr(exc, "ActorUnavailableError", exc.RayActorError)))
+        kinds = tuple(getattr(exc, k) for k in ("RayActorError", "ActorDiedError",
+                                                 "ActorUnavailableError") if hasattr(exc, k))
+        return isinstance(e, kinds)
 
-    def _bury(self, worker: _Worker) -> None:
+    def _bury(self, worker: _Worker, error: BaseException) -> None:
         """An actor died: its units go back to the pool, and a new actor replaces it."""
-        pool = self._pool
-        if worker in pool.workers:
-            pool.workers.remove(worker)
-        lost = [u for u, _ in worker.units]
-        worker.units.clear()
-        if worker.finished == 0:
-            pool.deaths_before_a_unit += 1
-            if pool.deaths_before_a_unit >= _STARTUP_DEATHS:
-                raise RuntimeError(
-                    f"{_STARTUP_DEATHS} FlowgateDecoder actors in a row died before decoding a "
-                    "unit: their loader cannot be built there (see the actors' logs: `ray "
-                    "logs`), or the cluster kills them")
-        # A pinned pool is kept at its size; a sized one at its floor (the sizer grows it).
-        floor = self._min_workers() if pool.sizer is not None else pool.remote.workers
-        if not worker.retiring and len(pool.remote_workers()) < max(floor, int(pool.local is None)):
-            pool.start_worker()
-        pool.reissued += len(lost)
+        lost = self._pool.died(worker, error)
+        self._pool.reissued += len(lost)
         self._record(None, f"{worker.name} died with {len(lost)} units in hand: issued again")
         self._reissue(lost)
 
-    def _min_workers(self) -> int:
-        return self._pool.remote.min_workers
-
     def _reissue(self, units: List[int]) -> None:
         pool = self._pool
+        hands = pool.hands()
+        if not hands:
+            return  # `_take` waits for an actor to start, then hands them out
         for u in sorted(units):
-            hands = pool.hands()
-            if not hands:
-                pool.start_worker()
-                hands = pool.hands()
             worker = min(hands, key=lambda w: len(w.units))
             state = self._states.get(u)
             if state is None:
                 state = self._states[u] = self._plan.unit_state(u)
-            pool.issue(worker, u, state)
+            pool.issue(worker, self._token, u, state)
 
     def _maybe_resize(self, waiting_since: Optional[float] = None) -> None:
         pool = self._pool
@@ -447,7 +624,9 @@ class _RemoteEpoch:
         remote = pool.remote_workers()
         ready = in_flight = starting = 0
         for w in remote + ([pool.local] if pool.local else []):
-            for _, ref in w.units:
+            for t, _, ref in w.units:
+                if t != self._token:
+                    continue
                 if _done(ray, ref):
                     ready += 1
                 else:
@@ -458,7 +637,7 @@ class _RemoteEpoch:
         pool.consumed = 0
         worker_rate = _rate(remote)
         local_rate = _rate([pool.local]) if pool.local else 0.0
-        wait = min(1.0, waited / span)
+        wait = min(1.0, max(0.0, waited / span))
         why = None
         if pool.sizer is not None:
             try:
@@ -487,7 +666,8 @@ class _RemoteEpoch:
         rec["decisions"] = []
         if why is not None:
             before = n if workers_before is None else workers_before
-            rec["decisions"] = [f"RemoteWorkers({before} -> {n}): {why}"]
+            rec["decisions"] = [f"RemoteWorkers({before} -> {n}): {why}"
+                                if window is not None else why]
         pool.trace.append(rec)
 
 
@@ -509,9 +689,10 @@ def _loader_error(e: BaseException) -> BaseException:
 
 
 def _converter_from_numpy(output: str) -> Callable[[Any], Any]:
-    """Converts an actor's batch (NumPy arrays, or a tuple holding some) to ``output``'s
-    type: ``"numpy"`` as they are (read-only views of Ray's object store), ``"torch"`` as
-    tensors sharing them, ``"batch"`` as :class:`Batch` objects (one copy)."""
+    """Converts a unit's batch (NumPy arrays, or a tuple holding some) to ``output``'s type:
+    ``"numpy"`` as they are (read-only: views of Ray's object store, or of the training
+    process's own decode), ``"torch"`` as tensors sharing them, ``"batch"`` as
+    :class:`Batch` objects (one copy)."""
     import numpy
     if output == "numpy":
         def one(a: Any) -> Any:
@@ -521,7 +702,7 @@ def _converter_from_numpy(output: str) -> Callable[[Any], Any]:
 
         def one(a: Any) -> Any:
             with warnings.catch_warnings():
-                # Read-only: the object store's memory. The training loop reads batches.
+                # Read-only memory shared, not copied: the training loop reads batches.
                 warnings.simplefilter("ignore", UserWarning)
                 return torch.from_numpy(a)
     else:

@@ -331,7 +331,10 @@ impl Loader {
                     .plan_units(batches_per_unit)
             })
             .map_err(to_py)?;
-        Ok(crate::units::EpochPlan { plan })
+        Ok(crate::units::EpochPlan {
+            plan,
+            received: Default::default(),
+        })
     }
 
     /// Stops the pipeline and joins its threads (also done when the loader is freed).

@@ -9,10 +9,12 @@ use pyo3::types::PyDict;
 
 use crate::state::{state_from_py, state_to_py};
 
-/// An epoch's units: made by `Loader._plan_units`.
+/// An epoch's units: made by `Loader._plan_units`; it also keeps the positions the training
+/// loop has received, for its checkpoints.
 #[pyclass(frozen, module = "flowgate._native")]
 pub(crate) struct EpochPlan {
     pub(crate) plan: flowgate::loader::EpochPlan,
+    pub(crate) received: std::sync::Mutex<RangeSet>,
 }
 
 #[pymethods]
@@ -27,6 +29,18 @@ impl EpochPlan {
     #[getter]
     fn batches(&self) -> usize {
         self.plan.batches()
+    }
+
+    /// Positions per batch (1: length-aware batches, a position is a batch).
+    #[getter]
+    fn per_batch(&self) -> usize {
+        self.plan.per_batch()
+    }
+
+    /// Whether the epoch's last partial batch is dropped.
+    #[getter]
+    fn drop_last(&self) -> bool {
+        self.plan.drop_last()
     }
 
     /// Units in the epoch.
@@ -45,16 +59,22 @@ impl EpochPlan {
         state_to_py(py, &self.plan.unit_state(&unit))
     }
 
-    /// The training process's `state_dict` once units `0..units` arrived whole and, of the
-    /// next, the positions in `partly` (`[start, end)` pairs, from `_delivered_since`).
-    fn state_after<'py>(
-        &self,
-        py: Python<'py>,
-        units: usize,
-        partly: Vec<(u64, u64)>,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        let partly = RangeSet::from_ranges(partly);
-        state_to_py(py, &self.plan.state_after(units, &partly))
+    /// Records positions the training loop received (`[start, end)` pairs: a batch's rows).
+    fn receive(&self, positions: Vec<(u64, u64)>) {
+        let mut r = self.received.lock().expect("received");
+        *r = RangeSet::from_ranges(r.ranges().chain(positions));
+    }
+
+    /// The training process's `state_dict` now: what was delivered before the epoch and the
+    /// positions received.
+    fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let r = self.received.lock().expect("received").clone();
+        state_to_py(py, &self.plan.state_with(&r))
+    }
+
+    /// The `state_dict` after the epoch's end: the next epoch from its start.
+    fn next_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        state_to_py(py, &self.plan.next_state())
     }
 }
 
@@ -66,8 +86,8 @@ impl EpochPlan {
     }
 }
 
-/// The positions delivered in `later` and not in `earlier` (a unit's progress: the state of
-/// the loader decoding it against the unit's state), as `[start, end)` pairs.
+/// The positions delivered in `later` and not in `earlier` (a batch's rows: the states of the
+/// loader decoding a unit after and before it), as `[start, end)` pairs.
 #[pyfunction]
 pub(crate) fn _delivered_since(
     later: &Bound<'_, PyDict>,

@@ -1,8 +1,10 @@
 """Remote decode on Ray actors (``remote=flowgate.Ray(...)``), against a real local Ray
 runtime started here: the same batches as the local loader for the same seed at any pool
-size, every item once per epoch with an actor killed mid-epoch, checkpoints that resume
-locally and remotely (and merged across ranks), the pool growing while the loop waits, and
-clear errors (no ``ray``, a bad file with ``skip_errors=False``, bad arguments)."""
+size (a skipped file and ``drop_last`` too), every item once per epoch with an actor killed
+mid-epoch, checkpoints that resume locally and remotely (and merged across ranks, taken at
+an epoch's last batch, after a ``break``), ``set_epoch`` abandoning an epoch, actors Ray
+cannot place, the pool growing while the loop waits, and clear errors (no ``ray``, a loader
+the actors cannot build, a bad file with ``skip_errors=False``, bad arguments)."""
 
 import os
 import pathlib
@@ -153,19 +155,76 @@ def test_ranks_states_merged_resume_remotely_at_another_world_size(cluster, data
 
 
 def test_a_break_keeps_what_was_delivered_and_the_next_epoch_follows(cluster, data):
-    want = [epoch(loader(data)), None]
     local = loader(data)
-    epoch(local)
-    want[1] = epoch(local)
-    with loader(data, remote(workers=1, local=False)) as l:
-        epoch(l, limit=4)
+    want = [epoch(local), epoch(local)]
+    for r in (remote(workers=1, local=False), remote(workers=2, local=False, batches_per_unit=3),
+              remote(workers=1, local=True, batches_per_unit=3)):
+        with loader(data, r) as l:
+            epoch(l, limit=1)
+            state = l.state_dict()
+            assert state["epoch"] == 0 and state["delivered_items"] == 6
+            # The next iteration is the next epoch, whole, as with a local loader: none of
+            # the abandoned epoch's units in hand leak into it.
+            same(epoch(l), want[1])
+        resumed = loader(data)
+        resumed.load_state_dict(state)
+        same(want[0][:1] + epoch(resumed), want[0])
+        # A resume after a break, on the same remote loader.
+        with loader(data, r) as l:
+            epoch(l, limit=4)
+            l.load_state_dict(state)
+            same(epoch(l), want[0][1:])
+
+
+def test_a_state_at_an_epochs_last_batch_is_the_local_loaders(cluster, data):
+    local = loader(data)
+    for _ in local:
+        want = local.state_dict()
+    assert (want["epoch"], want["delivered_items"]) == (0, 40)
+    with loader(data, remote(workers=2, local=True)) as l:
+        for _ in l:
+            got = l.state_dict()
+        assert got == want
+        assert l.state_dict()["epoch"] == 1 and l.state_dict()["delivered_items"] == 0
+
+
+def test_set_epoch_mid_epoch_abandons_it_as_locally(cluster, data):
+    with loader(data, remote(workers=2, local=False, batches_per_unit=1)) as l:
+        it = iter(l)
+        next(it)
+        l.set_epoch(3)
+        assert list(it) == []
         state = l.state_dict()
-        assert state["epoch"] == 0 and state["delivered_items"] == 24
-        # The next iteration is the next epoch, whole, as with a local loader.
-        same(epoch(l), want[1])
-    local = loader(data)
-    local.load_state_dict(state)
-    assert len(epoch(local)) == 3
+        assert (state["epoch"], state["delivered_items"]) == (3, 0)
+        local = loader(data)
+        local.set_epoch(3)
+        same(epoch(l), epoch(local))
+
+
+def test_actors_ray_cannot_place_do_not_hang_the_loop(cluster, data):
+    want = epoch(loader(data))
+    # Each asks for more CPUs than the cluster has: the training process decodes alone.
+    with loader(data, remote(workers=1, local=True, cpus_per_worker=100)) as l:
+        same(epoch(l), want)
+    # More pinned actors than fit: those placed do the work.
+    with loader(data, remote(workers=8, local=False, batches_per_unit=1)) as l:
+        same(epoch(l), want)
+    # None can be placed and nothing decodes locally: an error naming the request.
+    with loader(data, remote(workers=1, local=False, cpus_per_worker=100, start_timeout=2)) as l:
+        with pytest.raises(RuntimeError, match="cpus_per_worker=100"):
+            epoch(l)
+
+
+def test_a_loader_the_actors_cannot_build_is_an_error_naming_why(cluster, data, tmp_path):
+    listing = tmp_path / "list.txt"
+    listing.write_text(open(images(data)).read())
+    l = flowgate.ImageLoader(str(listing), batch_size=6, resize=32, crop=24, output="numpy",
+                             remote=remote(workers=1, local=False))
+    listing.unlink()
+    with pytest.raises(RuntimeError, match="list.txt"):
+        epoch_len = sum(1 for _ in l)
+        assert epoch_len < 0
+    l.close()
 
 
 def test_the_pool_grows_while_the_loop_waits_and_says_why(cluster, data):
@@ -194,6 +253,23 @@ def test_actors_show_their_class_in_the_process_list(cluster, data):
         assert "FlowgateDecoder" in cmdline
 
 
+def test_a_skipped_file_gives_the_local_loaders_batches(cluster, data, tmp_path):
+    files = [str(p) for p in sorted((data / "images").rglob("*.jpg"))][:13]
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"not a jpeg")
+    files.insert(4, str(bad))
+    for drop_last in (False, True):
+        kw = dict(batch_size=3, resize=32, crop=24, shuffle=False, drop_last=drop_last,
+                  return_paths=True, output="numpy")
+        want = epoch(flowgate.ImageLoader(files, **kw))
+        assert [len(p) for _, p in want] == [3, 3, 3, 3] + ([] if drop_last else [1])
+        for r in (remote(workers=1, local=False, batches_per_unit=1),
+                  remote(workers=2, local=True)):
+            with flowgate.ImageLoader(files, remote=r, **kw) as l:
+                same(epoch(l), want)
+                assert [f[1] for f in l.failures()] == [str(bad)]
+
+
 def test_a_bad_file_with_skip_errors_off_raises_in_the_training_loop(cluster, data, tmp_path):
     files = [str(p) for p in sorted((data / "images").rglob("*.jpg"))][:10]
     bad = tmp_path / "bad.jpg"
@@ -206,12 +282,6 @@ def test_a_bad_file_with_skip_errors_off_raises_in_the_training_loop(cluster, da
         for _ in l:
             pass
     l.close()
-    # Skipped and counted by default, in the training process's failures().
-    l = flowgate.ImageLoader(files, batch_size=3, resize=32, crop=24, shuffle=False,
-                             output="numpy", remote=remote(workers=1, local=False))
-    assert sum(len(b) for b in l) == 10
-    assert [f[1] for f in l.failures()] == [str(bad)]
-    l.close()
 
 
 def test_bad_remote_arguments_are_refused(data):
@@ -223,6 +293,16 @@ def test_bad_remote_arguments_are_refused(data):
         flowgate.Ray(min_workers=5, max_workers=2)
     with pytest.raises(ValueError, match="cpus_per_worker"):
         flowgate.Ray(cpus_per_worker=0)
+    with pytest.raises(ValueError, match="cpus_per_worker"):
+        flowgate.Ray(cpus_per_worker=float("inf"))
+    with pytest.raises(TypeError, match="local"):
+        flowgate.Ray(local="no")
+    with pytest.raises(ValueError, match="max_workers"):
+        flowgate.Ray(workers=5, max_workers=2)
+    with pytest.raises(ValueError, match="pinned"):
+        flowgate.Ray(workers=2, min_workers=3, max_workers=4)
+    with pytest.raises(TypeError, match="address"):
+        flowgate.Ray(address=123)
     with pytest.raises(flowgate.DeviceUnavailable, match="remote"):
         flowgate.ImageLoader(images(data), device="simulated", remote=flowgate.Ray())
 

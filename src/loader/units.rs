@@ -4,18 +4,21 @@
 //! An [`EpochPlan`] is made by the loader that *plans* (the training process's): the epoch
 //! its next [`start_epoch`](super::Loader::start_epoch) would run, the positions of this
 //! rank's share still to deliver (after a resume, the rest), and how they fall into batches.
-//! Unit `u` is batches `[u·k, (u+1)·k)` of that list. [`EpochPlan::unit_state`] is a
-//! checkpoint in which everything but the unit's positions is delivered: a loader built with
-//! the same arguments (and the same rank and world size) that resumes it decodes exactly the
-//! unit, with the same order, batches and augmentation as the planning loader would, so a
-//! unit is a pure function of (dataset, seed, epoch, unit) and a unit lost with its worker is
-//! simply decoded again. [`EpochPlan::state_after`] is the planning loader's checkpoint once
-//! the consumer has received whole units and part of the next one: the same
-//! [`PipelineState`] a local loader would record, so it resumes locally or remotely.
+//! Unit `u` is batches `[u·k, (u+1)·k)` of that list, all of it (with `drop_last` too: the
+//! consumer drops the epoch's last partial batch, after items skipped as unreadable have been
+//! made up from the next ones). [`EpochPlan::unit_state`] is a checkpoint in which everything
+//! but the unit's positions is delivered: a loader built with the same arguments (and the same
+//! rank and world size, and [`decodes_units`](super::LoaderBuilder::decodes_units)) that
+//! resumes it decodes exactly the unit, with the same order, batches and augmentation as the
+//! planning loader would, so a unit is a pure function of (dataset, seed, epoch, unit) and a
+//! unit lost with its worker is simply decoded again. [`EpochPlan::state_with`] is the
+//! planning loader's checkpoint once the consumer has received given positions (each batch's
+//! positions: [`PipelineState::delivered_since`] of the worker's states before and after it):
+//! the same [`PipelineState`] a local loader would record, so it resumes locally or remotely.
 //!
-//! A skipped item (a bad file, skip-and-count) shortens the batch of its unit it falls in,
-//! where a local loader would fill the batch from the next items: units keep their
-//! boundaries so that every pool size gives the same batches.
+//! A skipped item leaves its unit's batch one short; a consumer that regroups the rows of the
+//! units' batches into batches of the batch size (in input order) gets the local loader's
+//! batches exactly, as the Python package's remote mode does.
 
 use flowgate_actors::origin::RangeSet;
 
@@ -92,7 +95,8 @@ impl EpochPlan {
         self.start.epoch
     }
 
-    /// Batches left in the epoch.
+    /// Batches left in the epoch, as the local loader counts them (a last partial batch
+    /// dropped with `drop_last`), when no item is skipped.
     pub fn batches(&self) -> usize {
         let n = self.todo.len();
         if self.drop_last {
@@ -102,9 +106,24 @@ impl EpochPlan {
         }
     }
 
+    /// Positions per batch (1 for length-aware batches, whose positions are batches).
+    pub fn per_batch(&self) -> usize {
+        self.per_batch
+    }
+
+    /// Whether the epoch's last partial batch is dropped.
+    pub fn drop_last(&self) -> bool {
+        self.drop_last
+    }
+
+    /// The units' batches: every position left, a last partial batch included.
+    fn unit_batches(&self) -> usize {
+        self.todo.len().div_ceil(self.per_batch)
+    }
+
     /// Units in the epoch.
     pub fn len(&self) -> usize {
-        self.batches().div_ceil(self.per_unit)
+        self.unit_batches().div_ceil(self.per_unit)
     }
 
     /// Whether nothing is left of the epoch.
@@ -118,7 +137,7 @@ impl EpochPlan {
             return None;
         }
         let first_batch = index * self.per_unit;
-        let batches = self.per_unit.min(self.batches() - first_batch);
+        let batches = self.per_unit.min(self.unit_batches() - first_batch);
         let a = first_batch * self.per_batch;
         let b = ((first_batch + batches) * self.per_batch).min(self.todo.len());
         Some(Unit {
@@ -153,30 +172,13 @@ impl EpochPlan {
         }
     }
 
-    /// The planning loader's checkpoint once the consumer has received units `0..units`
-    /// whole and, of the next one, the positions in `partly` (what its worker's loader
-    /// delivered: [`PipelineState::delivered_since`] of its unit state): the state a local
-    /// loader would record at that batch. Once every unit is received, the next epoch from
-    /// its start.
-    pub fn state_after(&self, units: usize, partly: &RangeSet) -> PipelineState {
-        if units >= self.len() {
-            return next_epoch(&self.start);
-        }
-        // Units `0..units` read the first positions of `todo`.
-        let whole = self
-            .unit(units)
-            .map_or(self.todo.len(), |u| u.first_batch * self.per_batch);
-        let mut ranges: Vec<(u64, u64)> = self.start.delivered.clone();
-        ranges.extend(self.todo[..whole].iter().map(|&p| (p, p + 1)));
-        if let Some(next) = self.unit(units) {
-            let theirs: Vec<_> = partly.ranges().collect();
-            let outside: Vec<_> = minus(&theirs, &next.positions.ranges().collect::<Vec<_>>())
-                .ranges()
-                .collect();
-            ranges.extend(minus(&theirs, &outside).ranges());
-        }
+    /// The planning loader's checkpoint once the consumer has received the positions in
+    /// `received` (of this epoch, besides what was delivered before it): what a local loader
+    /// records when it has delivered them.
+    pub fn state_with(&self, received: &RangeSet) -> PipelineState {
+        let mut ranges = self.start.delivered.clone();
+        ranges.extend(received.ranges());
         let done = RangeSet::from_ranges(ranges);
-        let received = |p: u64| done.contains(p);
         PipelineState {
             delivered: done.ranges().collect(),
             delivered_items: done.len(),
@@ -185,10 +187,15 @@ impl EpochPlan {
                 .partial
                 .iter()
                 .copied()
-                .filter(|&(p, _, _)| !received(p))
+                .filter(|&(p, _, _)| !done.contains(p))
                 .collect(),
             ..self.start.clone()
         }
+    }
+
+    /// The planning loader's checkpoint after the epoch's end: the next epoch, from its start.
+    pub fn next_state(&self) -> PipelineState {
+        next_epoch(&self.start)
     }
 }
 
