@@ -412,16 +412,17 @@ class ImageLoader(_Loader):
     decodes its units with this loader's arguments on its own tuned threads (with
     ``local=True`` this process decodes units too) and returns them through Ray's object
     store; batches are yielded in plan order. So the batches (items, order, augmentation) are
-    the local loader's for the same arguments, whatever the pool's size; a unit lost with its
-    actor is decoded again, so every item still arrives once per epoch; ``state_dict()`` is the
-    local loader's at that batch and resumes locally or remotely, at any world size. An item
-    skipped as unreadable leaves its unit's batch one short (a local loader fills it from the
-    next items). With ``workers="auto"`` the pool grows while the loop waits with every worker
-    busy and shrinks when decoded units pile up (``tuner_trace()`` gives each second's
-    window and every change with its reason). Batches arrive in host memory: ``output="numpy"``
-    as read-only arrays in the object store, ``"torch"`` as tensors sharing them, ``"batch"``
-    as :class:`Batch` objects (copied once); ``device`` must be ``"cpu"``. Iterate a remote
-    loader in the training process (not in ``DataLoader`` workers).
+    the local loader's for the same arguments, whatever the pool's size (where a skipped item
+    left a unit's batch short, its rows are regrouped as the local loader fills a batch); a
+    unit lost with its actor is decoded again, so every item still arrives once per epoch;
+    ``state_dict()`` is the local loader's at that batch and resumes locally or remotely, at
+    any world size. With ``workers="auto"`` the pool grows while the loop waits with every
+    worker busy and shrinks when decoded units pile up (``tuner_trace()`` gives each second's
+    window and every change with its reason). Batches arrive in host memory, read-only:
+    ``output="numpy"`` as arrays in the object store, ``"torch"`` as tensors sharing them,
+    ``"batch"`` as :class:`Batch` objects (copied once); ``device`` must be ``"cpu"``. Iterate
+    a remote loader in the training process (not in ``DataLoader`` workers); see the guide's
+    "Decoding on a Ray cluster".
 
     The loader runs its own threads, so a ``DataLoader`` adds nothing but processes; where a
     ``Dataset`` is expected it is an ``IterableDataset`` that batches itself
