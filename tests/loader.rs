@@ -467,22 +467,24 @@ fn an_epoch_in_which_every_item_fails_is_an_error_not_an_empty_epoch() {
     assert_eq!(got.len(), 1);
 }
 
+/// The test files shuffled with `seed`, in batches of `batch` (one process).
+fn shuffled_files(seed: u64, batch: usize) -> Loader {
+    let dataset = Dataset::builder(Source::files(data().paths.clone()))
+        .shuffle(seed)
+        .build()
+        .unwrap();
+    Loader::builder(dataset, recipe())
+        .batch_size(batch)
+        .build()
+        .unwrap()
+}
+
 /// A checkpoint taken after a `break` records what the abandoned epoch delivered, so a
 /// resume (or a merge of every rank's) delivers the rest of it, not the next epoch; the loader
 /// itself still goes on with the next epoch.
 #[test]
 fn a_state_taken_after_a_break_resumes_the_rest_of_that_epoch() {
-    let d = data();
-    let build = || {
-        let dataset = Dataset::builder(Source::files(d.paths.clone()))
-            .shuffle(2)
-            .build()
-            .unwrap();
-        Loader::builder(dataset, recipe())
-            .batch_size(5)
-            .build()
-            .unwrap()
-    };
+    let build = || shuffled_files(2, 5);
     let mut first = build();
     let mut taken = Vec::new();
     for b in first.epoch().unwrap().take(3) {
@@ -510,17 +512,7 @@ fn a_state_taken_after_a_break_resumes_the_rest_of_that_epoch() {
 /// epoch before, so a crash then lost the rest of the resumed one.
 #[test]
 fn a_state_taken_right_after_a_resume_is_the_resumed_state() {
-    let d = data();
-    let build = || {
-        let dataset = Dataset::builder(Source::files(d.paths.clone()))
-            .shuffle(6)
-            .build()
-            .unwrap();
-        Loader::builder(dataset, recipe())
-            .batch_size(4)
-            .build()
-            .unwrap()
-    };
+    let build = || shuffled_files(6, 4);
     let (taken, state) = common::take_then_save(&mut build(), 2);
     let mut resumed = build();
     resumed.resume(&state).unwrap();

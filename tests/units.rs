@@ -50,30 +50,11 @@ const BAD: usize = 17;
 /// Rank `rank` of `world`, shuffled, batches of 5, random crops (so augmentation must match
 /// too), `workers` decode threads.
 fn loader(rank: usize, world: usize, drop_last: bool, workers: usize) -> Loader {
-    loader_of(paths(false), rank, world, drop_last, workers)
+    build(paths(false), rank, world, drop_last, workers, false)
 }
 
-fn loader_of(
-    files: Vec<PathBuf>,
-    rank: usize,
-    world: usize,
-    drop_last: bool,
-    workers: usize,
-) -> Loader {
-    build(files, rank, world, drop_last, workers, false)
-}
-
-/// A loader that decodes units (see `LoaderBuilder::decodes_units`).
-fn worker_of(
-    files: Vec<PathBuf>,
-    rank: usize,
-    world: usize,
-    drop_last: bool,
-    workers: usize,
-) -> Loader {
-    build(files, rank, world, drop_last, workers, true)
-}
-
+/// A loader of `files`; with `units`, one that decodes units (see
+/// `LoaderBuilder::decodes_units`).
 fn build(
     files: Vec<PathBuf>,
     rank: usize,
@@ -168,12 +149,13 @@ fn regroup(batches: Vec<Seen>, drop_last: bool) -> Vec<Seen> {
 
 #[test]
 fn units_decoded_anywhere_in_any_order_are_the_local_epochs_batches() {
-    let with_bad =
-        |rank, world, drop_last, workers| loader_of(paths(true), rank, world, drop_last, workers);
+    let with_bad = |rank, world, drop_last, workers, units| {
+        build(paths(true), rank, world, drop_last, workers, units)
+    };
     for drop_last in [false, true] {
         for (rank, world) in [(0, 1), (1, 3), (2, 3)] {
-            let mut local = with_bad(rank, world, drop_last, 2);
-            let mut planner = with_bad(rank, world, drop_last, 1);
+            let mut local = with_bad(rank, world, drop_last, 2, false);
+            let mut planner = with_bad(rank, world, drop_last, 1, false);
             for epoch in 0..2 {
                 let want = local_epoch(&mut local);
                 let plan = planner.plan_units(2).unwrap();
@@ -181,8 +163,8 @@ fn units_decoded_anywhere_in_any_order_are_the_local_epochs_batches() {
                 assert_eq!(plan.batches(), planner.len());
                 // Two workers built alike, given the units back to front, alternately.
                 let mut workers = [
-                    worker_of(paths(true), rank, world, drop_last, 1),
-                    worker_of(paths(true), rank, world, drop_last, 3),
+                    with_bad(rank, world, drop_last, 1, true),
+                    with_bad(rank, world, drop_last, 3, true),
                 ];
                 let mut got = vec![Vec::new(); plan.len()];
                 for u in (0..plan.len()).rev() {
@@ -215,7 +197,7 @@ fn the_planners_state_mid_unit_is_the_local_loaders_and_resumes_the_rest() {
     // 21 positions (41 items on 2 ranks, padded): units of 2 batches, 10 + 10 + 1.
     let plan = planner.plan_units(2).unwrap();
     assert_eq!((plan.len(), plan.batches()), (3, 5));
-    let mut worker = worker_of(paths(false), rank, world, false, 2);
+    let mut worker = build(paths(false), rank, world, false, 2, true);
     let want = local_epoch(&mut loader(rank, world, false, 2));
     // Unit 0 whole, then one batch of unit 1.
     let mut received = Vec::new();
@@ -274,7 +256,7 @@ fn a_plan_after_a_merged_resume_at_another_world_size_covers_the_rest_once() {
         let mut local = loader(rank, 2, false, 2);
         local.resume(&merged).unwrap();
         let want = local_epoch(&mut local);
-        let mut worker = worker_of(paths(false), rank, 2, false, 1);
+        let mut worker = build(paths(false), rank, 2, false, 1, true);
         let got: Vec<Seen> = (0..plan.len())
             .flat_map(|u| run_unit(&mut worker, &plan, u).into_iter().map(|(b, _)| b))
             .collect();
