@@ -28,6 +28,7 @@ from ._sources import Mix, Parquet, Shards, _check_ints
 from ._process import (_LIVE, _Epoch, _WorkerMarker, _converter, _in_worker, _reads_s3,
                        _rebuild, _register_with_torch, _worker_split)
 from ._remote import Ray, _Pool, _RemoteEpoch
+from ._units import _WorkerBatches
 from ._args import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401  (flowgate.IMAGENET_MEAN, ...)
 from ._args import _normalize, _options, _pair, _paths
 
@@ -114,6 +115,9 @@ class _Loader:
         self._remote_state: Optional[Dict[str, Any]] = None
         self._remote_failures: Dict[int, List[Tuple[str, str, str]]] = {}
         self._remote_epoch: Optional[int] = None
+        #: The next epoch of a drop_last loader read in DataLoader workers (see
+        #: `_WorkerBatches`), once it has read one.
+        self._units_epoch: Optional[int] = None
         self._native = self._build(args)
         self._pid = os.getpid()
         _LIVE.add(self)
@@ -139,12 +143,6 @@ class _Loader:
                 "client is running can crash or hang: use "
                 "DataLoader(..., multiprocessing_context='spawn'), or iterate the loader in "
                 "the training process (num_workers=0; it decodes on its own threads)")
-        if split is not None and self._args.get("drop_last"):
-            raise ValueError(
-                "drop_last=True with DataLoader workers would drop a partial batch in every "
-                "worker (up to a batch each, all of a small share): iterate the loader in the "
-                "training process (num_workers=0; it decodes on its own threads), or use "
-                "drop_last=False")
         if split is not None and self._args.get("device", "cpu") != "cpu":
             raise DeviceUnavailable(
                 f"device={self._args['device']!r} uploads from the training process: iterate "
@@ -198,6 +196,17 @@ class _Loader:
                     "a loader with remote= hands its units to Ray actors from the training "
                     "process: iterate it there (not in DataLoader workers or a forked child)")
             return _RemoteEpoch(self)
+        split = _worker_split()
+        if split is not None and self._args.get("drop_last"):
+            # Whole batches per worker, so only the epoch's last partial batch is dropped.
+            # The checks a worker makes (S3 after a fork, the device), and the epoch (and
+            # state) the training process gave it.
+            native = self._here()
+            self._marker.mark()
+            epoch = native._next_epoch() if self._units_epoch is None else self._units_epoch
+            batches = _WorkerBatches(self, split, epoch, self._resume)
+            self._units_epoch = batches.epoch + 1
+            return iter(batches)
         native = self._here()
         if _in_worker():
             self._marker.mark()
@@ -431,8 +440,10 @@ class ImageLoader(_Loader):
     padded: the rank's workers read its share once) and yields torch tensors; call
     :meth:`set_epoch` before each epoch as with ``DistributedSampler`` (with
     ``persistent_workers=True`` the workers read consecutive epochs from the first, whatever
-    ``set_epoch`` says later). ``drop_last=True`` is refused there (each worker would drop its
-    own partial batch, losing up to a batch per worker). A loader is picklable
+    ``set_epoch`` says later). With ``drop_last=True`` the workers split the rank's epoch by
+    whole batches instead (worker ``w`` of ``N`` decodes batches ``w``, ``w + N``, ...): the
+    ``DataLoader`` yields the local loader's batches in its order, only the last partial one
+    dropped. A loader is picklable
     (rebuilt from its arguments, at its epoch) and fork-safe (a forked child builds its own
     threads at its first ``iter()``, starting the epoch the parent was at).
     """

@@ -26,10 +26,11 @@ import concurrent.futures
 import math
 import os
 import time
-import warnings
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from . import _native
+from ._units import (_Rows, _concat, _converter_from_numpy, _decode_unit, _expand, _unit_args,
+                     _unit_loader)
 
 #: A new actor that dies before finishing a unit this many times in a row is a configuration
 #: error (its constructor fails), not a lost worker: raised, not retried.
@@ -108,46 +109,6 @@ def _ray() -> Any:
             "remote=flowgate.Ray(...) decodes on Ray actors and needs the `ray` package, "
             "which is not installed: pip install ray") from None
     return ray
-
-
-def _unit_args(args: Dict[str, Any]) -> Dict[str, Any]:
-    """A unit loader's arguments: the training loader's, at its rank and world size (as
-    resolved there), decoding units into NumPy arrays on the CPU, not remote again."""
-    from ._args import _rank_and_world
-    rank, world = _rank_and_world(args)
-    return dict(args, rank=rank, world_size=world, remote=None, device="cpu",
-                device_memory_mb=None, output="numpy", decodes_units=True)
-
-
-def _decode_unit(loader: Any, state: Dict[str, Any]) -> Dict[str, Any]:
-    """Decodes the unit `state` names with `loader` (built from `_unit_args`): its batches
-    (NumPy arrays, or tuples holding some), each batch's positions (``[start, end)`` pairs:
-    one per row, in row order for input order), the failures skipped, and the seconds it
-    took."""
-    start = time.perf_counter()
-    native = loader._native
-    epoch = state["epoch"]
-    # The loader keeps the epoch's failures across its units: this unit's are the new ones.
-    before = len(native.failures(epoch))
-    native.load_state_dict(state)
-    batches, rows = [], []
-    prev = state
-    for item in loader:
-        now = native.state_dict()
-        batches.append(item)
-        rows.append(_native._delivered_since(now, prev))
-        prev = now
-    return {"batches": batches, "rows": rows, "failures": native.failures(epoch)[before:],
-            "seconds": time.perf_counter() - start}
-
-
-def _unit_loader(cls_name: str, args: Dict[str, Any]) -> Any:
-    """A loader of class `cls_name` built from `_unit_args` (as unpickling builds one)."""
-    import flowgate
-    cls = getattr(flowgate, cls_name)
-    loader = cls.__new__(cls)
-    loader._setup(args)
-    return loader
 
 
 class FlowgateDecoder:
@@ -349,44 +310,6 @@ def _done(ray: Any, ref: Any) -> bool:
         return ref.done()
     ready, _ = ray.wait([ref], timeout=0)
     return bool(ready)
-
-
-class _Rows:
-    """A source batch (NumPy arrays, or a tuple holding some and lists) and its rows'
-    positions; `at`: the rows already yielded."""
-
-    def __init__(self, item: Any, positions: List[int]) -> None:
-        self.item = item
-        self.positions = positions
-        self.at = 0
-
-    def __len__(self) -> int:
-        return len(self.positions) - self.at
-
-    def take(self, n: int) -> Tuple[Any, List[int]]:
-        a, b = self.at, self.at + n
-        self.at = b
-        return _slice(self.item, a, b), self.positions[a:b]
-
-
-def _slice(item: Any, a: int, b: int) -> Any:
-    if isinstance(item, tuple):
-        return tuple(_slice(x, a, b) for x in item)
-    return item[a:b]
-
-
-def _concat(parts: List[Any]) -> Any:
-    import numpy
-    first = parts[0]
-    if isinstance(first, tuple):
-        return tuple(_concat([p[k] for p in parts]) for k in range(len(first)))
-    if isinstance(first, list):
-        return [x for p in parts for x in p]
-    return numpy.concatenate(parts)
-
-
-def _expand(ranges: List[Tuple[int, int]]) -> List[int]:
-    return [p for a, b in ranges for p in range(a, b)]
 
 
 class _RemoteEpoch:
@@ -686,33 +609,3 @@ def _loader_error(e: BaseException) -> BaseException:
             return cause
         return _native.LoaderError(str(cause))
     return e
-
-
-def _converter_from_numpy(output: str) -> Callable[[Any], Any]:
-    """Converts a unit's batch (NumPy arrays, or a tuple holding some) to ``output``'s type:
-    ``"numpy"`` as they are (read-only: views of Ray's object store, or of the training
-    process's own decode), ``"torch"`` as tensors sharing them, ``"batch"`` as
-    :class:`Batch` objects (one copy)."""
-    import numpy
-    if output == "numpy":
-        def one(a: Any) -> Any:
-            return a
-    elif output == "torch":
-        import torch
-
-        def one(a: Any) -> Any:
-            with warnings.catch_warnings():
-                # Read-only memory shared, not copied: the training loop reads batches.
-                warnings.simplefilter("ignore", UserWarning)
-                return torch.from_numpy(a)
-    else:
-        def one(a: Any) -> Any:
-            b = _native._batch_from_bytes(None, str(a.dtype), list(a.shape))
-            numpy.asarray(b)[...] = a
-            return b
-
-    def convert(item: Any) -> Any:
-        if isinstance(item, tuple):
-            return tuple(one(x) if isinstance(x, numpy.ndarray) else x for x in item)
-        return one(item)
-    return convert
