@@ -284,3 +284,43 @@ fn planning_is_refused_mid_epoch_and_with_no_batches_per_unit() {
     l.start_epoch().unwrap();
     assert!(l.plan_units(1).is_err());
 }
+
+#[test]
+fn a_unit_whose_items_all_fail_is_no_error_and_the_regrouped_epoch_is_the_local_one() {
+    // 14 files in order; the second batch of 5 all unreadable.
+    let all = paths(true);
+    let files: Vec<PathBuf> = (0..14)
+        .map(|i| all[if (5..10).contains(&i) { BAD } else { i }].clone())
+        .collect();
+    let make = |units: bool| {
+        let dataset = Dataset::builder(Source::files(files.clone()))
+            .build()
+            .unwrap();
+        let recipe = Recipe::image(ImageRecipe {
+            resize: 12,
+            crop: 8,
+            ..ImageRecipe::default()
+        })
+        .unwrap();
+        let b = Loader::builder(dataset, recipe).batch_size(5).workers(1);
+        if units { b.decodes_units() } else { b }.build().unwrap()
+    };
+    let want = local_epoch(&mut make(false));
+    assert_eq!(want.iter().map(Vec::len).collect::<Vec<_>>(), [5, 4]);
+    let plan = make(false).plan_units(1).unwrap();
+    assert_eq!(plan.len(), 3);
+    let mut worker = make(true);
+    let units: Vec<Vec<Seen>> = (0..plan.len())
+        .map(|u| {
+            run_unit(&mut worker, &plan, u)
+                .into_iter()
+                .map(|(b, _)| b)
+                .collect()
+        })
+        .collect();
+    assert!(
+        units[1].is_empty(),
+        "the unreadable unit: no batch, no error"
+    );
+    same(&regroup(units.concat(), false), &want, "regrouped");
+}

@@ -29,8 +29,8 @@ import time
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from . import _native
-from ._units import (_Rows, _concat, _converter_from_numpy, _decode_unit, _expand, _unit_args,
-                     _unit_loader)
+from ._units import (_Rows, _concat, _converter_from_numpy, _decode_unit, _expand, _read_only,
+                     _unit_args, _unit_loader)
 
 #: A new actor that dies before finishing a unit this many times in a row is a configuration
 #: error (its constructor fails), not a lost worker: raised, not retried.
@@ -347,6 +347,7 @@ class _RemoteEpoch:
         loader._remote_epoch = self.epoch
         self._no_hands_since: Optional[float] = None
         self._finished = False
+        self._yielded = 0
 
     def __iter__(self) -> "_RemoteEpoch":
         return self
@@ -368,7 +369,15 @@ class _RemoteEpoch:
         item, positions = self._next_batch()
         if item is None:
             self._finish()
+            failed = self._loader._remote_failures[self.epoch]
+            if not self._yielded and failed:
+                # As a local loader's epoch in which every item failed: an error, not empty.
+                stage, path, message = failed[-1]
+                raise _native.LoaderError(
+                    f"epoch {self.epoch} delivered nothing: every item failed ({len(failed)} "
+                    f"failed items); last: stage {stage} failed on {path}: {message}")
             raise StopIteration
+        self._yielded += 1
         self._plan.receive([(p, p + 1) for p in positions])
         self._loader._remote_state = self._plan.state()
         self._maybe_resize()
@@ -400,7 +409,7 @@ class _RemoteEpoch:
                 self._rows.popleft()
         if len(positions) < self._batch and self._plan.drop_last:
             return None, []
-        return _concat(parts), positions
+        return _read_only(_concat(parts)), positions
 
     def _finish(self) -> None:
         self._finished = True
@@ -480,12 +489,8 @@ class _RemoteEpoch:
         pool.reap()
         self._loader._remote_failures[self.epoch].extend(result["failures"])
         for b, rows in zip(result["batches"], result["rows"]):
-            if worker.actor is None and not isinstance(b, tuple):
-                b.flags.writeable = False
-            elif worker.actor is None:
-                for x in b:
-                    if hasattr(x, "flags"):
-                        x.flags.writeable = False
+            if worker.actor is None:
+                _read_only(b)
             self._rows.append(_Rows(b, _expand(rows)))
         self._states.pop(unit, None)
         self._at += 1

@@ -92,6 +92,15 @@ def _concat(parts: List[Any]) -> Any:
     return numpy.concatenate(parts)
 
 
+def _read_only(item: Any) -> Any:
+    """Marks a batch's arrays read-only (as those out of Ray's object store are), so every
+    batch of a remote loader behaves alike."""
+    for x in item if isinstance(item, tuple) else (item,):
+        if hasattr(x, "flags"):
+            x.flags.writeable = False
+    return item
+
+
 def _expand(ranges: List[Tuple[int, int]]) -> List[int]:
     return [p for a, b in ranges for p in range(a, b)]
 

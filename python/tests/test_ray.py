@@ -282,6 +282,30 @@ def test_a_skipped_file_gives_the_local_loaders_batches(cluster, data, tmp_path)
                 assert [f[1] for f in l.failures()] == [str(bad)]
 
 
+def test_a_unit_of_only_unreadable_files_is_skipped_and_an_all_bad_epoch_is_an_error(
+        cluster, data, tmp_path):
+    files = [str(p) for p in sorted((data / "images").rglob("*.jpg"))][:10]
+    bad = []
+    for i in range(3):
+        b = tmp_path / f"bad{i}.jpg"
+        b.write_bytes(b"not a jpeg")
+        bad.append(str(b))
+    # The second batch (a unit of its own) all unreadable.
+    files = files[:3] + bad + files[3:]
+    kw = dict(batch_size=3, resize=32, crop=24, shuffle=False, return_paths=True,
+              output="numpy")
+    want = epoch(flowgate.ImageLoader(files, **kw))
+    for r in (remote(workers=1, local=False, batches_per_unit=1), remote(workers=0)):
+        with flowgate.ImageLoader(files, remote=r, **kw) as l:
+            same(epoch(l), want)
+            assert sorted(f[1] for f in l.failures()) == bad
+    # Every file unreadable: the same error as the local loader's, not an empty epoch.
+    for r in (None, remote(workers=1, local=False, batches_per_unit=1)):
+        with flowgate.ImageLoader(bad, remote=r, **kw) as l:
+            with pytest.raises(flowgate.LoaderError, match="delivered nothing"):
+                epoch(l)
+
+
 def test_a_bad_file_with_skip_errors_off_raises_in_the_training_loop(cluster, data, tmp_path):
     files = [str(p) for p in sorted((data / "images").rglob("*.jpg"))][:10]
     bad = tmp_path / "bad.jpg"

@@ -149,7 +149,9 @@ impl LoaderBuilder {
     /// [`EpochPlan`](super::EpochPlan) (resuming [`unit_state`](super::EpochPlan::unit_state)s):
     /// with [`drop_last`](Self::drop_last) a unit's batch left short by a skipped item is
     /// delivered, not dropped (the plan has cut the epoch's tail already). Every other
-    /// setting, and the checkpoint's fingerprint, stay the planning loader's.
+    /// setting, and the checkpoint's fingerprint, stay the planning loader's. A unit whose
+    /// items all fail ends without batches, not with the error an epoch that delivered nothing
+    /// ends with (the consumer of the units decides that for the epoch).
     pub fn decodes_units(mut self) -> Self {
         self.units = true;
         self
@@ -334,7 +336,11 @@ impl LoaderBuilder {
         };
         let failures = FailureLog::default();
         let sim_log = self.device.as_ref().and_then(|d| d.log().cloned());
-        let batching = (batch_size, self.drop_last);
+        let batching = super::units::Batching {
+            per_batch: batch_size,
+            drop_last: self.drop_last,
+            decodes_units: self.units,
+        };
         let make = make(self, plan.clone(), batch_size, failures.clone());
         Ok(Loader::from_parts(
             make,

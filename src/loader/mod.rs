@@ -95,9 +95,8 @@ pub struct Loader {
     /// Whether the pipeline was resumed and its epoch not started yet (its delivered items
     /// are the resumed epoch's, not a finished one's).
     resumed: bool,
-    /// Positions per batch (1 for length-aware batches) and whether a last partial batch is
-    /// dropped: how an epoch's positions fall into batches.
-    batching: (usize, bool),
+    /// How an epoch's positions fall into batches, and whether this loader decodes units.
+    batching: units::Batching,
 }
 
 impl std::fmt::Debug for Loader {
@@ -145,7 +144,7 @@ impl Loader {
         batches_per_epoch: usize,
         failures: FailureLog,
         sim_log: Option<SimLog>,
-        batching: (usize, bool),
+        batching: units::Batching,
     ) -> Self {
         Self {
             make,
@@ -327,7 +326,8 @@ impl Loader {
             Within::EpochEnd => {
                 self.in_epoch = false;
                 let (failures, last) = self.failures.in_epoch();
-                if self.delivered == 0 && failures > 0 {
+                // A unit whose items all failed is not an epoch: its consumer decides.
+                if self.delivered == 0 && failures > 0 && !self.batching.decodes_units {
                     let epoch = self.failures.epoch();
                     return Within::Next(Err(PipelineError::nothing_delivered(
                         epoch, failures, last,

@@ -53,6 +53,18 @@ pub struct Unit {
     pub positions: RangeSet,
 }
 
+/// How a loader's epoch falls into batches, and whether it decodes units of another's plan.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Batching {
+    /// Positions per batch (1 for length-aware batches: a position is a batch).
+    pub(super) per_batch: usize,
+    /// Whether a last partial batch is dropped.
+    pub(super) drop_last: bool,
+    /// Whether it decodes units (see [`LoaderBuilder::decodes_units`](super::LoaderBuilder::decodes_units)):
+    /// a unit whose items all fail is then no error (its consumer counts the failures).
+    pub(super) decodes_units: bool,
+}
+
 impl Loader {
     /// The epoch the next [`start_epoch`](Self::start_epoch) would run (the resumed one
     /// after [`resume`](Self::resume)), cut into units of `batches_per_unit` batches, for
@@ -78,7 +90,11 @@ impl Loader {
         let len = shard.layout().len() as u64;
         let done = RangeSet::from_ranges(start.delivered.iter().copied());
         let todo = (0..len).filter(|&p| !done.contains(p)).collect();
-        let (per_batch, drop_last) = self.batching;
+        let Batching {
+            per_batch,
+            drop_last,
+            ..
+        } = self.batching;
         Ok(EpochPlan {
             start,
             todo,
