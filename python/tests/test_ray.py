@@ -355,3 +355,25 @@ def test_without_ray_the_error_names_the_package(data):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert "ERR" in out.stdout and "pip install ray" in out.stdout, out.stdout + out.stderr
+
+
+def test_video_and_audio_loaders_decode_remotely_alike(cluster, data, videos):
+    r = remote(workers=1, local=True, batches_per_unit=1)
+    for make in (
+        lambda remote: flowgate.VideoLoader(str(videos / "video.txt"), batch_size=3, frames=4,
+                                            resize=32, crop=24, train=True, stride=2, seed=1,
+                                            audio_seconds=0.5, return_paths=True,
+                                            output="numpy", remote=remote),
+        lambda remote: flowgate.AudioLoader(str(data / "audio.txt"), batch_size=3, seconds=1.0,
+                                            train=True, return_lengths=True, return_paths=True,
+                                            output="numpy", remote=remote),
+    ):
+        want = [tuple(np.array(x) if not isinstance(x, list) else x for x in b)
+                for b in make(None)]
+        with make(r) as l:
+            got = [tuple(np.array(x) if not isinstance(x, list) else x for x in b) for b in l]
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g[-1] == w[-1]
+            for a, b in zip(g[:-1], w[:-1]):
+                np.testing.assert_array_equal(a, b)
