@@ -524,6 +524,44 @@ fn a_state_taken_right_after_a_resume_is_the_resumed_state() {
     assert_eq!(all, (0..IMAGES).collect::<Vec<_>>());
 }
 
+/// A loader's buffers start small — decoded items waiting for their batch at one batch, the
+/// decode stage at one batch or what keeps its workers busy — and a pipeline rebuilt after an
+/// abandoned epoch starts with the buffers (and decode workers) the last one ended with,
+/// instead of refilling to the defaults (the refill set the process's peak RSS).
+#[test]
+fn buffers_start_at_a_batch_and_carry_over_to_the_next_pipeline() {
+    let dataset = Dataset::builder(Source::files(data().paths.clone()))
+        .shuffle(1)
+        .build()
+        .unwrap();
+    let mut loader = Loader::builder(dataset, recipe())
+        .batch_size(4)
+        .workers(3)
+        .autotune_off()
+        .build()
+        .unwrap();
+    let budget = |l: &mut Loader, stage: &str| {
+        l.monitor().unwrap();
+        l.stats().stage(stage).unwrap().budget_items
+    };
+    assert_eq!(budget(&mut loader, "aggregate"), 4);
+    assert_eq!(budget(&mut loader, "decode"), 2 * 3 + 2);
+    assert_eq!(budget(&mut loader, "collate"), 2);
+    // Set by hand (as a tuner would), then the epoch is abandoned: the next pipeline keeps them.
+    let control = loader.control().unwrap();
+    control.set_budget("aggregate", 9, u64::MAX).unwrap();
+    control.set_budget("collate", 3, u64::MAX).unwrap();
+    let decoding = loader.stats().stage("decode").unwrap().workers;
+    let taken = loader.epoch().unwrap().take(2).count();
+    assert_eq!(taken, 2);
+    assert!(!loader.in_epoch(), "the epoch was abandoned");
+    assert_eq!(loader.learned_workers(), Some(decoding));
+    assert_eq!(budget(&mut loader, "aggregate"), 9);
+    assert_eq!(budget(&mut loader, "collate"), 3);
+    let (rest, _) = epoch(&mut loader);
+    assert_eq!(rest.len(), IMAGES, "the next epoch, whole");
+}
+
 /// Bytes this process has read through system calls (`rchar` of `/proc/self/io`).
 fn bytes_read() -> u64 {
     std::fs::read_to_string("/proc/self/io")

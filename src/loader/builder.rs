@@ -378,10 +378,34 @@ impl LoaderBuilder {
     }
 }
 
-/// Builds the loader's pipeline; given the decode workers the last pipeline ended with (what
-/// its tuner learned), the new one starts there instead of at its share of the cores.
+/// Builds the loader's pipeline; given what the last pipeline's tuner ended with, the new one
+/// starts there instead of at its share of the cores and the default buffers.
 pub(super) type Make =
-    Box<dyn Fn(Option<usize>) -> Result<Pipeline<Batch>, PipelineError> + Send + Sync>;
+    Box<dyn Fn(Option<&Learned>) -> Result<Pipeline<Batch>, PipelineError> + Send + Sync>;
+
+/// What a loader's last pipeline ended with (its tuner's choices): the next epoch's pipeline
+/// starts there. The buffers too: a step-bound loop's lean buffers are not refilled to the
+/// defaults at every epoch's start (the refill set the process's peak RSS), and a
+/// loader-bound one's grown buffers are not lost.
+#[derive(Clone, Debug)]
+pub(super) struct Learned {
+    /// Decode workers.
+    pub(super) workers: usize,
+    /// The input buffers (items) of the decode, aggregate and collate stages, and the
+    /// results waiting for the consumer.
+    buffers: [Option<usize>; 4],
+}
+
+/// The stages whose buffers carry over, in [`Learned::buffers`]' order.
+const CARRIED: [&str; 4] = ["decode", "aggregate", "collate", "sink"];
+
+impl Learned {
+    pub(super) fn of(stats: &crate::PipelineStats) -> Option<Self> {
+        let workers = stats.stage("decode")?.workers;
+        let buffers = CARRIED.map(|name| stats.stage(name).map(|s| s.budget_items.max(1)));
+        Some(Self { workers, buffers })
+    }
+}
 
 /// The function that builds a pipeline of `b`'s settings over `plan`.
 fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: FailureLog) -> Make {
@@ -392,16 +416,24 @@ fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: FailureLog) -
     let fingerprint = plan.fingerprint();
     let reserved = b.dataset.reserved_bytes();
     let read_ahead = b.dataset.read_ahead();
-    Box::new(move |learned: Option<usize>| {
+    Box::new(move |learned: Option<&Learned>| {
         let uploader = b.device.as_ref().map(Device::uploader);
         let alloc = uploader.as_ref().map(Uploader::host_alloc);
         let workers = match (b.workers, learned) {
             (Some(n), _) => Workers::fixed(n),
-            (None, Some(n)) => Workers::initial(n),
+            (None, Some(l)) => Workers::initial(l.workers),
             (None, None) => Workers::auto(),
         };
-        let mut p = decode_stage(&plan, Arc::clone(&decoder), workers, b.cache.as_ref())
+        let buffer = |k: usize| learned.and_then(|l| l.buffers[k]);
+        let p = decode_stage(&plan, Arc::clone(&decoder), workers, b.cache.as_ref())
             .measure(Decoded::nbytes);
+        // Items in the decode stage (waiting, in hand, decoded and waiting to leave in input
+        // order) start at one batch's worth too, at least what keeps its workers busy.
+        let decoding = b
+            .workers
+            .or(learned.map(|l| l.workers))
+            .unwrap_or_else(flowgate_actors::cap::cores);
+        let mut p = p.budget_start(buffer(0).unwrap_or(batch_size.max(2 * decoding + 2)));
         // The decode stage reads what the shards' prefetch fetches: the tuner deepens it.
         if let Some(r) = read_ahead.clone() {
             p = p.read_ahead(r);
@@ -410,8 +442,13 @@ fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: FailureLog) -
         if let Some(t) = threads.clone() {
             p = p.item_threads(t);
         }
-        let mut p = p
+        // The decoded items waiting to be batched start at one batch's worth (the engine's
+        // default is four): the aggregate takes each at once, and a buffer the consumer waits
+        // for is doubled by the tuner.
+        let p = p
             .aggregate(batch_size, b.drop_last && !b.units)
+            .budget_start(buffer(1).unwrap_or(batch_size));
+        let mut p = p
             .pipe(
                 "collate",
                 move |items| collate(items, alloc.as_ref(), labels),
@@ -421,8 +458,8 @@ fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: FailureLog) -
             // Batches ahead of the training loop start at two in each buffer (a batch being
             // made and one ready): the tuner doubles a buffer the consumer waits for, and a
             // step-bound loop never pays for more (the first second's fill sets peak RSS).
-            .budget_start(2)
-            .sink_start(2);
+            .budget_start(buffer(2).unwrap_or(2))
+            .sink_start(buffer(3).unwrap_or(2));
         if let Some(up) = uploader {
             p = p.upload_with(up, |up, batch: Batch| batch.upload(up), Batch::nbytes);
         }

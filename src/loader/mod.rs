@@ -53,7 +53,7 @@ use crate::dataset::Dataset;
 use crate::device::SimLog;
 use crate::media::Recipe;
 use crate::{Monitor, Pipeline, PipelineError, PipelineState, PipelineStats, Within};
-use builder::Make;
+use builder::{Learned, Make};
 use failures::FailureLog;
 use lengths::LengthPlan;
 
@@ -82,7 +82,7 @@ pub struct Loader {
     monitor: Arc<Mutex<Option<Monitor>>>,
     failures: FailureLog,
     /// The decode workers the last dropped pipeline had (its tuner's choice).
-    learned: Option<usize>,
+    learned: Option<Learned>,
     batches_per_epoch: usize,
     sim_log: Option<SimLog>,
     /// The statistics of the last pipeline closed (an epoch abandoned, or an error).
@@ -213,7 +213,7 @@ impl Loader {
     /// The decode workers a rebuilt pipeline starts with: what the last one ended with, or
     /// `None` (its share of the cores) before any rebuild.
     pub fn learned_workers(&self) -> Option<usize> {
-        self.learned
+        self.learned.as_ref().map(|l| l.workers)
     }
 
     /// Whether an epoch is being iterated.
@@ -223,7 +223,7 @@ impl Loader {
 
     fn pipeline(&mut self) -> Result<&mut Pipeline<Batch>, PipelineError> {
         if self.pipeline.is_none() {
-            let mut p = (self.make)(self.learned)?;
+            let mut p = (self.make)(self.learned.as_ref())?;
             if self.resume_at > 0 {
                 p.start_at_epoch(self.resume_at)?;
             }
@@ -236,6 +236,13 @@ impl Loader {
     /// The running pipeline's monitor, building the pipeline if there is none yet.
     pub fn monitor(&mut self) -> Result<Monitor, PipelineError> {
         Ok(self.pipeline()?.monitor())
+    }
+
+    /// A handle that resizes the running pipeline's stages and sets their buffers by hand (an
+    /// operator, a test), building the pipeline if there is none yet. What it sets lasts for
+    /// the pipeline; the next one (after an abandoned epoch) starts where this one ended.
+    pub fn control(&mut self) -> Result<crate::ControlHandle, PipelineError> {
+        Ok(self.pipeline()?.control())
     }
 
     /// Statistics of the running pipeline (every stage, the consumer's wait, failures), or
@@ -258,7 +265,7 @@ impl Loader {
             }
             self.resume_at = p.epoch() + u64::from(self.in_epoch);
             let stats = p.stats();
-            self.learned = stats.stage("decode").map(|s| s.workers);
+            self.learned = Learned::of(&stats);
             self.last_stats = Some(stats);
         }
         self.in_epoch = false;
