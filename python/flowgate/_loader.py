@@ -1,0 +1,308 @@
+"""What the media loaders share (``_Loader``): iteration by epochs — locally, by whole
+batches through ``DataLoader`` workers with ``drop_last``, or on Ray actors with ``remote=`` —
+checkpoints, statistics, and how a loader lives in other processes (pickling, ``fork``,
+``DataLoader`` workers)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from . import _native
+from ._native import DeviceUnavailable
+from ._process import (_LIVE, _Epoch, _WorkerMarker, _converter, _in_worker, _reads_s3,
+                       _rebuild, _register_with_torch, _worker_split)
+from ._remote import Ray, _Pool, _RemoteEpoch
+from ._sources import _check_ints
+from ._units import _WorkerBatches
+
+
+class _Loader:
+    """What the media loaders share: iteration by epochs, checkpoints, statistics, and how
+    they live in other processes (pickling, ``fork``, ``DataLoader`` workers)."""
+
+    _native: Any
+    #: The loader's arguments (what pickling and a forked child rebuild it from).
+    _args: Dict[str, Any]
+    #: The process the native side belongs to, and the DataLoader worker split it was built
+    #: for.
+    _pid: int
+    _split: Optional[Tuple[int, int]]
+    _fork_epoch: int
+    #: A state loaded in the training process and not yet iterated there: the processes
+    #: it forks (DataLoader workers) resume from it too.
+    _resume: Optional[Dict[str, Any]]
+    #: Set by DataLoader workers that read this loader (see ``state_dict``).
+    _marker: _WorkerMarker
+    batch_size: int
+    dataset: Any
+
+    def _setup(self, args: Dict[str, Any], marker: Optional[_WorkerMarker] = None) -> None:
+        """Builds the native side from the constructor's arguments (its ``locals()``);
+        ``marker``: the training process's, for a loader unpickled in a worker."""
+        args = {k: v for k, v in args.items() if k not in ("self", "__class__")}
+        if args.get("output") not in ("batch", "torch", "numpy"):
+            raise ValueError(f'output must be "batch", "torch" or "numpy", not '
+                             f'{args.get("output")!r}')
+        self._args = args
+        #: Samples per batch (the last one of an epoch may be smaller unless ``drop_last``).
+        self.batch_size = args["batch_size"]
+        #: What the loader reads, as given (``paths``).
+        self.dataset = args["paths"]
+        self._split = None
+        self._fork_epoch = 0
+        self._resume = None
+        self._marker = marker if marker is not None else _WorkerMarker()
+        remote = args.get("remote")
+        if remote is not None:
+            if not isinstance(remote, Ray):
+                raise TypeError(f"remote must be a flowgate.Ray(...) or None, not {remote!r}")
+            if args.get("device", "cpu") != "cpu":
+                raise DeviceUnavailable(
+                    f"device={args['device']!r} with remote=: batches decoded remotely arrive "
+                    "in host memory; use device='cpu' and move them (batch.to('cuda', "
+                    "non_blocking=True) after pin_memory())")
+        #: The remote pool (made at the first remote epoch), the checkpoint of the last remote
+        #: epoch (None: the native loader's is current), the failures its units skipped, and
+        #: the epoch being iterated remotely.
+        self._pool: Optional[_Pool] = None
+        self._remote_state: Optional[Dict[str, Any]] = None
+        self._remote_failures: Dict[int, List[Tuple[str, str, str]]] = {}
+        self._remote_epoch: Optional[int] = None
+        #: The next epoch of a drop_last loader read in DataLoader workers (see
+        #: `_WorkerBatches`), once it has read one.
+        self._units_epoch: Optional[int] = None
+        self._native = self._build(args)
+        self._pid = os.getpid()
+        _LIVE.add(self)
+        _register_with_torch()
+
+    def _build(self, args: Dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def _here(self) -> Any:
+        """The native loader for this process: after a ``fork`` (or in a ``DataLoader``
+        worker of several) a new one, built from the arguments and starting at the epoch the
+        parent was at (resuming a state the parent loaded for it); in a worker it reads only
+        its part of the rank's share: every ``W``-th item starting at the ``w``-th, never
+        padded, so the workers together read the rank's share exactly once."""
+        split = _worker_split()
+        if os.getpid() == self._pid and split == self._split:
+            return self._native
+        if os.getpid() != self._pid and _in_worker() and _reads_s3(self._args["paths"]):
+            # A forked copy of a process whose S3 client runs threads: its next S3 client has
+            # crashed (a segfault inside the AWS SDK) or hung in the fault harness.
+            raise RuntimeError(
+                "this loader reads S3, and DataLoader workers forked from a process whose S3 "
+                "client is running can crash or hang: use "
+                "DataLoader(..., multiprocessing_context='spawn'), or iterate the loader in "
+                "the training process (num_workers=0; it decodes on its own threads)")
+        if split is not None and self._args.get("device", "cpu") != "cpu":
+            raise DeviceUnavailable(
+                f"device={self._args['device']!r} uploads from the training process: iterate "
+                "the loader there, or give DataLoader workers a loader with device='cpu' "
+                "(and pin_memory=True)")
+        if os.getpid() != self._pid:
+            # The parent's threads do not exist here: freeing its loader would wait for them.
+            _native._leak(self._native)
+            epoch = self._fork_epoch
+            self._own_marker()
+        else:
+            epoch = self._native._next_epoch()
+            self._native.close()
+        args = dict(self._args)
+        if split is not None:
+            args["worker_split"] = split
+        self._native = self._build(args)
+        self._native.set_epoch(epoch)
+        if self._resume is not None and self._resume.get("epoch") == epoch:
+            self._native.load_state_dict(self._resume)
+        self._pid, self._split = os.getpid(), split
+        return self._native
+
+    def _own_marker(self) -> None:
+        """A process that uses the loader and is not a DataLoader worker (a child the training
+        runs in, a copy's process) gets its own worker marker: its ``state_dict`` asks whether
+        *its* workers read the loader, not its parent's."""
+        if os.getpid() != self._marker.owner and not _in_worker():
+            self._marker = _WorkerMarker()
+
+    def _remote_pool(self) -> _Pool:
+        if self._pool is None:
+            self._pool = _Pool(self, self._args["remote"])
+        return self._pool
+
+    def _output(self) -> str:
+        output = self._args["output"]
+        # Batches leave a DataLoader worker pickled; torch tensors go through shared memory.
+        if output == "batch" and self._split is not None:
+            return "torch"
+        return output
+
+    def __iter__(self) -> Iterator[Any]:
+        """Iterates one epoch; the next ``iter()`` starts the next epoch (a loop left with
+        ``break`` is abandoned: its pipeline stops at once). Yields a :class:`Batch`, or with
+        ``labels`` and/or ``return_paths`` a tuple ``(batch, labels, paths)`` of what was asked
+        for (with ``output="torch"``/``"numpy"``, tensors/arrays instead of batches)."""
+        if self._args.get("remote") is not None:
+            if _in_worker() or os.getpid() != self._pid:
+                raise RuntimeError(
+                    "a loader with remote= hands its units to Ray actors from the training "
+                    "process: iterate it there (not in DataLoader workers or a forked child)")
+            return _RemoteEpoch(self)
+        split = _worker_split()
+        if split is not None and self._args.get("drop_last"):
+            # Whole batches per worker, so only the epoch's last partial batch is dropped.
+            # The checks a worker makes (S3 after a fork, the device), and the epoch (and
+            # state) the training process gave it.
+            native = self._here()
+            self._marker.mark()
+            epoch = native._next_epoch() if self._units_epoch is None else self._units_epoch
+            batches = _WorkerBatches(self, split, epoch, self._resume)
+            self._units_epoch = batches.epoch + 1
+            return iter(batches)
+        native = self._here()
+        if _in_worker():
+            self._marker.mark()
+        elif os.getpid() == self._marker.owner:
+            # Iterated here: this process's state covers what it delivers from now on.
+            self._resume = None
+            self._marker.clear()
+        return _Epoch(native, _converter(self._output()))
+
+    def __getitem__(self, index: Any) -> Any:
+        raise TypeError(
+            "a flowgate loader is an iterable dataset that batches and decodes on its own "
+            "threads, not a map-style one: iterate it directly, or pass it as "
+            "DataLoader(loader, batch_size=None) (import torch before building the loader)")
+
+    def __len__(self) -> int:
+        """Batches per epoch (on this rank)."""
+        return len(self._native)
+
+    def __reduce__(self) -> Any:
+        epoch = self._native._next_epoch() if os.getpid() == self._pid else self._fork_epoch
+        if self._remote_epoch is not None:
+            # Mid-way through a remote epoch (the native loader plans the one after it).
+            epoch = self._remote_epoch
+        # Pickled for the workers of this process (spawn): they mark this process's marker.
+        self._own_marker()
+        return (_rebuild, (type(self), self._args, epoch, self._marker, self._resume))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes ``epoch`` the next epoch iterated (as ``DistributedSampler.set_epoch``):
+        its order and augmentation follow from ``seed`` and the epoch. A no-op when it is
+        the next already (so a loop calling it keeps a position from
+        :meth:`load_state_dict`); an epoch being iterated is abandoned. ``DataLoader``
+        workers start at the epoch set in the parent."""
+        _check_ints({"epoch": epoch}, epoch=0)
+        native = self._here()
+        if self._pool is not None and self._remote_epoch is not None:
+            # A remote epoch being iterated is abandoned, as a local one is.
+            self._pool.abandon()
+            self._remote_epoch = None
+        if self._remote_state is not None and (native._next_epoch() != epoch
+                                               or self._remote_state.get("epoch") != epoch):
+            self._remote_state = None
+        native.set_epoch(epoch)
+        if self._resume is not None and self._resume.get("epoch") != epoch:
+            # Another epoch: the loaded state no longer applies (for workers started later).
+            self._resume = None
+
+    @property
+    def classes(self) -> Optional[List[str]]:
+        """With ``labels="folder"``: the class names, index = label; otherwise None."""
+        return self._native.classes
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being iterated, or the next one."""
+        if self._remote_epoch is not None:
+            return self._remote_epoch
+        return self._here().epoch
+
+    def stats(self) -> Dict[str, Any]:
+        """Delivered batches, failures, the consumer's wait, and per-stage workers and rates.
+        With ``remote=``, also ``remote``: the pool's workers, units issued again, and the
+        training process's own unit loader's statistics (``local``) when it decodes."""
+        s = self._here().stats()
+        if self._pool is not None:
+            p = self._pool
+            s["remote"] = {"workers": len(p.remote_workers()), "started": p.started,
+                           "reissued_units": p.reissued,
+                           "local": p.local_loader.stats() if p.local_loader else None}
+        return s
+
+    def tuner_trace(self) -> List[Dict[str, Any]]:
+        """The tuner's recent ticks, oldest first: ``t``, ``rate`` (batches/s), ``wait``,
+        per-stage ``stages``/``workers``/``budgets``, ``bytes``, ``memory_budget``,
+        ``rss_bytes`` and ``decisions`` (what changed and why). Empty with the tuner off.
+
+        With ``remote=``, the pool's windows instead (about one a second): ``t``,
+        ``workers`` (actors), ``local``, ``wait`` (the fraction of the window the loop
+        waited), ``ready`` and ``in_flight`` units, ``starting`` actors, ``rate`` (units/s
+        taken), ``worker_rate``/``local_rate`` (units/s a busy actor / the training process
+        decodes) and ``decisions`` (``RemoteWorkers(n -> m): why``, and units issued again
+        after an actor died)."""
+        if self._pool is not None:
+            return list(self._pool.trace)
+        return self._here().tuner_trace()
+
+    def failures(self, epoch: Optional[int] = None) -> List[Tuple[str, str, str]]:
+        """The failures skipped in ``epoch`` (default: the epoch being iterated, or the last
+        one started): ``(stage, path, message)``, of the last 1,000 kept."""
+        if self._remote_failures:
+            if epoch is None:
+                epoch = self._remote_epoch if self._remote_epoch is not None else \
+                    max(self._remote_failures)
+            if epoch in self._remote_failures:
+                return list(self._remote_failures[epoch][-1000:])
+        return self._here().failures(epoch)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """A small checkpoint (plain ints and lists) of what this epoch has delivered.
+
+        Raises ``RuntimeError`` in the training process when the loader's batches were read
+        in ``DataLoader`` worker processes: what they delivered is not known here (a state
+        taken anyway would train on those batches again after a resume). Iterate the loader
+        in the training process instead — ``DataLoader(loader, batch_size=None)`` with the
+        default ``num_workers=0``, or the loader itself: it decodes on its own threads."""
+        self._own_marker()
+        if self._split is None and self._marker.marked():
+            raise RuntimeError(
+                "this loader's batches were read in DataLoader worker processes, so the "
+                "training process does not know which were delivered: a state_dict() taken "
+                "here would train on them again after a resume. Iterate the loader in the "
+                "training process to checkpoint it: DataLoader(loader, batch_size=None) "
+                "with num_workers=0, or `for batch in loader` (flowgate decodes on its own "
+                "threads; DataLoader workers add processes, not throughput)")
+        if self._remote_state is not None:
+            return dict(self._remote_state)
+        return self._here().state_dict()
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: the next epoch iterated yields exactly the
+        batches' items not delivered yet (same loader arguments required). ``DataLoader``
+        workers forked (or spawned) before that epoch is iterated here resume from it too,
+        each its part of the rank's rest."""
+        self._here().load_state_dict(state)
+        if self._pool is not None:
+            self._pool.abandon()
+        self._remote_state = None
+        self._remote_epoch = None
+        self._resume = dict(state)
+
+    def close(self) -> None:
+        """Stops the pipeline and joins its threads (also done when the loader is freed)."""
+        if os.getpid() == self._pid:
+            self._native.close()
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+                self._remote_epoch = None
+
+    def __enter__(self) -> "_Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
