@@ -455,10 +455,11 @@ fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: FailureLog) -
                 1,
             )
             .measure(Batch::nbytes)
-            // Batches ahead of the training loop start at two in each buffer (a batch being
-            // made and one ready): the tuner doubles a buffer the consumer waits for, and a
-            // step-bound loop never pays for more (the first second's fill sets peak RSS).
-            .budget_start(buffer(2).unwrap_or(2))
+            // Batch lists wait for the collate stage one at a time and batches for the
+            // training loop two (one being taken, one ready): the tuner doubles a buffer the
+            // consumer waits for, and a step-bound loop never pays for more (the first
+            // second's fill sets peak RSS).
+            .budget_start(buffer(2).unwrap_or(1))
             .sink_start(buffer(3).unwrap_or(2));
         if let Some(up) = uploader {
             p = p.upload_with(up, |up, batch: Batch| batch.upload(up), Batch::nbytes);
