@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _native
 from ._native import DeviceUnavailable
-from ._process import (_LIVE, _Epoch, _WorkerMarker, _converter, _in_worker, _reads_s3,
+from ._process import (_LIVE, _Epoch, _WorkerMarker, _converter, _in_worker,
                        _rebuild, _register_with_torch, _worker_split)
 from ._remote import Ray, _Pool, _RemoteEpoch
 from ._sources import _check_ints
@@ -89,14 +89,6 @@ class _Loader:
         split = _worker_split()
         if os.getpid() == self._pid and split == self._split:
             return self._native
-        if os.getpid() != self._pid and _in_worker() and _reads_s3(self._args["paths"]):
-            # A forked copy of a process whose S3 client runs threads: its next S3 client has
-            # crashed (a segfault inside the AWS SDK) or hung in the fault harness.
-            raise RuntimeError(
-                "this loader reads S3, and DataLoader workers forked from a process whose S3 "
-                "client is running can crash or hang: use "
-                "DataLoader(..., multiprocessing_context='spawn'), or iterate the loader in "
-                "the training process (num_workers=0; it decodes on its own threads)")
         if split is not None and self._args.get("device", "cpu") != "cpu":
             raise DeviceUnavailable(
                 f"device={self._args['device']!r} uploads from the training process: iterate "
@@ -153,7 +145,7 @@ class _Loader:
         split = _worker_split()
         if split is not None and self._args.get("drop_last"):
             # Whole batches per worker, so only the epoch's last partial batch is dropped.
-            # The checks a worker makes (S3 after a fork, the device), and the epoch (and
+            # The checks a worker makes (the device), and the epoch (and
             # state) the training process gave it.
             native = self._here()
             self._marker.mark()

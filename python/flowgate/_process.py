@@ -73,21 +73,6 @@ if hasattr(os, "register_at_fork"):
 atexit.register(_native._exiting)
 
 
-def _reads_s3(paths: Any) -> bool:
-    """Whether a loader's ``paths`` name data on S3 (a URL, shards, Parquet or a mixture)."""
-    if isinstance(paths, (str, os.PathLike)):
-        return os.fspath(paths).startswith("s3://")
-    if hasattr(paths, "pattern"):
-        return _reads_s3(paths.pattern)
-    if hasattr(paths, "sources"):
-        return any(_reads_s3(s) for s in paths.sources)
-    if hasattr(paths, "paths"):
-        return any(_reads_s3(p) for p in paths.paths)
-    if isinstance(paths, (list, tuple)):
-        return any(_reads_s3(p) for p in paths)
-    return False
-
-
 def _in_worker() -> bool:
     """Whether this process is a ``torch.utils.data.DataLoader`` worker."""
     data = sys.modules.get("torch.utils.data")
