@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Ranks under torchrun on one node (3 by default), one with clips six times longer (rank 0), each with
-a training step (a sleep) per batch: the static split (each rank within its share of the node's
-cores, `LOCAL_WORLD_SIZE`) against a shared `cpu_budget`, interleaved, repeated.
+"""Ranks under torchrun on one node (3 by default), one with clips longer than the others' (rank 0;
+`--heavy-seconds`, `--light-seconds`), each with a training step (a sleep) per batch and, with
+`--lockstep` (as data-parallel training: an all-reduce after each step), no rank running ahead
+of the slowest: the static split (each rank within its share of the node's cores,
+`LOCAL_WORLD_SIZE`) against a shared `cpu_budget`, interleaved, repeated.
 
     scripts/bench_cpu_budget.py [--ranks 3] [--budget 2] [--reps 3] [--step-ms 10] [--epochs 3]
+        [--lockstep] [--heavy-seconds 12] [--light-seconds 2]
 
 Per mode: the heavy rank's epoch time and the light ranks' (median of the epochs after the
 first, over the repetitions), the sum of the ranks' decode workers over time (0.5-s buckets of
@@ -23,14 +26,19 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKER = ROOT / "python" / "tests" / "cpu_budget_worker.py"
 
 
-def clips(out: pathlib.Path) -> pathlib.Path:
-    for name, seconds, seed in (("light", "2,2", "0"), ("heavy", "12,12", "1")):
-        if not (out / name / "audio.txt").exists():
+def clips(out: pathlib.Path, heavy: float, light: float) -> dict:
+    """48 FLAC clips of each length (generated once per length): the listings by role."""
+    listings = {}
+    for name, secs, seed in (("light", light, "0"), ("heavy", heavy, "1")):
+        d = out / f"{secs:g}s-seed{seed}"
+        if not (d / "audio.txt").exists():
             subprocess.run(["cargo", "run", "--quiet", "-p", "flowgate-cli", "--bin",
-                            "flowgate", "--", "gen-data", "--out", str(out / name), "--images",
-                            "0", "--audio", "48", "--audio-seconds", seconds, "--seed", seed],
+                            "flowgate", "--", "gen-data", "--out", str(d), "--images",
+                            "0", "--audio", "48", "--audio-seconds", f"{secs:g},{secs:g}",
+                            "--seed", seed],
                            cwd=ROOT, check=True)
-    return out
+        listings[name] = d / "audio.txt"
+    return listings
 
 
 def run(mode, a, data, port):
@@ -41,10 +49,11 @@ def run(mode, a, data, port):
         subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={a.ranks}",
              "--master_port", str(port), str(WORKER),
-             "--heavy", str(data / "heavy" / "audio.txt"),
-             "--light", str(data / "light" / "audio.txt"),
+             "--heavy", str(data["heavy"]), "--light", str(data["light"]),
              "--budget", a.budget if mode == "shared" else "none",
-             "--step-ms", str(a.step_ms), "--epochs", str(a.epochs), "--repeat", str(a.repeat)],
+             "--step-ms", str(a.step_ms), "--epochs", str(a.epochs), "--repeat", str(a.repeat),
+             "--seconds", f"{max(a.heavy_seconds, a.light_seconds):g}",
+             *(["--lockstep"] if a.lockstep else [])],
             env=env, cwd=tmp, check=True, capture_output=True, text=True)
         return [json.loads((pathlib.Path(tmp) / f"report-{k}.json").read_text())
                 for k in range(a.ranks)]
@@ -73,9 +82,13 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--data", default=str(ROOT / "target" / "pytest-cpu-budget"))
+    ap.add_argument("--heavy-seconds", type=float, default=12)
+    ap.add_argument("--light-seconds", type=float, default=2)
+    ap.add_argument("--lockstep", action="store_true",
+                    help="all-reduce after each step, as data-parallel training does")
     ap.add_argument("--json")
     a = ap.parse_args()
-    data = clips(pathlib.Path(a.data))
+    data = clips(pathlib.Path(a.data), a.heavy_seconds, a.light_seconds)
     rows = {"static": [], "shared": []}
     for rep in range(a.reps):
         for mode in ("static", "shared"):
@@ -91,7 +104,8 @@ def main():
                    "node_busy_max": max(busy) if busy else None}
             rows[mode].append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
-    print(f"| split ({a.ranks} ranks, budget {a.budget}) | heavy rank epoch s | light ranks epoch s | "
+    step = "lockstep" if a.lockstep else "independent"
+    print(f"| split ({a.ranks} ranks {step}, budget {a.budget}) | heavy rank epoch s | light ranks epoch s | "
           "sum of decode workers, mean / most | most cores held at a tick |")
     print("|---|---|---|---|---|")
     for mode, rs in rows.items():

@@ -2,7 +2,8 @@
 
 Rank 0 decodes the heavy clips, the other ranks the light ones (each rank its whole list: the
 work differs per rank, as with ranks whose clips differ in length); every rank takes a training
-step (a sleep) per batch. Writes `report-RANK.json`: the epochs' times and the tuner's ticks
+step (a sleep) per batch; with `--lockstep` the ranks also all-reduce a number after each step
+(gloo), as data-parallel training does, so no rank runs ahead of the slowest. Writes `report-RANK.json`: the epochs' times and the tuner's ticks
 (decode workers, and the node CPU budget's figures when there is one)."""
 
 import argparse
@@ -21,7 +22,14 @@ ap.add_argument("--epochs", type=int, default=2)
 ap.add_argument("--repeat", type=int, default=1)
 ap.add_argument("--seconds", type=float, default=12.0)
 ap.add_argument("--drop", type=int, default=0, help="leave out the list's last N clips")
+ap.add_argument("--lockstep", action="store_true", help="all-reduce after each step (DDP)")
 a = ap.parse_args()
+
+if a.lockstep:
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    one = torch.ones(1)
 
 rank = int(os.environ["RANK"])
 listing = a.heavy if rank == 0 else a.light
@@ -39,12 +47,16 @@ for epoch in range(a.epochs):
         n += 1
         items += len(audio)
         time.sleep(a.step_ms / 1000)
+        if a.lockstep:
+            dist.all_reduce(one)
     epochs.append({"seconds": time.time() - t, "batches": n, "items": items})
 ticks = []
 for r in loader.tuner_trace():
     workers = dict(zip(r["stages"], r["workers"]))
     ticks.append({"t": r["t"], "decode": workers.get("decode"), "wait": r["wait"], "workers": workers, "decisions": r["decisions"],
                   "cpu": r.get("cpu")})
+if a.lockstep:
+    dist.destroy_process_group()
 with open(f"report-{rank}.json", "w") as f:
     json.dump({"rank": rank, "heavy": rank == 0, "epochs": epochs, "ticks": ticks,
                "started": started, "local_world_size": os.environ.get("LOCAL_WORLD_SIZE")}, f)
