@@ -343,7 +343,8 @@ class _RemoteEpoch:
         self._rows: Deque[_Rows] = collections.deque()
         self._convert = _converter_from_numpy(loader._args["output"])
         loader._remote_state = self._plan.state()
-        loader._remote_failures[self.epoch] = []
+        # An epoch run again adds its failures to the earlier run's, as a local loader's.
+        self._failures_before = len(loader._remote_failures.setdefault(self.epoch, []))
         loader._remote_epoch = self.epoch
         self._no_hands_since: Optional[float] = None
         self._finished = False
@@ -369,7 +370,7 @@ class _RemoteEpoch:
         item, positions = self._next_batch()
         if item is None:
             self._finish()
-            failed = self._loader._remote_failures[self.epoch]
+            failed = self._loader._remote_failures[self.epoch][self._failures_before:]
             if not self._yielded and failed:
                 # As a local loader's epoch in which every item failed: an error, not empty.
                 stage, path, message = failed[-1]

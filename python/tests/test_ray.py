@@ -280,6 +280,10 @@ def test_a_skipped_file_gives_the_local_loaders_batches(cluster, data, tmp_path)
             with flowgate.ImageLoader(files, remote=r, **kw) as l:
                 same(epoch(l), want)
                 assert [f[1] for f in l.failures()] == [str(bad)]
+                # The epoch run again adds its failure to the first run's, as locally.
+                l.set_epoch(0)
+                same(epoch(l), want)
+                assert [f[1] for f in l.failures(0)] == [str(bad)] * 2
 
 
 def test_a_unit_of_only_unreadable_files_is_skipped_and_an_all_bad_epoch_is_an_error(
