@@ -245,3 +245,187 @@ impl<T: Send + 'static> Batcher<T> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The stage on its own: batches, the partial last one or its drop, every input permit
+    //! released, the epoch's end passed on, the floor that lets a byte budget fill a batch,
+    //! and a stop that ends a waiting stage.
+
+    use super::*;
+    use crate::failure::{FailureBudget, Failures};
+    use flowgate_tuner::StageKind;
+    use std::time::Duration;
+
+    fn start(
+        size: usize,
+        drop_last: bool,
+        input_bytes: u64,
+    ) -> (
+        Arc<AggregateStage<u64>>,
+        Arc<Channel<u64>>,
+        Arc<Channel<Vec<u64>>>,
+    ) {
+        let core = StageCore::new(
+            "agg",
+            StageKind::Serial,
+            FailureBudget::default(),
+            Arc::new(Failures::new(FailureBudget::default())),
+            false,
+        );
+        let input = Arc::new(Channel::new(64, input_bytes));
+        let output = Arc::new(Channel::new(64, u64::MAX));
+        let stage =
+            AggregateStage::start(core, input.clone(), output.clone(), size, drop_last).unwrap();
+        (stage, input, output)
+    }
+
+    /// Sends items `first..first + n` of `bytes` each (blocking for room).
+    fn send(input: &Channel<u64>, first: u64, n: u64, bytes: u64) {
+        let mut items: Vec<_> = (first..first + n)
+            .map(|i| Envelope {
+                seq: i,
+                bytes,
+                reserved: 0,
+                item: i,
+                origin: Default::default(),
+            })
+            .collect();
+        while !items.is_empty() {
+            let k = input.acquire_for(&mut items).unwrap();
+            let rest = items.split_off(k);
+            input.send(items);
+            items = rest;
+        }
+    }
+
+    /// The batches of `epoch` (with their bytes), releasing each, until the epoch is finished.
+    fn batches(output: &Channel<Vec<u64>>, epoch: u64) -> Vec<(Vec<u64>, u64)> {
+        let mut out = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(chunk) = output.try_recv() {
+                for env in chunk {
+                    output.budget().release(1, env.bytes);
+                    out.push((env.item, env.bytes));
+                }
+                continue;
+            }
+            let st = output.budget().status();
+            if st.finished && st.epoch == epoch && output.is_empty() {
+                return out;
+            }
+            assert!(Instant::now() < deadline, "epoch {epoch} did not end");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn used(ch: &Channel<u64>) -> (usize, u64) {
+        let st = ch.budget().status();
+        (st.used_items, st.used_bytes)
+    }
+
+    #[test]
+    fn batches_of_the_size_then_the_partial_last_and_every_permit_released() {
+        let (stage, input, output) = start(4, false, u64::MAX);
+        send(&input, 0, 10, 7);
+        input.budget().finish(0);
+        let got = batches(&output, 0);
+        assert_eq!(
+            got,
+            vec![
+                (vec![0, 1, 2, 3], 28),
+                (vec![4, 5, 6, 7], 28),
+                (vec![8, 9], 14)
+            ]
+        );
+        assert_eq!(used(&input), (0, 0), "every item's permit released");
+        assert_eq!(stage.dropped(), 0);
+        // The next epoch batches afresh: no item of the last carried over.
+        input.budget().begin(1);
+        output.budget().begin(1);
+        send(&input, 10, 5, 1);
+        input.budget().finish(1);
+        let got: Vec<_> = batches(&output, 1).into_iter().map(|(b, _)| b).collect();
+        assert_eq!(got, vec![vec![10, 11, 12, 13], vec![14]]);
+        stage.stop();
+        stage.join();
+    }
+
+    #[test]
+    fn drop_last_drops_and_counts_the_partial_batch_and_releases_its_permits() {
+        let (stage, input, output) = start(4, true, u64::MAX);
+        send(&input, 0, 11, 5);
+        input.budget().finish(0);
+        let got: Vec<_> = batches(&output, 0).into_iter().map(|(b, _)| b).collect();
+        assert_eq!(got, vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
+        assert_eq!(stage.dropped(), 3);
+        assert_eq!(used(&input), (0, 0), "the dropped items' permits released");
+        // An epoch that divides evenly drops nothing more.
+        input.budget().begin(1);
+        output.budget().begin(1);
+        send(&input, 11, 8, 5);
+        input.budget().finish(1);
+        assert_eq!(batches(&output, 1).len(), 2);
+        assert_eq!(stage.dropped(), 3);
+        stage.stop();
+        stage.join();
+    }
+
+    #[test]
+    fn a_byte_budget_under_one_batch_still_fills_the_batch() {
+        // 10 bytes admit one 7-byte item by bytes alone; the floor of one batch admits four.
+        let (stage, input, output) = start(4, false, 10);
+        send(&input, 0, 8, 7);
+        input.budget().finish(0);
+        let got: Vec<_> = batches(&output, 0).into_iter().map(|(b, _)| b).collect();
+        assert_eq!(got, vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
+        stage.stop();
+        stage.join();
+    }
+
+    #[test]
+    fn stop_ends_a_stage_waiting_for_items() {
+        let (stage, input, _output) = start(4, false, u64::MAX);
+        send(&input, 0, 2, 1);
+        std::thread::sleep(Duration::from_millis(20));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s = stage.clone();
+        std::thread::spawn(move || {
+            s.stop();
+            s.join();
+            tx.send(()).unwrap();
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the stage ended after stop");
+        assert_eq!(stage.name(), "agg");
+        assert_eq!(stage.resize(8), 1, "one thread, whatever is asked");
+    }
+
+    #[test]
+    fn the_tuners_budget_reaches_the_input_but_not_under_the_floor() {
+        let (stage, input, _output) = start(4, false, u64::MAX);
+        stage.set_budget(2, 100);
+        let st = input.budget().status();
+        assert_eq!(
+            (st.cap_items, st.cap_bytes),
+            (4, 100),
+            "the item limit kept at the floor of one batch"
+        );
+        // Four 50-byte items (200 bytes, over both limits) are still admitted: the floor.
+        let mut items: Vec<_> = (0..5)
+            .map(|i| Envelope {
+                seq: i,
+                bytes: 50,
+                reserved: 0,
+                item: i,
+                origin: Default::default(),
+            })
+            .collect();
+        assert_eq!(input.acquire_for(&mut items).unwrap(), 4);
+        let snap = stage.snapshot();
+        assert_eq!(snap.workers, 1);
+        stage.stop();
+        stage.join();
+    }
+}
