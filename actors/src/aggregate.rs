@@ -257,15 +257,13 @@ mod tests {
     use flowgate_tuner::StageKind;
     use std::time::Duration;
 
-    fn start(
-        size: usize,
-        drop_last: bool,
-        input_bytes: u64,
-    ) -> (
+    type Started = (
         Arc<AggregateStage<u64>>,
         Arc<Channel<u64>>,
         Arc<Channel<Vec<u64>>>,
-    ) {
+    );
+
+    fn start(size: usize, drop_last: bool, input_bytes: u64) -> Started {
         let core = StageCore::new(
             "agg",
             StageKind::Serial,
