@@ -562,4 +562,116 @@ mod tests {
         b.finish(1);
         assert!(b.status().finished);
     }
+
+    // The tests below were written for the mutants `cargo mutants` found uncaught in this file
+    // (scripts/mutants.sh, docs/guarantees.md "Mutation testing").
+
+    #[test]
+    fn an_async_producer_waits_for_room_and_is_admitted_on_release() {
+        let b = Arc::new(Budget::new(2, u64::MAX));
+        let a = futures::executor::block_on(b.acquire_async([1u64, 1, 1].into_iter())).unwrap();
+        assert_eq!(a.items, 2, "the prefix that fits");
+        let b2 = Arc::clone(&b);
+        let t = thread::spawn(move || {
+            futures::executor::block_on(b2.acquire_async([1u64].into_iter()))
+        });
+        thread::sleep(Duration::from_millis(30));
+        assert!(
+            !t.is_finished(),
+            "a full budget admits nothing: the producer waits"
+        );
+        b.release(1, 1);
+        assert_eq!(t.join().unwrap().unwrap().items, 1);
+        b.close();
+        assert_eq!(
+            futures::executor::block_on(b.acquire_async([1u64].into_iter())),
+            Err(Closed)
+        );
+    }
+
+    #[test]
+    fn settled_outputs_true_up_the_bytes_both_ways_and_wake_producers() {
+        let b = Arc::new(Budget::new(100, 100));
+        b.reserve_outputs();
+        // Cold: only the floor (one item) is admitted until the reserve is known.
+        assert_eq!(b.acquire([10u64, 10].into_iter()).unwrap().items, 1);
+        let b2 = Arc::clone(&b);
+        let t = thread::spawn(move || b2.acquire([10u64].into_iter()));
+        thread::sleep(Duration::from_millis(30));
+        assert!(
+            !t.is_finished(),
+            "cold: a second item waits for the reserve"
+        );
+        // Learning the reserve (no byte change) wakes the waiting producer.
+        b.settle_outputs(0, Some(20));
+        assert_eq!(t.join().unwrap().unwrap().items, 1);
+        assert_eq!(b.status().used_bytes, 10 + 10 + 20);
+        // Outputs larger than reserved charge more; smaller give back.
+        b.settle_outputs(15, None);
+        assert_eq!(b.status().used_bytes, 55);
+        b.settle_outputs(-25, None);
+        assert_eq!(b.status().used_bytes, 30);
+        // A give-back wakes a producer waiting for bytes.
+        b.set_limits(100, 40);
+        let b2 = Arc::clone(&b);
+        let t = thread::spawn(move || b2.acquire([5u64].into_iter()));
+        thread::sleep(Duration::from_millis(30));
+        assert!(!t.is_finished(), "30 + 5 + 20 reserved is over 40");
+        b.settle_outputs(-20, None);
+        assert_eq!(t.join().unwrap().unwrap().items, 1);
+    }
+
+    #[test]
+    fn adjust_and_charge_move_the_bytes_by_exactly_what_they_say() {
+        let b = Budget::new(10, 1000);
+        b.acquire([100u64].into_iter()).unwrap();
+        b.adjust(50);
+        assert_eq!(b.status().used_bytes, 150);
+        b.adjust(-30);
+        assert_eq!(b.status().used_bytes, 120);
+        b.adjust(0);
+        assert_eq!(b.status().used_bytes, 120);
+        b.charge(7);
+        assert_eq!(b.status().used_bytes, 127);
+        b.charge(0);
+        assert_eq!(b.status().used_bytes, 127);
+        b.release(0, 0);
+        assert_eq!((b.status().used_items, b.status().used_bytes), (1, 127));
+        b.release(1, 127);
+        assert_eq!((b.status().used_items, b.status().used_bytes), (0, 0));
+    }
+
+    #[test]
+    fn the_last_release_of_a_finished_epoch_wakes_its_consumers() {
+        let b = Budget::new(4, 100);
+        b.acquire([1u64, 1].into_iter()).unwrap();
+        b.finish(0);
+        let l = b.listen_data();
+        b.release(1, 1);
+        assert!(
+            l.wait_timeout(Duration::from_millis(30)).is_none(),
+            "an item still held: no wake"
+        );
+        let l = b.listen_data();
+        b.release(1, 1);
+        assert!(
+            l.wait_timeout(Duration::from_secs(5)).is_some(),
+            "the epoch's last item released: consumers wake"
+        );
+        let l = b.listen_data();
+        b.notify_data(1);
+        assert!(l.wait_timeout(Duration::from_secs(5)).is_some());
+    }
+
+    #[test]
+    fn a_channel_is_empty_until_sent_and_after_taken() {
+        let ch = Channel::<u64>::new(4, 100);
+        assert!(ch.is_empty());
+        let mut items = vec![env(0, 1), env(1, 1)];
+        assert_eq!(ch.acquire_for(&mut items).unwrap(), 2);
+        ch.send(items);
+        assert!(!ch.is_empty());
+        assert_eq!(ch.try_recv().map(|c| c.len()), Some(2));
+        assert!(ch.is_empty());
+    }
 }
