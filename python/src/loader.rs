@@ -3,6 +3,7 @@
 //! labels and paths as asked), `state_dict`s as plain Python values, the GIL released
 //! while waiting and Ctrl-C seen within a slice. The loader itself is the library's.
 
+use std::mem::ManuallyDrop;
 use std::sync::Mutex;
 
 use flowgate::loader::LoaderWatch;
@@ -28,7 +29,10 @@ struct Core {
 /// A native loader; see `flowgate.ImageLoader` and `flowgate.AudioLoader`.
 #[pyclass(module = "flowgate._native")]
 pub(crate) struct Loader {
-    core: Mutex<Core>,
+    /// Dropped only in the process that built it (see `Drop`).
+    core: ManuallyDrop<Mutex<Core>>,
+    /// The process that built the loader: its threads exist only there.
+    pid: u32,
     /// Statistics and failures, read without `core`'s lock (which `_next` holds while it
     /// waits for a batch).
     watch: LoaderWatch,
@@ -42,14 +46,23 @@ impl Drop for Loader {
     /// A loader freed mid-epoch joins its threads (each finishing the item in hand): with the
     /// GIL released, so the process's other Python threads run meanwhile. (Freed from Python,
     /// this runs in the object's deallocation, where this thread holds the GIL.)
+    ///
+    /// In a process forked from the one that built it (a DataLoader worker freeing the copy it
+    /// inherited, a child rebinding the name) the loader's threads do not exist, and closing
+    /// would wait for them forever (its lock may even be held by one of them): the copy is
+    /// forgotten instead, its memory left as the fork made it.
     fn drop(&mut self) {
-        if crate::EXITING.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.pid != std::process::id() {
             return;
         }
-        let core = self.core.get_mut().unwrap_or_else(|p| p.into_inner());
-        // SAFETY: a pyclass is dropped by its type's deallocation, with the GIL held.
-        let py = unsafe { Python::assume_gil_acquired() };
-        py.allow_threads(|| core.loader.close());
+        if !crate::EXITING.load(std::sync::atomic::Ordering::SeqCst) {
+            let core = self.core.get_mut().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: a pyclass is dropped by its type's deallocation, with the GIL held.
+            let py = unsafe { Python::assume_gil_acquired() };
+            py.allow_threads(|| core.loader.close());
+        }
+        // SAFETY: `core` is not used again: this is the loader's drop.
+        unsafe { ManuallyDrop::drop(&mut self.core) };
     }
 }
 
@@ -61,10 +74,11 @@ impl Loader {
             classes: loader.classes().map(<[String]>::to_vec),
             sim_log: loader.sim_log().cloned(),
             return_paths,
-            core: Mutex::new(Core {
+            core: ManuallyDrop::new(Mutex::new(Core {
                 loader,
                 iterators: 0,
-            }),
+            })),
+            pid: std::process::id(),
         }
     }
 }

@@ -47,6 +47,45 @@ def test_a_fork_after_iterating_gives_the_child_its_own_batches(data, tmp_path):
     assert "parent 40 status 0" in r.stdout, r.stdout + r.stderr[-3000:]
 
 
+def test_a_forked_child_frees_the_loader_it_inherited_without_waiting(data, tmp_path):
+    """The parent's pipeline threads are running when it forks; the child frees its copy of
+    the loader (``del``, or a name rebound to a new loader, as a DataLoader worker's dataset
+    that builds its own loader does) and reads a loader of its own. Freeing the copy used to
+    wait forever for the parent's threads (a helper's report)."""
+    r = run(f"""
+        import gc, os, signal, flowgate
+        def make():
+            return flowgate.ImageLoader({str(data / "images.txt")!r}, batch_size=4, crop=32,
+                                        resize=32, return_paths=True, seed=1)
+        loader = make()
+        it = iter(loader)
+        first = next(it)
+        for how in ("del", "rebind"):
+            pid = os.fork()
+            if pid == 0:
+                signal.alarm(30)   # a hang ends the child with SIGALRM, not the test's timeout
+                if how == "del":
+                    del it, loader
+                    gc.collect()
+                    loader = make()
+                else:
+                    loader = make()   # the inherited loader freed here
+                    del it
+                    gc.collect()
+                paths = [p for _, ps in loader for p in ps]
+                print("child", how, len(paths), flush=True)
+                os._exit(0)
+            _, status = os.waitpid(pid, 0)
+            print("status", how, status, flush=True)
+        rest = [p for _, ps in it for p in ps]
+        print("parent", len(first[1]) + len(rest), flush=True)
+    """, tmp_path, timeout=90)
+    for how in ("del", "rebind"):
+        assert f"child {how} 40" in r.stdout, r.stdout + r.stderr[-3000:]
+        assert f"status {how} 0" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "parent 40" in r.stdout, r.stdout + r.stderr[-3000:]
+
+
 def test_the_dataloader_route_reads_each_image_once(data, tmp_path):
     """DataLoader(loader, batch_size=None, num_workers=2): the workers split the files (with
     fork, and with spawn, which pickles the loader), each image once per epoch, tensors out."""
