@@ -406,11 +406,15 @@ impl ShardCache {
             // The version listed (and indexed, or counted by the manifest): a rewritten shard
             // is an error here, not samples read at the old offsets from new bytes.
             futures::executor::block_on(self.s3.download_version(&o.key, &tmp, &self.versions[i]))?;
+            // Opened before it is moved into place: another process sharing the directory may
+            // evict the file the moment it is there, and an open file stays readable (opened
+            // after the move, the shard failed its samples until the next retry).
+            let file = File::open(&tmp)
+                .map_err(|e| S3Error::Client(format!("opening {}: {e}", tmp.display())))?;
             std::fs::rename(&tmp, &path).map_err(|e| {
                 S3Error::Client(format!("moving the download into {}: {e}", path.display()))
             })?;
-            File::open(&path)
-                .map_err(|e| S3Error::Client(format!("opening {}: {e}", path.display())))
+            Ok(file)
         })();
         if outcome.is_err() {
             let _ = std::fs::remove_file(&tmp);
