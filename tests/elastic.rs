@@ -84,6 +84,8 @@ proptest! {
         let mut cut = cuts.iter().cycle();
         let last = worlds.len() - 1;
         let mut dealt = Vec::new();
+        let mut next: BTreeMap<(usize, u8), usize> = BTreeMap::new();
+        let mut next_ran = false;
         for (phase, &world) in worlds.iter().enumerate() {
             dealt.push(world);
             let mut states = Vec::new();
@@ -105,6 +107,14 @@ proptest! {
                     // item split before the checkpoint may have been delivered then).
                     let s = p.stats();
                     shares.push(got.len() as u64 + parts * (s.failures - before.failures));
+                }
+                if phase == last && state.is_some() {
+                    // The epoch after a resumed one is whole again: the resume's base (what
+                    // the merged state delivered) belongs to its epoch only.
+                    for i in p.iter().map(|r| r.unwrap()) {
+                        *next.entry(i).or_default() += 1;
+                    }
+                    next_ran = true;
                 }
                 states.push(p.state());
             }
@@ -134,10 +144,22 @@ proptest! {
             .filter(|i| !fail || i % 23 != 4)
             .flat_map(|i| (0..parts as u8).map(move |k| (i, k)))
             .collect();
+        let final_world = *dealt.last().unwrap();
+        if next_ran {
+            let missing = deliverable.iter().filter(|i| !next.contains_key(i)).count();
+            let repeats: usize = next.values().map(|c| c - 1).sum();
+            match lengths {
+                ShardLengths::Uneven => prop_assert!(missing == 0 && repeats == 0,
+                    "the next epoch: {} missing, {} repeated", missing, repeats),
+                ShardLengths::Drop => prop_assert!(repeats == 0 && missing < final_world * parts as usize,
+                    "the next epoch: {} missing, {} repeated", missing, repeats),
+                ShardLengths::Pad => prop_assert!(missing == 0 && repeats <= (final_world - 1) * parts as usize,
+                    "the next epoch: {} missing, {} repeated", missing, repeats),
+            }
+        }
         let missing = deliverable.iter().filter(|i| !count.contains_key(i)).count();
         let repeats: usize = count.values().map(|c| c - 1).sum();
         prop_assert!(count.keys().all(|i| deliverable.contains(i)), "only the epoch's items");
-        let final_world = *dealt.last().unwrap();
         match lengths {
             ShardLengths::Uneven => {
                 prop_assert_eq!(missing, 0, "every item");
@@ -170,7 +192,34 @@ fn merging_refuses_states_that_do_not_fit_together() {
     let r1 = state_of(sampler().shard(1, 2).unwrap(), 5);
     let merged = PipelineState::merge(&[r0.clone(), r1.clone()]).unwrap();
     assert_eq!(merged.epoch, 0);
-    assert!(merged.delivered_items >= 8, "{merged:?}");
+    // The shares are disjoint (40 positions on 2 ranks, nothing padded): the sum exactly.
+    assert_eq!(
+        merged.delivered_items,
+        r0.delivered_items + r1.delivered_items,
+        "{merged:?}"
+    );
+    // States taken at each rank's last item (still naming the epoch) merge into the next
+    // epoch with nothing delivered.
+    let whole = |rank| state_of(sampler().shard(rank, 2).unwrap(), 20);
+    let (w0, w1) = (whole(0), whole(1));
+    assert_eq!((w0.epoch, w0.delivered_items), (0, 20));
+    let done = PipelineState::merge(&[w0, w1]).unwrap();
+    assert_eq!((done.epoch, done.delivered_items), (1, 0), "{done:?}");
+    // A rank already delivering the next epoch does not merge with one still in this one.
+    let ahead = {
+        let mut p = build(
+            sampler().shard(1, 2).unwrap(),
+            Order::Completion,
+            false,
+            false,
+        );
+        assert_eq!(p.iter().count(), 20);
+        let _: Vec<_> = p.iter().take(2).collect();
+        p.state()
+    };
+    assert_eq!((ahead.epoch, ahead.delivered_items), (1, 2));
+    let e = PipelineState::merge(&[r0.clone(), ahead]).unwrap_err();
+    assert!(e.to_string().contains("take them at the same step"), "{e}");
     for (states, says) in [
         (vec![r0.clone()], "no state of rank 1"),
         (vec![r0.clone(), r0.clone()], "two states of rank 0"),
