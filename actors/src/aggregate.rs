@@ -396,8 +396,24 @@ mod tests {
         });
         rx.recv_timeout(Duration::from_secs(10))
             .expect("the stage ended after stop");
+        assert!(stage.handle.lock().is_none(), "join took the thread");
         assert_eq!(stage.name(), "agg");
         assert_eq!(stage.resize(8), 1, "one thread, whatever is asked");
+    }
+
+    #[test]
+    fn a_closed_input_ends_the_stage() {
+        let (stage, input, _output) = start(4, false, u64::MAX);
+        send(&input, 0, 1, 1);
+        input.budget().close();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s = stage.clone();
+        std::thread::spawn(move || {
+            s.join();
+            tx.send(()).unwrap();
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the stage ended when its input closed");
     }
 
     #[test]
