@@ -304,6 +304,13 @@ proptest! {
                 if w == 0 && workers > 1 {
                     let e = PipelineState::merge(&[q.state()]).unwrap_err();
                     prop_assert!(e.to_string().contains("DataLoader worker"), "{}", e);
+                    // Its own split resumes it; another split refuses it.
+                    let own = build(sampler.clone().split(0, workers).unwrap(), Order::Input, false, false)
+                        .resume(&q.state());
+                    prop_assert!(own.is_ok(), "{:?}", own);
+                    let e = build(sampler.clone().split(1, workers).unwrap(), Order::Input, false, false)
+                        .resume(&q.state()).unwrap_err();
+                    prop_assert!(e.to_string().contains("DataLoader worker"), "{}", e);
                 }
             }
             let mut all = first.clone();
