@@ -270,6 +270,41 @@ fn merging_refuses_states_that_do_not_fit_together() {
     .unwrap();
 }
 
+#[test]
+fn a_version_1_state_resumes_at_its_own_rank_only() {
+    // Version 1 kept the rank and world size in the fingerprint, positions the rank's own.
+    let sampler = || Sampler::new(40).shuffle(1).shard(1, 2).unwrap();
+    let share = sampler().epoch(0);
+    let mut p = build(sampler(), Order::Input, false, false);
+    let first: Vec<usize> = p.iter().take(5).map(|r| r.unwrap().0).collect();
+    let mut v = serde_json::to_value(p.state()).unwrap();
+    v["version"] = 1.into();
+    v["fingerprint"]["rank"] = "1".into();
+    v["fingerprint"]["world_size"] = "2".into();
+    v.as_object_mut().unwrap().remove("shard");
+    let v1: PipelineState = serde_json::from_value(v).unwrap();
+    let mut q = build(sampler(), Order::Input, false, false);
+    q.resume(&v1).expect("its own rank resumes it");
+    let mut all = first;
+    all.extend(q.iter().map(|r| r.unwrap().0));
+    all.sort_unstable();
+    let mut want = share;
+    want.sort_unstable();
+    assert_eq!(all, want, "the rest of the share, exactly");
+    for (rank, world) in [(0, 2), (1, 3)] {
+        let s = Sampler::new(40).shuffle(1).shard(rank, world).unwrap();
+        let e = build(s, Order::Input, false, false)
+            .resume(&v1)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("merge every rank's checkpoint"),
+            "rank {rank} of {world}: {e}"
+        );
+    }
+    let e = PipelineState::merge(&[v1]).unwrap_err();
+    assert!(e.to_string().contains("version-1"), "{e}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
 
