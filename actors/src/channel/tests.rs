@@ -200,6 +200,10 @@ fn adjust_and_charge_move_the_bytes_by_exactly_what_they_say() {
     assert_eq!((b.status().used_items, b.status().used_bytes), (1, 127));
     b.release(1, 127);
     assert_eq!((b.status().used_items, b.status().used_bytes), (0, 0));
+    // An item of no bytes (an empty clip) gives its permit back too.
+    b.acquire([0u64].into_iter()).unwrap();
+    b.release(1, 0);
+    assert_eq!((b.status().used_items, b.status().used_bytes), (0, 0));
 }
 
 #[test]
