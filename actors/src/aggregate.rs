@@ -402,6 +402,39 @@ mod tests {
     }
 
     #[test]
+    fn the_stage_counts_items_batches_and_its_waits() {
+        // An output of one batch: the second batch waits for the first to be taken.
+        let core = StageCore::new(
+            "agg",
+            StageKind::Serial,
+            FailureBudget::default(),
+            Arc::new(Failures::new(FailureBudget::default())),
+            false,
+        );
+        let input = Arc::new(Channel::new(64, u64::MAX));
+        let output = Arc::new(Channel::new(1, u64::MAX));
+        let stage = AggregateStage::start(core, input.clone(), output.clone(), 3, false).unwrap();
+        std::thread::sleep(Duration::from_millis(30)); // waiting for input
+        send(&input, 0, 7, 1);
+        std::thread::sleep(Duration::from_millis(30)); // waiting for room
+        input.budget().finish(0);
+        assert_eq!(batches(&output, 0).len(), 3);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let snap = loop {
+            let snap = stage.snapshot();
+            if snap.items_out == 3 || Instant::now() > deadline {
+                break snap;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!((snap.items_in, snap.items_out), (7, 3));
+        assert!(snap.blocked_get >= Duration::from_millis(20), "{snap:?}");
+        assert!(snap.blocked_put >= Duration::from_millis(20), "{snap:?}");
+        stage.stop();
+        stage.join();
+    }
+
+    #[test]
     fn a_closed_input_ends_the_stage() {
         let (stage, input, _output) = start(4, false, u64::MAX);
         send(&input, 0, 1, 1);
