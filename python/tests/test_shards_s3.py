@@ -3,7 +3,6 @@ server (s3s-fs, which `scripts/setup.sh --test` installs) started on 127.0.0.1 f
 and stopped after it: the same pixels and labels as the local shards and Parquet file,
 shards through the disk cache, and a missing shard named."""
 
-import os
 
 import numpy as np
 import pytest
