@@ -263,14 +263,18 @@ mod tests {
         Arc<Channel<Vec<u64>>>,
     );
 
-    fn start(size: usize, drop_last: bool, input_bytes: u64) -> Started {
-        let core = StageCore::new(
+    fn core() -> StageCore {
+        StageCore::new(
             "agg",
             StageKind::Serial,
             FailureBudget::default(),
             Arc::new(Failures::new(FailureBudget::default())),
             false,
-        );
+        )
+    }
+
+    fn start(size: usize, drop_last: bool, input_bytes: u64) -> Started {
+        let core = core();
         let input = Arc::new(Channel::new(64, input_bytes));
         let output = Arc::new(Channel::new(64, u64::MAX));
         let stage =
@@ -404,13 +408,7 @@ mod tests {
     #[test]
     fn the_stage_counts_items_batches_and_its_waits() {
         // An output of one batch: the second batch waits for the first to be taken.
-        let core = StageCore::new(
-            "agg",
-            StageKind::Serial,
-            FailureBudget::default(),
-            Arc::new(Failures::new(FailureBudget::default())),
-            false,
-        );
+        let core = core();
         let input = Arc::new(Channel::new(64, u64::MAX));
         let output = Arc::new(Channel::new(1, u64::MAX));
         let stage = AggregateStage::start(core, input.clone(), output.clone(), 3, false).unwrap();
