@@ -383,3 +383,54 @@ fn a_worker_outside_its_range_is_refused() {
     assert!(Sampler::new(10).split(0, 0).is_err());
     assert_eq!(Sampler::new(10).split(0, 1).unwrap().len(), 10);
 }
+
+#[test]
+fn a_split_of_one_worker_is_the_whole_share() {
+    let s = Sampler::new(10).shuffle(3).shard(1, 2).unwrap();
+    let one = s.clone().split(0, 1).unwrap();
+    // Not recorded as a worker's split: its checkpoints are the rank's, and merge.
+    assert_eq!(one.layout(0, Default::default()).split, None);
+    assert_eq!(one.epoch(0), s.epoch(0));
+}
+
+#[test]
+fn fingerprints_are_stable_and_tell_configurations_apart() {
+    // Pinned: checkpoints store them, and a resume compares them field by field; a change in
+    // how they are written would refuse every checkpoint saved before it.
+    let grouped = |sizes: &[usize]| {
+        Sampler::new(sizes.iter().sum())
+            .groups(sizes)
+            .unwrap()
+            .shuffle(5)
+            .buffer(4)
+    };
+    let f = grouped(&[3, 7]).fingerprint();
+    let field = |v: Vec<(&'static str, String)>, k: &str| {
+        v.into_iter().find(|(n, _)| *n == k).map(|(_, v)| v)
+    };
+    assert_eq!(
+        f,
+        vec![
+            ("shuffle_seed", "5".to_string()),
+            ("shard_lengths", "Uneven".to_string()),
+            ("groups", "2 groups, 000a37000008b1fa".to_string()),
+            ("shuffle_buffer", "4".to_string()),
+        ]
+    );
+    let weighted = Sampler::new(4)
+        .shuffle(1)
+        .weighted(&[1.0, 2.0, 0.5, 4.0], 8, true)
+        .unwrap()
+        .fingerprint();
+    assert_eq!(
+        field(weighted, "weights").as_deref(),
+        Some("8 draws, replacement true, 2de0000000000000")
+    );
+    assert_ne!(
+        f,
+        grouped(&[7, 3]).fingerprint(),
+        "the groups' sizes, in order"
+    );
+    assert_ne!(f, grouped(&[5, 5]).fingerprint());
+    assert_ne!(f, grouped(&[3, 7]).shuffle(6).fingerprint());
+}
