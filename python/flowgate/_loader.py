@@ -95,8 +95,8 @@ class _Loader:
                 "the loader there, or give DataLoader workers a loader with device='cpu' "
                 "(and pin_memory=True)")
         if os.getpid() != self._pid:
-            # The parent's threads do not exist here: freeing its loader would wait for them.
-            _native._leak(self._native)
+            # The parent's loader, freed below, is forgotten here (its threads are the
+            # parent's: see the native loader's drop).
             epoch = self._fork_epoch
             self._own_marker()
         else:

@@ -62,13 +62,6 @@ fn _exiting() {
     EXITING.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
-/// Keeps `obj` alive for the rest of the process: a loader inherited through `fork`, whose
-/// threads are the parent's (freeing it would wait for them).
-#[pyfunction]
-fn _leak(obj: Bound<'_, PyAny>) {
-    std::mem::forget(obj.unbind());
-}
-
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<batch::Batch>()?;
@@ -86,7 +79,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_thread_count, m)?)?;
     m.add_function(wrap_pyfunction!(batch::_batch_from_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
-    m.add_function(wrap_pyfunction!(_leak, m)?)?;
     m.add_function(wrap_pyfunction!(_exiting, m)?)?;
     m.add_function(wrap_pyfunction!(pipeline::skip_part, m)?)?;
     m.add("LoaderError", m.py().get_type::<error::LoaderError>())?;
