@@ -52,7 +52,8 @@ def run(mode, a, data, port):
              "--heavy", str(data["heavy"]), "--light", str(data["light"]),
              "--budget", a.budget if mode == "shared" else "none",
              "--step-ms", str(a.step_ms), "--epochs", str(a.epochs), "--repeat", str(a.repeat),
-             "--seconds", f"{max(a.heavy_seconds, a.light_seconds):g}",
+             "--seconds", f"{a.window or max(a.heavy_seconds, a.light_seconds):g}",
+             "--batch-size", str(a.batch_size), *(["--train"] if a.window else []),
              *(["--lockstep"] if a.lockstep else [])],
             env=env, cwd=tmp, check=True, capture_output=True, text=True)
         return [json.loads((pathlib.Path(tmp) / f"report-{k}.json").read_text())
@@ -84,6 +85,10 @@ def main():
     ap.add_argument("--data", default=str(ROOT / "target" / "pytest-cpu-budget"))
     ap.add_argument("--heavy-seconds", type=float, default=12)
     ap.add_argument("--light-seconds", type=float, default=2)
+    ap.add_argument("--window", type=float,
+                    help="a random window of this many seconds in each clip (decoded up to its "
+                         "end, so decode stays proportional to the clip, collation small)")
+    ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--lockstep", action="store_true",
                     help="all-reduce after each step, as data-parallel training does")
     ap.add_argument("--json")
@@ -101,7 +106,12 @@ def main():
                    "light_s": statistics.median(light),
                    "workers_mean": statistics.mean(sums) if sums else None,
                    "workers_max": max(sums) if sums else None,
-                   "node_busy_max": max(busy) if busy else None}
+                   "node_busy_max": max(busy) if busy else None,
+                   "rank_workers_mean": [
+                       round(statistics.mean(t["decode"] or 0 for t in r["ticks"]), 2)
+                       if r["ticks"] else None for r in reports],
+                   "heavy_worker_moves": [f"{t['t']:.1f}s {d}" for t in reports[0]["ticks"]
+                                          for d in t["decisions"] if "SetWorkers { stage: 0" in d]}
             rows[mode].append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     step = "lockstep" if a.lockstep else "independent"

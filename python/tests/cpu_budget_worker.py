@@ -21,7 +21,10 @@ ap.add_argument("--step-ms", type=float, default=10.0)
 ap.add_argument("--epochs", type=int, default=2)
 ap.add_argument("--repeat", type=int, default=1)
 ap.add_argument("--seconds", type=float, default=12.0)
+ap.add_argument("--train", action="store_true", help="a random window in each clip (decoded up to it)")
+ap.add_argument("--batch-size", type=int, default=8)
 ap.add_argument("--drop", type=int, default=0, help="leave out the list's last N clips")
+ap.add_argument("--heavy-workers", type=int, help="pin the heavy rank's decode workers")
 ap.add_argument("--lockstep", action="store_true", help="all-reduce after each step (DDP)")
 a = ap.parse_args()
 
@@ -36,7 +39,8 @@ listing = a.heavy if rank == 0 else a.light
 paths = open(listing).read().split() * a.repeat
 paths = paths[:len(paths) - a.drop]
 loader = flowgate.AudioLoader(
-    paths, batch_size=8, seconds=a.seconds, rank=0, world_size=1, seed=rank,
+    paths, batch_size=a.batch_size, seconds=a.seconds, train=a.train, rank=0, world_size=1,
+    seed=rank, workers=a.heavy_workers if rank == 0 else None,
     cpu_budget=None if a.budget == "none" else a.budget)
 epochs = []
 started = time.time()
