@@ -119,15 +119,56 @@ def _converter(output: str) -> Optional[Callable[[Any], Any]]:
     return convert
 
 
+_MARKER_PREFIX = "flowgate-workers-"
+
+
+def _sweep_dead_markers(folder: str) -> int:
+    """Removes this user's marker files whose training process is gone (killed before its
+    loaders were freed): once per process, when its first marker is made. A marker whose
+    owner still runs (or whose PID another process now has) is kept. Returns how many went."""
+    removed = 0
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(_MARKER_PREFIX)]
+    except OSError:
+        return 0
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for name in names:
+        pid = name[len(_MARKER_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        path = os.path.join(folder, name)
+        try:
+            if uid is not None and os.lstat(path).st_uid != uid:
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(path)
+                removed += 1
+            except OSError:
+                pass
+        except (OSError, OverflowError, ValueError):
+            pass  # alive under another user (EPERM), or not ours to judge
+    return removed
+
+
+_SWEPT = False
+
+
 class _WorkerMarker:
     """Whether ``DataLoader`` workers have read a loader: a file named after the loader,
     made by a worker (forked or spawned) and seen by the training process that owns the
-    loader (removed with it)."""
+    loader (removed with it; a killed process's are removed by the next training process
+    that makes one)."""
 
     def __init__(self) -> None:
+        global _SWEPT
         self.owner = os.getpid()
+        if not _SWEPT:
+            _SWEPT = True
+            _sweep_dead_markers(tempfile.gettempdir())
         self.path = os.path.join(tempfile.gettempdir(),
-                                 f"flowgate-workers-{self.owner}-{uuid.uuid4().hex}")
+                                 f"{_MARKER_PREFIX}{self.owner}-{uuid.uuid4().hex}")
         weakref.finalize(self, _unlink_if_owner, self.path, self.owner)
 
     def __reduce__(self) -> Any:

@@ -111,3 +111,53 @@ def test_a_forked_child_runs_its_own_python_pipeline(tmp_path):
     """, tmp_path, timeout=90)
     assert "child 200 2000 2398 4000" in r.stdout, r.stdout + r.stderr[-3000:]
     assert "parent 200 status 0" in r.stdout, r.stdout + r.stderr[-3000:]
+
+
+def test_a_killed_training_process_leaves_no_marker_for_long(data, tmp_path):
+    """A training process whose DataLoader workers read a loader leaves a marker file in the
+    temporary folder; killed (SIGKILL) before freeing the loader, it cannot remove it. The next
+    training process that makes a loader removes the markers of processes that are gone, and
+    keeps those of one still running (and another user's would be left alone)."""
+    pytest.importorskip("torch")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    train = textwrap.dedent(f"""
+        import os, signal, sys, torch.utils.data as tud, flowgate
+        loader = flowgate.ImageLoader({str(data / "images.txt")!r}, batch_size=4, crop=16,
+                                      resize=16, rank=0, world_size=1)
+        for _ in tud.DataLoader(loader, batch_size=None, num_workers=1):
+            break
+        print("marked", flush=True)
+        if sys.argv[1] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        sys.stdin.read()                        # runs until the test closes its input
+    """)
+    script = tmp_path / "train.py"
+    script.write_text(train)
+    killed = subprocess.run([sys.executable, str(script), "kill"], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9 and "marked" in killed.stdout, killed.stderr[-3000:]
+    dead = [p.name for p in temp.glob("flowgate-workers-*")]
+    assert dead, "the killed process's workers marked its loader"
+    alive = subprocess.Popen([sys.executable, str(script), "live"], env=env, cwd=tmp_path,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert alive.stdout.readline().strip() == "marked"
+        live = {p.name for p in temp.glob("flowgate-workers-*")} - set(dead)
+        assert live, "the running process's marker"
+        junk = temp / "flowgate-workers-notapid-0"
+        junk.write_text("")
+        r = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+            import flowgate
+            flowgate.ImageLoader({str(data / "images.txt")!r}, batch_size=4, crop=16,
+                                 resize=16, rank=0, world_size=1)
+        """)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr[-3000:]
+        left = {p.name for p in temp.glob("flowgate-workers-*")}
+        assert not left & set(dead), "the killed process's markers are removed"
+        assert live <= left, "a running process's markers are kept"
+        assert junk.name in left, "a file not named as a marker is not touched"
+    finally:
+        alive.stdin.close()
+        alive.wait(timeout=60)
