@@ -78,7 +78,11 @@ class ImageLoader(_Loader):
     run (``shuffle=False``: the dataset's order); ``"completion"`` batches them as they finish
     decoding (a slow file no longer holds the others back; runs are not repeatable).
     ``skip_errors``: skip and count unreadable
-    files (default) instead of raising :class:`LoaderError`. ``memory_mb``: the most the
+    files (default) instead of raising :class:`LoaderError`. ``fill_skipped``: a rank whose
+    files were skipped still makes ``len(loader)`` batches an epoch, making up the batches the
+    skips cost from items of its epoch read again (the first ones first), so that ranks with a
+    collective per step (DDP) never wait on one that ended early; ``stats()["filled"]`` counts
+    the items read again (local decoding only). ``memory_mb``: the most the
     loader may hold — files in work, decoded items, batches waiting — in MiB (default: half
     the available memory); :meth:`stats` shows what each stage holds against it.
     ``cpu_budget``: cores the ranks of this node may keep busy decoding, together — a count
@@ -176,6 +180,7 @@ class ImageLoader(_Loader):
         workers: Optional[int] = None,
         order: str = "input",
         skip_errors: bool = True,
+        fill_skipped: bool = False,
         labels: Labels = None,
         return_paths: bool = False,
         memory_mb: Optional[float] = None,
@@ -232,6 +237,7 @@ class AudioLoader(_Loader):
         workers: Optional[int] = None,
         order: str = "input",
         skip_errors: bool = True,
+        fill_skipped: bool = False,
         labels: Labels = None,
         return_paths: bool = False,
         memory_mb: Optional[float] = None,
@@ -315,6 +321,7 @@ class VideoLoader(_Loader):
         workers: Optional[int] = None,
         order: str = "input",
         skip_errors: bool = True,
+        fill_skipped: bool = False,
         labels: Labels = None,
         return_paths: bool = False,
         memory_mb: Optional[float] = None,

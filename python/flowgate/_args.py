@@ -23,7 +23,7 @@ def _paths(paths: Any) -> Any:
 
 
 _OPTIONS = ("batch_size", "shuffle", "seed", "rank", "world_size", "drop_last", "workers",
-            "order", "skip_errors", "return_paths", "memory_mb", "cpu_budget", "device",
+            "order", "skip_errors", "fill_skipped", "return_paths", "memory_mb", "cpu_budget", "device",
             "device_memory_mb")
 
 

@@ -57,6 +57,9 @@ class _Loader:
         if remote is not None:
             if not isinstance(remote, Ray):
                 raise TypeError(f"remote must be a flowgate.Ray(...) or None, not {remote!r}")
+            if args.get("fill_skipped"):
+                raise ValueError("fill_skipped=True is for local decoding; with remote= the "
+                                 "batches lost to skipped files are not made up")
             if args.get("device", "cpu") != "cpu":
                 raise DeviceUnavailable(
                     f"device={args['device']!r} with remote=: batches decoded remotely arrive "

@@ -69,7 +69,7 @@ class Options:
     def __init__(self, batch_size: int = ..., shuffle: bool = ..., seed: int = ...,
                  rank: Optional[int] = ..., world_size: Optional[int] = ...,
                  drop_last: bool = ..., workers: Optional[int] = ..., order: str = ...,
-                 skip_errors: bool = ...,
+                 skip_errors: bool = ..., fill_skipped: bool = ...,
                  labels: Any = ..., return_paths: bool = ...,
                  memory_mb: Optional[float] = ...,
                  cpu_budget: Union[int, float, str, None] = ..., device: str = ...,

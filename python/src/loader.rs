@@ -202,6 +202,8 @@ impl Loader {
         let d = PyDict::new(py);
         d.set_item("delivered", s.delivered)?;
         d.set_item("failures", s.failures)?;
+        // Items read again to make up batches lost to skipped ones (`fill_skipped`).
+        d.set_item("filled", self.watch.filled())?;
         d.set_item("consumer_wait_s", s.consumer_wait.as_secs_f64())?;
         let stages = PyDict::new(py);
         for st in &s.stages {

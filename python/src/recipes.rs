@@ -28,6 +28,7 @@ pub(crate) struct Options {
     workers: Option<usize>,
     order: Order,
     skip_errors: bool,
+    fill_skipped: bool,
     labels: Option<Py<PyAny>>,
     return_paths: bool,
     memory_mb: Option<f64>,
@@ -45,7 +46,7 @@ pub(crate) struct Options {
 impl Options {
     #[new]
     #[pyo3(signature = (batch_size=32, shuffle=true, seed=0, rank=None, world_size=None,
-        drop_last=false, workers=None, order="input".to_owned(), skip_errors=true, labels=None, return_paths=false,
+        drop_last=false, workers=None, order="input".to_owned(), skip_errors=true, fill_skipped=false, labels=None, return_paths=false,
         memory_mb=None, cpu_budget=None, device="cpu".to_owned(), device_memory_mb=None, worker_split=None, units=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -58,6 +59,7 @@ impl Options {
         workers: Option<usize>,
         order: String,
         skip_errors: bool,
+        fill_skipped: bool,
         labels: Option<Py<PyAny>>,
         return_paths: bool,
         memory_mb: Option<f64>,
@@ -93,6 +95,7 @@ impl Options {
             workers,
             order,
             skip_errors,
+            fill_skipped,
             labels,
             return_paths,
             memory_mb,
@@ -167,6 +170,7 @@ impl Options {
         let mut b = flowgate::Loader::builder(dataset, recipe)
             .batch_size(self.batch_size)
             .drop_last(self.drop_last)
+            .fill_skipped(self.fill_skipped)
             .order(self.order)
             .max_failures(if self.skip_errors {
                 FailureBudget::unlimited()

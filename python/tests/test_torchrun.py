@@ -81,3 +81,49 @@ def test_ranks_on_one_node_share_its_cores(data, tmp_path):
         pass
     most = max(dict(zip(r["stages"], r["workers"]))["decode"] for r in alone.tuner_trace())
     assert most > share, f"alone, decode reached only {most} workers"
+
+
+def skipped_files_run(tmp_path, data, *args, timeout=240):
+    """Three ranks over 40 JPEGs and 9 unreadable files; each rank's report."""
+    files = tmp_path / "files.txt"
+    paths = sorted(str(p) for p in (data / "images").glob("*.jpg"))
+    bad = []
+    for i in range(9):
+        b = tmp_path / f"bad-{i}.jpg"
+        b.write_bytes(b"not a jpeg")
+        bad.append(str(b))
+    # The unreadable files in a run, so the ranks' shares get unequal numbers of them.
+    files.write_text("\n".join(paths[:20] + bad + paths[20:]) + "\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(k, None)
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=3",
+         "--master_port", str(29500 + (os.getpid() + 7) % 1000),
+         str(WORKER.with_name("ddp_fill_worker.py")), str(files), *args],
+        env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    return [json.loads((tmp_path / f"report-{k}.json").read_text()) for k in range(3)]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_with_skipped_files_keep_in_step_with_fill_skipped(data, tmp_path, drop_last):
+    """Without ``fill_skipped`` the ranks end their epochs at different batch counts (what
+    hangs DDP at the last step); with it, three ranks with an all-reduce after every batch
+    all make ``len(loader)`` batches in each of two epochs and finish."""
+    dl = ["--drop-last"] if drop_last else []
+    plain = skipped_files_run(tmp_path, data, *dl)
+    counts = [r["batches"] for r in plain]
+    assert len({tuple(c) for c in counts}) > 1, f"the case binds: batches per rank {counts}"
+    # 9 or more: padding the shares to equal length may repeat an unreadable file.
+    failed = [r["failures"] for r in plain]
+    assert sum(f[0] for f in failed) >= 9, failed
+    filled = skipped_files_run(tmp_path, data, "--fill", "--ddp", *dl)
+    for r in filled:
+        assert r["batches"] == [r["len"]] * 2, filled
+    assert len({r["len"] for r in filled}) == 1
+    assert [r["failures"] for r in filled] == failed, "each skip counted once, none added"
+    assert any(f > 0 for r in filled for f in r["filled"]), filled
+    for r, p in zip(filled, plain):
+        if p["batches"] == [p["len"]] * 2:
+            assert r["filled"] == [0, 0], "a rank its skips did not cut short reads nothing again"

@@ -65,6 +65,7 @@ pub struct LoaderBuilder {
     decoder: Decoder,
     batch_size: usize,
     drop_last: bool,
+    fill_skipped: bool,
     /// Decodes units of another loader's plan: no batch is dropped here.
     units: bool,
     workers: Option<usize>,
@@ -88,6 +89,7 @@ impl std::fmt::Debug for LoaderBuilder {
             .field("dataset", &self.dataset)
             .field("batch_size", &self.batch_size)
             .field("drop_last", &self.drop_last)
+            .field("fill_skipped", &self.fill_skipped)
             .field("workers", &self.workers)
             .field("memory_bytes", &self.memory_bytes)
             .field("device", &self.device)
@@ -108,6 +110,7 @@ impl LoaderBuilder {
             },
             batch_size: DEFAULT_BATCH_SIZE,
             drop_last: false,
+            fill_skipped: false,
             units: false,
             workers: None,
             failures: FailureBudget::unlimited(),
@@ -142,6 +145,21 @@ impl LoaderBuilder {
     /// Drops the last batch of an epoch when it is short (default: delivered short).
     pub fn drop_last(mut self, drop: bool) -> Self {
         self.drop_last = drop;
+        self
+    }
+
+    /// Keeps the epoch's batch count when items are skipped as unreadable (default: off, a
+    /// rank with skipped items makes fewer batches when they cut into its last one): after
+    /// the epoch's last batch, the batches the skips cost are made up from the epoch's items
+    /// read again, the first delivered ones first (as ranks' uneven shares are padded), so
+    /// every rank of a world makes [`Loader::len`] batches and a training loop with a
+    /// collective per step (DDP) never waits on a rank that ended early. The items read
+    /// again are counted ([`Loader::filled`]). Items a resume starts with count from the
+    /// resumed position; length-aware batches keep their count anyway (a skipped clip
+    /// leaves its batch short), and a loader decoding units fills nothing (its consumer
+    /// regroups the rows).
+    pub fn fill_skipped(mut self, fill: bool) -> Self {
+        self.fill_skipped = fill;
         self
     }
 
@@ -340,6 +358,7 @@ impl LoaderBuilder {
             per_batch: batch_size,
             drop_last: self.drop_last,
             decodes_units: self.units,
+            fill: self.fill_skipped && self.lengths.is_none() && !self.units,
         };
         let make = make(self, plan.clone(), batch_size, failures.clone());
         Ok(Loader::from_parts(

@@ -31,15 +31,19 @@
 //! 6. `failures` — [`SkippedFailure`]s, per epoch.
 //! 7. `units` — [`EpochPlan`]: an epoch cut into units other processes decode (remote
 //!    workers), and the checkpoint the planning loader keeps.
+//! 8. `fill` — batches lost to skipped items made up at the epoch's end
+//!    ([`LoaderBuilder::fill_skipped`]).
 
 mod batch;
 mod builder;
 mod decode;
 mod device;
 mod failures;
+mod fill;
 mod lengths;
 mod units;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -97,6 +101,14 @@ pub struct Loader {
     resumed: bool,
     /// How an epoch's positions fall into batches, and whether this loader decodes units.
     batching: units::Batching,
+    /// The batches the epoch being iterated owes (with `fill_skipped`).
+    owed: fill::Owed,
+    /// Making up batches lost to skipped items, after the epoch's own items ran out.
+    filling: Option<fill::Filling>,
+    /// Items read again to make up batches in the epoch being iterated (or the last).
+    filled: Arc<AtomicU64>,
+    /// With `fill_skipped`: the epoch's state after its last batch so far.
+    fill_from: Option<PipelineState>,
 }
 
 impl std::fmt::Debug for Loader {
@@ -116,9 +128,16 @@ impl std::fmt::Debug for Loader {
 pub struct LoaderWatch {
     monitor: Arc<Mutex<Option<Monitor>>>,
     failures: FailureLog,
+    filled: Arc<AtomicU64>,
 }
 
 impl LoaderWatch {
+    /// Items read again to make up batches lost to skipped items in the epoch being iterated
+    /// (or the last one; see [`Loader::filled`]).
+    pub fn filled(&self) -> u64 {
+        self.filled.load(Ordering::Relaxed)
+    }
+
     /// The running pipeline's monitor (statistics, tuner trace, epoch), if one runs.
     pub fn monitor(&self) -> Option<Monitor> {
         self.monitor.lock().expect("monitor").clone()
@@ -162,6 +181,10 @@ impl Loader {
             abandoned: None,
             resumed: false,
             batching,
+            owed: fill::Owed::default(),
+            filling: None,
+            filled: Arc::default(),
+            fill_from: None,
         }
     }
 
@@ -202,6 +225,7 @@ impl Loader {
         LoaderWatch {
             monitor: Arc::clone(&self.monitor),
             failures: self.failures.clone(),
+            filled: self.filled.clone(),
         }
     }
 
@@ -258,6 +282,7 @@ impl Loader {
     /// next epoch starts on a new one, at the next epoch not begun (an epoch being iterated is
     /// abandoned).
     pub fn close(&mut self) {
+        self.filling = None;
         *self.monitor.lock().expect("monitor") = None;
         if let Some(p) = self.pipeline.take() {
             if self.in_epoch {
@@ -278,7 +303,13 @@ impl Loader {
         if self.in_epoch {
             self.close();
         }
+        if self.batching.fill {
+            let start = self.next_state()?;
+            self.owed = fill::Owed::of(&start, self.batching.per_batch, self.batching.drop_last);
+        }
         let epoch = self.pipeline()?.epoch();
+        self.filled.store(0, Ordering::Relaxed);
+        self.fill_from = None;
         self.failures.set_epoch(epoch);
         self.in_epoch = true;
         self.resumed = false;
@@ -321,6 +352,9 @@ impl Loader {
         if !self.in_epoch {
             return Within::EpochEnd;
         }
+        if self.filling.is_some() {
+            return self.next_filler(timeout);
+        }
         let pipeline = match self.pipeline() {
             Ok(p) => p,
             Err(e) => return Within::Next(Err(e)),
@@ -331,19 +365,30 @@ impl Loader {
                 Within::Next(Err(e))
             }
             Within::EpochEnd => {
-                self.in_epoch = false;
                 let (failures, last) = self.failures.in_epoch();
                 // A unit whose items all failed is not an epoch: its consumer decides.
                 if self.delivered == 0 && failures > 0 && !self.batching.decodes_units {
+                    self.in_epoch = false;
                     let epoch = self.failures.epoch();
                     return Within::Next(Err(PipelineError::nothing_delivered(
                         epoch, failures, last,
                     )));
                 }
+                if self.owes_batches() {
+                    if let Err(e) = self.start_filling() {
+                        self.close();
+                        return Within::Next(Err(e));
+                    }
+                    if self.filling.is_some() {
+                        return self.next_filler(timeout);
+                    }
+                }
+                self.in_epoch = false;
                 Within::EpochEnd
             }
             Within::Next(Ok(b)) => {
                 self.delivered += 1;
+                self.note_delivered();
                 Within::Next(Ok(b))
             }
             other => other,
@@ -396,6 +441,7 @@ impl Loader {
     /// Continues from `state`: the next epoch started yields exactly what was not delivered
     /// yet in that epoch. A state of another dataset or batching is refused.
     pub fn resume(&mut self, state: &PipelineState) -> Result<(), PipelineError> {
+        self.filling = None;
         self.pipeline = None;
         self.abandoned = None;
         *self.monitor.lock().expect("monitor") = None;

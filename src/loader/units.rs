@@ -63,6 +63,9 @@ pub(super) struct Batching {
     /// Whether it decodes units (see [`LoaderBuilder::decodes_units`](super::LoaderBuilder::decodes_units)):
     /// a unit whose items all fail is then no error (its consumer counts the failures).
     pub(super) decodes_units: bool,
+    /// Whether batches lost to skipped items are made up at the epoch's end
+    /// ([`LoaderBuilder::fill_skipped`](super::LoaderBuilder::fill_skipped)).
+    pub(super) fill: bool,
 }
 
 impl Loader {
@@ -225,7 +228,7 @@ impl PipelineState {
 
 /// The positions in the sorted ranges `a` and not in the sorted ranges `b`, in one walk of
 /// both.
-fn minus(a: &[(u64, u64)], b: &[(u64, u64)]) -> RangeSet {
+pub(super) fn minus(a: &[(u64, u64)], b: &[(u64, u64)]) -> RangeSet {
     let mut out = Vec::new();
     let mut j = 0;
     for &(lo, hi) in a {

@@ -1,0 +1,203 @@
+//! Equal batch counts despite skipped items ([`LoaderBuilder::fill_skipped`]).
+//!
+//! A skipped item shifts the batches after it, so a rank whose items failed can end its
+//! epoch a batch (or more) short of its peers: with a collective per training step (DDP)
+//! the other ranks then wait forever at the last step. With `fill_skipped`, a loader counts
+//! the batches its epoch owes from the epoch's start (or from a resumed position: what that
+//! rank would make with no item skipped) and, when its own items run out first, makes up the
+//! rest from items the epoch already delivered, read again — the first ones first, as the
+//! sampler pads uneven shares — in one extra pipeline per round that resumes a checkpoint in
+//! which everything but those positions is delivered (the mechanism units use). A round whose
+//! items fail too is followed by another from the next positions; once every delivered
+//! position has failed since the last batch made, the epoch ends short (nothing readable is
+//! left to fill with).
+//!
+//! [`LoaderBuilder::fill_skipped`]: super::LoaderBuilder::fill_skipped
+
+use std::time::Duration;
+
+use flowgate_actors::origin::RangeSet;
+
+use super::builder::Learned;
+use super::{units, Batch, Loader};
+use crate::{Pipeline, PipelineError, PipelineState, Within};
+
+/// The batches an epoch owes, counted when it starts.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Owed {
+    /// Positions the epoch reads from its start (after a resume: those not delivered yet).
+    items: usize,
+    /// Batches they make with nothing skipped.
+    batches: usize,
+}
+
+impl Owed {
+    /// What an epoch starting at `start` owes in batches of `per_batch`.
+    pub(super) fn of(start: &PipelineState, per_batch: usize, drop_last: bool) -> Self {
+        let len = start.shard.as_ref().map_or(0, |s| s.layout().len() as u64);
+        let items = len.saturating_sub(start.delivered_items) as usize;
+        let batches = if drop_last {
+            items / per_batch
+        } else {
+            items.div_ceil(per_batch)
+        };
+        Self { items, batches }
+    }
+
+    /// The items of batches `from..` of the epoch (each full but a last partial one).
+    fn items_after(&self, from: usize, per_batch: usize) -> usize {
+        (from..self.batches)
+            .map(|k| per_batch.min(self.items - k * per_batch))
+            .sum()
+    }
+}
+
+/// Making up an epoch's batches after its own items ran out.
+pub(super) struct Filling {
+    /// The epoch's state when its own items ran out.
+    end: PipelineState,
+    /// The positions it delivered, in order: what fillers are read from.
+    delivered: Vec<u64>,
+    /// Fillers taken so far (the next is `delivered[taken % len]`).
+    taken: usize,
+    /// Batches the current round delivered.
+    round_batches: usize,
+    /// Fillers taken since a round last made a batch.
+    barren: usize,
+    /// The pipeline of the current round.
+    pipeline: Pipeline<Batch>,
+}
+
+impl Filling {
+    /// The state that makes a pipeline read exactly `n` fillers (the next, wrapping around
+    /// the delivered positions): every other position delivered.
+    fn next_round(&mut self, n: usize) -> PipelineState {
+        let len = self
+            .end
+            .shard
+            .as_ref()
+            .map_or(0, |s| s.layout().len() as u64);
+        let n = n.min(self.delivered.len());
+        self.barren = if self.round_batches > 0 {
+            n
+        } else {
+            self.barren + n
+        };
+        let picks: Vec<(u64, u64)> = (0..n)
+            .map(|i| self.delivered[(self.taken + i) % self.delivered.len()])
+            .map(|p| (p, p + 1))
+            .collect();
+        self.taken += n;
+        let picks = RangeSet::from_ranges(picks);
+        let others = units::minus(&[(0, len)], &picks.ranges().collect::<Vec<_>>());
+        PipelineState {
+            delivered: others.ranges().collect(),
+            delivered_items: others.len(),
+            partial: Vec::new(),
+            ..self.end.clone()
+        }
+    }
+}
+
+impl Loader {
+    /// Whether the epoch whose own items just ran out owes batches to make up.
+    pub(super) fn owes_batches(&self) -> bool {
+        self.batching.fill && self.delivered < self.owed.batches
+    }
+
+    /// Items the batches still owed hold.
+    fn owed_items(&self) -> usize {
+        self.owed
+            .items_after(self.delivered, self.batching.per_batch)
+    }
+
+    /// Notes what the epoch has delivered after each of its own batches (with
+    /// `fill_skipped`): at its end the pipeline's state already names the next epoch.
+    pub(super) fn note_delivered(&mut self) {
+        if self.batching.fill {
+            self.fill_from = self.pipeline.as_ref().map(Pipeline::state);
+        }
+    }
+
+    /// Starts making up the owed batches (the epoch's own pipeline has ended it).
+    pub(super) fn start_filling(&mut self) -> Result<(), PipelineError> {
+        let main = self.pipeline.as_ref().expect("an epoch's pipeline");
+        let Some(end) = self.fill_from.take() else {
+            return Ok(()); // nothing delivered to fill with
+        };
+        let learned = Learned::of(&main.stats());
+        let delivered = RangeSet::from_ranges(end.delivered.iter().copied())
+            .ranges()
+            .flat_map(|(a, b)| a..b)
+            .collect();
+        let mut f = Filling {
+            end,
+            delivered,
+            taken: 0,
+            round_batches: 0,
+            barren: 0,
+            pipeline: (self.make)(learned.as_ref())?,
+        };
+        let state = f.next_round(self.owed_items());
+        f.pipeline.resume(&state)?;
+        self.filling = Some(f);
+        Ok(())
+    }
+
+    /// The next made-up batch, like [`next_within`](Self::next_within).
+    pub(super) fn next_filler(&mut self, timeout: Duration) -> Within<Batch> {
+        loop {
+            let f = self.filling.as_mut().expect("filling");
+            match f.pipeline.next_within(timeout) {
+                Within::Next(Ok(b)) => {
+                    f.round_batches += 1;
+                    self.delivered += 1;
+                    self.filled
+                        .fetch_add(b.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    return Within::Next(Ok(b));
+                }
+                Within::Next(Err(e)) => {
+                    self.filling = None;
+                    self.close();
+                    return Within::Next(Err(e));
+                }
+                Within::EpochEnd => {
+                    // Another round unless every delivered position failed since the last
+                    // batch made (nothing readable is left to fill with).
+                    let more = f.round_batches > 0 || f.barren < f.delivered.len();
+                    if more && self.delivered < self.owed.batches {
+                        if let Err(e) = self.fill_again() {
+                            self.filling = None;
+                            self.close();
+                            return Within::Next(Err(e));
+                        }
+                        continue;
+                    }
+                    self.filling = None;
+                    self.in_epoch = false;
+                    return Within::EpochEnd;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Another round: the fillers after the last round's, for the batches still owed.
+    fn fill_again(&mut self) -> Result<(), PipelineError> {
+        let n = self.owed_items();
+        let learned = self.learned.clone();
+        let f = self.filling.as_mut().expect("filling");
+        let state = f.next_round(n);
+        let mut p = (self.make)(learned.as_ref())?;
+        p.resume(&state)?;
+        f.pipeline = p;
+        f.round_batches = 0;
+        Ok(())
+    }
+
+    /// Items this loader read again to make up batches lost to skipped items, in the epoch
+    /// being iterated or the last one ([`LoaderBuilder::fill_skipped`](super::LoaderBuilder::fill_skipped)).
+    pub fn filled(&self) -> u64 {
+        self.filled.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,214 @@
+//! `LoaderBuilder::fill_skipped`: ranks with skipped items still make `len()` batches (what a
+//! training loop with a collective per step needs), by reading delivered items again, and
+//! lose nothing. Counts that no rank count, worker count or batch size divides; bad files
+//! placed so that, without filling, ranks end their epochs at different batch counts.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use flowgate::dataset::{Dataset, Source};
+use flowgate::media::{image::ImageRecipe, Recipe};
+use flowgate::{Loader, PipelineState};
+
+mod common;
+
+const GOOD: usize = 41;
+const WORLD: usize = 3;
+const BATCH: usize = 4;
+
+/// 41 good JPEGs and 11 bad files, interleaved: the paths in listing order.
+fn paths() -> &'static Vec<PathBuf> {
+    static PATHS: OnceLock<Vec<PathBuf>> = OnceLock::new();
+    PATHS.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fill");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut out = Vec::new();
+        let mut bad = 0;
+        for i in 0..GOOD {
+            let p = dir.join(format!("{i:03}.jpg"));
+            std::fs::write(&p, common::tiny_jpeg(i)).unwrap();
+            out.push(p);
+            // Bad files in runs, so that some rank's share gets several.
+            if i % 4 == 1 && bad < 11 {
+                let b = dir.join(format!("{i:03}-bad.jpg"));
+                std::fs::write(&b, b"not a jpeg").unwrap();
+                out.push(b);
+                bad += 1;
+            }
+        }
+        out
+    })
+}
+
+fn loader(rank: usize, drop_last: bool, fill: bool, seed: u64) -> Loader {
+    let dataset = Dataset::builder(Source::files(paths().clone()))
+        .shuffle(seed)
+        .ranks(rank, WORLD)
+        .build()
+        .unwrap();
+    let recipe = Recipe::image(ImageRecipe {
+        resize: 12,
+        crop: 8,
+        ..ImageRecipe::default()
+    })
+    .unwrap();
+    Loader::builder(dataset, recipe)
+        .batch_size(BATCH)
+        .drop_last(drop_last)
+        .fill_skipped(fill)
+        .build()
+        .unwrap()
+}
+
+/// One epoch's batches: each batch's item paths.
+fn epoch(l: &mut Loader) -> Vec<Vec<String>> {
+    let batches: Vec<_> = l.epoch().unwrap().map(Result::unwrap).collect();
+    batches
+        .iter()
+        .map(|b| {
+            assert!(b.len() <= BATCH && !b.is_empty());
+            b.items.iter().map(|m| l.path_of(m)).collect()
+        })
+        .collect()
+}
+
+fn counts(batches: &[Vec<String>]) -> BTreeMap<String, usize> {
+    let mut c = BTreeMap::new();
+    for p in batches.iter().flatten() {
+        *c.entry(p.clone()).or_default() += 1;
+    }
+    c
+}
+
+#[test]
+fn ranks_with_skipped_items_make_their_len_in_batches_and_lose_nothing() {
+    for drop_last in [false, true] {
+        for seed in [1, 2, 3] {
+            let mut short = Vec::new();
+            let mut union = [std::collections::BTreeSet::new(), Default::default()];
+            for rank in 0..WORLD {
+                let mut plain = loader(rank, drop_last, false, seed);
+                let mut filled = loader(rank, drop_last, true, seed);
+                let len = filled.len();
+                assert_eq!(len, plain.len());
+                for (e, seen_in_epoch) in union.iter_mut().enumerate() {
+                    let p = epoch(&mut plain);
+                    let f = epoch(&mut filled);
+                    let what =
+                        format!("rank {rank}, drop_last {drop_last}, seed {seed}, epoch {e}");
+                    short.push(p.len() < len);
+                    assert_eq!(f.len(), len, "{what}: the rank makes its len() in batches");
+                    // The plain epoch's batches come first, unchanged; the rest are repeats
+                    // of items this rank delivered in the epoch.
+                    let kept = p.len();
+                    if !drop_last {
+                        seen_in_epoch.extend(p.iter().flatten().cloned());
+                        assert!(f.iter().flatten().all(|i| !i.contains("-bad")), "{what}");
+                    }
+                    assert_eq!(f[..kept.min(f.len())], p[..kept.min(f.len())], "{what}");
+                    let extra: usize = f[kept..].iter().map(Vec::len).sum();
+                    let seen = counts(&p);
+                    for item in f[kept..].iter().flatten() {
+                        assert!(seen.contains_key(item), "{what}: {item} is a repeat");
+                    }
+                    assert_eq!(filled.filled(), extra as u64, "{what}: counted");
+                    assert_eq!(filled.stats().failures, plain.stats().failures, "{what}");
+                }
+            }
+            if !drop_last {
+                for u in &union {
+                    assert_eq!(
+                        u.len(),
+                        GOOD,
+                        "every good item in every epoch, once at least"
+                    );
+                }
+            }
+            assert!(
+                short.iter().any(|&s| s),
+                "drop_last {drop_last}, seed {seed}: without filling some rank ends short \
+                 (else this case proves nothing)"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_resumed_rank_makes_the_rest_of_its_len_and_fillers_that_fail_are_replaced() {
+    for drop_last in [false, true] {
+        // Resume: the rank's own state after two batches; the resumed loader owes the rest.
+        for rank in 0..WORLD {
+            let mut first = loader(rank, drop_last, true, 5);
+            let len = first.len();
+            let state: PipelineState = {
+                let mut it = first.epoch().unwrap();
+                it.next().unwrap().unwrap();
+                it.next().unwrap().unwrap();
+                it.state().unwrap()
+            };
+            let mut resumed = loader(rank, drop_last, true, 5);
+            resumed.resume(&state).unwrap();
+            let rest = epoch(&mut resumed);
+            assert_eq!(rest.len(), len - 2, "rank {rank}, drop_last {drop_last}");
+            assert_eq!(epoch(&mut resumed).len(), len, "and the next epoch whole");
+        }
+    }
+    // The epoch's first items (what fillers are read from first) spoiled after they were
+    // delivered: fillers fail too, and the next positions make up the count.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fill-spoiled");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut files = Vec::new();
+    for (i, p) in paths().iter().enumerate() {
+        let q = dir.join(format!(
+            "{i:03}-{}",
+            p.file_name().unwrap().to_string_lossy()
+        ));
+        std::fs::copy(p, &q).unwrap();
+        files.push(q);
+    }
+    let dataset = Dataset::builder(Source::files(files))
+        .shuffle(9)
+        .ranks(1, WORLD)
+        .build()
+        .unwrap();
+    let recipe = Recipe::image(ImageRecipe {
+        resize: 12,
+        crop: 8,
+        ..ImageRecipe::default()
+    })
+    .unwrap();
+    let mut l = Loader::builder(dataset, recipe)
+        .batch_size(BATCH)
+        .fill_skipped(true)
+        .workers(1)
+        .build()
+        .unwrap();
+    let len = l.len();
+    l.start_epoch().unwrap();
+    let mut batches = 0;
+    let mut spoiled = 0;
+    while let Some(b) = l.next_batch() {
+        let b = b.unwrap();
+        if batches == 0 {
+            for m in &b.items {
+                std::fs::write(l.path_of(m), b"spoiled").unwrap();
+                spoiled += 1;
+            }
+        }
+        batches += 1;
+    }
+    assert_eq!(
+        batches, len,
+        "the count made up from the positions after the spoiled ones"
+    );
+    let failures = l.watch().failures(None);
+    let refailed = failures.iter().filter(|f| !f.item.contains("-bad")).count();
+    assert_eq!(
+        refailed, spoiled,
+        "each spoiled filler failed once, counted: {failures:?}"
+    );
+    assert!(l.filled() > 0);
+}
