@@ -63,6 +63,13 @@ pub struct PipelineState {
     /// rank of which world took it, so positions can be mapped to the epoch's global order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<ShardState>,
+    /// For a loader that makes up batches lost to skipped items
+    /// ([`LoaderBuilder::fill_skipped`](crate::LoaderBuilder::fill_skipped)): the batches
+    /// this rank still owes in the epoch, so that a resume makes exactly the count the
+    /// uninterrupted epoch would have. `None` elsewhere, and in merged states (a resume at
+    /// another world size owes what its resumed share makes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owed_batches: Option<u64>,
 }
 
 /// Where a sharded pipeline's positions lie in the epoch's global order (a serialisable
@@ -275,6 +282,8 @@ impl PipelineState {
                 blocks: None,
                 split: None,
             }),
+            // At another world size each rank owes what its resumed share makes.
+            owed_batches: None,
         })
     }
 

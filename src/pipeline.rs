@@ -218,6 +218,7 @@ impl<T: Send + 'static> Pipeline<T> {
                 .sharding
                 .as_ref()
                 .map(|s| ShardState::of(&s.layout(epoch))),
+            owed_batches: None,
         }
     }
 

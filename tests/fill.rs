@@ -212,3 +212,60 @@ fn a_resumed_rank_makes_the_rest_of_its_len_and_fillers_that_fail_are_replaced()
     );
     assert!(l.filled() > 0);
 }
+
+/// Each batch's item paths, from the loader's next `n` batches.
+fn take(l: &mut Loader, n: usize) -> Vec<Vec<String>> {
+    (0..n)
+        .map(|_| {
+            let b = l.next_batch().expect("a batch").unwrap();
+            b.items.iter().map(|m| l.path_of(m)).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn a_checkpoint_at_any_batch_resumes_to_the_uninterrupted_batches_and_count() {
+    let mut cases = 0;
+    for drop_last in [false, true] {
+        for seed in [1, 2] {
+            for rank in 0..WORLD {
+                let mut whole = loader(rank, drop_last, true, seed);
+                let len = whole.len();
+                let all = epoch(&mut whole);
+                let own = epoch(&mut loader(rank, drop_last, false, seed)).len();
+                if own == len {
+                    continue;
+                }
+                // At the last own batch (the skipped items not tried again yet), and after
+                // each made-up batch; through a serialized checkpoint, as a job stores it.
+                for k in own.saturating_sub(1)..len {
+                    let what = format!("rank {rank}, drop_last {drop_last}, seed {seed}, k {k}");
+                    cases += 1;
+                    let mut l = loader(rank, drop_last, true, seed);
+                    l.start_epoch().unwrap();
+                    let got = take(&mut l, k);
+                    let json = serde_json::to_string(&l.state().unwrap()).unwrap();
+                    drop(l);
+                    let state: PipelineState = serde_json::from_str(&json).unwrap();
+                    let mut r = loader(rank, drop_last, true, seed);
+                    r.resume(&state).unwrap();
+                    let rest = epoch(&mut r);
+                    assert_eq!(got.len() + rest.len(), len, "{what}: the epoch's count");
+                    assert_eq!(got[..], all[..k], "{what}");
+                    if k >= own {
+                        assert_eq!(rest[..], all[k..], "{what}: the same made-up batches");
+                    }
+                    assert_eq!(epoch(&mut r).len(), len, "{what}: the next epoch whole");
+                }
+                // A `break` while batches are made up: the next epoch is the one after.
+                let mut l = loader(rank, drop_last, true, seed);
+                l.start_epoch().unwrap();
+                take(&mut l, own + 1);
+                l.close();
+                assert_eq!(l.next_epoch(), 1, "rank {rank}");
+                assert_eq!(epoch(&mut l).len(), len);
+            }
+        }
+    }
+    assert!(cases >= 4, "{cases} checkpoints while batches are made up");
+}

@@ -16,6 +16,10 @@ pub(crate) fn state_to_py<'py>(py: Python<'py>, s: &PipelineState) -> PyResult<B
     d.set_item("version", s.version)?;
     d.set_item("fingerprint", s.fingerprint.clone())?;
     d.set_item("partial", PyList::new(py, s.partial.iter().copied())?)?;
+    if let Some(n) = s.owed_batches {
+        // fill_skipped: the batches this rank still owes in the epoch.
+        d.set_item("owed_batches", n)?;
+    }
     if let Some(sh) = &s.shard {
         let x = PyDict::new(py);
         x.set_item("rank", sh.rank)?;
@@ -121,6 +125,10 @@ pub(crate) fn state_from_py(state: &Bound<'_, PyDict>) -> PyResult<PipelineState
             None => Default::default(),
         },
         shard,
+        owed_batches: state
+            .get_item("owed_batches")?
+            .map(|v| v.extract())
+            .transpose()?,
     })
 }
 

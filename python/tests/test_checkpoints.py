@@ -179,3 +179,33 @@ def test_a_state_dict_taken_after_a_break_resumes_the_rest_of_that_epoch(data):
     resumed.load_state_dict(json.loads(json.dumps(state)))
     rest = [p for _, paths in resumed for p in paths]
     assert sorted(got + rest) == sorted(files), "the rest of epoch 0, each once"
+
+
+def test_fill_skipped_state_dicts_resume_to_the_uninterrupted_batches(data, tmp_path):
+    """With ``fill_skipped``, a state_dict taken after any batch (before, at and after the
+    rank's own items run out, while batches are made up) resumes through JSON to the rest of
+    the uninterrupted epoch: the same batches, ``len(loader)`` in all."""
+    bad = []
+    for i in range(9):
+        b = tmp_path / f"bad-{i}.jpg"
+        b.write_bytes(b"not a jpeg")
+        bad.append(str(b))
+    good = paths_of(data)
+    files = good[:20] + bad + good[20:]
+    args = dict(ARGS, seed=2, fill_skipped=True, world_size=3)
+    made_up = 0
+    for rank in range(3):
+        whole = flowgate.ImageLoader(files, rank=rank, **args)
+        every = [list(p) for _, p in whole]
+        assert len(every) == len(whole), f"rank {rank}"
+        made_up += whole.stats()["filled"]
+        for k in range(len(every)):
+            loader = flowgate.ImageLoader(files, rank=rank, **args)
+            got, state = take(loader, k)
+            resumed = flowgate.ImageLoader(files, rank=rank, **args)
+            resumed.load_state_dict(json.loads(json.dumps(state)))
+            rest = [list(p) for _, p in resumed]
+            assert k + len(rest) == len(every), f"rank {rank}, after {k} batches"
+            assert got + [p for b in rest for p in b] == [p for b in every for p in b], \
+                f"rank {rank}, after {k} batches"
+    assert made_up > 0, "some rank made up batches (else this proves nothing)"

@@ -154,10 +154,11 @@ impl LoaderBuilder {
     /// read again, the first delivered ones first (as ranks' uneven shares are padded), so
     /// every rank of a world makes [`Loader::len`] batches and a training loop with a
     /// collective per step (DDP) never waits on a rank that ended early. The items read
-    /// again are counted ([`Loader::filled`]). Items a resume starts with count from the
-    /// resumed position; length-aware batches keep their count anyway (a skipped clip
-    /// leaves its batch short), and a loader decoding units fills nothing (its consumer
-    /// regroups the rows).
+    /// again are counted ([`Loader::filled`]). A checkpoint records the batches still owed
+    /// ([`PipelineState::owed_batches`](crate::PipelineState::owed_batches)), so a resume
+    /// makes the uninterrupted epoch's count and batches. Length-aware batches keep their
+    /// count anyway (a skipped clip leaves its batch short), and a loader decoding units
+    /// fills nothing (its consumer regroups the rows).
     pub fn fill_skipped(mut self, fill: bool) -> Self {
         self.fill_skipped = fill;
         self

@@ -12,6 +12,10 @@
 //! position has failed since the last batch made, the epoch ends short (nothing readable is
 //! left to fill with).
 //!
+//! A checkpoint taken while batches are made up is the current round's progress: every
+//! position delivered but the round's fillers not delivered yet, so a loader resuming it owes
+//! exactly the batches still to make up and reads the same fillers for them.
+//!
 //! [`LoaderBuilder::fill_skipped`]: super::LoaderBuilder::fill_skipped
 
 use std::time::Duration;
@@ -25,29 +29,49 @@ use crate::{Pipeline, PipelineError, PipelineState, Within};
 /// The batches an epoch owes, counted when it starts.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Owed {
-    /// Positions the epoch reads from its start (after a resume: those not delivered yet).
-    items: usize,
-    /// Batches they make with nothing skipped.
-    batches: usize,
+    /// Batches the epoch makes from its start (after a resume: from the resumed position)
+    /// with nothing skipped.
+    pub(super) batches: usize,
+    /// Items in the last of them (a batch's size, or less for a short last batch).
+    last: usize,
 }
 
 impl Owed {
-    /// What an epoch starting at `start` owes in batches of `per_batch`.
+    /// What an epoch starting at `start` owes in batches of `per_batch`: what a state taken
+    /// by a filling loader says it owes, else what the positions not delivered make.
     pub(super) fn of(start: &PipelineState, per_batch: usize, drop_last: bool) -> Self {
-        let len = start.shard.as_ref().map_or(0, |s| s.layout().len() as u64);
-        let items = len.saturating_sub(start.delivered_items) as usize;
-        let batches = if drop_last {
-            items / per_batch
-        } else {
-            items.div_ceil(per_batch)
+        let len = start.shard.as_ref().map_or(0, |s| s.layout().len() as u64) as usize;
+        let (items, batches) = match start.owed_batches {
+            // Whole batches but the epoch's last, which has what the rank's share leaves.
+            Some(n) => (len, n as usize),
+            None => {
+                let items = len.saturating_sub(start.delivered_items as usize);
+                let n = if drop_last {
+                    items / per_batch
+                } else {
+                    items.div_ceil(per_batch)
+                };
+                (items, n)
+            }
         };
-        Self { items, batches }
+        let last = match items % per_batch {
+            0 => per_batch,
+            _ if drop_last => per_batch,
+            r => r,
+        };
+        Self { batches, last }
     }
 
-    /// The items of batches `from..` of the epoch (each full but a last partial one).
+    /// The items of batches `from..` of the epoch.
     fn items_after(&self, from: usize, per_batch: usize) -> usize {
         (from..self.batches)
-            .map(|k| per_batch.min(self.items - k * per_batch))
+            .map(|k| {
+                if k + 1 == self.batches {
+                    self.last
+                } else {
+                    per_batch
+                }
+            })
             .sum()
     }
 }
@@ -69,6 +93,13 @@ pub(super) struct Filling {
 }
 
 impl Filling {
+    /// The epoch's progress while batches are made up: everything delivered but the
+    /// current round's fillers not delivered yet, so a loader that resumes it owes (and
+    /// reads) exactly the batches still to make up.
+    pub(super) fn progress(&self) -> PipelineState {
+        self.pipeline.state()
+    }
+
     /// The state that makes a pipeline read exactly `n` fillers (the next, wrapping around
     /// the delivered positions): every other position delivered.
     fn next_round(&mut self, n: usize) -> PipelineState {
@@ -100,6 +131,15 @@ impl Filling {
 }
 
 impl Loader {
+    /// `s` (this loader's progress in the epoch being iterated) with the batches it still
+    /// owes, for a loader that fills.
+    pub(super) fn with_owed(&self, mut s: PipelineState) -> PipelineState {
+        if self.batching.fill {
+            s.owed_batches = Some(self.owed.batches.saturating_sub(self.delivered) as u64);
+        }
+        s
+    }
+
     /// Whether the epoch whose own items just ran out owes batches to make up.
     pub(super) fn owes_batches(&self) -> bool {
         self.batching.fill && self.delivered < self.owed.batches
@@ -122,7 +162,7 @@ impl Loader {
     /// Starts making up the owed batches (the epoch's own pipeline has ended it).
     pub(super) fn start_filling(&mut self) -> Result<(), PipelineError> {
         let main = self.pipeline.as_ref().expect("an epoch's pipeline");
-        let Some(end) = self.fill_from.take() else {
+        let Some(end) = self.fill_from.take().filter(|s| s.delivered_items > 0) else {
             return Ok(()); // nothing delivered to fill with
         };
         let learned = Learned::of(&main.stats());

@@ -109,6 +109,8 @@ pub struct Loader {
     filled: Arc<AtomicU64>,
     /// With `fill_skipped`: the epoch's state after its last batch so far.
     fill_from: Option<PipelineState>,
+    /// The batches the resumed state owes, if it says (see `fill_skipped`).
+    resumed_owed: Option<u64>,
 }
 
 impl std::fmt::Debug for Loader {
@@ -185,6 +187,7 @@ impl Loader {
             filling: None,
             filled: Arc::default(),
             fill_from: None,
+            resumed_owed: None,
         }
     }
 
@@ -282,13 +285,18 @@ impl Loader {
     /// next epoch starts on a new one, at the next epoch not begun (an epoch being iterated is
     /// abandoned).
     pub fn close(&mut self) {
-        self.filling = None;
+        // While batches are made up, the epoch's progress is the filling's (its own
+        // pipeline has moved on to the next epoch already).
+        let filling = self.filling.take().map(|f| f.progress());
         *self.monitor.lock().expect("monitor") = None;
         if let Some(p) = self.pipeline.take() {
             if self.in_epoch {
-                self.abandoned = Some(p.state());
+                self.abandoned = Some(self.with_owed(filling.clone().unwrap_or_else(|| p.state())));
             }
-            self.resume_at = p.epoch() + u64::from(self.in_epoch);
+            self.resume_at = match &filling {
+                Some(s) => s.epoch + 1,
+                None => p.epoch() + u64::from(self.in_epoch),
+            };
             let stats = p.stats();
             self.learned = Learned::of(&stats);
             self.last_stats = Some(stats);
@@ -303,13 +311,16 @@ impl Loader {
         if self.in_epoch {
             self.close();
         }
+        self.fill_from = None;
         if self.batching.fill {
             let start = self.next_state()?;
             self.owed = fill::Owed::of(&start, self.batching.per_batch, self.batching.drop_last);
+            // A resumed epoch fills from what the run it resumes delivered, until it
+            // delivers more itself.
+            self.fill_from = Some(start);
         }
         let epoch = self.pipeline()?.epoch();
         self.filled.store(0, Ordering::Relaxed);
-        self.fill_from = None;
         self.failures.set_epoch(epoch);
         self.in_epoch = true;
         self.resumed = false;
@@ -365,15 +376,8 @@ impl Loader {
                 Within::Next(Err(e))
             }
             Within::EpochEnd => {
-                let (failures, last) = self.failures.in_epoch();
-                // A unit whose items all failed is not an epoch: its consumer decides.
-                if self.delivered == 0 && failures > 0 && !self.batching.decodes_units {
-                    self.in_epoch = false;
-                    let epoch = self.failures.epoch();
-                    return Within::Next(Err(PipelineError::nothing_delivered(
-                        epoch, failures, last,
-                    )));
-                }
+                // Batches lost to skipped items made up first (from what the epoch, or the
+                // run it resumes, delivered).
                 if self.owes_batches() {
                     if let Err(e) = self.start_filling() {
                         self.close();
@@ -384,6 +388,14 @@ impl Loader {
                     }
                 }
                 self.in_epoch = false;
+                let (failures, last) = self.failures.in_epoch();
+                // A unit whose items all failed is not an epoch: its consumer decides.
+                if self.delivered == 0 && failures > 0 && !self.batching.decodes_units {
+                    let epoch = self.failures.epoch();
+                    return Within::Next(Err(PipelineError::nothing_delivered(
+                        epoch, failures, last,
+                    )));
+                }
                 Within::EpochEnd
             }
             Within::Next(Ok(b)) => {
@@ -421,8 +433,12 @@ impl Loader {
         if let (false, Some(s)) = (self.in_epoch, &self.abandoned) {
             return Ok(s.clone());
         }
+        if let Some(f) = &self.filling {
+            return Ok(self.with_owed(f.progress()));
+        }
         if self.in_epoch {
-            return Ok(self.pipeline()?.state());
+            let s = self.pipeline()?.state();
+            return Ok(self.with_owed(s));
         }
         self.next_state()
     }
@@ -431,9 +447,13 @@ impl Loader {
     /// or after a finished epoch the next from its start.
     fn next_state(&mut self) -> Result<PipelineState, PipelineError> {
         let resumed = self.resumed;
-        let s = self.pipeline()?.state();
+        let mut s = self.pipeline()?.state();
         if !resumed && s.delivered_items > 0 {
             return Ok(units::next_epoch(&s));
+        }
+        if resumed {
+            // What the resumed state owes (the pipeline keeps only positions).
+            s.owed_batches = self.resumed_owed;
         }
         Ok(s)
     }
@@ -449,6 +469,7 @@ impl Loader {
         self.resume_at = 0; // the state says where to start
         self.pipeline()?.resume(state)?;
         self.resumed = true;
+        self.resumed_owed = state.owed_batches;
         Ok(())
     }
 }

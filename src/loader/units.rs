@@ -187,6 +187,7 @@ impl EpochPlan {
                 .copied()
                 .filter(|&(p, _, _)| unit.positions.contains(p))
                 .collect(),
+            owed_batches: None,
             ..self.start.clone()
         }
     }
@@ -208,6 +209,7 @@ impl EpochPlan {
                 .copied()
                 .filter(|&(p, _, _)| !done.contains(p))
                 .collect(),
+            owed_batches: None,
             ..self.start.clone()
         }
     }
@@ -267,6 +269,7 @@ pub(super) fn next_epoch(s: &PipelineState) -> PipelineState {
             base: Vec::new(),
             ..sh
         }),
+        owed_batches: None,
         ..s.clone()
     }
 }
