@@ -109,8 +109,8 @@ def main():
     fg = [r for r in runs if r["loader"] == "flowgate"]
     pt = [r for r in runs if r["loader"] == "torch"]
     med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
-    print(f"| loader | wall s | peak RSS MB | buffered at epoch ends MB |")
-    print(f"|---|---|---|---|")
+    print("| loader | wall s | peak RSS MB | buffered at epoch ends MB |")
+    print("|---|---|---|---|")
     ends = [b for r in fg for b in r["buffered_mb"][1:]]
     print(f"| flowgate (tuned) | {med(fg, 'wall'):.2f} | {med(fg, 'peak_rss_mb'):.0f} | "
           f"median {statistics.median(ends):.0f}, peak {max(r['buffered_peak_mb'] for r in fg):.0f} |")

@@ -105,7 +105,8 @@ class Parquet:
 
     _flowgate_parquet = True
 
-    def __init__(self, paths: PathsLike, column: str = "image", buffer: int = 1000,
+    def __init__(self, paths: Union[str, "os.PathLike[str]", Sequence[Any]],
+                 column: str = "image", buffer: int = 1000,
                  endpoint: Optional[str] = None) -> None:
         _check_ints(locals(), buffer=0)
         if isinstance(paths, (str, os.PathLike)):

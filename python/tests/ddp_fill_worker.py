@@ -5,7 +5,6 @@ Writes ``report-RANK.json``: the batches per epoch, ``len(loader)``, items read 
 
 import argparse
 import json
-import os
 
 import torch
 import torch.distributed as dist
