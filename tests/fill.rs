@@ -269,3 +269,90 @@ fn a_checkpoint_at_any_batch_resumes_to_the_uninterrupted_batches_and_count() {
     }
     assert!(cases >= 4, "{cases} checkpoints while batches are made up");
 }
+
+/// A loader over `pattern` ('g' a good JPEG, 'b' an unreadable file) in listing order, as
+/// one process.
+fn patterned(dir: &Path, pattern: &str, batch: usize, drop_last: bool) -> Loader {
+    let files: Vec<PathBuf> = pattern
+        .chars()
+        .enumerate()
+        .map(|(i, c)| {
+            let p = dir.join(format!("{i:04}.jpg"));
+            if !p.exists() {
+                let bytes = if c == 'g' {
+                    common::tiny_jpeg(i)
+                } else {
+                    b"not a jpeg".to_vec()
+                };
+                std::fs::write(&p, bytes).unwrap();
+            }
+            p
+        })
+        .collect();
+    let dataset = Dataset::builder(Source::files(files))
+        .ranks(0, 1)
+        .build()
+        .unwrap();
+    let recipe = Recipe::image(ImageRecipe {
+        resize: 12,
+        crop: 8,
+        ..ImageRecipe::default()
+    })
+    .unwrap();
+    Loader::builder(dataset, recipe)
+        .batch_size(batch)
+        .drop_last(drop_last)
+        .fill_skipped(true)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn resumes_at_every_batch_when_few_files_are_readable_or_the_last_is_not() {
+    // Fillers among unreadable positions (a resumed fill must not take those as fillers),
+    // two readable files for many batches, a bad file left in the dropped tail (a state
+    // after the last batch owes nothing and must not end in an error).
+    let cases = [
+        ("bbgbgbgbgg", 3, true),
+        ("bbgbgbgbgg", 3, false),
+        ("bggbbbbbbb", 2, false),
+        ("bggbbbbbbb", 2, true),
+        ("gggggggggb", 3, true),
+        ("gggggggggb", 3, false),
+        ("gbgbgbgbgbgbg", 4, false),
+    ];
+    for (n, &(pattern, batch, drop_last)) in cases.iter().enumerate() {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("fill-pattern-{n}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut whole = patterned(&dir, pattern, batch, drop_last);
+        let len = whole.len();
+        let all = epoch(&mut whole);
+        assert_eq!(
+            all.len(),
+            len,
+            "{pattern} / {batch} / drop_last {drop_last}"
+        );
+        for k in 0..=len {
+            let what = format!("{pattern} / {batch} / drop_last {drop_last}, after {k}");
+            let mut l = patterned(&dir, pattern, batch, drop_last);
+            l.start_epoch().unwrap();
+            let got = take(&mut l, k);
+            let json = serde_json::to_string(&l.state().unwrap()).unwrap();
+            drop(l);
+            let mut r = patterned(&dir, pattern, batch, drop_last);
+            r.resume(&serde_json::from_str(&json).unwrap()).unwrap();
+            let rest: Vec<_> = r.epoch().unwrap().collect();
+            let rest: Vec<Vec<String>> = rest
+                .into_iter()
+                .map(|b| {
+                    let b = b.unwrap_or_else(|e| panic!("{what}: {e}"));
+                    b.items.iter().map(|m| r.path_of(m)).collect()
+                })
+                .collect();
+            assert_eq!(got[..], all[..k], "{what}");
+            assert_eq!(rest[..], all[k..], "{what}: the rest, the same batches");
+            assert_eq!(epoch(&mut r), all, "{what}: the next epoch as the first");
+        }
+    }
+}

@@ -387,7 +387,9 @@ def test_drop_last_through_dataloader_workers_gives_the_local_loaders_batches(da
 
 def test_fill_skipped_through_dataloader_workers_keeps_the_ranks_counts_equal(data, tmp_path):
     """Through ``DataLoader`` workers each worker makes up what its skips cost in its part of
-    the rank's share, so the ranks' batch counts stay equal (they differ without it)."""
+    the rank's share, so the ranks' batch counts stay equal (they differ without it). Not
+    with ``drop_last``: its workers decode whole batches of the rank's plan (see
+    docs/guarantees.md)."""
     pytest.importorskip("torch")
     from torch.utils.data import DataLoader
     bad = []
@@ -399,14 +401,11 @@ def test_fill_skipped_through_dataloader_workers_keeps_the_ranks_counts_equal(da
     files = good[:20] + bad + good[20:]
     counts = {}
     for fill in (False, True):
-        for drop_last in (False, True):
-            counts[fill, drop_last] = []
-            for rank in range(3):
-                loader = flowgate.ImageLoader(files, batch_size=3, crop=16, resize=16, seed=2,
-                                              rank=rank, world_size=3, drop_last=drop_last,
-                                              fill_skipped=fill)
-                dl = DataLoader(loader, batch_size=None, num_workers=2)
-                counts[fill, drop_last].append(sum(1 for _ in dl))
-    assert len(set(counts[False, False])) > 1, counts   # the case binds
-    for drop_last in (False, True):
-        assert len(set(counts[True, drop_last])) == 1, counts
+        counts[fill] = []
+        for rank in range(3):
+            loader = flowgate.ImageLoader(files, batch_size=3, crop=16, resize=16, seed=2,
+                                          rank=rank, world_size=3, fill_skipped=fill)
+            dl = DataLoader(loader, batch_size=None, num_workers=2)
+            counts[fill].append(sum(1 for _ in dl))
+    assert len(set(counts[False])) > 1, counts   # the case binds
+    assert len(set(counts[True])) == 1, counts

@@ -93,11 +93,23 @@ pub(super) struct Filling {
 }
 
 impl Filling {
-    /// The epoch's progress while batches are made up: everything delivered but the
-    /// current round's fillers not delivered yet, so a loader that resumes it owes (and
-    /// reads) exactly the batches still to make up.
+    /// The epoch's progress while batches are made up: what the epoch delivered but the
+    /// current round's fillers not delivered yet, so a loader that resumes it (with the
+    /// batches still owed) reads those fillers first. Positions that failed stay undelivered
+    /// (the round only skipped them): a resume tries them again, and never takes them as
+    /// fillers.
     pub(super) fn progress(&self) -> PipelineState {
-        self.pipeline.state()
+        let round = self.pipeline.state();
+        // The round's delivered positions are every one but its fillers, plus the fillers
+        // delivered; of them, those the epoch had delivered (the fillers are).
+        let not_before = units::minus(&round.delivered, &self.end.delivered);
+        let not_before: Vec<_> = not_before.ranges().collect();
+        let delivered = units::minus(&round.delivered, &not_before);
+        PipelineState {
+            delivered: delivered.ranges().collect(),
+            delivered_items: delivered.len(),
+            ..round
+        }
     }
 
     /// The state that makes a pipeline read exactly `n` fillers (the next, wrapping around

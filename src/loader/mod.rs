@@ -111,6 +111,8 @@ pub struct Loader {
     fill_from: Option<PipelineState>,
     /// The batches the resumed state owes, if it says (see `fill_skipped`).
     resumed_owed: Option<u64>,
+    /// Items of the epoch being iterated delivered before it was resumed.
+    delivered_before: u64,
 }
 
 impl std::fmt::Debug for Loader {
@@ -188,6 +190,7 @@ impl Loader {
             filled: Arc::default(),
             fill_from: None,
             resumed_owed: None,
+            delivered_before: 0,
         }
     }
 
@@ -312,8 +315,11 @@ impl Loader {
             self.close();
         }
         self.fill_from = None;
+        let start = self.next_state()?;
+        // An epoch resumed after some of it was delivered has delivered something, whatever
+        // the rest does.
+        self.delivered_before = start.delivered_items;
         if self.batching.fill {
-            let start = self.next_state()?;
             self.owed = fill::Owed::of(&start, self.batching.per_batch, self.batching.drop_last);
             // A resumed epoch fills from what the run it resumes delivered, until it
             // delivers more itself.
@@ -358,7 +364,8 @@ impl Loader {
     /// when no epoch was started), [`Within::TimedOut`] if none came in time. After an error
     /// the epoch is over (the pipeline is rebuilt for the next one). An epoch that ends
     /// without a batch because every item failed ends with an error
-    /// ([`PipelineError::is_nothing_delivered`]), not empty.
+    /// ([`PipelineError::is_nothing_delivered`]), not empty — unless it was resumed after
+    /// some of it was delivered (then what is left may fail, or be nothing at all).
     pub fn next_within(&mut self, timeout: Duration) -> Within<Batch> {
         if !self.in_epoch {
             return Within::EpochEnd;
@@ -390,7 +397,11 @@ impl Loader {
                 self.in_epoch = false;
                 let (failures, last) = self.failures.in_epoch();
                 // A unit whose items all failed is not an epoch: its consumer decides.
-                if self.delivered == 0 && failures > 0 && !self.batching.decodes_units {
+                if self.delivered == 0
+                    && self.delivered_before == 0
+                    && failures > 0
+                    && !self.batching.decodes_units
+                {
                     let epoch = self.failures.epoch();
                     return Within::Next(Err(PipelineError::nothing_delivered(
                         epoch, failures, last,
