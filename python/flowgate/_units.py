@@ -142,7 +142,8 @@ class _WorkerBatches:
     partial batch left out. ``DataLoader`` takes its workers' batches in turn, so the training
     loop gets the local loader's batches in its order, none dropped but the last partial one
     (an item skipped as unreadable leaves its batch short: the rows that would make it up are
-    another worker's)."""
+    another worker's). With ``fill_skipped`` a batch whose every item failed is made up from
+    one this worker delivered, so the count stays the local loader's."""
 
     def __init__(self, loader: Any, split: Tuple[int, int], epoch: int,
                  resume: Optional[Dict[str, Any]]) -> None:
@@ -163,9 +164,29 @@ class _WorkerBatches:
         whole = plan.batches  # the local loader's count: a last partial batch dropped
         self._states = [plan.unit_state(u) for u in range(worker, whole, workers)]
         self._convert = _converter_from_numpy(loader._output())
+        self._fill = bool(loader._args.get("fill_skipped"))
         self.epoch = plan.epoch
 
     def __iter__(self) -> Iterator[Any]:
+        # With fill_skipped, a batch whose every item failed is made up from a batch this
+        # worker delivered (the first ones first), right away or once it has one.
+        done: list = []
+        owed = 0
         for state in self._states:
-            for b in _decode_unit(self._decoder, state)["batches"]:
+            got = _decode_unit(self._decoder, state)["batches"]
+            for b in got:
                 yield self._convert(b)
+            if not self._fill:
+                continue
+            if got:
+                done.append(state)
+            else:
+                owed += 1
+            while owed and done:
+                again = done.pop(0)
+                made = _decode_unit(self._decoder, again)["batches"]
+                for b in made:
+                    yield self._convert(b)
+                if made:
+                    done.append(again)  # the next make-up reads the next batch
+                    owed -= 1

@@ -387,9 +387,9 @@ def test_drop_last_through_dataloader_workers_gives_the_local_loaders_batches(da
 
 def test_fill_skipped_through_dataloader_workers_keeps_the_ranks_counts_equal(data, tmp_path):
     """Through ``DataLoader`` workers each worker makes up what its skips cost in its part of
-    the rank's share, so the ranks' batch counts stay equal (they differ without it). Not
-    with ``drop_last``: its workers decode whole batches of the rank's plan (see
-    docs/guarantees.md)."""
+    the rank's share, so the ranks' batch counts stay equal (they differ without it); with
+    ``drop_last`` (workers decode whole batches of the rank's plan) a batch of only unreadable
+    files is made up from one the worker delivered: every rank makes ``len(loader)``."""
     pytest.importorskip("torch")
     from torch.utils.data import DataLoader
     bad = []
@@ -398,6 +398,7 @@ def test_fill_skipped_through_dataloader_workers_keeps_the_ranks_counts_equal(da
         b.write_bytes(b"not a jpeg")
         bad.append(str(b))
     good = paths_of(data)
+    # Runs of unreadable files long enough to fill a batch of 3.
     files = good[:20] + bad + good[20:]
     counts = {}
     for fill in (False, True):
@@ -409,3 +410,21 @@ def test_fill_skipped_through_dataloader_workers_keeps_the_ranks_counts_equal(da
             counts[fill].append(sum(1 for _ in dl))
     assert len(set(counts[False])) > 1, counts   # the case binds
     assert len(set(counts[True])) == 1, counts
+    # drop_last: the workers decode whole batches of the rank's plan, so a skipped item
+    # leaves its batch short; a batch of only unreadable files is made up (a helper's case:
+    # 25 files, 10 unreadable, 2 ranks).
+    (tmp_path / "bad-9.jpg").write_bytes(b"not a jpeg")
+    bad.append(str(tmp_path / "bad-9.jpg"))
+    unreadable = iter(bad)
+    files = [next(unreadable) if i in {1, 4, 5, 9, 14, 18, 19, 22, 23, 24} else good[i]
+             for i in range(25)]
+    for fill in (False, True):
+        counts[fill] = []
+        for rank in range(2):
+            loader = flowgate.ImageLoader(files, batch_size=3, crop=16, resize=16, seed=1,
+                                          rank=rank, world_size=2, drop_last=True,
+                                          fill_skipped=fill)
+            dl = DataLoader(loader, batch_size=None, num_workers=2)
+            counts[fill].append((sum(1 for _ in dl), len(loader)))
+    assert any(n < m for n, m in counts[False]), counts   # the case binds
+    assert all(n == m for n, m in counts[True]), counts
