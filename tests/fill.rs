@@ -48,6 +48,11 @@ fn loader(rank: usize, drop_last: bool, fill: bool, seed: u64) -> Loader {
         .ranks(rank, WORLD)
         .build()
         .unwrap();
+    build(dataset, BATCH, drop_last, fill)
+}
+
+/// A loader of `dataset`'s tiny JPEGs in batches of `batch`.
+fn build(dataset: Dataset, batch: usize, drop_last: bool, fill: bool) -> Loader {
     let recipe = Recipe::image(ImageRecipe {
         resize: 12,
         crop: 8,
@@ -55,7 +60,7 @@ fn loader(rank: usize, drop_last: bool, fill: bool, seed: u64) -> Loader {
     })
     .unwrap();
     Loader::builder(dataset, recipe)
-        .batch_size(BATCH)
+        .batch_size(batch)
         .drop_last(drop_last)
         .fill_skipped(fill)
         .build()
@@ -174,18 +179,7 @@ fn a_resumed_rank_makes_the_rest_of_its_len_and_fillers_that_fail_are_replaced()
         .ranks(1, WORLD)
         .build()
         .unwrap();
-    let recipe = Recipe::image(ImageRecipe {
-        resize: 12,
-        crop: 8,
-        ..ImageRecipe::default()
-    })
-    .unwrap();
-    let mut l = Loader::builder(dataset, recipe)
-        .batch_size(BATCH)
-        .fill_skipped(true)
-        .workers(1)
-        .build()
-        .unwrap();
+    let mut l = build(dataset, BATCH, false, true);
     let len = l.len();
     l.start_epoch().unwrap();
     let mut batches = 0;
@@ -293,18 +287,7 @@ fn patterned(dir: &Path, pattern: &str, batch: usize, drop_last: bool) -> Loader
         .ranks(0, 1)
         .build()
         .unwrap();
-    let recipe = Recipe::image(ImageRecipe {
-        resize: 12,
-        crop: 8,
-        ..ImageRecipe::default()
-    })
-    .unwrap();
-    Loader::builder(dataset, recipe)
-        .batch_size(batch)
-        .drop_last(drop_last)
-        .fill_skipped(true)
-        .build()
-        .unwrap()
+    build(dataset, batch, drop_last, true)
 }
 
 #[test]

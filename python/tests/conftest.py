@@ -7,6 +7,25 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+def unreadable(folder: pathlib.Path, n: int) -> list:
+    """`n` files named like JPEGs that are not (paths as strings)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i in range(n):
+        b = folder / f"bad-{i}.jpg"
+        b.write_bytes(b"not a jpeg")
+        out.append(str(b))
+    return out
+
+
+def with_unreadable(data: pathlib.Path, folder: pathlib.Path) -> list:
+    """The 40 test JPEGs (sorted) with a run of 9 unreadable files after the 20th: with
+    `seed=2`, 3 ranks and batches of 3, ranks skip different numbers of them (the fill tests'
+    case)."""
+    good = sorted(str(p) for p in (data / "images").glob("*.jpg"))
+    return good[:20] + unreadable(folder, 9) + good[20:]
+
+
 def gen_data(out: pathlib.Path, *args: str) -> None:
     """Runs `flowgate gen-data --out OUT ARGS...` (the sample dataset generator)."""
     subprocess.run(

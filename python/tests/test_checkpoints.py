@@ -10,6 +10,7 @@ import time
 import pytest
 
 import flowgate
+from conftest import with_unreadable
 
 
 def paths_of(data):
@@ -185,13 +186,7 @@ def test_fill_skipped_state_dicts_resume_to_the_uninterrupted_batches(data, tmp_
     """With ``fill_skipped``, a state_dict taken after any batch (before, at and after the
     rank's own items run out, while batches are made up) resumes through JSON to the rest of
     the uninterrupted epoch: the same batches, ``len(loader)`` in all."""
-    bad = []
-    for i in range(9):
-        b = tmp_path / f"bad-{i}.jpg"
-        b.write_bytes(b"not a jpeg")
-        bad.append(str(b))
-    good = paths_of(data)
-    files = good[:20] + bad + good[20:]
+    files = with_unreadable(data, tmp_path)
     args = dict(ARGS, seed=2, fill_skipped=True, world_size=3)
     made_up = 0
     for rank in range(3):

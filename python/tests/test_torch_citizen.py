@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import flowgate
+from conftest import unreadable, with_unreadable
 from test_process import run
 
 # One decode worker: batches are made of the items in the epoch's order (with several, of
@@ -392,14 +393,7 @@ def test_fill_skipped_through_dataloader_workers_keeps_the_ranks_counts_equal(da
     files is made up from one the worker delivered: every rank makes ``len(loader)``."""
     pytest.importorskip("torch")
     from torch.utils.data import DataLoader
-    bad = []
-    for i in range(9):
-        b = tmp_path / f"bad-{i}.jpg"
-        b.write_bytes(b"not a jpeg")
-        bad.append(str(b))
-    good = paths_of(data)
-    # Runs of unreadable files long enough to fill a batch of 3.
-    files = good[:20] + bad + good[20:]
+    files = with_unreadable(data, tmp_path)
     counts = {}
     for fill in (False, True):
         counts[fill] = []
@@ -413,10 +407,8 @@ def test_fill_skipped_through_dataloader_workers_keeps_the_ranks_counts_equal(da
     # drop_last: the workers decode whole batches of the rank's plan, so a skipped item
     # leaves its batch short; a batch of only unreadable files is made up (a helper's case:
     # 25 files, 10 unreadable, 2 ranks).
-    (tmp_path / "bad-9.jpg").write_bytes(b"not a jpeg")
-    bad.append(str(tmp_path / "bad-9.jpg"))
-    unreadable = iter(bad)
-    files = [next(unreadable) if i in {1, 4, 5, 9, 14, 18, 19, 22, 23, 24} else good[i]
+    good, bad = paths_of(data), iter(unreadable(tmp_path / "more", 10))
+    files = [next(bad) if i in {1, 4, 5, 9, 14, 18, 19, 22, 23, 24} else good[i]
              for i in range(25)]
     for fill in (False, True):
         counts[fill] = []

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import flowgate
+from conftest import with_unreadable
 
 torch = pytest.importorskip("torch")
 
@@ -86,14 +87,8 @@ def test_ranks_on_one_node_share_its_cores(data, tmp_path):
 def skipped_files_run(tmp_path, data, *args, timeout=240):
     """Three ranks over 40 JPEGs and 9 unreadable files; each rank's report."""
     files = tmp_path / "files.txt"
-    paths = sorted(str(p) for p in (data / "images").glob("*.jpg"))
-    bad = []
-    for i in range(9):
-        b = tmp_path / f"bad-{i}.jpg"
-        b.write_bytes(b"not a jpeg")
-        bad.append(str(b))
-    # The unreadable files in a run, so the ranks' shares get unequal numbers of them.
-    files.write_text("\n".join(paths[:20] + bad + paths[20:]) + "\n")
+    if not files.exists():
+        files.write_text("\n".join(with_unreadable(data, tmp_path)) + "\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(k, None)
