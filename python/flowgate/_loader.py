@@ -156,6 +156,14 @@ class _Loader:
             batches = _WorkerBatches(self, split, epoch, self._resume)
             self._units_epoch = batches.epoch + 1
             return iter(batches)
+        if split is not None and self._resumed_fill():
+            # A rank's fill_skipped state resumed in a worker: what the rank owes is the
+            # rank's, not the worker part's (see _WorkerBatches).
+            native = self._here()
+            self._marker.mark()
+            batches = _WorkerBatches(self, split, native._next_epoch(), self._resume)
+            native.set_epoch(batches.epoch + 1)
+            return iter(batches)
         native = self._here()
         if _in_worker():
             self._marker.mark()
@@ -164,6 +172,13 @@ class _Loader:
             self._resume = None
             self._marker.clear()
         return _Epoch(native, _converter(self._output()))
+
+    def _resumed_fill(self) -> bool:
+        """Whether the epoch about to run resumes a rank's ``fill_skipped`` state."""
+        r = self._resume
+        return bool(self._args.get("fill_skipped")) and r is not None \
+            and r.get("owed_batches") is not None \
+            and r.get("epoch") == self._here()._next_epoch()
 
     def __getitem__(self, index: Any) -> Any:
         raise TypeError(

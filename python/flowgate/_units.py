@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple
 
 from . import _native
 from ._process import _Epoch, _converter
@@ -162,31 +162,60 @@ class _WorkerBatches:
         plan = planner._native._plan_units(1)
         planner._native.set_epoch(plan.epoch + 1)
         whole = plan.batches  # the local loader's count: a last partial batch dropped
-        self._states = [plan.unit_state(u) for u in range(worker, whole, workers)]
-        self._convert = _converter_from_numpy(loader._output())
         self._fill = bool(loader._args.get("fill_skipped"))
+        self._convert = _converter_from_numpy(loader._output())
+        self._split = split
+        self._local = None
+        if self._fill and resume is not None and resume.get("epoch") == plan.epoch \
+                and resume.get("owed_batches") is not None:
+            # A rank's fill_skipped state: what it owes depends on which of its items were
+            # skipped before, which whole batches of positions do not show. Each worker runs
+            # the rank's resumed epoch as the local loader would and keeps its own batches (w,
+            # w + W, ...): the local loader's batches and count, for W times the decoding of
+            # this one epoch.
+            args = dict(loader._args, worker_split=None, remote=None, output="numpy")
+            local = _unit_loader(type(loader).__name__, args)
+            local._native.load_state_dict(resume)
+            self._local = local
+        self._states = [plan.unit_state(u) for u in range(worker, whole, workers)]
+        # Where a worker that has delivered nothing makes up from: the rank's other batches.
+        self._others = lambda: [plan.unit_state(u) for u in range(whole)
+                                if u % workers != worker]
         self.epoch = plan.epoch
 
     def __iter__(self) -> Iterator[Any]:
         # With fill_skipped, a batch whose every item failed is made up from a batch this
-        # worker delivered (the first ones first), right away or once it has one.
-        done: list = []
+        # worker delivered (the first ones first), or, by a worker that delivered none, from
+        # the first of the rank's other batches that decodes.
+        if self._local is not None:
+            worker, workers = self._split
+            for i, b in enumerate(_Epoch(self._local._native, _converter("numpy"))):
+                if i % workers == worker:
+                    yield self._convert(b)
+            return
+        done: List[Dict[str, Any]] = []
         owed = 0
         for state in self._states:
             got = _decode_unit(self._decoder, state)["batches"]
-            for b in got:
-                yield self._convert(b)
-            if not self._fill:
-                continue
-            if got:
-                done.append(state)
-            else:
-                owed += 1
-            while owed and done:
-                again = done.pop(0)
-                made = _decode_unit(self._decoder, again)["batches"]
-                for b in made:
-                    yield self._convert(b)
-                if made:
-                    done.append(again)  # the next make-up reads the next batch
-                    owed -= 1
+            yield from map(self._convert, got)
+            if self._fill:
+                if got:
+                    done.append(state)
+                else:
+                    owed += 1
+                owed = yield from self._make_up(done, owed)
+        if owed and not done:
+            done.extend(self._others())
+            owed = yield from self._make_up(done, owed)
+
+    def _make_up(self, done: List[Dict[str, Any]], owed: int) -> Generator[Any, None, int]:
+        """Yields up to `owed` batches decoded again from the unit states in `done` (in turn;
+        one that decodes to nothing is dropped); returns how many are still owed."""
+        while owed and done:
+            again = done.pop(0)
+            made = _decode_unit(self._decoder, again)["batches"]
+            yield from map(self._convert, made)
+            if made:
+                done.append(again)  # the next make-up reads the next batch
+                owed -= 1
+        return owed

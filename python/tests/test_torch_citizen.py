@@ -420,3 +420,59 @@ def test_fill_skipped_through_dataloader_workers_keeps_the_ranks_counts_equal(da
             counts[fill].append((sum(1 for _ in dl), len(loader)))
     assert any(n < m for n, m in counts[False]), counts   # the case binds
     assert all(n == m for n, m in counts[True]), counts
+
+
+def test_a_fill_skipped_state_resumed_through_dataloader_workers_owes_the_ranks_rest(
+        data, tmp_path):
+    """Each rank's state after k batches (of a loop without workers), loaded into a loader read
+    through 3 ``DataLoader`` workers: every rank makes ``len(loader) - k`` batches, with
+    ``drop_last`` the local loader's own (a helper's case: counts differed across ranks)."""
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+    good, bad = paths_of(data), iter(unreadable(tmp_path, 10))
+    files = [next(bad) if i in {1, 4, 5, 9, 14, 18, 19, 22, 23, 24} else good[i]
+             for i in range(27)]
+    for drop_last in (False, True):
+        args = dict(batch_size=3, crop=16, resize=16, seed=3, world_size=2, drop_last=drop_last,
+                    fill_skipped=True, return_paths=True)
+        n = len(flowgate.ImageLoader(files, rank=0, **args))
+        for k in range(1, n + 1):
+            counts = []
+            for rank in range(2):
+                local = flowgate.ImageLoader(files, rank=rank, **args)
+                whole = [list(p) for _, p in local]
+                local = flowgate.ImageLoader(files, rank=rank, **args)
+                it = iter(local)
+                for _ in range(k):
+                    next(it)
+                state = local.state_dict()
+                del it
+                resumed = flowgate.ImageLoader(files, rank=rank, **args)
+                resumed.load_state_dict(state)
+                got = [list(p) for _, p in DataLoader(resumed, batch_size=None, num_workers=3)]
+                counts.append(len(got))
+                if drop_last:
+                    assert got == whole[k:], f"rank {rank}, k {k}"
+            assert counts == [n - k] * 2, f"drop_last {drop_last}, k {k}: {counts}"
+
+
+def test_merged_states_whose_rest_is_unreadable_resume_to_no_batches(data, tmp_path):
+    """States taken at each rank's last batch, merged (as a job saves them) and resumed: the
+    epoch's rest holds only unreadable files, so no batches and no error (the epoch delivered
+    before the checkpoint), as each rank's own state resumes; then the next epoch whole."""
+    files = paths_of(data)[:10] + unreadable(tmp_path, 2)
+    for fill in (False, True):
+        args = dict(batch_size=2, shuffle=False, crop=16, resize=16, world_size=2,
+                    fill_skipped=fill)
+        states = []
+        for rank in range(2):
+            loader = flowgate.ImageLoader(files, rank=rank, **args)
+            for k, _ in enumerate(loader, 1):
+                if k == len(loader):
+                    states.append(loader.state_dict())
+        merged = flowgate.merge_state_dicts(states)
+        for rank in range(2):
+            loader = flowgate.ImageLoader(files, rank=rank, **args)
+            loader.load_state_dict(merged)
+            assert sum(1 for _ in loader) == 0, f"fill {fill}, rank {rank}"
+            assert sum(1 for _ in loader) == len(loader)

@@ -316,9 +316,13 @@ impl Loader {
         }
         self.fill_from = None;
         let start = self.next_state()?;
-        // An epoch resumed after some of it was delivered has delivered something, whatever
-        // the rest does.
-        self.delivered_before = start.delivered_items;
+        // An epoch resumed after some of it was delivered (here, or by any rank of a merged
+        // state: its base) has delivered something, whatever the rest does.
+        self.delivered_before = start.delivered_items
+            + start
+                .shard
+                .as_ref()
+                .map_or(0, |s| s.base.iter().map(|(a, b)| b - a).sum::<u64>());
         if self.batching.fill {
             self.owed = fill::Owed::of(&start, self.batching.per_batch, self.batching.drop_last);
             // A resumed epoch fills from what the run it resumes delivered, until it
@@ -480,7 +484,11 @@ impl Loader {
         self.resume_at = 0; // the state says where to start
         self.pipeline()?.resume(state)?;
         self.resumed = true;
-        self.resumed_owed = state.owed_batches;
+        // What a state owes is its own split's (a rank's, or one DataLoader worker's): a rank's
+        // state resumed in each of its workers owes what each worker's part makes.
+        let split = |s: &PipelineState| s.shard.as_ref().and_then(|sh| sh.split);
+        let own = split(&self.pipeline()?.state());
+        self.resumed_owed = state.owed_batches.filter(|_| split(state) == own);
         Ok(())
     }
 }
