@@ -339,3 +339,36 @@ fn resumes_at_every_batch_when_few_files_are_readable_or_the_last_is_not() {
         }
     }
 }
+
+#[test]
+fn a_rank_state_resumed_in_worker_parts_owes_each_part_its_own() {
+    // Every file readable: filling adds nothing, also when a rank's state (which owes the
+    // rank's rest) is resumed in each of two DataLoader workers' parts.
+    let good: Vec<PathBuf> = paths()
+        .iter()
+        .filter(|p| !p.to_string_lossy().contains("-bad"))
+        .cloned()
+        .collect();
+    let part = |worker: Option<usize>, fill: bool| {
+        let mut d = Dataset::builder(Source::files(good.clone()))
+            .shuffle(4)
+            .ranks(1, WORLD);
+        if let Some(w) = worker {
+            d = d.split(w, 2);
+        }
+        build(d.build().unwrap(), BATCH, false, fill)
+    };
+    let mut rank = part(None, true);
+    rank.start_epoch().unwrap();
+    take(&mut rank, 2);
+    let state = rank.state().unwrap();
+    assert!(state.owed_batches.is_some());
+    for w in 0..2 {
+        let count = |fill: bool| {
+            let mut l = part(Some(w), fill);
+            l.resume(&state).unwrap();
+            epoch(&mut l).len()
+        };
+        assert_eq!(count(true), count(false), "worker {w}");
+    }
+}
