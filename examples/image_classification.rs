@@ -37,6 +37,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let loader = || {
         Loader::builder(dataset.clone(), recipe.clone())
             .batch_size(32)
+            // Under torchrun, a rank whose files were skipped as unreadable still makes its
+            // `len()` batches, so the ranks' collectives stay in step.
+            .fill_skipped(true)
             .build()
     };
 

@@ -20,7 +20,10 @@ except ImportError:  # NumPy stands in for the model
     torch = None
 
 images = sys.argv[1] if len(sys.argv) > 1 else "target/sample-data/images.txt"
-loader = flowgate.ImageLoader(images, batch_size=32, resize=256, crop=224, shuffle=True, seed=0)
+# fill_skipped: under torchrun (DDP), a rank whose files were skipped as unreadable still makes
+# len(loader) batches, so no rank waits at the last step for one that ended early.
+loader = flowgate.ImageLoader(images, batch_size=32, resize=256, crop=224, shuffle=True, seed=0,
+                              fill_skipped=True)
 
 mean = np.array([0.485, 0.456, 0.406], dtype=np.float32).reshape(1, 3, 1, 1) * 255
 for epoch in range(2):
@@ -39,7 +42,8 @@ for epoch in range(2):
     print(f"epoch {epoch}: {seen} images, {rate:.0f} images/s, loss {float(loss):.3f}")
 
 # After a preemption: a new process builds the same loader and continues where it stopped.
-resumed = flowgate.ImageLoader(images, batch_size=32, resize=256, crop=224, shuffle=True, seed=0)
+resumed = flowgate.ImageLoader(images, batch_size=32, resize=256, crop=224, shuffle=True, seed=0,
+                               fill_skipped=True)
 resumed.load_state_dict(checkpoint["loader"])
 rest = sum(len(b) for b in resumed)
 print(f"resumed epoch 0: {rest} images left after the checkpoint at 6 batches")
