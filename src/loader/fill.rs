@@ -80,9 +80,11 @@ impl Owed {
 pub(super) struct Filling {
     /// The epoch's state when its own items ran out.
     end: PipelineState,
-    /// The positions it delivered, in order: what fillers are read from.
-    delivered: Vec<u64>,
-    /// Fillers taken so far (the next is `delivered[taken % len]`).
+    /// The positions it delivered (sorted ranges): what fillers are read from.
+    delivered: Vec<(u64, u64)>,
+    /// How many positions that is.
+    count: usize,
+    /// Fillers taken so far (the next is the `taken % count`-th delivered position).
     taken: usize,
     /// Batches the current round delivered.
     round_batches: usize,
@@ -93,6 +95,18 @@ pub(super) struct Filling {
 }
 
 impl Filling {
+    /// `n` delivered positions from the `from`-th on, wrapping around to the first (as
+    /// one-position ranges; `n` at most their count). One walk of the ranges.
+    fn positions(&self, from: usize, n: usize) -> Vec<(u64, u64)> {
+        let all = || {
+            self.delivered
+                .iter()
+                .flat_map(|&(a, b)| a..b)
+                .map(|p| (p, p + 1))
+        };
+        all().skip(from).chain(all()).take(n).collect()
+    }
+
     /// The epoch's progress while batches are made up: what the epoch delivered but the
     /// current round's fillers not delivered yet, so a loader that resumes it (with the
     /// batches still owed) reads those fillers first. Positions that failed stay undelivered
@@ -120,18 +134,14 @@ impl Filling {
             .shard
             .as_ref()
             .map_or(0, |s| s.layout().len() as u64);
-        let n = n.min(self.delivered.len());
+        let n = n.min(self.count);
         self.barren = if self.round_batches > 0 {
             n
         } else {
             self.barren + n
         };
-        let picks: Vec<(u64, u64)> = (0..n)
-            .map(|i| self.delivered[(self.taken + i) % self.delivered.len()])
-            .map(|p| (p, p + 1))
-            .collect();
+        let picks = RangeSet::from_ranges(self.positions(self.taken % self.count.max(1), n));
         self.taken += n;
-        let picks = RangeSet::from_ranges(picks);
         let others = units::minus(&[(0, len)], &picks.ranges().collect::<Vec<_>>());
         PipelineState {
             delivered: others.ranges().collect(),
@@ -178,13 +188,11 @@ impl Loader {
             return Ok(()); // nothing delivered to fill with
         };
         let learned = Learned::of(&main.stats());
-        let delivered = RangeSet::from_ranges(end.delivered.iter().copied())
-            .ranges()
-            .flat_map(|(a, b)| a..b)
-            .collect();
+        let delivered = RangeSet::from_ranges(end.delivered.iter().copied());
         let mut f = Filling {
             end,
-            delivered,
+            count: delivered.len() as usize,
+            delivered: delivered.ranges().collect(),
             taken: 0,
             round_batches: 0,
             barren: 0,
@@ -216,7 +224,7 @@ impl Loader {
                 Within::EpochEnd => {
                     // Another round unless every delivered position failed since the last
                     // batch made (nothing readable is left to fill with).
-                    let more = f.round_batches > 0 || f.barren < f.delivered.len();
+                    let more = f.round_batches > 0 || f.barren < f.count;
                     if more && self.delivered < self.owed.batches {
                         if let Err(e) = self.fill_again() {
                             self.filling = None;
