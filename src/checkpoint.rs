@@ -64,7 +64,7 @@ pub struct PipelineState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<ShardState>,
     /// For a loader that makes up batches lost to skipped items
-    /// ([`LoaderBuilder::fill_skipped`](crate::LoaderBuilder::fill_skipped)): the batches
+    /// ([`LoaderBuilder::fill_skipped`](crate::loader::LoaderBuilder::fill_skipped)): the batches
     /// this rank still owes in the epoch, so that a resume makes exactly the count the
     /// uninterrupted epoch would have. `None` elsewhere, and in merged states (a resume at
     /// another world size owes what its resumed share makes).

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use flowgate_actors::origin::RangeSet;
 
-use super::builder::Learned;
+use super::assemble::Learned;
 use super::{units, Batch, Loader};
 use crate::{Pipeline, PipelineError, PipelineState, Within};
 

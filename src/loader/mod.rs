@@ -22,18 +22,21 @@
 //! world of any size resumes.
 //!
 //! Files:
-//! 1. `builder` — [`LoaderBuilder`]: settings with named defaults, and the one function that
-//!    builds a loader's pipeline.
-//! 2. `batch` — [`Batch`] and [`ItemMeta`], and collation (labels, length-aware batches).
-//! 3. `decode` — an item's fields from the recipe (lengths, a video's audio track).
-//! 4. `lengths` — length-aware batches.
-//! 5. `device` — [`Device`]: where batches are uploaded.
-//! 6. `failures` — [`SkippedFailure`]s, per epoch.
-//! 7. `units` — [`EpochPlan`]: an epoch cut into units other processes decode (remote
+//! 1. `builder` — [`LoaderBuilder`]: settings with named defaults, checked when the loader is
+//!    built.
+//! 2. `assemble` — the pipeline those settings make (source → decode → batch → collate →
+//!    upload), and what one pipeline hands the next (its tuner's workers and buffers).
+//! 3. `batch` — [`Batch`] and [`ItemMeta`], and collation (labels, length-aware batches).
+//! 4. `decode` — an item's fields from the recipe (lengths, a video's audio track).
+//! 5. `lengths` — length-aware batches.
+//! 6. `device` — [`Device`]: where batches are uploaded.
+//! 7. `failures` — [`SkippedFailure`]s, per epoch.
+//! 8. `units` — [`EpochPlan`]: an epoch cut into units other processes decode (remote
 //!    workers), and the checkpoint the planning loader keeps.
-//! 8. `fill` — batches lost to skipped items made up at the epoch's end
+//! 9. `fill` — batches lost to skipped items made up at the epoch's end
 //!    ([`LoaderBuilder::fill_skipped`]).
 
+mod assemble;
 mod batch;
 mod builder;
 mod decode;
@@ -57,7 +60,7 @@ use crate::dataset::Dataset;
 use crate::device::SimLog;
 use crate::media::Recipe;
 use crate::{Monitor, Pipeline, PipelineError, PipelineState, PipelineStats, Within};
-use builder::{Learned, Make};
+use assemble::{Learned, Make};
 use failures::FailureLog;
 use lengths::LengthPlan;
 

@@ -1,0 +1,285 @@
+//! How a loader's pipeline is assembled from a [`LoaderBuilder`]'s settings — source (the
+//! dataset's sampler) → decode (a work-stealing pool, the recipe) → batch → collate (→
+//! upload) — and what one pipeline hands the next ([`Learned`]: its tuner's workers and
+//! buffers), so that a pipeline started afresh (a new epoch after a `break`, a fill round)
+//! starts where the last one ended.
+
+use std::sync::Arc;
+
+use super::batch::{collate, Batch, Decoded, ItemMeta};
+use super::builder::LoaderBuilder;
+use super::decode::Decoder;
+use super::device::Device;
+use super::failures::FailureLog;
+use super::Plan;
+use crate::device::Uploader;
+use crate::{BoxError, Pipeline, PipelineError, Workers};
+
+/// Builds the loader's pipeline; given what the last pipeline's tuner ended with, the new one
+/// starts there instead of at its share of the cores and the default buffers.
+pub(super) type Make =
+    Box<dyn Fn(Option<&Learned>) -> Result<Pipeline<Batch>, PipelineError> + Send + Sync>;
+
+/// What a loader's last pipeline ended with (its tuner's choices): the next epoch's pipeline
+/// starts there. The buffers too: a step-bound loop's lean buffers are not refilled to the
+/// defaults at every epoch's start (the refill set the process's peak RSS), and a
+/// loader-bound one's grown buffers are not lost.
+#[derive(Clone, Debug)]
+pub(super) struct Learned {
+    /// Decode workers.
+    pub(super) workers: usize,
+    /// The input buffers (items) of the decode, aggregate and collate stages, and the
+    /// results waiting for the consumer.
+    buffers: [Option<usize>; 4],
+}
+
+/// The stages whose buffers carry over, in [`Learned::buffers`]' order.
+const CARRIED: [&str; 4] = ["decode", "aggregate", "collate", "sink"];
+
+impl Learned {
+    pub(super) fn of(stats: &crate::PipelineStats) -> Option<Self> {
+        let workers = stats.stage("decode")?.workers;
+        let buffers = CARRIED.map(|name| stats.stage(name).map(|s| s.budget_items.max(1)));
+        Some(Self { workers, buffers })
+    }
+}
+
+/// The function that builds a pipeline of `b`'s settings over `plan`.
+pub(super) fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: FailureLog) -> Make {
+    let labels = b.dataset.has_labels();
+    let batch_bytes = b.batch_bytes();
+    let decoder = Arc::new(b.decoder);
+    let threads = decoder.recipe.item_threads();
+    let fingerprint = plan.fingerprint();
+    let reserved = b.dataset.reserved_bytes();
+    let read_ahead = b.dataset.read_ahead();
+    Box::new(move |learned: Option<&Learned>| {
+        let uploader = b.device.as_ref().map(Device::uploader);
+        let alloc = uploader.as_ref().map(Uploader::host_alloc);
+        let workers = match (b.workers, learned) {
+            (Some(n), _) => Workers::fixed(n),
+            (None, Some(l)) => Workers::initial(l.workers),
+            (None, None) => Workers::auto(),
+        };
+        let buffer = |k: usize| learned.and_then(|l| l.buffers[k]);
+        let p = decode_stage(&plan, Arc::clone(&decoder), workers, b.cache.as_ref())
+            .measure(Decoded::nbytes);
+        // Items in the decode stage (waiting, in hand, decoded and waiting to leave in input
+        // order) start at one batch's worth too, at least what keeps its workers busy.
+        let decoding = b
+            .workers
+            .or(learned.map(|l| l.workers))
+            .unwrap_or_else(flowgate_actors::cap::cores);
+        let mut p = p.budget_start(buffer(0).unwrap_or(batch_size.max(2 * decoding + 2)));
+        // The decode stage reads what the shards' prefetch fetches: the tuner deepens it.
+        if let Some(r) = read_ahead.clone() {
+            p = p.read_ahead(r);
+        }
+        // And decodes with the recipe's threads per item, which the tuner sets there.
+        if let Some(t) = threads.clone() {
+            p = p.item_threads(t);
+        }
+        // The decoded items waiting to be batched start at one batch's worth (the engine's
+        // default is four): the aggregate takes each at once, and a buffer the consumer waits
+        // for is doubled by the tuner.
+        let p = p
+            .aggregate(batch_size, b.drop_last && !b.units)
+            .budget_start(buffer(1).unwrap_or(batch_size));
+        let mut p = p
+            .pipe(
+                "collate",
+                move |items| collate(items, alloc.as_ref(), labels),
+                1,
+            )
+            .measure(Batch::nbytes)
+            // Batch lists wait for the collate stage one at a time and batches for the
+            // training loop two (one being taken, one ready): the tuner doubles a buffer the
+            // consumer waits for, and a step-bound loop never pays for more (the first
+            // second's fill sets peak RSS).
+            .budget_start(buffer(2).unwrap_or(1))
+            .sink_start(buffer(3).unwrap_or(2));
+        if let Some(up) = uploader {
+            p = p.upload_with(up, |up, batch: Batch| batch.upload(up), Batch::nbytes);
+        }
+        p = match &b.tuner {
+            Some(settings) => p.autotune(settings.clone()),
+            None => p.autotune_off(),
+        };
+        if let Some(m) = b.device.as_ref().and_then(Device::monitor) {
+            p = p.gpu_utilization(move || m.utilization());
+        }
+        if let Some(f) = b.on_decision.clone() {
+            p = p.on_tuner_decision(move |r| (f.lock().expect("decision hook"))(r));
+        }
+        if let Some((interval, f)) = b.on_stats.clone() {
+            p = p.on_stats(interval, move |s| (f.lock().expect("stats hook"))(s));
+        }
+        let (seen, hook) = (failures.clone(), b.on_failure.clone());
+        p = p.max_failures(b.failures).on_failure(move |e| {
+            seen.record(e);
+            if let Some(h) = &hook {
+                h(e);
+            }
+        });
+        // A Parquet row-group cache is memory the stages do not count.
+        if reserved > 0 {
+            p = p.reserve_memory("the Parquet row-group caches", reserved);
+        }
+        // A batch's items are admitted to the aggregate whatever their bytes, and the
+        // collated batch sits beside them a moment: reserved, so the buffers' budgets leave
+        // room for both and the total stays within the memory budget.
+        if let Some(batch) = batch_bytes {
+            p = p.reserve_memory("a batch assembled and collated", 2 * batch);
+        }
+        // What a state of this loader is valid for.
+        p = p
+            .checkpoint_fields(fingerprint.iter().cloned())
+            .checkpoint_fields([
+                ("batch_size", batch_size.to_string()),
+                ("drop_last", b.drop_last.to_string()),
+            ])
+            .checkpoint_fields(b.checkpoint_fields.iter().cloned());
+        if let Some(m) = b.memory_bytes {
+            p = p.memory_budget(m);
+        }
+        if let Some(c) = b.cpu_budget {
+            p = p.cpu_budget(c);
+        }
+        p.output_order(b.order).build()
+    })
+}
+
+/// The source and the decode stage: items read and decoded on the decode stage's pool, or
+/// S3 objects fetched on an I/O stage (through the cache) and decoded after it.
+#[cfg_attr(not(feature = "s3"), allow(unused_variables))]
+fn decode_stage(
+    plan: &Plan,
+    decoder: Arc<Decoder>,
+    workers: Workers,
+    cache: Option<&crate::cache::ByteCache>,
+) -> crate::PipelineBuilder<Decoded> {
+    #[cfg(feature = "s3")]
+    if let Plan::Items(d) = plan {
+        if let Some((s3, keys, concurrency)) = d.objects() {
+            return fetch_stage(s3, keys, concurrency, cache).pipe(
+                "decode",
+                move |(blob, index, epoch): (crate::Blob, usize, u64)| {
+                    Ok::<_, BoxError>(Decoded {
+                        fields: decoder.fields(crate::dataset::Input::Bytes(blob), epoch)?,
+                        meta: ItemMeta {
+                            index,
+                            epoch,
+                            label: None,
+                        },
+                        rows: None,
+                    })
+                },
+                workers,
+            );
+        }
+    }
+    let (named, read, reads) = (plan.clone(), plan.clone(), plan.clone());
+    Pipeline::builder()
+        .source_sampled_planned(
+            plan.sampler().clone(),
+            |e, i| (i, e),
+            move |epoch, indices| {
+                if let Plan::Items(d) = &reads {
+                    d.plan_reads(epoch, indices);
+                }
+            },
+        )
+        .describe(move |&(i, e): &(usize, u64)| named.name(i, e))
+        .pipe(
+            "decode",
+            move |(i, epoch): (usize, u64)| read.load(i, epoch, &decoder),
+            workers,
+        )
+}
+
+/// The source of S3 objects and the stage fetching them (`fetch`: `concurrency` GETs in
+/// flight, tuned; through `cache` if given): each object's bytes, index and epoch.
+#[cfg(feature = "s3")]
+fn fetch_stage(
+    s3: &crate::s3::S3,
+    keys: &crate::dataset::Files,
+    concurrency: usize,
+    cache: Option<&crate::cache::ByteCache>,
+) -> crate::PipelineBuilder<(crate::Blob, usize, u64)> {
+    use crate::cache::CacheFuture;
+    use crate::s3::S3Error;
+    use std::path::PathBuf;
+    type Fetch = Box<dyn Fn(PathBuf) -> CacheFuture<S3Error> + Send + Sync>;
+    let paths: Arc<[PathBuf]> = keys.paths().into();
+    let b = Pipeline::builder()
+        .source_sampled(keys.sampler().clone(), move |epoch, i| {
+            (paths[i].clone(), i, epoch)
+        })
+        .describe(|(key, _, _): &(PathBuf, usize, u64)| key.display().to_string());
+    // The index and epoch ride along the fetch, for the decoder's per-epoch augmentation.
+    let with_place = |f: Fetch| {
+        move |(key, index, epoch): (PathBuf, usize, u64)| {
+            let fetched = f(key);
+            async move { fetched.await.map(|blob| (blob, index, epoch)) }
+        }
+    };
+    let fetch = s3.fetcher::<PathBuf>();
+    let b = match cache {
+        Some(c) => b
+            .pipe_async(
+                "fetch",
+                with_place(Box::new(c.through(fetch))),
+                Workers::initial(concurrency),
+            )
+            .cache(c),
+        None => b.pipe_async(
+            "fetch",
+            with_place(Box::new(fetch)),
+            Workers::initial(concurrency),
+        ),
+    };
+    b.measure(|(blob, _, _): &(crate::Blob, usize, u64)| blob.len())
+}
+
+impl Plan {
+    pub(super) fn sampler(&self) -> &crate::sampler::Sampler {
+        match self {
+            Plan::Items(d) => d.sampler(),
+            Plan::Batches(b) => b.sampler(),
+        }
+    }
+
+    fn fingerprint(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Plan::Items(d) => d.fingerprint(),
+            Plan::Batches(b) => b.fingerprint(),
+        }
+    }
+
+    /// Item (or slot) `i`'s name in failures.
+    fn name(&self, i: usize, epoch: u64) -> String {
+        match self {
+            Plan::Items(d) => d.name(i, epoch),
+            Plan::Batches(b) => b.name(i, epoch),
+        }
+    }
+
+    /// Reads and decodes item (or slot) `i` of `epoch`.
+    fn load(&self, i: usize, epoch: u64, decoder: &Decoder) -> Result<Decoded, BoxError> {
+        match self {
+            Plan::Items(d) => {
+                let item = d.read(i, epoch)?;
+                Ok(Decoded {
+                    fields: decoder.fields(item.input, epoch)?,
+                    meta: ItemMeta {
+                        index: i,
+                        epoch,
+                        label: item.label,
+                    },
+                    rows: None,
+                })
+            }
+            Plan::Batches(b) => b.load(i, epoch, decoder),
+        }
+    }
+}
