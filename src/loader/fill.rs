@@ -18,6 +18,8 @@
 //!
 //! [`LoaderBuilder::fill_skipped`]: super::LoaderBuilder::fill_skipped
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use flowgate_actors::origin::RangeSet;
@@ -73,6 +75,35 @@ impl Owed {
                 }
             })
             .sum()
+    }
+}
+
+/// A loader's part in making up batches lost to skipped items.
+#[derive(Default)]
+pub(super) struct Fill {
+    /// The batches the epoch being iterated owes.
+    pub(super) owed: Owed,
+    /// Making them up, after the epoch's own items ran out.
+    pub(super) filling: Option<Filling>,
+    /// The epoch's state after its last batch so far (at its end the pipeline's state
+    /// already names the next epoch).
+    pub(super) from: Option<PipelineState>,
+    /// The batches the resumed state owes, if it says.
+    pub(super) resumed_owed: Option<u64>,
+    /// Items read again in the epoch being iterated (or the last); shared with watches.
+    pub(super) filled: Arc<AtomicU64>,
+}
+
+impl Fill {
+    /// Starts an epoch at `start`: what it owes, and (after a resume) the positions the run
+    /// it resumes delivered, to fill from until it delivers more itself.
+    pub(super) fn start_epoch(&mut self, start: PipelineState, b: &units::Batching) {
+        self.filled.store(0, Ordering::Relaxed);
+        self.from = None;
+        if b.fill {
+            self.owed = Owed::of(&start, b.per_batch, b.drop_last);
+            self.from = Some(start);
+        }
     }
 }
 
@@ -157,19 +188,20 @@ impl Loader {
     /// owes, for a loader that fills.
     pub(super) fn with_owed(&self, mut s: PipelineState) -> PipelineState {
         if self.batching.fill {
-            s.owed_batches = Some(self.owed.batches.saturating_sub(self.delivered) as u64);
+            s.owed_batches = Some(self.fill.owed.batches.saturating_sub(self.delivered) as u64);
         }
         s
     }
 
     /// Whether the epoch whose own items just ran out owes batches to make up.
     pub(super) fn owes_batches(&self) -> bool {
-        self.batching.fill && self.delivered < self.owed.batches
+        self.batching.fill && self.delivered < self.fill.owed.batches
     }
 
     /// Items the batches still owed hold.
     fn owed_items(&self) -> usize {
-        self.owed
+        self.fill
+            .owed
             .items_after(self.delivered, self.batching.per_batch)
     }
 
@@ -177,14 +209,14 @@ impl Loader {
     /// `fill_skipped`): at its end the pipeline's state already names the next epoch.
     pub(super) fn note_delivered(&mut self) {
         if self.batching.fill {
-            self.fill_from = self.pipeline.as_ref().map(Pipeline::state);
+            self.fill.from = self.pipeline.as_ref().map(Pipeline::state);
         }
     }
 
     /// Starts making up the owed batches (the epoch's own pipeline has ended it).
     pub(super) fn start_filling(&mut self) -> Result<(), PipelineError> {
         let main = self.pipeline.as_ref().expect("an epoch's pipeline");
-        let Some(end) = self.fill_from.take().filter(|s| s.delivered_items > 0) else {
+        let Some(end) = self.fill.from.take().filter(|s| s.delivered_items > 0) else {
             return Ok(()); // nothing delivered to fill with
         };
         let learned = Learned::of(&main.stats());
@@ -200,24 +232,25 @@ impl Loader {
         };
         let state = f.next_round(self.owed_items());
         f.pipeline.resume(&state)?;
-        self.filling = Some(f);
+        self.fill.filling = Some(f);
         Ok(())
     }
 
     /// The next made-up batch, like [`next_within`](Self::next_within).
     pub(super) fn next_filler(&mut self, timeout: Duration) -> Within<Batch> {
         loop {
-            let f = self.filling.as_mut().expect("filling");
+            let f = self.fill.filling.as_mut().expect("filling");
             match f.pipeline.next_within(timeout) {
                 Within::Next(Ok(b)) => {
                     f.round_batches += 1;
                     self.delivered += 1;
-                    self.filled
-                        .fetch_add(b.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    self.fill
+                        .filled
+                        .fetch_add(b.len() as u64, Ordering::Relaxed);
                     return Within::Next(Ok(b));
                 }
                 Within::Next(Err(e)) => {
-                    self.filling = None;
+                    self.fill.filling = None;
                     self.close();
                     return Within::Next(Err(e));
                 }
@@ -225,15 +258,15 @@ impl Loader {
                     // Another round unless every delivered position failed since the last
                     // batch made (nothing readable is left to fill with).
                     let more = f.round_batches > 0 || f.barren < f.count;
-                    if more && self.delivered < self.owed.batches {
+                    if more && self.delivered < self.fill.owed.batches {
                         if let Err(e) = self.fill_again() {
-                            self.filling = None;
+                            self.fill.filling = None;
                             self.close();
                             return Within::Next(Err(e));
                         }
                         continue;
                     }
-                    self.filling = None;
+                    self.fill.filling = None;
                     self.in_epoch = false;
                     return Within::EpochEnd;
                 }
@@ -246,7 +279,7 @@ impl Loader {
     fn fill_again(&mut self) -> Result<(), PipelineError> {
         let n = self.owed_items();
         let learned = self.learned.clone();
-        let f = self.filling.as_mut().expect("filling");
+        let f = self.fill.filling.as_mut().expect("filling");
         let state = f.next_round(n);
         let mut p = (self.make)(learned.as_ref())?;
         p.resume(&state)?;
@@ -258,6 +291,6 @@ impl Loader {
     /// Items this loader read again to make up batches lost to skipped items, in the epoch
     /// being iterated or the last one ([`LoaderBuilder::fill_skipped`](super::LoaderBuilder::fill_skipped)).
     pub fn filled(&self) -> u64 {
-        self.filled.load(std::sync::atomic::Ordering::Relaxed)
+        self.fill.filled.load(Ordering::Relaxed)
     }
 }

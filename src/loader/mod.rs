@@ -104,16 +104,8 @@ pub struct Loader {
     resumed: bool,
     /// How an epoch's positions fall into batches, and whether this loader decodes units.
     batching: units::Batching,
-    /// The batches the epoch being iterated owes (with `fill_skipped`).
-    owed: fill::Owed,
-    /// Making up batches lost to skipped items, after the epoch's own items ran out.
-    filling: Option<fill::Filling>,
-    /// Items read again to make up batches in the epoch being iterated (or the last).
-    filled: Arc<AtomicU64>,
-    /// With `fill_skipped`: the epoch's state after its last batch so far.
-    fill_from: Option<PipelineState>,
-    /// The batches the resumed state owes, if it says (see `fill_skipped`).
-    resumed_owed: Option<u64>,
+    /// Batches lost to skipped items, and making them up (`fill_skipped`).
+    fill: fill::Fill,
     /// Items of the epoch being iterated delivered before it was resumed.
     delivered_before: u64,
 }
@@ -188,11 +180,7 @@ impl Loader {
             abandoned: None,
             resumed: false,
             batching,
-            owed: fill::Owed::default(),
-            filling: None,
-            filled: Arc::default(),
-            fill_from: None,
-            resumed_owed: None,
+            fill: fill::Fill::default(),
             delivered_before: 0,
         }
     }
@@ -234,7 +222,7 @@ impl Loader {
         LoaderWatch {
             monitor: Arc::clone(&self.monitor),
             failures: self.failures.clone(),
-            filled: self.filled.clone(),
+            filled: self.fill.filled.clone(),
         }
     }
 
@@ -293,7 +281,7 @@ impl Loader {
     pub fn close(&mut self) {
         // While batches are made up, the epoch's progress is the filling's (its own
         // pipeline has moved on to the next epoch already).
-        let filling = self.filling.take().map(|f| f.progress());
+        let filling = self.fill.filling.take().map(|f| f.progress());
         *self.monitor.lock().expect("monitor") = None;
         if let Some(p) = self.pipeline.take() {
             if self.in_epoch {
@@ -317,7 +305,6 @@ impl Loader {
         if self.in_epoch {
             self.close();
         }
-        self.fill_from = None;
         let start = self.next_state()?;
         // An epoch resumed after some of it was delivered (here, or by any rank of a merged
         // state: its base) has delivered something, whatever the rest does.
@@ -326,14 +313,8 @@ impl Loader {
                 .shard
                 .as_ref()
                 .map_or(0, |s| s.base.iter().map(|(a, b)| b - a).sum::<u64>());
-        if self.batching.fill {
-            self.owed = fill::Owed::of(&start, self.batching.per_batch, self.batching.drop_last);
-            // A resumed epoch fills from what the run it resumes delivered, until it
-            // delivers more itself.
-            self.fill_from = Some(start);
-        }
+        self.fill.start_epoch(start, &self.batching);
         let epoch = self.pipeline()?.epoch();
-        self.filled.store(0, Ordering::Relaxed);
         self.failures.set_epoch(epoch);
         self.in_epoch = true;
         self.resumed = false;
@@ -377,7 +358,7 @@ impl Loader {
         if !self.in_epoch {
             return Within::EpochEnd;
         }
-        if self.filling.is_some() {
+        if self.fill.filling.is_some() {
             return self.next_filler(timeout);
         }
         let pipeline = match self.pipeline() {
@@ -397,7 +378,7 @@ impl Loader {
                         self.close();
                         return Within::Next(Err(e));
                     }
-                    if self.filling.is_some() {
+                    if self.fill.filling.is_some() {
                         return self.next_filler(timeout);
                     }
                 }
@@ -451,7 +432,7 @@ impl Loader {
         if let (false, Some(s)) = (self.in_epoch, &self.abandoned) {
             return Ok(s.clone());
         }
-        if let Some(f) = &self.filling {
+        if let Some(f) = &self.fill.filling {
             return Ok(self.with_owed(f.progress()));
         }
         if self.in_epoch {
@@ -471,7 +452,7 @@ impl Loader {
         }
         if resumed {
             // What the resumed state owes (the pipeline keeps only positions).
-            s.owed_batches = self.resumed_owed;
+            s.owed_batches = self.fill.resumed_owed;
         }
         Ok(s)
     }
@@ -479,7 +460,7 @@ impl Loader {
     /// Continues from `state`: the next epoch started yields exactly what was not delivered
     /// yet in that epoch. A state of another dataset or batching is refused.
     pub fn resume(&mut self, state: &PipelineState) -> Result<(), PipelineError> {
-        self.filling = None;
+        self.fill.filling = None;
         self.pipeline = None;
         self.abandoned = None;
         *self.monitor.lock().expect("monitor") = None;
@@ -491,7 +472,7 @@ impl Loader {
         // state resumed in each of its workers owes what each worker's part makes.
         let split = |s: &PipelineState| s.shard.as_ref().and_then(|sh| sh.split);
         let own = split(&self.pipeline()?.state());
-        self.resumed_owed = state.owed_batches.filter(|_| split(state) == own);
+        self.fill.resumed_owed = state.owed_batches.filter(|_| split(state) == own);
         Ok(())
     }
 }
