@@ -14,6 +14,7 @@ mod control;
 pub mod dataset;
 pub mod device;
 mod engine;
+pub mod limits;
 pub mod loader;
 pub mod measure;
 pub mod media;

@@ -426,3 +426,96 @@ fn a_pipeline_files_tar_source_carries_its_samples_labels() {
     labels.sort_unstable();
     assert_eq!(labels, (0..job.items as i64).collect::<Vec<_>>());
 }
+
+#[test]
+fn a_files_budgets_hold_with_the_tuner_off() {
+    // A batch of 32 crops of 224² (4.6 MiB) cannot be held in flight within 1 MiB: refused
+    // when the loader is built, whether the tuner runs or not.
+    let list = dataset().join("images.txt");
+    for enabled in [true, false] {
+        let text = format!(
+            "[source]\nkind = \"list\"\npath = \"{}\"\n[decode]\nkind = \"image\"\nresize = 256\ncrop = 224\n[batch]\nsize = 32\n[tuner]\nenabled = {enabled}\nmemory_mb = 1\n",
+            list.display()
+        );
+        let spec = PipelineSpec::parse(&text, "t.toml").unwrap();
+        let e = spec.build(Hooks::default()).expect_err("refused");
+        assert!(
+            e.to_string().contains("cannot hold a batch in flight"),
+            "tuner {enabled}: {e}"
+        );
+    }
+}
+
+#[test]
+fn a_pipeline_file_and_the_library_refuse_the_same_numbers_in_the_same_words() {
+    use flowgate::dataset::{Dataset, Source};
+    use flowgate::limits;
+    let list = dataset().join("images.txt");
+    let file = |source: &str, decode: &str, batch: &str| {
+        format!(
+            "[source]\n{source}\n[decode]\nkind = \"image\"\nresize = 32\ncrop = 32\n{decode}\n[batch]\n{batch}\n"
+        )
+    };
+    let list_source = format!("kind = \"list\"\npath = \"{}\"", list.display());
+    let tar = "kind = \"tar\"\nshards = \"s-{0..3}.tar\"";
+    let cases = [
+        (
+            file(&list_source, "", "size = 70000"),
+            "batch.size",
+            limits::BATCH_SIZE.check(70000).unwrap_err(),
+        ),
+        (
+            file(&list_source, "workers = 5000", "size = 4"),
+            "decode.workers",
+            limits::WORKERS.check(5000).unwrap_err(),
+        ),
+        (
+            file(&format!("{tar}\nprefetch = 5000"), "", "size = 4"),
+            "source.prefetch",
+            limits::PREFETCH.check(5000).unwrap_err(),
+        ),
+        (
+            file(&format!("{tar}\nbuffer = 10000000000"), "", "size = 4"),
+            "source.buffer",
+            limits::BUFFER.check(10_000_000_000).unwrap_err(),
+        ),
+        (
+            file(&format!("{tar}\ncache_mb = -1.0"), "", "size = 4"),
+            "source.cache_mb",
+            limits::CACHE_MB.bytes(-1.0).unwrap_err(),
+        ),
+    ];
+    for (text, key, want) in cases {
+        let e = PipelineSpec::parse(&text, "t.toml").unwrap_err();
+        assert_eq!((e.key.as_str(), &e.message), (key, &want.message), "{e}");
+    }
+    // The library's builders say the same after the setting's name.
+    let recipe = || Recipe::image(flowgate::media::image::ImageRecipe::default()).unwrap();
+    let files = || Dataset::builder(Source::list(&list)).build().unwrap();
+    let e = flowgate::Loader::builder(files(), recipe())
+        .batch_size(70000)
+        .build()
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains(&limits::BATCH_SIZE.check(70000).unwrap_err().to_string()),
+        "{e}"
+    );
+    let e = flowgate::Loader::builder(files(), recipe())
+        .workers(5000)
+        .build()
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("workers: must be in 1..=1024, not 5000"),
+        "{e}"
+    );
+    let e = Dataset::builder(Source::list(&list).buffer(10_000_000_000))
+        .build()
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("buffer: must be in 0..=4294967296, not 10000000000"),
+        "{e}"
+    );
+}

@@ -10,9 +10,9 @@ use std::sync::OnceLock;
 
 use flowgate::actors::origin::RangeSet;
 use flowgate::dataset::{Dataset, Ranks, Source};
-use flowgate::loader::{Batch, EpochPlan};
+use flowgate::loader::{Batch, EpochPlan, Regroup};
 use flowgate::media::{image::ImageRecipe, Recipe};
-use flowgate::{Loader, PipelineState};
+use flowgate::{Loader, Order, PipelineState};
 
 mod common;
 
@@ -136,13 +136,36 @@ fn run_unit(worker: &mut Loader, plan: &EpochPlan, u: usize) -> Vec<(Seen, Range
     out
 }
 
-/// The units' rows regrouped into batches of 5 (the last partial one dropped with
-/// `drop_last`): what the remote mode's consumer yields.
-fn regroup(batches: Vec<Seen>, drop_last: bool) -> Vec<Seen> {
-    let rows: Vec<_> = batches.into_iter().flatten().collect();
-    let mut out: Vec<Seen> = rows.chunks(5).map(<[_]>::to_vec).collect();
-    if drop_last && out.last().is_some_and(|b| b.len() < 5) {
-        out.pop();
+/// A batch's rows for the library's `Regroup`.
+struct Rows(Seen);
+
+impl flowgate::loader::Rows for Rows {
+    fn rows(&self) -> usize {
+        self.0.len()
+    }
+    fn slice(&self, start: usize, end: usize) -> Self {
+        Rows(self.0[start..end].to_vec())
+    }
+    fn concat(parts: Vec<Self>) -> Self {
+        Rows(parts.into_iter().flat_map(|p| p.0).collect())
+    }
+}
+
+/// The units' batches (in plan order, with the positions each delivered) regrouped by the
+/// library's `Regroup` (what the remote mode's consumer yields), checking that the rows keep
+/// their positions.
+fn regroup(plan: &EpochPlan, batches: Vec<(Seen, RangeSet)>) -> Vec<Seen> {
+    let mut r = Regroup::new(plan, Order::Input);
+    let mut out = Vec::new();
+    for (b, rows) in batches {
+        r.push(Rows(b), rows.ranges().flat_map(|(a, b)| a..b).collect());
+        while let Some((b, _)) = r.pop(false) {
+            out.push(b.0);
+        }
+    }
+    while let Some((b, positions)) = r.pop(true) {
+        assert_eq!(b.0.len(), positions.len());
+        out.push(b.0);
     }
     out
 }
@@ -168,12 +191,9 @@ fn units_decoded_anywhere_in_any_order_are_the_local_epochs_batches() {
                 ];
                 let mut got = vec![Vec::new(); plan.len()];
                 for u in (0..plan.len()).rev() {
-                    got[u] = run_unit(&mut workers[u % 2], &plan, u)
-                        .into_iter()
-                        .map(|(b, _)| b)
-                        .collect();
+                    got[u] = run_unit(&mut workers[u % 2], &plan, u);
                 }
-                let got = regroup(got.into_iter().flatten().collect(), drop_last);
+                let got = regroup(&plan, got.into_iter().flatten().collect());
                 let what = format!("rank {rank}/{world}, epoch {epoch}, drop_last {drop_last}");
                 same(&got, &want, &what);
                 if world == 1 {
@@ -310,17 +330,200 @@ fn a_unit_whose_items_all_fail_is_no_error_and_the_regrouped_epoch_is_the_local_
     let plan = make(false).plan_units(1).unwrap();
     assert_eq!(plan.len(), 3);
     let mut worker = make(true);
-    let units: Vec<Vec<Seen>> = (0..plan.len())
-        .map(|u| {
-            run_unit(&mut worker, &plan, u)
-                .into_iter()
-                .map(|(b, _)| b)
-                .collect()
-        })
+    let units: Vec<Vec<(Seen, RangeSet)>> = (0..plan.len())
+        .map(|u| run_unit(&mut worker, &plan, u))
         .collect();
     assert!(
         units[1].is_empty(),
         "the unreadable unit: no batch, no error"
     );
-    same(&regroup(units.concat(), false), &want, "regrouped");
+    same(&regroup(&plan, units.concat()), &want, "regrouped");
+}
+
+/// Reader `reader` of `readers` (`LoaderBuilder::reader`) of rank `rank` of `world` over
+/// `files`, as `build` makes loaders, with `fill_skipped` as `fill` says.
+fn reader(
+    files: &[PathBuf],
+    (rank, world): (usize, usize),
+    drop_last: bool,
+    (r, n): (usize, usize),
+    fill: bool,
+) -> Loader {
+    let dataset = Dataset::builder(Source::files(files.to_vec()))
+        .shuffle(9)
+        .ranks_from(Ranks::Fixed { rank, world })
+        .drop_last(drop_last)
+        .build()
+        .unwrap();
+    let recipe = Recipe::image(ImageRecipe {
+        resize: 12,
+        crop: 8,
+        random_crop: Some(Default::default()),
+        flip: true,
+        seed: 4,
+        ..ImageRecipe::default()
+    })
+    .unwrap();
+    Loader::builder(dataset, recipe)
+        .batch_size(5)
+        .drop_last(drop_last)
+        .fill_skipped(fill)
+        .workers(1 + r % 2)
+        .reader(r, n)
+        .build()
+        .unwrap()
+}
+
+/// The readers' epochs taken in turn, as `DataLoader` takes its workers' batches: one from
+/// each reader that has one left, round after round.
+fn in_turn(mut parts: Vec<std::vec::IntoIter<Seen>>) -> Vec<Seen> {
+    let mut out = Vec::new();
+    loop {
+        let before = out.len();
+        for p in &mut parts {
+            out.extend(p.next());
+        }
+        if out.len() == before {
+            return out;
+        }
+    }
+}
+
+#[test]
+fn readers_taken_in_turn_are_the_local_loaders_batches_and_len() {
+    // 41 items: on rank 1 of 3, 14 (3 batches of 5, the last of 4); readers from 1 to more
+    // than the rank has batches.
+    for drop_last in [false, true] {
+        for (rank, world) in [(0, 1), (1, 3)] {
+            let files = paths(false);
+            for n in [1, 2, 3, 4, 7] {
+                let mut local = build(files.clone(), rank, world, drop_last, 2, false);
+                let mut readers: Vec<Loader> = (0..n)
+                    .map(|r| reader(&files, (rank, world), drop_last, (r, n), false))
+                    .collect();
+                let lens: usize = readers.iter().map(Loader::len).sum();
+                let what = format!("rank {rank}/{world}, {n} readers, drop_last {drop_last}");
+                assert_eq!(lens, local.len(), "{what}: the readers' lens add up");
+                for epoch in 0..2 {
+                    let want = local_epoch(&mut local);
+                    let parts: Vec<_> = readers
+                        .iter_mut()
+                        .map(|l| {
+                            let got = local_epoch(l);
+                            assert_eq!(got.len(), l.len(), "{what}: a reader makes its len()");
+                            got.into_iter()
+                        })
+                        .collect();
+                    same(&in_turn(parts), &want, &format!("{what}, epoch {epoch}"));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn readers_of_a_resumed_state_read_the_rest_of_the_rank() {
+    for drop_last in [false, true] {
+        let files = paths(false);
+        let (rank, world) = (0, 1);
+        let mut local = build(files.clone(), rank, world, drop_last, 2, false);
+        let mut e = local.epoch().unwrap();
+        let first: Vec<Seen> = (0..3).map(|_| seen(e.next().unwrap().unwrap())).collect();
+        let state = e.state().unwrap();
+        let rest: Vec<Seen> = e.map(|b| seen(b.unwrap())).collect();
+        assert_eq!(first.len() + rest.len(), local.len());
+        // Through JSON, as a checkpoint travels.
+        let state: PipelineState =
+            serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
+        for n in [2, 3, 5] {
+            let parts: Vec<_> = (0..n)
+                .map(|r| {
+                    let mut l = reader(&files, (rank, world), drop_last, (r, n), false);
+                    l.resume(&state).unwrap();
+                    local_epoch(&mut l).into_iter()
+                })
+                .collect();
+            same(
+                &in_turn(parts),
+                &rest,
+                &format!("{n} readers, drop_last {drop_last}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn readers_with_fill_skipped_each_make_their_len_even_when_their_whole_part_fails() {
+    // 14 files in order, batches of 5: batch 1 (items 5..10) all unreadable, item 12 too. With
+    // 3 readers, reader 1's whole part fails; it makes its batch up from the rank's others.
+    let all = paths(true);
+    let files: Vec<PathBuf> = (0..14)
+        .map(|i| {
+            all[if (5..10).contains(&i) || i == 12 {
+                BAD
+            } else {
+                i
+            }]
+            .clone()
+        })
+        .collect();
+    let make = |r: usize, n: usize, fill: bool| {
+        let dataset = Dataset::builder(Source::files(files.clone()))
+            .build()
+            .unwrap();
+        let recipe = Recipe::image(ImageRecipe {
+            resize: 12,
+            crop: 8,
+            ..ImageRecipe::default()
+        })
+        .unwrap();
+        Loader::builder(dataset, recipe)
+            .batch_size(5)
+            .fill_skipped(fill)
+            .reader(r, n)
+            .build()
+            .unwrap()
+    };
+    for n in [2, 3] {
+        let mut total = 0;
+        for r in 0..n {
+            let mut plain = make(r, n, false);
+            let mut filled = make(r, n, true);
+            // Without the fill, reader 1 of 3 ends with nothing (and says so: its part
+            // failed), checked below.
+            let p: Vec<Seen> = plain
+                .epoch()
+                .unwrap()
+                .map_while(|b| b.ok().map(seen))
+                .collect();
+            let f = local_epoch(&mut filled);
+            let what = format!("reader {r} of {n}");
+            assert_eq!(f.len(), filled.len(), "{what}: makes its len()");
+            assert_eq!(f[..p.len()], p[..], "{what}: its own batches first");
+            for b in &f {
+                assert!(
+                    b.iter().all(|(i, _)| *i != BAD),
+                    "{what}: no unreadable item"
+                );
+            }
+            total += f.len();
+        }
+        assert_eq!(total, 3, "{n} readers: the rank's 3 batches");
+    }
+    let mut plain = make(1, 3, false);
+    let err = plain.epoch().unwrap().find_map(Result::err).unwrap();
+    assert!(err.is_nothing_delivered(), "{err}");
+}
+
+#[test]
+fn a_reader_outside_its_readers_is_refused() {
+    let dataset = Dataset::builder(Source::files(paths(false)))
+        .build()
+        .unwrap();
+    let recipe = Recipe::image(ImageRecipe::default()).unwrap();
+    let err = Loader::builder(dataset, recipe)
+        .reader(2, 2)
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("reader 2 of 2"), "{err}");
 }

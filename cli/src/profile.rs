@@ -160,8 +160,15 @@ pub(crate) fn profile(file: &Path, s: &Settings) -> Result<(), Error> {
             Workers::auto(),
         )
         .aggregate(spec.batch.size, false)
-        .autotune(spec.tuner_settings())
-        .build()?;
+        .autotune(spec.tuner_settings());
+    // The file's budgets, as its loader has them.
+    if let Some(m) = spec.tuner.memory_mb {
+        p = p.memory_budget(flowgate::limits::mib_to_bytes(m));
+    }
+    if let Some(c) = spec.tuner.cpu_budget {
+        p = p.cpu_budget(c);
+    }
+    let mut p = p.build()?;
     let t0 = Instant::now();
     let mut n = 0;
     let mut passes = 0;

@@ -17,6 +17,7 @@ pub(super) fn open(
     order: Order,
     extensions: &[String],
 ) -> Result<Dataset, PipelineError> {
+    check_numbers(source)?;
     let kind = match &source.kind {
         SourceKind::Paths(_) | SourceKind::Dir(..) | SourceKind::List(_) => {
             files(source, order, extensions)?
@@ -171,6 +172,26 @@ fn files(source: &Source, order: Order, extensions: &[String]) -> Result<Kind, P
         labels: labels.map(Into::into),
         classes: classes.map(Into::into),
     })
+}
+
+/// The numbers of `source` (and a mixture's sources) that size what is kept, against the
+/// library's [`limits`](crate::limits): the shuffle buffer, the shards fetched ahead.
+fn check_numbers(source: &Source) -> Result<(), PipelineError> {
+    use crate::limits::{BUFFER, PREFETCH};
+    let limit = |e: crate::limits::OutOfRange| PipelineError::config(e.to_string());
+    BUFFER.check_usize(source.buffer).map_err(limit)?;
+    match &source.kind {
+        SourceKind::Shards { remote, .. } => {
+            PREFETCH.check_usize(remote.prefetch).map_err(limit)?;
+        }
+        SourceKind::Mix { parts, .. } => {
+            for part in parts {
+                check_numbers(part)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// The shards `pattern` names: local paths, or `s3://` (feature `s3`).

@@ -63,6 +63,8 @@ pub struct LoaderBuilder {
     pub(super) fill_skipped: bool,
     /// Decodes units of another loader's plan: no batch is dropped here.
     pub(super) units: bool,
+    /// `(r, n)`: reads reader `r`'s part of each epoch split among `n` readers.
+    pub(super) reader: Option<(usize, usize)>,
     pub(super) workers: Option<usize>,
     pub(super) failures: FailureBudget,
     pub(super) memory_bytes: Option<u64>,
@@ -107,6 +109,7 @@ impl LoaderBuilder {
             drop_last: false,
             fill_skipped: false,
             units: false,
+            reader: None,
             workers: None,
             failures: FailureBudget::unlimited(),
             memory_bytes: None,
@@ -168,6 +171,22 @@ impl LoaderBuilder {
     /// ends with (the consumer of the units decides that for the epoch).
     pub fn decodes_units(mut self) -> Self {
         self.units = true;
+        self
+    }
+
+    /// Reads one part of each epoch of this rank, split among `readers` loaders built alike
+    /// (PyTorch `DataLoader` workers): reader `reader` gets the rank's batches `reader`,
+    /// `reader + readers`, … — the same items, augmentation and (in input order) batches as
+    /// the whole loader gives under those numbers, so readers taken in turn give the whole
+    /// loader's batches in its order, and their [`len`](Loader::len)s add up to its. A
+    /// resumed state ([`Loader::resume`] with the rank's state) is split the same way: the
+    /// readers read the rank's rest. `drop_last` drops the rank's last partial batch (not
+    /// each reader's); an item skipped as unreadable leaves its reader's last batch short
+    /// (made up with [`fill_skipped`](Self::fill_skipped), from the reader's items or, if
+    /// all of its failed, the rank's others). A reader's own checkpoint covers only its
+    /// part. Default: the whole epoch (one reader).
+    pub fn reader(mut self, reader: usize, readers: usize) -> Self {
+        self.reader = Some((reader, readers));
         self
     }
 
@@ -295,10 +314,28 @@ impl LoaderBuilder {
 
     /// Checks the settings and plans the epochs (length-aware batches read the files'
     /// declared lengths here); no thread starts until the first epoch.
-    pub fn build(self) -> Result<Loader, PipelineError> {
-        if self.batch_size == 0 {
-            return Err(PipelineError::config("batch_size must be at least 1"));
+    pub fn build(mut self) -> Result<Loader, PipelineError> {
+        let limit = |e: crate::limits::OutOfRange| PipelineError::config(e.to_string());
+        crate::limits::BATCH_SIZE
+            .check_usize(self.batch_size)
+            .map_err(limit)?;
+        if let Some(n) = self.workers {
+            crate::limits::WORKERS.check_usize(n).map_err(limit)?;
         }
+        if let Some((r, n)) = self.reader {
+            if n == 0 || r >= n {
+                return Err(PipelineError::config(format!(
+                    "reader {r} of {n}: the reader must be in 0..readers"
+                )));
+            }
+            if self.units {
+                return Err(PipelineError::config(
+                    "a loader that decodes units reads what its units name, not a reader's part",
+                ));
+            }
+        }
+        // One reader is the whole epoch.
+        self.reader = self.reader.filter(|&(_, n)| n > 1);
         if let Some(budget) = self.cpu_budget {
             // Joined here too, not only by the pipeline's tuner: the budget holds with the
             // tuner off.
@@ -319,7 +356,7 @@ impl LoaderBuilder {
             // them. A budget that cannot hold that cannot be kept.
             let needed = 2 * batch;
             if needed > memory {
-                let mib = |b: u64| format!("{:.1} MiB", b as f64 / 1048576.0);
+                let mib = |b: u64| format!("{:.1} MiB", crate::limits::bytes_to_mib(b));
                 return Err(PipelineError::config(format!(
                     "a memory budget of {} cannot hold a batch in flight: a batch of {} bytes \
                      ({}) is held as its items while it is assembled and again once collated \
@@ -355,6 +392,7 @@ impl LoaderBuilder {
             drop_last: self.drop_last,
             decodes_units: self.units,
             fill: self.fill_skipped && self.lengths.is_none() && !self.units,
+            reader: self.reader,
         };
         let make = make(self, plan.clone(), batch_size, failures.clone());
         Ok(Loader::from_parts(

@@ -64,12 +64,25 @@ impl Owed {
         Self { batches, last }
     }
 
+    /// What reader `r` of `n` owes of these batches (see
+    /// [`LoaderBuilder::reader`](super::LoaderBuilder::reader)): batches `r`, `r + n`, …,
+    /// the last holding the epoch's last batch's items if it is the reader's.
+    fn reader(self, r: usize, n: usize) -> Self {
+        let n = n.max(1);
+        let batches = self.batches / n + usize::from(r < self.batches % n);
+        let owns_last = self.batches > 0 && (self.batches - 1) % n == r;
+        Self {
+            batches,
+            last: if owns_last { self.last } else { usize::MAX },
+        }
+    }
+
     /// The items of batches `from..` of the epoch.
     fn items_after(&self, from: usize, per_batch: usize) -> usize {
         (from..self.batches)
             .map(|k| {
                 if k + 1 == self.batches {
-                    self.last
+                    self.last.min(per_batch)
                 } else {
                     per_batch
                 }
@@ -97,12 +110,25 @@ pub(super) struct Fill {
 impl Fill {
     /// Starts an epoch at `start`: what it owes, and (after a resume) the positions the run
     /// it resumes delivered, to fill from until it delivers more itself.
-    pub(super) fn start_epoch(&mut self, start: PipelineState, b: &units::Batching) {
+    /// A reader (see [`LoaderBuilder::reader`](super::LoaderBuilder::reader)) owes its part
+    /// of what its rank's epoch owes from `start`, and fills from `from` (its reader state:
+    /// the other readers' positions count as delivered, so a reader whose own items all
+    /// failed makes up from its rank's other batches).
+    pub(super) fn start_epoch(
+        &mut self,
+        start: &PipelineState,
+        from: PipelineState,
+        b: &units::Batching,
+    ) {
         self.filled.store(0, Ordering::Relaxed);
         self.from = None;
         if b.fill {
-            self.owed = Owed::of(&start, b.per_batch, b.drop_last);
-            self.from = Some(start);
+            let owed = Owed::of(start, b.per_batch, b.drop_last);
+            self.owed = match b.reader {
+                Some((r, n)) => owed.reader(r, n),
+                None => owed,
+            };
+            self.from = Some(from);
         }
     }
 }

@@ -35,6 +35,15 @@
 //!    workers), and the checkpoint the planning loader keeps.
 //! 9. `fill` — batches lost to skipped items made up at the epoch's end
 //!    ([`LoaderBuilder::fill_skipped`]).
+//! 10. `regroup` — [`Regroup`]: units' batches regrouped into the planning loader's (where
+//!     a skipped item left one short), for the consumer of the units.
+//!
+//! # Readers
+//!
+//! [`LoaderBuilder::reader`] splits a rank's epoch among readers built alike (PyTorch
+//! `DataLoader` workers): each reads whole batches of the rank's epoch — its part of the
+//! [`EpochPlan`], as a resumed state — so the readers together give the rank's batches,
+//! count and (taken in turn) order, resumed states and `fill_skipped` included.
 
 mod assemble;
 mod batch;
@@ -44,6 +53,7 @@ mod device;
 mod failures;
 mod fill;
 mod lengths;
+mod regroup;
 mod units;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,6 +64,7 @@ pub use batch::{Batch, ItemMeta};
 pub use builder::{LoaderBuilder, DEFAULT_BATCH_SIZE, DEFAULT_ORDER};
 pub use device::{Device, DEFAULT_DEVICE_BYTES, DEFAULT_STAGING_BYTES};
 pub use failures::{SkippedFailure, KEEP_FAILURES};
+pub use regroup::{Regroup, Rows};
 pub use units::{EpochPlan, Unit};
 
 use crate::dataset::Dataset;
@@ -185,14 +196,15 @@ impl Loader {
         }
     }
 
-    /// Batches per epoch (this rank's).
+    /// Batches per epoch: this rank's, or with a [reader split](LoaderBuilder::reader) this
+    /// reader's part of them (the readers' parts add up to the rank's).
     pub fn len(&self) -> usize {
-        self.batches_per_epoch
+        self.batching.mine(self.batches_per_epoch)
     }
 
     /// Whether an epoch has no batches.
     pub fn is_empty(&self) -> bool {
-        self.batches_per_epoch == 0
+        self.len() == 0
     }
 
     /// The dataset it reads (in length-aware batches: the dataset whose files it plans).
@@ -313,7 +325,11 @@ impl Loader {
                 .shard
                 .as_ref()
                 .map_or(0, |s| s.base.iter().map(|(a, b)| b - a).sum::<u64>());
-        self.fill.start_epoch(start, &self.batching);
+        let from = match self.batching.reader {
+            Some(split) => self.read_part(&start, split)?,
+            None => start.clone(),
+        };
+        self.fill.start_epoch(&start, from, &self.batching);
         let epoch = self.pipeline()?.epoch();
         self.failures.set_epoch(epoch);
         self.in_epoch = true;
@@ -321,6 +337,18 @@ impl Loader {
         self.delivered = 0;
         self.abandoned = None;
         Ok(epoch)
+    }
+
+    /// Makes the pipeline read reader `r`'s part (of `n`) of the epoch its rank starts at
+    /// `start` (see [`LoaderBuilder::reader`]) and returns that part's state.
+    fn read_part(
+        &mut self,
+        start: &PipelineState,
+        (r, n): (usize, usize),
+    ) -> Result<PipelineState, PipelineError> {
+        let state = units::EpochPlan::new(start.clone(), &self.batching, 1)?.reader_state(r, n);
+        self.pipeline()?.resume(&state)?;
+        Ok(state)
     }
 
     /// The epoch the next [`start_epoch`](Self::start_epoch) starts, or the one being

@@ -66,6 +66,20 @@ pub(super) struct Batching {
     /// Whether batches lost to skipped items are made up at the epoch's end
     /// ([`LoaderBuilder::fill_skipped`](super::LoaderBuilder::fill_skipped)).
     pub(super) fill: bool,
+    /// `(r, n)`: this loader reads reader `r`'s part of its rank's epochs, split among `n`
+    /// readers ([`LoaderBuilder::reader`](super::LoaderBuilder::reader)).
+    pub(super) reader: Option<(usize, usize)>,
+}
+
+impl Batching {
+    /// Of `batches` (the rank's, numbered from 0), how many fall to this loader: every one,
+    /// or with a reader split `(r, n)` batches `r`, `r + n`, …
+    pub(super) fn mine(&self, batches: usize) -> usize {
+        match self.reader {
+            Some((r, n)) => batches / n + usize::from(r < batches % n),
+            None => batches,
+        }
+    }
 }
 
 impl Loader {
@@ -84,26 +98,32 @@ impl Loader {
             ));
         }
         let start = self.next_state()?;
+        EpochPlan::new(start, &self.batching, batches_per_unit)
+    }
+}
+
+impl EpochPlan {
+    /// The epoch that starts at `start` (a loader's next state), batched as `batching` says,
+    /// in units of `per_unit` batches.
+    pub(super) fn new(
+        start: PipelineState,
+        batching: &Batching,
+        per_unit: usize,
+    ) -> Result<Self, PipelineError> {
         let Some(shard) = &start.shard else {
             return Err(PipelineError::config(
-                "plan_units: this loader's source is not sampled, so its positions have no \
-                 layout to plan",
+                "this loader's source is not sampled, so its positions have no layout to plan",
             ));
         };
         let len = shard.layout().len() as u64;
         let done = RangeSet::from_ranges(start.delivered.iter().copied());
         let todo = (0..len).filter(|&p| !done.contains(p)).collect();
-        let Batching {
-            per_batch,
-            drop_last,
-            ..
-        } = self.batching;
         Ok(EpochPlan {
             start,
             todo,
-            per_batch,
-            per_unit: batches_per_unit,
-            drop_last,
+            per_batch: batching.per_batch,
+            per_unit,
+            drop_last: batching.drop_last,
         })
     }
 }
@@ -190,6 +210,29 @@ impl EpochPlan {
             owed_batches: None,
             ..self.start.clone()
         }
+    }
+
+    /// The checkpoint that makes a loader built like the planning one (same arguments, rank
+    /// and world size) read reader `reader`'s part of the epoch split among `readers`: batches
+    /// `reader`, `reader + readers`, … of the plan (the epoch's last partial batch left out
+    /// with `drop_last`), everything else delivered. Decoded in input order, its batches are
+    /// the planning loader's batches of those numbers (an item skipped as unreadable leaves
+    /// the reader's last batch short), so readers that take their batches in turn (PyTorch's
+    /// `DataLoader` workers) give the planning loader's batches in its order.
+    pub fn reader_state(&self, reader: usize, readers: usize) -> PipelineState {
+        let whole = self.batches();
+        let mine = (reader..whole).step_by(readers.max(1)).flat_map(|k| {
+            let a = k * self.per_batch;
+            let b = ((k + 1) * self.per_batch).min(self.todo.len());
+            self.todo[a..b].iter().map(|&p| (p, p + 1))
+        });
+        let unit = Unit {
+            index: reader,
+            first_batch: reader,
+            batches: whole.saturating_sub(reader).div_ceil(readers.max(1)),
+            positions: RangeSet::from_ranges(mine),
+        };
+        self.unit_state(&unit)
     }
 
     /// The planning loader's checkpoint once the consumer has received the positions in

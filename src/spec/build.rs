@@ -241,13 +241,20 @@ impl PipelineSpec {
         } else {
             b.autotune_off()
         };
+        // The budgets are the loader's, tuner or not (`[tuner] enabled = false` keeps them).
+        if let Some(m) = self.tuner.memory_mb {
+            b = b.memory_budget(crate::limits::mib_to_bytes(m));
+        }
+        if let Some(c) = self.tuner.cpu_budget {
+            b = b.cpu_budget(c);
+        }
         if let Some(d) = self.device()? {
             b = b.device(d);
         }
         // The byte cache sits in front of an S3 prefix's fetches; other sources have none.
         let fetched = matches!(self.source, SourceSpec::S3 { .. });
         let cache = self.cache.as_ref().filter(|_| fetched).map(|c| {
-            let mb = |m: f64| (m * 1048576.0) as u64;
+            let mb = crate::limits::mib_to_bytes;
             crate::cache::ByteCache::new(mb(c.mb)).max_bytes(mb(c.max_mb.unwrap_or(4.0 * c.mb)))
         });
         if let Some(c) = &cache {
@@ -284,7 +291,7 @@ impl PipelineSpec {
                 Duration::from_secs_f64(d.latency_us * 1e-6),
             ),
         };
-        let mb = |m: f64| (m * 1048576.0) as u64;
+        let mb = crate::limits::mib_to_bytes;
         Ok(Some(
             device
                 .max_staging_bytes(mb(d.staging_mb) as usize)
@@ -301,9 +308,9 @@ impl PipelineSpec {
                 PolicyName::HillClimb => PolicyChoice::HillClimb,
                 PolicyName::Static => PolicyChoice::Static,
             },
-            memory_bytes: self.tuner.memory_mb.map(|m| (m * 1048576.0) as u64),
+            // The budgets enter as the loader's (see `build`), so they hold with the tuner
+            // off too.
             trace: self.tuner.trace.clone(),
-            cpu_budget: self.tuner.cpu_budget,
             ..TunerSettings::default()
         }
     }

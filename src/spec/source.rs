@@ -67,7 +67,7 @@ impl PipelineSpec {
                         endpoint: endpoint.clone(),
                         region: region.clone(),
                         cache_dir: cache_dir.clone(),
-                        cache_bytes: (cache_mb.max(0.0) * 1048576.0) as u64,
+                        cache_bytes: crate::limits::mib_to_bytes(*cache_mb),
                         prefetch: *prefetch,
                     })
                     .buffer(*buffer);

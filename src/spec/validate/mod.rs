@@ -34,20 +34,23 @@ impl std::fmt::Display for SpecError {
 
 impl std::error::Error for SpecError {}
 
-/// The largest batch a pipeline file may ask for.
-const MAX_BATCH: u64 = 1 << 16;
-/// The most decode workers.
-const MAX_WORKERS: u64 = 1 << 10;
 /// The most S3 requests in flight.
 const MAX_CONCURRENCY: u64 = 1 << 16;
-/// The largest memory figure, in MiB (a cache, a budget): 16 TiB.
-const MAX_MB: f64 = (1u64 << 24) as f64;
 /// The longest time setting, in milliseconds: an hour.
 const MAX_MS: f64 = 3_600_000.0;
 /// The most epochs a run may ask for (the summary has a line per epoch).
 const MAX_EPOCHS: u64 = 1_000_000;
-/// The most shards fetched ahead of the readers (each is kept on disk until read).
-const MAX_PREFETCH: u64 = 1 << 10;
+
+/// A number checked against the library's [`limits`](crate::limits) (the same words every
+/// front end uses), located at `table.key` of the file.
+fn limit<T>(
+    r: Result<T, crate::limits::OutOfRange>,
+    err: &dyn Fn(&str, &str, String) -> SpecError,
+    table: &str,
+    key: &str,
+) -> Result<T, SpecError> {
+    r.map_err(|e| err(table, key, e.message))
+}
 
 impl PipelineSpec {
     /// Reads and checks a pipeline file. Relative paths in it (sources, caches, traces,
@@ -195,6 +198,7 @@ impl PipelineSpec {
         table: &str,
         err: &dyn Fn(&str, &str, String) -> SpecError,
     ) -> Result<(), SpecError> {
+        use crate::limits::{BUFFER, CACHE_MB, PREFETCH};
         let max_items = crate::sampler::MAX_EPOCH_ITEMS as u64;
         let range = |v: u64, lo: u64, hi: u64| -> Option<String> {
             (v < lo || v > hi).then(|| format!("must be in {lo}..={hi}, not {v}"))
@@ -206,24 +210,12 @@ impl PipelineSpec {
                 cache_mb,
                 ..
             } => {
-                if let Some(m) = range(*buffer as u64, 0, max_items) {
-                    return Err(err(table, "buffer", m));
-                }
-                if let Some(m) = range(*prefetch as u64, 0, MAX_PREFETCH) {
-                    return Err(err(table, "prefetch", m));
-                }
-                if !(*cache_mb >= 0.0 && *cache_mb <= MAX_MB) {
-                    return Err(err(
-                        table,
-                        "cache_mb",
-                        format!("must be in 0..={MAX_MB}, not {cache_mb}"),
-                    ));
-                }
+                limit(BUFFER.check(*buffer as i128), err, table, "buffer")?;
+                limit(PREFETCH.check(*prefetch as i128), err, table, "prefetch")?;
+                limit(CACHE_MB.bytes(*cache_mb), err, table, "cache_mb")?;
             }
             SourceSpec::Parquet { buffer, .. } => {
-                if let Some(m) = range(*buffer as u64, 0, max_items) {
-                    return Err(err(table, "buffer", m));
-                }
+                limit(BUFFER.check(*buffer as i128), err, table, "buffer")?;
             }
             SourceSpec::Mix { sources, draws, .. } => {
                 if let Some(m) = draws.and_then(|d| range(d as u64, 1, max_items)) {
@@ -249,9 +241,8 @@ impl PipelineSpec {
         let range = |v: u64, lo: u64, hi: u64| -> Option<String> {
             (v < lo || v > hi).then(|| format!("must be in {lo}..={hi}, not {v}"))
         };
-        if let Some(m) = range(self.batch.size as u64, 1, MAX_BATCH) {
-            return Err(err("batch", "size", m));
-        }
+        let check = crate::limits::BATCH_SIZE.check(self.batch.size as i128);
+        limit(check, &err, "batch", "size")?;
         if let Some(m) = self.batch.max_seconds {
             if !(m > 0.0 && m <= MAX_MS / 1000.0) {
                 return Err(err(
@@ -414,8 +405,13 @@ impl PipelineSpec {
                 workers
             }
         };
-        if let Some(m) = workers.and_then(|w| range(w as u64, 1, MAX_WORKERS)) {
-            return Err(err("decode", "workers", m));
+        if let Some(w) = workers {
+            limit(
+                crate::limits::WORKERS.check(*w as i128),
+                &err,
+                "decode",
+                "workers",
+            )?;
         }
         if let SourceSpec::Mix {
             sources, weights, ..
@@ -448,25 +444,26 @@ impl PipelineSpec {
             }
         }
         if let Some(c) = &self.cache {
-            if !(c.mb > 0.0 && c.mb <= MAX_MB) {
-                return Err(err("cache", "mb", format!("must be in (0, {MAX_MB}]")));
-            }
-            if c.max_mb.is_some_and(|m| !(m >= c.mb && m <= MAX_MB)) {
-                return Err(err(
-                    "cache",
-                    "max_mb",
-                    format!("must be in [`mb`, {MAX_MB}]"),
-                ));
+            use crate::limits::BYTE_CACHE_MB;
+            limit(BYTE_CACHE_MB.bytes(c.mb), &err, "cache", "mb")?;
+            if let Some(m) = c.max_mb {
+                limit(BYTE_CACHE_MB.bytes(m), &err, "cache", "max_mb")?;
+                if m < c.mb {
+                    return Err(err(
+                        "cache",
+                        "max_mb",
+                        format!("must be at least `mb` ({}), not {m}", c.mb),
+                    ));
+                }
             }
         }
         if let Some(m) = self.tuner.memory_mb {
-            if !(m > 0.0 && m <= MAX_MB) {
-                return Err(err(
-                    "tuner",
-                    "memory_mb",
-                    format!("must be in (0, {MAX_MB}]"),
-                ));
-            }
+            limit(
+                crate::limits::MEMORY_MB.bytes(m),
+                &err,
+                "tuner",
+                "memory_mb",
+            )?;
         }
         if let Some(m) = self.tuner.tick_ms.and_then(|t| range(t, 1, MAX_MS as u64)) {
             return Err(err("tuner", "tick_ms", m));

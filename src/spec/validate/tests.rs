@@ -272,7 +272,6 @@ fn a_cpu_budget_is_a_count_a_fraction_or_a_percentage() {
         let spec =
             PipelineSpec::parse(&format!("{GOOD}\n[tuner]\ncpu_budget = {text}\n"), "t").unwrap();
         assert_eq!(spec.tuner.cpu_budget, Some(want), "{text}");
-        assert_eq!(spec.tuner_settings().cpu_budget, Some(want), "{text}");
     }
     for bad in ["0", "1.5", "-2", "\"lots\"", "5000", "true"] {
         let e = error(&format!("{GOOD}\n[tuner]\ncpu_budget = {bad}\n"));

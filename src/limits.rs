@@ -1,0 +1,189 @@
+//! The ranges of the numbers a user gives a loader, and the one conversion of MiB to bytes.
+//!
+//! Every front end — the Rust builders, pipeline files, the Python package — checks a number
+//! against the same [`Limit`] here, so each refuses the same values with the same words
+//! (`must be in 1..=65536, not 70000`); a pipeline file adds its line and dotted key, the
+//! others the argument's name. A number past a limit would allocate or keep more than any
+//! machine has (a batch, a shuffle buffer, a disk cache) or start more threads than a node
+//! runs well, so it is refused when the loader is built, not met later as an out-of-memory
+//! kill or an overflow.
+//!
+//! This module knows nothing of the rest of the crate: the loader, the datasets and the
+//! pipeline files all read it.
+
+/// A number out of its range: the setting's name and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutOfRange {
+    /// The setting, as the Rust API and Python name it (`batch_size`).
+    pub key: &'static str,
+    /// What is wrong, without the key (`must be in 1..=65536, not 0`): what every front end
+    /// says after its own name for the setting.
+    pub message: String,
+}
+
+impl std::fmt::Display for OutOfRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+impl std::error::Error for OutOfRange {}
+
+/// The range of a whole number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit {
+    /// The setting's name.
+    pub key: &'static str,
+    /// The least value allowed.
+    pub min: u64,
+    /// The largest value allowed.
+    pub max: u64,
+}
+
+impl Limit {
+    /// `v` if it is in range (a negative number never is).
+    pub fn check(&self, v: i128) -> Result<u64, OutOfRange> {
+        if v < i128::from(self.min) || v > i128::from(self.max) {
+            return Err(OutOfRange {
+                key: self.key,
+                message: format!("must be in {}..={}, not {v}", self.min, self.max),
+            });
+        }
+        Ok(v as u64)
+    }
+
+    /// `v` as a `usize` if it is in range.
+    pub fn check_usize(&self, v: usize) -> Result<usize, OutOfRange> {
+        self.check(v as i128).map(|v| v as usize)
+    }
+}
+
+/// Items per batch: a batch is allocated whole, and 65,536 items of anything is past what a
+/// training step takes.
+pub const BATCH_SIZE: Limit = Limit {
+    key: "batch_size",
+    min: 1,
+    max: 1 << 16,
+};
+
+/// Decode workers fixed by hand: threads on one node.
+pub const WORKERS: Limit = Limit {
+    key: "workers",
+    min: 1,
+    max: 1 << 10,
+};
+
+/// Tar shards fetched ahead of the readers: each is kept on disk until it is read.
+pub const PREFETCH: Limit = Limit {
+    key: "prefetch",
+    min: 0,
+    max: 1 << 10,
+};
+
+/// A shuffle buffer, in samples: positions, at most an epoch's worth
+/// ([`MAX_EPOCH_ITEMS`](crate::sampler::MAX_EPOCH_ITEMS)).
+pub const BUFFER: Limit = Limit {
+    key: "buffer",
+    min: 0,
+    max: 1 << 32,
+};
+
+/// The range of an amount of memory or disk, in MiB.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MibLimit {
+    /// The setting's name.
+    pub key: &'static str,
+    /// Whether 0 is allowed (a cache that keeps nothing beyond what is read); otherwise the
+    /// amount must be above 0.
+    pub zero: bool,
+}
+
+/// The largest amount of memory or disk any setting may name: 16 TiB, in MiB.
+pub const MAX_MIB: f64 = (1u64 << 24) as f64;
+
+/// A disk cache of tar shards beyond those being read; 0 keeps none.
+pub const CACHE_MB: MibLimit = MibLimit {
+    key: "cache_mb",
+    zero: true,
+};
+
+/// A hard memory budget for everything a loader holds.
+pub const MEMORY_MB: MibLimit = MibLimit {
+    key: "memory_mb",
+    zero: false,
+};
+
+/// The device memory batches may hold at once.
+pub const DEVICE_MEMORY_MB: MibLimit = MibLimit {
+    key: "device_memory_mb",
+    zero: false,
+};
+
+/// An in-memory byte cache of fetched objects, and its ceiling.
+pub const BYTE_CACHE_MB: MibLimit = MibLimit {
+    key: "cache.mb",
+    zero: false,
+};
+
+impl MibLimit {
+    /// `mib` checked (finite, in range) and turned into bytes: the one place in the crate
+    /// and its front ends that does.
+    pub fn bytes(&self, mib: f64) -> Result<u64, OutOfRange> {
+        let low_ok = if self.zero { mib >= 0.0 } else { mib > 0.0 };
+        if !(low_ok && mib <= MAX_MIB) {
+            let range = if self.zero {
+                format!("0..={MAX_MIB}")
+            } else {
+                format!("(0, {MAX_MIB}]")
+            };
+            return Err(OutOfRange {
+                key: self.key,
+                message: format!("must be in {range} (MiB), not {mib}"),
+            });
+        }
+        Ok(mib_to_bytes(mib))
+    }
+}
+
+/// `mib` MiB in bytes (rounded down), for a figure already in range.
+pub fn mib_to_bytes(mib: f64) -> u64 {
+    (mib * 1_048_576.0) as u64
+}
+
+/// `bytes` in MiB, for messages and reports.
+pub fn bytes_to_mib(bytes: u64) -> f64 {
+    bytes as f64 / 1_048_576.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_at_the_edges() {
+        assert_eq!(BATCH_SIZE.check(1), Ok(1));
+        assert_eq!(BATCH_SIZE.check(1 << 16), Ok(1 << 16));
+        let e = BATCH_SIZE.check((1 << 16) + 1).unwrap_err();
+        assert_eq!(e.to_string(), "batch_size: must be in 1..=65536, not 65537");
+        assert!(BATCH_SIZE.check(0).is_err());
+        assert!(WORKERS.check(-1).is_err());
+        assert_eq!(PREFETCH.check(0), Ok(0));
+        assert_eq!(BUFFER.check(1 << 32), Ok(1 << 32));
+    }
+
+    #[test]
+    fn mib_are_checked_then_turned_into_bytes() {
+        assert_eq!(MEMORY_MB.bytes(1.5), Ok(1_572_864));
+        assert_eq!(CACHE_MB.bytes(0.0), Ok(0));
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, MAX_MIB * 2.0] {
+            assert!(MEMORY_MB.bytes(bad).is_err(), "{bad}");
+        }
+        for bad in [-0.5, f64::NAN, f64::INFINITY] {
+            let e = CACHE_MB.bytes(bad).unwrap_err();
+            assert!(
+                e.message.starts_with("must be in 0..=16777216 (MiB), not"),
+                "{e}"
+            );
+        }
+    }
+}
