@@ -28,6 +28,9 @@ VENV=${FLOWGATE_PYVENV:-$HOME/.cache/flowgate/pyvenv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install --quiet --upgrade "maturin>=1.5,<2" "numpy>=1.22" "pytest>=7" "pyarrow>=15"
 "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/pip" install --quiet "torch==2.15.0"
+# torchvision (its ImageFolder is what `labels="folder"` is held against; --no-deps: it
+# would pull a second torch) and Pillow.
+"$VENV/bin/python" -c "import torchvision" 2>/dev/null || "$VENV/bin/pip" install --quiet --no-deps "torchvision==0.29.2" "pillow>=9"
 # Ray, for the remote mode's tests (python/tests/test_ray.py starts a local runtime).
 "$VENV/bin/python" -c "import ray" 2>/dev/null || "$VENV/bin/pip" install --quiet "ray==2.60.0"
 MATURIN_PEP517_ARGS="--features video,s3,cuda" "$VENV/bin/pip" install --quiet --force-reinstall --no-deps ./python

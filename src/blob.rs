@@ -1,8 +1,18 @@
-//! [`Blob`]: the bytes of one file or object, named by its path or key.
+//! [`Blob`]: the bytes of one file or object, named by its path or key; [`Input`]: what a
+//! decoder reads for one item. What the datasets produce and the decoders take, known to
+//! neither.
 
 use std::path::{Path, PathBuf};
 
-use crate::media::MediaError;
+/// What a decoder reads for one item: a local file, or a sample's field (bytes, named
+/// `SHARD/KEY.EXT`).
+#[derive(Debug)]
+pub enum Input {
+    /// A local file.
+    Path(PathBuf),
+    /// A field of a tar shard's sample or a Parquet row.
+    Bytes(Blob),
+}
 
 /// The bytes of one file or object, with the path or key that names it in errors.
 ///
@@ -17,18 +27,21 @@ pub struct Blob {
 }
 
 impl Blob {
-    /// Reads a local file. An empty file is an error ([`MediaError::Empty`]): nothing decodes
-    /// from zero bytes, and saying so here names the real cause.
-    pub fn read(path: impl AsRef<Path>) -> Result<Self, MediaError> {
+    /// Reads a local file. An empty file is an error (`InvalidData`, naming the file):
+    /// nothing decodes from zero bytes, and saying so here names the real cause.
+    pub fn read(path: impl AsRef<Path>) -> std::io::Result<Self> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|source| MediaError::Read {
-            path: path.to_path_buf(),
-            source,
+        let bytes = std::fs::read(path).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("reading {}: {e}", path.display()))
         })?;
         if bytes.is_empty() {
-            return Err(MediaError::Empty {
-                path: path.to_path_buf(),
-            });
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "{} is empty: nothing decodes from zero bytes",
+                    path.display()
+                ),
+            ));
         }
         Ok(Self {
             path: path.to_path_buf(),

@@ -84,6 +84,8 @@ pub(crate) struct Engine {
     runtime: Option<tokio::runtime::Runtime>,
     ledger: Arc<Failures>,
     down: bool,
+    /// The memory budget the pipeline holds to, and where it came from.
+    memory: Option<crate::stats::MemoryBudget>,
 }
 
 impl Engine {
@@ -108,6 +110,7 @@ impl Engine {
             runtime: None,
             ledger,
             down: false,
+            memory: None,
         }
     }
 
@@ -135,6 +138,14 @@ impl Engine {
 
     pub(crate) fn ledger(&self) -> &Arc<Failures> {
         &self.ledger
+    }
+
+    pub(crate) fn set_memory(&mut self, memory: Option<crate::stats::MemoryBudget>) {
+        self.memory = memory;
+    }
+
+    pub(crate) fn memory(&self) -> Option<&crate::stats::MemoryBudget> {
+        self.memory.as_ref()
     }
 
     pub(crate) fn plane(&self) -> Option<&ControlPlane> {

@@ -299,6 +299,7 @@ impl<T: Send + 'static> Pipeline<T> {
             self.engine.snapshot_all(),
             self.engine.ledger(),
             self.epoch(),
+            self.engine.memory(),
         )
     }
 
@@ -310,6 +311,7 @@ impl<T: Send + 'static> Pipeline<T> {
             ledger: Arc::clone(self.engine.ledger()),
             epoch: Arc::clone(&self.epoch),
             trace: Arc::clone(&self.trace),
+            memory: self.engine.memory().cloned(),
         }
     }
 

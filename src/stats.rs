@@ -28,12 +28,32 @@ pub struct PipelineStats {
     pub recent_failures: Vec<String>,
     /// The current epoch.
     pub epoch: u64,
+    /// The memory budget everything the pipeline holds is kept within, and where it came
+    /// from (set, or the default: the host's or the container's); none without one.
+    pub memory_budget: Option<MemoryBudget>,
+}
+
+/// A pipeline's memory budget and where it came from.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryBudget {
+    /// Bytes.
+    pub bytes: u64,
+    /// Where the figure came from, in words (`"set by the loader's memory budget
+    /// (memory_mb)"`, `"the default: half of the cgroup's memory.max (400.0 MiB) less the
+    /// 52.1 MiB this process holds"`).
+    pub source: String,
 }
 
 impl PipelineStats {
-    pub(crate) fn assemble(stages: Vec<StageStats>, ledger: &Failures, epoch: u64) -> Self {
+    pub(crate) fn assemble(
+        stages: Vec<StageStats>,
+        ledger: &Failures,
+        epoch: u64,
+        memory: Option<&MemoryBudget>,
+    ) -> Self {
         let sink = stages.iter().find(|s| s.kind == Some(StageKind::Sink));
         Self {
+            memory_budget: memory.cloned(),
             delivered: sink.map_or(0, |s| s.items_out),
             consumer_wait: sink.map_or(Duration::ZERO, |s| s.blocked_get),
             failures: ledger.total(),
@@ -58,6 +78,7 @@ pub struct Monitor {
     pub(crate) ledger: Arc<Failures>,
     pub(crate) epoch: Arc<AtomicU64>,
     pub(crate) trace: Arc<TraceLog>,
+    pub(crate) memory: Option<MemoryBudget>,
 }
 
 impl std::fmt::Debug for Monitor {
@@ -75,6 +96,7 @@ impl Monitor {
             self.stages.iter().map(|s| s.snapshot()).collect(),
             &self.ledger,
             self.epoch(),
+            self.memory.as_ref(),
         )
     }
 

@@ -472,3 +472,137 @@ fn a_loaders_memory_budget_holds_with_batches_that_are_a_large_part_of_it() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A memory cgroup of its own for a child process, `limit` bytes (v2 `memory.max` or v1
+/// `memory.limit_in_bytes`), or `None` where none can be made (not root, no writable cgroup
+/// file system): removed on drop.
+struct Cgroup {
+    dir: PathBuf,
+    procs: PathBuf,
+}
+
+impl Cgroup {
+    fn new(limit: u64) -> Option<Self> {
+        let name = format!("flowgate-test-{}", std::process::id());
+        let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+        let (dir, file) = if v2 {
+            // The memory controller must be on for the children of the root.
+            let _ = std::fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+memory");
+            (Path::new("/sys/fs/cgroup").join(&name), "memory.max")
+        } else {
+            (
+                Path::new("/sys/fs/cgroup/memory").join(&name),
+                "memory.limit_in_bytes",
+            )
+        };
+        std::fs::create_dir(&dir).ok()?;
+        let g = Self {
+            procs: dir.join("cgroup.procs"),
+            dir,
+        };
+        std::fs::write(g.dir.join(file), limit.to_string()).ok()?;
+        if !v2 {
+            // No swap to spill into: past the limit is a kill, as in a container.
+            let _ = std::fs::write(g.dir.join("memory.memsw.limit_in_bytes"), limit.to_string());
+        }
+        Some(g)
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Items the child in a cgroup loads.
+const CGROUP_ITEMS: usize = 192;
+
+/// In a child process put in a cgroup (see below): a loader with every memory setting
+/// default over large crops, one epoch; prints what it did.
+#[test]
+#[ignore = "run by a_default_loader_in_a_container_keeps_within_its_memory_limit"]
+fn child_default_loader_in_a_cgroup() {
+    let batch: usize = std::env::var("FLOWGATE_TEST_BATCH")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("cgroup-{batch}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // 192 crops of 3 MiB (576 MiB decoded in all) behind a slow training step: decoding runs
+    // ahead of the loop as far as the budget lets it.
+    let files: Vec<PathBuf> = (0..CGROUP_ITEMS)
+        .map(|i| write(&dir, &format!("{i:03}.jpg"), &common::tiny_jpeg(i)))
+        .collect();
+    let dataset = flowgate::dataset::Dataset::builder(flowgate::dataset::Source::files(files))
+        .build()
+        .unwrap();
+    let recipe = Recipe::image(ImageRecipe {
+        resize: 1024,
+        crop: 1024,
+        ..ImageRecipe::default()
+    })
+    .unwrap();
+    match flowgate::Loader::builder(dataset, recipe)
+        .batch_size(batch)
+        .build()
+    {
+        Err(e) => println!("REFUSED {e}"),
+        Ok(mut loader) => {
+            let mut n = 0;
+            for b in loader.epoch().unwrap() {
+                n += b.unwrap().len();
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            let m = loader.stats().memory_budget.unwrap();
+            println!("RAN {n} items; budget {} bytes: {}", m.bytes, m.source);
+        }
+    }
+}
+
+#[test]
+fn a_default_loader_in_a_container_keeps_within_its_memory_limit() {
+    // 400 MiB, far under this machine's memory: batches of 8 crops of 1024² (24 MiB) run to
+    // the end within it; batches of 32 (96 MiB, 192 in flight) cannot be held within the
+    // default budget the container leaves, and are refused when the loader is built, saying
+    // where the budget came from — never a kill by the kernel.
+    let limit = 400u64 << 20;
+    for batch in [32usize, 8] {
+        let Some(group) = Cgroup::new(limit) else {
+            eprintln!("skipped: no memory cgroup can be made here (not root?)");
+            return;
+        };
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "echo $$ > {} && exec \"$0\" --exact child_default_loader_in_a_cgroup \
+                 --ignored --nocapture --test-threads 1",
+                group.procs.display()
+            ))
+            .arg(&exe)
+            .env("FLOWGATE_TEST_BATCH", batch.to_string())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let what = format!(
+            "batch {batch}: {:?}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{what}");
+        if batch == 8 {
+            assert!(
+                stdout.contains(&format!("RAN {CGROUP_ITEMS} items")),
+                "{what}"
+            );
+        } else {
+            assert!(
+                stdout.contains("REFUSED") && stdout.contains("cannot hold a batch"),
+                "{what}"
+            );
+        }
+        assert!(stdout.contains("half of the cgroup's"), "{what}");
+    }
+}

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use flowgate::dataset::Files;
-use flowgate::media::synth::{write_dataset, DatasetSpec};
 use flowgate::media::Recipe;
 use flowgate::spec::{Hooks, PipelineSpec};
+use flowgate::synth::{write_dataset, DatasetSpec};
 use flowgate::{Pipeline, Workers};
 
 /// One small dataset for every test of this file, kept in cargo's test scratch folder

@@ -372,3 +372,45 @@ fn a_rank_state_resumed_in_worker_parts_owes_each_part_its_own() {
         assert_eq!(count(true), count(false), "worker {w}");
     }
 }
+
+#[test]
+fn the_fill_is_on_by_default_under_ranks_and_off_for_one_process() {
+    let recipe = || {
+        Recipe::image(ImageRecipe {
+            resize: 12,
+            crop: 8,
+            ..ImageRecipe::default()
+        })
+        .unwrap()
+    };
+    let defaulted = |rank: usize, world: usize| {
+        let dataset = Dataset::builder(Source::files(paths().clone()))
+            .shuffle(1)
+            .ranks(rank, world)
+            .build()
+            .unwrap();
+        Loader::builder(dataset, recipe())
+            .batch_size(BATCH)
+            .build()
+            .unwrap()
+    };
+    // Under ranks: the filled loader's batches, every rank its len().
+    let mut ended_short = false;
+    for rank in 0..WORLD {
+        let mut d = defaulted(rank, WORLD);
+        let got = epoch(&mut d);
+        assert_eq!(got.len(), d.len(), "rank {rank}: its len() by default");
+        assert_eq!(got, epoch(&mut loader(rank, false, true, 1)), "rank {rank}");
+        ended_short |= epoch(&mut loader(rank, false, false, 1)).len() < d.len();
+    }
+    assert!(
+        ended_short,
+        "without the fill some rank ends short (the test binds)"
+    );
+    // One process: a skipped file makes the epoch shorter, nothing is read again.
+    let mut one = defaulted(0, 1);
+    let got = epoch(&mut one);
+    assert_eq!(one.filled(), 0);
+    assert!(got.iter().flatten().all(|p| !p.contains("-bad")));
+    assert_eq!(got.iter().map(Vec::len).sum::<usize>(), GOOD);
+}

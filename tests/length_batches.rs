@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use flowgate::dataset::{Dataset, Source};
 use flowgate::media::audio::{duration, AudioRecipe};
-use flowgate::media::synth::{write_dataset, DatasetSpec};
 use flowgate::media::Recipe;
+use flowgate::synth::{write_dataset, DatasetSpec};
 use flowgate::Loader;
 
 mod common;

@@ -612,3 +612,49 @@ fn a_samples_unused_fields_are_not_read() {
     assert!(read < 1 << 20, "{read} bytes read for three 1-KiB images");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn folder_labels_of_a_directory_are_image_folders_classes() {
+    use flowgate::dataset::{Dataset, Labels, Source};
+    let root = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("image-folder");
+    let _ = std::fs::remove_dir_all(&root);
+    let put = |rel: &str| {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, common::tiny_jpeg(rel.len())).unwrap();
+    };
+    // cat holds files only in nested folders; a file at the root belongs to no class.
+    for rel in [
+        "cat/sub1/a.jpg",
+        "cat/sub2/b.jpg",
+        "dog/c.jpg",
+        "dog/d.jpg",
+        "root.jpg",
+    ] {
+        put(rel);
+    }
+    let open = || {
+        Dataset::builder(Source::dir(&root).labels(Labels::Folder))
+            .extensions(&["jpg"])
+            .build()
+    };
+    let d = open().unwrap();
+    assert_eq!(d.classes().unwrap(), ["cat", "dog"]);
+    assert_eq!(d.len(), 4, "the root's file is left out");
+    let mut by_class = std::collections::BTreeMap::new();
+    for i in 0..d.len() {
+        let name = d.name(i, 0);
+        let label = d.read(i, 0).unwrap().label.unwrap();
+        by_class.insert(name.rsplit('/').next().unwrap().to_owned(), label);
+    }
+    let want: std::collections::BTreeMap<String, i64> =
+        [("a.jpg", 0), ("b.jpg", 0), ("c.jpg", 1), ("d.jpg", 1)]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+    assert_eq!(by_class, want);
+    // An empty class folder is an error naming it, as ImageFolder raises.
+    std::fs::create_dir_all(root.join("ant")).unwrap();
+    let e = open().unwrap_err().to_string();
+    assert!(e.contains("ant") && e.contains("class folder"), "{e}");
+}

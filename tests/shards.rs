@@ -10,9 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use flowgate::dataset::shards::tar::write_archive;
-use flowgate::dataset::shards::{FieldMap, Shards};
+use flowgate::dataset::shards::Shards;
 use flowgate::media::image::ImageRecipe;
 use flowgate::media::Recipe;
+use flowgate::sample::FieldMap;
 use flowgate::sample::{Field, Sample};
 use flowgate::sampler::ShardLengths;
 use flowgate::{FailureBudget, Order, Pipeline, PipelineState, Workers};

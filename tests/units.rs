@@ -78,9 +78,12 @@ fn build(
         ..ImageRecipe::default()
     })
     .unwrap();
+    // Units are not filled (their consumer regroups), so neither is the local loader they
+    // are held against (a world of ranks would fill by default).
     let b = Loader::builder(dataset, recipe)
         .batch_size(5)
         .drop_last(drop_last)
+        .fill_skipped(false)
         .workers(workers);
     if units { b.decodes_units() } else { b }.build().unwrap()
 }
@@ -526,4 +529,89 @@ fn a_reader_outside_its_readers_is_refused() {
         .build()
         .unwrap_err();
     assert!(err.to_string().contains("reader 2 of 2"), "{err}");
+}
+
+#[test]
+fn readers_of_a_ranks_fill_skipped_state_give_its_rest_exactly() {
+    // Bad files retried on resume: what the rank owes is known only to a loader that runs its
+    // rest, so each reader runs it and keeps its own batches.
+    let all = paths(true);
+    let files: Vec<PathBuf> = (0..IMAGES)
+        .map(|i| all[if i % 6 == 1 { BAD } else { i }].clone())
+        .collect();
+    for drop_last in [false, true] {
+        for rank in 0..2 {
+            let make = || reader(&files, (rank, 2), drop_last, (0, 1), true);
+            let mut whole = make();
+            let n = whole.len();
+            let all_batches = local_epoch(&mut whole);
+            assert_eq!(all_batches.len(), n);
+            for k in 1..=n {
+                let mut local = make();
+                let mut e = local.epoch().unwrap();
+                for _ in 0..k {
+                    e.next().unwrap().unwrap();
+                }
+                let state = e.state().unwrap();
+                drop(e);
+                assert!(state.owed_batches.is_some());
+                let parts: Vec<_> = (0..3)
+                    .map(|r| {
+                        let mut l = reader(&files, (rank, 2), drop_last, (r, 3), true);
+                        l.resume(&state).unwrap();
+                        local_epoch(&mut l).into_iter()
+                    })
+                    .collect();
+                let what = format!("rank {rank}, drop_last {drop_last}, k {k}");
+                same(&in_turn(parts), &all_batches[k..], &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn readers_with_drop_last_and_fill_make_up_full_batches_from_what_they_delivered() {
+    // A helper's case: 25 files, 10 unreadable, 2 ranks, batches of 3, drop_last, 2 readers:
+    // a made-up batch of fillers that fail would be dropped again; a reader fills from the
+    // items it delivered (readable), so every rank makes its len().
+    let all = paths(true);
+    let files: Vec<PathBuf> = (0..25)
+        .map(|i| {
+            let bad = [1, 4, 5, 9, 14, 18, 19, 22, 23, 24].contains(&i);
+            all[if bad { BAD } else { i }].clone()
+        })
+        .collect();
+    for rank in 0..2 {
+        let make = |r: usize, n: usize| {
+            let dataset = Dataset::builder(Source::files(files.clone()))
+                .shuffle(1)
+                .ranks_from(Ranks::Fixed { rank, world: 2 })
+                .drop_last(true)
+                .build()
+                .unwrap();
+            let recipe = Recipe::image(ImageRecipe {
+                resize: 12,
+                crop: 8,
+                ..ImageRecipe::default()
+            })
+            .unwrap();
+            Loader::builder(dataset, recipe)
+                .batch_size(3)
+                .drop_last(true)
+                .fill_skipped(true)
+                .reader(r, n)
+                .build()
+                .unwrap()
+        };
+        let len = make(0, 1).len();
+        let got: usize = (0..2)
+            .map(|r| {
+                let mut l = make(r, 2);
+                let b = local_epoch(&mut l);
+                assert!(b.iter().all(|b| b.len() == 3), "rank {rank}: whole batches");
+                b.len()
+            })
+            .sum();
+        assert_eq!(got, len, "rank {rank}");
+    }
 }

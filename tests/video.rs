@@ -5,9 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use flowgate::media::synth::{clip_level, write_clip, ClipSpec};
 use flowgate::media::video::{Sampling, VideoLayout, VideoRecipe};
 use flowgate::media::MediaError;
+use flowgate::synth::{clip_level, write_clip, ClipSpec};
 use flowgate::{Pipeline, Tensor};
 
 struct Dir(PathBuf);

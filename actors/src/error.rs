@@ -282,6 +282,17 @@ impl fmt::Display for PipelineError {
         match &self.kind {
             Kind::Config(m) => write!(f, "invalid pipeline configuration: {m}")?,
             Kind::Io(m) => write!(f, "{m}")?,
+            // A budget of no failure (fail-fast: Python's `skip_errors=False`) is no budget
+            // to exceed: say that the first failure stopped it.
+            Kind::FailureBudget { scope, failures } if *failures <= 1 => {
+                write!(
+                    f,
+                    "{scope} stopped at its first failed item (fail-fast: no failure is skipped)"
+                )?;
+                if let Some(i) = &self.item {
+                    write!(f, "; {i}")?;
+                }
+            }
             Kind::FailureBudget { scope, failures } => {
                 write!(
                     f,

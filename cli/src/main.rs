@@ -60,7 +60,7 @@ enum Command {
         #[arg(long, default_value_t = 1.0)]
         min_seconds: f64,
     },
-    /// Writes the sample dataset (`flowgate::media::synth`).
+    /// Writes the sample dataset (`flowgate::synth`).
     GenData {
         /// The folder.
         #[arg(long, default_value = "target/sample-data")]
@@ -145,7 +145,7 @@ fn main() -> ExitCode {
             video,
             shards,
             seed,
-        } => gen_data(flowgate::media::synth::DatasetSpec {
+        } => gen_data(flowgate::synth::DatasetSpec {
             out,
             images,
             audio,
@@ -208,12 +208,12 @@ mod run;
 mod text;
 mod view;
 
-fn gen_data(spec: flowgate::media::synth::DatasetSpec) -> Result<(), Error> {
+fn gen_data(spec: flowgate::synth::DatasetSpec) -> Result<(), Error> {
     let started = std::time::Instant::now();
     // Progress on stderr: redrawn in place on a terminal, a line per kind and 10 s otherwise.
     let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut last = (String::new(), std::time::Instant::now());
-    let out = flowgate::media::synth::write_dataset_with_progress(&spec, |kind, done, total| {
+    let out = flowgate::synth::write_dataset_with_progress(&spec, |kind, done, total| {
         let line = format!(
             "gen-data: {kind} {done}/{total} ({:.0}%) in {:.1} s",
             100.0 * done as f64 / total.max(1) as f64,

@@ -390,6 +390,14 @@ fn summary(stats: &PipelineStats, epochs: &[(usize, f64)], groups: &view::Failur
         stats.failures,
         stats.consumer_wait.as_secs_f64()
     );
+    if let Some(m) = &stats.memory_budget {
+        let _ = writeln!(
+            s,
+            "memory budget {:.1} MiB: {}",
+            flowgate::limits::bytes_to_mib(m.bytes),
+            m.source
+        );
+    }
     // Failures by reason (the same reason on many files is one line), then the last one.
     for (reason, n, item) in groups.iter().take(5) {
         let _ = writeln!(s, "  {n} failed: {reason} (latest: {item})");

@@ -30,7 +30,7 @@ _OPTIONS = ("batch_size", "shuffle", "seed", "rank", "world_size", "drop_last", 
 def _options(args: Dict[str, Any]) -> Any:
     """The arguments every loader shares (taken from its ``locals()``), as native options."""
     _check_ints(args, batch_size=1, seed=0, rank=0, world_size=1, workers=1)
-    return _native.Options(labels=_labels(args["labels"]), worker_split=args.get("worker_split"),
+    return _native.Options(labels=_labels(args["labels"]), reader=args.get("reader"),
                            units=bool(args.get("decodes_units")),
                            **{k: args[k] for k in _OPTIONS})
 

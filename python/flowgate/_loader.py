@@ -1,5 +1,5 @@
-"""What the media loaders share (``_Loader``): iteration by epochs — locally, by whole
-batches through ``DataLoader`` workers with ``drop_last``, or on Ray actors with ``remote=`` —
+"""What the media loaders share (``_Loader``): iteration by epochs — locally, as one of the
+readers of a rank's epoch in ``DataLoader`` workers, or on Ray actors with ``remote=`` —
 checkpoints, statistics, and how a loader lives in other processes (pickling, ``fork``,
 ``DataLoader`` workers)."""
 
@@ -14,7 +14,6 @@ from ._process import (_LIVE, _Epoch, _WorkerMarker, _converter, _in_worker,
                        _rebuild, _register_with_torch, _worker_split)
 from ._remote import Ray, _Pool, _RemoteEpoch
 from ._sources import _check_ints
-from ._units import _WorkerBatches
 
 
 class _Loader:
@@ -72,9 +71,6 @@ class _Loader:
         self._remote_state: Optional[Dict[str, Any]] = None
         self._remote_failures: Dict[int, List[Tuple[str, str, str]]] = {}
         self._remote_epoch: Optional[int] = None
-        #: The next epoch of a drop_last loader read in DataLoader workers (see
-        #: `_WorkerBatches`), once it has read one.
-        self._units_epoch: Optional[int] = None
         self._native = self._build(args)
         self._pid = os.getpid()
         _LIVE.add(self)
@@ -86,9 +82,10 @@ class _Loader:
     def _here(self) -> Any:
         """The native loader for this process: after a ``fork`` (or in a ``DataLoader``
         worker of several) a new one, built from the arguments and starting at the epoch the
-        parent was at (resuming a state the parent loaded for it); in a worker it reads only
-        its part of the rank's share: every ``W``-th item starting at the ``w``-th, never
-        padded, so the workers together read the rank's share exactly once."""
+        parent was at (resuming a state the parent loaded for it); in worker ``w`` of ``W``
+        it is reader ``w`` of ``W`` of the rank's epochs (the library's split): the rank's
+        batches ``w``, ``w + W``, ..., so ``DataLoader``, taking its workers' batches in
+        turn, gives the rank's batches, count and order."""
         split = _worker_split()
         if os.getpid() == self._pid and split == self._split:
             return self._native
@@ -107,7 +104,7 @@ class _Loader:
             self._native.close()
         args = dict(self._args)
         if split is not None:
-            args["worker_split"] = split
+            args["reader"] = split
         self._native = self._build(args)
         self._native.set_epoch(epoch)
         if self._resume is not None and self._resume.get("epoch") == epoch:
@@ -128,11 +125,9 @@ class _Loader:
         return self._pool
 
     def _output(self) -> str:
-        output = self._args["output"]
-        # Batches leave a DataLoader worker pickled; torch tensors go through shared memory.
-        if output == "batch" and self._split is not None:
-            return "torch"
-        return output
+        # The same type with DataLoader workers as without: a Batch leaves a worker pickled
+        # (its bytes), a torch tensor (output="torch") through shared memory.
+        return self._args["output"]
 
     def __iter__(self) -> Iterator[Any]:
         """Iterates one epoch; the next ``iter()`` starts the next epoch (a loop left with
@@ -145,25 +140,6 @@ class _Loader:
                     "a loader with remote= hands its units to Ray actors from the training "
                     "process: iterate it there (not in DataLoader workers or a forked child)")
             return _RemoteEpoch(self)
-        split = _worker_split()
-        if split is not None and self._args.get("drop_last"):
-            # Whole batches per worker, so only the epoch's last partial batch is dropped.
-            # The checks a worker makes (the device), and the epoch (and
-            # state) the training process gave it.
-            native = self._here()
-            self._marker.mark()
-            epoch = native._next_epoch() if self._units_epoch is None else self._units_epoch
-            batches = _WorkerBatches(self, split, epoch, self._resume)
-            self._units_epoch = batches.epoch + 1
-            return iter(batches)
-        if split is not None and self._resumed_fill():
-            # A rank's fill_skipped state resumed in a worker: what the rank owes is the
-            # rank's, not the worker part's (see _WorkerBatches).
-            native = self._here()
-            self._marker.mark()
-            batches = _WorkerBatches(self, split, native._next_epoch(), self._resume)
-            native.set_epoch(batches.epoch + 1)
-            return iter(batches)
         native = self._here()
         if _in_worker():
             self._marker.mark()
@@ -173,13 +149,6 @@ class _Loader:
             self._marker.clear()
         return _Epoch(native, _converter(self._output()))
 
-    def _resumed_fill(self) -> bool:
-        """Whether the epoch about to run resumes a rank's ``fill_skipped`` state."""
-        r = self._resume
-        return bool(self._args.get("fill_skipped")) and r is not None \
-            and r.get("owed_batches") is not None \
-            and r.get("epoch") == self._here()._next_epoch()
-
     def __getitem__(self, index: Any) -> Any:
         raise TypeError(
             "a flowgate loader is an iterable dataset that batches and decodes on its own "
@@ -187,8 +156,17 @@ class _Loader:
             "DataLoader(loader, batch_size=None) (import torch before building the loader)")
 
     def __len__(self) -> int:
-        """Batches per epoch (on this rank)."""
+        """Batches per epoch (on this rank): what an epoch delivers, also through
+        ``DataLoader`` workers (which read whole batches of the rank's epoch, together its
+        ``len``), unless files are skipped as unreadable in a single process (under a world
+        size above 1, ``fill_skipped`` keeps the count by default)."""
         return len(self._native)
+
+    def __repr__(self) -> str:
+        paths = self._args["paths"]
+        shown = f"[{len(paths)} paths]" if isinstance(paths, (list, tuple)) else repr(paths)
+        return (f"{type(self).__name__}({shown}, batch_size={self.batch_size}, "
+                f"len={len(self)}, epoch={self.epoch})")
 
     def __reduce__(self) -> Any:
         epoch = self._native._next_epoch() if os.getpid() == self._pid else self._fork_epoch
@@ -240,6 +218,8 @@ class _Loader:
             p = self._pool
             s["remote"] = {"workers": len(p.remote_workers()), "started": p.started,
                            "reissued_units": p.reissued,
+                           "units_by_actors": p.units_by_actors,
+                           "units_local": p.local.finished if p.local else 0,
                            "local": p.local_loader.stats() if p.local_loader else None}
         return s
 

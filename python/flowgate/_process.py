@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import sys
 import tempfile
 import uuid
@@ -155,6 +156,24 @@ def _sweep_dead_markers(folder: str) -> int:
 _SWEPT = False
 
 
+#: Markers a DataLoader worker could not write, as their paths: learned in the training
+#: process when the worker's error is raised there (see `WorkerMarkerError`).
+_UNWRITTEN: set = set()
+
+
+class WorkerMarkerError(RuntimeError):
+    """A ``DataLoader`` worker could not write the marker that tells the training process it
+    read the loader. Raised in the worker, and raised again by ``DataLoader`` in the training
+    process, where making it records the marker as written: that process's ``state_dict()``
+    then refuses, as it does when workers read the loader (it cannot know their progress)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        found = re.search(r"marker file '([^']+)'", message)
+        if found:
+            _UNWRITTEN.add(found.group(1))
+
+
 class _WorkerMarker:
     """Whether ``DataLoader`` workers have read a loader: a file named after the loader,
     made by a worker (forked or spawned) and seen by the training process that owns the
@@ -178,11 +197,15 @@ class _WorkerMarker:
         try:
             with open(self.path, "a"):
                 pass
-        except OSError:
-            pass
+        except OSError as e:
+            raise WorkerMarkerError(
+                f"this DataLoader worker cannot write its marker file {self.path!r} ({e}): "
+                "the training process would not know that workers read the loader, and a "
+                "state_dict() taken there would lose their progress") from None
 
     def marked(self) -> bool:
-        return os.getpid() == self.owner and os.path.exists(self.path)
+        return os.getpid() == self.owner and (os.path.exists(self.path)
+                                              or self.path in _UNWRITTEN)
 
     def clear(self) -> None:
         _unlink_if_owner(self.path, self.owner)

@@ -26,11 +26,11 @@ import concurrent.futures
 import math
 import os
 import time
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _native
-from ._units import (_Rows, _concat, _converter_from_numpy, _decode_unit, _expand, _read_only,
-                     _unit_args, _unit_loader)
+from ._units import (_converter_from_numpy, _decode_unit, _read_only, _unit_args,
+                     _unit_loader)
 
 #: A new actor that dies before finishing a unit this many times in a row is a configuration
 #: error (its constructor fails), not a lost worker: raised, not retried.
@@ -44,7 +44,11 @@ class Ray:
     between ``min_workers`` and ``max_workers`` and within the CPUs the Ray cluster has free
     (it starts at ``min_workers``, at least one actor unless ``local``); an int pins it.
     ``cpus_per_worker``: CPUs each actor reserves from Ray and decodes on (its native threads
-    are held to that many cores). ``local``: the training process decodes units too, on its
+    are held to that many cores); default: what fits the cluster's largest node, at most 4.
+    A pinned pool (``workers=N``) that Ray cannot place (``N * cpus_per_worker`` more than
+    the CPUs free) raises at once, naming the CPUs needed and free; ``"auto"`` logs in one
+    line (logger ``flowgate.remote``) how many actors it starts and why — a warning when it
+    can start none. ``local``: the training process decodes units too, on its
     own threads (the pool adds to the node's cores instead of replacing them); ``False``
     keeps the node's CPUs for training. ``batches_per_unit``: batches per unit of work (more:
     less overhead per batch, more decoded again when an actor is lost). ``start_timeout``:
@@ -54,7 +58,7 @@ class Ray:
     ``ray`` package (``pip install ray``)."""
 
     def __init__(self, workers: Any = "auto", max_workers: int = 16,
-                 min_workers: Optional[int] = None, cpus_per_worker: float = 4,
+                 min_workers: Optional[int] = None, cpus_per_worker: Optional[float] = None,
                  local: bool = True, batches_per_unit: int = 2,
                  start_timeout: float = 300.0, address: Optional[str] = None) -> None:
         if not isinstance(local, bool):
@@ -81,6 +85,8 @@ class Ray:
             raise ValueError(f"min_workers={min_workers} with a pinned pool of workers={workers}: "
                              'give one of them (min_workers applies to workers="auto")')
         for name, v in (("cpus_per_worker", cpus_per_worker), ("start_timeout", start_timeout)):
+            if v is None and name == "cpus_per_worker":
+                continue
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not (
                     v > 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a finite number above 0, not {v!r}")
@@ -89,7 +95,8 @@ class Ray:
         self.workers = workers
         self.max_workers = max_workers
         self.min_workers = min_workers
-        self.cpus_per_worker = float(cpus_per_worker)
+        #: None: what fits the cluster's largest node (at most 4), found when the pool starts.
+        self.cpus_per_worker = None if cpus_per_worker is None else float(cpus_per_worker)
         self.local = local
         self.batches_per_unit = batches_per_unit
         self.start_timeout = float(start_timeout)
@@ -97,7 +104,7 @@ class Ray:
 
     def __repr__(self) -> str:
         return (f"flowgate.Ray(workers={self.workers!r}, max_workers={self.max_workers}, "
-                f"min_workers={self.min_workers}, cpus_per_worker={self.cpus_per_worker:g}, "
+                f"min_workers={self.min_workers}, cpus_per_worker={self.cpus_per_worker!r}, "
                 f"local={self.local}, batches_per_unit={self.batches_per_unit})")
 
 
@@ -153,6 +160,7 @@ class _Pool:
         if not self.ray.is_initialized():
             self.ray.init(address=remote.address, ignore_reinit_error=True,
                           log_to_driver=False)
+        self.cpus, placed = _placement(self.ray, remote)
         self.remote = remote
         self.cls_name = type(loader).__name__
         self.args = _unit_args(loader._args)
@@ -165,6 +173,8 @@ class _Pool:
         self.deaths_before_a_unit = 0
         self.last_death = ""
         self.reissued = 0
+        #: Units decoded by actors (of every epoch), as the training process received them.
+        self.units_by_actors = 0
         self.trace: Deque[Dict[str, Any]] = collections.deque(maxlen=1000)
         self.t0 = time.monotonic()
         #: The epoch whose units the workers hold (a new iterator, set_epoch, a resume or
@@ -179,8 +189,9 @@ class _Pool:
         self.sizer = None
         if remote.workers == "auto":
             self.sizer = _native.PoolSizer(remote.min_workers, remote.max_workers,
-                                           remote.cpus_per_worker, remote.local)
+                                           self.cpus, remote.local)
             initial = remote.min_workers if remote.local else max(remote.min_workers, 1)
+            _say_auto(remote, self.cpus, min(initial, remote.max_workers), placed)
         else:
             initial = remote.workers
         if remote.local:
@@ -192,8 +203,8 @@ class _Pool:
 
     def start_worker(self) -> None:
         self.started += 1
-        actor = self.actor_class.options(num_cpus=self.remote.cpus_per_worker).remote(
-            self.cls_name, self.args, self.remote.cpus_per_worker)
+        actor = self.actor_class.options(num_cpus=self.cpus).remote(
+            self.cls_name, self.args, self.cpus)
         self.workers.append(_Worker(actor, f"FlowgateDecoder-{self.started}",
                                     actor.pid.remote()))
 
@@ -334,13 +345,11 @@ class _RemoteEpoch:
         # The native loader's next epoch is the one after this (the plan holds this one).
         native.set_epoch(self.epoch + 1)
         self._units = len(self._plan)
-        self._batch = loader._args["batch_size"]
-        # Regrouping rows needs them in position order (input order) and fixed-size batches.
-        self._regroup = self._plan.per_batch > 1 and loader._args.get("order", "input") == "input"
+        # The units' batches regrouped into the local loader's (the library's view).
+        self._regroup = self._plan.regroup(loader._args.get("order", "input"))
         self._issued = 0          # units handed out: 0.._issued
         self._at = 0              # the next unit to take
         self._states: Dict[int, Dict[str, Any]] = {}
-        self._rows: Deque[_Rows] = collections.deque()
         self._convert = _converter_from_numpy(loader._args["output"])
         loader._remote_state = self._plan.state()
         # An epoch run again adds its failures to the earlier run's, as a local loader's.
@@ -386,31 +395,13 @@ class _RemoteEpoch:
 
     def _next_batch(self) -> Tuple[Any, List[int]]:
         """The next batch and its rows' positions, or ``(None, [])`` at the epoch's end."""
-        while not self._rows and self._at < self._units:
+        while True:
+            got = self._regroup.pop(self._at >= self._units)
+            if got is not None:
+                return _read_only(got[0]), got[1]
+            if self._at >= self._units:
+                return None, []
             self._take(self._at)
-        if not self._rows:
-            return None, []
-        head = self._rows[0]
-        if not self._regroup or (head.at == 0 and len(head) == self._batch):
-            self._rows.popleft()
-            return head.item, head.positions
-        # A short batch (a skipped item): rows from the next batches make it up, as the local
-        # loader fills a batch from the next items.
-        parts, positions = [], []
-        while len(positions) < self._batch:
-            while not self._rows and self._at < self._units:
-                self._take(self._at)
-            if not self._rows:
-                break
-            head = self._rows[0]
-            part, pos = head.take(min(len(head), self._batch - len(positions)))
-            parts.append(part)
-            positions += pos
-            if not len(head):
-                self._rows.popleft()
-        if len(positions) < self._batch and self._plan.drop_last:
-            return None, []
-        return _read_only(_concat(parts)), positions
 
     def _finish(self) -> None:
         self._finished = True
@@ -485,14 +476,14 @@ class _RemoteEpoch:
         pool.waited += time.monotonic() - start
         worker.units.remove(entry)
         worker.finished += 1
+        if worker.actor is not None:
+            pool.units_by_actors += 1
         worker.busy_seconds += result["seconds"]
         pool.deaths_before_a_unit = 0
         pool.reap()
         self._loader._remote_failures[self.epoch].extend(result["failures"])
         for b, rows in zip(result["batches"], result["rows"]):
-            if worker.actor is None:
-                _read_only(b)
-            self._rows.append(_Rows(b, _expand(rows)))
+            self._regroup.push(b, rows)
         self._states.pop(unit, None)
         self._at += 1
         pool.consumed += 1
@@ -511,7 +502,7 @@ class _RemoteEpoch:
                 free = float("nan")
             raise RuntimeError(
                 f"no FlowgateDecoder actor started in {waited:.0f} s: each asks Ray for "
-                f"cpus_per_worker={pool.remote.cpus_per_worker:g} CPUs and the cluster has "
+                f"cpus_per_worker={pool.cpus:g} CPUs and the cluster has "
                 f"{free:g} free (lower cpus_per_worker, add nodes, or use local=True)")
 
     def _lost_actor(self, e: BaseException) -> bool:
@@ -598,6 +589,54 @@ class _RemoteEpoch:
             rec["decisions"] = [f"RemoteWorkers({before} -> {n}): {why}"
                                 if window is not None else why]
         pool.trace.append(rec)
+
+
+def _placement(ray: Any, remote: Ray) -> Tuple[float, Tuple[float, float, float]]:
+    """The CPUs each actor reserves (``cpus_per_worker``, or what fits the largest node, at
+    most 4) and the cluster's CPUs ``(free, total, largest node)``. A pinned pool that cannot
+    be placed raises, naming the CPUs needed and free, rather than decode locally unasked."""
+    try:
+        nodes = [n for n in ray.nodes() if n.get("Alive", True)]
+        largest = max((float(n.get("Resources", {}).get("CPU", 0.0)) for n in nodes),
+                      default=0.0)
+        total = float(ray.cluster_resources().get("CPU", 0.0))
+        free = float(ray.available_resources().get("CPU", 0.0))
+    except Exception:  # noqa: BLE001 - an old or unusual runtime: no figures, no checks
+        return remote.cpus_per_worker or 1.0, (math.inf, math.inf, math.inf)
+    cpus = remote.cpus_per_worker
+    if cpus is None:
+        cpus = max(1.0, min(4.0, largest))
+    if remote.workers != "auto" and remote.workers > 0:
+        need = remote.workers * cpus
+        if cpus > largest:
+            raise RuntimeError(
+                f"{remote!r}: an actor needs {cpus:g} CPUs and the Ray cluster's largest node "
+                f"has {largest:g}; lower cpus_per_worker")
+        if need > free + 1e-9:
+            raise RuntimeError(
+                f"{remote!r}: {remote.workers} actors of {cpus:g} CPUs need {need:g} CPUs and "
+                f"the Ray cluster has {free:g} free (of {total:g}); lower workers or "
+                'cpus_per_worker, or use workers="auto" (sized to what is free)')
+    return cpus, (free, total, largest)
+
+
+def _say_auto(remote: Ray, cpus: float, initial: int,
+              placed: Tuple[float, float, float]) -> None:
+    """``workers="auto"``'s first line on the log: how many actors it starts, and why."""
+    import logging
+    free, total, largest = placed
+    log = logging.getLogger("flowgate.remote")
+    local = "; the training process decodes too" if remote.local else ""
+    if cpus > largest:
+        log.warning("flowgate.Ray(workers=\"auto\") will start no actor: each needs %g CPUs "
+                    "and the cluster's largest node has %g; decoding in the training process "
+                    "only (lower cpus_per_worker)", cpus, largest)
+        return
+    grows = (f"actors of {cpus:g} CPUs are added while the training loop waits, up to "
+             f"{remote.max_workers}, within the cluster's free CPUs ({free:g} of {total:g} now)")
+    level = logging.WARNING if initial == 0 and free + 1e-9 < cpus else logging.INFO
+    log.log(level, "flowgate.Ray(workers=\"auto\"): %d actor(s) at the start "
+            "(min_workers=%d%s); %s", initial, remote.min_workers, local, grows)
 
 
 def _rate(workers: List[Optional[_Worker]]) -> float:

@@ -7,18 +7,28 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional, Sequence, Union
 
+from . import _native
+
+
+#: Arguments whose range is the library's (``flowgate::limits``): checked there, in its
+#: words, which a pipeline file's check uses too.
+_LIMITS = ("batch_size", "workers", "prefetch", "buffer")
+
 
 def _check_ints(args: Dict[str, Any], **least: int) -> None:
     """Raises ValueError naming the argument if one of ``least``'s (when given) is not an
-    integer of at least its value (a negative count would otherwise surface as an
-    OverflowError from the native side)."""
+    integer in its range: the library's limit where it has one, else at least its value in
+    ``least`` (a negative count would otherwise surface as an OverflowError from the native
+    side)."""
     for name, low in least.items():
         v = args.get(name)
         if v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, int):
             raise ValueError(f"{name} must be an integer, not {v!r}")
-        if v < low:
+        if name in _LIMITS:
+            _native._check_limit(name, v)
+        elif v < low:
             raise ValueError(f"{name} must be at least {low}, not {v}")
 
 
@@ -62,13 +72,14 @@ class Shards:
 
     _flowgate_shards = True
 
-    def __init__(self, pattern: Union[str, "os.PathLike[str]"], buffer: int = 1000,
+    def __init__(self, pattern: Union[str, "os.PathLike[str]"], buffer: int = _native.DEFAULT_BUFFER,
                  fields: Optional[Sequence[str]] = None, endpoint: Optional[str] = None,
                  cache_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
-                 cache_mb: float = 0.0, prefetch: int = 2) -> None:
+                 cache_mb: float = 0.0, prefetch: int = _native.DEFAULT_PREFETCH) -> None:
         _check_ints(locals(), buffer=0, prefetch=0)
-        if not isinstance(cache_mb, (int, float)) or isinstance(cache_mb, bool) or cache_mb < 0:
-            raise ValueError(f"cache_mb must be a number of at least 0, not {cache_mb!r}")
+        if not isinstance(cache_mb, (int, float)) or isinstance(cache_mb, bool):
+            raise ValueError(f"cache_mb must be a number of MiB, not {cache_mb!r}")
+        _native._check_limit("cache_mb", float(cache_mb))
         self.pattern = os.fspath(pattern)
         self.buffer = buffer
         self.fields = None if fields is None else [str(f) for f in fields]
@@ -106,7 +117,7 @@ class Parquet:
     _flowgate_parquet = True
 
     def __init__(self, paths: Union[str, "os.PathLike[str]", Sequence[Any]],
-                 column: str = "image", buffer: int = 1000,
+                 column: str = "image", buffer: int = _native.DEFAULT_BUFFER,
                  endpoint: Optional[str] = None) -> None:
         _check_ints(locals(), buffer=0)
         if isinstance(paths, (str, os.PathLike)):

@@ -214,6 +214,26 @@ impl Batch {
         self.shape_().first().copied().unwrap_or(0)
     }
 
+    /// `batch[i]`, slices and NumPy indices: through the NumPy view (host memory), so a label
+    /// batch indexes as its labels do (`labels[0]` is an integer).
+    fn __getitem__<'py>(
+        slf: &Bound<'py, Self>,
+        index: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        as_numpy(slf)?.get_item(index)
+    }
+
+    /// Iterates the first axis (a label batch: its labels), through the NumPy view.
+    fn __iter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(as_numpy(slf)?.try_iter()?.into_any())
+    }
+
+    /// The values as nested Python lists (`numpy.ndarray.tolist`): a label batch's labels as
+    /// ints.
+    fn tolist<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        as_numpy(slf)?.call_method0("tolist")
+    }
+
     /// A copy in host memory (after the upload completes, for a device batch).
     fn cpu(&self, py: Python<'_>) -> PyResult<Batch> {
         let bytes = match &self.mem {
@@ -373,6 +393,13 @@ impl Batch {
 
 /// A batch from pickled bytes (see `Batch.__reduce__`); `None`: zeros, for a caller that
 /// fills its writable NumPy view (a remote worker's array: copied once).
+/// A host batch's NumPy view (a device batch raises, saying to call `cpu()` first).
+fn as_numpy<'py>(slf: &Bound<'py, Batch>) -> PyResult<Bound<'py, PyAny>> {
+    slf.py()
+        .import("numpy")?
+        .call_method1("asarray", (slf.clone(),))
+}
+
 #[pyfunction]
 pub(crate) fn _batch_from_bytes(
     bytes: Option<&[u8]>,

@@ -124,12 +124,14 @@ fn records(paths: &Bound<'_, PyAny>, label: Option<String>) -> PyResult<Option<S
     } else if paths.hasattr("_flowgate_shards")? {
         let pattern: String = paths.getattr("pattern")?.extract()?;
         let fields: Option<Vec<String>> = paths.getattr("fields")?.extract()?;
-        let cache_mb: f64 = paths.getattr("cache_mb")?.extract()?;
+        let cache_bytes = flowgate::limits::CACHE_MB
+            .bytes(paths.getattr("cache_mb")?.extract()?)
+            .map_err(crate::error::out_of_range)?;
         let s = Source::shards(pattern).remote(Remote {
             endpoint: paths.getattr("endpoint")?.extract()?,
             region: None,
             cache_dir: paths.getattr("cache_dir")?.extract()?,
-            cache_bytes: (cache_mb.max(0.0) * 1048576.0) as u64,
+            cache_bytes,
             prefetch: paths.getattr("prefetch")?.extract()?,
         });
         match fields {

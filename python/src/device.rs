@@ -10,9 +10,9 @@ use crate::error::to_py_device;
 
 /// The device `spec` names: `"cpu"` (`None`), `"cuda"`, `"cuda:N"`, or `"simulated"` (a copy
 /// engine in host memory that records what a GPU would be asked to do: for tests), holding
-/// at most `memory_mb` of uploaded batches (default 1 GiB). An unusable device raises
+/// at most `device_bytes` of uploaded batches (default 1 GiB). An unusable device raises
 /// `DeviceUnavailable` here, at construction, rather than at the first batch.
-pub(crate) fn open_device(spec: &str, memory_mb: Option<f64>) -> PyResult<Option<Device>> {
+pub(crate) fn open_device(spec: &str, device_bytes: Option<u64>) -> PyResult<Option<Device>> {
     let device = match spec {
         "cpu" => return Ok(None),
         "simulated" => Device::simulated(25e9, std::time::Duration::from_micros(10)),
@@ -33,8 +33,8 @@ pub(crate) fn open_device(spec: &str, memory_mb: Option<f64>) -> PyResult<Option
             )))
         }
     };
-    Ok(Some(match memory_mb {
-        Some(m) => device.max_device_bytes((m * 1048576.0) as u64),
+    Ok(Some(match device_bytes {
+        Some(m) => device.max_device_bytes(m),
         None => device,
     }))
 }

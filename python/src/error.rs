@@ -32,6 +32,12 @@ pyo3::create_exception!(
     "The device a loader was asked for cannot be used (no NVIDIA driver, no such GPU, or a flowgate build without CUDA)."
 );
 
+/// A number out of the library's range, as Python's `ValueError` (`batch_size: must be in
+/// 1..=65536, not 0`).
+pub(crate) fn out_of_range(e: flowgate::limits::OutOfRange) -> PyErr {
+    pyo3::exceptions::PyValueError::new_err(e.to_string())
+}
+
 pub(crate) fn to_py_device(e: flowgate::device::DeviceError) -> PyErr {
     match e {
         flowgate::device::DeviceError::Unavailable(_) => DeviceUnavailable::new_err(e.to_string()),

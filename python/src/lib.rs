@@ -64,12 +64,20 @@ fn _exiting() {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // The library's defaults, which the Python signatures show.
+    m.add("DEFAULT_BATCH_SIZE", flowgate::loader::DEFAULT_BATCH_SIZE)?;
+    m.add("DEFAULT_BUCKETS", flowgate::loader::DEFAULT_BUCKETS)?;
+    m.add("DEFAULT_BUFFER", flowgate::dataset::DEFAULT_BUFFER)?;
+    m.add("DEFAULT_PREFETCH", flowgate::dataset::DEFAULT_PREFETCH)?;
     m.add_class::<batch::Batch>()?;
     m.add_class::<loader::Loader>()?;
     m.add_class::<recipes::Options>()?;
     m.add_class::<units::EpochPlan>()?;
     m.add_class::<units::PoolSizer>()?;
+    m.add_class::<units::Regroup>()?;
     m.add_function(wrap_pyfunction!(units::_delivered_since, m)?)?;
+    m.add_function(wrap_pyfunction!(recipes::_check_limit, m)?)?;
     m.add_class::<pipeline::PyPipeline>()?;
     m.add_function(wrap_pyfunction!(recipes::image_loader, m)?)?;
     m.add_function(wrap_pyfunction!(recipes::audio_loader, m)?)?;

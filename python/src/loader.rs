@@ -205,6 +205,14 @@ impl Loader {
         // Items read again to make up batches lost to skipped ones (`fill_skipped`).
         d.set_item("filled", self.watch.filled())?;
         d.set_item("consumer_wait_s", s.consumer_wait.as_secs_f64())?;
+        // The budget everything the loader holds stays within, and where it came from (set,
+        // or the default from the host's or the container's memory).
+        if let Some(m) = &s.memory_budget {
+            let b = PyDict::new(py);
+            b.set_item("bytes", m.bytes)?;
+            b.set_item("source", &m.source)?;
+            d.set_item("memory_budget", b)?;
+        }
         let stages = PyDict::new(py);
         for st in &s.stages {
             let x = PyDict::new(py);

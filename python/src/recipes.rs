@@ -3,6 +3,7 @@
 //! flowgate's one rule (seed, epoch, file).
 
 use flowgate::dataset::{Dataset, Ranks};
+use flowgate::limits::{BATCH_SIZE, DEVICE_MEMORY_MB, MEMORY_MB, WORKERS};
 use flowgate::loader::LoaderBuilder;
 use flowgate::media::audio::AudioRecipe;
 use flowgate::media::image::{ImageRecipe, Layout, Normalize, RandomCrop};
@@ -13,6 +14,7 @@ use pyo3::prelude::*;
 
 use crate::dataset::{open_error, source_of};
 use crate::device::open_device;
+use crate::error::out_of_range;
 use crate::loader::Loader;
 
 /// What every native loader takes besides its decoder (built once by the Python wrappers, so
@@ -28,16 +30,16 @@ pub(crate) struct Options {
     workers: Option<usize>,
     order: Order,
     skip_errors: bool,
-    fill_skipped: bool,
+    fill_skipped: Option<bool>,
     labels: Option<Py<PyAny>>,
     return_paths: bool,
-    memory_mb: Option<f64>,
+    memory_bytes: Option<u64>,
     cpu_budget: Option<flowgate::CpuBudget>,
     device: String,
-    device_memory_mb: Option<f64>,
-    /// `(worker, workers)` in a DataLoader worker: this process reads its part of the rank's
-    /// share.
-    worker_split: Option<(usize, usize)>,
+    device_bytes: Option<u64>,
+    /// `(worker, workers)` in a DataLoader worker: this process is that reader of the rank's
+    /// epochs (`LoaderBuilder::reader`).
+    reader: Option<(usize, usize)>,
     /// Decodes units of another loader's plan (a remote worker): no batch dropped.
     units: bool,
 }
@@ -45,41 +47,45 @@ pub(crate) struct Options {
 #[pymethods]
 impl Options {
     #[new]
-    #[pyo3(signature = (batch_size=32, shuffle=true, seed=0, rank=None, world_size=None,
-        drop_last=false, workers=None, order="input".to_owned(), skip_errors=true, fill_skipped=false, labels=None, return_paths=false,
-        memory_mb=None, cpu_budget=None, device="cpu".to_owned(), device_memory_mb=None, worker_split=None, units=false))]
+    #[pyo3(signature = (batch_size=flowgate::loader::DEFAULT_BATCH_SIZE as i64, shuffle=true, seed=0, rank=None, world_size=None,
+        drop_last=false, workers=None, order="input".to_owned(), skip_errors=true, fill_skipped=None, labels=None, return_paths=false,
+        memory_mb=None, cpu_budget=None, device="cpu".to_owned(), device_memory_mb=None, reader=None, units=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        batch_size: usize,
+        batch_size: i64,
         shuffle: bool,
         seed: u64,
         rank: Option<usize>,
         world_size: Option<usize>,
         drop_last: bool,
-        workers: Option<usize>,
+        workers: Option<i64>,
         order: String,
         skip_errors: bool,
-        fill_skipped: bool,
+        fill_skipped: Option<bool>,
         labels: Option<Py<PyAny>>,
         return_paths: bool,
         memory_mb: Option<f64>,
         cpu_budget: Option<&Bound<'_, PyAny>>,
         device: String,
         device_memory_mb: Option<f64>,
-        worker_split: Option<(usize, usize)>,
+        reader: Option<(usize, usize)>,
         units: bool,
     ) -> PyResult<Self> {
         let cpu_budget = cpu_budget.map(cpu_budget_of).transpose()?;
-        for (name, v) in [
-            ("memory_mb", memory_mb),
-            ("device_memory_mb", device_memory_mb),
-        ] {
-            if v.is_some_and(|m| !(m > 0.0 && m.is_finite())) {
-                return Err(PyValueError::new_err(format!(
-                    "{name} must be a positive number of MiB"
-                )));
-            }
-        }
+        // The library's limits, in its words (a pipeline file says the same).
+        let memory_bytes = memory_mb
+            .map(|m| MEMORY_MB.bytes(m))
+            .transpose()
+            .map_err(out_of_range)?;
+        let device_bytes = device_memory_mb
+            .map(|m| DEVICE_MEMORY_MB.bytes(m))
+            .transpose()
+            .map_err(out_of_range)?;
+        let batch_size = BATCH_SIZE.check(batch_size.into()).map_err(out_of_range)? as usize;
+        let workers = workers
+            .map(|n| WORKERS.check(n.into()).map(|n| n as usize))
+            .transpose()
+            .map_err(out_of_range)?;
         let order = choice(
             "order",
             &order,
@@ -98,14 +104,42 @@ impl Options {
             fill_skipped,
             labels,
             return_paths,
-            memory_mb,
+            memory_bytes,
             cpu_budget,
             device,
-            device_memory_mb,
-            worker_split,
+            device_bytes,
+            reader,
             units,
         })
     }
+}
+
+/// Checks the argument `name` (of a loader or a source) against the library's limits, in its
+/// words: what `flowgate.Shards(...)` and the loaders call before anything is built.
+#[pyfunction]
+pub(crate) fn _check_limit(name: &str, value: &Bound<'_, PyAny>) -> PyResult<()> {
+    use flowgate::limits::{CACHE_MB, PREFETCH};
+    let whole = match name {
+        "batch_size" => BATCH_SIZE,
+        "workers" => WORKERS,
+        "prefetch" => PREFETCH,
+        "buffer" => flowgate::limits::BUFFER,
+        _ => {
+            let limit = match name {
+                "cache_mb" => CACHE_MB,
+                "memory_mb" => MEMORY_MB,
+                "device_memory_mb" => DEVICE_MEMORY_MB,
+                _ => return Err(PyValueError::new_err(format!("no limit named {name:?}"))),
+            };
+            return limit
+                .bytes(value.extract()?)
+                .map(drop)
+                .map_err(out_of_range);
+        }
+    };
+    // An integer too large for i64 is out of every range.
+    let v: i128 = value.extract::<i64>().map_or(i128::MAX, i128::from);
+    whole.check(v).map(drop).map_err(out_of_range)
 }
 
 /// `cpu_budget=`: a number of cores (an int, or anything with `__index__`), a fraction of the
@@ -154,14 +188,11 @@ impl Options {
                 ))
             }
         };
-        let mut dataset = Dataset::builder(source)
+        let dataset = Dataset::builder(source)
             .extensions(recipe.extensions())
             .shuffle_seed(self.shuffle.then_some(self.seed))
             .ranks_from(ranks)
             .drop_last(self.drop_last);
-        if let Some((worker, workers)) = self.worker_split {
-            dataset = dataset.split(worker, workers);
-        }
         // Opening reads listings, manifests and footers (on S3: requests, retries): without
         // the GIL, so the process's other threads run meanwhile.
         let dataset = py
@@ -170,7 +201,6 @@ impl Options {
         let mut b = flowgate::Loader::builder(dataset, recipe)
             .batch_size(self.batch_size)
             .drop_last(self.drop_last)
-            .fill_skipped(self.fill_skipped)
             .order(self.order)
             .max_failures(if self.skip_errors {
                 FailureBudget::unlimited()
@@ -180,16 +210,23 @@ impl Options {
         if let Some(n) = self.workers {
             b = b.workers(n);
         }
+        // Not given: the library's default (on under a world size above 1).
+        if let Some(f) = self.fill_skipped {
+            b = b.fill_skipped(f);
+        }
         if self.units {
             b = b.decodes_units();
         }
-        if let Some(m) = self.memory_mb {
-            b = b.memory_budget((m * 1048576.0) as u64);
+        if let Some((reader, readers)) = self.reader {
+            b = b.reader(reader, readers);
+        }
+        if let Some(m) = self.memory_bytes {
+            b = b.memory_budget(m);
         }
         if let Some(c) = self.cpu_budget {
             b = b.cpu_budget(c);
         }
-        if let Some(d) = open_device(&self.device, self.device_memory_mb)? {
+        if let Some(d) = open_device(&self.device, self.device_bytes)? {
             b = b.device(d);
         }
         let b = more(b);
@@ -262,7 +299,7 @@ fn invalid(e: RecipeError) -> PyErr {
 /// to their longest clip, at most `max_batch_seconds` padded seconds each, with lengths.
 #[pyfunction]
 #[pyo3(signature = (paths, options, rate=16000, seconds=4.0, train=false, return_lengths=false,
-    max_batch_seconds=None, buckets=20))]
+    max_batch_seconds=None, buckets=flowgate::loader::DEFAULT_BUCKETS))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn audio_loader(
     paths: &Bound<'_, PyAny>,
@@ -297,7 +334,7 @@ pub(crate) fn audio_loader(
 #[cfg(feature = "video")]
 #[pyfunction]
 #[pyo3(signature = (paths, options, frames=8, resize=128, crop=112, layout="nthwc", threads=0,
-    audio_seconds=None, audio_rate=16000, fps=None, max_batch_frames=None, buckets=20,
+    audio_seconds=None, audio_rate=16000, fps=None, max_batch_frames=None, buckets=flowgate::loader::DEFAULT_BUCKETS,
     stride=None, train=false, draft=false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn video_loader(

@@ -5,7 +5,7 @@
 use flowgate::actors::origin::RangeSet;
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyList, PySlice, PyTuple};
 
 use crate::state::{state_from_py, state_to_py};
 
@@ -72,9 +72,118 @@ impl EpochPlan {
         state_to_py(py, &self.plan.state_with(&r))
     }
 
+    /// Regrouping of this plan's units' batches into the training loader's (`order`:
+    /// `"input"` or `"completion"`, the loader's).
+    fn regroup(&self, order: &str) -> Regroup {
+        let order = if order == "completion" {
+            flowgate::Order::Completion
+        } else {
+            flowgate::Order::Input
+        };
+        Regroup {
+            inner: flowgate::loader::Regroup::new(&self.plan, order),
+        }
+    }
+
     /// The `state_dict` after the epoch's end: the next epoch from its start.
     fn next_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         state_to_py(py, &self.plan.next_state())
+    }
+}
+
+/// A batch of NumPy arrays (or a tuple of arrays and lists) from a unit, as the library's
+/// regrouping takes rows.
+struct PyRows(Py<PyAny>);
+
+impl flowgate::loader::Rows for PyRows {
+    fn rows(&self) -> usize {
+        Python::with_gil(|py| {
+            let item = self.0.bind(py);
+            let first = match item.downcast::<PyTuple>() {
+                Ok(t) => t.get_item(0).expect("a field"),
+                Err(_) => item.clone(),
+            };
+            first.len().expect("a batch's rows")
+        })
+    }
+
+    fn slice(&self, start: usize, end: usize) -> Self {
+        Python::with_gil(|py| {
+            let rows = |x: &Bound<'_, PyAny>| {
+                x.get_item(PySlice::new(py, start as isize, end as isize, 1))
+                    .expect("rows of a batch")
+                    .unbind()
+            };
+            let item = self.0.bind(py);
+            PyRows(match item.downcast::<PyTuple>() {
+                Ok(t) => {
+                    let fields: Vec<_> = t.iter().map(|x| rows(&x)).collect();
+                    PyTuple::new(py, fields)
+                        .expect("a tuple")
+                        .into_any()
+                        .unbind()
+                }
+                Err(_) => rows(item),
+            })
+        })
+    }
+
+    fn concat(parts: Vec<Self>) -> Self {
+        Python::with_gil(|py| {
+            let parts: Vec<Bound<'_, PyAny>> =
+                parts.into_iter().map(|p| p.0.into_bound(py)).collect();
+            PyRows(join(py, &parts).expect("joined rows").unbind())
+        })
+    }
+}
+
+/// `parts` (alike: arrays, lists, or tuples of them) one after the other.
+fn join<'py>(py: Python<'py>, parts: &[Bound<'py, PyAny>]) -> PyResult<Bound<'py, PyAny>> {
+    let first = &parts[0];
+    if let Ok(t) = first.downcast::<PyTuple>() {
+        let fields = (0..t.len())
+            .map(|k| {
+                let column: Vec<_> = parts
+                    .iter()
+                    .map(|p| p.get_item(k))
+                    .collect::<PyResult<_>>()?;
+                join(py, &column)
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        return Ok(PyTuple::new(py, fields)?.into_any());
+    }
+    if first.is_instance_of::<PyList>() {
+        let out = PyList::empty(py);
+        for p in parts {
+            for x in p.try_iter()? {
+                out.append(x?)?;
+            }
+        }
+        return Ok(out.into_any());
+    }
+    py.import("numpy")?
+        .call_method1("concatenate", (PyList::new(py, parts)?,))
+}
+
+/// The library's [`Regroup`](flowgate::loader::Regroup) over a plan's units' batches: made by
+/// `EpochPlan.regroup`.
+#[pyclass(module = "flowgate._native")]
+pub(crate) struct Regroup {
+    inner: flowgate::loader::Regroup<PyRows>,
+}
+
+#[pymethods]
+impl Regroup {
+    /// A unit's next batch (in plan order) and its rows' positions (`[start, end)` pairs).
+    fn push(&mut self, item: Py<PyAny>, rows: Vec<(u64, u64)>) {
+        let positions = rows.into_iter().flat_map(|(a, b)| a..b).collect();
+        self.inner.push(PyRows(item), positions);
+    }
+
+    /// The next batch and its rows' positions, or None: more units needed, or (`finished`:
+    /// every unit pushed) the epoch's end.
+    fn pop(&mut self, finished: bool) -> Option<(Py<PyAny>, Vec<u64>)> {
+        self.inner.pop(finished).map(|(r, p)| (r.0, p))
     }
 }
 

@@ -14,6 +14,8 @@ import flowgate
 ap = argparse.ArgumentParser()
 ap.add_argument("files")
 ap.add_argument("--fill", action="store_true")
+# The loader's own default (no fill_skipped argument), what a user gets.
+ap.add_argument("--default-fill", action="store_true")
 ap.add_argument("--ddp", action="store_true")
 ap.add_argument("--drop-last", action="store_true")
 ap.add_argument("--epochs", type=int, default=2)
@@ -21,8 +23,9 @@ a = ap.parse_args()
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
+fill = {} if a.default_fill else {"fill_skipped": a.fill}
 loader = flowgate.ImageLoader(a.files, batch_size=3, crop=16, resize=16, seed=2,
-                              drop_last=a.drop_last, fill_skipped=a.fill, workers=1)
+                              drop_last=a.drop_last, workers=1, **fill)
 report = {"len": len(loader), "batches": [], "filled": [], "failures": []}
 for epoch in range(a.epochs):
     n = 0

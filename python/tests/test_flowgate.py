@@ -621,3 +621,47 @@ def test_video_windows_resume_exactly_through_chained_checkpoints(videos):
             got.update(frames_by_path(list(it)))
         again.close()
     assert got == e1
+
+
+def test_folder_labels_are_torchvisions_image_folder(data, tmp_path):
+    """Nested class folders, a file at the root, upper-case and hidden names: the classes and
+    every file's label are ImageFolder's; an empty class folder is refused, as ImageFolder
+    refuses it."""
+    datasets = pytest.importorskip("torchvision.datasets")
+    sources = sorted((data / "images").glob("*.jpg"))
+    root = tmp_path / "tree"
+    layout = ["cat/sub1/a.jpg", "cat/sub2/deeper/b.jpg", "cat/c.jpg", "dog/d.jpg",
+              "Zebra/e.jpg", ".hidden/f.jpg", "nested/x/y/z/g.jpg", "root.jpg"]
+    for src, rel in zip(sources, layout):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(src.read_bytes())
+    tv = datasets.ImageFolder(str(root))
+    loader = flowgate.ImageLoader(str(root), labels="folder", batch_size=3, crop=16, resize=16,
+                                  return_paths=True)
+    assert loader.classes == tv.classes
+    want = {path: label for path, label in tv.samples}
+    got = {p: int(y) for _, labels, paths in loader for p, y in zip(paths, labels)}
+    assert got == want
+    # An empty class folder: torchvision raises, and so does flowgate, naming it.
+    (root / "ant").mkdir()
+    with pytest.raises(FileNotFoundError):
+        datasets.ImageFolder(str(root))
+    with pytest.raises(ValueError, match="ant"):
+        flowgate.ImageLoader(str(root), labels="folder")
+
+
+def test_first_hour_conveniences(data):
+    """A version, a readable repr, label batches that index, iterate and turn into lists."""
+    assert flowgate.__version__ and flowgate.__version__[0].isdigit()
+    paths = [str(p) for p in sorted((data / "images").glob("*.jpg"))[:5]]
+    loader = flowgate.ImageLoader(paths, batch_size=5, labels=[3, 1, 4, 1, 5], shuffle=False,
+                                  crop=16, resize=16)
+    assert repr(loader) == "ImageLoader([5 paths], batch_size=5, len=1, epoch=0)"
+    ((x, y),) = list(loader)
+    assert y.tolist() == [3, 1, 4, 1, 5] and list(y) == [3, 1, 4, 1, 5]
+    assert int(y[2]) == 4 and list(y[1:3]) == [1, 4] and x[0].shape == (3, 16, 16)
+    # Fail-fast says so, not that a budget was exceeded.
+    bad = paths[:2] + [str(data / "audio.txt")]
+    with pytest.raises(flowgate.LoaderError, match="first failed item") as e:
+        list(flowgate.ImageLoader(bad, batch_size=1, skip_errors=False, crop=16, resize=16))
+    assert "budget" not in str(e.value)

@@ -213,18 +213,42 @@ def test_set_epoch_mid_epoch_abandons_it_as_locally(cluster, data):
         same(epoch(l), epoch(local))
 
 
-def test_actors_ray_cannot_place_do_not_hang_the_loop(cluster, data):
-    want = epoch(loader(data))
-    # Each asks for more CPUs than the cluster has: the training process decodes alone.
-    with loader(data, remote(workers=1, local=True, cpus_per_worker=100)) as l:
-        same(epoch(l), want)
-    # More pinned actors than fit: those placed do the work.
+def test_a_pinned_pool_ray_cannot_place_is_an_error_naming_the_cpus(cluster, data):
+    # An actor larger than any node: refused at once, never a silent local run.
+    for local in (True, False):
+        with loader(data, remote(workers=1, local=local, cpus_per_worker=100)) as l:
+            with pytest.raises(RuntimeError, match="needs 100 CPUs.*largest node has 6"):
+                epoch(l)
+    # More pinned actors than the CPUs free: the CPUs needed and free.
     with loader(data, remote(workers=8, local=False, batches_per_unit=1)) as l:
-        same(epoch(l), want)
-    # None can be placed and nothing decodes locally: an error naming the request.
-    with loader(data, remote(workers=1, local=False, cpus_per_worker=100, start_timeout=2)) as l:
-        with pytest.raises(RuntimeError, match="cpus_per_worker=100"):
+        with pytest.raises(RuntimeError, match=r"need 8 CPUs and the Ray cluster has \d+ free"):
             epoch(l)
+    # "auto" with actors too large for any node says so on the log and decodes locally.
+    want = epoch(loader(data))
+    with loader(data, remote(workers="auto", cpus_per_worker=100)) as l:
+        same(epoch(l), want)
+        assert l.stats()["remote"]["started"] == 0
+
+
+def test_auto_says_how_many_actors_it_starts_and_fits_the_node(cluster, data, caplog):
+    import logging
+    with caplog.at_level(logging.INFO, logger="flowgate.remote"):
+        with loader(data, flowgate.Ray(workers="auto", min_workers=1)) as l:
+            epoch(l)
+            # The default cpus_per_worker fits this 6-CPU runtime's node (at most 4).
+            assert l._pool.cpus == 4
+    lines = [r.getMessage() for r in caplog.records if r.name == "flowgate.remote"]
+    assert len(lines) == 1 and "1 actor(s) at the start (min_workers=1" in lines[0], lines
+
+
+def test_units_are_decoded_by_the_actors_they_are_handed_to(cluster, data):
+    """With local=False every unit is decoded by an actor (counted), and the batches are the
+    local loader's."""
+    want = epoch(loader(data))
+    with loader(data, remote(workers=2, local=False, batches_per_unit=1)) as l:
+        same(epoch(l), want)
+        s = l.stats()["remote"]
+        assert s["units_by_actors"] == len(want) and s["units_local"] == 0, s
 
 
 def test_a_loader_the_actors_cannot_build_is_an_error_naming_why(cluster, data, tmp_path):
@@ -361,23 +385,39 @@ def test_without_ray_the_error_names_the_package(data):
     assert "ERR" in out.stdout and "pip install ray" in out.stdout, out.stdout + out.stderr
 
 
-def test_video_and_audio_loaders_decode_remotely_alike(cluster, data, videos):
-    r = remote(workers=1, local=True, batches_per_unit=1)
-    for make in (
-        lambda remote: flowgate.VideoLoader(str(videos / "video.txt"), batch_size=3, frames=4,
-                                            resize=32, crop=24, train=True, stride=2, seed=1,
-                                            audio_seconds=0.5, return_paths=True,
-                                            output="numpy", remote=remote),
-        lambda remote: flowgate.AudioLoader(str(data / "audio.txt"), batch_size=3, seconds=1.0,
-                                            train=True, return_lengths=True, return_paths=True,
-                                            output="numpy", remote=remote),
-    ):
+def test_every_kind_of_source_is_decoded_by_actors_alike(cluster, data, videos, tmp_path):
+    """Video, audio, tar shards and a mixture of shards and Parquet: with local=False every
+    unit is decoded by an actor (counted), and the batches are the local loader's."""
+    from test_shards import paths_of, write_shards
+    r = remote(workers=2, local=False, batches_per_unit=1)
+    shards = flowgate.Shards(write_shards(paths_of(data), tmp_path / "shards"), buffer=8)
+    makes = {
+        "video": lambda remote: flowgate.VideoLoader(
+            str(videos / "video.txt"), batch_size=3, frames=4, resize=32, crop=24, train=True,
+            stride=2, seed=1, audio_seconds=0.5, return_paths=True, output="numpy",
+            remote=remote),
+        "audio": lambda remote: flowgate.AudioLoader(
+            str(data / "audio.txt"), batch_size=3, seconds=1.0, train=True,
+            return_lengths=True, return_paths=True, output="numpy", remote=remote),
+        "shards": lambda remote: flowgate.ImageLoader(
+            shards, labels="cls", batch_size=6, resize=32, crop=24, train=True, seed=2,
+            return_paths=True, output="numpy", remote=remote),
+    }
+    from test_parquet import write as write_parquet  # pyarrow: installed by the test command
+    rows = flowgate.Parquet(write_parquet(paths_of(data), tmp_path / "t.parquet"), buffer=8)
+    mix = flowgate.Mix([shards, rows], weights=[0.5, 0.5], draws=30, labels=["cls", "label"])
+    makes["mixture"] = lambda remote: flowgate.ImageLoader(
+        mix, batch_size=4, resize=32, crop=24, seed=5, return_paths=True, output="numpy",
+        remote=remote)
+    for kind, make in makes.items():
         want = [tuple(np.array(x) if not isinstance(x, list) else x for x in b)
                 for b in make(None)]
         with make(r) as l:
             got = [tuple(np.array(x) if not isinstance(x, list) else x for x in b) for b in l]
-        assert len(got) == len(want)
+            s = l.stats()["remote"]
+        assert s["units_by_actors"] == len(want) and s["units_local"] == 0, (kind, s)
+        assert len(got) == len(want), kind
         for g, w in zip(got, want):
-            assert g[-1] == w[-1]
+            assert g[-1] == w[-1], kind
             for a, b in zip(g[:-1], w[:-1]):
                 np.testing.assert_array_equal(a, b)

@@ -89,7 +89,8 @@ def test_a_forked_child_frees_the_loader_it_inherited_without_waiting(data, tmp_
 
 def test_the_dataloader_route_reads_each_image_once(data, tmp_path):
     """DataLoader(loader, batch_size=None, num_workers=2): the workers split the files (with
-    fork, and with spawn, which pickles the loader), each image once per epoch, tensors out."""
+    fork, and with spawn, which pickles the loader), each image once per epoch, batches of the
+    type a loop without workers gets (a Batch)."""
     r = run(f"""
         import collections, torch, flowgate
         from torch.utils.data import DataLoader
@@ -99,7 +100,7 @@ def test_the_dataloader_route_reads_each_image_once(data, tmp_path):
                             multiprocessing_context=context)
             got = []
             for x, paths in dl:
-                assert isinstance(x, torch.Tensor) and x.shape[1:] == (3, 32, 32), x.shape
+                assert isinstance(x, flowgate.Batch) and x.shape[1:] == (3, 32, 32), x.shape
                 assert x.shape[0] == len(paths)
                 got += paths
             return got
@@ -339,7 +340,7 @@ def test_drop_last_through_dataloader_workers_gives_the_local_loaders_batches(da
     only the last partial batch dropped; with fork and spawn, 3 workers, 2 epochs, ranks whose
     shares do not divide by the batch size, and a state loaded in the parent."""
     r = run(f"""
-        import torch, flowgate
+        import numpy as np, torch, flowgate
         from torch.utils.data import DataLoader
 
         def mk(**kw):
@@ -354,11 +355,11 @@ def test_drop_last_through_dataloader_workers_gives_the_local_loaders_batches(da
             for e in range(2):
                 if not persistent:
                     loader.set_epoch(e)
-                out.append([(x.numpy().tobytes(), tuple(p)) for x, p in dl])
+                out.append([(np.asarray(x).tobytes(), tuple(p)) for x, p in dl])
             return out
 
         def local(loader):
-            return [[(x.numpy().tobytes(), tuple(p)) for x, p in loader] for _ in range(2)]
+            return [[(np.asarray(x).tobytes(), tuple(p)) for x, p in loader] for _ in range(2)]
 
         if __name__ == "__main__":
             for ctx in ("fork", "spawn"):
@@ -476,3 +477,43 @@ def test_merged_states_whose_rest_is_unreadable_resume_to_no_batches(data, tmp_p
             loader.load_state_dict(merged)
             assert sum(1 for _ in loader) == 0, f"fill {fill}, rank {rank}"
             assert sum(1 for _ in loader) == len(loader)
+
+
+def test_dataloader_workers_deliver_len_batches_of_the_same_type(data):
+    """Through DataLoader workers the batches are the local loader's (in order, the same type
+    as without workers) and as many as len(): workers read whole batches of the rank's epoch,
+    for counts no worker count divides, both drop_last settings."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+    files = paths_of(data)[:37]
+    for drop_last in (False, True):
+        for workers in (2, 3, 5):
+            args = dict(batch_size=4, crop=16, resize=16, seed=2, drop_last=drop_last,
+                        return_paths=True)
+            local = [(type(b), list(p)) for b, p in flowgate.ImageLoader(files, **args)]
+            loader = flowgate.ImageLoader(files, **args)
+            got = [(type(b), list(p)) for b, p in
+                   DataLoader(loader, batch_size=None, num_workers=workers)]
+            what = f"drop_last {drop_last}, {workers} workers"
+            assert len(got) == len(loader) == len(local), what
+            assert got == local, what
+            assert all(t is flowgate.Batch for t, _ in got), what
+            torch_loader = flowgate.ImageLoader(files, output="torch", **args)
+            assert all(isinstance(b, torch.Tensor) for b, _ in
+                       DataLoader(torch_loader, batch_size=None, num_workers=workers))
+
+
+def test_a_worker_that_cannot_write_its_marker_makes_the_training_process_refuse_state(data):
+    """The marker tells the training process that workers read the loader (so its own
+    state_dict would lose their progress). A worker that cannot write it fails the loop, and
+    the training process then refuses state_dict() as if the marker were there."""
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+    loader = flowgate.ImageLoader(paths_of(data)[:8], batch_size=4, crop=16, resize=16)
+    loader._marker.path = "/nonexistent-flowgate-dir/marker"  # unwritable, even for root
+    assert loader.state_dict() is not None  # nothing read by workers yet
+    with pytest.raises(Exception, match="cannot write its marker file"):
+        list(DataLoader(loader, batch_size=None, num_workers=2,
+                        multiprocessing_context="fork"))
+    with pytest.raises(RuntimeError, match="DataLoader worker processes"):
+        loader.state_dict()

@@ -128,11 +128,9 @@ pub(crate) fn assemble<T: Send + 'static>(
     let sink_chunk = cfg.chunk_at(tail_scale);
     let sink_items = cfg.sink_items.or(cfg.sink_start).unwrap_or(2 * sink_chunk);
     tail.budget().set_limits(sink_items, cfg.sink_bytes);
-    let memory = cfg.memory_bytes.map(|m| {
-        let tuner = autotune.as_ref().and_then(|a| a.settings.memory_bytes);
-        tuner.map_or(m, |t| t.min(m))
-    });
-    let memory = memory.or_else(|| autotune.as_ref().map(|a| a.settings.budgets().memory_bytes));
+    let budget = memory_budget(cfg.memory_bytes, autotune.as_ref().map(|a| &a.settings));
+    let memory = budget.as_ref().map(|b| b.bytes);
+    engine.set_memory(budget);
     if let Some(memory) = memory {
         share_memory(memory, caches, &byte_budgets, tail.budget()).map_err(|e| {
             if cfg.reserved.is_empty() {
@@ -167,12 +165,14 @@ pub(crate) fn assemble<T: Send + 'static>(
     }
     if let Some((every, mut f)) = on_stats {
         let epoch = Arc::clone(&epoch);
+        let budget = engine.memory().cloned();
         plane.every(every, move || {
             let snaps = all_stages.iter().map(|s| s.snapshot()).collect();
             f(&PipelineStats::assemble(
                 snaps,
                 &ledger,
                 epoch.load(Ordering::Relaxed),
+                budget.as_ref(),
             ));
         });
     }
@@ -288,4 +288,32 @@ fn start_tuner(
         actor.start();
     }));
     Ok(())
+}
+
+/// The memory budget: the one set (the builder's, or the tuner's settings', the smaller), or
+/// with the tuner on the default (half of what the host or the process's cgroup leaves), and
+/// where it came from; none with the tuner off and none set.
+pub(crate) fn memory_budget(
+    set: Option<u64>,
+    tuner: Option<&crate::TunerSettings>,
+) -> Option<crate::stats::MemoryBudget> {
+    use crate::stats::MemoryBudget;
+    let by_tuner = tuner.and_then(|t| t.memory_bytes);
+    match (set, by_tuner) {
+        (Some(m), t) => Some(MemoryBudget {
+            bytes: t.map_or(m, |t| t.min(m)),
+            source: "set by the loader's memory budget (memory_mb)".into(),
+        }),
+        (None, Some(t)) => Some(MemoryBudget {
+            bytes: t,
+            source: "set by the tuner's memory_bytes".into(),
+        }),
+        (None, None) => tuner.map(|_| {
+            let (b, source) = flowgate_tuner::Budgets::detect_with_source();
+            MemoryBudget {
+                bytes: b.memory_bytes,
+                source,
+            }
+        }),
+    }
 }

@@ -24,6 +24,7 @@ use crate::engine::{HasBudget, SourceControl};
 use crate::pipeline::Pipeline;
 
 mod assemble;
+pub(crate) use assemble::memory_budget;
 mod plan;
 mod settings;
 

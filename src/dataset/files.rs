@@ -176,7 +176,7 @@ impl Files {
     /// dataset (a hash of every path, in order, and their number) and the sampler (seed,
     /// rank and world size, shard lengths, weights).
     pub fn fingerprint(&self) -> Vec<(&'static str, String)> {
-        use crate::media::rules::{fnv1a, FNV_OFFSET};
+        use crate::hash::{fnv1a, FNV_OFFSET};
         let hash = self.paths.iter().fold(FNV_OFFSET, |h, p| {
             fnv1a(fnv1a(h, p.as_os_str().as_encoded_bytes()), b"\0")
         });

@@ -38,27 +38,20 @@ mod records;
 pub mod shards;
 mod source;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use files::{Files, FolderLabels};
 pub use order::{Order, Ranks};
-pub use source::{Labels, Remote, Source, DEFAULT_BUFFER, DEFAULT_FETCH_CONCURRENCY};
+pub use source::{
+    Labels, Remote, Source, DEFAULT_BUFFER, DEFAULT_FETCH_CONCURRENCY, DEFAULT_PREFETCH,
+};
 
 use crate::sampler::Sampler;
 use crate::{Blob, PipelineError};
 use records::Records;
 use shards::ShardError;
 
-/// What a decoder reads for one item: a local file, or a sample's field (bytes, named
-/// `SHARD/KEY.EXT`).
-#[derive(Debug)]
-pub enum Input {
-    /// A local file.
-    Path(PathBuf),
-    /// A field of a tar shard's sample or a Parquet row.
-    Bytes(Blob),
-}
+pub use crate::blob::Input;
 
 /// One item as read: what to decode, and its label when the dataset has labels.
 #[derive(Debug)]
@@ -115,16 +108,7 @@ pub struct DatasetBuilder {
     extensions: Vec<String>,
 }
 
-/// Every media extension this build decodes: the default of
-/// [`DatasetBuilder::extensions`].
-pub fn media_extensions() -> Vec<&'static str> {
-    crate::media::IMAGE_EXTENSIONS
-        .iter()
-        .chain(crate::media::AUDIO_EXTENSIONS)
-        .chain(crate::media::VIDEO_EXTENSIONS)
-        .copied()
-        .collect()
-}
+pub use crate::extensions::media_extensions;
 
 impl DatasetBuilder {
     /// Shuffles with `seed`: a new order every epoch, the same for the same seed and epoch
@@ -171,7 +155,7 @@ impl DatasetBuilder {
     /// The extensions of media files (directory walks) and of shard fields to decode, case
     /// insensitive, with or without the dot (default: every media extension this build
     /// decodes, [`media_extensions`]; a recipe's own are
-    /// [`Recipe::extensions`](crate::media::Recipe::extensions)).
+    /// `flowgate::media::Recipe::extensions`).
     pub fn extensions(mut self, extensions: &[&str]) -> Self {
         self.extensions = extensions
             .iter()

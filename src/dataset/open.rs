@@ -1,6 +1,8 @@
 //! Opening a [`Source`] into a [`Dataset`]: files found, shards indexed, Parquet footers
 //! read, labels checked, mixtures assembled from their parts, S3 URLs connected.
 
+use std::path::Path;
+
 use super::files::Files;
 use super::order::Order;
 use super::records::Records;
@@ -97,7 +99,7 @@ fn field_label(source: &Source) -> Result<Option<String>, PipelineError> {
 
 /// A dataset of local files, with its labels.
 fn files(source: &Source, order: Order, extensions: &[String]) -> Result<Kind, PipelineError> {
-    let files = match &source.kind {
+    let mut files = match &source.kind {
         SourceKind::Paths(p) => Files::new(p.iter().cloned()),
         SourceKind::Dir(d, own) => {
             let exts: Vec<&str> = own
@@ -125,6 +127,15 @@ fn files(source: &Source, order: Order, extensions: &[String]) -> Result<Kind, P
     }
     let (labels, classes) = match &source.labels {
         None => (None, None),
+        Some(Labels::Folder) if matches!(source.kind, SourceKind::Dir(..)) => {
+            let SourceKind::Dir(root, own) = &source.kind else {
+                unreachable!("a directory")
+            };
+            let exts = own.as_deref().unwrap_or(extensions);
+            let (kept, labels, classes) = image_folder(root, &files, exts)?;
+            files = kept;
+            (Some(labels), Some(classes))
+        }
         Some(Labels::Folder) => {
             let folders = files.folder_labels();
             let labels: Vec<i64> = files
@@ -172,6 +183,71 @@ fn files(source: &Source, order: Order, extensions: &[String]) -> Result<Kind, P
         labels: labels.map(Into::into),
         classes: classes.map(Into::into),
     })
+}
+
+/// Folder labels of a directory as torchvision's `ImageFolder` makes them: the classes are
+/// the root's folders (every one, sorted by name), each file's label is the index of the
+/// top-level folder it lies under (at any depth), files at the root belong to no class and
+/// are left out, and a class folder without a file to read is an error (as torchvision
+/// raises), since a missing class would shift every index after it. Returns the files kept,
+/// their labels and the class names.
+fn image_folder(
+    root: &Path,
+    files: &Files,
+    extensions: &[String],
+) -> Result<(Files, Vec<i64>, Vec<String>), PipelineError> {
+    let entries = std::fs::read_dir(root).map_err(|e| {
+        PipelineError::config(format!("labels = folder: reading {}: {e}", root.display()))
+    })?;
+    let mut classes: Vec<std::ffi::OsString> = entries
+        .flatten()
+        // `is_dir` through symbolic links, as torchvision's `scandir(...).is_dir()`.
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name())
+        .collect();
+    classes.sort();
+    if classes.is_empty() {
+        return Err(PipelineError::config(format!(
+            "labels = folder: {} has no class folders (ImageFolder takes root/<class>/<file>)",
+            root.display()
+        )));
+    }
+    let mut kept = Vec::with_capacity(files.len());
+    let mut labels = Vec::with_capacity(files.len());
+    let mut used = vec![false; classes.len()];
+    for p in files.paths() {
+        let rel = p.strip_prefix(root).unwrap_or(p);
+        let mut parts = rel.components();
+        let (Some(top), Some(_)) = (parts.next(), parts.next()) else {
+            continue; // a file at the root: no class
+        };
+        if let Ok(i) = classes.binary_search_by(|c| c.as_os_str().cmp(top.as_os_str())) {
+            used[i] = true;
+            kept.push(p.clone());
+            labels.push(i as i64);
+        }
+    }
+    let names: Vec<String> = classes
+        .iter()
+        .map(|c| c.to_string_lossy().into_owned())
+        .collect();
+    let empty: Vec<&str> = names
+        .iter()
+        .zip(&used)
+        .filter(|(_, u)| !**u)
+        .map(|(n, _)| n.as_str())
+        .collect();
+    if !empty.is_empty() {
+        return Err(PipelineError::config(format!(
+            "labels = folder: no file with the extensions {} in the class folder(s) {} of {} \
+             (torchvision's ImageFolder raises too: an empty class would shift every label \
+             after it; remove the folder or add its files)",
+            extensions.join(", "),
+            empty.join(", "),
+            root.display()
+        )));
+    }
+    Ok((Files::new(kept), labels, names))
 }
 
 /// The numbers of `source` (and a mixture's sources) that size what is kept, against the

@@ -10,8 +10,11 @@ use crate::sampler::MixStop;
 /// Where items' labels come from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Labels {
-    /// The name of each file's parent folder, classes numbered in sorted order (an
-    /// ImageFolder tree). Files only.
+    /// Classes from folders, numbered in sorted order. Of a directory, as torchvision's
+    /// `ImageFolder`: every folder at its root is a class, a file's label is the top-level
+    /// folder it lies under (at any depth), files at the root are left out, and a class folder
+    /// without a file to read is an error. Of a list of paths: each file's parent folder.
+    /// Files only.
     Folder,
     /// One label per file, in the source's order. Files only.
     Values(Vec<i64>),
@@ -46,7 +49,7 @@ impl Default for Remote {
             region: None,
             cache_dir: None,
             cache_bytes: 0,
-            prefetch: 2,
+            prefetch: DEFAULT_PREFETCH,
         }
     }
 }
@@ -111,6 +114,10 @@ pub const DEFAULT_FETCH_CONCURRENCY: usize = 32;
 
 /// The shuffle buffer's default, in samples: webdataset's usual `shuffle(1000)`.
 pub const DEFAULT_BUFFER: usize = 1000;
+
+/// Tar shards on S3 fetched ahead of the readers at the start (the tuner deepens it when
+/// readers wait for downloads): two keeps one downloading while one is read.
+pub const DEFAULT_PREFETCH: usize = 2;
 
 impl Source {
     fn of(kind: SourceKind) -> Self {

@@ -1,4 +1,5 @@
-//! How a loader's pipeline is assembled from a [`LoaderBuilder`]'s settings — source (the
+//! How a [`LoaderBuilder`]'s settings become a [`Loader`] (`build`: checked, the epochs
+//! planned, the finished parts handed over) and how its pipeline is assembled from them — source (the
 //! dataset's sampler) → decode (a work-stealing pool, the recipe) → batch → collate (→
 //! upload) — and what one pipeline hands the next ([`Learned`]: its tuner's workers and
 //! buffers), so that a pipeline started afresh (a new epoch after a `break`, a fill round)
@@ -11,9 +12,111 @@ use super::builder::LoaderBuilder;
 use super::decode::Decoder;
 use super::device::Device;
 use super::failures::FailureLog;
-use super::Plan;
+use super::lengths::LengthPlan;
+use super::{Loader, Plan};
 use crate::device::Uploader;
 use crate::{BoxError, Pipeline, PipelineError, Workers};
+
+impl LoaderBuilder {
+    /// Checks the settings and plans the epochs (length-aware batches read the files'
+    /// declared lengths here); no thread starts until the first epoch.
+    pub fn build(mut self) -> Result<Loader, PipelineError> {
+        let limit = |e: crate::limits::OutOfRange| PipelineError::config(e.to_string());
+        crate::limits::BATCH_SIZE
+            .check_usize(self.batch_size)
+            .map_err(limit)?;
+        if let Some(n) = self.workers {
+            crate::limits::WORKERS.check_usize(n).map_err(limit)?;
+        }
+        if let Some((r, n)) = self.reader {
+            if n == 0 || r >= n {
+                return Err(PipelineError::config(format!(
+                    "reader {r} of {n}: the reader must be in 0..readers"
+                )));
+            }
+            if self.units {
+                return Err(PipelineError::config(
+                    "a loader that decodes units reads what its units name, not a reader's part",
+                ));
+            }
+        }
+        // One reader is the whole epoch.
+        self.reader = self.reader.filter(|&(_, n)| n > 1);
+        if let Some(budget) = self.cpu_budget {
+            // Joined here too, not only by the pipeline's tuner: the budget holds with the
+            // tuner off.
+            crate::actors::node::join(budget).map_err(|e| {
+                PipelineError::config(format!("joining the node's CPU budget ({budget:?}): {e}"))
+            })?;
+        }
+        if self.decoder.lengths && !self.decoder.recipe.has_length() {
+            return Err(PipelineError::config(
+                "lengths are for audio and video recipes",
+            ));
+        }
+        let batch_bytes = self.batch_bytes();
+        if let (Some(budget), Some(batch)) = (self.memory_limit(), batch_bytes) {
+            let memory = budget.bytes;
+            // A batch is held twice at most while it is made: its items while the aggregate
+            // waits for the last one (they are admitted whatever the byte budgets say, or a
+            // budget could keep a batch from ever filling), then the collated batch beside
+            // them. A budget that cannot hold that cannot be kept.
+            let needed = 2 * batch;
+            if needed > memory {
+                let mib = |b: u64| format!("{:.1} MiB", crate::limits::bytes_to_mib(b));
+                return Err(PipelineError::config(format!(
+                    "a memory budget of {} cannot hold a batch in flight: a batch of {} bytes \
+                     ({}) is held as its items while it is assembled and again once collated \
+                     ({} at once); raise the budget above that, or make batches or items \
+                     smaller (the budget was {})",
+                    mib(memory),
+                    batch,
+                    mib(batch),
+                    mib(needed),
+                    budget.source,
+                )));
+            }
+        }
+        let plan = match self.lengths {
+            Some(cap) => Plan::Batches(LengthPlan::new(&self.dataset, &self.decoder.recipe, cap)?),
+            None => Plan::Items(self.dataset.clone()),
+        };
+        // A length-aware batch is one item of the pipeline.
+        let batch_size = if self.lengths.is_some() {
+            1
+        } else {
+            self.batch_size
+        };
+        let n = plan.sampler().len();
+        let batches_per_epoch = if self.drop_last {
+            n / batch_size
+        } else {
+            n.div_ceil(batch_size)
+        };
+        let failures = FailureLog::default();
+        let sim_log = self.device.as_ref().and_then(|d| d.log().cloned());
+        let batching = super::units::Batching {
+            per_batch: batch_size,
+            drop_last: self.drop_last,
+            decodes_units: self.units,
+            fill: self
+                .fill_skipped
+                .unwrap_or(self.dataset.sampler().world() > 1)
+                && self.lengths.is_none()
+                && !self.units,
+            reader: self.reader,
+        };
+        let make = make(self, plan.clone(), batch_size, failures.clone());
+        Ok(Loader::from_parts(
+            make,
+            plan,
+            batches_per_epoch,
+            failures,
+            sim_log,
+            batching,
+        ))
+    }
+}
 
 /// Builds the loader's pipeline; given what the last pipeline's tuner ended with, the new one
 /// starts there instead of at its share of the cores and the default buffers.
@@ -83,7 +186,7 @@ pub(super) fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: Fa
         // default is four): the aggregate takes each at once, and a buffer the consumer waits
         // for is doubled by the tuner.
         let p = p
-            .aggregate(batch_size, b.drop_last && !b.units && b.reader.is_none())
+            .aggregate(batch_size, b.drop_last && !b.units)
             .budget_start(buffer(1).unwrap_or(batch_size));
         let mut p = p
             .pipe(

@@ -1,19 +1,17 @@
-//! [`LoaderBuilder`]: a dataset, a recipe and the loader's settings with their defaults,
-//! checked when the loader is built; `assemble` folds them into the one function that builds
-//! a loader's pipeline, which the [`Loader`] calls again whenever it starts a pipeline afresh.
+//! [`LoaderBuilder`]: a dataset, a recipe and the loader's settings with their defaults;
+//! `assemble` checks them when the loader is built and folds them into the one function that
+//! builds a loader's pipeline, which the [`Loader`](super::Loader) calls again whenever it starts a pipeline
+//! afresh.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::assemble::make;
 use super::decode::Decoder;
 use super::device::Device;
-use super::failures::FailureLog;
-use super::lengths::{LengthCap, LengthPlan};
-use super::{Loader, Plan};
+use super::lengths::LengthCap;
 use crate::dataset::Dataset;
 use crate::media::Recipe;
-use crate::{FailureBudget, Order, PipelineError, PipelineStats, TraceRecord, TunerSettings};
+use crate::{FailureBudget, Order, PipelineStats, TraceRecord, TunerSettings};
 
 /// Items per batch by default.
 pub const DEFAULT_BATCH_SIZE: usize = 32;
@@ -32,7 +30,7 @@ type StatsHook = (Duration, Arc<Mutex<dyn FnMut(&PipelineStats) + Send>>);
 /// Called with every failed item, skipped or not.
 type FailureHook = Arc<dyn Fn(&crate::ItemError) + Send + Sync>;
 
-/// Builds a [`Loader`]: [`Loader::builder`]. Every setting has a default.
+/// Builds a [`Loader`](super::Loader): [`Loader::builder`](super::Loader::builder). Every setting has a default.
 ///
 /// # Examples
 ///
@@ -60,7 +58,8 @@ pub struct LoaderBuilder {
     pub(super) decoder: Decoder,
     pub(super) batch_size: usize,
     pub(super) drop_last: bool,
-    pub(super) fill_skipped: bool,
+    /// `None`: on when the dataset is dealt to more than one rank.
+    pub(super) fill_skipped: Option<bool>,
     /// Decodes units of another loader's plan: no batch is dropped here.
     pub(super) units: bool,
     /// `(r, n)`: reads reader `r`'s part of each epoch split among `n` readers.
@@ -107,7 +106,7 @@ impl LoaderBuilder {
             },
             batch_size: DEFAULT_BATCH_SIZE,
             drop_last: false,
-            fill_skipped: false,
+            fill_skipped: None,
             units: false,
             reader: None,
             workers: None,
@@ -146,19 +145,21 @@ impl LoaderBuilder {
         self
     }
 
-    /// Keeps the epoch's batch count when items are skipped as unreadable (default: off, a
-    /// rank with skipped items makes fewer batches when they cut into its last one): after
+    /// Keeps the epoch's batch count when items are skipped as unreadable. Default: on when
+    /// the dataset is dealt to more than one rank (a world size above 1: a rank that ended
+    /// its epoch a batch short would leave its peers waiting at their last collective), off
+    /// for one process (where a skipped item simply makes the epoch shorter). After
     /// the epoch's last batch, the batches the skips cost are made up from the epoch's items
     /// read again, the first delivered ones first (as ranks' uneven shares are padded), so
-    /// every rank of a world makes [`Loader::len`] batches and a training loop with a
+    /// every rank of a world makes [`Loader::len`](super::Loader::len) batches and a training loop with a
     /// collective per step (DDP) never waits on a rank that ended early. The items read
-    /// again are counted ([`Loader::filled`]). A checkpoint records the batches still owed
+    /// again are counted ([`Loader::filled`](super::Loader::filled)). A checkpoint records the batches still owed
     /// ([`PipelineState::owed_batches`](crate::PipelineState::owed_batches)), so a resume
     /// makes the uninterrupted epoch's count and batches. Length-aware batches keep their
     /// count anyway (a skipped clip leaves its batch short), and a loader decoding units
     /// fills nothing (its consumer regroups the rows).
     pub fn fill_skipped(mut self, fill: bool) -> Self {
-        self.fill_skipped = fill;
+        self.fill_skipped = Some(fill);
         self
     }
 
@@ -178,13 +179,15 @@ impl LoaderBuilder {
     /// (PyTorch `DataLoader` workers): reader `reader` gets the rank's batches `reader`,
     /// `reader + readers`, … — the same items, augmentation and (in input order) batches as
     /// the whole loader gives under those numbers, so readers taken in turn give the whole
-    /// loader's batches in its order, and their [`len`](Loader::len)s add up to its. A
-    /// resumed state ([`Loader::resume`] with the rank's state) is split the same way: the
-    /// readers read the rank's rest. `drop_last` drops the rank's last partial batch (not
-    /// each reader's); an item skipped as unreadable leaves its reader's last batch short
-    /// (made up with [`fill_skipped`](Self::fill_skipped), from the reader's items or, if
-    /// all of its failed, the rank's others). A reader's own checkpoint covers only its
-    /// part. Default: the whole epoch (one reader).
+    /// loader's batches in its order, and their [`len`](super::Loader::len)s add up to its. A
+    /// resumed state ([`Loader::resume`](super::Loader::resume) with the rank's state) is split the same way: the
+    /// readers read the rank's rest. An item skipped as unreadable leaves its reader's last
+    /// batch short (dropped with `drop_last`, as the whole loader drops a short last batch);
+    /// with [`fill_skipped`](Self::fill_skipped) each reader makes its count, from its own
+    /// items or, if all of them failed, the rank's others; and a rank's `fill_skipped` state
+    /// is resumed exactly (each reader runs the rank's rest and keeps its own batches: the
+    /// decoding of that rest in every reader, for that one epoch). A reader's own checkpoint
+    /// covers only its part. Default: the whole epoch (one reader).
     pub fn reader(mut self, reader: usize, readers: usize) -> Self {
         self.reader = Some((reader, readers));
         self
@@ -198,7 +201,7 @@ impl LoaderBuilder {
     }
 
     /// What failing items do (default [`FailureBudget::unlimited`]: skipped, counted and
-    /// listed by [`Loader::failures`]; [`FailureBudget::fail_fast`]: the first ends the
+    /// listed by [`Loader::failures`](super::Loader::failures); [`FailureBudget::fail_fast`]: the first ends the
     /// epoch with its error).
     pub fn max_failures(mut self, budget: FailureBudget) -> Self {
         self.failures = budget;
@@ -311,99 +314,6 @@ impl LoaderBuilder {
         self.cache = Some(cache);
         self
     }
-
-    /// Checks the settings and plans the epochs (length-aware batches read the files'
-    /// declared lengths here); no thread starts until the first epoch.
-    pub fn build(mut self) -> Result<Loader, PipelineError> {
-        let limit = |e: crate::limits::OutOfRange| PipelineError::config(e.to_string());
-        crate::limits::BATCH_SIZE
-            .check_usize(self.batch_size)
-            .map_err(limit)?;
-        if let Some(n) = self.workers {
-            crate::limits::WORKERS.check_usize(n).map_err(limit)?;
-        }
-        if let Some((r, n)) = self.reader {
-            if n == 0 || r >= n {
-                return Err(PipelineError::config(format!(
-                    "reader {r} of {n}: the reader must be in 0..readers"
-                )));
-            }
-            if self.units {
-                return Err(PipelineError::config(
-                    "a loader that decodes units reads what its units name, not a reader's part",
-                ));
-            }
-        }
-        // One reader is the whole epoch.
-        self.reader = self.reader.filter(|&(_, n)| n > 1);
-        if let Some(budget) = self.cpu_budget {
-            // Joined here too, not only by the pipeline's tuner: the budget holds with the
-            // tuner off.
-            crate::actors::node::join(budget).map_err(|e| {
-                PipelineError::config(format!("joining the node's CPU budget ({budget:?}): {e}"))
-            })?;
-        }
-        if self.decoder.lengths && !self.decoder.recipe.has_length() {
-            return Err(PipelineError::config(
-                "lengths are for audio and video recipes",
-            ));
-        }
-        let batch_bytes = self.batch_bytes();
-        if let (Some(memory), Some(batch)) = (self.memory_limit(), batch_bytes) {
-            // A batch is held twice at most while it is made: its items while the aggregate
-            // waits for the last one (they are admitted whatever the byte budgets say, or a
-            // budget could keep a batch from ever filling), then the collated batch beside
-            // them. A budget that cannot hold that cannot be kept.
-            let needed = 2 * batch;
-            if needed > memory {
-                let mib = |b: u64| format!("{:.1} MiB", crate::limits::bytes_to_mib(b));
-                return Err(PipelineError::config(format!(
-                    "a memory budget of {} cannot hold a batch in flight: a batch of {} bytes \
-                     ({}) is held as its items while it is assembled and again once collated \
-                     ({} at once); raise the budget above that, or make batches or items \
-                     smaller",
-                    mib(memory),
-                    batch,
-                    mib(batch),
-                    mib(needed)
-                )));
-            }
-        }
-        let plan = match self.lengths {
-            Some(cap) => Plan::Batches(LengthPlan::new(&self.dataset, &self.decoder.recipe, cap)?),
-            None => Plan::Items(self.dataset.clone()),
-        };
-        // A length-aware batch is one item of the pipeline.
-        let batch_size = if self.lengths.is_some() {
-            1
-        } else {
-            self.batch_size
-        };
-        let n = plan.sampler().len();
-        let batches_per_epoch = if self.drop_last {
-            n / batch_size
-        } else {
-            n.div_ceil(batch_size)
-        };
-        let failures = FailureLog::default();
-        let sim_log = self.device.as_ref().and_then(|d| d.log().cloned());
-        let batching = super::units::Batching {
-            per_batch: batch_size,
-            drop_last: self.drop_last,
-            decodes_units: self.units,
-            fill: self.fill_skipped && self.lengths.is_none() && !self.units,
-            reader: self.reader,
-        };
-        let make = make(self, plan.clone(), batch_size, failures.clone());
-        Ok(Loader::from_parts(
-            make,
-            plan,
-            batches_per_epoch,
-            failures,
-            sim_log,
-            batching,
-        ))
-    }
 }
 
 impl LoaderBuilder {
@@ -420,13 +330,10 @@ impl LoaderBuilder {
         }
     }
 
-    /// The memory budget the pipeline will have, if one is set (the loader's, or the
-    /// tuner's; the smaller).
-    fn memory_limit(&self) -> Option<u64> {
-        let tuner = self.tuner.as_ref().and_then(|t| t.memory_bytes);
-        match (self.memory_bytes, tuner) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+    /// The memory budget the pipeline will have, and where it comes from: the one set (the
+    /// loader's, or the tuner's; the smaller), or with the tuner on the default (half of what
+    /// the host or the process's cgroup leaves); none with the tuner off and none set.
+    pub(super) fn memory_limit(&self) -> Option<crate::MemoryBudget> {
+        crate::builder::memory_budget(self.memory_bytes, self.tuner.as_ref())
     }
 }

@@ -103,6 +103,9 @@ pub(super) struct Fill {
     pub(super) from: Option<PipelineState>,
     /// The batches the resumed state owes, if it says.
     pub(super) resumed_owed: Option<u64>,
+    /// A reader's part: the positions its start marks delivered (the other readers'), which
+    /// it fills from only when it delivered nothing itself (they may be unreadable).
+    pub(super) marked: Option<Vec<(u64, u64)>>,
     /// Items read again in the epoch being iterated (or the last); shared with watches.
     pub(super) filled: Arc<AtomicU64>,
 }
@@ -110,23 +113,29 @@ pub(super) struct Fill {
 impl Fill {
     /// Starts an epoch at `start`: what it owes, and (after a resume) the positions the run
     /// it resumes delivered, to fill from until it delivers more itself.
-    /// A reader (see [`LoaderBuilder::reader`](super::LoaderBuilder::reader)) owes its part
-    /// of what its rank's epoch owes from `start`, and fills from `from` (its reader state:
-    /// the other readers' positions count as delivered, so a reader whose own items all
-    /// failed makes up from its rank's other batches).
+    /// A reader reading its `part` of the epoch (see
+    /// [`LoaderBuilder::reader`](super::LoaderBuilder::reader)) owes its part of what its
+    /// rank's epoch owes from `start`, and fills from `from` (its reader state: the other
+    /// readers' positions count as delivered, so a reader whose own items all failed makes up
+    /// from its rank's other batches).
     pub(super) fn start_epoch(
         &mut self,
         start: &PipelineState,
         from: PipelineState,
         b: &units::Batching,
+        part: bool,
     ) {
         self.filled.store(0, Ordering::Relaxed);
         self.from = None;
+        self.marked = None;
         if b.fill {
+            if part {
+                self.marked = Some(from.delivered.clone());
+            }
             let owed = Owed::of(start, b.per_batch, b.drop_last);
             self.owed = match b.reader {
-                Some((r, n)) => owed.reader(r, n),
-                None => owed,
+                Some((r, n)) if part => owed.reader(r, n),
+                _ => owed,
             };
             self.from = Some(from);
         }
@@ -149,7 +158,16 @@ pub(super) struct Filling {
     barren: usize,
     /// The pipeline of the current round.
     pipeline: Pipeline<Batch>,
+    /// Fillers read per filler needed: 1, or [`UNVERIFIED_WIDEN`] when the fillers were not
+    /// delivered by this loader (they may fail) and a short batch is dropped.
+    widen: usize,
 }
+
+/// How many more fillers a round reads when they may be unreadable and a short batch is
+/// dropped (`drop_last`): a reader that delivered nothing fills from its rank's other
+/// positions, some of which may fail, and a round of exactly a batch's worth would then be
+/// dropped again and again. The batches past what is owed are not delivered.
+const UNVERIFIED_WIDEN: usize = 4;
 
 impl Filling {
     /// `n` delivered positions from the `from`-th on, wrapping around to the first (as
@@ -246,7 +264,18 @@ impl Loader {
             return Ok(()); // nothing delivered to fill with
         };
         let learned = Learned::of(&main.stats());
-        let delivered = RangeSet::from_ranges(end.delivered.iter().copied());
+        let mut delivered = RangeSet::from_ranges(end.delivered.iter().copied());
+        let mut widen = 1;
+        if let Some(marked) = &self.fill.marked {
+            // A reader fills from what it delivered itself (readable), or, having delivered
+            // nothing, from its rank's other positions (which may fail).
+            let own = units::minus(&end.delivered, marked);
+            if !own.is_empty() {
+                delivered = own;
+            } else if self.batching.drop_last {
+                widen = UNVERIFIED_WIDEN;
+            }
+        }
         let mut f = Filling {
             end,
             count: delivered.len() as usize,
@@ -255,8 +284,9 @@ impl Loader {
             round_batches: 0,
             barren: 0,
             pipeline: (self.make)(learned.as_ref())?,
+            widen,
         };
-        let state = f.next_round(self.owed_items());
+        let state = f.next_round(self.owed_items() * widen);
         f.pipeline.resume(&state)?;
         self.fill.filling = Some(f);
         Ok(())
@@ -265,6 +295,12 @@ impl Loader {
     /// The next made-up batch, like [`next_within`](Self::next_within).
     pub(super) fn next_filler(&mut self, timeout: Duration) -> Within<Batch> {
         loop {
+            if self.delivered >= self.fill.owed.batches {
+                // All owed: a widened round's further batches are not delivered.
+                self.fill.filling = None;
+                self.in_epoch = false;
+                return Within::EpochEnd;
+            }
             let f = self.fill.filling.as_mut().expect("filling");
             match f.pipeline.next_within(timeout) {
                 Within::Next(Ok(b)) => {
@@ -306,7 +342,7 @@ impl Loader {
         let n = self.owed_items();
         let learned = self.learned.clone();
         let f = self.fill.filling.as_mut().expect("filling");
-        let state = f.next_round(n);
+        let state = f.next_round(n * f.widen);
         let mut p = (self.make)(learned.as_ref())?;
         p.resume(&state)?;
         f.pipeline = p;

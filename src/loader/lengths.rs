@@ -15,6 +15,14 @@ use crate::media::{MediaError, Recipe};
 use crate::sampler::{Bucketing, LengthBatches, Sampler};
 use crate::{BoxError, PipelineError};
 
+/// Length buckets of length-aware batches by default: quantiles of the declared lengths, fine
+/// enough that a batch's clips are of similar length (padding a few percent), coarse enough
+/// that each bucket holds batches to shuffle. At least 1; [`MAX_BUCKETS`] at most.
+pub const DEFAULT_BUCKETS: usize = 20;
+
+/// The most length buckets: past it a bucket holds too few clips to make full batches.
+pub const MAX_BUCKETS: usize = 1000;
+
 /// How a loader makes length-aware batches (see [`LoaderBuilder::length_batches`]).
 ///
 /// [`LoaderBuilder::length_batches`]: super::LoaderBuilder::length_batches

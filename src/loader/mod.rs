@@ -64,6 +64,7 @@ pub use batch::{Batch, ItemMeta};
 pub use builder::{LoaderBuilder, DEFAULT_BATCH_SIZE, DEFAULT_ORDER};
 pub use device::{Device, DEFAULT_DEVICE_BYTES, DEFAULT_STAGING_BYTES};
 pub use failures::{SkippedFailure, KEEP_FAILURES};
+pub use lengths::{DEFAULT_BUCKETS, MAX_BUCKETS};
 pub use regroup::{Regroup, Rows};
 pub use units::{EpochPlan, Unit};
 
@@ -119,6 +120,10 @@ pub struct Loader {
     fill: fill::Fill,
     /// Items of the epoch being iterated delivered before it was resumed.
     delivered_before: u64,
+    /// `(r, n)`: a reader that runs its rank's whole epoch and keeps batches `r`, `r + n`, …
+    /// (a rank's `fill_skipped` state resumed: see [`Loader::start_epoch`]), and the rank's
+    /// batches seen so far.
+    keep_every: Option<((usize, usize), usize)>,
 }
 
 impl std::fmt::Debug for Loader {
@@ -193,6 +198,7 @@ impl Loader {
             batching,
             fill: fill::Fill::default(),
             delivered_before: 0,
+            keep_every: None,
         }
     }
 
@@ -325,11 +331,23 @@ impl Loader {
                 .shard
                 .as_ref()
                 .map_or(0, |s| s.base.iter().map(|(a, b)| b - a).sum::<u64>());
-        let from = match self.batching.reader {
-            Some(split) => self.read_part(&start, split)?,
-            None => start.clone(),
+        // A reader reads its part of the rank's epoch; but what a rank's `fill_skipped` state
+        // owes depends on which of its items fail (retried on resume), which no split of
+        // positions can know: then the reader runs the rank's resumed epoch as the rank's
+        // loader would and keeps its own batches of it (the rank's batches and count, for the
+        // decoding of the whole rest in each reader, in that one epoch).
+        let (from, part) = match self.batching.reader {
+            Some(split) if start.owed_batches.is_some() => {
+                self.keep_every = Some((split, 0));
+                (start.clone(), false)
+            }
+            Some(split) => {
+                self.keep_every = None;
+                (self.read_part(&start, split)?, true)
+            }
+            None => (start.clone(), false),
         };
-        self.fill.start_epoch(&start, from, &self.batching);
+        self.fill.start_epoch(&start, from, &self.batching, part);
         let epoch = self.pipeline()?.epoch();
         self.failures.set_epoch(epoch);
         self.in_epoch = true;
@@ -383,6 +401,21 @@ impl Loader {
     /// ([`PipelineError::is_nothing_delivered`]), not empty — unless it was resumed after
     /// some of it was delivered (then what is left may fail, or be nothing at all).
     pub fn next_within(&mut self, timeout: Duration) -> Within<Batch> {
+        loop {
+            let got = self.next_of_rank(timeout);
+            if let (Within::Next(Ok(_)), Some(((r, n), seen))) = (&got, &mut self.keep_every) {
+                let k = *seen;
+                *seen += 1;
+                if k % *n != *r {
+                    continue; // another reader's batch
+                }
+            }
+            return got;
+        }
+    }
+
+    /// The next batch of the epoch this loader runs (with `keep_every`, its rank's).
+    fn next_of_rank(&mut self, timeout: Duration) -> Within<Batch> {
         if !self.in_epoch {
             return Within::EpochEnd;
         }

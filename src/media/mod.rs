@@ -1,4 +1,5 @@
-//! Media: decoding what a [dataset](crate::dataset) reads into tensors.
+//! Media: decoding bytes (or a local file) into tensors. Media knows no sources: what to read
+//! is the dataset's, and the loader hands each item's bytes here.
 //!
 //! - [`image`](mod@image) (feature `image`): JPEG, PNG and WebP into `u8` tensors, with
 //!   torchvision's resize-and-center-crop geometry.
@@ -11,8 +12,6 @@
 //! - [`Recipe`]: a validated recipe of any modality, and the one seeding rule
 //!   ([`item_seed`]) every path (Rust, pipeline files, Python) uses for augmentation.
 //!
-//! - `synth` (feature `synth`): the sample-dataset generator, for demos, benchmarks and tests.
-//!
 //! Errors are [`MediaError`]s, which always name the file.
 
 #[cfg(feature = "audio")]
@@ -22,19 +21,12 @@ mod error;
 pub mod image;
 mod recipe;
 pub(crate) mod rules;
-#[cfg(feature = "synth")]
-pub mod synth;
 #[cfg(feature = "video")]
 pub mod video;
 
 pub use error::MediaError;
 
-/// Image files' extensions (lower case, without the dot).
-pub const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png", "webp"];
-/// Audio files' extensions.
-pub const AUDIO_EXTENSIONS: &[&str] = &["flac", "wav", "mp3", "ogg", "m4a"];
-/// Video files' extensions.
-pub const VIDEO_EXTENSIONS: &[&str] = &["mp4", "mkv", "webm", "mov", "avi"];
+pub use crate::extensions::{AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, VIDEO_EXTENSIONS};
 pub use recipe::Recipe;
 pub use rules::{item_seed, Limits, RecipeError};
 

@@ -221,9 +221,9 @@ impl Recipe {
     /// (an error naming the file).
     pub fn load_with_length(
         &self,
-        input: crate::dataset::Input,
+        input: crate::blob::Input,
     ) -> Result<(Tensor, usize), MediaError> {
-        use crate::dataset::Input;
+        use crate::blob::Input;
         match (&self.kind, input) {
             #[cfg(feature = "audio")]
             (Kind::Audio(r), Input::Path(p)) => r.load_with_length(&p),

@@ -4,6 +4,8 @@
 
 use std::path::Path;
 
+use crate::hash::{fnv1a, FNV_OFFSET};
+
 /// Mixes the user's seed with the epoch (a multiplicative hash keeps seeds 1, 2, … from
 /// colliding with epochs 1, 2, …).
 const SEED_MIX: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -17,16 +19,6 @@ pub fn item_seed(seed: u64, epoch: u64, path: &Path) -> u64 {
 /// the order items arrive in.
 fn path_hash(path: &Path) -> u64 {
     fnv1a(FNV_OFFSET, path.as_os_str().as_encoded_bytes())
-}
-
-/// FNV-1a's starting state.
-pub(crate) const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-
-/// FNV-1a over `bytes`, continuing from `h`.
-pub(crate) fn fnv1a(h: u64, bytes: &[u8]) -> u64 {
-    bytes
-        .iter()
-        .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// What no file may declare, checked from its header before anything sized by the header is

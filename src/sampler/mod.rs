@@ -351,6 +351,11 @@ impl Sampler {
         self.layout(0, RangeSet::default()).len()
     }
 
+    /// Ranks in the world this sampler deals to (1: the whole dataset).
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
     /// This rank's place in `epoch` when the positions in `base` were delivered already (by
     /// the ranks of an earlier world; empty for an epoch from its start).
     pub fn layout(&self, epoch: u64, base: RangeSet) -> Layout {

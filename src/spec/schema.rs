@@ -194,7 +194,7 @@ pub enum MixStopName {
 }
 
 fn default_prefetch() -> usize {
-    2
+    crate::dataset::DEFAULT_PREFETCH
 }
 
 fn default_column() -> String {
@@ -368,11 +368,11 @@ pub enum OrderName {
 }
 
 fn default_buckets() -> usize {
-    20
+    crate::loader::DEFAULT_BUCKETS
 }
 
 fn default_batch() -> usize {
-    32
+    crate::loader::DEFAULT_BATCH_SIZE
 }
 
 impl Default for BatchSpec {

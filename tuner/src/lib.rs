@@ -27,8 +27,8 @@ mod welch;
 pub use guard::enforce;
 pub use histogram::{Histogram, LatencySummary};
 pub use observation::{
-    local_ranks, machine_cores, node_share, process_cores, Action, Budgets, Decision, Observation,
-    Policy, StageObservation,
+    available_memory, cgroup_limit, local_ranks, machine_cores, node_share, process_cores, Action,
+    AvailableMemory, Budgets, Decision, Observation, Policy, StageObservation,
 };
 pub use rng::Rng;
 pub use stats::{CacheStats, ItemThreadsStats, ReadAheadStats, StageKind, StageStats};

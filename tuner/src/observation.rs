@@ -74,27 +74,173 @@ pub struct Budgets {
 }
 
 impl Budgets {
-    /// Half of the memory available now (from `/proc/meminfo`; 4 GiB if unknown) and the
+    /// Half of the memory available to this process now (see [`available_memory`]) and the
     /// number of cores.
     ///
     /// On a node shared by `LOCAL_WORLD_SIZE` ranks (`torchrun`), each rank gets its share of
     /// the cores and of the memory budget, so ranks sizing themselves independently never
     /// oversubscribe the node together.
     pub fn detect() -> Self {
-        let available = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|m| {
-                m.lines()
-                    .find_map(|l| l.strip_prefix("MemAvailable:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            })
-            .map_or(8 << 30, |kb| kb * 1024);
+        Self::detect_with_source().0
+    }
+
+    /// [`detect`](Self::detect), and where the memory budget came from, in words (what
+    /// statistics and the command's summary show).
+    pub fn detect_with_source() -> (Self, String) {
+        let available = available_memory();
         let ranks = local_ranks(std::env::var("LOCAL_WORLD_SIZE").ok().as_deref());
-        Self {
-            memory_bytes: available / 2 / ranks as u64,
+        let budgets = Self {
+            memory_bytes: available.bytes / 2 / ranks as u64,
             cores: node_share(machine_cores(), ranks),
+        };
+        let share = if ranks > 1 {
+            format!(", shared by {ranks} ranks (LOCAL_WORLD_SIZE)")
+        } else {
+            String::new()
+        };
+        (
+            budgets,
+            format!("the default: half of {}{share}", available.source),
+        )
+    }
+}
+
+/// Memory this process may still take, and where the figure came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AvailableMemory {
+    /// Bytes.
+    pub bytes: u64,
+    /// Where they came from, in words (`"the cgroup's memory.max (400.0 MiB) less the
+    /// 52.1 MiB this process holds"`).
+    pub source: String,
+}
+
+/// The memory available to this process: the host's `MemAvailable`, or less when the process
+/// runs in a cgroup with a memory limit (a container, a Kubernetes pod, a Slurm job): the
+/// tightest limit of its cgroup and the cgroups above it (v2 `memory.max`, v1
+/// `memory.limit_in_bytes`) less what the process holds already (its RSS). 8 GiB when nothing
+/// can be read.
+pub fn available_memory() -> AvailableMemory {
+    let host = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| meminfo_available(&m));
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|c| cgroup_limit(std::path::Path::new("/sys/fs/cgroup"), &c));
+    let rss = process_rss().unwrap_or(0);
+    combine(host, cgroup, rss)
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / 1048576.0)
+}
+
+/// The figure from the host's and the cgroup's (`(limit, what)`), `rss` held already.
+fn combine(host: Option<u64>, cgroup: Option<(u64, String)>, rss: u64) -> AvailableMemory {
+    let host_said = |b: u64| format!("the host's MemAvailable ({})", mib(b));
+    if let Some((limit, what)) = cgroup {
+        let left = limit.saturating_sub(rss);
+        if host.is_none_or(|h| left < h) {
+            return AvailableMemory {
+                bytes: left,
+                source: format!(
+                    "the cgroup's {what} ({}) less the {} this process holds",
+                    mib(limit),
+                    mib(rss)
+                ),
+            };
         }
     }
+    match host {
+        Some(h) => AvailableMemory {
+            bytes: h,
+            source: host_said(h),
+        },
+        None => AvailableMemory {
+            bytes: 8 << 30,
+            source: "8 GiB (no memory figure could be read)".into(),
+        },
+    }
+}
+
+/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
+fn meminfo_available(meminfo: &str) -> Option<u64> {
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+}
+
+/// The resident memory of this process (`/proc/self/statm`), in bytes.
+fn process_rss() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// A v1 limit this large means none (the kernel's "unlimited", rounded to a page).
+const V1_UNLIMITED: u64 = 1 << 62;
+
+/// The tightest memory limit of the cgroup that `proc_cgroup` (a `/proc/self/cgroup` text)
+/// names, and of those above it, under the cgroup file systems mounted at `root`: v2's
+/// `memory.max` (the `0::PATH` line), else v1's `memory.limit_in_bytes` (the `memory`
+/// controller's line). A path that is not there under `root` (a cgroup namespace shows the
+/// container's own cgroup as `/`) is read from the mount's top. `None` without a limit.
+pub fn cgroup_limit(root: &std::path::Path, proc_cgroup: &str) -> Option<(u64, String)> {
+    let mut v2 = None;
+    let mut v1 = None;
+    for line in proc_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controllers.is_empty() {
+            v2 = Some(path.to_owned());
+        } else if controllers.split(',').any(|c| c == "memory") {
+            v1 = Some(path.to_owned());
+        }
+    }
+    let tightest = |base: std::path::PathBuf, path: &str, file: &str| -> Option<u64> {
+        let rel = path.trim_start_matches('/');
+        let start = if base.join(rel).is_dir() {
+            base.join(rel)
+        } else {
+            base.clone()
+        };
+        let mut dir = start.as_path();
+        let mut best: Option<u64> = None;
+        loop {
+            if let Ok(text) = std::fs::read_to_string(dir.join(file)) {
+                if let Ok(v) = text.trim().parse::<u64>() {
+                    if v < V1_UNLIMITED {
+                        best = Some(best.map_or(v, |b| b.min(v)));
+                    }
+                }
+            }
+            if dir == base {
+                break;
+            }
+            match dir.parent() {
+                Some(p) if p.starts_with(&base) => dir = p,
+                _ => break,
+            }
+        }
+        best
+    };
+    if let Some(path) = &v2 {
+        // v2's "max" is no limit (it does not parse as a number).
+        if let Some(v) = tightest(root.to_path_buf(), path, "memory.max") {
+            return Some((v, "memory.max".into()));
+        }
+        if let Some(v) = tightest(root.join("unified"), path, "memory.max") {
+            return Some((v, "memory.max".into()));
+        }
+    }
+    if let Some(path) = &v1 {
+        if let Some(v) = tightest(root.join("memory"), path, "memory.limit_in_bytes") {
+            return Some((v, "memory.limit_in_bytes".into()));
+        }
+    }
+    None
 }
 
 /// The cores this machine offers the process (its affinity mask or quota).
@@ -255,6 +401,89 @@ impl<P: Policy + ?Sized> Policy for Box<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fake `/sys/fs/cgroup` with `files` (path, contents) under a fresh folder.
+    fn fake(name: &str, files: &[(&str, &str)]) -> std::path::PathBuf {
+        let root =
+            std::env::temp_dir().join(format!("flowgate-cgroup-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for (path, text) in files {
+            let p = root.join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn a_cgroups_memory_limit_is_the_tightest_of_it_and_those_above() {
+        // v2: the job's cgroup has no limit of its own, its parent has 400 MiB.
+        let v2 = fake(
+            "v2",
+            &[
+                ("memory.max", "max\n"),
+                ("kubepods/memory.max", "419430400\n"),
+                ("kubepods/pod1/memory.max", "max\n"),
+            ],
+        );
+        let got = cgroup_limit(&v2, "0::/kubepods/pod1\n");
+        assert_eq!(got, Some((419_430_400, "memory.max".into())));
+        // No limit anywhere: none.
+        let free = fake(
+            "v2free",
+            &[("memory.max", "max\n"), ("a/memory.max", "max\n")],
+        );
+        assert_eq!(cgroup_limit(&free, "0::/a\n"), None);
+        // v1: the memory controller's line; the kernel's "unlimited" is none.
+        let v1 = fake(
+            "v1",
+            &[
+                ("memory/memory.limit_in_bytes", "9223372036854771712\n"),
+                ("memory/job/memory.limit_in_bytes", "1073741824\n"),
+            ],
+        );
+        let text = "4:memory:/job\n3:cpu,cpuacct:/job\n0::/\n";
+        assert_eq!(
+            cgroup_limit(&v1, text),
+            Some((1 << 30, "memory.limit_in_bytes".into()))
+        );
+        // A cgroup namespace names its own cgroup "/": read at the mount's top.
+        let ns = fake("ns", &[("memory.max", "268435456\n")]);
+        assert_eq!(cgroup_limit(&ns, "0::/\n").map(|l| l.0), Some(256 << 20));
+        for d in [v2, free, v1, ns] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+
+    #[test]
+    fn the_available_memory_is_the_limit_less_what_the_process_holds_when_tighter() {
+        let mib = 1u64 << 20;
+        let a = combine(
+            Some(20_000 * mib),
+            Some((400 * mib, "memory.max".into())),
+            50 * mib,
+        );
+        assert_eq!(a.bytes, 350 * mib);
+        assert!(
+            a.source
+                .contains("memory.max (400.0 MiB) less the 50.0 MiB"),
+            "{}",
+            a.source
+        );
+        // A host with less free than the cgroup allows: the host's figure.
+        let b = combine(
+            Some(100 * mib),
+            Some((400 * mib, "memory.max".into())),
+            50 * mib,
+        );
+        assert_eq!(b.bytes, 100 * mib);
+        assert!(b.source.contains("MemAvailable"), "{}", b.source);
+        assert_eq!(combine(None, None, 0).bytes, 8 << 30);
+        assert_eq!(
+            meminfo_available("MemTotal: 10 kB\nMemAvailable:  2048 kB\n"),
+            Some(2 << 20)
+        );
+    }
 
     #[test]
     fn ranks_on_one_node_share_its_cores() {

@@ -152,20 +152,30 @@ impl PoolSizer {
             if self.calm <= SETTLE_WINDOWS {
                 return keep(None);
             }
-            let (why, blocked) = if n >= max_workers {
-                ("at max_workers", true)
+            // What holds the pool back (a key, so a hold is said once), and in words.
+            let held = if n >= max_workers {
+                Some((
+                    "max_workers",
+                    format!("the pool is at max_workers ({max_workers})"),
+                ))
             } else if o.free_cpus + 1e-9 < cpus_per_worker {
-                ("the cluster has no free CPUs for another worker", true)
+                Some((
+                    "cpus",
+                    format!(
+                        "another worker needs {cpus_per_worker} CPUs and the cluster has {:.1} \
+                         free",
+                        o.free_cpus.max(0.0)
+                    ),
+                ))
             } else {
-                ("", false)
+                None
             };
-            if blocked {
-                let first = self.held != Some(why);
-                self.held = Some(why);
+            if let Some((key, why)) = held {
+                let first = self.held != Some(key);
+                self.held = Some(key);
                 return keep(first.then(|| {
                     format!(
-                        "the training loop waited {:.0}% of the window with {who} busy, but the \
-                         pool is {why}",
+                        "the training loop waited {:.0}% of the window with {who} busy, but {why}",
                         o.wait * 100.0
                     )
                 }));
@@ -386,9 +396,10 @@ mod tests {
         };
         let ticks = simulate(&mut s, &small, 1, 40, |_| None);
         assert!(ticks.iter().all(|t| t.workers <= 2), "{ticks:#?}");
-        assert!(ticks
-            .iter()
-            .any(|t| t.why.as_deref().is_some_and(|w| w.contains("no free CPUs"))));
+        assert!(ticks.iter().any(|t| t
+            .why
+            .as_deref()
+            .is_some_and(|w| w.contains("CPUs and the cluster has"))));
     }
 
     #[test]

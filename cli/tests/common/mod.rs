@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use flowgate::media::synth::{write_dataset, DatasetSpec};
+use flowgate::synth::{write_dataset, DatasetSpec};
 
 /// The repository's sample configs.
 pub(crate) fn configs() -> PathBuf {

@@ -8,7 +8,7 @@
 //! ([`ParquetRows::read`]) decodes its row group's requested columns once (only those), kept
 //! in a small cache that workers share (a row group is decoded by one worker while the others
 //! wait for it); the row's cells become a [`RawSample`] whose fields are named by column, so
-//! a [`FieldMap`](crate::dataset::shards::FieldMap) makes them a [`Sample`](crate::sample::Sample)
+//! a `flowgate::sample::FieldMap` makes them a `Sample`
 //! exactly as it does a tar shard's sample:
 //!
 //! - a `struct<bytes, path>` column (the Hugging Face `Image`/`Audio` feature) or a binary
@@ -350,7 +350,7 @@ impl ParquetRows {
     /// What a checkpoint over these files depends on: every file's path and row groups'
     /// sizes, the columns, and the sampler's settings.
     pub fn fingerprint(&self) -> Vec<(&'static str, String)> {
-        use crate::media::rules::{fnv1a, FNV_OFFSET};
+        use crate::hash::{fnv1a, FNV_OFFSET};
         let mut h = FNV_OFFSET;
         for f in &self.inner.files {
             h = fnv1a(fnv1a(h, f.path.as_os_str().as_encoded_bytes()), b"\0");

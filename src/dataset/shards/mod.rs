@@ -28,9 +28,9 @@
 //! [`Shards::write_manifest`] write), so opening reads no shard; without one, every shard is
 //! downloaded and indexed when opened.
 //!
-//! Reading a sample ([`SampleRef::read`]) reads its fields' bytes; [`FieldMap`] turns them
-//! into a [`Sample`](crate::sample::Sample) (images, audio and video through their [`Recipe`](crate::media::Recipe)s, `cls` into a label,
-//! `txt`/`json` into text). Bad shards never stop the pipeline by themselves: a shard that is
+//! Reading a sample ([`SampleRef::read`]) reads its fields' bytes; `flowgate::sample::FieldMap`
+//! turns them into a `Sample` (images, audio and video through their recipes, `cls` into a
+//! label, `txt`/`json` into text): this module reads bytes and decodes nothing. Bad shards never stop the pipeline by themselves: a shard that is
 //! cut off, garbage, empty, or has a member larger than the limit keeps the samples before the
 //! damage and contributes one failing item naming the shard and the key or byte where it
 //! broke; a sample missing a field, or a field that does not decode, fails naming shard, key
@@ -40,7 +40,8 @@
 //! # #[cfg(feature = "image")] {
 //! use flowgate::media::{image::ImageRecipe, Recipe};
 //! use flowgate::sampler::ShardLengths;
-//! use flowgate::dataset::shards::{FieldMap, Shards};
+//! use flowgate::dataset::shards::Shards;
+//! use flowgate::sample::FieldMap;
 //! use flowgate::{Pipeline, Workers};
 //!
 //! let shards = Shards::open("/data/train/shard-{000000..000063}.tar")?
@@ -65,7 +66,6 @@
 
 #[cfg(feature = "s3")]
 pub mod cache;
-mod fields;
 mod index;
 mod patterns;
 mod read;
@@ -81,7 +81,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 #[cfg(feature = "s3")]
 pub use cache::{CacheStats, ShardCache};
-pub use fields::FieldMap;
 pub use index::{split_name, Entry, FieldAt};
 use patterns::expand_spec;
 pub use patterns::{expand_braces, MAX_NAMES};
@@ -90,7 +89,6 @@ use shard::{index_file, Body, Inner, Plan, Shard};
 use write::manifest_json;
 pub use write::write_shards;
 
-use crate::media::MediaError;
 use crate::sampler::{Sampler, ShardLengths};
 use crate::PipelineError;
 
@@ -122,7 +120,7 @@ pub enum ShardError {
         /// The I/O error.
         source: std::io::Error,
     },
-    /// The sample lacks a field the [`FieldMap`] needs.
+    /// The sample lacks a field a `FieldMap` needs.
     #[error("shard {shard}, sample {key}: no field {wanted} (it has: {has})")]
     Missing {
         /// The shard.
@@ -147,9 +145,9 @@ pub enum ShardError {
         /// What is wrong.
         reason: String,
     },
-    /// A media field did not decode; its path is `SHARD/KEY.EXT`.
+    /// A media field did not decode (a `MediaError`, whose path is `SHARD/KEY.EXT`).
     #[error(transparent)]
-    Media(#[from] MediaError),
+    Media(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// The file name of a shard manifest (WebDataset's `wids` format) beside the shards.
@@ -351,7 +349,7 @@ impl Shards {
     /// the dataset (every shard's path and sample keys, hashed; for a shard on S3 its URL,
     /// entity tag, size and sample count) and the sampler's settings.
     pub fn fingerprint(&self) -> Vec<(&'static str, String)> {
-        use crate::media::rules::{fnv1a, FNV_OFFSET};
+        use crate::hash::{fnv1a, FNV_OFFSET};
         let hash = self.inner.shards.iter().fold(FNV_OFFSET, |h, s| {
             let h = fnv1a(fnv1a(h, s.path.as_os_str().as_encoded_bytes()), b"\0");
             match &s.body {

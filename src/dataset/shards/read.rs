@@ -10,7 +10,6 @@ use super::cache;
 use super::shard::Body;
 use super::shard::{Inner, Plan, Shard};
 use super::ShardError;
-use crate::media::Recipe;
 
 /// One sample's place: which shard, which entry; cheap to make and to skip. [`read`] reads its
 /// bytes.
@@ -197,20 +196,6 @@ impl RawSample {
         })
     }
 
-    /// Takes the first field among `exts` and decodes it with `recipe` (the sample's epoch's
-    /// augmentation, seeded by `SHARD/KEY.EXT`).
-    pub fn decode_first(
-        &mut self,
-        exts: &[String],
-        recipe: &Recipe,
-    ) -> Result<crate::Tensor, ShardError> {
-        let (ext, bytes) = self.take_required(exts)?;
-        let path = self.field_path(&ext);
-        Ok(recipe
-            .for_epoch(self.epoch)
-            .decode(crate::Blob { path, bytes })?)
-    }
-
     /// Takes the field `ext` and reads it as an integer label (WebDataset's `cls`: decimal
     /// text), failing naming the field if it is missing or not an integer.
     pub fn take_label(&mut self, ext: &str) -> Result<i64, ShardError> {
@@ -218,7 +203,7 @@ impl RawSample {
         self.parse_label(ext, &bytes)
     }
 
-    pub(super) fn parse_label(&self, ext: String, bytes: &[u8]) -> Result<i64, ShardError> {
+    pub(crate) fn parse_label(&self, ext: String, bytes: &[u8]) -> Result<i64, ShardError> {
         let err = |reason: String| ShardError::Field {
             shard: self.shard.clone(),
             key: self.key.clone(),

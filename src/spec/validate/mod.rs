@@ -263,7 +263,11 @@ impl PipelineSpec {
                     "length-aware batches are for audio from a list or dir source".into(),
                 ));
             }
-            if let Some(m) = range(self.batch.buckets as u64, 1, 1000) {
+            if let Some(m) = range(
+                self.batch.buckets as u64,
+                1,
+                crate::loader::MAX_BUCKETS as u64,
+            ) {
                 return Err(err("batch", "buckets", m));
             }
         }
@@ -287,7 +291,11 @@ impl PipelineSpec {
                     "length-aware batches of frames are for video (with decode.fps) from a list or dir source".into(),
                 ));
             }
-            if let Some(m) = range(self.batch.buckets as u64, 1, 1000) {
+            if let Some(m) = range(
+                self.batch.buckets as u64,
+                1,
+                crate::loader::MAX_BUCKETS as u64,
+            ) {
                 return Err(err("batch", "buckets", m));
             }
         }

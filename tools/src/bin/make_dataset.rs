@@ -1,5 +1,5 @@
 //! Writes a seeded sample dataset: photo-like JPEGs, tonal FLAC or WAV clips, MP4 clips, plus
-//! list files. The same generator as `flowgate gen-data` ([`flowgate::media::synth`]).
+//! list files. The same generator as `flowgate gen-data` ([`flowgate::synth`]).
 //!
 //! ```text
 //! cargo run --release -p flowgate-tools --bin make_dataset -- --out DIR [--images N] [--audio N]
@@ -17,7 +17,7 @@
 
 use std::path::PathBuf;
 
-use flowgate::media::synth::{write_dataset, DatasetSpec};
+use flowgate::synth::{write_dataset, DatasetSpec};
 
 fn main() -> std::io::Result<()> {
     let mut spec = DatasetSpec::default();

@@ -24,6 +24,10 @@
 //! assert_eq!(batch.texts("caption").unwrap()[3], "picture 3");
 //! ```
 
+mod fields;
+
+pub use fields::FieldMap;
+
 use crate::tensor::Tensor;
 
 /// One field of a sample.

@@ -1,9 +1,15 @@
-//! [`FieldMap`]: which extensions of a sample become which fields of a [`Sample`].
+//! [`FieldMap`]: which extensions of a tar sample (or columns of a Parquet row) become which
+//! fields of a [`Sample`]: where what a dataset reads (bytes) meets what media decodes.
 
-use super::read::RawSample;
-use super::{SampleRef, ShardError};
-use crate::media::Recipe;
-use crate::sample::Sample;
+use super::Sample;
+use crate::dataset::shards::{RawSample, SampleRef, ShardError};
+use crate::media::{MediaError, Recipe};
+
+impl From<MediaError> for ShardError {
+    fn from(e: MediaError) -> Self {
+        ShardError::Media(Box::new(e))
+    }
+}
 
 #[derive(Clone, Debug)]
 enum Kind {
@@ -106,7 +112,7 @@ impl FieldMap {
                     let path = raw.field_path(&ext);
                     let t = recipe
                         .for_epoch(raw.epoch)
-                        .decode(crate::Blob { path, bytes })?;
+                        .decode(crate::blob::Blob { path, bytes })?;
                     sample.with(&rule.name, t)
                 }
                 Kind::Label => {
