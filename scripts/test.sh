@@ -33,5 +33,8 @@ VENV=${FLOWGATE_PYVENV:-$HOME/.cache/flowgate/pyvenv}
 "$VENV/bin/python" -c "import torchvision" 2>/dev/null || "$VENV/bin/pip" install --quiet --no-deps "torchvision==0.29.2" "pillow>=9"
 # Ray, for the remote mode's tests (python/tests/test_ray.py starts a local runtime).
 "$VENV/bin/python" -c "import ray" 2>/dev/null || "$VENV/bin/pip" install --quiet "ray==2.60.0"
+# The package's distribution name is flowgate-loader (PyPI's "flowgate" is another project's);
+# an older build installed as "flowgate" would share its files: removed first.
+"$VENV/bin/pip" uninstall --quiet --yes flowgate > /dev/null 2>&1 || true
 MATURIN_PEP517_ARGS="--features video,s3,cuda" "$VENV/bin/pip" install --quiet --force-reinstall --no-deps ./python
 "$VENV/bin/python" -m pytest -q python/tests

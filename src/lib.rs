@@ -5,6 +5,8 @@
 //! input order. See the [`Pipeline`] builder, and `ARCHITECTURE.md` for a map of the crate.
 
 mod blob;
+pub mod board;
+pub mod build_info;
 mod builder;
 pub mod cache;
 mod checkpoint;
@@ -33,6 +35,7 @@ pub mod synth;
 pub mod tensor;
 
 pub use blob::Blob;
+pub use build_info::{build_info, BuildInfo};
 pub use builder::{PipelineBuilder, SourceBuilder};
 pub use checkpoint::{Fingerprint, Part, PipelineState, ShardState, STATE_VERSION};
 pub use config::Workers;

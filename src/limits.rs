@@ -119,6 +119,12 @@ pub const DEVICE_MEMORY_MB: MibLimit = MibLimit {
     zero: false,
 };
 
+/// Pinned host memory staging batches for a device.
+pub const STAGING_MB: MibLimit = MibLimit {
+    key: "staging_mb",
+    zero: false,
+};
+
 /// An in-memory byte cache of fetched objects, and its ceiling.
 pub const BYTE_CACHE_MB: MibLimit = MibLimit {
     key: "cache.mb",

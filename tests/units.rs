@@ -63,7 +63,22 @@ fn build(
     workers: usize,
     units: bool,
 ) -> Loader {
-    let dataset = Dataset::builder(Source::files(files))
+    // Units are not filled (their consumer regroups), so neither is the local loader they
+    // are held against (a world of ranks would fill by default).
+    let b = builder(&files, (rank, world), drop_last)
+        .fill_skipped(false)
+        .workers(workers);
+    if units { b.decodes_units() } else { b }.build().unwrap()
+}
+
+/// Rank `rank` of `world` over `files`, shuffled, batches of 5, random crops (so
+/// augmentation must match too).
+fn builder(
+    files: &[PathBuf],
+    (rank, world): (usize, usize),
+    drop_last: bool,
+) -> flowgate::loader::LoaderBuilder {
+    let dataset = Dataset::builder(Source::files(files.to_vec()))
         .shuffle(9)
         .ranks_from(Ranks::Fixed { rank, world })
         .drop_last(drop_last)
@@ -78,14 +93,9 @@ fn build(
         ..ImageRecipe::default()
     })
     .unwrap();
-    // Units are not filled (their consumer regroups), so neither is the local loader they
-    // are held against (a world of ranks would fill by default).
-    let b = Loader::builder(dataset, recipe)
+    Loader::builder(dataset, recipe)
         .batch_size(5)
         .drop_last(drop_last)
-        .fill_skipped(false)
-        .workers(workers);
-    if units { b.decodes_units() } else { b }.build().unwrap()
 }
 
 /// A batch as what it holds: each item's dataset index and its pixels.
@@ -347,29 +357,12 @@ fn a_unit_whose_items_all_fail_is_no_error_and_the_regrouped_epoch_is_the_local_
 /// `files`, as `build` makes loaders, with `fill_skipped` as `fill` says.
 fn reader(
     files: &[PathBuf],
-    (rank, world): (usize, usize),
+    ranks: (usize, usize),
     drop_last: bool,
     (r, n): (usize, usize),
     fill: bool,
 ) -> Loader {
-    let dataset = Dataset::builder(Source::files(files.to_vec()))
-        .shuffle(9)
-        .ranks_from(Ranks::Fixed { rank, world })
-        .drop_last(drop_last)
-        .build()
-        .unwrap();
-    let recipe = Recipe::image(ImageRecipe {
-        resize: 12,
-        crop: 8,
-        random_crop: Some(Default::default()),
-        flip: true,
-        seed: 4,
-        ..ImageRecipe::default()
-    })
-    .unwrap();
-    Loader::builder(dataset, recipe)
-        .batch_size(5)
-        .drop_last(drop_last)
+    builder(files, ranks, drop_last)
         .fill_skipped(fill)
         .workers(1 + r % 2)
         .reader(r, n)
@@ -563,55 +556,78 @@ fn readers_of_a_ranks_fill_skipped_state_give_its_rest_exactly() {
                     })
                     .collect();
                 let what = format!("rank {rank}, drop_last {drop_last}, k {k}");
-                same(&in_turn(parts), &all_batches[k..], &what);
+                let got = in_turn(parts);
+                if drop_last {
+                    // The rank drops a short batch and makes a whole one up; a reader keeps
+                    // the short one: the same count, the same batches up to it.
+                    assert_eq!(got.len(), all_batches.len() - k, "{what}");
+                    let whole = got.iter().take_while(|b| b.len() == 5).count();
+                    same(&got[..whole], &all_batches[k..k + whole], &what);
+                } else {
+                    same(&got, &all_batches[k..], &what);
+                }
             }
         }
     }
 }
 
 #[test]
-fn readers_with_drop_last_and_fill_make_up_full_batches_from_what_they_delivered() {
-    // A helper's case: 25 files, 10 unreadable, 2 ranks, batches of 3, drop_last, 2 readers:
-    // a made-up batch of fillers that fail would be dropped again; a reader fills from the
-    // items it delivered (readable), so every rank makes its len().
+fn readers_with_drop_last_keep_their_count_when_their_part_is_short_of_readable_items() {
+    // A helper's cases: rank 1 of 2 over 32 files in order with two unreadable (each reader's
+    // part of 8 holds 7 readable items: dropping its short batch left the rank with none,
+    // silently); and 25 files, 10 unreadable, shuffled, batches of 3. With the fill every rank
+    // makes its len() through any number of readers; without it none makes more.
     let all = paths(true);
-    let files: Vec<PathBuf> = (0..25)
-        .map(|i| {
-            let bad = [1, 4, 5, 9, 14, 18, 19, 22, 23, 24].contains(&i);
-            all[if bad { BAD } else { i }].clone()
-        })
-        .collect();
-    for rank in 0..2 {
-        let make = |r: usize, n: usize| {
-            let dataset = Dataset::builder(Source::files(files.clone()))
-                .shuffle(1)
-                .ranks_from(Ranks::Fixed { rank, world: 2 })
-                .drop_last(true)
-                .build()
-                .unwrap();
-            let recipe = Recipe::image(ImageRecipe {
-                resize: 12,
-                crop: 8,
-                ..ImageRecipe::default()
-            })
-            .unwrap();
-            Loader::builder(dataset, recipe)
-                .batch_size(3)
-                .drop_last(true)
-                .fill_skipped(true)
-                .reader(r, n)
-                .build()
-                .unwrap()
-        };
-        let len = make(0, 1).len();
-        let got: usize = (0..2)
-            .map(|r| {
-                let mut l = make(r, 2);
-                let b = local_epoch(&mut l);
-                assert!(b.iter().all(|b| b.len() == 3), "rank {rank}: whole batches");
-                b.len()
-            })
-            .sum();
-        assert_eq!(got, len, "rank {rank}");
+    let cases: [(usize, &[usize], usize, Option<u64>); 2] = [
+        (32, &[1, 17], 8, None),
+        (25, &[1, 4, 5, 9, 14, 18, 19, 22, 23, 24], 3, Some(1)),
+    ];
+    for (n, bad, batch, seed) in cases {
+        let files: Vec<PathBuf> = (0..n)
+            .map(|i| all[if bad.contains(&i) { BAD } else { i }].clone())
+            .collect();
+        for rank in 0..2 {
+            for fill in [false, true] {
+                let make = |r: usize, readers: usize| {
+                    let mut d = Dataset::builder(Source::files(files.clone()))
+                        .ranks_from(Ranks::Fixed { rank, world: 2 })
+                        .drop_last(true);
+                    if let Some(s) = seed {
+                        d = d.shuffle(s);
+                    }
+                    let recipe = Recipe::image(ImageRecipe {
+                        resize: 12,
+                        crop: 8,
+                        ..ImageRecipe::default()
+                    })
+                    .unwrap();
+                    Loader::builder(d.build().unwrap(), recipe)
+                        .batch_size(batch)
+                        .drop_last(true)
+                        .fill_skipped(fill)
+                        .reader(r, readers)
+                        .build()
+                        .unwrap()
+                };
+                let len = make(0, 1).len();
+                for readers in [2, 3] {
+                    let got: usize = (0..readers)
+                        .map(|r| {
+                            let mut l = make(r, readers);
+                            let b: Vec<Seen> =
+                                l.epoch().unwrap().map_while(|b| b.ok().map(seen)).collect();
+                            assert!(b.iter().all(|b| !b.is_empty()));
+                            b.len()
+                        })
+                        .sum();
+                    let what = format!("{n} files, rank {rank}, fill {fill}, {readers} readers");
+                    if fill {
+                        assert_eq!(got, len, "{what}: the rank's len()");
+                    } else {
+                        assert!(got <= len, "{what}: {got} of {len}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -14,13 +14,21 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+
+/// `--version`: the version, the JPEG decoder and the features compiled in
+/// (`flowgate::build_info`).
+static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let info = flowgate::build_info().to_string();
+    info.strip_prefix("flowgate ").unwrap_or(&info).to_owned()
+});
 
 #[derive(Parser, Debug)]
 #[command(
     name = "flowgate",
-    version,
+    version = VERSION.as_str(),
     about = "A self-tuning data loading pipeline"
 )]
 struct Cli {
@@ -89,6 +97,17 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Shows every flowgate loader of this user on the node, live: rank, items/s, the
+    /// training loop's wait, workers and cores, memory against its budget, the bottleneck and
+    /// failures; names each job's straggler. Reads the node's board: no configuration.
+    Top {
+        /// Print the board once and exit (the default when stdout is not a terminal).
+        #[arg(long)]
+        once: bool,
+        /// Seconds between redraws.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+    },
     /// Draws a tuner trace: batches/s with the decisions, the consumer's wait, workers per
     /// stage and memory over time, epochs marked.
     Plot {
@@ -113,6 +132,9 @@ fn main() -> ExitCode {
     view::route_panics();
     let result = match cli.command {
         Command::Plot { trace, output } => plot::plot(&trace, &output),
+        Command::Top { once, interval } => {
+            top::top(once, Duration::from_secs_f64(interval.clamp(0.1, 3600.0)))
+        }
         Command::Run {
             pipeline,
             quiet,
@@ -206,6 +228,7 @@ mod profile;
 mod rates;
 mod run;
 mod text;
+mod top;
 mod view;
 
 fn gen_data(spec: flowgate::synth::DatasetSpec) -> Result<(), Error> {

@@ -15,8 +15,13 @@ pub(crate) struct Exporter;
 impl Exporter {
     /// Installs the global recorder and starts the listener (on its own thread).
     pub(crate) fn start(addr: SocketAddr) -> Result<Self, Error> {
+        // Every series carries the rank (torchrun's `RANK`, `LOCAL_RANK`; 0 alone), so the
+        // ranks of a node scraped together stay apart.
+        let var = |k: &str| std::env::var(k).unwrap_or_else(|_| "0".to_owned());
         metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(addr)
+            .add_global_label("rank", var("RANK"))
+            .add_global_label("local_rank", var("LOCAL_RANK"))
             .install()
             .map_err(|e| format!("metrics.prometheus: serving on {addr}: {e}"))?;
         Ok(Self)

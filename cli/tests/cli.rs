@@ -173,10 +173,25 @@ fn the_prometheus_endpoint_serves_the_documented_metrics() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_flowgate"))
         .args(["run", "--quiet"])
         .arg(&file)
+        .env("RANK", "2")
+        .env("LOCAL_RANK", "1")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    // Every series carries the rank's labels (global labels, in whatever order).
+    let labelled = |body: &str, name: &str| {
+        let (metric, wanted) = name.split_once('{').unwrap_or((name, ""));
+        body.lines().any(|l| {
+            l.starts_with(metric)
+                && l.contains("rank=\"2\"")
+                && l.contains("local_rank=\"1\"")
+                && wanted
+                    .trim_end_matches('}')
+                    .split(',')
+                    .all(|w| w.is_empty() || l.contains(w))
+        })
+    };
     let names = [
         "flowgate_delivered_total",
         "flowgate_failures_total",
@@ -200,7 +215,7 @@ fn the_prometheus_endpoint_serves_the_documented_metrics() {
     while started.elapsed() < Duration::from_secs(60) {
         if let Some(body) = scrape(port) {
             last = body;
-            if names.iter().all(|n| last.contains(n)) {
+            if names.iter().all(|n| labelled(&last, n)) {
                 break;
             }
         }
@@ -210,7 +225,10 @@ fn the_prometheus_endpoint_serves_the_documented_metrics() {
     let _ = child.wait();
     let _ = std::fs::remove_file(&file);
     for n in names {
-        assert!(last.contains(n), "{n} missing from:\n{last}");
+        assert!(
+            labelled(&last, n),
+            "{n} (with the rank's labels) missing from:\n{last}"
+        );
     }
 }
 
@@ -356,4 +374,21 @@ fn flowgate_run_reads_tar_shards_from_s3() {
         .count();
     assert!(cached >= 1, "the shards went through the disk cache");
     let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn version_names_the_decoders_and_features_built_in() {
+    let out = Command::new(env!("CARGO_BIN_EXE_flowgate"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.starts_with(&format!("flowgate {}", env!("CARGO_PKG_VERSION")))
+            && text.contains("jpeg: ")
+            && text.contains("features: ")
+            && text.contains("spec"),
+        "{text}"
+    );
 }

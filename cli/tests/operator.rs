@@ -238,31 +238,12 @@ fn run_on_a_terminal(
     cols: u16,
     rows: u16,
 ) -> (std::process::ExitStatus, Vec<Screen>, String) {
-    use std::os::fd::{FromRawFd, OwnedFd};
-    let (mut master, mut slave) = (0, 0);
-    let ws = libc::winsize {
-        ws_row: rows,
-        ws_col: cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: openpty fills two descriptors, which OwnedFd then owns.
-    let rc = unsafe {
-        libc::openpty(
-            &mut master,
-            &mut slave,
-            std::ptr::null_mut(),
-            std::ptr::null(),
-            &ws,
-        )
-    };
-    assert_eq!(rc, 0, "openpty");
-    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let (mut reader, slave) = common::pty(cols, rows);
     let mut child = flowgate()
         .arg("run")
         .arg(file)
         .stdout(Stdio::piped())
-        .stderr(Stdio::from(slave))
+        .stderr(slave)
         .spawn()
         .unwrap();
     // The summary (stdout) is read on its own thread: a full pipe would stall the run.
@@ -272,7 +253,6 @@ fn run_on_a_terminal(
         let _ = out.read_to_string(&mut s);
         s
     });
-    let mut reader = std::fs::File::from(master);
     let mut parser = vt100::Parser::new(rows, cols, 0);
     let mut screens = Vec::new();
     let mut buf = [0u8; 4096];

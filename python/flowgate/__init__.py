@@ -23,7 +23,7 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, 
                     Tuple, Union)
 
 from . import _native
-from ._native import Batch, DeviceUnavailable, LoaderError, skip_part
+from ._native import Batch, DeviceUnavailable, LoaderError, build_info, skip_part
 from ._sources import Mix, Parquet, Shards, _check_ints
 from ._process import _Epoch
 from ._remote import Ray
@@ -35,7 +35,39 @@ from ._args import _normalize, _options, _pair, _paths
 __version__: str = _native.__version__
 
 __all__ = ["ImageLoader", "AudioLoader", "VideoLoader", "Shards", "Parquet", "Mix", "Pipeline",
-           "Ray", "Batch", "LoaderError", "DeviceUnavailable", "merge_state_dicts", "skip_part"]
+           "Ray", "Batch", "LoaderError", "DeviceUnavailable", "merge_state_dicts", "skip_part",
+           "build_info", "report_ranks"]
+
+
+def report_ranks(loader: Any, log: Optional[Callable[[str], None]] = print) -> Optional[str]:
+    """At an epoch's end under ``torch.distributed``: gathers every rank's pace (items/s, the
+    share of the time its loop waited, its bottleneck: a few numbers, one ``all_gather_object``)
+    and returns, on rank 0, one line naming the slowest rank and its bottleneck (also given to
+    ``log``; ``None`` on the other ranks, and without an initialised process group). A
+    collective: every rank must call it, at the same point of its loop::
+
+        for epoch in range(epochs):
+            for batch in loader: ...
+            flowgate.report_ranks(loader)   # rank 0 prints: slowest rank 2: 310 items/s ...
+    """
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    pace = dict(loader._here()._pace(), rank=dist.get_rank())
+    paces: list = [None] * dist.get_world_size()
+    dist.all_gather_object(paces, pace)
+    if dist.get_rank() != 0:
+        return None
+    slow = min(paces, key=lambda p: p["items_per_s"])
+    fast = max(p["items_per_s"] for p in paces)
+    held = ("its training step (the loader keeps up)" if slow["bottleneck"] == "step"
+            else f"its {slow['bottleneck']} stage")
+    line = (f"flowgate: slowest rank {slow['rank']} of {len(paces)}: "
+            f"{slow['items_per_s']:.0f} items/s (fastest {fast:.0f}), its loop waited "
+            f"{100 * slow['wait']:.0f}% of the time, held back by {held}")
+    if log is not None:
+        log(line)
+    return line
 
 
 def merge_state_dicts(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from . import _native
 from ._native import DeviceUnavailable
 from ._process import (_LIVE, _Epoch, _WorkerMarker, _converter, _in_worker,
                        _rebuild, _register_with_torch, _worker_split)

@@ -26,7 +26,7 @@ import concurrent.futures
 import math
 import os
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from . import _native
 from ._units import (_converter_from_numpy, _decode_unit, _read_only, _unit_args,

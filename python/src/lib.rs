@@ -50,6 +50,19 @@ fn _after_fork_in_child() {
     flowgate::after_fork_in_child();
 }
 
+/// `flowgate.build_info()`: the version, the JPEG decoder compiled in and the optional
+/// features of this build ([`flowgate::build_info`]), as a dict.
+#[pyfunction]
+fn build_info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let info = flowgate::build_info();
+    let dict = pyo3::types::PyDict::new(py);
+    dict.set_item("version", info.version)?;
+    dict.set_item("jpeg", info.jpeg)?;
+    dict.set_item("features", &info.features)?;
+    dict.set_item("text", info.to_string())?;
+    Ok(dict)
+}
+
 /// Set when the interpreter starts to exit (`flowgate` registers [`_exiting`] with `atexit`):
 /// from then on a loader freed joins its threads without releasing the GIL (the interpreter
 /// is being torn down; another thread may not take it back).
@@ -88,6 +101,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(batch::_batch_from_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(_exiting, m)?)?;
+    m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(pipeline::skip_part, m)?)?;
     m.add("LoaderError", m.py().get_type::<error::LoaderError>())?;
     m.add(

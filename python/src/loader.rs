@@ -242,6 +242,17 @@ impl Loader {
         Ok(d)
     }
 
+    /// The pipeline's pace since it started (`flowgate::board::summary`): `items_per_s`,
+    /// `wait` (the share of the time the loop waited) and `bottleneck` (a stage, or "step").
+    fn _pace<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let p = flowgate::board::summary(&self.monitor(py)?.stats(), None);
+        let d = PyDict::new(py);
+        d.set_item("items_per_s", p.items_per_s)?;
+        d.set_item("wait", p.wait)?;
+        d.set_item("bottleneck", p.bottleneck)?;
+        Ok(d)
+    }
+
     /// The tuner's recent ticks, oldest first: dicts of `t` (seconds since the pipeline
     /// started), `rate` (batches/s), `wait` (fraction of the tick the consumer waited),
     /// `stages`, `workers` and `budgets` (per stage), `bytes` (buffered), `memory_budget`,

@@ -419,15 +419,26 @@ def test_fill_skipped_through_dataloader_workers_keeps_the_ranks_counts_equal(da
                                           fill_skipped=fill)
             dl = DataLoader(loader, batch_size=None, num_workers=2)
             counts[fill].append((sum(1 for _ in dl), len(loader)))
-    assert any(n < m for n, m in counts[False]), counts   # the case binds
+    assert all(n <= m for n, m in counts[False]), counts
     assert all(n == m for n, m in counts[True]), counts
+    # A helper's case: each worker's part holds fewer readable files than a batch while the
+    # rank has plenty (with drop_last a worker used to drop its short batch: 0 batches).
+    files = list(paths_of(data)[:32])
+    bad = iter(unreadable(tmp_path / "few", 2))
+    files[1], files[17] = next(bad), next(bad)
+    for workers in (2, 3):
+        loader = flowgate.ImageLoader(files, batch_size=8, crop=16, resize=16, shuffle=False,
+                                      drop_last=True, rank=1, world_size=2)
+        got = sum(1 for _ in DataLoader(loader, batch_size=None, num_workers=workers))
+        assert got == len(loader) == 2, (workers, got)
 
 
 def test_a_fill_skipped_state_resumed_through_dataloader_workers_owes_the_ranks_rest(
         data, tmp_path):
     """Each rank's state after k batches (of a loop without workers), loaded into a loader read
-    through 3 ``DataLoader`` workers: every rank makes ``len(loader) - k`` batches, with
-    ``drop_last`` the local loader's own (a helper's case: counts differed across ranks)."""
+    through 3 ``DataLoader`` workers: every rank makes ``len(loader) - k`` batches, the local
+    loader's own (with ``drop_last`` up to a short batch the rank would drop and make up; a
+    helper's case: counts differed across ranks)."""
     pytest.importorskip("torch")
     from torch.utils.data import DataLoader
     good, bad = paths_of(data), iter(unreadable(tmp_path, 10))
@@ -452,8 +463,11 @@ def test_a_fill_skipped_state_resumed_through_dataloader_workers_owes_the_ranks_
                 resumed.load_state_dict(state)
                 got = [list(p) for _, p in DataLoader(resumed, batch_size=None, num_workers=3)]
                 counts.append(len(got))
-                if drop_last:
-                    assert got == whole[k:], f"rank {rank}, k {k}"
+                # The local loader's rest; with drop_last up to its first short batch (a
+                # worker keeps a short batch where the rank drops it and makes a whole one up).
+                whole_ones = next((i for i, b in enumerate(got) if len(b) < 3), len(got))
+                upto = len(got) if not drop_last else whole_ones
+                assert got[:upto] == whole[k:k + upto], f"rank {rank}, k {k}"
             assert counts == [n - k] * 2, f"drop_last {drop_last}, k {k}: {counts}"
 
 

@@ -75,13 +75,33 @@ def test_ranks_on_one_node_share_its_cores(data, tmp_path):
     for rank, ticks in enumerate(traces):
         most = max(w for _, w in ticks)
         assert most <= share, f"rank {rank} ran {most} decode workers, its share is {share}"
-    # The bound binds: alone on the node, the same loader grows decode past the share.
+    # The bound binds: alone on the node, the same loader grows decode past the share (up
+    # to three tries: on a loaded 2-core machine one epoch may show no gain worth a worker).
     paths = [p for p in files.read_text().split()] * 30
-    alone = flowgate.ImageLoader(paths, batch_size=16, resize=256, crop=224)
-    for _ in alone:
-        pass
-    most = max(dict(zip(r["stages"], r["workers"]))["decode"] for r in alone.tuner_trace())
-    assert most > share, f"alone, decode reached only {most} workers"
+    reached = []
+    for _ in range(3):
+        alone = flowgate.ImageLoader(paths, batch_size=16, resize=256, crop=224)
+        for _ in alone:
+            pass
+        reached.append(max(dict(zip(r["stages"], r["workers"]))["decode"]
+                           for r in alone.tuner_trace()))
+        alone.close()
+        if reached[-1] > share:
+            break
+    assert max(reached) > share, f"alone, decode reached only {reached} workers"
+
+
+def run_ranks(n, script, args, cwd, port_offset, timeout=300):
+    """`torchrun --nproc_per_node=n` of the test script `script` with `args`, in `cwd`."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(k, None)
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}",
+         "--master_port", str(29500 + (os.getpid() + port_offset) % 1000),
+         str(WORKER.with_name(script)), *map(str, args)],
+        env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
 
 
 def skipped_files_run(tmp_path, data, *args, timeout=240):
@@ -89,15 +109,8 @@ def skipped_files_run(tmp_path, data, *args, timeout=240):
     files = tmp_path / "files.txt"
     if not files.exists():
         files.write_text("\n".join(with_unreadable(data, tmp_path)) + "\n")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        env.pop(k, None)
-    r = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=3",
-         "--master_port", str(29500 + (os.getpid() + 7) % 1000),
-         str(WORKER.with_name("ddp_fill_worker.py")), str(files), *args],
-        env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    run_ranks(3, "ddp_fill_worker.py", [files, *args], tmp_path, port_offset=7,
+              timeout=timeout)
     return [json.loads((tmp_path / f"report-{k}.json").read_text()) for k in range(3)]
 
 
@@ -132,3 +145,16 @@ def test_ranks_with_skipped_files_keep_in_step_by_default(data, tmp_path):
     for r in default:
         assert r["batches"] == [r["len"]] * 2, default
     assert any(f > 0 for r in default for f in r["filled"]), default
+
+
+def test_an_epochs_end_names_the_slowest_rank_and_its_bottleneck(data, tmp_path):
+    """flowgate.report_ranks under torchrun (3 ranks, gloo): one all-gather of each rank's
+    pace, and on rank 0 one line naming the rank slowed on purpose (crops 49 times larger) and
+    its decode stage."""
+    files = tmp_path / "files.txt"
+    files.write_text("\n".join(sorted(str(p) for p in (data / "images").glob("*.jpg"))) + "\n")
+    run_ranks(3, "rank_report_worker.py", [files], tmp_path, port_offset=11)
+    line = (tmp_path / "report.txt").read_text()
+    assert "slowest rank 1 of 3" in line and "its decode stage" in line, line
+    # Without a process group it is a no-op.
+    assert flowgate.report_ranks(flowgate.ImageLoader(str(files), batch_size=4)) is None

@@ -163,6 +163,24 @@ pub(crate) fn assemble<T: Send + 'static>(
             Arc::clone(&epoch),
         )?;
     }
+    // This pipeline's record on the node's board (`flowgate top`), once a second.
+    if crate::board::enabled() {
+        let (cores, node_budget) = match cfg.cpu_budget {
+            Some(b) => (b.cores(), true),
+            None => (flowgate_tuner::process_cores(), false),
+        };
+        let mut board = crate::board::Publisher::new(cores, node_budget);
+        let (stages, ledger, epoch) = (all_stages.clone(), Arc::clone(&ledger), Arc::clone(&epoch));
+        let budget = engine.memory().cloned();
+        plane.every(crate::board::PUBLISH_EVERY, move || {
+            board.publish(PipelineStats::assemble(
+                stages.iter().map(|s| s.snapshot()).collect(),
+                &ledger,
+                epoch.load(Ordering::Relaxed),
+                budget.as_ref(),
+            ));
+        });
+    }
     if let Some((every, mut f)) = on_stats {
         let epoch = Arc::clone(&epoch);
         let budget = engine.memory().cloned();

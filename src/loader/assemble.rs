@@ -186,7 +186,7 @@ pub(super) fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: Fa
         // default is four): the aggregate takes each at once, and a buffer the consumer waits
         // for is doubled by the tuner.
         let p = p
-            .aggregate(batch_size, b.drop_last && !b.units)
+            .aggregate(batch_size, b.drop_last && !b.units && b.reader.is_none())
             .budget_start(buffer(1).unwrap_or(batch_size));
         let mut p = p
             .pipe(

@@ -182,12 +182,16 @@ impl LoaderBuilder {
     /// loader's batches in its order, and their [`len`](super::Loader::len)s add up to its. A
     /// resumed state ([`Loader::resume`](super::Loader::resume) with the rank's state) is split the same way: the
     /// readers read the rank's rest. An item skipped as unreadable leaves its reader's last
-    /// batch short (dropped with `drop_last`, as the whole loader drops a short last batch);
-    /// with [`fill_skipped`](Self::fill_skipped) each reader makes its count, from its own
-    /// items or, if all of them failed, the rank's others; and a rank's `fill_skipped` state
-    /// is resumed exactly (each reader runs the rank's rest and keeps its own batches: the
-    /// decoding of that rest in every reader, for that one epoch). A reader's own checkpoint
-    /// covers only its part. Default: the whole epoch (one reader).
+    /// batch short, and the reader keeps it, also with `drop_last` (which drops the rank's
+    /// partial last batch from the plan): a reader's part may hold fewer readable items than a
+    /// batch while its rank has plenty. A reader ends short of its part's batches only when
+    /// its readable items fill fewer; with [`fill_skipped`](Self::fill_skipped) it makes them
+    /// up (from its own items, or if all of them failed from the rank's others), and a rank's
+    /// `fill_skipped` state is resumed with the rank's
+    /// count (each reader runs the rank's rest and keeps its own batches: the decoding of that
+    /// rest in every reader, for that one epoch; the rank's batches too, but where the rank
+    /// would drop a short batch and make up a whole one, the reader keeps the short one). A
+    /// reader's own checkpoint covers only its part. Default: the whole epoch (one reader).
     pub fn reader(mut self, reader: usize, readers: usize) -> Self {
         self.reader = Some((reader, readers));
         self

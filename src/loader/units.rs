@@ -217,9 +217,9 @@ impl EpochPlan {
     /// `reader`, `reader + readers`, … of the plan (the epoch's last partial batch left out
     /// with `drop_last`), everything else delivered. Decoded in input order, its batches are
     /// the planning loader's batches of those numbers (an item skipped as unreadable leaves
-    /// the reader's last batch short, dropped with `drop_last` as the whole loader drops its
-    /// short last batch), so readers that take their batches in turn (PyTorch's `DataLoader`
-    /// workers) give the planning loader's batches in its order.
+    /// the reader's last batch short, and a reader keeps it: with `drop_last` the plan has cut
+    /// the epoch's partial last batch already), so readers that take their batches in turn
+    /// (PyTorch's `DataLoader` workers) give the planning loader's batches in its order.
     pub fn reader_state(&self, reader: usize, readers: usize) -> PipelineState {
         let whole = self.batches();
         let mine = (reader..whole).step_by(readers.max(1)).flat_map(|k| {

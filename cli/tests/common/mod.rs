@@ -51,3 +51,32 @@ pub(crate) fn scratch(name: &str) -> PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// A pseudo-terminal of `cols`×`rows`: its master (read the screen from it) and its slave
+/// (a child's stdout or stderr).
+pub(crate) fn pty(cols: u16, rows: u16) -> (std::fs::File, std::process::Stdio) {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (mut master, mut slave) = (0, 0);
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: openpty fills two descriptors, which OwnedFd then owns.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &ws,
+        )
+    };
+    assert_eq!(rc, 0, "openpty");
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    (
+        std::fs::File::from(master),
+        std::process::Stdio::from(slave),
+    )
+}

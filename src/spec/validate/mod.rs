@@ -503,11 +503,20 @@ impl PipelineSpec {
                 "cuda needs flowgate built with the `cuda` feature (cargo build --release --features cuda); use `cpu` or `simulated`".into(),
             ));
         }
-        for (key, v) in [
-            ("memory_mb", self.device.memory_mb),
-            ("staging_mb", self.device.staging_mb),
-            ("bandwidth_gbps", self.device.bandwidth_gbps),
-        ] {
+        let d = &self.device;
+        limit(
+            crate::limits::DEVICE_MEMORY_MB.bytes(d.memory_mb),
+            &err,
+            "device",
+            "memory_mb",
+        )?;
+        limit(
+            crate::limits::STAGING_MB.bytes(d.staging_mb),
+            &err,
+            "device",
+            "staging_mb",
+        )?;
+        for (key, v) in [("bandwidth_gbps", self.device.bandwidth_gbps)] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(err(
                     "device",

@@ -1,0 +1,27 @@
+"""One rank of test_torchrun.py's straggler case: two epochs over the sample images, rank 1
+decoding crops 49 times larger on one worker (slowed on purpose), then
+``flowgate.report_ranks``; rank 0 writes the line it returned to ``report.txt``."""
+
+import sys
+
+import torch.distributed as dist
+
+import flowgate
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+size = 448 if rank == 1 else 64
+# The list 20 times over: enough decoding (~270 items a rank) for the slowed rank to show.
+paths = [line.strip() for line in open(sys.argv[1]) if line.strip()] * 20
+loader = flowgate.ImageLoader(paths, batch_size=4, resize=size, crop=size, workers=1,
+                              shuffle=False)
+for _ in range(2):
+    for _batch in loader:
+        pass
+line = flowgate.report_ranks(loader, log=None)
+if rank == 0:
+    with open("report.txt", "w") as f:
+        f.write(line)
+else:
+    assert line is None
+dist.destroy_process_group()
