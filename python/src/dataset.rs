@@ -27,7 +27,13 @@ fn not_found(path: &std::path::Path) -> PyErr {
 /// `ValueError`.
 pub(crate) fn open_error(e: PipelineError) -> PyErr {
     let text = e.to_string();
-    if text.contains("No such file") || text.contains("entity not found") {
+    // Not found, as Python says it; and ImageFolder's own missing-class errors (raised as
+    // torchvision raises them: FileNotFoundError).
+    if text.contains("No such file")
+        || text.contains("entity not found")
+        || text.contains("Couldn't find any class folder")
+        || text.contains("Found no valid file for the classes")
+    {
         PyFileNotFoundError::new_err(text)
     } else {
         PyValueError::new_err(text)

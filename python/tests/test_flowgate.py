@@ -646,7 +646,7 @@ def test_folder_labels_are_torchvisions_image_folder(data, tmp_path):
     (root / "ant").mkdir()
     with pytest.raises(FileNotFoundError):
         datasets.ImageFolder(str(root))
-    with pytest.raises(ValueError, match="ant"):
+    with pytest.raises(FileNotFoundError, match="Found no valid file for the classes ant"):
         flowgate.ImageLoader(str(root), labels="folder")
 
 

@@ -208,7 +208,8 @@ fn image_folder(
     classes.sort();
     if classes.is_empty() {
         return Err(PipelineError::config(format!(
-            "labels = folder: {} has no class folders (ImageFolder takes root/<class>/<file>)",
+            "labels = folder: Couldn't find any class folder in {} (ImageFolder takes \
+             root/<class>/<file>)",
             root.display()
         )));
     }
@@ -239,12 +240,12 @@ fn image_folder(
         .collect();
     if !empty.is_empty() {
         return Err(PipelineError::config(format!(
-            "labels = folder: no file with the extensions {} in the class folder(s) {} of {} \
-             (torchvision's ImageFolder raises too: an empty class would shift every label \
-             after it; remove the folder or add its files)",
-            extensions.join(", "),
+            "labels = folder: Found no valid file for the classes {} of {} (no file with the \
+             extensions {} in their class folders; torchvision's ImageFolder raises too: an \
+             empty class would shift every label after it; remove the folder or add its files)",
             empty.join(", "),
-            root.display()
+            root.display(),
+            extensions.join(", "),
         )));
     }
     Ok((Files::new(kept), labels, names))
