@@ -251,11 +251,15 @@ fn a_checkpoint_at_any_batch_resumes_to_the_uninterrupted_batches_and_count() {
                     }
                     assert_eq!(epoch(&mut r).len(), len, "{what}: the next epoch whole");
                 }
-                // A `break` while batches are made up: the next epoch is the one after.
+                // A `break` while batches are made up: the epoch starts again from its
+                // beginning, the same batches (made-up ones included); then the next.
                 let mut l = loader(rank, drop_last, true, seed);
                 l.start_epoch().unwrap();
                 take(&mut l, own + 1);
                 l.close();
+                assert_eq!(l.abandoned_epoch(), Some((0, own + 1)), "rank {rank}");
+                assert_eq!(l.next_epoch(), 0, "rank {rank}");
+                assert_eq!(epoch(&mut l), all, "rank {rank}: epoch 0 again, whole");
                 assert_eq!(l.next_epoch(), 1, "rank {rank}");
                 assert_eq!(epoch(&mut l).len(), len);
             }

@@ -70,6 +70,8 @@ class _Loader:
         self._remote_state: Optional[Dict[str, Any]] = None
         self._remote_failures: Dict[int, List[Tuple[str, str, str]]] = {}
         self._remote_epoch: Optional[int] = None
+        #: The last remote epoch begun and not ended, and the batches it delivered.
+        self._remote_progress: Optional[List[int]] = None
         self._native = self._build(args)
         self._pid = os.getpid()
         _LIVE.add(self)
@@ -129,8 +131,11 @@ class _Loader:
         return self._args["output"]
 
     def __iter__(self) -> Iterator[Any]:
-        """Iterates one epoch; the next ``iter()`` starts the next epoch (a loop left with
-        ``break`` is abandoned: its pipeline stops at once). Yields a :class:`Batch`, or with
+        """Iterates one epoch. After its end the next ``iter()`` starts the next epoch; a
+        loop left mid-way (``break``, ``next(iter(loader))`` to peek, a new ``iter()``) is
+        abandoned — its pipeline stops at once — and the next ``iter()`` starts that epoch
+        again from where it started, in the same order (as ``DistributedSampler`` until
+        ``set_epoch``; a warning says so when more than one batch had been delivered). Yields a :class:`Batch`, or with
         ``labels`` and/or ``return_paths`` a tuple ``(batch, labels, paths)`` of what was asked
         for (with ``output="torch"``/``"numpy"``, tensors/arrays instead of batches)."""
         if self._args.get("remote") is not None:
@@ -191,6 +196,8 @@ class _Loader:
         if self._remote_state is not None and (native._next_epoch() != epoch
                                                or self._remote_state.get("epoch") != epoch):
             self._remote_state = None
+        if self._remote_progress is not None and self._remote_progress[0] != epoch:
+            self._remote_progress = None
         native.set_epoch(epoch)
         if self._resume is not None and self._resume.get("epoch") != epoch:
             # Another epoch: the loaded state no longer applies (for workers started later).
@@ -279,6 +286,7 @@ class _Loader:
             self._pool.abandon()
         self._remote_state = None
         self._remote_epoch = None
+        self._remote_progress = None
         self._resume = dict(state)
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ import re
 import sys
 import tempfile
 import uuid
+import warnings
 import weakref
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -26,7 +27,12 @@ class _Epoch:
         self._convert = convert
         self._pid = os.getpid()
         self._number = None
-        self._number = native._start_epoch()
+        started = native._start_epoch()
+        if started is not None:
+            # A loader's: the iterator's number, and an abandoned epoch it starts again.
+            self._number, again = started
+            if again is not None:
+                _warn_again(*again)
 
     def __del__(self) -> None:
         # Left with `break` (or dropped mid-way): stop the epoch's pipeline now, so its
@@ -50,6 +56,18 @@ class _Epoch:
         if item is None:
             raise StopIteration
         return item if self._convert is None else self._convert(item)
+
+
+def _warn_again(epoch: int, delivered: int) -> None:
+    """An abandoned epoch started again from its beginning: silent after a peek (one
+    batch), a warning after a loop left mid-way (it reads the same batches again)."""
+    if delivered >= 2:
+        warnings.warn(
+            f"flowgate: epoch {epoch} starts again from its beginning: the last loop over it "
+            f"stopped after {delivered} batches (a break, or a new iter() while it ran). An "
+            "epoch ends only at its end; to move on, call loader.set_epoch(epoch) at each "
+            "epoch's start, as with DistributedSampler",
+            UserWarning, stacklevel=4)
 
 
 # Loaders alive in this process: before a fork, each notes the epoch a child should start at.

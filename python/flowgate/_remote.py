@@ -29,6 +29,7 @@ import time
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from . import _native
+from ._process import _warn_again
 from ._units import (_converter_from_numpy, _decode_unit, _read_only, _unit_args,
                      _unit_loader)
 
@@ -340,10 +341,14 @@ class _RemoteEpoch:
         self._pool: _Pool = loader._remote_pool()
         self._token = self._pool.begin()
         native = loader._native
+        # The native loader stays at this epoch's start until it ends: an epoch abandoned
+        # (a break, another iterator) is planned again from there, as a local loader's.
         self._plan = native._plan_units(loader._args["remote"].batches_per_unit)
         self.epoch = self._plan.epoch
-        # The native loader's next epoch is the one after this (the plan holds this one).
-        native.set_epoch(self.epoch + 1)
+        left = loader._remote_progress
+        if left is not None and left[0] == self.epoch:
+            _warn_again(*left)
+        loader._remote_progress = [self.epoch, 0]
         self._units = len(self._plan)
         # The units' batches regrouped into the local loader's (the library's view).
         self._regroup = self._plan.regroup(loader._args.get("order", "input"))
@@ -388,6 +393,7 @@ class _RemoteEpoch:
                     f"failed items); last: stage {stage} failed on {path}: {message}")
             raise StopIteration
         self._yielded += 1
+        self._loader._remote_progress[1] = self._yielded
         self._plan.receive([(p, p + 1) for p in positions])
         self._loader._remote_state = self._plan.state()
         self._maybe_resize()
@@ -407,6 +413,9 @@ class _RemoteEpoch:
         self._finished = True
         self._loader._remote_state = self._plan.next_state()
         self._loader._remote_epoch = None
+        self._loader._remote_progress = None
+        # Over: the native loader plans the next epoch.
+        self._loader._native.set_epoch(self.epoch + 1)
 
     def _fill(self) -> None:
         """Hands out units up to the window, each to the worker with the fewest in hand."""

@@ -98,22 +98,28 @@ impl Loader {
 
 #[pymethods]
 impl Loader {
-    /// Starts an epoch (the next one, or the resumed one after `load_state_dict`).
-    /// Returns the epoch's iterator number, for `_abandon`.
-    fn _start_epoch(&self, py: Python<'_>) -> PyResult<u64> {
+    /// Starts an epoch (the next one, the resumed one after `load_state_dict`, or an abandoned
+    /// one again). Returns the epoch's iterator number, for `_abandon`, and — when it starts
+    /// an abandoned epoch again (one being iterated is abandoned first) — that epoch and the
+    /// batches it had delivered.
+    fn _start_epoch(&self, py: Python<'_>) -> PyResult<(u64, Option<(u64, usize)>)> {
         let core = &self.core;
         py.allow_threads(|| {
             let mut c = core.lock().expect("loader");
+            if c.loader.in_epoch() {
+                c.loader.close();
+            }
+            let again = c.loader.abandoned_epoch();
             c.loader.start_epoch()?;
             c.iterators += 1;
-            Ok(c.iterators)
+            Ok((c.iterators, again))
         })
         .map_err(to_py)
     }
 
     /// Called when the Python iterator number `iterator` is freed: if its epoch is still
     /// being iterated (a `break`), the pipeline stops now and frees its buffers; the next
-    /// iterator starts the next epoch.
+    /// iterator starts that epoch again from where it started.
     fn _abandon(&self, py: Python<'_>, iterator: u64) {
         let core = &self.core;
         py.allow_threads(|| {

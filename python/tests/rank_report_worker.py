@@ -1,6 +1,7 @@
 """One rank of test_torchrun.py's straggler case: two epochs over the sample images, rank 1
-decoding crops 49 times larger on one worker (slowed on purpose), then
-``flowgate.report_ranks``; rank 0 writes the line it returned to ``report.txt``."""
+reading the same pictures saved 16 times larger (its decoding slowed on purpose: the only
+difference between the ranks), then ``flowgate.report_ranks``; rank 0 writes the line it
+returned to ``report.txt``. Arguments: the list of sample images, the list of large ones."""
 
 import sys
 
@@ -10,10 +11,10 @@ import flowgate
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-size = 448 if rank == 1 else 64
+listed = sys.argv[2] if rank == 1 else sys.argv[1]
 # The list 20 times over: enough decoding (~270 items a rank) for the slowed rank to show.
-paths = [line.strip() for line in open(sys.argv[1]) if line.strip()] * 20
-loader = flowgate.ImageLoader(paths, batch_size=4, resize=size, crop=size, workers=1,
+paths = [line.strip() for line in open(listed) if line.strip()] * 20
+loader = flowgate.ImageLoader(paths, batch_size=4, resize=64, crop=64, workers=1,
                               shuffle=False)
 for _ in range(2):
     for _batch in loader:

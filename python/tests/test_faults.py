@@ -15,6 +15,7 @@ import io
 import json
 import os
 import pathlib
+import random
 import subprocess
 import sys
 import tarfile
@@ -35,6 +36,17 @@ SAMPLES = int(os.environ.get("FLOWGATE_SOAK_SAMPLES", "97"))  # divides by no wo
 PER_SHARD = 9
 BATCH = 4
 FIRST_WORLD, RESUMED_WORLD, WORKERS = 3, 2, 2
+#: Steps between checkpoints in the first run: the kill lands one, two or three steps after
+#: the last one (at a checkpoint's step, just before it is taken).
+EVERY = 3
+
+
+def kill_step(seed, steps_per_rank):
+    """The step rank 1 is killed at, drawn from ``seed`` (``FLOWGATE_FAULT_SEED`` overrides
+    it: scripts/soak-faults.sh draws one per round): after the first checkpoint and early
+    enough that a rank whose reads fail (the rewritten object) still gets there."""
+    seed = int(os.environ.get("FLOWGATE_FAULT_SEED", seed))
+    return random.Random(seed).randint(EVERY + 1, max(EVERY + 1, steps_per_rank - 2))
 
 
 def write_tar(path, items, mtime):
@@ -125,20 +137,19 @@ def run_harness(spec, out, proxy, rewrite, tmp_path, shard_bytes, context="fork"
     (out / "spec.json").write_text(json.dumps(spec))
     done = rewrite_when_opened(out, rewrite)
     steps_per_rank = -(-SAMPLES // FIRST_WORLD) // BATCH
-    # Odd (after a checkpoint, before the next), and early: a rank whose reads fail (the
-    # rewritten object) makes fewer batches than the others.
-    kill_step = max(3, steps_per_rank // 3) | 1
+    kill = kill_step(spec["seed"], steps_per_rank)
     first = torchrun(FIRST_WORLD, out, "--phase", "first", "--kill-rank", 1, "--kill-step",
-                     kill_step, "--every", 2, "--gate", check=False)
+                     kill, "--every", EVERY, "--gate", check=False)
     done.set()
     assert (out / "rewritten").exists(), first.stderr[-3000:]
     # The job ended when rank 1 killed itself (its last report is from that step).
     assert first.returncode != 0, "the killed rank ended the job"
     firsts = [json.loads((out / f"report-first-{r}.json").read_text())
               for r in range(FIRST_WORLD)]
-    assert firsts[1]["steps"] == kill_step, (firsts[1], first.stderr[-3000:])
+    assert firsts[1]["steps"] == kill, (firsts[1], first.stderr[-3000:])
     ckpt = json.loads((out / "checkpoint.json").read_text())
-    assert ckpt["step"] == kill_step - 1, ckpt["step"]
+    # The last checkpoint before the kill: the kill's step's own is never taken.
+    assert ckpt["step"] == (kill - 1) // EVERY * EVERY, (ckpt["step"], kill)
     torchrun(RESUMED_WORLD, out, "--phase", "resume", "--workers", WORKERS, "--context", context)
     resumed = json.loads((out / "resumed.json").read_text())
     rest = [json.loads((out / f"report-resume-{r}.json").read_text())
@@ -152,7 +163,8 @@ def run_harness(spec, out, proxy, rewrite, tmp_path, shard_bytes, context="fork"
     # Each dealing pads fewer positions than it has ranks.
     padding = (FIRST_WORLD - 1) + (RESUMED_WORLD - 1)
     figures = dict(items=sum(want.values()), committed=len(ckpt["committed"]),
-                   resumed=len(resumed), lost=sum(missing.values()),
+                   resumed=len(resumed), lost=sum(missing.values()), kill_step=kill,
+                   steps_after_checkpoint=kill - ckpt["step"],
                    repeated=sum(extra.values()), padding_allows=padding,
                    faults={k: v for k, v in proxy.counts.items()},
                    failed_before_the_kill=sum(len(r["failures"]) for r in firsts))
@@ -224,4 +236,12 @@ def test_a_mixture_of_shards_and_parquet_on_s3_under_faults_a_killed_rank_and_a_
         write_parquet(bucket / "rows.parquet", rows, "gzip")
 
     # Spawned workers (the other start method; the shards' harness forks them).
-    run_harness(spec, tmp_path / "run", proxy, rewrite, tmp_path, 0, context="spawn")
+    figures, firsts, _ = run_harness(spec, tmp_path / "run", proxy, rewrite, tmp_path, 0,
+                                     context="spawn")
+    # The rewritten Parquet object was read at the version the ranks opened: its later range
+    # reads named that version (If-Match) and the store refused them, each read's rows failed
+    # saying so (and were read again, at the new version, after the resume: none lost).
+    assert proxy.counts["precondition_failed"] > 0, proxy.counts
+    changed = [f for r in firsts for f in r["failures"] if "changed on the store" in f[2]]
+    assert changed and all(path.startswith("s3://data/rows.parquet") for _, path, _ in changed), \
+        changed[:3]

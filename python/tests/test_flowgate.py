@@ -6,6 +6,7 @@ import importlib.util
 import os
 import pathlib
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -463,18 +464,51 @@ def test_the_python_loader_and_a_pipeline_file_give_the_same_batches(data, tmp_p
     assert sum(epochs[0][p] != epochs[1][p] for p in paths) >= len(paths) // 2, "new per epoch"
 
 
-def test_memory_mb_bounds_what_each_stage_holds(data):
-    loader = flowgate.ImageLoader(str(data / "images.txt"), batch_size=8, crop=64, resize=64,
-                                  memory_mb=4, shuffle=False)
-    budgets = []
-    for _ in loader:
-        s = loader.stats()
-        limits = [st["budget_bytes"] for st in s["stages"].values()
-                  if st["budget_bytes"] < 2**64 - 1]
-        budgets.append(sum(limits))
-        assert s["bytes"] <= 4 * 2**20 + 2 * 8 * 3 * 64 * 64, s
-    assert budgets and all(b <= 4 * 2**20 for b in budgets), budgets
-    assert len(budgets) == 5, "40 images in batches of 8: the budget slows, never stops"
+def peak_rss_mb(reset=False):
+    """This process's peak resident set (VmHWM), in MiB; ``reset`` sets it to the current
+    RSS first (``/proc/self/clear_refs``)."""
+    if reset:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    with open("/proc/self/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    return kb / 1024
+
+
+#: What a loader holds beside its budget, named: the batch the loop holds, each decode
+#: worker's source image at full size (500×375×3, two workers), thread stacks and allocator
+#: arenas (the Rust test, tests/bounds.rs, measures its own).
+RSS_OVERHEAD_MB = 24
+
+
+def test_memory_mb_binds_with_items_large_against_it(data):
+    """432 KiB items in batches of 4 (1.7 MiB) over 160 items (68 MiB), behind a slow loop.
+    The stages hold four batches and an item per decode worker whatever their byte budgets
+    (8.0 MiB with two workers): a 4 MiB budget is refused, naming that (before, it was taken,
+    reserving two batches, and the stages held 7.2 MiB). A 9 MiB budget reserves it: the
+    bytes the stages hold stay within it at every batch, and the process's peak RSS grows by
+    at most the budget and a named overhead."""
+    paths = [p for p in (data / "images.txt").read_text().split() if p] * 4
+    args = dict(batch_size=4, crop=384, resize=384, shuffle=False, workers=2)
+    item = 384 * 384 * 3
+    with pytest.raises(ValueError, match=r"4\.0 MiB cannot hold a batch in flight.*"
+                                                   r"\(8\.0 MiB at once\)"):
+        flowgate.ImageLoader(paths, **args, memory_mb=4)
+    loader = flowgate.ImageLoader(paths, **args, memory_mb=9)
+    held, n = [], 0
+    gc.collect()
+    before = peak_rss_mb(reset=True)
+    for b in loader:
+        n += len(b)
+        time.sleep(0.01)  # a slow loop: the stages run ahead until the budget stops them
+        held.append(loader.stats()["bytes"])
+        del b
+    grew = peak_rss_mb() - before
+    loader.close()
+    assert n == len(paths)
+    assert max(held) <= 9 * 2**20 + 2 * item, max(held)
+    assert max(held) >= 2 * 4 * item, ("the stages ran ahead of the loop", max(held))
+    assert grew <= 9 + RSS_OVERHEAD_MB, f"peak RSS grew {grew:.1f} MiB under a 9 MiB budget"
     with pytest.raises(ValueError, match="memory_mb"):
         flowgate.ImageLoader(str(data / "images.txt"), memory_mb=0)
 
@@ -502,9 +536,11 @@ def test_a_state_dict_loads_only_into_a_loader_it_fits(data):
             b.load_state_dict(state)
 
 
-def test_epochs_continue_after_an_error_a_close_or_a_break(data, tmp_path):
-    """Each epoch keeps its own shuffle after an error, close() or break: a rebuilt loader
-    continues at the next epoch instead of repeating epoch 0."""
+def test_an_abandoned_epoch_starts_again_until_set_epoch_and_an_error_ends_it(data, tmp_path):
+    """An epoch left mid-way (a peek with next(iter(loader)), close(), a break) starts again
+    from its beginning at the next iter(), in the same order (as DistributedSampler until
+    set_epoch): a peek costs no epoch, silently; a loop left after more than one batch warns.
+    set_epoch moves on; an error ends the epoch (the next follows, with its own shuffle)."""
     good = [str(p) for p in sorted((data / "images").glob("*.jpg"))[:12]]
     args = dict(batch_size=4, crop=32, resize=32, seed=5, return_paths=True, workers=1)
 
@@ -517,16 +553,29 @@ def test_epochs_continue_after_an_error_a_close_or_a_break(data, tmp_path):
     epochs = [order(reference) for _ in range(4)]
     assert epochs[0] != epochs[1]
 
-    closed = flowgate.ImageLoader(good, **args)
-    it = iter(closed)
-    next(it)
-    closed.close()  # mid-epoch 0
-    assert closed.epoch == 1
-    assert order(closed) == epochs[1]
-    it = iter(closed)
-    next(it)
-    del it  # a break: epoch 2 abandoned
-    assert order(closed) == epochs[3]
+    loader = flowgate.ImageLoader(good, **args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a peek is silent
+        _, peeked = next(iter(loader))
+        assert loader.epoch == 0, "a peek costs no epoch"
+        assert order(loader) == epochs[0]
+        it = iter(loader)
+        next(it)
+        loader.close()  # mid-epoch 1
+        assert loader.epoch == 1
+        assert order(loader) == epochs[1]
+    assert tuple(peeked) in epochs[0]
+    it = iter(loader)
+    next(it), next(it)
+    del it  # a break after two batches: epoch 2 abandoned
+    with pytest.warns(UserWarning, match="epoch 2 starts again from its beginning.*after 2 "
+                                         "batches.*set_epoch"):
+        assert order(loader) == epochs[2]
+    it = iter(loader)
+    next(it), next(it)
+    del it  # epoch 3 left: set_epoch moves on
+    loader.set_epoch(0)
+    assert order(loader) == epochs[0]
 
     bad = tmp_path / "bad.jpg"
     bad.write_bytes(b"not a jpeg")

@@ -166,7 +166,7 @@ def test_ranks_states_merged_resume_remotely_at_another_world_size(cluster, data
     assert len(set(seen + rest)) == 40
 
 
-def test_a_break_keeps_what_was_delivered_and_the_next_epoch_follows(cluster, data):
+def test_a_break_keeps_what_was_delivered_and_the_epoch_starts_again(cluster, data):
     local = loader(data)
     want = [epoch(local), epoch(local)]
     for r in (remote(workers=1, local=False), remote(workers=2, local=False, batches_per_unit=3),
@@ -175,8 +175,9 @@ def test_a_break_keeps_what_was_delivered_and_the_next_epoch_follows(cluster, da
             epoch(l, limit=1)
             state = l.state_dict()
             assert state["epoch"] == 0 and state["delivered_items"] == 6
-            # The next iteration is the next epoch, whole, as with a local loader: none of
-            # the abandoned epoch's units in hand leak into it.
+            # The next iteration starts epoch 0 again, whole, as a local loader's: none of
+            # the abandoned run's units in hand leak into it; then epoch 1.
+            same(epoch(l), want[0])
             same(epoch(l), want[1])
         resumed = loader(data)
         resumed.load_state_dict(state)
@@ -208,9 +209,14 @@ def test_set_epoch_mid_epoch_abandons_it_as_locally(cluster, data):
         assert list(it) == []
         state = l.state_dict()
         assert (state["epoch"], state["delivered_items"]) == (3, 0)
+        # Epoch 3 left after two batches: started again from its beginning, with a warning.
+        it = iter(l)
+        next(it), next(it)
+        del it
         local = loader(data)
         local.set_epoch(3)
-        same(epoch(l), epoch(local))
+        with pytest.warns(UserWarning, match="epoch 3 starts again.*after 2 batches"):
+            same(epoch(l), epoch(local))
 
 
 def test_a_pinned_pool_ray_cannot_place_is_an_error_naming_the_cpus(cluster, data):

@@ -151,11 +151,20 @@ def test_ranks_with_skipped_files_keep_in_step_by_default(data, tmp_path):
 
 def test_an_epochs_end_names_the_slowest_rank_and_its_bottleneck(data, tmp_path):
     """flowgate.report_ranks under torchrun (3 ranks, gloo): one all-gather of each rank's
-    pace, and on rank 0 one line naming the rank slowed on purpose (crops 49 times larger) and
-    its decode stage."""
-    files = tmp_path / "files.txt"
-    files.write_text("\n".join(sorted(str(p) for p in (data / "images").glob("*.jpg"))) + "\n")
-    run_ranks(3, "rank_report_worker.py", [files], tmp_path, port_offset=11)
+    pace, and on rank 0 one line naming the rank slowed on purpose (its pictures saved 16 times
+    larger, so each decode costs ~16 times more: a gap no scheduling noise on a 2-core machine
+    running 3 ranks closes) and its decode stage."""
+    from PIL import Image
+
+    images = sorted((data / "images").glob("*.jpg"))
+    (tmp_path / "large").mkdir()
+    for p in images:
+        with Image.open(p) as im:
+            im.resize((im.width * 4, im.height * 4)).save(tmp_path / "large" / p.name, quality=90)
+    files, large = tmp_path / "files.txt", tmp_path / "large.txt"
+    files.write_text("\n".join(str(p) for p in images) + "\n")
+    large.write_text("\n".join(str(tmp_path / "large" / p.name) for p in images) + "\n")
+    run_ranks(3, "rank_report_worker.py", [files, large], tmp_path, port_offset=11)
     line = (tmp_path / "report.txt").read_text()
     assert "slowest rank 1 of 3" in line and "its decode stage" in line, line
     # Without a process group it is a no-op.

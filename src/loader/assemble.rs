@@ -55,20 +55,22 @@ impl LoaderBuilder {
             ));
         }
         let batch_bytes = self.batch_bytes();
-        if let (Some(budget), Some(batch)) = (self.memory_limit(), batch_bytes) {
+        if let (Some(budget), Some(batch), Some(needed)) = (
+            self.memory_limit(),
+            batch_bytes,
+            self.floor_bytes(self.decoding()),
+        ) {
             let memory = budget.bytes;
-            // A batch is held twice at most while it is made: its items while the aggregate
-            // waits for the last one (they are admitted whatever the byte budgets say, or a
-            // budget could keep a batch from ever filling), then the collated batch beside
-            // them. A budget that cannot hold that cannot be kept.
-            let needed = 2 * batch;
+            // The stages' floors are admitted whatever the byte budgets say (or a budget could
+            // keep a batch from ever filling): a budget that cannot hold them cannot be kept.
             if needed > memory {
                 let mib = |b: u64| format!("{:.1} MiB", crate::limits::bytes_to_mib(b));
                 return Err(PipelineError::config(format!(
                     "a memory budget of {} cannot hold a batch in flight: a batch of {} bytes \
-                     ({}) is held as its items while it is assembled and again once collated \
-                     ({} at once); raise the budget above that, or make batches or items \
-                     smaller (the budget was {})",
+                     ({}) is held as its items while it is assembled, in the collate stage's \
+                     hand and waiting for it, and ready for the loop, beside an item per \
+                     decode worker ({} at once); raise the budget above that, or make batches \
+                     or items smaller (the budget was {})",
                     mib(memory),
                     batch,
                     mib(batch),
@@ -228,11 +230,11 @@ pub(super) fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: Fa
         if reserved > 0 {
             p = p.reserve_memory("the Parquet row-group caches", reserved);
         }
-        // A batch's items are admitted to the aggregate whatever their bytes, and the
-        // collated batch sits beside them a moment: reserved, so the buffers' budgets leave
-        // room for both and the total stays within the memory budget.
+        // What the stages hold whatever their byte budgets (see `floor_bytes`): reserved, so
+        // the buffers' budgets share only the rest and the total stays within the budget.
         if let Some(batch) = batch_bytes {
-            p = p.reserve_memory("a batch assembled and collated", 2 * batch);
+            let floor = super::builder::stage_floors(batch, batch_size, decoding);
+            p = p.reserve_memory("the stages' floors (batches in flight)", floor);
         }
         // What a state of this loader is valid for.
         p = p

@@ -334,10 +334,34 @@ impl LoaderBuilder {
         }
     }
 
+    /// What the loader's stages hold whatever their byte budgets, when the recipe fixes a
+    /// batch's size: each stage admits one entry while it has none and holds what its workers
+    /// have in hand, so at least an item per decode worker and one waiting, a batch's items
+    /// while the aggregate assembles it, a batch list in the collate stage's hand and one
+    /// waiting, and a collated batch ready for the loop — four batches and the decode
+    /// stage's items (measured: `python/tests/test_flowgate.py::
+    /// test_memory_mb_binds_with_items_large_against_it` held 4 batches and an item under a
+    /// budget that reserved two). The budget reserves it, and one smaller is refused.
+    pub(super) fn floor_bytes(&self, decoding: usize) -> Option<u64> {
+        Some(stage_floors(self.batch_bytes()?, self.batch_size, decoding))
+    }
+
+    /// The decode workers the loader may run: those set, else the cores it may use.
+    pub(super) fn decoding(&self) -> usize {
+        self.workers.unwrap_or_else(flowgate_actors::cap::cores)
+    }
+
     /// The memory budget the pipeline will have, and where it comes from: the one set (the
     /// loader's, or the tuner's; the smaller), or with the tuner on the default (half of what
     /// the host or the process's cgroup leaves); none with the tuner off and none set.
     pub(super) fn memory_limit(&self) -> Option<crate::MemoryBudget> {
         crate::builder::memory_budget(self.memory_bytes, self.tuner.as_ref())
     }
+}
+
+/// What a loader's stages hold whatever their byte budgets, for batches of `batch` bytes
+/// (`batch_size` items) and `decoding` decode workers: see [`LoaderBuilder::floor_bytes`].
+pub(super) fn stage_floors(batch: u64, batch_size: usize, decoding: usize) -> u64 {
+    let item = batch.div_ceil(batch_size.max(1) as u64);
+    4 * batch + (decoding as u64 + 1) * item
 }

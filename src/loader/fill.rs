@@ -299,6 +299,7 @@ impl Loader {
                 // All owed: a widened round's further batches are not delivered.
                 self.fill.filling = None;
                 self.in_epoch = false;
+                self.epoch_start = None;
                 return Within::EpochEnd;
             }
             let f = self.fill.filling.as_mut().expect("filling");
@@ -313,7 +314,7 @@ impl Loader {
                 }
                 Within::Next(Err(e)) => {
                     self.fill.filling = None;
-                    self.close();
+                    self.end_after_error();
                     return Within::Next(Err(e));
                 }
                 Within::EpochEnd => {
@@ -323,13 +324,14 @@ impl Loader {
                     if more && self.delivered < self.fill.owed.batches {
                         if let Err(e) = self.fill_again() {
                             self.fill.filling = None;
-                            self.close();
+                            self.end_after_error();
                             return Within::Next(Err(e));
                         }
                         continue;
                     }
                     self.fill.filling = None;
                     self.in_epoch = false;
+                    self.epoch_start = None;
                     return Within::EpochEnd;
                 }
                 other => return other,

@@ -8,11 +8,19 @@
 //! # Epochs
 //!
 //! [`Loader::start_epoch`] starts the next epoch (or the resumed one); [`Loader::next_within`]
-//! and [`Loader::epoch`] deliver its batches. An epoch left mid-way — a `break`, an error,
-//! [`set_epoch`](Loader::set_epoch) — is abandoned: the pipeline stops at once and frees its
-//! buffers, and the next epoch starts on a new one (at the decode workers the last one's tuner
-//! chose, so a cut-short epoch does not cost the next a cold start). Every epoch keeps its own
-//! shuffle and augmentation (seeded by seed and epoch).
+//! and [`Loader::epoch`] deliver its batches. An epoch left mid-way stops its pipeline at once
+//! (its buffers freed); the next pipeline starts at the decode workers the last one's tuner
+//! chose, so a cut-short epoch does not cost the next a cold start. What comes next:
+//! - after a `break`, a dropped [`EpochBatches`], a peek at one batch or [`Loader::close`]
+//!   (the epoch *abandoned*), the next [`start_epoch`](Loader::start_epoch) starts that same
+//!   epoch again from where it started (its beginning, or the resumed position), in the same
+//!   order — as PyTorch's `DistributedSampler` until `set_epoch`. A rank that peeks at a
+//!   batch before its loop keeps the epoch every other rank runs;
+//!   [`Loader::abandoned_epoch`] says when an epoch will be started again;
+//! - after an epoch's end, or an error (the epoch is over), the next epoch;
+//! - [`Loader::set_epoch`] names the next epoch.
+//!
+//! Every epoch keeps its own shuffle and augmentation (seeded by seed and epoch).
 //!
 //! # Checkpoints
 //!
@@ -94,9 +102,13 @@ pub struct Loader {
     pipeline: Option<Pipeline<Batch>>,
     /// Whether an epoch is being iterated.
     in_epoch: bool,
-    /// The epoch a rebuilt pipeline starts at: the one after an epoch abandoned by an error,
-    /// a `close()` or a `break`, so every epoch keeps its own shuffle and augmentation.
+    /// The epoch a rebuilt pipeline starts at: the one after an epoch an error ended, or the
+    /// one named by `set_epoch`, so every epoch keeps its own shuffle and augmentation.
     resume_at: u64,
+    /// The state the epoch being iterated started from — and, once that epoch is abandoned
+    /// (a `break`, `close`), where the next `start_epoch` starts it again. `None` once an
+    /// epoch ended (its end, or an error).
+    epoch_start: Option<PipelineState>,
     /// The current pipeline's monitor, for readers on other threads (see [`LoaderWatch`]).
     monitor: Arc<Mutex<Option<Monitor>>>,
     failures: FailureLog,
@@ -186,6 +198,7 @@ impl Loader {
             pipeline: None,
             in_epoch: false,
             resume_at: 0,
+            epoch_start: None,
             monitor: Arc::default(),
             failures,
             learned: None,
@@ -294,9 +307,35 @@ impl Loader {
     }
 
     /// Stops the pipeline and joins its threads (also done when the loader is dropped); the
-    /// next epoch starts on a new one, at the next epoch not begun (an epoch being iterated is
-    /// abandoned).
+    /// next epoch starts on a new one. An epoch being iterated is abandoned: the next
+    /// [`start_epoch`](Self::start_epoch) starts it again from where it started (see the
+    /// [module docs](self)).
     pub fn close(&mut self) {
+        self.stop(false);
+    }
+
+    /// The epoch abandoned mid-way that the next [`start_epoch`](Self::start_epoch) starts
+    /// again from where it started, and the batches it had delivered: `None` while an epoch
+    /// runs, after an epoch's end or error, and after [`set_epoch`](Self::set_epoch) named
+    /// another epoch. A front end warns with it when a loop that delivered more than a peek's
+    /// one batch is about to read the same batches again.
+    pub fn abandoned_epoch(&self) -> Option<(u64, usize)> {
+        match (&self.epoch_start, self.in_epoch) {
+            (Some(s), false) => Some((s.epoch, self.delivered)),
+            _ => None,
+        }
+    }
+
+    /// An epoch being iterated ended by an error: over, the next start starts the next epoch.
+    fn end_after_error(&mut self) {
+        self.stop(true);
+        self.epoch_start = None;
+    }
+
+    /// Stops the pipeline, recording the progress of an epoch being iterated (what a
+    /// checkpoint taken now records) and the epoch a rebuilt pipeline starts at: that epoch
+    /// (abandoned), or the next once it is `over`.
+    fn stop(&mut self, over: bool) {
         // While batches are made up, the epoch's progress is the filling's (its own
         // pipeline has moved on to the next epoch already).
         let filling = self.fill.filling.take().map(|f| f.progress());
@@ -305,10 +344,8 @@ impl Loader {
             if self.in_epoch {
                 self.abandoned = Some(self.with_owed(filling.clone().unwrap_or_else(|| p.state())));
             }
-            self.resume_at = match &filling {
-                Some(s) => s.epoch + 1,
-                None => p.epoch() + u64::from(self.in_epoch),
-            };
+            let epoch = filling.as_ref().map_or_else(|| p.epoch(), |s| s.epoch);
+            self.resume_at = epoch + u64::from(self.in_epoch && over);
             let stats = p.stats();
             self.learned = Learned::of(&stats);
             self.last_stats = Some(stats);
@@ -323,7 +360,12 @@ impl Loader {
         if self.in_epoch {
             self.close();
         }
+        if let Some(again) = self.epoch_start.take() {
+            // An abandoned epoch, again from where it started.
+            self.resume(&again)?;
+        }
         let start = self.next_state()?;
+        self.epoch_start = Some(start.clone());
         // An epoch resumed after some of it was delivered (here, or by any rank of a merged
         // state: its base) has delivered something, whatever the rest does.
         self.delivered_before = start.delivered_items
@@ -369,9 +411,12 @@ impl Loader {
         Ok(state)
     }
 
-    /// The epoch the next [`start_epoch`](Self::start_epoch) starts, or the one being
-    /// iterated; builds nothing.
+    /// The epoch the next [`start_epoch`](Self::start_epoch) starts (an abandoned one
+    /// again), or the one being iterated; builds nothing.
     pub fn next_epoch(&self) -> u64 {
+        if let Some((epoch, _)) = self.abandoned_epoch() {
+            return epoch;
+        }
         self.pipeline
             .as_ref()
             .map_or(self.resume_at, Pipeline::epoch)
@@ -379,7 +424,8 @@ impl Loader {
 
     /// Makes `epoch` the next one started (as PyTorch's `DistributedSampler.set_epoch`): its
     /// order and augmentation follow from the seed and the epoch. A no-op when it already is
-    /// the next (a resumed position is kept); an epoch being iterated is abandoned.
+    /// the next (a resumed position, or an abandoned epoch's start, is kept); an epoch being
+    /// iterated is abandoned.
     pub fn set_epoch(&mut self, epoch: u64) {
         if !self.in_epoch && self.next_epoch() == epoch {
             // Already the next: a resumed position is kept; an abandoned epoch's progress is
@@ -391,6 +437,7 @@ impl Loader {
         }
         self.close();
         self.abandoned = None;
+        self.epoch_start = None;
         self.resume_at = epoch;
     }
 
@@ -438,7 +485,7 @@ impl Loader {
         };
         match pipeline.next_within(timeout) {
             Within::Next(Err(e)) => {
-                self.close();
+                self.end_after_error();
                 Within::Next(Err(e))
             }
             Within::EpochEnd => {
@@ -446,7 +493,7 @@ impl Loader {
                 // run it resumes, delivered).
                 if self.owes_batches() {
                     if let Err(e) = self.start_filling() {
-                        self.close();
+                        self.end_after_error();
                         return Within::Next(Err(e));
                     }
                     if self.fill.filling.is_some() {
@@ -454,6 +501,7 @@ impl Loader {
                     }
                 }
                 self.in_epoch = false;
+                self.epoch_start = None;
                 let (failures, last) = self.failures.in_epoch();
                 // A unit whose items all failed is not an epoch: its consumer decides.
                 if self.delivered == 0
@@ -489,7 +537,8 @@ impl Loader {
     }
 
     /// Starts an epoch and iterates its batches; dropping the iterator before the end
-    /// abandons the epoch (the next starts afresh at the epoch after it).
+    /// abandons the epoch (the next [`start_epoch`](Self::start_epoch) starts it again from
+    /// where it started; see the [module docs](self)).
     pub fn epoch(&mut self) -> Result<EpochBatches<'_>, PipelineError> {
         self.start_epoch()?;
         Ok(EpochBatches { loader: self })
@@ -536,6 +585,7 @@ impl Loader {
         self.abandoned = None;
         *self.monitor.lock().expect("monitor") = None;
         self.in_epoch = false;
+        self.epoch_start = None;
         self.resume_at = 0; // the state says where to start
         self.pipeline()?.resume(state)?;
         self.resumed = true;

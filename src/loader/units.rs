@@ -84,7 +84,7 @@ impl Batching {
 
 impl Loader {
     /// The epoch the next [`start_epoch`](Self::start_epoch) would run (the resumed one
-    /// after [`resume`](Self::resume)), cut into units of `batches_per_unit` batches, for
+    /// after [`resume`](Self::resume), an abandoned one again), cut into units of `batches_per_unit` batches, for
     /// other processes to decode (see [`units`](self)). Refused while an epoch is iterated.
     pub fn plan_units(&mut self, batches_per_unit: usize) -> Result<EpochPlan, PipelineError> {
         if self.in_epoch {
@@ -97,7 +97,11 @@ impl Loader {
                 "plan_units: batches_per_unit must be at least 1",
             ));
         }
-        let start = self.next_state()?;
+        let start = match (self.abandoned_epoch(), &self.epoch_start) {
+            // An abandoned epoch, again from where it started.
+            (Some(_), Some(s)) => s.clone(),
+            _ => self.next_state()?,
+        };
         EpochPlan::new(start, &self.batching, batches_per_unit)
     }
 }
