@@ -23,6 +23,7 @@ pub mod loader;
 pub mod measure;
 pub mod media;
 mod pipeline;
+pub mod prometheus;
 #[cfg(feature = "s3")]
 pub mod s3;
 pub mod sample;

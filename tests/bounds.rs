@@ -383,8 +383,8 @@ fn stage_budgets_that_exceed_the_memory_budget_are_refused() {
 }
 
 /// The library's loader with batches that are a large part of its memory budget: the stages
-/// hold four batches and an item per decode worker whatever their byte budgets (a batch's
-/// items being assembled, a batch list in the collate stage's hand and one waiting, a batch
+/// hold four batches, an item per decode worker and one waiting whatever their byte budgets
+/// (a batch's items being assembled, a batch list in the collate stage's hand and one waiting, a batch
 /// ready for the loop); a budget that cannot hold that is refused when built, naming both
 /// sizes; one that can reserves it, and the bytes the pipeline accounts for and the process's
 /// peak RSS stay within the budget (plus a named overhead) while the tuner tries to grow every

@@ -333,8 +333,11 @@ fn a_bad_file_is_skipped_counted_and_named_or_fatal_when_asked() {
         .expect("the bad file ends the epoch");
     assert!(err.is_failure_budget(), "{err}");
     assert_eq!(err.item(), Some(bad.display().to_string().as_str()));
-    // The next epoch starts afresh at epoch 1.
+    // The epoch is over: the next is epoch 1, from its start, and a checkpoint says so.
     assert_eq!(strict.next_epoch(), 1);
+    assert_eq!(strict.abandoned_epoch(), None);
+    let state = strict.state().unwrap();
+    assert_eq!((state.epoch, state.delivered_items), (1, 0));
 }
 
 #[test]

@@ -120,7 +120,15 @@ class ImageLoader(_Loader):
     the items read again (local decoding only). Default (``None``): on under a world size
     above 1 (``world_size``, or ``WORLD_SIZE`` from ``torchrun``), off for one process. ``memory_mb``: the most the
     loader may hold — files in work, decoded items, batches waiting — in MiB (default: half
-    the available memory); :meth:`stats` shows what each stage holds against it.
+    the available memory, or of the container's limit); :meth:`stats` shows what each stage
+    holds against it. A budget that cannot hold four batches, an item per decode worker and
+    one waiting (what the stages hold at least) is refused when the loader is built, naming
+    both sizes.
+    ``metrics_port``: serve Prometheus metrics on ``GET /metrics`` at that port of the
+    loopback address (or ``"host:port"``; 0 picks a free port; ``metrics_address`` says
+    which), the same series as ``flowgate run``'s endpoint, each labelled with ``rank`` and
+    ``local_rank`` (from ``torchrun``'s environment); served by the training process only
+    (not by copies or ``DataLoader`` workers), until :meth:`close`.
     ``cpu_budget``: cores the ranks of this node may keep busy decoding, together — a count
     (``2``), a fraction (``0.4``) or a percentage (``"40%"``) of the node's cores. Ranks that
     give the same budget share it (``torchrun`` ranks of one job; ``FLOWGATE_NODE_KEY`` names
@@ -228,6 +236,7 @@ class ImageLoader(_Loader):
         device_memory_mb: Optional[float] = None,
         output: str = "batch",
         remote: Optional[Ray] = None,
+        metrics_port: Union[int, str, None] = None,
     ) -> None:
         self._setup(locals())
 
@@ -285,6 +294,7 @@ class AudioLoader(_Loader):
         device_memory_mb: Optional[float] = None,
         output: str = "batch",
         remote: Optional[Ray] = None,
+        metrics_port: Union[int, str, None] = None,
     ) -> None:
         self._setup(locals())
 
@@ -369,6 +379,7 @@ class VideoLoader(_Loader):
         device_memory_mb: Optional[float] = None,
         output: str = "batch",
         remote: Optional[Ray] = None,
+        metrics_port: Union[int, str, None] = None,
     ) -> None:
         if not hasattr(_native, "video_loader"):
             raise RuntimeError(

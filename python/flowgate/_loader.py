@@ -73,6 +73,11 @@ class _Loader:
         #: The last remote epoch begun and not ended, and the batches it delivered.
         self._remote_progress: Optional[List[int]] = None
         self._native = self._build(args)
+        #: Where the Prometheus endpoint serves (``metrics_port=``): ``(host, port)``, or None.
+        self.metrics_address: Optional[Tuple[str, int]] = None
+        if args.get("metrics_port") is not None:
+            self.metrics_address = self._native._serve_metrics(
+                *_metrics_address(args["metrics_port"]))
         self._pid = os.getpid()
         _LIVE.add(self)
         _register_with_torch()
@@ -179,7 +184,9 @@ class _Loader:
             epoch = self._remote_epoch
         # Pickled for the workers of this process (spawn): they mark this process's marker.
         self._own_marker()
-        return (_rebuild, (type(self), self._args, epoch, self._marker, self._resume))
+        # A copy does not serve metrics: the port is this loader's.
+        args = dict(self._args, metrics_port=None)
+        return (_rebuild, (type(self), args, epoch, self._marker, self._resume))
 
     def set_epoch(self, epoch: int) -> None:
         """Makes ``epoch`` the next epoch iterated (as ``DistributedSampler.set_epoch``):
@@ -292,6 +299,8 @@ class _Loader:
     def close(self) -> None:
         """Stops the pipeline and joins its threads (also done when the loader is freed)."""
         if os.getpid() == self._pid:
+            self._native._stop_metrics()
+            self.metrics_address = None
             self._native.close()
             if self._pool is not None:
                 self._pool.close()
@@ -303,3 +312,19 @@ class _Loader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _metrics_address(port: Any) -> Tuple[str, int]:
+    """``metrics_port``: a port on the loopback address, or ``"host:port"`` (``"0.0.0.0:9100"``
+    for a scraper on another machine); 0 picks a free port."""
+    host, given = "127.0.0.1", port
+    if isinstance(port, str) and ":" in port:
+        host, _, port = port.rpartition(":")
+        host = host.strip("[]")
+        try:
+            port = int(port)
+        except ValueError:
+            port = None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f'metrics_port must be a port in 0..=65535 or "host:port", not {given!r}')
+    return host, port

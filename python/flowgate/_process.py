@@ -92,19 +92,25 @@ if hasattr(os, "register_at_fork"):
 atexit.register(_native._exiting)
 
 
+def _worker_info() -> Any:
+    """``torch.utils.data.get_worker_info()`` if torch is loaded, else None. A module another
+    thread is importing now (torch imported lazily by the first ``iter()`` while a thread
+    polls ``stats()``) has no worker info yet: this process is no worker then (workers import
+    torch before they run)."""
+    data = sys.modules.get("torch.utils.data")
+    get = getattr(data, "get_worker_info", None)
+    return None if get is None else get()
+
+
 def _in_worker() -> bool:
     """Whether this process is a ``torch.utils.data.DataLoader`` worker."""
-    data = sys.modules.get("torch.utils.data")
-    return data is not None and data.get_worker_info() is not None
+    return _worker_info() is not None
 
 
 def _worker_split() -> Optional[Tuple[int, int]]:
     """``(worker id, workers)`` inside a ``torch.utils.data.DataLoader`` worker of several,
     else None."""
-    data = sys.modules.get("torch.utils.data")
-    if data is None:
-        return None
-    info = data.get_worker_info()
+    info = _worker_info()
     if info is None or info.num_workers <= 1:
         return None
     return info.id, info.num_workers

@@ -40,6 +40,8 @@ pub(crate) struct Loader {
     classes: Option<Vec<String>>,
     return_paths: bool,
     sim_log: Option<flowgate::device::SimLog>,
+    /// The Prometheus endpoint (`metrics_port=`), while it serves.
+    metrics: Mutex<Option<flowgate::prometheus::Endpoint>>,
 }
 
 impl Drop for Loader {
@@ -53,6 +55,10 @@ impl Drop for Loader {
     /// forgotten instead, its memory left as the fork made it.
     fn drop(&mut self) {
         if self.pid != std::process::id() {
+            // The endpoint's thread is the parent's too.
+            if let Some(e) = self.metrics.get_mut().ok().and_then(Option::take) {
+                std::mem::forget(e);
+            }
             return;
         }
         if !crate::EXITING.load(std::sync::atomic::Ordering::SeqCst) {
@@ -79,6 +85,7 @@ impl Loader {
                 iterators: 0,
             })),
             pid: std::process::id(),
+            metrics: Mutex::new(None),
         }
     }
 }
@@ -376,6 +383,36 @@ impl Loader {
             plan,
             received: Default::default(),
         })
+    }
+
+    /// Serves Prometheus metrics on `GET http://host:port/metrics` (the library's renderer,
+    /// as `flowgate run`'s endpoint): the running pipeline's statistics at each scrape, every
+    /// series labelled with the rank (`RANK`, `LOCAL_RANK`). Port 0 picks a free one. Returns
+    /// the address served.
+    fn _serve_metrics(&self, host: &str, port: u16) -> PyResult<(String, u16)> {
+        let addr = format!("{host}:{port}")
+            .parse::<std::net::SocketAddr>()
+            .map_err(|e| {
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "metrics_port: {host}:{port} is not an address: {e}"
+                ))
+            })?;
+        let watch = self.watch.clone();
+        let labels = flowgate::prometheus::rank_labels();
+        let endpoint = flowgate::prometheus::Endpoint::serve(addr, move || {
+            let stats = watch.monitor().map(|m| m.stats()).unwrap_or_default();
+            flowgate::prometheus::render(&stats, &labels)
+        })
+        .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
+        let served = endpoint.addr();
+        *self.metrics.lock().expect("metrics") = Some(endpoint);
+        Ok((served.ip().to_string(), served.port()))
+    }
+
+    /// Stops the Prometheus endpoint, if one serves.
+    fn _stop_metrics(&self, py: Python<'_>) {
+        let endpoint = self.metrics.lock().expect("metrics").take();
+        py.allow_threads(|| drop(endpoint));
     }
 
     /// Stops the pipeline and joins its threads (also done when the loader is freed).

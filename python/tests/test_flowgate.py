@@ -483,8 +483,8 @@ RSS_OVERHEAD_MB = 24
 
 def test_memory_mb_binds_with_items_large_against_it(data):
     """432 KiB items in batches of 4 (1.7 MiB) over 160 items (68 MiB), behind a slow loop.
-    The stages hold four batches and an item per decode worker whatever their byte budgets
-    (8.0 MiB with two workers): a 4 MiB budget is refused, naming that (before, it was taken,
+    The stages hold four batches, an item per decode worker and one waiting whatever their
+    byte budgets (8.0 MiB with two workers): a 4 MiB budget is refused, naming that (before, it was taken,
     reserving two batches, and the stages held 7.2 MiB). A 9 MiB budget reserves it: the
     bytes the stages hold stay within it at every batch, and the process's peak RSS grows by
     at most the budget and a named overhead."""
@@ -714,3 +714,46 @@ def test_first_hour_conveniences(data):
     with pytest.raises(flowgate.LoaderError, match="first failed item") as e:
         list(flowgate.ImageLoader(bad, batch_size=1, skip_errors=False, crop=16, resize=16))
     assert "budget" not in str(e.value)
+
+
+def test_metrics_port_serves_prometheus_series_with_the_ranks_labels(data, monkeypatch):
+    """``metrics_port=0``: the library's Prometheus renderer (``flowgate run``'s series) on a
+    free loopback port, every series labelled with torchrun's RANK and LOCAL_RANK; a copy does
+    not serve; ``close()`` stops it; a taken port and a bad value are errors naming them."""
+    import pickle
+    import urllib.error
+    import urllib.request
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")  # rank 3 of 4: 10 images, 3 batches
+    loader = flowgate.ImageLoader(str(data / "images.txt"), batch_size=4, crop=32, resize=32,
+                                  metrics_port=0)
+    host, port = loader.metrics_address
+    assert host == "127.0.0.1" and port > 0
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    body = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5).read().decode()
+    labels = 'rank="3",local_rank="1"'
+    delivered = [line for line in body.splitlines()
+                 if line.startswith("flowgate_delivered_total{")]
+    assert delivered and labels in delivered[0] and float(delivered[0].split()[-1]) >= 2, body
+    for name in ("flowgate_stage_workers", "flowgate_stage_queue_bytes",
+                 "flowgate_memory_budget_bytes", "flowgate_held_bytes"):
+        assert any(line.startswith(name + "{") and labels in line
+                   for line in body.splitlines()), (name, body)
+    assert '# TYPE flowgate_delivered_total counter' in body
+    assert 'stage="decode"' in body
+    copy = pickle.loads(pickle.dumps(loader))
+    assert copy.metrics_address is None, "a copy does not take the port"
+    with pytest.raises(OSError, match=f"127.0.0.1:{port}"):
+        flowgate.ImageLoader(str(data / "images.txt"), metrics_port=port)
+    for bad in (-1, 70000, "host:", True, 1.5):
+        with pytest.raises(ValueError, match="metrics_port"):
+            flowgate.ImageLoader(str(data / "images.txt"), metrics_port=bad)
+    del it
+    loader.close()
+    assert loader.metrics_address is None
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=2)

@@ -2,6 +2,8 @@
 per-epoch failures, tensors out (Ctrl-C in a Python pipeline: test_process.py)."""
 
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -531,3 +533,31 @@ def test_a_worker_that_cannot_write_its_marker_makes_the_training_process_refuse
                         multiprocessing_context="fork"))
     with pytest.raises(RuntimeError, match="DataLoader worker processes"):
         loader.state_dict()
+
+
+def test_stats_from_another_thread_while_the_first_iter_imports_torch(data):
+    """``output="torch"`` with torch not imported yet: the first ``iter()`` imports it while
+    another thread polls ``stats()``, which asks whether this process is a DataLoader worker.
+    A half-imported ``torch.utils.data`` must read as "no worker", not raise (a helper's
+    find: AttributeError on its ``get_worker_info``, 3 runs of 3). In a fresh interpreter."""
+    code = f"""
+import threading, time, flowgate
+paths = open({str(data / "images.txt")!r}).read().split()
+loader = flowgate.ImageLoader(paths, batch_size=2, resize=32, crop=32, workers=2, output="torch")
+errors, stop = [], False
+def poll():
+    while not stop:
+        try:
+            loader.stats()
+        except Exception as e:
+            errors.append(repr(e))
+            return
+threading.Thread(target=poll, daemon=True).start()
+time.sleep(0.05)
+n = sum(1 for _ in loader)
+stop = True
+print("batches", n, "errors", errors[:1] or "none")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "batches 20 errors none" in r.stdout, r.stdout + r.stderr[-2000:]

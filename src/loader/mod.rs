@@ -330,6 +330,8 @@ impl Loader {
     fn end_after_error(&mut self) {
         self.stop(true);
         self.epoch_start = None;
+        // A checkpoint now names the next epoch, as `next_epoch` does.
+        self.abandoned = None;
     }
 
     /// Stops the pipeline, recording the progress of an epoch being iterated (what a
