@@ -120,7 +120,19 @@ fn sixty_four_shards_on_s3_read_by_four_ranks_once_each_with_one_get_per_shard()
         let mut lens = Vec::new();
         let mut rank0 = Vec::new();
         for (r, shards) in ranks.iter().enumerate() {
-            let got: Vec<u64> = shards.epoch(epoch).iter().map(sample_number).collect();
+            // At every sample read, the disk cache (no room beyond the working set here)
+            // holds no more than its working set: what it may not evict now.
+            let cache = shards.cache().unwrap();
+            let got: Vec<u64> = shards
+                .epoch(epoch)
+                .iter()
+                .map(|s| {
+                    let n = sample_number(s);
+                    let c = cache.stats();
+                    assert!(c.bytes <= c.limit.max(c.pinned), "rank {r}: {c:?}");
+                    n
+                })
+                .collect();
             lens.push(got.len());
             if r == 0 {
                 rank0 = got.clone();
@@ -161,6 +173,7 @@ fn sixty_four_shards_on_s3_read_by_four_ranks_once_each_with_one_get_per_shard()
     assert_eq!(first, orders[1], "the same seed, the same order");
     let c = ranks[0].cache().unwrap().stats();
     assert!(c.downloads >= 16 && c.evictions > 0, "{c:?}");
+    assert!(c.pinned <= c.bytes, "{c:?}");
 }
 
 #[test]

@@ -60,7 +60,9 @@ class Shards:
     a prefix (``"s3://bucket/train/"``) or a manifest (``"s3://bucket/train/shards.json"``,
     webdataset's ``wids`` format). Each shard is downloaded whole, in one streamed GET, into a
     disk cache (``cache_dir``, default ``$FLOWGATE_SHARD_CACHE`` or
-    ``~/.cache/flowgate/shards``) that keeps ``cache_mb`` of shards beyond those being read, and
+    ``~/.cache/flowgate/shards``) that keeps ``cache_mb`` of shards beyond those being read
+    (``stats()["shard_caches"]``: each cache's ``bytes``, ``limit``, and ``pinned``, the shards
+    it may not evict now; it holds at most the larger of the two), and
     the next ``prefetch`` shards of the rank's order are fetched ahead (a start: when the
     loader's readers wait for downloads the tuner doubles it, up to ``max(16, prefetch)``;
     ``stats()["stages"]["decode"]["read_ahead"]`` shows it; 0 turns it off). Sample counts come from

@@ -42,6 +42,9 @@ pub(crate) struct Loader {
     sim_log: Option<flowgate::device::SimLog>,
     /// The Prometheus endpoint (`metrics_port=`), while it serves.
     metrics: Mutex<Option<flowgate::prometheus::Endpoint>>,
+    /// The disk caches of tar shards on S3 it reads (`stats()["shard_caches"]`).
+    #[cfg(feature = "s3")]
+    shard_caches: Vec<std::sync::Arc<flowgate::dataset::shards::ShardCache>>,
 }
 
 impl Drop for Loader {
@@ -74,6 +77,8 @@ impl Drop for Loader {
 
 impl Loader {
     pub(crate) fn new(loader: flowgate::Loader, return_paths: bool) -> Self {
+        #[cfg(feature = "s3")]
+        let shard_caches = loader.dataset().shard_caches();
         Self {
             watch: loader.watch(),
             batches_per_epoch: loader.len(),
@@ -86,6 +91,8 @@ impl Loader {
             })),
             pid: std::process::id(),
             metrics: Mutex::new(None),
+            #[cfg(feature = "s3")]
+            shard_caches,
         }
     }
 }
@@ -225,6 +232,22 @@ impl Loader {
             b.set_item("bytes", m.bytes)?;
             b.set_item("source", &m.source)?;
             d.set_item("memory_budget", b)?;
+        }
+        // What each disk cache of shards on S3 holds against its limit and working set.
+        #[cfg(feature = "s3")]
+        if !self.shard_caches.is_empty() {
+            let caches = PyList::empty(py);
+            for c in &self.shard_caches {
+                let cs = c.stats();
+                let x = PyDict::new(py);
+                x.set_item("bytes", cs.bytes)?;
+                x.set_item("limit", cs.limit)?;
+                x.set_item("pinned", cs.pinned)?;
+                x.set_item("downloads", cs.downloads)?;
+                x.set_item("evictions", cs.evictions)?;
+                caches.append(x)?;
+            }
+            d.set_item("shard_caches", caches)?;
         }
         let stages = PyDict::new(py);
         for st in &s.stages {

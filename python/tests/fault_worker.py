@@ -14,6 +14,7 @@ import json
 import os
 import resource
 import signal
+import threading
 import time
 
 import torch
@@ -87,7 +88,20 @@ if __name__ == "__main__":
     rss_before = rss_mb()
     loader = make()
     report = {"rank": rank, "world": world, "steps": 0, "failures": [], "cache_bytes": [],
-              "over_budget_ticks": 0, "ticks": 0}
+              "over_budget_ticks": 0, "ticks": 0, "cache_samples": 0, "cache_over": [],
+              "cache_max": 0}
+
+
+    def watch_cache(stop):
+        """The disk cache against its limit and working set, every 5 ms all run long: each
+        cache's bytes within max(limit, pinned) (the shards it may not evict now)."""
+        while not stop.is_set():
+            for c in loader.stats().get("shard_caches", []):
+                report["cache_samples"] += 1
+                report["cache_max"] = max(report["cache_max"], c["bytes"])
+                if c["bytes"] > max(c["limit"], c["pinned"]) and len(report["cache_over"]) < 5:
+                    report["cache_over"].append(c)
+            time.sleep(0.005)
 
 
     def note_progress():
@@ -103,6 +117,8 @@ if __name__ == "__main__":
 
 
     if a.phase == "first":
+        stop_watching = threading.Event()
+        threading.Thread(target=watch_cache, args=(stop_watching,), daemon=True).start()
         if a.gate:
             # The shards are opened (indexed); the test rewrites one on the store now.
             dist.barrier()

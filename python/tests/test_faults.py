@@ -212,6 +212,11 @@ def test_shards_on_s3_under_faults_a_killed_rank_and_a_resume_with_workers(
     # and S3 client have threads parked: see vendor/README.md.
     figures, firsts, rest = run_harness(spec, tmp_path / "run", proxy, rewrite, tmp_path,
                                         shard_bytes, context="fork")
+    # The disk cache while the ranks read (sampled every 5 ms): within its limit, or no more
+    # than its working set (shards with samples still to read, the most recently used).
+    for r in firsts:
+        assert r["cache_samples"] > 0 and not r["cache_over"], r
+        assert r["cache_max"] > 0, r
     # The disk cache after the epoch: each resumed rank's workers hold at most the limit
     # and the two shards each keeps as its working set.
     for r in rest:

@@ -576,6 +576,13 @@ def test_an_abandoned_epoch_starts_again_until_set_epoch_and_an_error_ends_it(da
     del it  # epoch 3 left: set_epoch moves on
     loader.set_epoch(0)
     assert order(loader) == epochs[0]
+    it = iter(loader)
+    next(it), next(it)
+    del it  # epoch 1 left, then named again: started again by choice, silently
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader.set_epoch(1)
+        assert order(loader) == epochs[1]
 
     bad = tmp_path / "bad.jpg"
     bad.write_bytes(b"not a jpeg")

@@ -255,6 +255,17 @@ impl Dataset {
         }
     }
 
+    /// The disk caches of tar shards on S3 (one per such source, a mixture's too): their
+    /// [`stats`](shards::ShardCache::stats) say what each holds against its limit.
+    #[cfg(feature = "s3")]
+    pub fn shard_caches(&self) -> Vec<Arc<shards::ShardCache>> {
+        match &self.kind {
+            Kind::Records { records, .. } => records.shard_cache().into_iter().collect(),
+            Kind::Mix { parts, .. } => parts.iter().flat_map(Dataset::shard_caches).collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The prefetch of tar shards on S3, for the tuner to deepen (see
     /// [`Shards::read_ahead`](shards::Shards::read_ahead)).
     pub fn read_ahead(&self) -> Option<Arc<dyn crate::actors::cache::ReadAheadControl>> {

@@ -70,6 +70,16 @@ impl Records {
         }
     }
 
+    /// The disk cache of tar shards on S3.
+    #[cfg(feature = "s3")]
+    pub(crate) fn shard_cache(&self) -> Option<std::sync::Arc<super::shards::ShardCache>> {
+        match self {
+            Records::Tar(s) => s.cache().cloned(),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
     /// The prefetch of tar shards on S3, for the tuner to deepen.
     pub(crate) fn read_ahead(
         &self,

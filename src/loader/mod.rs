@@ -317,8 +317,9 @@ impl Loader {
     /// The epoch abandoned mid-way that the next [`start_epoch`](Self::start_epoch) starts
     /// again from where it started, and the batches it had delivered: `None` while an epoch
     /// runs, after an epoch's end or error, and after [`set_epoch`](Self::set_epoch) named
-    /// another epoch. A front end warns with it when a loop that delivered more than a peek's
-    /// one batch is about to read the same batches again.
+    /// another epoch (`set_epoch` naming that same epoch counts its batches as 0: started
+    /// again by choice). A front end warns with it when a loop that delivered more than a
+    /// peek's one batch is about to read the same batches again.
     pub fn abandoned_epoch(&self) -> Option<(u64, usize)> {
         match (&self.epoch_start, self.in_epoch) {
             (Some(s), false) => Some((s.epoch, self.delivered)),
@@ -434,6 +435,10 @@ impl Loader {
             // no longer what comes next.
             if self.abandoned.as_ref().is_some_and(|s| s.epoch != epoch) {
                 self.abandoned = None;
+            }
+            // An abandoned epoch named again is started again by choice: nothing to warn of.
+            if self.abandoned_epoch().is_some() {
+                self.delivered = 0;
             }
             return;
         }

@@ -42,6 +42,12 @@ pub struct CacheStats {
     pub bytes: u64,
     /// Downloads that failed (after the client's retries); the shard is fetched again later.
     pub failures: u64,
+    /// The byte limit (`cache_mb`): what the cache keeps beyond its working set.
+    pub limit: u64,
+    /// Bytes of the working set: shards on disk the cache may not evict now (with samples of
+    /// the epoch still to read, or among the `keep` most recently used). After every change
+    /// the cache holds at most `max(limit, pinned)` bytes.
+    pub pinned: u64,
 }
 
 /// How long a failed shard's samples fail with its error before a read fetches it again.
@@ -225,7 +231,9 @@ impl ShardCache {
 
     /// Never evicts one of the `n` most recently used shards (at least 1; default 2).
     pub fn keep(&self, n: usize) {
-        self.lock().keep = n.max(1);
+        let mut st = self.lock();
+        st.keep = n.max(1);
+        self.evict(&mut st);
     }
 
     /// Starts reading `epoch` (once; later calls for the same epoch do nothing): `pending`
@@ -275,13 +283,19 @@ impl ShardCache {
 
     /// The counters.
     pub fn stats(&self) -> CacheStats {
+        let st = self.lock();
+        let evictable: u64 = Self::evictable(&st).map(|i| self.objects[i].size).sum();
+        let (bytes, pinned) = (st.bytes, st.bytes.saturating_sub(evictable));
+        drop(st);
         CacheStats {
+            limit: self.limit,
+            pinned,
             downloads: self.downloads.load(Ordering::Relaxed),
             hits: self.hits.load(Ordering::Relaxed),
             waits: self.waits.load(Ordering::Relaxed),
             reused: self.reused.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
-            bytes: self.lock().bytes,
+            bytes,
             failures: self.failures.load(Ordering::Relaxed),
         }
     }
@@ -338,6 +352,8 @@ impl ShardCache {
                     if let Slot::Ready { used_at, .. } = &mut st.slots[i] {
                         *used_at = now;
                     }
+                    // Another shard may have left the most recently used: evictable now.
+                    self.evict(&mut st);
                     if waited {
                         self.waits.fetch_add(1, Ordering::Relaxed);
                     } else {
@@ -453,12 +469,9 @@ impl ShardCache {
         self.ready.notify_all();
     }
 
-    /// Removes the least recently used shards beyond the limit, sparing those with samples
-    /// of the epoch still to read and the `keep` most recently used.
-    fn evict(&self, st: &mut State) {
-        if st.bytes <= self.limit {
-            return;
-        }
+    /// The shards on disk the cache may evict now, least recently used first: every one
+    /// but the `keep` most recently used and those with samples of the epoch still to read.
+    fn evictable(st: &State) -> impl Iterator<Item = usize> + '_ {
         let mut ready: Vec<(u64, usize)> = st
             .slots
             .iter()
@@ -469,11 +482,22 @@ impl ShardCache {
             })
             .collect();
         ready.sort_unstable();
-        let evictable = ready.len().saturating_sub(st.keep);
-        for &(_, i) in &ready[..evictable] {
-            if st.pending[i] > 0 {
-                continue;
-            }
+        let n = ready.len().saturating_sub(st.keep);
+        ready.truncate(n);
+        ready
+            .into_iter()
+            .map(|(_, i)| i)
+            .filter(|&i| st.pending.get(i).copied().unwrap_or(0) == 0)
+    }
+
+    /// Removes the least recently used shards beyond the limit, sparing those with samples
+    /// of the epoch still to read and the `keep` most recently used.
+    fn evict(&self, st: &mut State) {
+        if st.bytes <= self.limit {
+            return;
+        }
+        let evictable: Vec<usize> = Self::evictable(st).collect();
+        for i in evictable {
             if st.bytes <= self.limit {
                 break;
             }
