@@ -160,12 +160,23 @@ fn escape(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// Requests answered at once; a connection beyond them is closed unanswered.
+const CONCURRENT: usize = 8;
+/// How long a request may take to arrive and its answer to leave.
+const REQUEST_TIME: Duration = Duration::from_secs(2);
+
 /// An HTTP endpoint that answers `GET /metrics` with what `render` returns at that moment
-/// (other paths: 404), on its own thread, until dropped.
+/// (other paths: 404). One thread accepts and hands each connection to a short-lived
+/// thread of its own (at most [`CONCURRENT`]), so a slow or idle client delays neither
+/// other scrapes nor the endpoint's end: dropping it frees the port at once.
 pub struct Endpoint {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// The listening socket's descriptor, for a forked child to close (see
+    /// [`forget_in_fork`](Self::forget_in_fork)).
+    #[cfg(unix)]
+    fd: std::os::fd::RawFd,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -181,14 +192,18 @@ impl Endpoint {
     /// address in use is an error naming it.
     pub fn serve(
         addr: SocketAddr,
-        render: impl Fn() -> String + Send + 'static,
+        render: impl Fn() -> String + Send + Sync + 'static,
     ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).map_err(|e| {
             std::io::Error::new(e.kind(), format!("serving metrics on {addr}: {e}"))
         })?;
         let addr = listener.local_addr()?;
+        #[cfg(unix)]
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
+        let render = Arc::new(render);
+        let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let thread = std::thread::Builder::new()
             .name("flowgate-metrics".to_owned())
             .spawn(move || {
@@ -196,9 +211,20 @@ impl Endpoint {
                     if stopping.load(Ordering::Acquire) {
                         return;
                     }
-                    if let Ok(stream) = conn {
-                        // A client that stalls cannot hold the endpoint for long.
-                        let _ = answer(stream, &render);
+                    let Ok(stream) = conn else { continue };
+                    if busy.fetch_add(1, Ordering::AcqRel) >= CONCURRENT {
+                        busy.fetch_sub(1, Ordering::AcqRel);
+                        continue; // dropped: closed unanswered
+                    }
+                    let (render, done) = (Arc::clone(&render), Arc::clone(&busy));
+                    let spawned = std::thread::Builder::new()
+                        .name("flowgate-metrics-request".to_owned())
+                        .spawn(move || {
+                            let _ = answer(stream, &*render);
+                            done.fetch_sub(1, Ordering::AcqRel);
+                        });
+                    if spawned.is_err() {
+                        busy.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
             })?;
@@ -206,6 +232,8 @@ impl Endpoint {
             addr,
             stop,
             thread: Some(thread),
+            #[cfg(unix)]
+            fd,
         })
     }
 
@@ -213,12 +241,26 @@ impl Endpoint {
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
+
+    /// In a process forked from the one serving: closes this process's copy of the listening
+    /// socket (so the port is the parent's alone, and freed when the parent stops) and
+    /// forgets the rest — the accepting thread is the parent's, and does not exist here.
+    pub fn forget_in_fork(self) {
+        #[cfg(unix)]
+        {
+            use std::os::fd::FromRawFd;
+            // SAFETY: the descriptor is the listener's, which nothing in this process uses
+            // (its thread was not forked) and nothing else closes (the endpoint is forgotten).
+            drop(unsafe { std::os::fd::OwnedFd::from_raw_fd(self.fd) });
+        }
+        std::mem::forget(self);
+    }
 }
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        // Wakes the accepting thread, which sees `stop` and returns.
+        // Wakes the accepting thread, which sees `stop` and returns, closing the listener.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -226,20 +268,25 @@ impl Drop for Endpoint {
     }
 }
 
-/// One request: its head read (up to 8 KiB), then the metrics or a 404, and the
-/// connection closed.
-fn answer(mut stream: TcpStream, render: &impl Fn() -> String) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+/// One request: its head read (up to 8 KiB, within [`REQUEST_TIME`]), then the metrics or
+/// a 404, and the connection closed.
+fn answer(mut stream: TcpStream, render: &dyn Fn() -> String) -> std::io::Result<()> {
+    let deadline = std::time::Instant::now() + REQUEST_TIME;
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(()); // too slow: closed unanswered
+        }
+        stream.set_read_timeout(Some(left))?;
         let n = stream.read(&mut buf)?;
         if n == 0 {
             break;
         }
         head.extend_from_slice(&buf[..n]);
     }
+    stream.set_write_timeout(Some(REQUEST_TIME))?;
     let line = String::from_utf8_lossy(&head);
     let path = line.split_whitespace().nth(1).unwrap_or("");
     let (status, body, kind) = if path == "/metrics" || path.starts_with("/metrics?") {
@@ -325,10 +372,22 @@ mod tests {
         assert!(get(addr, "/metrics").ends_with("calls 0\n"));
         assert!(get(addr, "/metrics").ends_with("calls 1\n"));
         assert!(get(addr, "/").starts_with("HTTP/1.1 404"));
+        // Clients that connect and send nothing delay neither a scrape nor the end.
+        let idle: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        let t = std::time::Instant::now();
+        assert!(get(addr, "/metrics").ends_with("calls 2\n"));
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
         // The port is taken while it serves: a second endpoint on it is an error naming it.
         let err = Endpoint::serve(addr, String::new).unwrap_err();
         assert!(err.to_string().contains(&addr.to_string()), "{err}");
+        let t = std::time::Instant::now();
         drop(e);
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "dropped in {:?}",
+            t.elapsed()
+        );
         assert!(TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_err());
+        drop(idle);
     }
 }

@@ -125,10 +125,12 @@ class ImageLoader(_Loader):
     one waiting (what the stages hold at least) is refused when the loader is built, naming
     both sizes.
     ``metrics_port``: serve Prometheus metrics on ``GET /metrics`` at that port of the
-    loopback address (or ``"host:port"``; 0 picks a free port; ``metrics_address`` says
-    which), the same series as ``flowgate run``'s endpoint, each labelled with ``rank`` and
-    ``local_rank`` (from ``torchrun``'s environment); served by the training process only
-    (not by copies or ``DataLoader`` workers), until :meth:`close`.
+    loopback address (or ``"host:port"``, ``"[::1]:9100"``; 0 picks a free port;
+    ``metrics_address`` says which), the same series as ``flowgate run``'s endpoint, each
+    labelled with ``rank`` and ``local_rank`` (from ``torchrun``'s environment); served by the
+    training process only, until :meth:`close` (copies and forked ``DataLoader`` workers do
+    not serve, and the decoding those workers do is not in the parent's series: iterate the
+    loader in the training process to see it).
     ``cpu_budget``: cores the ranks of this node may keep busy decoding, together — a count
     (``2``), a fraction (``0.4``) or a percentage (``"40%"``) of the node's cores. Ranks that
     give the same budget share it (``torchrun`` ranks of one job; ``FLOWGATE_NODE_KEY`` names

@@ -85,8 +85,20 @@ def _before_fork() -> None:
                 pass
 
 
+def _after_fork_in_child() -> None:
+    # A forked child (a DataLoader worker) serves no metrics: the port is the parent's.
+    for loader in list(_LIVE):
+        if getattr(loader, "metrics_address", None) is not None:
+            loader.metrics_address = None
+            try:
+                loader._native._forget_metrics_in_fork()
+            except Exception:
+                pass
+
+
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_child=_native._after_fork_in_child)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # From interpreter exit on, freed loaders join their threads without releasing the GIL.
 atexit.register(_native._exiting)

@@ -58,9 +58,9 @@ impl Drop for Loader {
     /// forgotten instead, its memory left as the fork made it.
     fn drop(&mut self) {
         if self.pid != std::process::id() {
-            // The endpoint's thread is the parent's too.
+            // The endpoint's thread is the parent's too; its socket is closed here.
             if let Some(e) = self.metrics.get_mut().ok().and_then(Option::take) {
-                std::mem::forget(e);
+                e.forget_in_fork();
             }
             return;
         }
@@ -413,13 +413,17 @@ impl Loader {
     /// series labelled with the rank (`RANK`, `LOCAL_RANK`). Port 0 picks a free one. Returns
     /// the address served.
     fn _serve_metrics(&self, host: &str, port: u16) -> PyResult<(String, u16)> {
-        let addr = format!("{host}:{port}")
-            .parse::<std::net::SocketAddr>()
-            .map_err(|e| {
-                pyo3::exceptions::PyValueError::new_err(format!(
-                    "metrics_port: {host}:{port} is not an address: {e}"
-                ))
-            })?;
+        use std::net::ToSocketAddrs;
+        let bad = |why: String| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "metrics_port: {host}:{port} is not an address: {why}"
+            ))
+        };
+        let addr = (host, port)
+            .to_socket_addrs()
+            .map_err(|e| bad(e.to_string()))?
+            .next()
+            .ok_or_else(|| bad("it resolves to nothing".to_owned()))?;
         let watch = self.watch.clone();
         let labels = flowgate::prometheus::rank_labels();
         let endpoint = flowgate::prometheus::Endpoint::serve(addr, move || {
@@ -430,6 +434,19 @@ impl Loader {
         let served = endpoint.addr();
         *self.metrics.lock().expect("metrics") = Some(endpoint);
         Ok((served.ip().to_string(), served.port()))
+    }
+
+    /// In a forked child (a DataLoader worker): closes this process's copy of the endpoint's
+    /// socket, so the port stays the parent's alone.
+    fn _forget_metrics_in_fork(&self) {
+        if self.pid != std::process::id() {
+            // A lock a parent's thread held at the fork stays held here: then leave it.
+            if let Ok(mut m) = self.metrics.try_lock() {
+                if let Some(e) = m.take() {
+                    e.forget_in_fork();
+                }
+            }
+        }
     }
 
     /// Stops the Prometheus endpoint, if one serves.

@@ -759,8 +759,43 @@ def test_metrics_port_serves_prometheus_series_with_the_ranks_labels(data, monke
     for bad in (-1, 70000, "host:", True, 1.5):
         with pytest.raises(ValueError, match="metrics_port"):
             flowgate.ImageLoader(str(data / "images.txt"), metrics_port=bad)
+    # A forked child (a DataLoader worker) neither serves nor holds the port: closed in the
+    # parent, it is free although the child lives on.
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(r)
+        os.write(w, repr(loader.metrics_address).encode())
+        time.sleep(3)
+        os._exit(0)
+    os.close(w)
+    assert os.read(r, 100) == b"None", "the child does not serve"
+    # A client that connects and sends nothing delays neither a scrape nor close().
+    import socket
+    idle = socket.create_connection((host, port))
+    t = time.monotonic()
+    urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5).read()
     del it
     loader.close()
+    assert time.monotonic() - t < 1.5, time.monotonic() - t
     assert loader.metrics_address is None
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=2)
+    again = flowgate.ImageLoader(str(data / "images.txt"), metrics_port=port)  # port freed
+    assert again.metrics_address == (host, port)
+    again.close()
+    idle.close()
+    os.waitpid(child, 0)
+    # IPv6 and host names, as "host:port".
+    if socket.has_ipv6:
+        try:
+            socket.socket(socket.AF_INET6).bind(("::1", 0))
+        except OSError:
+            pass
+        else:
+            six = flowgate.ImageLoader(str(data / "images.txt"), metrics_port="[::1]:0")
+            assert six.metrics_address[0] == "::1"
+            six.close()
+    named = flowgate.ImageLoader(str(data / "images.txt"), metrics_port="localhost:0")
+    assert named.metrics_address is not None
+    named.close()
