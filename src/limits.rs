@@ -88,6 +88,14 @@ pub const BUFFER: Limit = Limit {
     max: 1 << 32,
 };
 
+/// Length buckets of length-aware batches: each is a queue of clips waiting for a batch of
+/// their length, and past a thousand a bucket holds too few clips to batch alike.
+pub const BUCKETS: Limit = Limit {
+    key: "buckets",
+    min: 1,
+    max: 1000,
+};
+
 /// The range of an amount of memory or disk, in MiB.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MibLimit {
@@ -159,6 +167,52 @@ pub fn mib_to_bytes(mib: f64) -> u64 {
 /// `bytes` in MiB, for messages and reports.
 pub fn bytes_to_mib(bytes: u64) -> f64 {
     bytes as f64 / 1_048_576.0
+}
+
+/// A number that may be NaN or infinite (for `#[serde(deserialize_with)]` on an
+/// `Option<f64>`): a number, or `"inf"`, `"-inf"` or `"nan"` where the data cannot hold them
+/// (JSON, a Python float through it), so the range check, not the parser, refuses them in the
+/// same words as everywhere else.
+pub fn float_or_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum F {
+        Number(f64),
+        Name(String),
+    }
+    match <Option<F> as serde::Deserialize>::deserialize(d)? {
+        None => Ok(None),
+        Some(F::Number(f)) => Ok(Some(f)),
+        Some(F::Name(n)) => match n.as_str() {
+            "inf" => Ok(Some(f64::INFINITY)),
+            "-inf" => Ok(Some(f64::NEG_INFINITY)),
+            "nan" | "NaN" => Ok(Some(f64::NAN)),
+            other => Err(serde::de::Error::custom(format!(
+                "expected a number, not {other:?}"
+            ))),
+        },
+    }
+}
+
+/// A serde message in a user's words (`expected usize` → `expected a whole number, at least
+/// 0`): what every front end's settings say of a value of the wrong type.
+pub fn in_words(message: &str) -> String {
+    let mut m = message.to_owned();
+    for (rust, words) in [
+        ("expected u8", "expected a whole number, at least 0"),
+        ("expected u16", "expected a whole number, at least 0"),
+        ("expected u32", "expected a whole number, at least 0"),
+        ("expected u64", "expected a whole number, at least 0"),
+        ("expected usize", "expected a whole number, at least 0"),
+        ("expected f32", "expected a number"),
+        ("expected f64", "expected a number"),
+        ("expected a boolean", "expected true or false"),
+    ] {
+        if let Some(rest) = m.strip_suffix(rust) {
+            m = format!("{rest}{words}");
+        }
+    }
+    m
 }
 
 #[cfg(test)]

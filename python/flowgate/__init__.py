@@ -29,7 +29,7 @@ from ._process import _Epoch
 from ._remote import Ray
 from ._loader import _Loader
 from ._args import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401  (flowgate.IMAGENET_MEAN, ...)
-from ._args import _normalize, _options, _pair, _paths
+from ._args import _build
 
 #: The package's version (the native library's).
 __version__: str = _native.__version__
@@ -243,11 +243,8 @@ class ImageLoader(_Loader):
         self._setup(locals())
 
     def _build(self, a: Dict[str, Any]) -> Any:
-        _check_ints(a, resize=1, crop=1)
-        return _native.image_loader(
-            _paths(a["paths"]), _options(a), a["resize"], a["crop"], a["layout"], a["train"],
-            _pair("scale", a["scale"]), _pair("ratio", a["ratio"]),
-            _normalize(a["normalize"]), bool(a["draft"]))
+        return _build(a, "image", ("resize", "crop", "layout", "train", "scale", "ratio",
+                                   "normalize", "draft"))
 
 
 class AudioLoader(_Loader):
@@ -301,12 +298,7 @@ class AudioLoader(_Loader):
         self._setup(locals())
 
     def _build(self, a: Dict[str, Any]) -> Any:
-        _check_ints(a, rate=1, buckets=1)
-        cap = a["max_batch_seconds"]
-        if cap is not None and not (isinstance(cap, (int, float)) and cap > 0):
-            raise ValueError(f"max_batch_seconds must be a number above 0, not {cap!r}")
-        return _native.audio_loader(_paths(a["paths"]), _options(a), a["rate"], a["seconds"],
-                                    a["train"], a["return_lengths"], cap, a["buckets"])
+        return _build(a, "audio", ("rate", "seconds", "train"))
 
 
 class VideoLoader(_Loader):
@@ -383,7 +375,7 @@ class VideoLoader(_Loader):
         remote: Optional[Ray] = None,
         metrics_port: Union[int, str, None] = None,
     ) -> None:
-        if not hasattr(_native, "video_loader"):
+        if "video" not in _native.build_info()["features"]:
             raise RuntimeError(
                 "flowgate was built without video support; rebuild it with "
                 'MATURIN_PEP517_ARGS="--features video" pip install ./python'
@@ -391,12 +383,9 @@ class VideoLoader(_Loader):
         self._setup(locals())
 
     def _build(self, a: Dict[str, Any]) -> Any:
-        _check_ints(a, frames=1, resize=1, crop=1, threads=0, audio_rate=1,
-                    max_batch_frames=1, buckets=1, stride=1)
-        return _native.video_loader(
-            _paths(a["paths"]), _options(a), a["frames"], a["resize"], a["crop"], a["layout"],
-            a["threads"], a["audio_seconds"], a["audio_rate"], a["fps"],
-            a["max_batch_frames"], a["buckets"], a["stride"], a["train"], bool(a["draft"]))
+        return _build(a, "video", ("frames", "resize", "crop", "layout", "threads",
+                                   "audio_seconds", "audio_rate", "fps", "stride", "train",
+                                   "draft"))
 
 
 class Pipeline:

@@ -1,17 +1,18 @@
 """A loader's arguments as the native side takes them: paths and labels in the types it
-reads, the options every loader shares (``_native.Options``), pairs and normalisation checked
-with errors naming the argument, and the rank and world size a loader resolves."""
+reads, the loader's settings and the media's arguments as dicts the library reads (its
+``LoaderSettings`` and ``MediaArgs``: defaults, rules and words once, for every front end),
+and the rank and world size a loader resolves."""
 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Sequence, Tuple
 
 from . import _native
 from ._sources import Mix, Parquet, Shards, _check_ints
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGENET_MEAN = _native.IMAGENET_MEAN
+IMAGENET_STD = _native.IMAGENET_STD
 
 
 def _paths(paths: Any) -> Any:
@@ -22,17 +23,23 @@ def _paths(paths: Any) -> Any:
     return [os.fspath(p) for p in paths]
 
 
-_OPTIONS = ("batch_size", "shuffle", "seed", "rank", "world_size", "drop_last", "workers",
-            "order", "skip_errors", "fill_skipped", "return_paths", "memory_mb", "cpu_budget", "device",
-            "device_memory_mb")
+#: The keys of ``flowgate::loader::LoaderSettings``: the library reads them, with its
+#: defaults, limits and words (a pipeline file's are the same).
+_SETTINGS = ("batch_size", "shuffle", "seed", "rank", "world_size", "drop_last", "workers",
+             "order", "skip_errors", "fill_skipped", "memory_mb", "cpu_budget",
+             "max_batch_seconds", "max_batch_frames", "buckets", "return_lengths")
 
 
-def _options(args: Dict[str, Any]) -> Any:
-    """The arguments every loader shares (taken from its ``locals()``), as native options."""
+def _build(args: Dict[str, Any], kind: str, media: Sequence[str]) -> Any:
+    """A native loader from a loader's arguments (its ``locals()``): the settings and the
+    media's arguments (``kind`` and the names in ``media``) as the library reads them."""
     _check_ints(args, batch_size=1, seed=0, rank=0, world_size=1, workers=1)
-    return _native.Options(labels=_labels(args["labels"]), reader=args.get("reader"),
-                           units=bool(args.get("decodes_units")),
-                           **{k: args[k] for k in _OPTIONS})
+    return _native.loader(
+        _paths(args["paths"]), {k: args[k] for k in _SETTINGS if k in args},
+        dict({k: args[k] for k in media}, kind=kind), labels=_labels(args["labels"]),
+        return_paths=args["return_paths"], device=args["device"],
+        device_memory_mb=args["device_memory_mb"], reader=args.get("reader"),
+        units=bool(args.get("decodes_units")))
 
 
 def _rank_and_world(args: Dict[str, Any]) -> Tuple[int, int]:
@@ -43,31 +50,6 @@ def _rank_and_world(args: Dict[str, Any]) -> Tuple[int, int]:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     return 0, 1
-
-
-def _pair(name: str, v: Any) -> Tuple[float, float]:
-    try:
-        a, b = v
-        return float(a), float(b)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a pair of numbers (low, high), not {v!r}") from None
-
-
-def _normalize(normalize: Any) -> Optional[Tuple[Tuple[float, ...], Tuple[float, ...]]]:
-    """``normalize`` as (mean, std) of 3 floats each, or None; ValueError naming it."""
-    if normalize is False or normalize is None:
-        return None
-    if normalize is True:
-        return IMAGENET_MEAN, IMAGENET_STD
-    try:
-        mean, std = normalize
-        mean, std = tuple(float(x) for x in mean), tuple(float(x) for x in std)
-    except (TypeError, ValueError):
-        mean = std = ()
-    if len(mean) != 3 or len(std) != 3:
-        raise ValueError(f"normalize must be True, False or (mean, std) with 3 floats each "
-                         f"(one per channel), not {normalize!r}")
-    return mean, std
 
 
 def _labels(labels: Any) -> Any:

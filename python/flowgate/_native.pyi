@@ -75,34 +75,12 @@ DEFAULT_PREFETCH: int
 
 def _check_limit(name: str, value: Any) -> None: ...
 
-class Options:
-    """The arguments every loader shares."""
-    def __init__(self, batch_size: int = ..., shuffle: bool = ..., seed: int = ...,
-                 rank: Optional[int] = ..., world_size: Optional[int] = ...,
-                 drop_last: bool = ..., workers: Optional[int] = ..., order: str = ...,
-                 skip_errors: bool = ..., fill_skipped: bool = ...,
-                 labels: Any = ..., return_paths: bool = ...,
-                 memory_mb: Optional[float] = ...,
-                 cpu_budget: Union[int, float, str, None] = ..., device: str = ...,
-                 device_memory_mb: Optional[float] = ...,
-                 reader: Optional[Tuple[int, int]] = ..., units: bool = ...) -> None: ...
+IMAGENET_MEAN: Tuple[float, float, float]
+IMAGENET_STD: Tuple[float, float, float]
 
-def image_loader(paths: Any, options: Options, resize: int = ..., crop: int = ...,
-                 layout: str = ..., train: bool = ..., scale: Tuple[float, float] = ...,
-                 ratio: Tuple[float, float] = ...,
-                 normalize: Optional[Tuple[Tuple[float, float, float],
-                                           Tuple[float, float, float]]] = ...,
-                 draft: bool = ...) -> Loader: ...
-def audio_loader(paths: Any, options: Options, rate: int = ..., seconds: float = ...,
-                 train: bool = ..., return_lengths: bool = ...,
-                 max_batch_seconds: Optional[float] = ..., buckets: int = ...) -> Loader: ...
-def video_loader(paths: Any, options: Options, frames: int = ..., resize: int = ...,
-                 crop: int = ..., layout: str = ..., threads: int = ...,
-                 audio_seconds: Optional[float] = ..., audio_rate: int = ...,
-                 fps: Optional[float] = ..., max_batch_frames: Optional[int] = ...,
-                 buckets: int = ..., stride: Optional[int] = ..., train: bool = ...,
-                 draft: bool = ...) -> Loader:
-    """Only when built with the ``video`` feature."""
+def loader(paths: Any, settings: Dict[str, Any], media: Dict[str, Any], labels: Any = ...,
+           return_paths: bool = ..., device: str = ..., device_memory_mb: Optional[float] = ...,
+           reader: Optional[Tuple[int, int]] = ..., units: bool = ...) -> Loader: ...
 def skip_part(part: str, error: BaseException) -> None:
     """From a Pipeline stage's function: the part named ``part`` failed with ``error`` and was
     left out of the result; it counts as a failed item of the stage (fatal past the failure

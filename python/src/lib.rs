@@ -5,8 +5,8 @@
 //! - `loader`: [`Loader`](loader::Loader), the Python face of the library's [`flowgate::Loader`].
 //! - `dataset`: the loaders' `paths` and `labels` as a library [`flowgate::dataset::Source`].
 //! - `device`: the device a loader uploads to (`device="cuda"`), and the simulated device's record.
-//! - `recipes`: the loaders' arguments (`Options`) and the image, audio and video loaders,
-//!   each a validated [`flowgate::media::Recipe`].
+//! - `args`: a loader from the wrappers' arguments, read into the library's
+//!   [`flowgate::loader::LoaderSettings`] and [`flowgate::media::MediaArgs`].
 //! - `pipeline`: [`PyPipeline`](pipeline::PyPipeline), stages that are Python callables.
 //! - `error`: `LoaderError` and how pipeline errors reach Python.
 //!
@@ -20,13 +20,13 @@
 
 use pyo3::prelude::*;
 
+mod args;
 mod batch;
 mod dataset;
 mod device;
 mod error;
 mod loader;
 mod pipeline;
-mod recipes;
 mod state;
 mod units;
 
@@ -83,19 +83,18 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_BUCKETS", flowgate::loader::DEFAULT_BUCKETS)?;
     m.add("DEFAULT_BUFFER", flowgate::dataset::DEFAULT_BUFFER)?;
     m.add("DEFAULT_PREFETCH", flowgate::dataset::DEFAULT_PREFETCH)?;
+    let stats = |v: [f32; 3]| v.map(f64::from).map(|x| (x * 1e6).round() / 1e6);
+    m.add("IMAGENET_MEAN", stats(flowgate::media::args::IMAGENET_MEAN))?;
+    m.add("IMAGENET_STD", stats(flowgate::media::args::IMAGENET_STD))?;
     m.add_class::<batch::Batch>()?;
     m.add_class::<loader::Loader>()?;
-    m.add_class::<recipes::Options>()?;
     m.add_class::<units::EpochPlan>()?;
     m.add_class::<units::PoolSizer>()?;
     m.add_class::<units::Regroup>()?;
     m.add_function(wrap_pyfunction!(units::_delivered_since, m)?)?;
-    m.add_function(wrap_pyfunction!(recipes::_check_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(args::_check_limit, m)?)?;
     m.add_class::<pipeline::PyPipeline>()?;
-    m.add_function(wrap_pyfunction!(recipes::image_loader, m)?)?;
-    m.add_function(wrap_pyfunction!(recipes::audio_loader, m)?)?;
-    #[cfg(feature = "video")]
-    m.add_function(wrap_pyfunction!(recipes::video_loader, m)?)?;
+    m.add_function(wrap_pyfunction!(args::loader, m)?)?;
     m.add_function(wrap_pyfunction!(state::merge_state_dicts, m)?)?;
     m.add_function(wrap_pyfunction!(_thread_count, m)?)?;
     m.add_function(wrap_pyfunction!(batch::_batch_from_bytes, m)?)?;

@@ -199,7 +199,7 @@ impl PyPipeline {
             source,
             stages: Mutex::new(Vec::new()),
             skip_errors,
-            cpu_budget: cpu_budget.map(crate::recipes::cpu_budget_of).transpose()?,
+            cpu_budget: cpu_budget.map(crate::args::cpu_budget_of).transpose()?,
             running: Mutex::new(None),
             source_error: Arc::default(),
         })

@@ -94,7 +94,7 @@ def test_video_batches_by_frames_cover_each_clip_once_under_the_cap(videos):
     # The clips of a batch decode with the tuner's threads per clip, as single clips do.
     threads = loader.stats()["stages"]["decode"]["item_threads"]
     assert 1 <= threads <= os.cpu_count()
-    with pytest.raises(ValueError, match="needs fps"):
+    with pytest.raises(ValueError, match="fps must be set"):
         flowgate.VideoLoader(videos / "video.txt", max_batch_frames=cap)
     with pytest.raises(ValueError, match="nthwc"):
         flowgate.VideoLoader(videos / "video.txt", fps=2.0, max_batch_frames=cap,

@@ -16,7 +16,15 @@ def test_build_info_describes_this_build():
     assert "build_info" in flowgate.__all__
 
 
-def test_video_feature_matches_video_loader():
-    # The features list is the build's: VideoLoader exists exactly when `video` is listed.
-    assert ("video" in flowgate.build_info()["features"]) == hasattr(flowgate._native,
-                                                                     "video_loader")
+def test_video_feature_matches_video_loader(tmp_path):
+    # The features list is the build's: VideoLoader decodes exactly when `video` is listed.
+    has = "video" in flowgate.build_info()["features"]
+    (tmp_path / "clips.txt").write_text("")
+    try:
+        flowgate.VideoLoader(tmp_path / "clips.txt")
+    except RuntimeError as e:
+        assert not has and "without video support" in str(e)
+    except (OSError, ValueError) as e:
+        assert has, e
+    else:
+        assert has

@@ -271,7 +271,7 @@ def test_labels_from_a_sequence_or_a_mapping(data, tmp_path):
         flowgate.ImageLoader(paths, labels="folders")
 
 
-video = pytest.mark.skipif(not hasattr(_native, "video_loader"),
+video = pytest.mark.skipif("video" not in flowgate.build_info()["features"],
                            reason="built without the video feature")
 
 

@@ -20,8 +20,9 @@ use crate::{BoxError, PipelineError};
 /// that each bucket holds batches to shuffle. At least 1; [`MAX_BUCKETS`] at most.
 pub const DEFAULT_BUCKETS: usize = 20;
 
-/// The most length buckets: past it a bucket holds too few clips to make full batches.
-pub const MAX_BUCKETS: usize = 1000;
+/// The most length buckets ([`limits::BUCKETS`](crate::limits::BUCKETS)): past it a bucket
+/// holds too few clips to make full batches.
+pub const MAX_BUCKETS: usize = crate::limits::BUCKETS.max as usize;
 
 /// How a loader makes length-aware batches (see [`LoaderBuilder::length_batches`]).
 ///

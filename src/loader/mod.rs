@@ -62,6 +62,7 @@ mod failures;
 mod fill;
 mod lengths;
 mod regroup;
+mod settings;
 mod units;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,6 +75,7 @@ pub use device::{Device, DEFAULT_DEVICE_BYTES, DEFAULT_STAGING_BYTES};
 pub use failures::{SkippedFailure, KEEP_FAILURES};
 pub use lengths::{DEFAULT_BUCKETS, MAX_BUCKETS};
 pub use regroup::{Regroup, Rows};
+pub use settings::{LoaderSettings, OrderName, SettingsError};
 pub use units::{EpochPlan, Unit};
 
 use crate::dataset::Dataset;

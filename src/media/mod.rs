@@ -14,6 +14,7 @@
 //!
 //! Errors are [`MediaError`]s, which always name the file.
 
+pub mod args;
 #[cfg(feature = "audio")]
 pub mod audio;
 mod error;
@@ -27,6 +28,7 @@ pub mod video;
 pub use error::MediaError;
 
 pub use crate::extensions::{AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, VIDEO_EXTENSIONS};
+pub use args::MediaArgs;
 pub use recipe::Recipe;
 pub use rules::{item_seed, Limits, RecipeError};
 

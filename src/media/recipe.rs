@@ -124,6 +124,16 @@ impl Recipe {
         }
     }
 
+    /// The image recipe, if this is one.
+    #[cfg(feature = "image")]
+    pub fn as_image(&self) -> Option<&crate::media::image::ImageRecipe> {
+        match &self.kind {
+            Kind::Image(i) => Some(i),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
     /// The audio recipe, if this is one.
     #[cfg(feature = "audio")]
     pub fn as_audio(&self) -> Option<&crate::media::audio::AudioRecipe> {

@@ -70,7 +70,7 @@ pub struct RecipeError {
 }
 
 impl RecipeError {
-    fn new(field: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(field: &'static str, message: impl Into<String>) -> Self {
         Self {
             field,
             message: message.into(),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::schema::*;
 use crate::dataset::{Dataset, Files};
 use crate::loader::Device;
-use crate::media::Recipe;
+use crate::media::{MediaArgs, Recipe};
 use crate::{PolicyChoice, TunerSettings, Workers};
 
 /// A spec's loader, with what it needs alive (a local S3 server) and the byte cache.
@@ -79,116 +79,20 @@ impl std::fmt::Debug for Hooks {
 impl PipelineSpec {
     /// The augmentation seed: `decode.seed`, else the source's shuffle seed, else 0.
     pub fn augmentation_seed(&self) -> u64 {
-        let decode = match &self.decode {
-            DecodeSpec::Image { seed, .. } | DecodeSpec::Audio { seed, .. } => *seed,
-            DecodeSpec::Video { .. } => None,
-        };
-        decode.or(self.shuffle_seed()).unwrap_or(0)
+        self.decode
+            .media
+            .seed()
+            .or(self.shuffle_seed())
+            .unwrap_or(0)
     }
 
-    /// The decode recipe, validated, with the augmentation seed.
-    #[cfg_attr(
-        not(any(feature = "image", feature = "audio", feature = "video")),
-        allow(unused_variables, unreachable_code)
-    )]
+    /// The decode recipe, validated, with the augmentation seed: the media's own rules
+    /// ([`MediaArgs::recipe`](crate::media::MediaArgs::recipe)), errors named by their key.
     pub fn recipe(&self) -> Result<Recipe, crate::PipelineError> {
-        #[cfg_attr(
-            all(feature = "image", feature = "audio", feature = "video"),
-            allow(unused_variables)
-        )]
-        let missing = |kind: &str, feature: &str| {
-            crate::PipelineError::config(format!(
-                "decode.kind = \"{kind}\" needs flowgate built with the `{feature}` feature"
-            ))
-        };
-        let invalid = |e: crate::media::RecipeError| {
-            crate::PipelineError::config_from(format!("decode.{}", e.field()), e)
-        };
-        let recipe: Result<Recipe, crate::media::RecipeError> = match &self.decode {
-            #[cfg(feature = "image")]
-            DecodeSpec::Image {
-                resize,
-                crop,
-                layout,
-                train,
-                normalize,
-                draft,
-                ..
-            } => {
-                use crate::media::image::{ImageRecipe, Normalize};
-                let base = if *train {
-                    ImageRecipe::train(*crop)
-                } else {
-                    ImageRecipe::default()
-                };
-                Recipe::image(ImageRecipe {
-                    resize: *resize,
-                    crop: *crop,
-                    layout: *layout,
-                    normalize: normalize.then_some(Normalize::IMAGENET),
-                    draft: *draft,
-                    ..base
-                })
-            }
-            #[cfg(not(feature = "image"))]
-            DecodeSpec::Image { .. } => return Err(missing("image", "image")),
-            #[cfg(feature = "audio")]
-            DecodeSpec::Audio {
-                rate,
-                seconds,
-                keep_channels,
-                train,
-                ..
-            } => {
-                use crate::media::audio::{AudioRecipe, Channels};
-                // Length-aware batches crop a clip only past the batch cap.
-                let window = self.batch.max_seconds.unwrap_or(*seconds);
-                let base = AudioRecipe::with_seconds(*rate, window).map_err(invalid)?;
-                Recipe::audio(AudioRecipe {
-                    channels: if *keep_channels {
-                        Channels::Keep
-                    } else {
-                        Channels::Mono
-                    },
-                    random_crop: *train && self.batch.max_seconds.is_none(),
-                    ..base
-                })
-            }
-            #[cfg(not(feature = "audio"))]
-            DecodeSpec::Audio { .. } => return Err(missing("audio", "audio")),
-            #[cfg(feature = "video")]
-            DecodeSpec::Video {
-                frames,
-                resize,
-                crop,
-                threads,
-                fps,
-                stride,
-                train,
-                draft,
-                ..
-            } => Recipe::video(crate::media::video::VideoRecipe {
-                sampling: match (fps, self.batch.max_frames, stride) {
-                    (Some(fps), Some(max), _) => {
-                        crate::media::video::Sampling::Rate { fps: *fps, max }
-                    }
-                    (_, _, Some(stride)) => crate::media::video::Sampling::Window {
-                        frames: *frames,
-                        stride: *stride,
-                        random: *train,
-                    },
-                    _ => crate::media::video::Sampling::Uniform(*frames),
-                },
-                resize: *resize,
-                crop: *crop,
-                threads: *threads,
-                draft: *draft,
-                ..Default::default()
-            }),
-            #[cfg(not(feature = "video"))]
-            DecodeSpec::Video { .. } => return Err(missing("video", "video")),
-        };
-        Ok(recipe.map_err(invalid)?.with_seed(self.augmentation_seed()))
+        self.decode
+            .media
+            .recipe(self.length_cap(), self.augmentation_seed())
+            .map_err(|e| crate::PipelineError::config_from(format!("decode.{}", e.field()), e))
     }
 
     /// The decode step alone, for one local file (what `flowgate profile` measures).
@@ -206,30 +110,23 @@ impl PipelineSpec {
     /// uploaded to the device the spec names, tuned as the spec says, calling `hooks` while it
     /// runs.
     pub fn build(&self, hooks: Hooks) -> Result<Job, crate::PipelineError> {
+        let settings = self.loader_settings();
         let recipe = self.recipe()?;
         let (source, keep) = self.source(&self.source)?;
+        let conflict =
+            |e: crate::loader::SettingsError| crate::PipelineError::config(e.to_string());
         // A pipeline file reads the whole dataset (`flowgate run` is one process), whatever
         // RANK and WORLD_SIZE say.
-        let dataset = Dataset::builder(source)
-            .extensions(&self.extensions(&recipe))
-            .shuffle_seed(self.shuffle_seed())
+        let dataset = settings
+            .dataset(source, &recipe)
+            .map_err(conflict)?
             .ranks_from(crate::dataset::Ranks::Whole)
             .build()?;
         let items = dataset.len();
-        let mut b = crate::Loader::builder(dataset, recipe)
-            .batch_size(self.batch.size)
-            .drop_last(self.batch.drop_last)
-            .order(match self.batch.order {
-                OrderName::Input => crate::Order::Input,
-                OrderName::Completion => crate::Order::Completion,
-            })
+        let mut b = settings
+            .builder(dataset, recipe, &self.decode.media)
+            .map_err(conflict)?
             .checkpoint_fields([("augmentation_seed", self.augmentation_seed())]);
-        if let Some(cap) = self.length_cap() {
-            b = b.length_batches(cap, self.batch.buckets);
-        }
-        if let Some(n) = self.fixed_workers() {
-            b = b.workers(n);
-        }
         if let Some(m) = self.run.max_failures {
             b = b.max_failures(match m {
                 super::MaxFailures::Count(n) => crate::FailureBudget::count(n),
@@ -241,13 +138,6 @@ impl PipelineSpec {
         } else {
             b.autotune_off()
         };
-        // The budgets are the loader's, tuner or not (`[tuner] enabled = false` keeps them).
-        if let Some(m) = self.tuner.memory_mb {
-            b = b.memory_budget(crate::limits::mib_to_bytes(m));
-        }
-        if let Some(c) = self.tuner.cpu_budget {
-            b = b.cpu_budget(c);
-        }
         if let Some(d) = self.device()? {
             b = b.device(d);
         }
@@ -299,6 +189,29 @@ impl PipelineSpec {
         ))
     }
 
+    /// The loader's settings this file names: `[batch]`, the shuffle of `[source]`,
+    /// `decode.workers` and the budgets of `[tuner]` (the loader's, so they hold with the
+    /// tuner off too).
+    pub fn loader_settings(&self) -> crate::loader::LoaderSettings {
+        let seed = self.shuffle_seed();
+        let audio = matches!(self.decode.media, MediaArgs::Audio(_));
+        crate::loader::LoaderSettings {
+            batch_size: self.batch.size,
+            shuffle: seed.is_some(),
+            seed: seed.unwrap_or(0),
+            drop_last: self.batch.drop_last,
+            order: self.batch.order,
+            workers: self.decode.workers,
+            memory_mb: self.tuner.memory_mb,
+            cpu_budget: self.tuner.cpu_budget,
+            // The cap of the media's kind (the validator refuses the other).
+            max_batch_seconds: self.batch.max_seconds.filter(|_| audio),
+            max_batch_frames: self.batch.max_frames.filter(|_| !audio),
+            buckets: self.batch.buckets,
+            ..crate::loader::LoaderSettings::default()
+        }
+    }
+
     /// The tuner's settings.
     pub fn tuner_settings(&self) -> TunerSettings {
         TunerSettings {
@@ -322,11 +235,7 @@ impl PipelineSpec {
 
     /// `decode.workers`, when the spec fixes them.
     fn fixed_workers(&self) -> Option<usize> {
-        match &self.decode {
-            DecodeSpec::Image { workers, .. }
-            | DecodeSpec::Audio { workers, .. }
-            | DecodeSpec::Video { workers, .. } => *workers,
-        }
+        self.decode.workers
     }
 
     /// The local files of a list or directory source (shuffled if asked).

@@ -205,124 +205,31 @@ fn default_concurrency() -> usize {
     16
 }
 
-/// How each item is decoded.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
-pub enum DecodeSpec {
-    /// JPEG, PNG, WebP.
-    Image {
-        /// Shorter side after resizing (evaluation geometry).
-        #[serde(default = "default_resize")]
-        resize: u32,
-        /// The output square's side.
-        #[serde(default = "default_crop")]
-        crop: u32,
-        /// `nchw` or `nhwc`.
-        #[cfg(feature = "image")]
-        #[serde(default)]
-        layout: crate::media::image::Layout,
-        /// Accepted without the `image` feature, so that the file reads and the error names
-        /// the missing feature.
-        #[cfg(not(feature = "image"))]
-        #[serde(default)]
-        layout: Option<serde::de::IgnoredAny>,
-        /// Training geometry: random resized crops and flips, drawn anew every epoch.
-        #[serde(default)]
-        train: bool,
-        /// `f32` normalised with ImageNet's statistics instead of `u8`.
-        #[serde(default)]
-        normalize: bool,
-        /// JPEG draft mode: decode at 1/2, 1/4 or 1/8 scale where the crop window allows
-        /// (see `flowgate::media::image::ImageRecipe::draft`).
-        #[serde(default)]
-        draft: bool,
-        /// The augmentation's seed (see `flowgate::media::item_seed`); default: the source's
-        /// shuffle seed, else 0.
-        #[serde(default)]
-        seed: Option<u64>,
-        /// Fixed decode workers; the tuner decides when absent.
-        #[serde(default)]
-        workers: Option<usize>,
-    },
-    /// WAV, FLAC, MP3, Vorbis, AAC, ALAC.
-    Audio {
-        /// Output sample rate (Hz); other rates are resampled.
-        #[serde(default = "default_rate")]
-        rate: u32,
-        /// Seconds per clip (cropped or zero-padded).
-        #[serde(default = "default_seconds")]
-        seconds: f64,
-        /// Keep every channel instead of mixing to mono.
-        #[serde(default)]
-        keep_channels: bool,
-        /// A window at a random offset in each clip, drawn anew every epoch.
-        #[serde(default)]
-        train: bool,
-        /// The augmentation's seed (see `flowgate::media::item_seed`); default: the source's
-        /// shuffle seed, else 0.
-        #[serde(default)]
-        seed: Option<u64>,
-        /// Fixed decode workers; the tuner decides when absent.
-        #[serde(default)]
-        workers: Option<usize>,
-    },
-    /// Video clips (needs the `video` feature).
-    Video {
-        /// Frames sampled uniformly per clip.
-        #[serde(default = "default_frames")]
-        frames: usize,
-        /// Shorter side after scaling.
-        #[serde(default = "default_video_resize")]
-        resize: u32,
-        /// The output square's side.
-        #[serde(default = "default_video_crop")]
-        crop: u32,
-        /// Decoder threads per clip; 0 (the default) leaves them to the tuner (see
-        /// `flowgate::media::video::VideoRecipe::threads`).
-        #[serde(default)]
-        threads: usize,
-        /// With `batch.max_frames`: the frames taken per second of each clip (its frames
-        /// follow its length) instead of `frames` per clip.
-        #[serde(default)]
-        fps: Option<f64>,
-        /// A window of `frames` consecutive frames this many stream frames apart instead of
-        /// frames spread over the clip: centered, or with `train` at a random start drawn
-        /// anew every epoch (reproducible from the seed, the epoch and the file).
-        #[serde(default)]
-        stride: Option<usize>,
-        /// With `stride`: a random window every epoch.
-        #[serde(default)]
-        train: bool,
-        /// Draft mode: no in-loop deblocking filter (see
-        /// `flowgate::media::video::VideoRecipe::draft`).
-        #[serde(default)]
-        draft: bool,
-        /// Fixed decode workers; the tuner decides when absent.
-        #[serde(default)]
-        workers: Option<usize>,
-    },
+/// How each item is decoded: the media's arguments (`kind` and its keys, as
+/// [`MediaArgs`](crate::media::MediaArgs) names them, with the same defaults and rules as every
+/// other front end), and the decode stage's `workers`.
+#[derive(Clone, Debug)]
+pub struct DecodeSpec {
+    /// What each item becomes.
+    pub media: crate::media::MediaArgs,
+    /// Fixed decode workers; the tuner decides when absent.
+    pub workers: Option<usize>,
 }
 
-fn default_resize() -> u32 {
-    256
-}
-fn default_crop() -> u32 {
-    224
-}
-fn default_rate() -> u32 {
-    16_000
-}
-fn default_seconds() -> f64 {
-    4.0
-}
-fn default_frames() -> usize {
-    8
-}
-fn default_video_resize() -> u32 {
-    128
-}
-fn default_video_crop() -> u32 {
-    112
+impl<'de> Deserialize<'de> for DecodeSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        // `workers` is the stage's, every other key the media's (which refuses unknown ones).
+        let mut table = toml::Table::deserialize(d)?;
+        let workers = table
+            .remove("workers")
+            .map(|w| w.try_into::<usize>().map_err(D::Error::custom))
+            .transpose()?;
+        let media = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| D::Error::custom(e.message()))?;
+        Ok(Self { media, workers })
+    }
 }
 
 /// Batching.
@@ -353,18 +260,7 @@ pub struct BatchSpec {
     /// The order items are batched in: `"input"` (default: the epoch's order, so a seed gives
     /// the same batches on every run) or `"completion"` (as they finish decoding).
     #[serde(default)]
-    pub order: OrderName,
-}
-
-/// The order items are batched in (see `flowgate::loader::LoaderBuilder::order`).
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum OrderName {
-    /// The epoch's order: repeatable.
-    #[default]
-    Input,
-    /// As items finish decoding.
-    Completion,
+    pub order: crate::loader::OrderName,
 }
 
 fn default_buckets() -> usize {
@@ -383,7 +279,7 @@ impl Default for BatchSpec {
             max_seconds: None,
             max_frames: None,
             buckets: default_buckets(),
-            order: OrderName::default(),
+            order: crate::loader::OrderName::default(),
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use super::schema::*;
 use crate::dataset::{Labels, Remote, Source};
-use crate::media::Recipe;
+use crate::media::{MediaArgs, Recipe};
 use crate::sampler::MixStop;
 
 /// Whatever a source needs kept alive while it is read (a local S3 server).
@@ -13,10 +13,10 @@ impl PipelineSpec {
     /// The cap of length-aware batches, if the spec asks for them: `batch.max_seconds` for
     /// audio, `batch.max_frames` for video.
     pub(super) fn length_cap(&self) -> Option<f64> {
-        match &self.decode {
-            DecodeSpec::Audio { .. } => self.batch.max_seconds,
-            DecodeSpec::Video { .. } => self.batch.max_frames.map(|f| f as f64),
-            DecodeSpec::Image { .. } => None,
+        match &self.decode.media {
+            MediaArgs::Audio(_) => self.batch.max_seconds,
+            MediaArgs::Video(_) => self.batch.max_frames.map(|f| f as f64),
+            MediaArgs::Image(_) => None,
         }
     }
 

@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 pub const MAX_CORES: usize = 4096;
 
 /// How many cores the ranks of a node may keep busy decoding, together.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "BudgetRepr", into = "BudgetRepr")]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(into = "BudgetRepr")]
 pub enum CpuBudget {
     /// A number of cores (1..=[`MAX_CORES`]).
     Cores(usize),
@@ -16,20 +16,36 @@ pub enum CpuBudget {
     Fraction(f64),
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize)]
 #[serde(untagged)]
 enum BudgetRepr {
     Number(f64),
-    Text(String),
 }
 
-impl TryFrom<BudgetRepr> for CpuBudget {
-    type Error = String;
-    fn try_from(r: BudgetRepr) -> Result<Self, String> {
-        match r {
-            BudgetRepr::Number(v) => Self::from_number(v),
-            BudgetRepr::Text(t) => t.parse(),
+/// A number of cores, a fraction or a percentage; anything else (a bool above all, which
+/// would otherwise read as one core) is refused, saying what is wanted.
+impl<'de> Deserialize<'de> for CpuBudget {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = CpuBudget;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a number of cores (2), a fraction (0.4) or a percentage (\"40%\")")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<CpuBudget, E> {
+                CpuBudget::from_number(v as f64).map_err(E::custom)
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<CpuBudget, E> {
+                CpuBudget::from_number(v as f64).map_err(E::custom)
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<CpuBudget, E> {
+                CpuBudget::from_number(v).map_err(E::custom)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<CpuBudget, E> {
+                v.parse().map_err(E::custom)
+            }
         }
+        d.deserialize_any(V)
     }
 }
 

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::schema::*;
+use crate::media::MediaArgs;
 
 /// A bad pipeline file: where, which key, what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,7 +178,7 @@ impl PipelineSpec {
                 m if m.contains("untagged enum MaxFailures") => "expected a count of failures \
                     (an integer, 0 for none) or a rate of the items seen (a number in (0, 1))"
                     .to_owned(),
-                _ => in_words(&message),
+                _ => crate::limits::in_words(&message),
             };
             SpecError {
                 file: file.to_owned(),
@@ -251,7 +252,7 @@ impl PipelineSpec {
                     format!("must be in (0, {}]", MAX_MS / 1000.0),
                 ));
             }
-            if !matches!(self.decode, DecodeSpec::Audio { .. })
+            if !matches!(self.decode.media, MediaArgs::Audio(_))
                 || !matches!(
                     self.source,
                     SourceSpec::List { .. } | SourceSpec::Dir { .. }
@@ -271,8 +272,8 @@ impl PipelineSpec {
                 return Err(err("batch", "buckets", m));
             }
         }
-        let fps = match &self.decode {
-            DecodeSpec::Video { fps, .. } => *fps,
+        let fps = match &self.decode.media {
+            MediaArgs::Video(v) => v.fps,
             _ => None,
         };
         if let Some(m) = self.batch.max_frames {
@@ -365,54 +366,12 @@ impl PipelineSpec {
                 ));
             }
         }
-        // The media recipe's own rules (the same ones `Recipe` applies), located here.
-        use crate::media::rules::check;
-        let recipe_err =
-            |e: crate::media::RecipeError| err("decode", e.field(), e.message().to_owned());
-        let workers = match &self.decode {
-            DecodeSpec::Image {
-                resize,
-                crop,
-                train,
-                workers,
-                ..
-            } => {
-                check::crop(*crop, *resize, *train).map_err(recipe_err)?;
-                workers
-            }
-            DecodeSpec::Audio {
-                rate,
-                seconds,
-                workers,
-                ..
-            } => {
-                check::audio_samples(*rate, *seconds).map_err(recipe_err)?;
-                workers
-            }
-            DecodeSpec::Video {
-                frames,
-                resize,
-                crop,
-                threads,
-                workers,
-                stride,
-                train,
-                ..
-            } => {
-                check::video(*frames, *threads).map_err(recipe_err)?;
-                if let Some(s) = stride {
-                    check::stride(*s).map_err(recipe_err)?;
-                } else if *train {
-                    return Err(err(
-                        "decode",
-                        "train",
-                        "draws a random window for video: set decode.stride".into(),
-                    ));
-                }
-                check::crop(*crop, *resize, false).map_err(recipe_err)?;
-                workers
-            }
-        };
+        // The media's own rules, the ones every front end applies, located here.
+        self.decode
+            .media
+            .check(self.length_cap())
+            .map_err(|e| err("decode", e.field(), e.message().to_owned()))?;
+        let workers = &self.decode.workers;
         if let Some(w) = workers {
             limit(
                 crate::limits::WORKERS.check(*w as i128),
@@ -564,34 +523,16 @@ fn key_at(text: &str, line: usize) -> Option<String> {
     })
 }
 
-/// The line of `key` in `[table]` (1-based), or of the table's header, or 0.
-/// A parser's message with Rust's type names said in words.
-fn in_words(message: &str) -> String {
-    let mut m = message.to_owned();
-    for (rust, words) in [
-        ("expected u8", "expected a whole number, at least 0"),
-        ("expected u16", "expected a whole number, at least 0"),
-        ("expected u32", "expected a whole number, at least 0"),
-        ("expected u64", "expected a whole number, at least 0"),
-        ("expected usize", "expected a whole number, at least 0"),
-        ("expected f32", "expected a number"),
-        ("expected f64", "expected a number"),
-        ("expected a boolean", "expected true or false"),
-    ] {
-        if let Some(rest) = m.strip_suffix(rust) {
-            m = format!("{rest}{words}");
-        }
-    }
-    m
-}
-
 /// The key of `table` whose value makes the file fail with `message`: the one whose removal
 /// changes the error (or removes it). `None` when no single key does.
 fn culprit(text: &str, table: &str, message: &str) -> Option<String> {
     let doc: toml::Table = toml::from_str(text).ok()?;
     let whole = doc.get(table)?.as_table()?.clone();
-    // The table with `kind` and one key alone: the key that alone gives the same error.
-    whole.keys().filter(|k| *k != "kind").find_map(|k| {
+    // The table with `kind` and one key alone: the key that alone gives the same error
+    // (`kind` itself first: an unknown kind fails whatever else the table holds).
+    let keys = whole.keys().filter(|k| *k != "kind");
+    let kind = whole.contains_key("kind").then(|| "kind".to_owned());
+    kind.iter().chain(keys).find_map(|k| {
         let mut alone = toml::Table::new();
         if let Some(kind) = whole.get("kind") {
             alone.insert("kind".into(), kind.clone());
@@ -607,6 +548,7 @@ fn culprit(text: &str, table: &str, message: &str) -> Option<String> {
     })
 }
 
+/// The line of `key` in `[table]` (1-based), or of the table's header, or 0.
 fn find_key(text: &str, table: &str, key: &str) -> usize {
     let mut in_table = false;
     let mut header = 0;

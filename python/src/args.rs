@@ -1,0 +1,151 @@
+//! A loader from the Python wrappers' arguments: the loader's settings and the media's
+//! arguments as dicts, read into the library's [`LoaderSettings`] and [`MediaArgs`] (their
+//! defaults, rules and words, the same a pipeline file gets), and what only Python has: the
+//! labels as Python objects, the paths returned, the device, a DataLoader worker's part.
+
+use flowgate::loader::LoaderSettings;
+use flowgate::media::MediaArgs;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyList, PyString, PyTuple};
+use serde_json::Value;
+
+use crate::dataset::{open_error, source_of};
+use crate::device::open_device;
+use crate::error::out_of_range;
+use crate::loader::Loader;
+
+/// A Python value as JSON-like data for the library's settings types: `None`, bools (NumPy's
+/// too), integers (anything with `__index__`), floats (NumPy's too; NaN and the infinities as
+/// their names, which every number refuses), strings, sequences and dicts; anything else is
+/// refused, naming the key it was given for.
+pub(crate) fn value_of(v: &Bound<'_, PyAny>) -> Result<Value, String> {
+    let type_name = v.get_type().name().map_or("?".into(), |n| n.to_string());
+    let float = |f: f64| {
+        serde_json::Number::from_f64(f).map_or(Value::String(f.to_string()), Value::Number)
+    };
+    Ok(if v.is_none() {
+        Value::Null
+    } else if v.is_instance_of::<PyBool>() || type_name.contains("bool") {
+        Value::Bool(v.is_truthy().map_err(|e| e.to_string())?)
+    } else if let Ok(s) = v.downcast::<PyString>() {
+        Value::String(s.to_string())
+    } else if v.is_instance_of::<PyFloat>() || type_name.starts_with("float") {
+        float(v.extract().map_err(|e: PyErr| e.to_string())?)
+    } else if let Ok(n) = v.extract::<i64>() {
+        Value::from(n)
+    } else if let Ok(n) = v.extract::<u64>() {
+        Value::from(n)
+    } else if v.is_instance_of::<PyList>() || v.is_instance_of::<PyTuple>() {
+        let items = v.try_iter().map_err(|e| e.to_string())?;
+        Value::Array(
+            items
+                .map(|x| value_of(&x.map_err(|e| e.to_string())?))
+                .collect::<Result<_, _>>()?,
+        )
+    } else if let Ok(d) = v.downcast::<PyDict>() {
+        let mut m = serde_json::Map::new();
+        for (k, x) in d.iter() {
+            let k = k.to_string();
+            let x = value_of(&x).map_err(|e| format!("{k}: {e}"))?;
+            m.insert(k, x);
+        }
+        Value::Object(m)
+    } else {
+        return Err(format!("not a {type_name}"));
+    })
+}
+
+/// `value_of` as a `ValueError`.
+fn data(v: &Bound<'_, PyAny>) -> PyResult<Value> {
+    value_of(v).map_err(PyValueError::new_err)
+}
+
+/// A loader of what `paths` names (a directory, a list file, a media file, a sequence of
+/// paths, a `flowgate.Shards`, `flowgate.Parquet` or `flowgate.Mix`): `settings` as
+/// [`LoaderSettings`] names them, each item decoded as `media` (a [`MediaArgs`] dict:
+/// `{"kind": "image", "crop": 224, ...}`) says.
+#[pyfunction]
+#[pyo3(signature = (paths, settings, media, labels=None, return_paths=false, device="cpu",
+    device_memory_mb=None, reader=None, units=false))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn loader(
+    paths: &Bound<'_, PyAny>,
+    settings: &Bound<'_, PyAny>,
+    media: &Bound<'_, PyAny>,
+    labels: Option<&Bound<'_, PyAny>>,
+    return_paths: bool,
+    device: &str,
+    device_memory_mb: Option<f64>,
+    reader: Option<(usize, usize)>,
+    units: bool,
+) -> PyResult<Loader> {
+    let py = paths.py();
+    let invalid = |e: flowgate::loader::SettingsError| PyValueError::new_err(e.to_string());
+    let settings = LoaderSettings::from_value(data(settings)?).map_err(PyValueError::new_err)?;
+    let media = MediaArgs::from_value(data(media)?).map_err(PyValueError::new_err)?;
+    let recipe = settings.recipe(&media).map_err(invalid)?;
+    let device_bytes = device_memory_mb
+        .map(|m| flowgate::limits::DEVICE_MEMORY_MB.bytes(m))
+        .transpose()
+        .map_err(out_of_range)?;
+    let source = source_of(paths, recipe.extensions(), labels)?;
+    let dataset = settings.dataset(source, &recipe).map_err(invalid)?;
+    // Opening reads listings, manifests and footers (on S3: requests, retries): without
+    // the GIL, so the process's other threads run meanwhile.
+    let dataset = py
+        .allow_threads(move || dataset.build())
+        .map_err(open_error)?;
+    let mut b = settings.builder(dataset, recipe, &media).map_err(invalid)?;
+    if units {
+        b = b.decodes_units();
+    }
+    if let Some((reader, readers)) = reader {
+        b = b.reader(reader, readers);
+    }
+    if let Some(d) = open_device(device, device_bytes)? {
+        b = b.device(d);
+    }
+    let loader = py
+        .allow_threads(move || b.build())
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(Loader::new(loader, return_paths))
+}
+
+/// Checks the argument `name` (of a loader or a source) against the library's limits, in its
+/// words: what `flowgate.Shards(...)` and the loaders call before anything is built.
+#[pyfunction]
+pub(crate) fn _check_limit(name: &str, value: &Bound<'_, PyAny>) -> PyResult<()> {
+    use flowgate::limits::*;
+    let whole = match name {
+        "batch_size" => BATCH_SIZE,
+        "workers" => WORKERS,
+        "prefetch" => PREFETCH,
+        "buffer" => BUFFER,
+        "buckets" => BUCKETS,
+        _ => {
+            let limit = match name {
+                "cache_mb" => CACHE_MB,
+                "memory_mb" => MEMORY_MB,
+                "device_memory_mb" => DEVICE_MEMORY_MB,
+                _ => return Err(PyValueError::new_err(format!("no limit named {name:?}"))),
+            };
+            return limit
+                .bytes(value.extract()?)
+                .map(drop)
+                .map_err(out_of_range);
+        }
+    };
+    // An integer too large for i64 is out of every range.
+    let v: i128 = value.extract::<i64>().map_or(i128::MAX, i128::from);
+    whole.check(v).map(drop).map_err(out_of_range)
+}
+
+/// `cpu_budget=` as the library reads it (a number of cores, a fraction of the node or a
+/// percentage; a bool or any other type refused, naming the argument).
+pub(crate) fn cpu_budget_of(v: &Bound<'_, PyAny>) -> PyResult<flowgate::CpuBudget> {
+    let budget = value_of(v).map_err(|e| PyValueError::new_err(format!("cpu_budget: {e}")))?;
+    let settings = serde_json::json!({ "cpu_budget": budget });
+    let s = LoaderSettings::from_value(settings).map_err(PyValueError::new_err)?;
+    Ok(s.cpu_budget.expect("given"))
+}
