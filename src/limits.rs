@@ -169,29 +169,71 @@ pub fn bytes_to_mib(bytes: u64) -> f64 {
     bytes as f64 / 1_048_576.0
 }
 
-/// A number that may be NaN or infinite (for `#[serde(deserialize_with)]` on an
-/// `Option<f64>`): a number, or `"inf"`, `"-inf"` or `"nan"` where the data cannot hold them
-/// (JSON, a Python float through it), so the range check, not the parser, refuses them in the
-/// same words as everywhere else.
+/// The longest padded audio of a length-aware batch, in seconds: an hour of audio per batch
+/// is past any training step.
+pub const MAX_BATCH_SECONDS: f64 = 3600.0;
+
+/// `max_batch_seconds` (a pipeline file's `batch.max_seconds`) checked: above 0, at most
+/// [`MAX_BATCH_SECONDS`].
+pub fn batch_seconds(s: f64) -> Result<f64, OutOfRange> {
+    if !(s > 0.0 && s <= MAX_BATCH_SECONDS) {
+        return Err(OutOfRange {
+            key: "max_batch_seconds",
+            message: format!("must be in (0, {MAX_BATCH_SECONDS}], not {s}"),
+        });
+    }
+    Ok(s)
+}
+
+/// A number that may be NaN or infinite: a number, or `"inf"`, `"-inf"` or `"nan"` where the
+/// data cannot hold them (JSON, a Python float through it), so the range check, not the
+/// parser, refuses them in the same words as everywhere else.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Float(pub f64);
+
+impl<'de> serde::Deserialize<'de> for Float {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Float;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number")
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Float, E> {
+                Ok(Float(v))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Float, E> {
+                Ok(Float(v as f64))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Float, E> {
+                Ok(Float(v as f64))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Float, E> {
+                match v {
+                    "inf" => Ok(Float(f64::INFINITY)),
+                    "-inf" => Ok(Float(f64::NEG_INFINITY)),
+                    "nan" | "NaN" => Ok(Float(f64::NAN)),
+                    _ => Err(E::invalid_type(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A [`Float`] field (`#[serde(deserialize_with = "limits::float")]`).
+pub fn float<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    <Float as serde::Deserialize>::deserialize(d).map(|f| f.0)
+}
+
+/// An optional [`Float`] field.
 pub fn float_or_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
-    #[derive(serde::Deserialize)]
-    #[serde(untagged)]
-    enum F {
-        Number(f64),
-        Name(String),
-    }
-    match <Option<F> as serde::Deserialize>::deserialize(d)? {
-        None => Ok(None),
-        Some(F::Number(f)) => Ok(Some(f)),
-        Some(F::Name(n)) => match n.as_str() {
-            "inf" => Ok(Some(f64::INFINITY)),
-            "-inf" => Ok(Some(f64::NEG_INFINITY)),
-            "nan" | "NaN" => Ok(Some(f64::NAN)),
-            other => Err(serde::de::Error::custom(format!(
-                "expected a number, not {other:?}"
-            ))),
-        },
-    }
+    <Option<Float> as serde::Deserialize>::deserialize(d).map(|f| f.map(|f| f.0))
+}
+
+/// A pair of [`Float`]s (a range: `(lo, hi)`).
+pub fn float_pair<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(f64, f64), D::Error> {
+    <(Float, Float) as serde::Deserialize>::deserialize(d).map(|(a, b)| (a.0, b.0))
 }
 
 /// A serde message in a user's words (`expected usize` → `expected a whole number, at least

@@ -75,6 +75,15 @@ DEFAULT_PREFETCH: int
 
 def _check_limit(name: str, value: Any) -> None: ...
 
+DEFAULT_RESIZE: int
+DEFAULT_CROP: int
+DEFAULT_SCALE: Tuple[float, float]
+DEFAULT_RATIO: Tuple[float, float]
+DEFAULT_RATE: int
+DEFAULT_SECONDS: float
+DEFAULT_FRAMES: int
+DEFAULT_VIDEO_RESIZE: int
+DEFAULT_VIDEO_CROP: int
 IMAGENET_MEAN: Tuple[float, float, float]
 IMAGENET_STD: Tuple[float, float, float]
 

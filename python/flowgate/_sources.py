@@ -4,6 +4,7 @@ share with the loaders."""
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import Any, Dict, Optional, Sequence, Union
 
@@ -24,8 +25,9 @@ def _check_ints(args: Dict[str, Any], **least: int) -> None:
         v = args.get(name)
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, bool) or not hasattr(v, "__index__"):
             raise ValueError(f"{name} must be an integer, not {v!r}")
+        v = operator.index(v)
         if name in _LIMITS:
             _native._check_limit(name, v)
         elif v < low:

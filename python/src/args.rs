@@ -7,7 +7,7 @@ use flowgate::loader::LoaderSettings;
 use flowgate::media::MediaArgs;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyString};
 use serde_json::Value;
 
 use crate::dataset::{open_error, source_of};
@@ -16,33 +16,32 @@ use crate::error::out_of_range;
 use crate::loader::Loader;
 
 /// A Python value as JSON-like data for the library's settings types: `None`, bools (NumPy's
-/// too), integers (anything with `__index__`), floats (NumPy's too; NaN and the infinities as
-/// their names, which every number refuses), strings, sequences and dicts; anything else is
+/// too), strings (`str` subclasses as their value), integers (anything with `__index__`; past
+/// 64 bits out of every range), numbers (anything with `__float__`: NumPy's, `Decimal`,
+/// `Fraction`; NaN and the infinities as their names, which every number refuses), NumPy's
+/// values as `tolist()` gives them, mappings, and other iterables as lists; anything else is
 /// refused, naming the key it was given for.
 pub(crate) fn value_of(v: &Bound<'_, PyAny>) -> Result<Value, String> {
     let type_name = v.get_type().name().map_or("?".into(), |n| n.to_string());
-    let float = |f: f64| {
-        serde_json::Number::from_f64(f).map_or(Value::String(f.to_string()), Value::Number)
-    };
+    let text = |e: PyErr| e.to_string();
     Ok(if v.is_none() {
         Value::Null
-    } else if v.is_instance_of::<PyBool>() || type_name.contains("bool") {
-        Value::Bool(v.is_truthy().map_err(|e| e.to_string())?)
+    } else if v.is_instance_of::<PyBool>() || type_name.starts_with("bool") {
+        Value::Bool(v.is_truthy().map_err(text)?)
     } else if let Ok(s) = v.downcast::<PyString>() {
-        Value::String(s.to_string())
-    } else if v.is_instance_of::<PyFloat>() || type_name.starts_with("float") {
-        float(v.extract().map_err(|e: PyErr| e.to_string())?)
-    } else if let Ok(n) = v.extract::<i64>() {
-        Value::from(n)
-    } else if let Ok(n) = v.extract::<u64>() {
-        Value::from(n)
-    } else if v.is_instance_of::<PyList>() || v.is_instance_of::<PyTuple>() {
-        let items = v.try_iter().map_err(|e| e.to_string())?;
-        Value::Array(
-            items
-                .map(|x| value_of(&x.map_err(|e| e.to_string())?))
-                .collect::<Result<_, _>>()?,
-        )
+        Value::String(s.to_cow().map_err(text)?.into_owned())
+    } else if v.hasattr("tolist").map_err(text)? {
+        // NumPy's arrays and scalars, `array.array`, `memoryview`: as Python's own values.
+        value_of(&v.call_method0("tolist").map_err(text)?)?
+    } else if v.hasattr("__index__").map_err(text)? {
+        match (v.extract::<i64>(), v.extract::<u64>()) {
+            (Ok(n), _) => Value::from(n),
+            (_, Ok(n)) => Value::from(n),
+            _ => return Err(format!("{v} is out of range")),
+        }
+    } else if v.hasattr("__float__").map_err(text)? {
+        let f: f64 = v.extract().map_err(text)?;
+        serde_json::Number::from_f64(f).map_or(Value::String(f.to_string()), Value::Number)
     } else if let Ok(d) = v.downcast::<PyDict>() {
         let mut m = serde_json::Map::new();
         for (k, x) in d.iter() {
@@ -51,6 +50,12 @@ pub(crate) fn value_of(v: &Bound<'_, PyAny>) -> Result<Value, String> {
             m.insert(k, x);
         }
         Value::Object(m)
+    } else if let (false, Ok(items)) = (v.is_instance_of::<PyBytes>(), v.try_iter()) {
+        Value::Array(
+            items
+                .map(|x| value_of(&x.map_err(text)?))
+                .collect::<Result<_, _>>()?,
+        )
     } else {
         return Err(format!("not a {type_name}"));
     })
@@ -136,9 +141,14 @@ pub(crate) fn _check_limit(name: &str, value: &Bound<'_, PyAny>) -> PyResult<()>
                 .map_err(out_of_range);
         }
     };
-    // An integer too large for i64 is out of every range.
-    let v: i128 = value.extract::<i64>().map_or(i128::MAX, i128::from);
-    whole.check(v).map(drop).map_err(out_of_range)
+    match value.extract::<i128>() {
+        Ok(v) => whole.check(v).map(drop).map_err(out_of_range),
+        // Past 128 bits: out of every range, said in the same words.
+        Err(_) => Err(out_of_range(flowgate::limits::OutOfRange {
+            key: whole.key,
+            message: format!("must be in {}..={}, not {value}", whole.min, whole.max),
+        })),
+    }
 }
 
 /// `cpu_budget=` as the library reads it (a number of cores, a fraction of the node or a

@@ -83,7 +83,23 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_BUCKETS", flowgate::loader::DEFAULT_BUCKETS)?;
     m.add("DEFAULT_BUFFER", flowgate::dataset::DEFAULT_BUFFER)?;
     m.add("DEFAULT_PREFETCH", flowgate::dataset::DEFAULT_PREFETCH)?;
-    let stats = |v: [f32; 3]| v.map(f64::from).map(|x| (x * 1e6).round() / 1e6);
+    {
+        use flowgate::media::args::*;
+        m.add("DEFAULT_RESIZE", DEFAULT_RESIZE)?;
+        m.add("DEFAULT_CROP", DEFAULT_CROP)?;
+        m.add("DEFAULT_SCALE", DEFAULT_SCALE)?;
+        m.add("DEFAULT_RATIO", DEFAULT_RATIO)?;
+        m.add("DEFAULT_RATE", DEFAULT_RATE)?;
+        m.add("DEFAULT_SECONDS", DEFAULT_SECONDS)?;
+        m.add("DEFAULT_FRAMES", DEFAULT_FRAMES)?;
+        m.add("DEFAULT_VIDEO_RESIZE", DEFAULT_VIDEO_RESIZE)?;
+        m.add("DEFAULT_VIDEO_CROP", DEFAULT_VIDEO_CROP)?;
+    }
+    // As tuples, rounded to the six digits they are written with (not f32's tail).
+    let stats = |v: [f32; 3]| {
+        let [a, b, c] = v.map(|x| (f64::from(x) * 1e6).round() / 1e6);
+        (a, b, c)
+    };
     m.add("IMAGENET_MEAN", stats(flowgate::media::args::IMAGENET_MEAN))?;
     m.add("IMAGENET_STD", stats(flowgate::media::args::IMAGENET_STD))?;
     m.add_class::<batch::Batch>()?;

@@ -377,7 +377,7 @@ def test_normalize_gives_float32_of_the_uint8_pixels(data):
         m = np.array(m, np.float32).reshape(1, 3, 1, 1)
         s = np.array(s, np.float32).reshape(1, 3, 1, 1)
         np.testing.assert_allclose(got, (raw / 255.0 - m) / s, rtol=0, atol=1e-5)
-    with pytest.raises(ValueError, match="std"):
+    with pytest.raises(ValueError, match="normalize must have finite standard deviations above 0"):
         flowgate.ImageLoader(paths, normalize=(mean, (0.2, 0.0, 0.3)))
 
 

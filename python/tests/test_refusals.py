@@ -13,8 +13,13 @@ TABLE = pathlib.Path(__file__).parents[2] / "tests" / "data" / "refusals.json"
 CASES = json.loads(TABLE.read_text())["cases"]
 
 
-def _numbers(kw):
-    return {k: float(v) if v in ("inf", "-inf", "nan") else v for k, v in kw.items()}
+def _numbers(v):
+    """The table's values with its names of the numbers JSON cannot hold as floats."""
+    if isinstance(v, dict):
+        return {k: _numbers(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_numbers(x) for x in v]
+    return float(v) if v in ("inf", "-inf", "nan") else v
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c['key']}-{i}" for i, c in enumerate(CASES)])

@@ -160,13 +160,7 @@ impl LoaderSettings {
         limits::BUCKETS.check_usize(self.buckets)?;
         self.ranks()?;
         if let Some(s) = self.max_batch_seconds {
-            if !(s.is_finite() && s > 0.0) {
-                return Err(OutOfRange {
-                    key: "max_batch_seconds",
-                    message: format!("must be a number of seconds above 0, not {s}"),
-                }
-                .into());
-            }
+            limits::batch_seconds(s)?;
         }
         if self.max_batch_seconds.is_some() && self.max_batch_frames.is_some() {
             return Err(SettingsError::Conflict(

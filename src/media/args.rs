@@ -12,6 +12,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Recipe, RecipeError};
+use crate::limits;
 
 /// An image's shorter side after resizing, by default (torchvision's evaluation geometry).
 pub const DEFAULT_RESIZE: u32 = 256;
@@ -88,7 +89,7 @@ pub enum VideoLayout {
 
 /// Normalisation of an image's pixels: none (`u8` out), ImageNet's (`true`), or the user's
 /// per-channel `[mean, std]` (`f32` out).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum NormalizeArg {
     /// `true`: ImageNet's statistics; `false` (the default): none.
@@ -98,6 +99,26 @@ pub enum NormalizeArg {
     /// No normalisation (`None` in Python, `null` in JSON).
     #[default]
     Off,
+}
+
+impl<'de> Deserialize<'de> for NormalizeArg {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Flag(bool),
+            Stats([limits::Float; 3], [limits::Float; 3]),
+        }
+        let f = |v: [limits::Float; 3]| v.map(|x| x.0 as f32);
+        match Option::<Raw>::deserialize(d) {
+            Ok(Some(Raw::Flag(b))) => Ok(Self::Flag(b)),
+            Ok(Some(Raw::Stats(mean, std))) => Ok(Self::Stats(f(mean), f(std))),
+            Ok(None) => Ok(Self::Off),
+            Err(_) => Err(serde::de::Error::custom(
+                "must be true, false or [mean, std] with three numbers each",
+            )),
+        }
+    }
 }
 
 impl NormalizeArg {
@@ -129,10 +150,10 @@ pub struct ImageArgs {
     #[serde(default)]
     pub train: bool,
     /// With `train`: the crop's area range, as a fraction of the image's.
-    #[serde(default = "default_scale")]
+    #[serde(default = "default_scale", deserialize_with = "limits::float_pair")]
     pub scale: (f64, f64),
     /// With `train`: the crop's aspect-ratio range (width / height).
-    #[serde(default = "default_ratio")]
+    #[serde(default = "default_ratio", deserialize_with = "limits::float_pair")]
     pub ratio: (f64, f64),
     /// `f32` normalised pixels instead of `u8`.
     #[serde(default)]
@@ -171,7 +192,7 @@ pub struct AudioArgs {
     pub rate: u32,
     /// Seconds per clip, cropped or zero-padded. Default [`DEFAULT_SECONDS`]. Under
     /// length-aware batches the batch's cap is the window instead.
-    #[serde(default = "default_seconds")]
+    #[serde(default = "default_seconds", deserialize_with = "limits::float")]
     pub seconds: f64,
     /// Every channel instead of a mono mix.
     #[serde(default)]
@@ -218,7 +239,7 @@ pub struct VideoArgs {
     pub threads: usize,
     /// Under length-aware batches: the frames taken per second of each clip (its frames
     /// follow its length, up to the batch's cap) instead of `frames` per clip.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limits::float_or_name")]
     pub fps: Option<f64>,
     /// A window of `frames` frames this many stream frames apart instead of frames spread
     /// over the clip: centered, or with `train` at a random start drawn anew every epoch.
@@ -231,7 +252,7 @@ pub struct VideoArgs {
     #[serde(default)]
     pub draft: bool,
     /// The clip's audio track too, this many seconds of it, as a second field.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limits::float_or_name")]
     pub audio_seconds: Option<f64>,
     /// The audio track's sample rate. Default [`DEFAULT_RATE`].
     #[serde(default = "default_rate")]
@@ -353,8 +374,8 @@ impl MediaArgs {
                 if a.train {
                     check::random_crop(a.scale, a.ratio)?;
                 }
-                if let Some((_, std)) = a.normalize.stats() {
-                    check::normalize_std(&std)?;
+                if let Some((mean, std)) = a.normalize.stats() {
+                    check::normalize(&mean, &std)?;
                 }
             }
             Self::Audio(a) => {
@@ -370,7 +391,14 @@ impl MediaArgs {
                     check::fps(f)?;
                 }
                 if let Some(s) = a.audio_seconds {
-                    check::audio_samples(a.audio_rate, s)?;
+                    // The audio track's rules, in the video's names for them.
+                    check::audio_samples(a.audio_rate, s).map_err(|e| {
+                        let field = match e.field() {
+                            "rate" => "audio_rate",
+                            _ => "audio_seconds",
+                        };
+                        RecipeError::new(field, e.message().to_owned())
+                    })?;
                 }
                 frames(a, length_cap)?;
             }
@@ -579,9 +607,18 @@ mod tests {
         assert!(e.contains("unknown field `crpo`"), "{e}");
         let e = parse(r#"{"kind":"text"}"#).unwrap_err();
         assert!(e.contains("unknown variant `text`"), "{e}");
-        let e = parse(r#"{"kind":"image","normalize":[[1,2],[3,4,5]]}"#).unwrap_err();
+        let v = serde_json::json!({"kind": "image", "normalize": [[1, 2], [3, 4, 5]]});
+        let e = MediaArgs::from_value(v).unwrap_err();
+        assert_eq!(
+            e,
+            "normalize: must be true, false or [mean, std] with three numbers each"
+        );
+        // A number JSON cannot hold, by its name, reaches the rule that refuses it.
+        let v = serde_json::json!({"kind": "image", "normalize": [[0, 0, 0], ["nan", 1, 1]]});
+        let a = MediaArgs::from_value(v).unwrap();
+        let e = a.check(None).unwrap_err().to_string();
         assert!(
-            e.contains("normalize") || e.contains("did not match"),
+            e.starts_with("normalize must have finite standard deviations"),
             "{e}"
         );
     }

@@ -143,12 +143,18 @@ pub(crate) mod check {
         Ok(())
     }
 
-    /// Normalisation's standard deviations: positive.
-    pub(crate) fn normalize_std(std: &[f32; 3]) -> Result<(), RecipeError> {
-        if std.iter().any(|&s| s.is_nan() || s <= 0.0) {
+    /// Normalisation's statistics: finite means, finite positive standard deviations.
+    pub(crate) fn normalize(mean: &[f32; 3], std: &[f32; 3]) -> Result<(), RecipeError> {
+        if !mean.iter().all(|m| m.is_finite()) {
             return Err(RecipeError::new(
-                "std",
-                format!("must be positive, not {std:?}"),
+                "normalize",
+                format!("must have finite means, not {mean:?}"),
+            ));
+        }
+        if !std.iter().all(|&s| s.is_finite() && s > 0.0) {
+            return Err(RecipeError::new(
+                "normalize",
+                format!("must have finite standard deviations above 0, not {std:?}"),
             ));
         }
         Ok(())

@@ -64,7 +64,7 @@ impl CpuBudget {
     pub fn from_number(v: f64) -> Result<Self, String> {
         if !v.is_finite() || v <= 0.0 {
             return Err(format!(
-                "cpu_budget {v}: a number of cores (1, 2, ...) or a fraction of the node (0.4)"
+                "must be a number of cores (1, 2, ...) or a fraction of the node (0.4), not {v}"
             ));
         }
         if v < 1.0 {
@@ -72,8 +72,8 @@ impl CpuBudget {
         }
         if v.fract() != 0.0 || v > MAX_CORES as f64 {
             return Err(format!(
-                "cpu_budget {v}: a whole number of cores from 1 to {MAX_CORES}, or a fraction \
-                 of the node below 1 (0.4, or \"40%\")"
+                "must be a whole number of cores from 1 to {MAX_CORES}, or a fraction of \
+                 the node below 1 (0.4, or \"40%\"), not {v}"
             ));
         }
         Ok(Self::Cores(v as usize))
@@ -101,13 +101,12 @@ impl std::str::FromStr for CpuBudget {
     fn from_str(s: &str) -> Result<Self, String> {
         let t = s.trim();
         if let Some(p) = t.strip_suffix('%') {
-            let v: f64 = p
-                .trim()
-                .parse()
-                .map_err(|_| format!("cpu_budget `{s}`: a percentage of the node's cores (40%)"))?;
+            let v: f64 = p.trim().parse().map_err(|_| {
+                format!("must be a percentage of the node's cores (40%), not `{s}`")
+            })?;
             if !(v > 0.0 && v <= 100.0) {
                 return Err(format!(
-                    "cpu_budget `{s}`: a percentage above 0 and at most 100"
+                    "must be a percentage above 0 and at most 100, not `{s}`"
                 ));
             }
             return Ok(if v == 100.0 {
@@ -118,7 +117,7 @@ impl std::str::FromStr for CpuBudget {
         }
         let v: f64 = t.parse().map_err(|_| {
             format!(
-                "cpu_budget `{s}`: a number of cores (2), a fraction (0.4) or a percentage (40%)"
+                "must be a number of cores (2), a fraction (0.4) or a percentage (40%), not `{s}`"
             )
         })?;
         Self::from_number(v)

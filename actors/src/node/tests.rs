@@ -11,6 +11,13 @@ fn ledger(dir: &Path, cores: usize) -> Arc<NodeCores> {
 
 /// A fresh directory under the temporary one (removed by the OS's cleaning, not here: a
 /// ledger file is a few bytes).
+/// Tests that hold cores take turns: the process's count of held cores
+/// ([`process_cores`]) is one for the whole test binary.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn temp_dir() -> std::path::PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
     let d = std::env::temp_dir().join(format!(
@@ -36,7 +43,10 @@ fn budgets_parse_and_refuse() {
     assert_eq!("40%".parse::<CpuBudget>(), Ok(CpuBudget::Fraction(0.4)));
     for bad in ["0", "-1", "1.5", "nan", "inf", "x", "0%", "101%", "5000"] {
         let e = bad.parse::<CpuBudget>().unwrap_err();
-        assert!(e.contains("cpu_budget"), "{bad}: {e}");
+        assert!(
+            e.starts_with("must be") && e.to_lowercase().contains(bad),
+            "{bad}: {e}"
+        );
     }
     assert_eq!(CpuBudget::Fraction(0.4).cores_of(16), 6);
     assert_eq!(CpuBudget::Fraction(0.01).cores_of(16), 1);
@@ -56,6 +66,7 @@ fn budgets_parse_and_refuse() {
 /// in all on a budget of two cores: never more than two items run at once.
 #[test]
 fn never_more_holds_than_cores() {
+    let _serial = serial();
     let dir = temp_dir();
     let ranks: Vec<_> = (0..3).map(|_| ledger(&dir, 2)).collect();
     let running = Arc::new(AtomicUsize::new(0));
@@ -106,6 +117,7 @@ fn never_more_holds_than_cores() {
 /// none: the releaser takes the core again before a poller wakes).
 #[test]
 fn a_waiting_worker_gets_its_turn() {
+    let _serial = serial();
     let dir = temp_dir();
     let counts: Vec<_> = (0..3).map(|_| Arc::new(AtomicUsize::new(0))).collect();
     let stop_at = Instant::now() + Duration::from_millis(1500);
@@ -140,6 +152,7 @@ fn a_waiting_worker_gets_its_turn() {
 
 #[test]
 fn stop_ends_a_wait() {
+    let _serial = serial();
     let dir = temp_dir();
     let a = ledger(&dir, 1);
     let b = ledger(&dir, 1);
@@ -177,6 +190,7 @@ fn stop_ends_a_wait() {
 /// ledger in `FLOWGATE_TEST_HOLD_DIR` until killed. A no-op in a normal run.
 #[test]
 fn child_holds_cores() {
+    let _serial = serial();
     let Ok(dir) = std::env::var("FLOWGATE_TEST_HOLD_DIR") else {
         return;
     };
@@ -214,6 +228,7 @@ fn child_holds_cores() {
 /// A rank killed with SIGKILL while it holds every core: the node has them back at once.
 #[test]
 fn a_killed_rank_frees_its_cores() {
+    let _serial = serial();
     killed_rank_frees_its_cores(false);
 }
 
@@ -221,6 +236,7 @@ fn a_killed_rank_frees_its_cores() {
 /// alive: its copies of the workers' descriptors were closed at the fork.
 #[test]
 fn a_killed_rank_frees_its_cores_though_a_child_it_forked_lives() {
+    let _serial = serial();
     killed_rank_frees_its_cores(true);
 }
 
@@ -321,6 +337,7 @@ fn a_ledger_another_user_could_lock_is_refused() {
 /// ledger file is opened anew by the next item's hold.
 #[test]
 fn a_waiting_consumer_gives_its_core_back_and_a_removed_ledger_is_reopened() {
+    let _serial = serial();
     let dir = temp_dir();
     let outer = ledger(&dir, 1);
     let inner = ledger(&dir, 1);

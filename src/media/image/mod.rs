@@ -185,7 +185,7 @@ impl ImageRecipe {
             check::random_crop(rc.scale, rc.ratio)?;
         }
         if let Some(n) = &self.normalize {
-            check::normalize_std(&n.std)?;
+            check::normalize(&n.mean, &n.std)?;
         }
         Ok(())
     }

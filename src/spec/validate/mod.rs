@@ -245,12 +245,8 @@ impl PipelineSpec {
         let check = crate::limits::BATCH_SIZE.check(self.batch.size as i128);
         limit(check, &err, "batch", "size")?;
         if let Some(m) = self.batch.max_seconds {
-            if !(m > 0.0 && m <= MAX_MS / 1000.0) {
-                return Err(err(
-                    "batch",
-                    "max_seconds",
-                    format!("must be in (0, {}]", MAX_MS / 1000.0),
-                ));
+            if let Err(e) = crate::limits::batch_seconds(m) {
+                return Err(err("batch", "max_seconds", e.message));
             }
             if !matches!(self.decode.media, MediaArgs::Audio(_))
                 || !matches!(
