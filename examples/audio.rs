@@ -17,7 +17,7 @@ use std::time::Instant;
 use flowgate::dataset::Files;
 use flowgate::media::audio::AudioRecipe;
 use flowgate::media::MediaError;
-use flowgate::sample::{Batch, Sample};
+use flowgate::sample::{FieldBatch, Sample};
 use flowgate::{Pipeline, PipelineError};
 
 fn main() -> Result<(), PipelineError> {
@@ -72,7 +72,7 @@ fn main() -> Result<(), PipelineError> {
         )
         .measure(Sample::nbytes)
         .aggregate(batch, false)
-        .pipe("collate", Batch::collate, 1)
+        .pipe("collate", FieldBatch::collate, 1)
         .build()?;
     let crops = if train { "random" } else { "leading" };
     println!("{n} clips → {rate} Hz mono, {seconds} s {crops} crops, batches of {batch}");

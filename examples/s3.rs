@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use flowgate::cache::ByteCache;
+use flowgate::byte_cache::ByteCache;
 use flowgate::dataset::Files;
 use flowgate::media::image::ImageRecipe;
 use flowgate::s3::{LocalServer, S3Config, S3};

@@ -14,7 +14,7 @@ use flowgate::dataset::Files;
 use flowgate::media::audio::AudioRecipe;
 use flowgate::media::video::{Sampling, VideoRecipe};
 use flowgate::media::MediaError;
-use flowgate::sample::{Batch, Sample};
+use flowgate::sample::{FieldBatch, Sample};
 use flowgate::{Pipeline, PipelineError};
 
 fn main() -> Result<(), PipelineError> {
@@ -63,7 +63,7 @@ fn main() -> Result<(), PipelineError> {
         )
         .measure(Sample::nbytes)
         .aggregate(batch, false)
-        .pipe("collate", Batch::collate, 1)
+        .pipe("collate", FieldBatch::collate, 1)
         .build()?;
     println!("{n} clips → {frames} frames + 3 s of audio each, batches of {batch}");
     for epoch in 0..epochs {

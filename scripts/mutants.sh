@@ -23,7 +23,7 @@ run() {
 case $what in channel|all) run channel -p flowgate-actors -f actors/src/channel.rs --timeout 15 ;; esac
 case $what in aggregate|all) run aggregate -p flowgate-actors -f actors/src/aggregate.rs --timeout 15 ;; esac
 case $what in checkpoint|all)
-    run checkpoint -p flowgate -f src/checkpoint.rs --timeout 120 -- \
+    run checkpoint -p flowgate -f src/engine/checkpoint.rs --timeout 120 -- \
         --test elastic --test resume --test units ;; esac
 case $what in layout|all) run layout -p flowgate -f src/sampler/layout.rs --timeout 120 -- --lib ;; esac
 case $what in sampler|all)

@@ -17,7 +17,7 @@ pub enum Input {
 /// The bytes of one file or object, with the path or key that names it in errors.
 ///
 /// Local reads ([`Blob::read`]), S3 fetches (`flowgate::s3`, feature `s3`) and the
-/// [`ByteCache`](crate::cache::ByteCache) all produce blobs; the decoders take their bytes.
+/// [`ByteCache`](crate::byte_cache::ByteCache) all produce blobs; the decoders take their bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Blob {
     /// The file's path, or the object's key.

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::stats::PipelineStats;
+use crate::engine::stats::PipelineStats;
 use flowgate_tuner::StageKind;
 
 /// How often a pipeline publishes its record.

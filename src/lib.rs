@@ -7,12 +7,8 @@
 mod blob;
 pub mod board;
 pub mod build_info;
-mod builder;
-pub mod cache;
-mod checkpoint;
+pub mod byte_cache;
 pub mod collate;
-mod config;
-mod control;
 pub mod dataset;
 pub mod device;
 mod engine;
@@ -22,7 +18,6 @@ pub mod limits;
 pub mod loader;
 pub mod measure;
 pub mod media;
-mod pipeline;
 pub mod prometheus;
 #[cfg(feature = "s3")]
 pub mod s3;
@@ -30,21 +25,20 @@ pub mod sample;
 pub mod sampler;
 #[cfg(feature = "spec")]
 pub mod spec;
-mod stats;
 #[cfg(feature = "synth")]
 pub mod synth;
 pub mod tensor;
 
 pub use blob::Blob;
 pub use build_info::{build_info, BuildInfo};
-pub use builder::{PipelineBuilder, SourceBuilder};
-pub use checkpoint::{Fingerprint, Part, PipelineState, ShardState, STATE_VERSION};
-pub use config::Workers;
-pub use control::{ControlHandle, StopHandle};
 pub use dataset::Dataset;
+pub use engine::builder::{PipelineBuilder, SourceBuilder};
+pub use engine::checkpoint::{Fingerprint, Part, PipelineState, ShareState, STATE_VERSION};
+pub use engine::config::Workers;
+pub use engine::control::{ControlHandle, StopHandle};
+pub use engine::pipeline::{EpochIter, EpochStream, Pipeline, Within};
+pub use engine::stats::{MemoryBudget, Monitor, PipelineStats, StatsCallback};
 pub use loader::Loader;
-pub use pipeline::{EpochIter, EpochStream, Pipeline, Within};
-pub use stats::{MemoryBudget, Monitor, PipelineStats, StatsCallback};
 pub use tensor::{DType, Tensor};
 
 pub use flowgate_actors as actors;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use flowgate_actors::op::Sizer;
 
-use crate::sample::{Batch, Sample};
+use crate::sample::{FieldBatch, Sample};
 use crate::{Blob, Tensor};
 
 /// The heap bytes a value owns (beyond its inline `size_of`).
@@ -51,7 +51,7 @@ impl HeapSize for Sample {
     }
 }
 
-impl HeapSize for Batch {
+impl HeapSize for FieldBatch {
     fn heap_size(&self) -> usize {
         self.nbytes()
     }
@@ -117,7 +117,7 @@ pub(crate) fn auto_sizer<T: Send + 'static>() -> Sizer<T> {
         Tensor,
         Blob,
         Sample,
-        Batch,
+        FieldBatch,
         String,
         PathBuf,
         Vec<u8>,

@@ -1,12 +1,12 @@
 //! Elastic resume: the checkpoints of every rank of one world, merged, resume at another
 //! world size; each new rank gets an equal share of the epoch's rest, and the items of the
-//! epoch are delivered exactly once across all worlds (or, with `ShardLengths::Drop` /
+//! epoch are delivered exactly once across all worlds (or, with `ShareLengths::Drop` /
 //! `Pad`, at most once / at least once, by no more than the dropped / padded positions).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use flowgate::sampler::{Sampler, ShardLengths};
+use flowgate::sampler::{Sampler, ShareLengths};
 use flowgate::{FailureBudget, Order, Pipeline, PipelineState, Workers};
 use proptest::prelude::*;
 
@@ -53,11 +53,11 @@ fn build(sampler: Sampler, order: Order, fail: bool, split: bool) -> Pipeline<(u
         .expect("build")
 }
 
-fn lengths() -> impl Strategy<Value = ShardLengths> {
+fn lengths() -> impl Strategy<Value = ShareLengths> {
     prop_oneof![
-        Just(ShardLengths::Uneven),
-        Just(ShardLengths::Drop),
-        Just(ShardLengths::Pad)
+        Just(ShareLengths::Uneven),
+        Just(ShareLengths::Drop),
+        Just(ShareLengths::Pad)
     ]
 }
 
@@ -123,7 +123,7 @@ proptest! {
                 // again, so deliveries do not show the shares; exactness is checked below.)
                 let (lo, hi) = (shares.iter().min().unwrap(), shares.iter().max().unwrap());
                 if !split {
-                    let spread = if lengths == ShardLengths::Uneven { 1 } else { 0 };
+                    let spread = if lengths == ShareLengths::Uneven { 1 } else { 0 };
                     prop_assert!(hi - lo <= spread, "shares at world {}: {:?}", world, shares);
                 }
                 break;
@@ -149,11 +149,11 @@ proptest! {
             let missing = deliverable.iter().filter(|i| !next.contains_key(i)).count();
             let repeats: usize = next.values().map(|c| c - 1).sum();
             match lengths {
-                ShardLengths::Uneven => prop_assert!(missing == 0 && repeats == 0,
+                ShareLengths::Uneven => prop_assert!(missing == 0 && repeats == 0,
                     "the next epoch: {} missing, {} repeated", missing, repeats),
-                ShardLengths::Drop => prop_assert!(repeats == 0 && missing < final_world * parts as usize,
+                ShareLengths::Drop => prop_assert!(repeats == 0 && missing < final_world * parts as usize,
                     "the next epoch: {} missing, {} repeated", missing, repeats),
-                ShardLengths::Pad => prop_assert!(missing == 0 && repeats <= (final_world - 1) * parts as usize,
+                ShareLengths::Pad => prop_assert!(missing == 0 && repeats <= (final_world - 1) * parts as usize,
                     "the next epoch: {} missing, {} repeated", missing, repeats),
             }
         }
@@ -161,17 +161,17 @@ proptest! {
         let repeats: usize = count.values().map(|c| c - 1).sum();
         prop_assert!(count.keys().all(|i| deliverable.contains(i)), "only the epoch's items");
         match lengths {
-            ShardLengths::Uneven => {
+            ShareLengths::Uneven => {
                 prop_assert_eq!(missing, 0, "every item");
                 prop_assert_eq!(repeats, 0, "exactly once");
             }
             // Only the last dealing drops (earlier ones' dropped positions stay in the rest).
-            ShardLengths::Drop => {
+            ShareLengths::Drop => {
                 prop_assert_eq!(repeats, 0, "at most once");
                 prop_assert!(missing < final_world * parts as usize, "{} dropped at world {}", missing, final_world);
             }
             // Every dealing pads by fewer than its world.
-            ShardLengths::Pad => {
+            ShareLengths::Pad => {
                 prop_assert_eq!(missing, 0, "every item");
                 let bound: usize = dealt.iter().map(|w| (w - 1) * parts as usize).sum();
                 prop_assert!(repeats <= bound, "{} repeats, padding allows {}", repeats, bound);
@@ -317,10 +317,10 @@ proptest! {
         len in 1usize..120, world in 1usize..4, workers in 2usize..5, cut in 0usize..40,
         seed in any::<u64>(), grouped in any::<bool>(),
     ) {
-        let mut base = Sampler::new(len).shuffle(seed).shard_lengths(ShardLengths::Pad);
+        let mut base = Sampler::new(len).shuffle(seed).shard_lengths(ShareLengths::Pad);
         if grouped {
             let groups: Vec<usize> = (0..len).collect::<Vec<_>>().chunks(9).map(<[usize]>::len).collect();
-            base = Sampler::new(len).groups(&groups).unwrap().shuffle(seed).buffer(4).shard_lengths(ShardLengths::Pad);
+            base = Sampler::new(len).groups(&groups).unwrap().shuffle(seed).buffer(4).shard_lengths(ShareLengths::Pad);
         }
         for rank in 0..world {
             let sampler = base.clone().shard(rank, world).unwrap();

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flowgate::cache::ByteCache;
+use flowgate::byte_cache::ByteCache;
 use flowgate::media::image::ImageRecipe;
 use flowgate::s3::{LocalServer, RetryPolicy, S3Error, S3};
 use flowgate::{Blob, Pipeline, Tensor};

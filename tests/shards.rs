@@ -15,7 +15,7 @@ use flowgate::media::image::ImageRecipe;
 use flowgate::media::Recipe;
 use flowgate::sample::FieldMap;
 use flowgate::sample::{Field, Sample};
-use flowgate::sampler::ShardLengths;
+use flowgate::sampler::ShareLengths;
 use flowgate::{FailureBudget, Order, Pipeline, PipelineState, Workers};
 
 const SHARDS: usize = 64;
@@ -256,7 +256,7 @@ fn padded_shares_are_equal_when_the_corpus_does_not_divide() {
     let pattern = corpus(&dir);
     let mut seen = BTreeSet::new();
     for rank in 0..3 {
-        let s = open(&pattern, rank, 3, 1).shard_lengths(ShardLengths::Pad);
+        let s = open(&pattern, rank, 3, 1).shard_lengths(ShareLengths::Pad);
         let ids = epoch(&mut build(&s, Arc::default())).concat();
         assert_eq!(ids.len(), 2134, "ceil(6400 / 3)");
         seen.extend(ids);

@@ -62,7 +62,7 @@ fn the_tuner_scales_a_cold_pipeline_and_leaves_pinned_knobs_alone() {
 #[test]
 fn the_tuner_grows_an_evicting_cache_until_the_data_fits() {
     within(120, || {
-        let cache = flowgate::cache::ByteCache::new(40_000).max_bytes(1 << 20);
+        let cache = flowgate::byte_cache::ByteCache::new(40_000).max_bytes(1 << 20);
         let fetch = cache.through_blocking(|k: String| -> Result<flowgate::Blob, std::io::Error> {
             std::thread::sleep(Duration::from_micros(300));
             Ok(flowgate::Blob {

@@ -7,7 +7,7 @@
 //! - [`emit`]: how results move downstream (budget handoff, input-order reordering).
 //! - [`actor`]: the control plane, one actix actor per stage; [`tuner`]: the tuner actor.
 //! - [`origin`]: which source items each result carries (exact checkpoints).
-//! - [`cache`]: caches attached to stages, reported and resized with them.
+//! - [`attached`]: caches, read-aheads and threads per item attached to stages, reported and resized with them.
 //! - [`failure`], [`error`]: skip-and-count failure budgets and the errors users see.
 //! - [`metrics`], [`cap`]: per-worker counters flushed in batches; the process-wide CPU cap.
 //!
@@ -16,7 +16,7 @@
 pub mod actor;
 pub mod aggregate;
 pub mod async_stage;
-pub mod cache;
+pub mod attached;
 pub mod cap;
 pub mod channel;
 pub mod emit;

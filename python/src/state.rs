@@ -1,8 +1,8 @@
 //! `state_dict`s: a [`PipelineState`] as plain Python ints, strings and lists (picklable,
 //! JSON-able), back, and merged across ranks.
 
-use flowgate::sampler::{Blocks, ShardLengths};
-use flowgate::{PipelineState, ShardState};
+use flowgate::sampler::{Blocks, ShareLengths};
+use flowgate::{PipelineState, ShareState};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -70,13 +70,13 @@ pub(crate) fn state_from_py(state: &Bound<'_, PyDict>) -> PyResult<PipelineState
         Some(x) => {
             let x = x.downcast::<PyDict>()?;
             let lengths: String = get(x, "shard_lengths")?.extract()?;
-            Some(ShardState {
+            Some(ShareState {
                 rank: get(x, "rank")?.extract()?,
                 world: get(x, "world_size")?.extract()?,
                 lengths: match lengths.as_str() {
-                    "uneven" => ShardLengths::Uneven,
-                    "drop" => ShardLengths::Drop,
-                    "pad" => ShardLengths::Pad,
+                    "uneven" => ShareLengths::Uneven,
+                    "drop" => ShareLengths::Drop,
+                    "pad" => ShareLengths::Pad,
                     other => {
                         return Err(PyValueError::new_err(format!(
                             "state_dict: shard_lengths {other:?} (uneven, drop or pad)"

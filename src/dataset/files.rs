@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::sampler::{Sampler, ShardLengths};
+use crate::sampler::{Sampler, ShareLengths};
 use crate::PipelineError;
 
 /// A dataset's file list, and how each epoch orders and shards it.
@@ -141,8 +141,8 @@ impl Files {
         self.try_map_sampler(|s| s.split(worker, workers))
     }
 
-    /// Makes every shard the same length by dropping or repeating; see [`ShardLengths`].
-    pub fn shard_lengths(self, lengths: ShardLengths) -> Self {
+    /// Makes every shard the same length by dropping or repeating; see [`ShareLengths`].
+    pub fn shard_lengths(self, lengths: ShareLengths) -> Self {
         self.map_sampler(|s| s.shard_lengths(lengths))
     }
 

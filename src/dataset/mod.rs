@@ -1,6 +1,6 @@
 //! Datasets: what to read, and in which order each rank reads it.
 //!
-//! A [`Dataset`] is built from a [`Source`] (what is read) and an [`Order`] (shuffle seed,
+//! A [`Dataset`] is built from a [`Source`] (what is read) and an [`EpochOrder`] (shuffle seed,
 //! rank and world size, equal counts per rank); every item has a stable position, so an
 //! epoch's order, a checkpoint and a resume are the same whichever front end (the Rust API,
 //! pipeline files, Python) built it. A [`Loader`](crate::loader::Loader) turns a dataset and
@@ -9,7 +9,7 @@
 //! Files, one format or idea each:
 //! 1. `source` — [`Source`]: files, a directory, a list file, tar shards, Parquet (local or on
 //!    S3), a weighted mixture; [`Labels`]; [`Remote`] (S3 endpoint and disk cache).
-//! 2. `order` — [`Order`] and [`Ranks`]: shuffling, dealing to ranks, equal counts.
+//! 2. `order` — [`EpochOrder`] and [`Ranks`]: shuffling, dealing to ranks, equal counts.
 //! 3. `files` — [`Files`]: local paths (a directory walk, a list file), [`FolderLabels`].
 //! 4. `shards/` — WebDataset tar shards, local or on S3 ([`shards::Shards`]).
 //! 5. `parquet` (feature `parquet`) — Parquet rows ([`parquet::ParquetRows`]).
@@ -41,7 +41,7 @@ mod source;
 use std::sync::Arc;
 
 pub use files::{Files, FolderLabels};
-pub use order::{Order, Ranks};
+pub use order::{EpochOrder, Ranks};
 pub use source::{
     Labels, Remote, Source, DEFAULT_BUFFER, DEFAULT_FETCH_CONCURRENCY, DEFAULT_PREFETCH,
 };
@@ -67,7 +67,7 @@ pub struct Item {
 #[derive(Clone, Debug)]
 pub struct Dataset {
     kind: Kind,
-    order: Order,
+    order: EpochOrder,
 }
 
 #[derive(Clone, Debug)]
@@ -104,7 +104,7 @@ enum Kind {
 #[derive(Clone, Debug)]
 pub struct DatasetBuilder {
     source: Source,
-    order: Order,
+    order: EpochOrder,
     extensions: Vec<String>,
 }
 
@@ -139,14 +139,14 @@ impl DatasetBuilder {
 
     /// Reads worker `worker`'s part of this rank's share split among `workers` processes
     /// (PyTorch `DataLoader` workers): uneven by at most one item, never padded, so a rank's
-    /// workers together read its share exactly once (see [`Order::split`]).
+    /// workers together read its share exactly once (see [`EpochOrder::split`]).
     pub fn split(mut self, worker: usize, workers: usize) -> Self {
         self.order.split = Some((worker, workers));
         self
     }
 
     /// With several ranks, drop the items past the smallest share instead of padding every
-    /// share to the largest (default: pad; see [`Order::drop_last`]).
+    /// share to the largest (default: pad; see [`EpochOrder::drop_last`]).
     pub fn drop_last(mut self, drop: bool) -> Self {
         self.order.drop_last = drop;
         self
@@ -176,13 +176,13 @@ impl Dataset {
     pub fn builder(source: Source) -> DatasetBuilder {
         DatasetBuilder {
             source,
-            order: Order::default(),
+            order: EpochOrder::default(),
             extensions: media_extensions().iter().map(|e| e.to_string()).collect(),
         }
     }
 
     /// How each epoch is ordered and dealt.
-    pub fn order(&self) -> Order {
+    pub fn order(&self) -> EpochOrder {
         self.order
     }
 
@@ -268,7 +268,7 @@ impl Dataset {
 
     /// The prefetch of tar shards on S3, for the tuner to deepen (see
     /// [`Shards::read_ahead`](shards::Shards::read_ahead)).
-    pub fn read_ahead(&self) -> Option<Arc<dyn crate::actors::cache::ReadAheadControl>> {
+    pub fn read_ahead(&self) -> Option<Arc<dyn crate::actors::attached::ReadAheadControl>> {
         match &self.kind {
             Kind::Records { records, .. } => records.read_ahead(),
             _ => None,

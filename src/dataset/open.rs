@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use super::files::Files;
-use super::order::Order;
+use super::order::EpochOrder;
 use super::records::Records;
 use super::shards::Shards;
 use super::source::{Labels, Remote, Source, SourceKind};
@@ -16,7 +16,7 @@ use crate::PipelineError;
 /// fields).
 pub(super) fn open(
     source: &Source,
-    order: Order,
+    order: EpochOrder,
     extensions: &[String],
 ) -> Result<Dataset, PipelineError> {
     check_numbers(source)?;
@@ -65,7 +65,7 @@ pub(super) fn open(
                         part.kind_name()
                     )));
                 }
-                opened.push(open(part, Order::WHOLE, extensions)?);
+                opened.push(open(part, EpochOrder::WHOLE, extensions)?);
             }
             let labelled = opened.iter().filter(|p| p.has_labels()).count();
             if labelled != 0 && labelled != opened.len() {
@@ -98,7 +98,7 @@ fn field_label(source: &Source) -> Result<Option<String>, PipelineError> {
 }
 
 /// A dataset of local files, with its labels.
-fn files(source: &Source, order: Order, extensions: &[String]) -> Result<Kind, PipelineError> {
+fn files(source: &Source, order: EpochOrder, extensions: &[String]) -> Result<Kind, PipelineError> {
     let mut files = match &source.kind {
         SourceKind::Paths(p) => Files::new(p.iter().cloned()),
         SourceKind::Dir(d, own) => {
@@ -301,7 +301,7 @@ fn open_shards(pattern: &str, remote: &Remote) -> Result<Shards, PipelineError> 
 
 /// A dataset of Parquet rows.
 #[cfg_attr(not(feature = "parquet"), allow(unused_variables))]
-fn parquet(source: &Source, order: Order) -> Result<Kind, PipelineError> {
+fn parquet(source: &Source, order: EpochOrder) -> Result<Kind, PipelineError> {
     let SourceKind::Parquet {
         paths,
         column,
@@ -404,7 +404,7 @@ fn parquet_on_s3(
 
 /// The objects under an S3 prefix, listed now.
 #[cfg(feature = "s3")]
-fn objects(source: &Source, order: Order) -> Result<Kind, PipelineError> {
+fn objects(source: &Source, order: EpochOrder) -> Result<Kind, PipelineError> {
     let SourceKind::Objects {
         client,
         bucket,

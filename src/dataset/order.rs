@@ -4,7 +4,7 @@
 
 use super::files::Files;
 use super::shards::Shards;
-use crate::sampler::{Sampler, ShardLengths};
+use crate::sampler::{Sampler, ShareLengths};
 use crate::PipelineError;
 
 /// Which ranks share the dataset, and which one this process is.
@@ -29,7 +29,7 @@ pub enum Ranks {
 /// A dataset's order: shuffle seed, ranks, and what to do with the items left over when the
 /// ranks' shares are not equal.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Order {
+pub struct EpochOrder {
     /// The shuffle seed, reshuffled every epoch; `None` keeps the dataset's order.
     pub seed: Option<u64>,
     /// Which ranks share the dataset.
@@ -49,7 +49,7 @@ pub(crate) trait Dealt: Sized {
     fn shuffled(self, seed: u64) -> Self;
     fn shard(self, rank: usize, world: usize) -> Result<Self, PipelineError>;
     fn shard_from_env(self) -> Result<Self, PipelineError>;
-    fn shard_lengths(self, lengths: ShardLengths) -> Self;
+    fn shard_lengths(self, lengths: ShareLengths) -> Self;
     fn split(self, worker: usize, workers: usize) -> Result<Self, PipelineError>;
 }
 
@@ -65,7 +65,7 @@ macro_rules! dealt {
             fn shard_from_env(self) -> Result<Self, PipelineError> {
                 <$t>::shard_from_env(self)
             }
-            fn shard_lengths(self, lengths: ShardLengths) -> Self {
+            fn shard_lengths(self, lengths: ShareLengths) -> Self {
                 <$t>::shard_lengths(self, lengths)
             }
             fn split(self, worker: usize, workers: usize) -> Result<Self, PipelineError> {
@@ -78,9 +78,9 @@ dealt!(Files, Shards, Sampler);
 #[cfg(feature = "parquet")]
 dealt!(super::parquet::ParquetRows);
 
-impl Order {
+impl EpochOrder {
     /// The whole dataset in its own order: what a mixture's parts are.
-    pub(crate) const WHOLE: Order = Order {
+    pub(crate) const WHOLE: EpochOrder = EpochOrder {
         seed: None,
         ranks: Ranks::Whole,
         drop_last: false,
@@ -95,9 +95,9 @@ impl Order {
             None => x,
         };
         let lengths = if self.drop_last {
-            ShardLengths::Drop
+            ShareLengths::Drop
         } else {
-            ShardLengths::Pad
+            ShareLengths::Pad
         };
         let x = match self.ranks {
             Ranks::FromEnv => x.shard_from_env()?.shard_lengths(lengths),

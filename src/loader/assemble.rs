@@ -261,7 +261,7 @@ fn decode_stage(
     plan: &Plan,
     decoder: Arc<Decoder>,
     workers: Workers,
-    cache: Option<&crate::cache::ByteCache>,
+    cache: Option<&crate::byte_cache::ByteCache>,
 ) -> crate::PipelineBuilder<Decoded> {
     #[cfg(feature = "s3")]
     if let Plan::Items(d) = plan {
@@ -309,9 +309,9 @@ fn fetch_stage(
     s3: &crate::s3::S3,
     keys: &crate::dataset::Files,
     concurrency: usize,
-    cache: Option<&crate::cache::ByteCache>,
+    cache: Option<&crate::byte_cache::ByteCache>,
 ) -> crate::PipelineBuilder<(crate::Blob, usize, u64)> {
-    use crate::cache::CacheFuture;
+    use crate::byte_cache::CacheFuture;
     use crate::s3::S3Error;
     use std::path::PathBuf;
     type Fetch = Box<dyn Fn(PathBuf) -> CacheFuture<S3Error> + Send + Sync>;

@@ -73,7 +73,7 @@ pub struct LoaderBuilder {
     pub(super) on_decision: Option<DecisionHook>,
     pub(super) on_stats: Option<StatsHook>,
     pub(super) on_failure: Option<FailureHook>,
-    pub(super) cache: Option<crate::cache::ByteCache>,
+    pub(super) cache: Option<crate::byte_cache::ByteCache>,
     pub(super) order: Order,
     pub(super) checkpoint_fields: Vec<(String, String)>,
     pub(super) cpu_budget: Option<crate::CpuBudget>,
@@ -314,7 +314,7 @@ impl LoaderBuilder {
     /// Fetches S3 objects ([`Source::s3`](crate::dataset::Source::s3)) through `cache`: a
     /// later epoch reads what it holds instead of fetching again; the tuner resizes it
     /// within its bounds.
-    pub fn cache(mut self, cache: crate::cache::ByteCache) -> Self {
+    pub fn cache(mut self, cache: crate::byte_cache::ByteCache) -> Self {
         self.cache = Some(cache);
         self
     }
@@ -355,7 +355,7 @@ impl LoaderBuilder {
     /// loader's, or the tuner's; the smaller), or with the tuner on the default (half of what
     /// the host or the process's cgroup leaves); none with the tuner off and none set.
     pub(super) fn memory_limit(&self) -> Option<crate::MemoryBudget> {
-        crate::builder::memory_budget(self.memory_bytes, self.tuner.as_ref())
+        crate::engine::builder::memory_budget(self.memory_bytes, self.tuner.as_ref())
     }
 }
 

@@ -113,7 +113,7 @@ impl<R: Rows> Regroup<R> {
 mod tests {
     use super::*;
     use crate::loader::units::Batching;
-    use crate::{PipelineState, ShardState};
+    use crate::{PipelineState, ShareState};
 
     /// Rows that are their own positions.
     impl Rows for Vec<u64> {
@@ -130,10 +130,10 @@ mod tests {
 
     fn plan(len: usize, per_batch: usize, drop_last: bool) -> EpochPlan {
         let start = PipelineState {
-            shard: Some(ShardState {
+            shard: Some(ShareState {
                 world: 1,
                 global_len: len as u64,
-                ..ShardState::default()
+                ..ShareState::default()
             }),
             ..PipelineState::default()
         };

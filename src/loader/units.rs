@@ -23,7 +23,7 @@
 use flowgate_actors::origin::RangeSet;
 
 use super::Loader;
-use crate::{PipelineError, PipelineState, ShardState};
+use crate::{PipelineError, PipelineState, ShareState};
 
 /// The epoch a planning loader runs next, cut into units; see the [module docs](self).
 #[derive(Clone, Debug)]
@@ -313,7 +313,7 @@ pub(super) fn next_epoch(s: &PipelineState) -> PipelineState {
         delivered: Vec::new(),
         delivered_items: 0,
         partial: Vec::new(),
-        shard: s.shard.clone().map(|sh| ShardState {
+        shard: s.shard.clone().map(|sh| ShareState {
             base: Vec::new(),
             ..sh
         }),

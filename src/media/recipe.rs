@@ -23,7 +23,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use flowgate_actors::cache::ItemThreads;
+use flowgate_actors::attached::ItemThreads;
 
 #[cfg(any(feature = "image", feature = "audio", feature = "video"))]
 use super::rules::RecipeError;

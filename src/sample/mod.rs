@@ -1,13 +1,13 @@
 //! Multimodal samples: named fields, batched field by field.
 //!
 //! A [`Sample`] carries several named [`Field`]s (a clip's frames and its audio track; an image,
-//! its label and its caption). [`Batch::collate`] stacks each tensor field into one batch
+//! its label and its caption). [`FieldBatch::collate`] stacks each tensor field into one batch
 //! tensor, gathers labels into an `i64` tensor and keeps texts as strings; fields must agree
 //! across the samples of a batch (same names, same kinds, same shapes), or collation fails
 //! with an error naming the field.
 //!
 //! ```
-//! use flowgate::sample::{Batch, Sample};
+//! use flowgate::sample::{FieldBatch, Sample};
 //! use flowgate::{DType, Tensor};
 //!
 //! let samples: Vec<Sample> = (0..4)
@@ -18,7 +18,7 @@
 //!             .with("caption", format!("picture {i}"))
 //!     })
 //!     .collect();
-//! let batch = Batch::collate(samples).unwrap();
+//! let batch = FieldBatch::collate(samples).unwrap();
 //! assert_eq!(batch.tensor("image").unwrap().shape(), [4, 3, 8, 8]);
 //! assert_eq!(batch.tensor("label").unwrap().shape(), [4]);
 //! assert_eq!(batch.texts("caption").unwrap()[3], "picture 3");
@@ -121,7 +121,7 @@ pub enum Column {
 
 /// Samples batched field by field.
 #[derive(Debug)]
-pub struct Batch {
+pub struct FieldBatch {
     len: usize,
     columns: Vec<(String, Column)>,
 }
@@ -155,9 +155,9 @@ pub enum CollateError {
     },
 }
 
-impl Batch {
+impl FieldBatch {
     /// Batches `samples` field by field (see the module docs).
-    pub fn collate(samples: Vec<Sample>) -> Result<Batch, CollateError> {
+    pub fn collate(samples: Vec<Sample>) -> Result<FieldBatch, CollateError> {
         let first = samples.first().ok_or(CollateError::Empty)?;
         let names: Vec<String> = first.names().map(str::to_owned).collect();
         for (index, s) in samples.iter().enumerate() {
@@ -229,7 +229,7 @@ impl Batch {
             };
             columns.push((name.clone(), column));
         }
-        Ok(Batch { len, columns })
+        Ok(FieldBatch { len, columns })
     }
 
     /// Samples in the batch.
@@ -263,7 +263,7 @@ impl Batch {
         }
     }
 
-    /// Bytes of the batch's tensors (for byte budgets: `.measure(Batch::nbytes)`).
+    /// Bytes of the batch's tensors (for byte budgets: `.measure(FieldBatch::nbytes)`).
     pub fn nbytes(&self) -> usize {
         self.columns
             .iter()
@@ -290,19 +290,19 @@ mod tests {
         let bad_shape = Sample::new()
             .with("x", Tensor::zeros(&[3], DType::F32))
             .with("y", 1);
-        let e = Batch::collate(vec![ok(), bad_shape]).unwrap_err();
+        let e = FieldBatch::collate(vec![ok(), bad_shape]).unwrap_err();
         assert!(e.to_string().contains("field `x` of sample 1"), "{e}");
         let missing = Sample::new().with("x", Tensor::zeros(&[2], DType::F32));
         assert!(matches!(
-            Batch::collate(vec![ok(), missing]),
+            FieldBatch::collate(vec![ok(), missing]),
             Err(CollateError::Fields { index: 1, .. })
         ));
-        let b = Batch::collate(vec![ok(), ok().with("y", 7)]).unwrap();
+        let b = FieldBatch::collate(vec![ok(), ok().with("y", 7)]).unwrap();
         let y = b.tensor("y").unwrap();
         assert_eq!((y.dtype(), y.shape()), (DType::I64, &[2usize][..]));
         assert_eq!(&y.bytes()[8..], &7i64.to_ne_bytes());
         assert!(matches!(
-            Batch::collate(Vec::new()),
+            FieldBatch::collate(Vec::new()),
             Err(CollateError::Empty)
         ));
     }

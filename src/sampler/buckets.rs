@@ -7,7 +7,7 @@
 //! into batches of that size. The number of batches per epoch is therefore fixed (a bucket of
 //! `n` items at batch size `b` always gives `⌈n/b⌉`), and a batch is named by its slot: a
 //! [`Sampler`] over the slots orders and shards them like any dataset (shuffled per epoch, the
-//! same number per rank with [`ShardLengths::Pad`](super::ShardLengths::Pad)), which is what
+//! same number per rank with [`ShareLengths::Pad`](super::ShareLengths::Pad)), which is what
 //! makes checkpoints exact and mergeable across ranks, as for files.
 //!
 //! Lengths come from what containers declare (see
@@ -154,7 +154,7 @@ impl LengthBatches {
     }
 
     /// A sampler over the batch slots: add `shuffle` (the batches' order per epoch), `shard`
-    /// and `shard_lengths(ShardLengths::Pad)` (each rank the same number of batches) as for
+    /// and `shard_lengths(ShareLengths::Pad)` (each rank the same number of batches) as for
     /// files.
     pub fn sampler(&self) -> Sampler {
         Sampler::new(self.len())
@@ -242,7 +242,7 @@ impl LengthBatches {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::ShardLengths;
+    use crate::sampler::ShareLengths;
 
     fn lengths(n: usize, seed: u64) -> Vec<f64> {
         let mut rng = Rng::new(seed);
@@ -312,7 +312,7 @@ mod tests {
                         .shuffle(1)
                         .shard(r, world)
                         .unwrap()
-                        .shard_lengths(ShardLengths::Pad)
+                        .shard_lengths(ShareLengths::Pad)
                         .epoch(0)
                         .len()
                 })

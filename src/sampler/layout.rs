@@ -3,7 +3,7 @@
 use flowgate_actors::origin::RangeSet;
 use flowgate_tuner::Rng;
 
-use super::{buffered, Blocks, ShardLengths};
+use super::{buffered, Blocks, ShareLengths};
 
 /// Where one rank's items lie in an epoch's global order.
 ///
@@ -26,7 +26,7 @@ pub struct Layout {
     /// Ranks in the world.
     pub world: usize,
     /// How uneven shares are made equal.
-    pub lengths: ShardLengths,
+    pub lengths: ShareLengths,
     /// Positions in the epoch's global order.
     pub global_len: u64,
     /// Positions delivered before this world started the epoch.
@@ -57,10 +57,10 @@ impl Layout {
     fn dealt(&self) -> u64 {
         let (m, w) = (self.remaining(), self.world.max(1) as u64);
         match self.lengths {
-            ShardLengths::Uneven => m,
-            ShardLengths::Drop => m / w * w,
-            ShardLengths::Pad if m == 0 => 0,
-            ShardLengths::Pad => m.div_ceil(w) * w,
+            ShareLengths::Uneven => m,
+            ShareLengths::Drop => m / w * w,
+            ShareLengths::Pad if m == 0 => 0,
+            ShareLengths::Pad => m.div_ceil(w) * w,
         }
     }
 

@@ -4,7 +4,7 @@
 //! seeded shuffle reseeded every epoch, or a weighted draw (with or without replacement); then
 //! the rank's shard of it. Every rank computes the same global order from the same seed and
 //! keeps every `world`-th position starting at its rank, so the shards are disjoint and
-//! together cover the epoch. With [`ShardLengths::Pad`] or [`ShardLengths::Drop`] every rank
+//! together cover the epoch. With [`ShareLengths::Pad`] or [`ShareLengths::Drop`] every rank
 //! gets the same number of items (collective training steps need it).
 //!
 //! Orders are a pure function of (seed, epoch, rank, world): the property that makes
@@ -32,7 +32,7 @@ pub const MAX_EPOCH_ITEMS: usize = 1 << 32;
 
 /// How shards of an epoch that does not divide evenly are made equal.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum ShardLengths {
+pub enum ShareLengths {
     /// Leave them uneven (the first `len % world` ranks get one more): nothing dropped or
     /// repeated.
     #[default]
@@ -72,10 +72,10 @@ struct Weighted {
 /// # Examples
 ///
 /// ```
-/// use flowgate::sampler::{Sampler, ShardLengths};
+/// use flowgate::sampler::{Sampler, ShareLengths};
 ///
 /// // Rank 1 of 4, a new order every epoch, every rank the same length.
-/// let s = Sampler::new(10).shuffle(7).shard(1, 4)?.shard_lengths(ShardLengths::Pad);
+/// let s = Sampler::new(10).shuffle(7).shard(1, 4)?.shard_lengths(ShareLengths::Pad);
 /// assert_eq!(s.epoch(0).len(), 3);
 /// assert_ne!(s.epoch(0), s.epoch(1));
 ///
@@ -91,7 +91,7 @@ pub struct Sampler {
     seed: Option<u64>,
     rank: usize,
     world: usize,
-    lengths: ShardLengths,
+    lengths: ShareLengths,
     weighted: Option<Weighted>,
     /// Group lengths (samples per shard), for group-shuffled, block-dealt epochs.
     groups: Option<std::sync::Arc<[usize]>>,
@@ -111,7 +111,7 @@ impl Sampler {
             seed: None,
             rank: 0,
             world: 1,
-            lengths: ShardLengths::Uneven,
+            lengths: ShareLengths::Uneven,
             weighted: None,
             groups: None,
             window: 0,
@@ -234,7 +234,7 @@ impl Sampler {
 
     /// The settings that decide each epoch's global order, as named fields (see
     /// [`Files::fingerprint`](crate::dataset::Files::fingerprint)). Rank and world size are not
-    /// among them: a checkpoint records them in its [`ShardState`](crate::ShardState), and a
+    /// among them: a checkpoint records them in its [`ShareState`](crate::ShareState), and a
     /// merged one resumes at any world size.
     pub fn fingerprint(&self) -> Vec<(&'static str, String)> {
         let mut f = vec![
@@ -276,7 +276,7 @@ impl Sampler {
     }
 
     /// How uneven shards are made equal (default: left uneven).
-    pub fn shard_lengths(mut self, lengths: ShardLengths) -> Self {
+    pub fn shard_lengths(mut self, lengths: ShareLengths) -> Self {
         self.lengths = lengths;
         self
     }

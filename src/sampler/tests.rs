@@ -63,7 +63,7 @@ proptest! {
     ) {
         let base = Sampler::new(len).shuffle(seed);
         let pad: Vec<Vec<usize>> = (0..world)
-            .map(|r| base.clone().shard(r, world).unwrap().shard_lengths(ShardLengths::Pad).epoch(2))
+            .map(|r| base.clone().shard(r, world).unwrap().shard_lengths(ShareLengths::Pad).epoch(2))
             .collect();
         let want = len.div_ceil(world);
         prop_assert!(pad.iter().all(|s| s.len() == want));
@@ -73,7 +73,7 @@ proptest! {
         prop_assert_eq!(all.len() - len, want * world - len, "only the padding repeats");
 
         let drop: Vec<Vec<usize>> = (0..world)
-            .map(|r| base.clone().shard(r, world).unwrap().shard_lengths(ShardLengths::Drop).epoch(2))
+            .map(|r| base.clone().shard(r, world).unwrap().shard_lengths(ShareLengths::Drop).epoch(2))
             .collect();
         prop_assert!(drop.iter().all(|s| s.len() == len / world));
         let all = sorted(drop.concat());
@@ -88,7 +88,7 @@ proptest! {
     fn group_blocks_cover_the_epoch_and_keep_shards_whole(
         groups in proptest::collection::vec(0usize..40, 1..30),
         world in 1usize..6, seed in any::<u64>(), window in 0usize..50,
-        lengths in prop_oneof![Just(ShardLengths::Uneven), Just(ShardLengths::Pad), Just(ShardLengths::Drop)],
+        lengths in prop_oneof![Just(ShareLengths::Uneven), Just(ShareLengths::Pad), Just(ShareLengths::Drop)],
     ) {
         let n: usize = groups.iter().sum();
         let group_of: Vec<usize> = groups.iter().enumerate().flat_map(|(g, &k)| std::iter::repeat_n(g, k)).collect();
@@ -102,22 +102,22 @@ proptest! {
         let mut distinct = all.clone();
         distinct.dedup();
         match lengths {
-            ShardLengths::Uneven => {
+            ShareLengths::Uneven => {
                 prop_assert_eq!(&all, &(0..n).collect::<Vec<_>>(), "each sample once");
                 prop_assert!(lens.iter().max().unwrap() - lens.iter().min().unwrap() <= 1);
             }
-            ShardLengths::Pad => {
+            ShareLengths::Pad => {
                 prop_assert_eq!(distinct.len(), n, "every sample");
                 prop_assert!(lens.iter().all(|&l| l == n.div_ceil(world)));
             }
-            ShardLengths::Drop => {
+            ShareLengths::Drop => {
                 prop_assert_eq!(distinct.len(), all.len(), "no sample twice");
                 prop_assert!(lens.iter().all(|&l| l == n / world));
             }
         }
         // Whole shards: the ranks touching a group are few (a block splits at most the
         // two groups at its ends), and padding adds at most the first groups again.
-        if lengths != ShardLengths::Pad {
+        if lengths != ShareLengths::Pad {
             let touches: usize = ranks.iter().map(|r| {
                 let mut g: Vec<usize> = r.iter().map(|&i| group_of[i]).collect();
                 g.sort_unstable();
@@ -129,7 +129,7 @@ proptest! {
         }
         // The buffer moves no sample earlier than `window - 1` places before its place
         // in the stream.
-        if lengths == ShardLengths::Uneven {
+        if lengths == ShareLengths::Uneven {
             let stream = Sampler::new(n).groups(&groups).unwrap().shuffle(seed).shard(0, world).unwrap().epoch(1);
             let buffered = &ranks[0];
             for (p, i) in buffered.iter().enumerate() {
@@ -307,7 +307,7 @@ fn weighted_draws_are_sharded_too() {
             s.clone()
                 .shard(r, 4)
                 .unwrap()
-                .shard_lengths(ShardLengths::Drop)
+                .shard_lengths(ShareLengths::Drop)
                 .epoch(0)
         })
         .collect();
@@ -349,7 +349,7 @@ proptest! {
     fn workers_split_a_rank_share_exactly(
         n in 0usize..200, world in 1usize..5, workers in 1usize..6, seed in any::<u64>(),
         grouped in any::<bool>(),
-        lengths in prop_oneof![Just(ShardLengths::Pad), Just(ShardLengths::Drop)],
+        lengths in prop_oneof![Just(ShareLengths::Pad), Just(ShareLengths::Drop)],
     ) {
         let mut base = Sampler::new(n).shuffle(seed).shard_lengths(lengths);
         if grouped && n > 0 {
@@ -371,7 +371,7 @@ proptest! {
             // Each worker's part keeps the rank's order.
             for p in &parts {
                 let places: Vec<usize> = p.iter().map(|i| share.iter().position(|x| x == i).unwrap()).collect();
-                prop_assert!(places.windows(2).all(|w| w[0] < w[1]) || lengths == ShardLengths::Pad);
+                prop_assert!(places.windows(2).all(|w| w[0] < w[1]) || lengths == ShareLengths::Pad);
             }
         }
     }

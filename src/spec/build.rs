@@ -20,7 +20,7 @@ pub struct Job {
     /// in host memory or on the device `[device]` names.
     pub loader: crate::Loader,
     /// The cache of an S3 source, if the spec has one.
-    pub cache: Option<crate::cache::ByteCache>,
+    pub cache: Option<crate::byte_cache::ByteCache>,
     /// Items per epoch (this rank's; the clips of length-aware batches).
     pub items: usize,
     /// Whatever the source needs kept alive (a local S3 server).
@@ -145,7 +145,8 @@ impl PipelineSpec {
         let fetched = matches!(self.source, SourceSpec::S3 { .. });
         let cache = self.cache.as_ref().filter(|_| fetched).map(|c| {
             let mb = crate::limits::mib_to_bytes;
-            crate::cache::ByteCache::new(mb(c.mb)).max_bytes(mb(c.max_mb.unwrap_or(4.0 * c.mb)))
+            crate::byte_cache::ByteCache::new(mb(c.mb))
+                .max_bytes(mb(c.max_mb.unwrap_or(4.0 * c.mb)))
         });
         if let Some(c) = &cache {
             b = b.cache(c.clone());

@@ -47,7 +47,7 @@ use arrow_schema::DataType;
 use parking_lot::Mutex;
 
 use crate::dataset::shards::{RawSample, ShardError};
-use crate::sampler::{Sampler, ShardLengths};
+use crate::sampler::{Sampler, ShareLengths};
 use crate::PipelineError;
 
 /// Where a file's bytes are.
@@ -313,8 +313,8 @@ impl ParquetRows {
         Ok(this)
     }
 
-    /// Makes every rank's share the same length (see [`ShardLengths`]).
-    pub fn shard_lengths(self, lengths: ShardLengths) -> Self {
+    /// Makes every rank's share the same length (see [`ShareLengths`]).
+    pub fn shard_lengths(self, lengths: ShareLengths) -> Self {
         self.map_sampler(|s| s.shard_lengths(lengths))
     }
 

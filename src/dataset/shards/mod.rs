@@ -13,14 +13,14 @@
 //! block of that order (so a rank reads whole shards and shares at most two with its
 //! neighbours), and visits it through a shuffle buffer of [`buffer`](Shards::buffer) samples,
 //! webdataset's `shuffle(n)` (see [`Sampler::groups`]). Every sample is read once per epoch
-//! across ranks, and with [`ShardLengths::Pad`] or `Drop` every rank gets the same number of
+//! across ranks, and with [`ShareLengths::Pad`] or `Drop` every rank gets the same number of
 //! samples. A resume is exact to the sample: a checkpoint records the samples delivered, and a
 //! resumed epoch reads only the others (each sample is a byte range: nothing skipped is read or
 //! decoded).
 //!
 //! Shards on S3 (feature `s3`; [`Shards::open_s3`], or [`Shards::open`] with an
 //! `s3://bucket/pattern` URL) are downloaded whole, one streamed GET each, into a local disk
-//! cache ([`cache::ShardCache`]: a byte limit, least recently used evicted first, but never a
+//! cache ([`disk_cache::ShardCache`]: a byte limit, least recently used evicted first, but never a
 //! shard with samples of the epoch still to read) and read from there; the next shards of the
 //! rank's order are fetched ahead of the readers ([`prefetch`](Shards::prefetch)), and a body
 //! cut off mid-stream continues with a ranged GET. Sample counts come from a manifest
@@ -39,7 +39,7 @@
 //! ```no_run
 //! # #[cfg(feature = "image")] {
 //! use flowgate::media::{image::ImageRecipe, Recipe};
-//! use flowgate::sampler::ShardLengths;
+//! use flowgate::sampler::ShareLengths;
 //! use flowgate::dataset::shards::Shards;
 //! use flowgate::sample::FieldMap;
 //! use flowgate::{Pipeline, Workers};
@@ -48,7 +48,7 @@
 //!     .shuffle(42)                 // shards reshuffled every epoch
 //!     .buffer(1000)                // and samples through a 1000-sample shuffle buffer
 //!     .shard_from_env()?           // RANK / WORLD_SIZE
-//!     .shard_lengths(ShardLengths::Pad);
+//!     .shard_lengths(ShareLengths::Pad);
 //! let fields = FieldMap::new()
 //!     .decode("image", &["jpg", "png", "webp"], Recipe::image(ImageRecipe::train(224)).unwrap())
 //!     .label("label", "cls");
@@ -58,14 +58,14 @@
 //!     .describe(|r| r.to_string())
 //!     .pipe("decode", move |r| fields.read(&r), Workers::initial(1))
 //!     .aggregate(32, false)
-//!     .pipe("collate", flowgate::sample::Batch::collate, 1)
+//!     .pipe("collate", flowgate::sample::FieldBatch::collate, 1)
 //!     .build()?;
 //! # }
 //! # Ok::<(), flowgate::PipelineError>(())
 //! ```
 
 #[cfg(feature = "s3")]
-pub mod cache;
+pub mod disk_cache;
 mod index;
 mod patterns;
 mod read;
@@ -80,7 +80,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 #[cfg(feature = "s3")]
-pub use cache::{CacheStats, ShardCache};
+pub use disk_cache::{CacheStats, ShardCache};
 pub use index::{split_name, Entry, FieldAt};
 use patterns::expand_spec;
 pub use patterns::{expand_braces, MAX_NAMES};
@@ -89,7 +89,7 @@ use shard::{index_file, Body, Inner, Plan, Shard};
 use write::manifest_json;
 pub use write::write_shards;
 
-use crate::sampler::{Sampler, ShardLengths};
+use crate::sampler::{Sampler, ShareLengths};
 use crate::PipelineError;
 
 /// The largest member a shard may declare by default: 1 GiB (a long video clip is far less).
@@ -303,8 +303,8 @@ impl Shards {
         Ok(self.map_sampler(|_| sampler))
     }
 
-    /// Makes every rank's share the same length (see [`ShardLengths`]).
-    pub fn shard_lengths(self, lengths: ShardLengths) -> Self {
+    /// Makes every rank's share the same length (see [`ShareLengths`]).
+    pub fn shard_lengths(self, lengths: ShareLengths) -> Self {
         self.map_sampler(|s| s.shard_lengths(lengths))
     }
 
@@ -469,7 +469,7 @@ impl Shards {
     /// so the ceiling bounds the disk they take. A prefetch of 0 is a choice: pinned. `None`
     /// for local shards (nothing to fetch).
     #[cfg(feature = "s3")]
-    pub fn read_ahead(&self) -> Option<Arc<dyn crate::actors::cache::ReadAheadControl>> {
+    pub fn read_ahead(&self) -> Option<Arc<dyn crate::actors::attached::ReadAheadControl>> {
         let cache = Arc::clone(self.cache()?);
         Some(Arc::new(ReadAhead {
             plan: self.plan(),
@@ -490,7 +490,7 @@ struct ReadAhead {
 }
 
 #[cfg(feature = "s3")]
-impl crate::actors::cache::ReadAheadControl for ReadAhead {
+impl crate::actors::attached::ReadAheadControl for ReadAhead {
     fn read_ahead_stats(&self) -> flowgate_tuner::ReadAheadStats {
         let c = self.cache.stats();
         flowgate_tuner::ReadAheadStats {

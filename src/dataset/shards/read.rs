@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[cfg(feature = "s3")]
-use super::cache;
+use super::disk_cache;
 #[cfg(feature = "s3")]
 use super::shard::Body;
 use super::shard::{Inner, Plan, Shard};
@@ -91,7 +91,7 @@ impl SampleRef {
                         cache.prefetch(*slot);
                     }
                 }
-                Some(cache::Done(cache, *slot, self.epoch))
+                Some(disk_cache::Done(cache, *slot, self.epoch))
             }
             Body::Local { .. } => None,
         };

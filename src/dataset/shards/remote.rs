@@ -1,12 +1,12 @@
 //! Opening tar shards on S3 (feature `s3`): a key pattern, a prefix or a manifest listed
 //! into shards with their sample counts (from the manifest, else each shard downloaded and
-//! indexed once), read through the disk cache ([`super::cache`]).
+//! indexed once), read through the disk cache ([`super::disk_cache`]).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use super::cache::{default_dir, ShardCache};
+use super::disk_cache::{default_dir, ShardCache};
 use super::{Body, Inner, Shard, Shards, MANIFEST};
 use crate::s3::{Endpoint, S3Error, S3};
 use crate::PipelineError;
@@ -173,7 +173,7 @@ impl Shards {
             // A shard whose download failed (past the client's retries: a burst of errors) is
             // fetched again after the cache's backoff, a few times, before opening fails.
             for (slot, entry) in entries.iter().enumerate() {
-                let mut wait = super::cache::RETRY_AFTER;
+                let mut wait = super::disk_cache::RETRY_AFTER;
                 for attempt in 0..=INDEX_RETRIES {
                     if entry.get().is_some() {
                         break;

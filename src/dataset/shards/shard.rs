@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 #[cfg(feature = "s3")]
-use super::cache;
+use super::disk_cache;
 use super::index::{self, Entry};
 use super::tar;
 use crate::sampler::Sampler;
@@ -29,7 +29,7 @@ pub(super) enum Body {
     /// without a manifest).
     #[cfg(feature = "s3")]
     Remote {
-        cache: Arc<cache::ShardCache>,
+        cache: Arc<disk_cache::ShardCache>,
         slot: usize,
         max_member: u64,
         entries: OnceLock<Vec<Entry>>,

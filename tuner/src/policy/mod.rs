@@ -1,11 +1,11 @@
 //! The shipped policies: [`Static`], [`HillClimb`] (AIMD) and [`ModelBased`] (the default).
 
-mod cache;
+mod cache_sizing;
 mod hill_climb;
 mod model;
 mod threads;
 
-pub use cache::{cache_decisions, read_ahead_decisions};
+pub use cache_sizing::{cache_decisions, read_ahead_decisions};
 pub use hill_climb::{HillClimb, HillClimbSettings};
 pub use model::{ModelBased, ModelSettings};
 pub use threads::ItemThreadTrials;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use actix::Actor;
 use flowgate_actors::actor::ControlPlane;
-use flowgate_actors::cache::WithKnobs;
+use flowgate_actors::attached::WithKnobs;
 use flowgate_actors::channel::{Budget, Channel};
 use flowgate_actors::error::PipelineError;
 use flowgate_actors::failure::{FailureBudget, Failures};
@@ -17,10 +17,10 @@ use flowgate_actors::tuner::{TraceLog, TunerActor};
 use flowgate_tuner::StageKind;
 
 use super::plan::{Autotune, BuildCtx, Plan};
-use crate::config::Config;
-use crate::engine::{Engine, HasBudget};
-use crate::pipeline::Pipeline;
-use crate::stats::PipelineStats;
+use crate::engine::config::Config;
+use crate::engine::pipeline::Pipeline;
+use crate::engine::running::{Engine, HasBudget};
+use crate::engine::stats::PipelineStats;
 
 /// Starts everything in `plan`; `tail` is the last channel (the sink's), whose items each
 /// stand for `tail_scale` source items.
@@ -30,7 +30,7 @@ pub(crate) fn assemble<T: Send + 'static>(
     tail_scale: usize,
 ) -> Result<Pipeline<T>, PipelineError> {
     plan.validate()?;
-    crate::pipeline::return_large_frees();
+    crate::engine::pipeline::return_large_frees();
     let Plan {
         mut cfg,
         mut autotune,
@@ -208,8 +208,12 @@ pub(crate) fn assemble<T: Send + 'static>(
 /// Gives the pool stages built with [`Workers::auto`] their start: an equal share of the
 /// cores the tuner may use (the tuner's `cores` setting, else the process's share of the
 /// node's CPU budget or of the node), at least one each.
-fn start_auto_stages(stages: &mut [crate::builder::plan::Pending], autotune: Option<&Autotune>) {
-    let auto = |s: &crate::builder::plan::Pending| s.workers.auto && s.kind == StageKind::Pool;
+fn start_auto_stages(
+    stages: &mut [crate::engine::builder::plan::Pending],
+    autotune: Option<&Autotune>,
+) {
+    let auto =
+        |s: &crate::engine::builder::plan::Pending| s.workers.auto && s.kind == StageKind::Pool;
     let n = stages.iter().filter(|s| auto(s)).count();
     if n == 0 {
         return;
@@ -314,8 +318,8 @@ fn start_tuner(
 pub(crate) fn memory_budget(
     set: Option<u64>,
     tuner: Option<&crate::TunerSettings>,
-) -> Option<crate::stats::MemoryBudget> {
-    use crate::stats::MemoryBudget;
+) -> Option<crate::engine::stats::MemoryBudget> {
+    use crate::engine::stats::MemoryBudget;
     let by_tuner = tuner.and_then(|t| t.memory_bytes);
     match (set, by_tuner) {
         (Some(m), t) => Some(MemoryBudget {

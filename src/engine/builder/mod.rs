@@ -19,9 +19,9 @@ use flowgate_tuner::StageKind;
 use futures::{FutureExt, Stream};
 use parking_lot::Mutex;
 
-use crate::config::{AttachedCache, Config, StageOpts, Workers};
-use crate::engine::{HasBudget, SourceControl};
-use crate::pipeline::Pipeline;
+use crate::engine::config::{AttachedCache, Config, StageOpts, Workers};
+use crate::engine::pipeline::Pipeline;
+use crate::engine::running::{HasBudget, SourceControl};
 
 mod assemble;
 pub(crate) use assemble::memory_budget;
@@ -166,7 +166,7 @@ impl SourceBuilder {
         U: Send + 'static,
         P: Fn(u64, &[usize]) + Send + Sync + 'static,
     {
-        let sharding = crate::checkpoint::Sharding::new(sampler.clone());
+        let sharding = crate::engine::checkpoint::Sharding::new(sampler.clone());
         let shared = sharding.clone();
         let make = Arc::new(make);
         self.cfg.fingerprint.extend(
@@ -489,10 +489,10 @@ impl<T: Send + 'static> PipelineBuilder<T> {
     /// when readers wait for fetches (see [`Shards::read_ahead`](crate::dataset::shards::Shards::read_ahead)).
     pub fn read_ahead(
         mut self,
-        read_ahead: std::sync::Arc<dyn flowgate_actors::cache::ReadAheadControl>,
+        read_ahead: std::sync::Arc<dyn flowgate_actors::attached::ReadAheadControl>,
     ) -> Self {
         if let Some(s) = self.c.stages.last_mut() {
-            s.opts.read_ahead = Some(crate::config::AttachedReadAhead(read_ahead));
+            s.opts.read_ahead = Some(crate::engine::config::AttachedReadAhead(read_ahead));
         }
         self
     }
@@ -504,7 +504,7 @@ impl<T: Send + 'static> PipelineBuilder<T> {
     /// [`ItemThreadTrials`](crate::tuner::policy::ItemThreadTrials)).
     pub fn item_threads(
         mut self,
-        threads: std::sync::Arc<flowgate_actors::cache::ItemThreads>,
+        threads: std::sync::Arc<flowgate_actors::attached::ItemThreads>,
     ) -> Self {
         if let Some(s) = self.c.stages.last_mut() {
             s.opts.item_threads = Some(threads);
@@ -514,8 +514,8 @@ impl<T: Send + 'static> PipelineBuilder<T> {
 
     /// Attaches `cache` to the stage added last (the one that fetches through it): the cache's
     /// hits, misses and evictions appear in that stage's statistics, and the tuner resizes it
-    /// (see [`ByteCache`](crate::cache::ByteCache)).
-    pub fn cache(mut self, cache: &crate::cache::ByteCache) -> Self {
+    /// (see [`ByteCache`](crate::byte_cache::ByteCache)).
+    pub fn cache(mut self, cache: &crate::byte_cache::ByteCache) -> Self {
         if let Some(s) = self.c.stages.last_mut() {
             s.opts.cache = Some(AttachedCache(Arc::new(cache.clone())));
         }

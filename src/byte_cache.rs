@@ -9,7 +9,7 @@
 //! over a dataset that fits fetches nothing.
 //!
 //! ```
-//! use flowgate::cache::ByteCache;
+//! use flowgate::byte_cache::ByteCache;
 //! use flowgate::{Blob, Pipeline};
 //!
 //! let cache = ByteCache::new(64 << 20); // starts at 64 MiB; the tuner may grow it
@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 
-use flowgate_actors::cache::CacheControl;
+use flowgate_actors::attached::CacheControl;
 use flowgate_tuner::CacheStats;
 use parking_lot::Mutex;
 

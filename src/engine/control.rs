@@ -7,7 +7,7 @@ use actix::Addr;
 use flowgate_actors::actor::{Resize, SetBudget, StageActor};
 use flowgate_actors::error::PipelineError;
 
-use crate::engine::Closer;
+use crate::engine::running::Closer;
 
 /// Stops a pipeline from anywhere; see [`Pipeline::stop_handle`](crate::Pipeline::stop_handle).
 #[derive(Clone)]

@@ -11,9 +11,9 @@ use flowgate_actors::stage::{StageControl, StageCore};
 use flowgate_actors::tuner::{GpuSampler, OnDecision, TunerSettings};
 use flowgate_tuner::{Policy, StageKind};
 
-use crate::config::{Config, StageOpts, Workers};
-use crate::engine::{HasBudget, SourceControl};
-use crate::stats::StatsCallback;
+use crate::engine::config::{Config, StageOpts, Workers};
+use crate::engine::running::{HasBudget, SourceControl};
+use crate::engine::stats::StatsCallback;
 
 /// What a stage needs from the pipeline when it starts.
 pub(crate) struct BuildCtx {

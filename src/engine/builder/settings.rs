@@ -12,7 +12,7 @@ use flowgate_tuner::Policy;
 
 use super::plan::Autotune;
 use super::PipelineBuilder;
-use crate::stats::PipelineStats;
+use crate::engine::stats::PipelineStats;
 
 impl<T: Send + 'static> PipelineBuilder<T> {
     /// Sets the pipeline-wide failure budget (default: unlimited, skip and count).

@@ -16,10 +16,10 @@ use flowgate_actors::sink::{Next, SinkReader};
 use flowgate_actors::tuner::{TraceLog, TraceRecord};
 use futures::Stream;
 
-use crate::checkpoint::{Fingerprint, PipelineState, ShardState, Sharding, STATE_VERSION};
-use crate::control::{ControlHandle, StopHandle};
-use crate::engine::Engine;
-use crate::stats::{Monitor, PipelineStats};
+use crate::engine::checkpoint::{Fingerprint, PipelineState, Sharding, ShareState, STATE_VERSION};
+use crate::engine::control::{ControlHandle, StopHandle};
+use crate::engine::running::Engine;
+use crate::engine::stats::{Monitor, PipelineStats};
 
 /// A running pipeline producing items of type `T`.
 ///
@@ -217,7 +217,7 @@ impl<T: Send + 'static> Pipeline<T> {
             shard: self
                 .sharding
                 .as_ref()
-                .map(|s| ShardState::of(&s.layout(epoch))),
+                .map(|s| ShareState::of(&s.layout(epoch))),
             owed_batches: None,
         }
     }

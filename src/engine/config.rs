@@ -107,10 +107,10 @@ pub(crate) struct Config {
     /// [`PipelineBuilder::memory_budget`](crate::PipelineBuilder::memory_budget)).
     pub(crate) memory_bytes: Option<u64>,
     /// What checkpoints of this pipeline are valid for.
-    pub(crate) fingerprint: crate::checkpoint::Fingerprint,
+    pub(crate) fingerprint: crate::engine::checkpoint::Fingerprint,
     /// The sampler of a sampled source (see `source_sampled`), for checkpoints that merge
     /// across ranks.
-    pub(crate) sharding: Option<crate::checkpoint::Sharding>,
+    pub(crate) sharding: Option<crate::engine::checkpoint::Sharding>,
     /// Parts of the memory budget set aside for memory held beside the buffers (the
     /// uploader's staging ring): (what, bytes).
     pub(crate) reserved: Vec<(String, u64)>,
@@ -148,13 +148,13 @@ pub(crate) struct StageOpts {
     pub(crate) failures: Option<FailureBudget>,
     pub(crate) cache: Option<AttachedCache>,
     pub(crate) read_ahead: Option<AttachedReadAhead>,
-    pub(crate) item_threads: Option<std::sync::Arc<flowgate_actors::cache::ItemThreads>>,
+    pub(crate) item_threads: Option<std::sync::Arc<flowgate_actors::attached::ItemThreads>>,
 }
 
 /// A read-ahead attached to a stage.
 #[derive(Clone)]
 pub(crate) struct AttachedReadAhead(
-    pub(crate) std::sync::Arc<dyn flowgate_actors::cache::ReadAheadControl>,
+    pub(crate) std::sync::Arc<dyn flowgate_actors::attached::ReadAheadControl>,
 );
 
 impl std::fmt::Debug for AttachedReadAhead {
@@ -168,7 +168,7 @@ impl std::fmt::Debug for AttachedReadAhead {
 /// A cache attached to a stage.
 #[derive(Clone)]
 pub(crate) struct AttachedCache(
-    pub(crate) std::sync::Arc<dyn flowgate_actors::cache::CacheControl>,
+    pub(crate) std::sync::Arc<dyn flowgate_actors::attached::CacheControl>,
 );
 
 impl std::fmt::Debug for AttachedCache {

@@ -12,7 +12,7 @@ use flowgate_actors::error::PipelineError;
 use flowgate_actors::origin::{RangeSet, UNIT};
 use parking_lot::Mutex;
 
-use crate::sampler::{Blocks, Layout, Sampler, ShardLengths};
+use crate::sampler::{Blocks, Layout, Sampler, ShareLengths};
 
 /// The version of [`PipelineState`]'s layout; a state of a later version is refused.
 /// Version 2 added [`PipelineState::shard`] (version 1 kept rank and world size in the
@@ -62,7 +62,7 @@ pub struct PipelineState {
     /// [`PipelineBuilder::source_sampled`](crate::PipelineBuilder::source_sampled)): which
     /// rank of which world took it, so positions can be mapped to the epoch's global order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shard: Option<ShardState>,
+    pub shard: Option<ShareState>,
     /// For a loader that makes up batches lost to skipped items
     /// ([`LoaderBuilder::fill_skipped`](crate::loader::LoaderBuilder::fill_skipped)): the batches
     /// this rank still owes in the epoch, so that a resume makes exactly the count the
@@ -76,13 +76,13 @@ pub struct PipelineState {
 /// [`Layout`]): `delivered` and `partial` of its [`PipelineState`] are positions in this
 /// rank's share.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ShardState {
+pub struct ShareState {
     /// The rank that took the state.
     pub rank: usize,
     /// Ranks in its world.
     pub world: usize,
     /// How uneven shares were made equal.
-    pub lengths: ShardLengths,
+    pub lengths: ShareLengths,
     /// Positions in the epoch's global order.
     pub global_len: u64,
     /// Global positions delivered before this world started the epoch (a resume from a
@@ -99,7 +99,7 @@ pub struct ShardState {
     pub split: Option<(usize, usize)>,
 }
 
-impl ShardState {
+impl ShareState {
     /// The layout these positions are in.
     pub fn layout(&self) -> Layout {
         Layout {
@@ -224,7 +224,7 @@ impl PipelineState {
                 s.global()?
             } else if s.epoch == epoch + 1 && s.delivered_items == 0 && s.partial.is_empty() {
                 // Finished `epoch`: it delivered its whole share of it.
-                let layout = ShardState {
+                let layout = ShareState {
                     base: base.clone(),
                     ..(*sh).clone()
                 }
@@ -272,7 +272,7 @@ impl PipelineState {
             partial,
             version: STATE_VERSION,
             fingerprint: first.fingerprint.clone(),
-            shard: Some(ShardState {
+            shard: Some(ShareState {
                 rank: 0,
                 world: 1,
                 lengths: shards[0].lengths,
@@ -338,7 +338,7 @@ impl PipelineState {
         }
         let num = |k: &str| s.fingerprint.get(k).and_then(|v| v.parse::<usize>().ok());
         if let (Some(rank), Some(world)) = (num("rank"), num("world_size")) {
-            s.shard = Some(ShardState {
+            s.shard = Some(ShareState {
                 rank,
                 world,
                 global_len: u64::MAX,
@@ -444,7 +444,7 @@ impl Sharding {
         let mine = self.sampler.layout(state.epoch, RangeSet::default());
         // A state that names no place (from a source that was not sampled, or from before
         // places were recorded) is taken to be this rank's own, as it was then.
-        let theirs = state.shard.get_or_insert(ShardState::of(&mine));
+        let theirs = state.shard.get_or_insert(ShareState::of(&mine));
         if theirs.global_len == u64::MAX {
             theirs.global_len = mine.global_len;
         }

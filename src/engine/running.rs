@@ -85,7 +85,7 @@ pub(crate) struct Engine {
     ledger: Arc<Failures>,
     down: bool,
     /// The memory budget the pipeline holds to, and where it came from.
-    memory: Option<crate::stats::MemoryBudget>,
+    memory: Option<crate::engine::stats::MemoryBudget>,
 }
 
 impl Engine {
@@ -140,11 +140,11 @@ impl Engine {
         &self.ledger
     }
 
-    pub(crate) fn set_memory(&mut self, memory: Option<crate::stats::MemoryBudget>) {
+    pub(crate) fn set_memory(&mut self, memory: Option<crate::engine::stats::MemoryBudget>) {
         self.memory = memory;
     }
 
-    pub(crate) fn memory(&self) -> Option<&crate::stats::MemoryBudget> {
+    pub(crate) fn memory(&self) -> Option<&crate::engine::stats::MemoryBudget> {
         self.memory.as_ref()
     }
 
