@@ -39,6 +39,22 @@ impl DType {
             DType::I64 => "int64",
         }
     }
+
+    /// The type NumPy names `name` (`uint8`, `float32`, `int64`).
+    pub fn from_numpy(name: &str) -> Option<Self> {
+        [DType::U8, DType::F32, DType::I64]
+            .into_iter()
+            .find(|d| d.numpy() == name)
+    }
+
+    /// NumPy's `__array_interface__` type string (`|u1`, `<f4`, `<i8`: little-endian).
+    pub fn typestr(self) -> &'static str {
+        match self {
+            DType::U8 => "|u1",
+            DType::F32 => "<f4",
+            DType::I64 => "<i8",
+        }
+    }
 }
 
 /// An owned, initialised, [`ALIGN`]-aligned byte buffer.

@@ -24,18 +24,19 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, 
 
 from . import _native
 from ._native import Batch, DeviceUnavailable, LoaderError, build_info, skip_part
-from ._sources import Mix, Parquet, Shards, _check_ints
+from ._dataloader import DataLoader
+from ._sources import Mix, Parquet, Shards
 from ._process import _Epoch
 from ._remote import Ray
 from ._loader import _Loader
-from ._args import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401  (flowgate.IMAGENET_MEAN, ...)
+from ._native import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401  (flowgate.IMAGENET_MEAN, ...)
 from ._args import _build
 
 #: The package's version (the native library's).
 __version__: str = _native.__version__
 
-__all__ = ["ImageLoader", "AudioLoader", "VideoLoader", "Shards", "Parquet", "Mix", "Pipeline",
-           "Ray", "Batch", "LoaderError", "DeviceUnavailable", "merge_state_dicts", "skip_part",
+__all__ = ["ImageLoader", "AudioLoader", "VideoLoader", "DataLoader", "Shards", "Parquet", "Mix",
+           "Pipeline", "Ray", "Batch", "LoaderError", "DeviceUnavailable", "merge_state_dicts", "skip_part",
            "build_info", "report_ranks"]
 
 
@@ -410,7 +411,8 @@ class Pipeline:
 
     def map(self, f: Callable[[Any], Any], workers: int = 1,
             name: Optional[str] = None) -> "Pipeline":
-        """Adds a stage applying ``f``."""
+        """Adds a stage applying ``f`` on ``workers`` threads to start with (0: as many as
+        the tuner starts with)."""
         self._native.map(f, workers, name)
         return self
 

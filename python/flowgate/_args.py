@@ -9,10 +9,7 @@ import os
 from typing import Any, Dict, Mapping, Sequence, Tuple
 
 from . import _native
-from ._sources import Mix, Parquet, Shards, _check_ints
-
-IMAGENET_MEAN = _native.IMAGENET_MEAN
-IMAGENET_STD = _native.IMAGENET_STD
+from ._sources import Mix, Parquet, Shards
 
 
 def _paths(paths: Any) -> Any:
@@ -33,7 +30,6 @@ _SETTINGS = ("batch_size", "shuffle", "seed", "rank", "world_size", "drop_last",
 def _build(args: Dict[str, Any], kind: str, media: Sequence[str]) -> Any:
     """A native loader from a loader's arguments (its ``locals()``): the settings and the
     media's arguments (``kind`` and the names in ``media``) as the library reads them."""
-    _check_ints(args, batch_size=1, seed=0, rank=0, world_size=1, workers=1)
     return _native.loader(
         _paths(args["paths"]), {k: args[k] for k in _SETTINGS if k in args},
         dict({k: args[k] for k in media}, kind=kind), labels=_labels(args["labels"]),

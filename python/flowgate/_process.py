@@ -138,20 +138,37 @@ def _register_with_torch() -> None:
         _register_with_torch.done = True  # type: ignore[attr-defined]
 
 
-def _converter(output: str) -> Optional[Callable[[Any], Any]]:
-    """Converts a batch (a :class:`Batch` or a tuple holding some) to ``output``'s type."""
-    if output == "batch":
+def _converter(output: str, from_numpy: bool = False) -> Optional[Callable[[Any], Any]]:
+    """Converts a batch (a :class:`Batch`, or with ``from_numpy`` a unit's NumPy array; or a
+    tuple holding some) to ``output``'s type: ``"numpy"`` (a unit's arrays as they are:
+    read-only views of Ray's object store or of the process's own decode), ``"torch"``
+    (tensors sharing the memory), ``"batch"`` (a unit's arrays copied once)."""
+    import numpy
+    kind = numpy.ndarray if from_numpy else Batch
+    if output == "batch" and not from_numpy:
         return None
     if output == "torch":
         import torch
-        one = torch.from_dlpack
+
+        def one(a: Any) -> Any:
+            if not from_numpy:
+                return torch.from_dlpack(a)
+            with warnings.catch_warnings():
+                # Read-only memory shared, not copied: the training loop reads batches.
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.from_numpy(a)
+    elif output == "numpy":
+        def one(a: Any) -> Any:
+            return a if from_numpy else numpy.asarray(a)
     else:
-        import numpy
-        one = numpy.asarray
+        def one(a: Any) -> Any:
+            b = _native._batch_from_bytes(None, str(a.dtype), list(a.shape))
+            numpy.asarray(b)[...] = a
+            return b
 
     def convert(item: Any) -> Any:
         if isinstance(item, tuple):
-            return tuple(one(x) if isinstance(x, Batch) else x for x in item)
+            return tuple(one(x) if isinstance(x, kind) else x for x in item)
         return one(item)
     return convert
 

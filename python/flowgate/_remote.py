@@ -29,9 +29,8 @@ import time
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from . import _native
-from ._process import _warn_again
-from ._units import (_converter_from_numpy, _decode_unit, _read_only, _unit_args,
-                     _unit_loader)
+from ._process import _converter, _warn_again
+from ._units import _decode_unit, _read_only, _unit_args, _unit_loader
 
 #: A new actor that dies before finishing a unit this many times in a row is a configuration
 #: error (its constructor fails), not a lost worker: raised, not retried.
@@ -355,7 +354,7 @@ class _RemoteEpoch:
         self._issued = 0          # units handed out: 0.._issued
         self._at = 0              # the next unit to take
         self._states: Dict[int, Dict[str, Any]] = {}
-        self._convert = _converter_from_numpy(loader._args["output"])
+        self._convert = _converter(loader._args["output"], from_numpy=True)
         loader._remote_state = self._plan.state()
         # An epoch run again adds its failures to the earlier run's, as a local loader's.
         self._failures_before = len(loader._remote_failures.setdefault(self.epoch, []))

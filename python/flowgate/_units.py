@@ -1,14 +1,13 @@
 """Units: a loader's epoch cut into runs of batches that another loader decodes alone
 (``Loader._plan_units`` in the native module, ``flowgate::loader::EpochPlan`` in Rust), as
 the remote mode (``_remote.py``: Ray actors) hands them out: the unit loader's arguments,
-decoding a unit, converting NumPy batches to the loader's output. Regrouping the units'
+decoding a unit, marking its arrays read-only. Regrouping the units'
 batches into the local loader's is the library's (``EpochPlan.regroup``)."""
 
 from __future__ import annotations
 
 import time
-import warnings
-from typing import Any, Callable, Dict
+from typing import Any, Dict
 
 from . import _native
 from ._process import _Epoch, _converter
@@ -63,33 +62,3 @@ def _read_only(item: Any) -> Any:
         if hasattr(x, "flags"):
             x.flags.writeable = False
     return item
-
-
-def _converter_from_numpy(output: str) -> Callable[[Any], Any]:
-    """Converts a unit's batch (NumPy arrays, or a tuple holding some) to ``output``'s type:
-    ``"numpy"`` as they are (read-only: views of Ray's object store, or of the training
-    process's own decode), ``"torch"`` as tensors sharing them, ``"batch"`` as
-    :class:`Batch` objects (one copy)."""
-    import numpy
-    if output == "numpy":
-        def one(a: Any) -> Any:
-            return a
-    elif output == "torch":
-        import torch
-
-        def one(a: Any) -> Any:
-            with warnings.catch_warnings():
-                # Read-only memory shared, not copied: the training loop reads batches.
-                warnings.simplefilter("ignore", UserWarning)
-                return torch.from_numpy(a)
-    else:
-        def one(a: Any) -> Any:
-            b = _native._batch_from_bytes(None, str(a.dtype), list(a.shape))
-            numpy.asarray(b)[...] = a
-            return b
-
-    def convert(item: Any) -> Any:
-        if isinstance(item, tuple):
-            return tuple(one(x) if isinstance(x, numpy.ndarray) else x for x in item)
-        return one(item)
-    return convert

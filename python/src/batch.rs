@@ -37,57 +37,12 @@ const KDLCPU: i32 = 1;
 const KDLCUDA: i32 = 2;
 
 impl Batch {
-    fn shape_(&self) -> &[usize] {
-        match &self.mem {
-            Mem::Host(t) => t.shape(),
-            Mem::Device(b) => b.shape(),
-        }
-    }
-
-    fn dtype_(&self) -> DType {
-        match &self.mem {
-            Mem::Host(t) => t.dtype(),
-            Mem::Device(b) => b.dtype(),
-        }
-    }
-
-    fn nbytes_(&self) -> usize {
-        self.shape_().iter().product::<usize>() * self.dtype_().size()
-    }
-
-    /// The bytes, where the host can read them (host memory, or the simulated device's).
-    fn host_bytes(&self) -> Option<&[u8]> {
-        match &self.mem {
-            Mem::Host(t) => Some(t.bytes()),
-            Mem::Device(b) => b.host_bytes(),
-        }
-    }
-
     /// DLPack's device of the memory.
     fn dl_device(&self) -> (i32, i32) {
-        match &self.mem {
-            Mem::Device(b) => match b.cuda_ordinal() {
-                Some(n) => (KDLCUDA, n as i32),
-                None => (KDLCPU, 0),
-            },
-            Mem::Host(_) => (KDLCPU, 0),
+        match self.mem.cuda_ordinal() {
+            Some(n) => (KDLCUDA, n as i32),
+            None => (KDLCPU, 0),
         }
-    }
-}
-
-fn typestr(d: DType) -> &'static str {
-    match d {
-        DType::U8 => "|u1",
-        DType::F32 => "<f4",
-        DType::I64 => "<i8",
-    }
-}
-
-fn dtype_name(d: DType) -> &'static str {
-    match d {
-        DType::U8 => "uint8",
-        DType::F32 => "float32",
-        DType::I64 => "int64",
     }
 }
 
@@ -173,19 +128,19 @@ impl Batch {
     /// The dimensions.
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, self.shape_())
+        PyTuple::new(py, self.mem.shape())
     }
 
     /// The element type's NumPy name (`uint8`, `float32`, `int64`).
     #[getter]
     fn dtype(&self) -> &'static str {
-        dtype_name(self.dtype_())
+        self.mem.dtype().numpy()
     }
 
     /// Size in bytes.
     #[getter]
     fn nbytes(&self) -> usize {
-        self.nbytes_()
+        self.mem.nbytes()
     }
 
     /// Where the batch is: `"cpu"`, `"cuda:N"`, or `"simulated"` (the test device).
@@ -211,7 +166,7 @@ impl Batch {
     }
 
     fn __len__(&self) -> usize {
-        self.shape_().first().copied().unwrap_or(0)
+        self.mem.shape().first().copied().unwrap_or(0)
     }
 
     /// `batch[i]`, slices and NumPy indices: through the NumPy view (host memory), so a label
@@ -236,12 +191,9 @@ impl Batch {
 
     /// A copy in host memory (after the upload completes, for a device batch).
     fn cpu(&self, py: Python<'_>) -> PyResult<Batch> {
-        let bytes = match &self.mem {
-            Mem::Host(t) => t.bytes().to_vec(),
-            Mem::Device(b) => py.allow_threads(|| b.to_host()).map_err(to_py_device)?,
-        };
-        let mut t = Tensor::zeros(self.shape_(), self.dtype_());
-        t.bytes_mut().copy_from_slice(&bytes);
+        let t = py
+            .allow_threads(|| self.mem.to_host())
+            .map_err(to_py_device)?;
         Ok(t.into())
     }
 
@@ -256,9 +208,9 @@ impl Batch {
             .import("flowgate._native")?
             .getattr("_batch_from_bytes")?;
         let args = (
-            pyo3::types::PyBytes::new(py, host.host_bytes().expect("host memory")),
-            dtype_name(b.dtype_()),
-            b.shape_().to_vec(),
+            pyo3::types::PyBytes::new(py, host.mem.host_bytes().expect("host memory")),
+            b.mem.dtype().numpy(),
+            b.mem.shape().to_vec(),
         );
         PyTuple::new(py, [rebuild, args.into_pyobject(py)?.into_any()])
     }
@@ -270,8 +222,8 @@ impl Batch {
         };
         format!(
             "Batch(shape={:?}, dtype={}{device})",
-            self.shape_(),
-            dtype_name(self.dtype_())
+            self.mem.shape(),
+            self.mem.dtype().numpy()
         )
     }
 
@@ -279,14 +231,14 @@ impl Batch {
     /// has none (NumPy then calls `__array__`, which says what to do).
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let Some(bytes) = self.host_bytes() else {
+        let Some(bytes) = self.mem.host_bytes() else {
             return Err(PyAttributeError::new_err(
                 "a CUDA batch has no array interface",
             ));
         };
         let d = PyDict::new(py);
-        d.set_item("shape", PyTuple::new(py, self.shape_())?)?;
-        d.set_item("typestr", typestr(self.dtype_()))?;
+        d.set_item("shape", PyTuple::new(py, self.mem.shape())?)?;
+        d.set_item("typestr", self.mem.dtype().typestr())?;
         d.set_item("data", (bytes.as_ptr() as usize, false))?;
         d.set_item("version", 3)?;
         Ok(d)
@@ -339,8 +291,8 @@ impl Batch {
         }
         let data = b.data_ptr() as *mut c_void;
         let (device_type, device_id) = b.dl_device();
-        let mut shape: Vec<i64> = b.shape_().iter().map(|&d| d as i64).collect();
-        let (code, bits) = match b.dtype_() {
+        let mut shape: Vec<i64> = b.mem.shape().iter().map(|&d| d as i64).collect();
+        let (code, bits) = match b.mem.dtype() {
             DType::U8 => (1, 8),
             DType::F32 => (2, 32),
             DType::I64 => (0, 64),
@@ -391,8 +343,6 @@ impl Batch {
     }
 }
 
-/// A batch from pickled bytes (see `Batch.__reduce__`); `None`: zeros, for a caller that
-/// fills its writable NumPy view (a remote worker's array: copied once).
 /// A host batch's NumPy view (a device batch raises, saying to call `cpu()` first).
 fn as_numpy<'py>(slf: &Bound<'py, Batch>) -> PyResult<Bound<'py, PyAny>> {
     slf.py()
@@ -400,22 +350,16 @@ fn as_numpy<'py>(slf: &Bound<'py, Batch>) -> PyResult<Bound<'py, PyAny>> {
         .call_method1("asarray", (slf.clone(),))
 }
 
+/// A batch from pickled bytes (see `Batch.__reduce__`); `None`: zeros, for a caller that
+/// fills its writable NumPy view (a remote worker's array: copied once).
 #[pyfunction]
 pub(crate) fn _batch_from_bytes(
     bytes: Option<&[u8]>,
     dtype: &str,
     shape: Vec<usize>,
 ) -> PyResult<Batch> {
-    let d = match dtype {
-        "uint8" => DType::U8,
-        "float32" => DType::F32,
-        "int64" => DType::I64,
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "no batch of dtype {other:?}"
-            )))
-        }
-    };
+    let d = DType::from_numpy(dtype)
+        .ok_or_else(|| PyValueError::new_err(format!("no batch of dtype {dtype:?}")))?;
     let mut t = Tensor::zeros(&shape, d);
     let Some(bytes) = bytes else {
         return Ok(t.into());

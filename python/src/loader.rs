@@ -249,27 +249,7 @@ impl Loader {
             }
             d.set_item("shard_caches", caches)?;
         }
-        let stages = PyDict::new(py);
-        for st in &s.stages {
-            let x = PyDict::new(py);
-            x.set_item("workers", st.workers)?;
-            x.set_item("items_in", st.items_in)?;
-            x.set_item("items_out", st.items_out)?;
-            x.set_item("items_per_s", st.items_per_s)?;
-            // What the stage holds now, as the memory budget counts it, and its limit.
-            x.set_item("bytes", st.queue_bytes)?;
-            x.set_item("budget_bytes", st.budget_bytes)?;
-            if let Some(r) = st.read_ahead {
-                // Shards on S3: how many are fetched ahead (the tuner deepens it).
-                x.set_item("read_ahead", r.depth)?;
-            }
-            if let Some(t) = st.item_threads {
-                // Video: decoder threads per clip (the tuner sets them).
-                x.set_item("item_threads", t.threads)?;
-            }
-            stages.set_item(&st.name, x)?;
-        }
-        d.set_item("stages", stages)?;
+        d.set_item("stages", stages_to_py(py, &s)?)?;
         // Everything the loader holds now, as the memory budget counts it.
         d.set_item(
             "bytes",
@@ -462,4 +442,32 @@ impl Loader {
             core.lock().expect("loader").loader.close();
         });
     }
+}
+
+/// Each stage's statistics, by name, as `stats()["stages"]` gives them.
+pub(crate) fn stages_to_py<'py>(
+    py: Python<'py>,
+    s: &flowgate::PipelineStats,
+) -> PyResult<Bound<'py, PyDict>> {
+    let stages = PyDict::new(py);
+    for st in &s.stages {
+        let x = PyDict::new(py);
+        x.set_item("workers", st.workers)?;
+        x.set_item("items_in", st.items_in)?;
+        x.set_item("items_out", st.items_out)?;
+        x.set_item("items_per_s", st.items_per_s)?;
+        // What the stage holds now, as the memory budget counts it, and its limit.
+        x.set_item("bytes", st.queue_bytes)?;
+        x.set_item("budget_bytes", st.budget_bytes)?;
+        if let Some(r) = st.read_ahead {
+            // Shards on S3: how many are fetched ahead (the tuner deepens it).
+            x.set_item("read_ahead", r.depth)?;
+        }
+        if let Some(t) = st.item_threads {
+            // Video: decoder threads per clip (the tuner sets them).
+            x.set_item("item_threads", t.threads)?;
+        }
+        stages.set_item(&st.name, x)?;
+    }
+    Ok(stages)
 }

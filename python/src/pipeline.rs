@@ -1,15 +1,24 @@
 //! [`PyPipeline`]: a pipeline whose source and stages are Python callables (they take the GIL;
-//! the engine's threads, queues and tuner do not).
+//! the engine's threads, queues and tuner do not). Its source is a Python iterable, or the
+//! positions of a map-style dataset in the library's order (shuffle, ranks, equal counts),
+//! which `flowgate.DataLoader` builds on: checkpoints of that one resume exactly.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-use flowgate::{Described, FailureBudget, Pipeline, PipelineError, Within, Workers};
+use flowgate::dataset::EpochOrder;
+use flowgate::loader::LoaderSettings;
+use flowgate::{
+    Described, FailureBudget, Order, Pipeline, PipelineError, PipelineState, Within, Workers,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyDict, PyList};
 
 use crate::error::to_py;
 use crate::loader::SLICE;
+use crate::state::{state_from_py, state_to_py};
 
 /// A Python exception raised by a stage's callable (its type and message).
 #[derive(Debug)]
@@ -77,12 +86,106 @@ enum StageSpec {
     },
 }
 
+/// Where a pipeline's items come from.
+enum Items {
+    /// A Python iterable, or a callable `source(epoch)` returning one.
+    Iterable(Py<PyAny>),
+    /// The positions `0..len` of a map-style dataset, in `order`: this rank's share,
+    /// `share` positions an epoch.
+    Indexed {
+        len: usize,
+        order: EpochOrder,
+        share: usize,
+    },
+}
+
+/// Where the next epoch starts, once `set_epoch` or `load_state_dict` said so.
+enum Start {
+    Epoch(u64),
+    State(Box<PipelineState>),
+}
+
+/// What the stages' Python calls took: wall time (from asking for the GIL to the call's end),
+/// the calling threads' CPU time, and the span from the first call to the last. Threads busy
+/// in calls (wall / span) against cores they used (CPU / span) say whether threads help: many
+/// threads busy on about one core are taking turns at the GIL.
+#[derive(Default)]
+struct GilClock {
+    first: std::sync::OnceLock<Instant>,
+    wall_ns: AtomicU64,
+    cpu_ns: AtomicU64,
+    span_ns: AtomicU64,
+}
+
+/// This thread's CPU time, in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write to; the clock exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+impl GilClock {
+    /// `f` under the GIL, timed.
+    fn call<R>(&self, f: impl FnOnce(Python<'_>) -> R) -> R {
+        let asked = Instant::now();
+        let cpu = thread_cpu_ns();
+        let first = *self.first.get_or_init(|| asked);
+        let r = Python::with_gil(f);
+        let end = Instant::now();
+        let nanos = |d: std::time::Duration| d.as_nanos() as u64;
+        self.wall_ns
+            .fetch_add(nanos(end - asked), Ordering::Relaxed);
+        self.cpu_ns
+            .fetch_add(thread_cpu_ns().saturating_sub(cpu), Ordering::Relaxed);
+        self.span_ns
+            .fetch_max(nanos(end - first), Ordering::Relaxed);
+        r
+    }
+
+    /// `stats()["gil"]`.
+    fn to_py<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let seconds = |n: &AtomicU64| n.load(Ordering::Relaxed) as f64 / 1e9;
+        let (wall, cpu, span) = (
+            seconds(&self.wall_ns),
+            seconds(&self.cpu_ns),
+            seconds(&self.span_ns),
+        );
+        let per_span = |x: f64| if span > 0.0 { x / span } else { 0.0 };
+        let (busy, cores) = (per_span(wall), per_span(cpu));
+        let g = PyDict::new(py);
+        g.set_item("call_s", wall)?;
+        g.set_item("cpu_s", cpu)?;
+        g.set_item("threads_busy", busy)?;
+        g.set_item("cores_used", cores)?;
+        // Off a CPU during calls: waiting for the GIL (or for I/O).
+        g.set_item(
+            "wait_fraction",
+            if wall > 0.0 {
+                1.0 - (cpu / wall).min(1.0)
+            } else {
+                0.0
+            },
+        )?;
+        g.set_item("bound", busy >= 1.5 && cores < 1.25)?;
+        Ok(g)
+    }
+}
+
 /// A pipeline of Python callables; see `flowgate.Pipeline`.
 #[pyclass(module = "flowgate._native", name = "Pipeline")]
 pub(crate) struct PyPipeline {
-    source: Py<PyAny>,
+    items: Items,
     stages: Mutex<Vec<StageSpec>>,
     skip_errors: bool,
+    /// The order results come out in.
+    order: Order,
+    /// Where the next epoch starts, when set.
+    start: Mutex<Option<Start>>,
+    gil: Arc<GilClock>,
     /// The node CPU budget the pipeline's process joins (`cpu_budget=`).
     cpu_budget: Option<flowgate::CpuBudget>,
     /// The built pipeline, whether an epoch of it is being iterated, and the process whose
@@ -120,7 +223,19 @@ impl Drop for PyPipeline {
 
 impl PyPipeline {
     fn build(&self, py: Python<'_>) -> Result<Pipeline<Py<PyAny>>, PipelineError> {
-        let source = self.source.clone_ref(py);
+        let source = match &self.items {
+            Items::Iterable(source) => source.clone_ref(py),
+            Items::Indexed { len, order, .. } => {
+                let b = Pipeline::builder().source_sampled(order.sampler(*len)?, |_, i| {
+                    Python::with_gil(|py| {
+                        i.into_pyobject(py)
+                            .map(|i| i.into_any().unbind())
+                            .expect("an int")
+                    })
+                });
+                return self.stages(py, b);
+            }
+        };
         let error = Arc::clone(&self.source_error);
         let b = Pipeline::builder().source_epochs(move |epoch| {
             Python::with_gil(|py| {
@@ -144,6 +259,15 @@ impl PyPipeline {
                 }
             })
         });
+        self.stages(py, b)
+    }
+
+    /// The pipeline's stages after its source, and its settings.
+    fn stages(
+        &self,
+        py: Python<'_>,
+        b: flowgate::PipelineBuilder<Py<PyAny>>,
+    ) -> Result<Pipeline<Py<PyAny>>, PipelineError> {
         // Items are described (`repr()`, under the GIL) only when they fail: see `Described`.
         let mut b = b;
         let budget = if self.skip_errors {
@@ -155,15 +279,19 @@ impl PyPipeline {
             b = match s {
                 StageSpec::Map { name, f, workers } => {
                     let f = f.clone_ref(py);
+                    let gil = Arc::clone(&self.gil);
                     b.pipe(
                         name,
                         move |x: Py<PyAny>| {
-                            Python::with_gil(|py| {
+                            gil.call(|py| {
                                 f.call1(py, (x.clone_ref(py),))
                                     .map_err(|e| Described::new(py_repr(py, &x), py_error(py, e)))
                             })
                         },
-                        Workers::initial(*workers),
+                        match workers {
+                            0 => Workers::auto(),
+                            n => Workers::initial(*n),
+                        },
                     )
                 }
                 StageSpec::Batch { size, drop_last } => b.aggregate(*size, *drop_last).pipe(
@@ -182,7 +310,31 @@ impl PyPipeline {
         if let Some(c) = self.cpu_budget {
             b = b.cpu_budget(c);
         }
-        b.max_failures(budget).build()
+        b.max_failures(budget).output_order(self.order).build()
+    }
+
+    /// A pipeline to read from, built if there is none (or the one there was made before a
+    /// fork), at the epoch or state `set_epoch` or `load_state_dict` named.
+    fn running<'a>(&self, py: Python<'_>, r: &'a mut Option<Running>) -> PyResult<&'a mut Running> {
+        let start = self.start.lock().expect("start").take();
+        let here = std::process::id();
+        if start.is_some() || r.as_ref().is_none_or(|run| run.pid != here) {
+            if let Some(old) = r.take() {
+                old.end(py);
+            }
+            let mut p = self.build(py).map_err(to_py)?;
+            match start {
+                Some(Start::Epoch(e)) => p.start_at_epoch(e).map_err(to_py)?,
+                Some(Start::State(s)) => p.resume(&s).map_err(to_py)?,
+                None => {}
+            }
+            *r = Some(Running {
+                pipeline: p,
+                in_epoch: false,
+                pid: here,
+            });
+        }
+        Ok(r.as_mut().expect("built"))
     }
 }
 
@@ -196,7 +348,10 @@ impl PyPipeline {
         cpu_budget: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         Ok(Self {
-            source,
+            items: Items::Iterable(source),
+            order: Order::Completion,
+            start: Mutex::default(),
+            gil: Arc::default(),
             stages: Mutex::new(Vec::new()),
             skip_errors,
             cpu_budget: cpu_budget.map(crate::args::cpu_budget_of).transpose()?,
@@ -206,7 +361,7 @@ impl PyPipeline {
     }
 
     /// Adds a stage calling `f(item)` on `workers` threads (a starting point: the tuner may
-    /// change it). Python callables hold the GIL while they run.
+    /// change it; 0 leaves the start to it too). Python callables hold the GIL while they run.
     #[pyo3(signature = (f, workers=1, name=None))]
     fn map<'py>(
         slf: Bound<'py, Self>,
@@ -218,11 +373,7 @@ impl PyPipeline {
             let me = slf.borrow();
             let mut st = me.stages.lock().expect("stages");
             let name = name.unwrap_or_else(|| format!("map{}", st.len() + 1));
-            st.push(StageSpec::Map {
-                name,
-                f,
-                workers: workers.max(1),
-            });
+            st.push(StageSpec::Map { name, f, workers });
         }
         slf
     }
@@ -249,33 +400,104 @@ impl PyPipeline {
     /// at the epoch the parent was in, or the next if it was between epochs).
     fn _start_epoch(&self, py: Python<'_>) -> PyResult<()> {
         let mut r = self.running.lock().expect("running");
-        let here = std::process::id();
-        match r.as_mut() {
-            Some(run) if !run.in_epoch && run.pid == here => run.in_epoch = true,
-            _ => {
-                let next = r.as_ref().map(|run| {
-                    let e = run.pipeline.epoch();
-                    if run.pid != here && run.in_epoch {
-                        e
-                    } else {
-                        e + 1
-                    }
-                });
-                if let Some(old) = r.take() {
-                    old.end(py);
-                }
-                let mut p = self.build(py).map_err(to_py)?;
-                if let Some(epoch) = next {
-                    p.start_at_epoch(epoch).map_err(to_py)?;
-                }
-                *r = Some(Running {
-                    pipeline: p,
-                    in_epoch: true,
-                    pid: here,
-                });
+        if let Some(run) = r.as_ref() {
+            let mut start = self.start.lock().expect("start");
+            if start.is_none() && (run.in_epoch || run.pid != std::process::id()) {
+                // A loop left mid-way goes on with the next epoch; a forked child starts the
+                // epoch its parent was in (or the next, between epochs).
+                let here = run.pid == std::process::id();
+                let e = run.pipeline.epoch();
+                *start = Some(Start::Epoch(e + u64::from(run.in_epoch && here)));
             }
         }
+        self.running(py, &mut r)?.in_epoch = true;
         Ok(())
+    }
+
+    /// A map-style dataset's pipeline: its source the positions `0..len` in the order
+    /// `settings` (a `LoaderSettings` dict: shuffle, seed, ranks, drop_last, order,
+    /// skip_errors, cpu_budget) give; the stages added after.
+    #[staticmethod]
+    fn indexed(len: usize, settings: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let invalid = |e: String| PyValueError::new_err(e);
+        let settings = crate::args::value_of(settings).map_err(invalid)?;
+        let settings = LoaderSettings::from_value(settings).map_err(invalid)?;
+        let order = settings.epoch_order().map_err(|e| invalid(e.to_string()))?;
+        let share = order.sampler(len).map_err(to_py)?.len();
+        Ok(Self {
+            items: Items::Indexed { len, order, share },
+            order: settings.order.into(),
+            start: Mutex::default(),
+            gil: Arc::default(),
+            stages: Mutex::new(Vec::new()),
+            skip_errors: settings.skip_errors,
+            cpu_budget: settings.cpu_budget,
+            running: Mutex::new(None),
+            source_error: Arc::default(),
+        })
+    }
+
+    /// Positions this rank reads an epoch (a map-style dataset's pipeline; `None` for an
+    /// iterable's).
+    #[getter]
+    fn share(&self) -> Option<usize> {
+        match self.items {
+            Items::Indexed { share, .. } => Some(share),
+            Items::Iterable(_) => None,
+        }
+    }
+
+    /// A checkpoint of what the consumer received: of the epoch being iterated, of an epoch
+    /// left mid-way, or (between epochs) the next epoch from its start.
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        if let Some(Start::State(s)) = &*self.start.lock().expect("start") {
+            return state_to_py(py, s);
+        }
+        let mut r = self.running.lock().expect("running");
+        let s = self.running(py, &mut r)?.pipeline.state();
+        state_to_py(py, &s)
+    }
+
+    /// Continues from `state` (of a pipeline built alike, refused otherwise): the next epoch
+    /// started yields exactly what it had not delivered.
+    fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
+        let state = state_from_py(state)?;
+        *self.start.lock().expect("start") = Some(Start::State(Box::new(state)));
+        // Built now, so that a state of another pipeline is refused here.
+        let mut r = self.running.lock().expect("running");
+        self.running(py, &mut r).map(drop)
+    }
+
+    /// Makes `epoch` the next one started (as `DistributedSampler.set_epoch`): a no-op when
+    /// it already is (a resumed position is kept).
+    fn set_epoch(&self, epoch: u64) {
+        let mut start = self.start.lock().expect("start");
+        let next = match &*start {
+            Some(Start::Epoch(e)) => *e,
+            Some(Start::State(s)) => s.epoch,
+            None => match self.running.lock().expect("running").as_ref() {
+                Some(run) => run.pipeline.epoch() + u64::from(run.in_epoch),
+                None => 0,
+            },
+        };
+        if next != epoch {
+            *start = Some(Start::Epoch(epoch));
+        }
+    }
+
+    /// The stages' statistics and their Python calls': `gil.threads_busy` threads in calls on
+    /// `gil.cores_used` cores on average; `gil.bound` when several threads were busy on about
+    /// one core (taking turns at the GIL: more threads cannot help).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        if let Some(run) = self.running.lock().expect("running").as_ref() {
+            let s = run.pipeline.stats();
+            d.set_item("delivered", s.delivered)?;
+            d.set_item("failures", s.failures)?;
+            d.set_item("stages", crate::loader::stages_to_py(py, &s)?)?;
+        }
+        d.set_item("gil", self.gil.to_py(py)?)?;
+        Ok(d)
     }
 
     fn _next(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {

@@ -25,32 +25,9 @@ impl EpochPlan {
         self.plan.epoch()
     }
 
-    /// Batches left in the epoch.
-    #[getter]
-    fn batches(&self) -> usize {
-        self.plan.batches()
-    }
-
-    /// Positions per batch (1: length-aware batches, a position is a batch).
-    #[getter]
-    fn per_batch(&self) -> usize {
-        self.plan.per_batch()
-    }
-
-    /// Whether the epoch's last partial batch is dropped.
-    #[getter]
-    fn drop_last(&self) -> bool {
-        self.plan.drop_last()
-    }
-
     /// Units in the epoch.
     fn __len__(&self) -> usize {
         self.plan.len()
-    }
-
-    /// Unit `index`'s batches.
-    fn unit_batches(&self, index: usize) -> PyResult<usize> {
-        Ok(self.unit(index)?.batches)
     }
 
     /// The `state_dict` that makes a loader built alike decode exactly unit `index`.

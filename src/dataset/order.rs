@@ -87,6 +87,13 @@ impl EpochOrder {
         split: None,
     };
 
+    /// The positions `0..len` of a map-style dataset (anything indexed, such as a Python
+    /// `Dataset`) in this order: shuffled anew every epoch with the seed, this rank's share,
+    /// every share as long.
+    pub fn sampler(&self, len: usize) -> Result<Sampler, PipelineError> {
+        self.apply(Sampler::new(len))
+    }
+
     /// `x` shuffled (with a seed) and dealt: this rank's share, every share as long (and
     /// with a split, this worker's part of it).
     pub(crate) fn apply<T: Dealt>(&self, x: T) -> Result<T, PipelineError> {

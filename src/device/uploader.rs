@@ -382,15 +382,38 @@ impl Delivered {
         }
     }
 
+    /// The bytes, where the host can read them (host memory, or the simulated device's).
+    pub fn host_bytes(&self) -> Option<&[u8]> {
+        match self {
+            Delivered::Host(t) => Some(t.bytes()),
+            Delivered::Device(b) => b.host_bytes(),
+        }
+    }
+
+    /// The CUDA device the batch is on, or `None` for host memory (the simulated device's
+    /// too).
+    pub fn cuda_ordinal(&self) -> Option<usize> {
+        match self {
+            Delivered::Host(_) => None,
+            Delivered::Device(b) => b.cuda_ordinal(),
+        }
+    }
+
+    /// A copy of the batch in host memory (after its upload, for a device batch).
+    pub fn to_host(&self) -> Result<Tensor, DeviceError> {
+        let mut t = Tensor::zeros(self.shape(), self.dtype());
+        match self {
+            Delivered::Host(h) => t.bytes_mut().copy_from_slice(h.bytes()),
+            Delivered::Device(b) => t.bytes_mut().copy_from_slice(&b.to_host()?),
+        }
+        Ok(t)
+    }
+
     /// The batch as a NumPy `.npy` file (copied back from the device first).
     pub fn to_npy(&self) -> Result<Vec<u8>, DeviceError> {
         match self {
             Delivered::Host(t) => Ok(t.to_npy()),
-            Delivered::Device(b) => {
-                let mut t = Tensor::zeros(b.shape(), b.dtype());
-                t.bytes_mut().copy_from_slice(&b.to_host()?);
-                Ok(t.to_npy())
-            }
+            Delivered::Device(_) => Ok(self.to_host()?.to_npy()),
         }
     }
 
@@ -398,12 +421,7 @@ impl Delivered {
     pub fn into_host(self) -> Result<Tensor, DeviceError> {
         match self {
             Delivered::Host(t) => Ok(t),
-            Delivered::Device(b) => {
-                let b = &b;
-                let mut t = Tensor::zeros(b.shape(), b.dtype());
-                t.bytes_mut().copy_from_slice(&b.to_host()?);
-                Ok(t)
-            }
+            Delivered::Device(_) => self.to_host(),
         }
     }
 }

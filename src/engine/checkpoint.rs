@@ -147,6 +147,23 @@ fn parts_of_this_version<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<P
 }
 
 impl PipelineState {
+    /// The state of the epoch after this one's, from its start: this rank's own place in it
+    /// (no base, nothing owed). What a loader's checkpoint names once an epoch has ended.
+    pub fn next_epoch(&self) -> PipelineState {
+        PipelineState {
+            epoch: self.epoch + 1,
+            delivered: Vec::new(),
+            delivered_items: 0,
+            partial: Vec::new(),
+            shard: self.shard.clone().map(|sh| ShareState {
+                base: Vec::new(),
+                ..sh
+            }),
+            owed_batches: None,
+            ..self.clone()
+        }
+    }
+
     /// Merges the states that every rank of one world took at the same step into one state
     /// of the whole world's progress, which a pipeline of any world size resumes (each rank
     /// gets an equal share of what is left; see [`Layout`]). The states must come from the

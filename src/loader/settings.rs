@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::builder::{LoaderBuilder, DEFAULT_BATCH_SIZE};
 use super::lengths::DEFAULT_BUCKETS;
-use crate::dataset::{Dataset, DatasetBuilder, Ranks, Source};
+use crate::dataset::{Dataset, DatasetBuilder, EpochOrder, Ranks, Source};
 use crate::limits::{self, OutOfRange};
 use crate::media::{MediaArgs, Recipe, RecipeError};
 use crate::{CpuBudget, FailureBudget, Order};
@@ -174,6 +174,11 @@ impl LoaderSettings {
     /// environment's).
     pub fn ranks(&self) -> Result<Ranks, SettingsError> {
         match (self.rank, self.world_size) {
+            (Some(_), Some(0)) => Err(OutOfRange {
+                key: "world_size",
+                message: "must be at least 1, not 0".into(),
+            }
+            .into()),
             (Some(rank), Some(world)) => Ok(Ranks::Fixed { rank, world }),
             (None, None) => Ok(Ranks::FromEnv),
             _ => Err(SettingsError::Conflict(
@@ -194,6 +199,17 @@ impl LoaderSettings {
     pub fn recipe(&self, media: &MediaArgs) -> Result<Recipe, SettingsError> {
         self.check()?;
         Ok(media.recipe(self.length_cap(), self.seed)?)
+    }
+
+    /// The order these settings give a dataset's epochs: the shuffle, the ranks, equal counts.
+    pub fn epoch_order(&self) -> Result<EpochOrder, SettingsError> {
+        self.check()?;
+        Ok(EpochOrder {
+            seed: self.shuffle.then_some(self.seed),
+            ranks: self.ranks()?,
+            drop_last: self.drop_last,
+            split: None,
+        })
     }
 
     /// The dataset of `source` these settings read with `recipe`: its extensions, the shuffle
@@ -260,6 +276,40 @@ impl LoaderSettings {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_map_style_datasets_positions_are_dealt_as_the_settings_say() {
+        let shares = |drop_last: bool| -> Vec<Vec<usize>> {
+            (0..3)
+                .map(|rank| {
+                    let s = LoaderSettings::from_value(json!({
+                        "rank": rank, "world_size": 3, "seed": 9, "drop_last": drop_last
+                    }))
+                    .unwrap();
+                    let sampler = s.epoch_order().unwrap().sampler(10).unwrap();
+                    sampler.epoch(0)
+                })
+                .collect()
+        };
+        let padded = shares(false);
+        assert!(padded.iter().all(|s| s.len() == 4), "{padded:?}");
+        let all: std::collections::BTreeSet<usize> = padded.iter().flatten().copied().collect();
+        assert_eq!(
+            all.len(),
+            10,
+            "every position, padded by repeats: {padded:?}"
+        );
+        let dropped = shares(true);
+        assert!(dropped.iter().all(|s| s.len() == 3), "{dropped:?}");
+        let once: Vec<usize> = dropped.iter().flatten().copied().collect();
+        let unique: std::collections::BTreeSet<usize> = once.iter().copied().collect();
+        assert_eq!(once.len(), unique.len(), "nothing twice");
+        let e = LoaderSettings::from_value(json!({"rank": 0, "world_size": 0}))
+            .unwrap()
+            .epoch_order()
+            .unwrap_err();
+        assert_eq!(e.to_string(), "world_size: must be at least 1, not 0");
+    }
 
     #[test]
     fn an_empty_setting_is_every_default() {

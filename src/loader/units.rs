@@ -23,7 +23,7 @@
 use flowgate_actors::origin::RangeSet;
 
 use super::Loader;
-use crate::{PipelineError, PipelineState, ShareState};
+use crate::{PipelineError, PipelineState};
 
 /// The epoch a planning loader runs next, cut into units; see the [module docs](self).
 #[derive(Clone, Debug)]
@@ -308,16 +308,5 @@ pub(super) fn minus(a: &[(u64, u64)], b: &[(u64, u64)]) -> RangeSet {
 
 /// The state of the epoch after `s`'s, from its start (the rank's own place, no base).
 pub(super) fn next_epoch(s: &PipelineState) -> PipelineState {
-    PipelineState {
-        epoch: s.epoch + 1,
-        delivered: Vec::new(),
-        delivered_items: 0,
-        partial: Vec::new(),
-        shard: s.shard.clone().map(|sh| ShareState {
-            base: Vec::new(),
-            ..sh
-        }),
-        owed_batches: None,
-        ..s.clone()
-    }
+    s.next_epoch()
 }

@@ -1,0 +1,144 @@
+"""``flowgate.DataLoader``: ``torch.utils.data.DataLoader``'s arguments over a map-style
+dataset, on flowgate's engine. The order (a seeded shuffle, ranks, equal counts), the
+checkpoints and the failure policy are the library's; this module maps torch's arguments onto
+them and names what it cannot do."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterator, Optional
+
+from . import _native
+from ._process import _Epoch
+
+
+class DataLoader:
+    """A drop-in for ``torch.utils.data.DataLoader`` over a map-style ``Dataset``::
+
+        loader = flowgate.DataLoader(dataset, batch_size=32, shuffle=True, num_workers=8,
+                                     collate_fn=collate)   # was torch.utils.data.DataLoader
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            for batch in loader: ...
+
+    ``dataset[i]`` (or ``dataset.__getitems__(indices)``, a batch's at once, where the dataset
+    has it) runs on threads of this process the tuner sizes (``num_workers``: how many to
+    start with; 0 leaves it to the tuner), not in worker processes; ``collate_fn`` (default:
+    torch's ``default_collate``, or lists without torch) runs as a stage of its own. Batches
+    come in the sampler's order: with ``shuffle=False`` the same batches as torch's.
+
+    What torch lacks: under ``torchrun`` (``RANK``/``WORLD_SIZE``) each rank reads its share,
+    every share as long (padded by repeating the epoch's start, as ``DistributedSampler``;
+    ``drop_last=True`` drops the remainder instead); ``state_dict()`` / ``load_state_dict()``
+    resume an epoch exactly where it stopped; ``skip_errors=True`` skips (and counts) an item
+    whose ``__getitem__`` raises, where the default raises :class:`LoaderError` naming it.
+    ``stats()["gil"]``: how many threads were busy in the dataset's calls (``threads_busy``) on
+    how many cores (``cores_used``); ``stats()["gil_bound"]`` when several took turns on about
+    one core: the dataset's Python code holds the GIL, and more threads cannot help.
+
+    The order of a shuffled epoch follows from ``seed`` (or ``generator.initial_seed()``) and
+    the epoch (``set_epoch``, else one more each pass); it is not torch's permutation.
+    Refused, with the reason: ``sampler``, ``batch_sampler``, ``worker_init_fn`` and
+    ``timeout`` (there are no worker processes).
+    """
+
+    def __init__(self, dataset: Any, batch_size: Optional[int] = 1, shuffle: Optional[bool] = None,
+                 sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
+                 collate_fn: Optional[Callable[[Any], Any]] = None, pin_memory: bool = False,
+                 drop_last: bool = False, timeout: float = 0, worker_init_fn: Any = None,
+                 multiprocessing_context: Any = None, generator: Any = None, *,
+                 prefetch_factor: Optional[int] = None, persistent_workers: bool = False,
+                 pin_memory_device: str = "", in_order: bool = True, seed: Optional[int] = None,
+                 rank: Optional[int] = None, world_size: Optional[int] = None,
+                 skip_errors: bool = False, cpu_budget: Any = None) -> None:
+        for name, given, why in (
+                ("sampler", sampler is not None, "it orders the dataset itself: shuffle, seed "
+                 "and the ranks from the environment"),
+                ("batch_sampler", batch_sampler is not None, "it batches in order with "
+                 "batch_size and drop_last"),
+                ("worker_init_fn", worker_init_fn is not None, "there are no worker "
+                 "processes: items are fetched on threads of this process"),
+                ("timeout", timeout not in (0, None), "there are no worker processes to "
+                 "time out")):
+            if given:
+                raise ValueError(f"flowgate.DataLoader takes no {name}: {why}")
+        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+            raise TypeError("flowgate.DataLoader needs a map-style dataset (__getitem__ and "
+                            f"__len__), not {type(dataset).__name__}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be an int of at least 0, not {num_workers!r}")
+        if seed is None:
+            seed = generator.initial_seed() % 2**64 if generator is not None else 0
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        settings: Dict[str, Any] = dict(
+            batch_size=1 if batch_size is None else batch_size, shuffle=bool(shuffle), seed=seed, drop_last=drop_last,
+            order="input" if in_order else "completion", skip_errors=skip_errors,
+            cpu_budget=cpu_budget, rank=rank, world_size=world_size)
+        native = _native.Pipeline.indexed(len(dataset), settings)
+        if collate_fn is None:
+            collate_fn = _default_collate(batched=batch_size is not None)
+        if batch_size is None:
+            native.map(dataset.__getitem__, num_workers, "getitem")
+            native.map(collate_fn, 0, "convert")
+        elif hasattr(dataset, "__getitems__"):
+            native.batch(batch_size, drop_last)
+            native.map(dataset.__getitems__, num_workers, "getitems")
+            native.map(collate_fn, 0, "collate")
+        else:
+            native.map(dataset.__getitem__, num_workers, "getitem")
+            native.batch(batch_size, drop_last)
+            native.map(collate_fn, 0, "collate")
+        self._native = native
+        self._pin = pin_memory
+
+    def __len__(self) -> int:
+        share = self._native.share
+        if self.batch_size is None:
+            return share
+        if self.drop_last:
+            return share // self.batch_size
+        return -(-share // self.batch_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        convert = None
+        if self._pin:
+            import torch
+            if torch.cuda.is_available():
+                from torch.utils.data._utils.pin_memory import pin_memory
+                convert = pin_memory
+        return _Epoch(self._native, convert)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes ``epoch`` the next one iterated (as ``DistributedSampler.set_epoch``): its
+        order follows from the seed and the epoch. A resumed position is kept."""
+        self._native.set_epoch(epoch)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """What the training loop has received: ``load_state_dict`` on a loader built alike
+        continues with exactly the batches that were not delivered."""
+        return self._native.state_dict()
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self._native.load_state_dict(state)
+
+    def stats(self) -> Dict[str, Any]:
+        """The stages' statistics (threads, items), and what the dataset's calls took
+        (``gil``: threads busy, cores used, whether the GIL bound them)."""
+        s = self._native.stats()
+        s["gil_bound"] = s["gil"]["bound"]
+        return s
+
+    def close(self) -> None:
+        """Stops the threads."""
+        self._native.close()
+
+
+def _default_collate(batched: bool) -> Callable[[Any], Any]:
+    """torch's ``default_collate`` (``default_convert`` without batching); without torch,
+    a batch is the list of its items."""
+    try:
+        from torch.utils.data import default_collate, default_convert
+    except ImportError:
+        return (lambda items: items) if batched else (lambda item: item)
+    return default_collate if batched else default_convert

@@ -1,0 +1,270 @@
+"""flowgate.DataLoader against torch.utils.data.DataLoader: the same batches, len(), exact
+resume, ranks with equal counts, the failure policy, and a torchvision-style dataset of JPEGs
+decoded with PIL."""
+
+import json
+
+import pytest
+
+import flowgate
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
+from torch.utils.data import Dataset  # noqa: E402
+
+
+class Numbered(Dataset):
+    """Item i: a tensor, an int and a string, all naming i; `bad` indices raise."""
+
+    def __init__(self, n, bad=()):
+        self.n, self.bad = n, set(bad)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i in self.bad:
+            raise OSError(f"item {i} is unreadable")
+        return {"x": torch.tensor([i, 2 * i]), "label": i % 3, "name": f"item{i}"}
+
+
+class Batched(Numbered):
+    """With __getitems__ (a batch's indices at once), as torch's newer datasets have."""
+
+    def __init__(self, n):
+        super().__init__(n)
+        self.calls = 0
+
+    def __getitems__(self, indices):
+        self.calls += 1
+        return [self[i] for i in indices]
+
+
+def ids(batches):
+    return [b["x"][:, 0].tolist() for b in batches]
+
+
+def same(a, b):
+    return (len(a) == len(b) and all(
+        torch.equal(x["x"], y["x"]) and torch.equal(x["label"], y["label"])
+        and x["name"] == y["name"] for x, y in zip(a, b)))
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 5, 23, 30])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_the_same_batches_and_len_as_torch(batch_size, drop_last):
+    ds = Numbered(23)
+    want = list(TorchLoader(ds, batch_size=batch_size, drop_last=drop_last))
+    loader = flowgate.DataLoader(ds, batch_size=batch_size, drop_last=drop_last, num_workers=3)
+    got = list(loader)
+    assert len(loader) == len(TorchLoader(ds, batch_size=batch_size, drop_last=drop_last))
+    assert len(got) == len(loader)
+    assert same(want, got)
+    assert same(got, list(loader)), "a second pass, unshuffled, is the same"
+
+
+def test_batch_size_none_converts_items_as_torch_does():
+    ds = Numbered(7)
+    want = list(TorchLoader(ds, batch_size=None))
+    loader = flowgate.DataLoader(ds, batch_size=None)
+    got = list(loader)
+    assert len(loader) == 7 and len(got) == 7
+    assert all(torch.equal(a["x"], b["x"]) and a["name"] == b["name"] for a, b in zip(want, got))
+
+
+def test_getitems_fetches_a_batch_at_once_with_the_same_batches():
+    ds = Batched(23)
+    got = list(flowgate.DataLoader(ds, batch_size=4))
+    assert same(list(TorchLoader(Numbered(23), batch_size=4)), got)
+    assert ds.calls == 6
+
+
+def test_a_users_collate_fn_makes_the_batches():
+    def collate(items):
+        return sorted(it["name"] for it in items)
+
+    got = list(flowgate.DataLoader(Numbered(10), batch_size=3, collate_fn=collate))
+    assert got == list(TorchLoader(Numbered(10), batch_size=3, collate_fn=collate))
+
+
+def test_shuffled_epochs_are_permutations_fixed_by_seed_and_epoch():
+    ds = Numbered(23)
+    loader = flowgate.DataLoader(ds, batch_size=4, shuffle=True, seed=5)
+    epochs = [sum(ids(loader), []) for _ in range(3)]
+    for e in epochs:
+        assert sorted(e) == list(range(23)), "every item once"
+    assert epochs[0] != epochs[1] != epochs[2], "each pass a new order"
+    again = flowgate.DataLoader(ds, batch_size=4, shuffle=True, seed=5)
+    again.set_epoch(1)
+    assert sum(ids(again), []) == epochs[1], "set_epoch names the order"
+    other = flowgate.DataLoader(ds, batch_size=4, shuffle=True, seed=6)
+    assert sum(ids(other), []) != epochs[0]
+    gen = torch.Generator().manual_seed(5)
+    assert sum(ids(flowgate.DataLoader(ds, batch_size=4, shuffle=True, generator=gen)), []) \
+        == epochs[0], "a generator's seed is the seed"
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_checkpoint_at_every_batch_resumes_exactly(drop_last):
+    ds = Numbered(23)
+    args = dict(batch_size=4, shuffle=True, seed=3, drop_last=drop_last)
+    whole = flowgate.DataLoader(ds, **args)
+    whole.set_epoch(2)
+    want = ids(whole)
+    for k in range(len(want) + 1):
+        loader = flowgate.DataLoader(ds, **args)
+        loader.set_epoch(2)
+        it = iter(loader)
+        head = [next(it)["x"][:, 0].tolist() for _ in range(k)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        del it
+        resumed = flowgate.DataLoader(ds, **args)
+        resumed.load_state_dict(state)
+        resumed.set_epoch(2)  # at each epoch's start, as with DistributedSampler: kept
+        assert head + ids(resumed) == want, f"resumed after {k} batches"
+    # After the epoch's end the checkpoint names the next epoch, from its start.
+    done = flowgate.DataLoader(ds, **args)
+    done.set_epoch(2)
+    list(done)
+    resumed = flowgate.DataLoader(ds, **args)
+    resumed.load_state_dict(done.state_dict())
+    nxt = flowgate.DataLoader(ds, **args)
+    nxt.set_epoch(3)
+    assert ids(resumed) == ids(nxt)
+
+
+def test_a_checkpoint_of_another_loader_is_refused():
+    state = flowgate.DataLoader(Numbered(23), batch_size=4, shuffle=True, seed=3).state_dict()
+    with pytest.raises(flowgate.LoaderError, match="shuffle_seed"):
+        flowgate.DataLoader(Numbered(23), batch_size=4, shuffle=True, seed=4).load_state_dict(state)
+
+
+@pytest.mark.parametrize("n,world,batch", [(10, 3, 2), (23, 4, 5), (2, 3, 1)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_read_equal_shares_of_the_epoch(n, world, batch, drop_last):
+    seen, lens = [], []
+    for rank in range(world):
+        loader = flowgate.DataLoader(Numbered(n), batch_size=batch, shuffle=True, seed=1,
+                                     rank=rank, world_size=world, drop_last=drop_last)
+        got = sum(ids(loader), [])
+        assert len(list(loader)) == len(loader)
+        lens.append(len(loader))
+        seen += got
+    assert len(set(lens)) == 1, f"every rank as many batches: {lens}"
+    if drop_last:
+        assert len(seen) == len(set(seen)), "nothing read twice"
+        assert len(seen) >= (n // world) * world - (batch - 1) * world
+    else:
+        assert set(seen) == set(range(n)), "every item read"
+        share = -(-n // world)
+        assert lens[0] == -(-share // batch)
+
+
+def test_ranks_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    loader = flowgate.DataLoader(Numbered(9), batch_size=2)
+    mine = sum(ids(loader), [])
+    monkeypatch.setenv("RANK", "0")
+    other = sum(ids(flowgate.DataLoader(Numbered(9), batch_size=2)), [])
+    assert len(mine) == len(other) == 5 and set(mine) | set(other) == set(range(9))
+
+
+def test_a_failing_item_raises_naming_it_or_is_skipped_and_counted():
+    ds = Numbered(12, bad={3, 7})
+    with pytest.raises(flowgate.LoaderError, match="item 3 is unreadable"):
+        list(flowgate.DataLoader(ds, batch_size=4))
+    loader = flowgate.DataLoader(ds, batch_size=4, skip_errors=True)
+    got = sum(ids(loader), [])
+    assert got == [i for i in range(12) if i not in (3, 7)]
+    assert loader.stats()["failures"] == 2
+
+
+def test_what_it_cannot_do_is_refused_at_once():
+    ds = Numbered(4)
+    for kw in (dict(sampler=range(4)), dict(batch_sampler=[[0, 1]]),
+               dict(worker_init_fn=lambda i: None), dict(timeout=5)):
+        with pytest.raises(ValueError, match=f"takes no {next(iter(kw))}"):
+            flowgate.DataLoader(ds, **kw)
+    with pytest.raises(TypeError, match="map-style"):
+        flowgate.DataLoader(iter(range(3)))
+    with pytest.raises(ValueError, match="batch_size"):
+        flowgate.DataLoader(ds, batch_size=0)
+    with pytest.raises(ValueError, match="num_workers"):
+        flowgate.DataLoader(ds, num_workers=-1)
+
+
+def test_stats_say_whether_the_gil_holds_the_threads_back():
+    class Busy(Numbered):
+        def __getitem__(self, i):
+            x = 0
+            for k in range(20000):  # pure Python: holds the GIL throughout
+                x += k
+            return super().__getitem__(i)
+
+    loader = flowgate.DataLoader(Busy(64), batch_size=8, num_workers=4)
+    assert len(list(loader)) == 8
+    s = loader.stats()
+    gil = s["gil"]
+    assert gil["call_s"] > 0 and 0 <= gil["wait_fraction"] <= 1
+    assert gil["cpu_s"] <= gil["call_s"] * 1.05 + 0.01
+    # Pure Python holds the GIL: however many threads are busy, about one core is used.
+    assert gil["cores_used"] <= 1.15, gil
+    assert s["gil_bound"] == (gil["threads_busy"] >= 1.5 and gil["cores_used"] < 1.25)
+    assert "getitem" in s["stages"]
+
+
+def test_a_torchvision_dataset_of_jpegs_gives_torchs_tensors(data):
+    pytest.importorskip("torchvision")
+    from PIL import Image
+    from torchvision import transforms
+
+    paths = sorted((data / "images").glob("*.jpg"))
+
+    class Photos(Dataset):
+        tf = transforms.Compose([transforms.Resize(72), transforms.CenterCrop(64),
+                                 transforms.ToTensor(),
+                                 transforms.Normalize([0.5] * 3, [0.25] * 3)])
+
+        def __len__(self):
+            return len(paths)
+
+        def __getitem__(self, i):
+            with Image.open(paths[i]) as im:
+                return self.tf(im.convert("RGB")), i % 5
+
+    want = list(TorchLoader(Photos(), batch_size=6))
+    loader = flowgate.DataLoader(Photos(), batch_size=6, num_workers=2)
+    got = list(loader)
+    assert len(got) == len(loader) == len(want) == 7
+    for (wx, wy), (gx, gy) in zip(want, got):
+        assert torch.equal(wx, gx) and torch.equal(wy, gy)
+
+
+@pytest.mark.parametrize("n,world,batch", [(10, 3, 2), (7, 2, 3)])
+def test_under_torchrun_every_rank_steps_as_often_and_the_epoch_is_covered(
+        n, world, batch, tmp_path):
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    worker = pathlib.Path(__file__).with_name("dataloader_ddp_worker.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(k, None)
+    out = tmp_path / "report.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
+         "--master_port", str(30500 + (os.getpid() + n) % 1000), str(worker), str(n),
+         str(batch), "2", str(out)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    ranks = json.loads(out.read_text())
+    share = -(-n // world)
+    for rep in ranks:
+        assert rep["len"] == -(-share // batch)
+    for epoch in range(2):
+        read = [i for rep in ranks for i in rep["read"][epoch]]
+        assert set(read) == set(range(n)), f"epoch {epoch}: every item"
+        assert len(read) == share * world, "shares padded to equal lengths"
+    assert ranks[0]["read"][0] != ranks[0]["read"][1], "a new order each epoch"
