@@ -39,15 +39,17 @@ def flowgate_run(peers: str, list_file: str, batch_size: int, busy: int) -> None
                                     transforms.PILToTensor()])
     dataset = ImageFiles(read_list(list_file), transform)
     if busy:
+        images = dataset
+
         class Busy:
             def __len__(self):
-                return len(dataset)
+                return len(images)
 
             def __getitem__(self, i):
                 x = 0
                 for k in range(busy):  # pure Python: holds the GIL
                     x += k
-                return dataset[i]
+                return images[i]
         dataset = Busy()
     loader = flowgate.DataLoader(dataset, batch_size=batch_size)
     m = EpochMeter()
@@ -58,7 +60,7 @@ def flowgate_run(peers: str, list_file: str, batch_size: int, busy: int) -> None
         n += batch.shape[0]
     m.stop()
     s = loader.stats()
-    threads = s["stages"].get("getitem", {}).get("workers")
+    threads = s["stages"].get("fetch", {}).get("workers")
     emit(m.result(f"flowgate.DataLoader{'(busy)' if busy else ''}", n, threads=threads,
                   threads_busy=round(s["gil"]["threads_busy"], 2),
                   cores_used=round(s["gil"]["cores_used"], 2), gil_bound=s["gil"]["bound"]))

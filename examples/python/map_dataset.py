@@ -5,7 +5,8 @@
     torchrun --nproc_per_node=2 examples/python/map_dataset.py target/sample-data/images.txt
 
 The Dataset is the user's own (PIL decode, torchvision transforms, an int label); only the
-DataLoader line changes. flowgate runs `dataset[i]` on threads the tuner sizes, deals each
+DataLoader line changes. flowgate makes batches (`dataset[i]`, then the collate) on threads
+the tuner sizes, deals each
 rank an equal share under torchrun, and its state_dict resumes an epoch exactly: the script
 stops half way through the first epoch, saves the checkpoint, and resumes from it.
 """
@@ -61,9 +62,9 @@ def main() -> None:
                 checkpoint = {"model": model.state_dict(), "loader": loader.state_dict()}
                 break  # a preemption, half way through the first epoch
         stats = loader.stats()
-        print(f"epoch {epoch}: {stats['delivered']} batches, getitem threads "
-              f"{stats['stages']['getitem']['workers']}, GIL wait "
-              f"{stats['gil']['wait_fraction']:.0%}")
+        print(f"epoch {epoch}: {stats['delivered']} batches, fetch threads "
+              f"{stats['stages']['fetch']['workers']}: {stats['gil']['threads_busy']:.1f} "
+              f"busy on {stats['gil']['cores_used']:.1f} cores")
         if checkpoint is not None and epoch == 0:
             # A new process would build the same loader and load the checkpoint.
             resumed = flowgate.DataLoader(dataset, batch_size=32, shuffle=True, num_workers=8,

@@ -26,7 +26,7 @@ from . import _native
 from ._native import Batch, DeviceUnavailable, LoaderError, build_info, skip_part
 from ._dataloader import DataLoader
 from ._sources import Mix, Parquet, Shards
-from ._process import _Epoch
+from ._process import _OPEN, _Pass
 from ._remote import Ray
 from ._loader import _Loader
 from ._native import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401  (flowgate.IMAGENET_MEAN, ...)
@@ -408,6 +408,7 @@ class Pipeline:
                  skip_errors: bool = False,
                  cpu_budget: Union[int, float, str, None] = None) -> None:
         self._native = _native.Pipeline(source, skip_errors, cpu_budget)
+        _OPEN.add(self)
 
     def map(self, f: Callable[[Any], Any], workers: int = 1,
             name: Optional[str] = None) -> "Pipeline":
@@ -422,7 +423,7 @@ class Pipeline:
         return self
 
     def __iter__(self) -> Iterator[Any]:
-        return _Epoch(self._native)
+        return _Pass(self)
 
     def close(self) -> None:
         """Stops the pipeline and joins its threads."""

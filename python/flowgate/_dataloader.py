@@ -5,10 +5,12 @@ them and names what it cannot do."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Dict, Iterator, Optional
 
 from . import _native
-from ._process import _Epoch
+from ._native import skip_part
+from ._process import _OPEN, _Pass
 
 
 class DataLoader:
@@ -20,17 +22,20 @@ class DataLoader:
             loader.set_epoch(epoch)
             for batch in loader: ...
 
-    ``dataset[i]`` (or ``dataset.__getitems__(indices)``, a batch's at once, where the dataset
-    has it) runs on threads of this process the tuner sizes (``num_workers``: how many to
-    start with; 0 leaves it to the tuner), not in worker processes; ``collate_fn`` (default:
-    torch's ``default_collate``, or lists without torch) runs as a stage of its own. Batches
-    come in the sampler's order: with ``shuffle=False`` the same batches as torch's.
+    A batch is made as a torch worker makes one, ``dataset[i]`` for its positions (or
+    ``dataset.__getitems__(positions)`` where the dataset has it) then ``collate_fn``
+    (default: torch's ``default_collate``, or lists without torch), but on threads of this
+    process the tuner sizes (``num_workers``: how many to start with; 0 leaves it to the
+    tuner). ``num_workers`` above the process's cores is for a dataset that waits (network
+    reads): exactly that many batches are made at once, as by torch's workers. Batches come
+    in the positions' order: with ``shuffle=False`` torch's batches.
 
     What torch lacks: under ``torchrun`` (``RANK``/``WORLD_SIZE``) each rank reads its share,
     every share as long (padded by repeating the epoch's start, as ``DistributedSampler``;
     ``drop_last=True`` drops the remainder instead); ``state_dict()`` / ``load_state_dict()``
-    resume an epoch exactly where it stopped; ``skip_errors=True`` skips (and counts) an item
-    whose ``__getitem__`` raises, where the default raises :class:`LoaderError` naming it.
+    resume an epoch exactly where it stopped; ``skip_errors=True`` leaves an item whose
+    ``__getitem__`` raises out of its batch (counted; the batch keeps its place, so every rank
+    still makes ``len()`` batches), where the default raises :class:`LoaderError` naming it.
     ``stats()["gil"]``: how many threads were busy in the dataset's calls (``threads_busy``) on
     how many cores (``cores_used``); ``stats()["gil_bound"]`` when several took turns on about
     one core: the dataset's Python code holds the GIL, and more threads cannot help.
@@ -79,18 +84,26 @@ class DataLoader:
         if collate_fn is None:
             collate_fn = _default_collate(batched=batch_size is not None)
         if batch_size is None:
-            native.map(dataset.__getitem__, num_workers, "getitem")
+            native.map(dataset.__getitem__, num_workers, "getitem", num_workers > _cores())
             native.map(collate_fn, 0, "convert")
-        elif hasattr(dataset, "__getitems__"):
-            native.batch(batch_size, drop_last)
-            native.map(dataset.__getitems__, num_workers, "getitems")
-            native.map(collate_fn, 0, "collate")
         else:
-            native.map(dataset.__getitem__, num_workers, "getitem")
+            # A batch's positions, fetched and collated by one call on a tuned thread (as a
+            # torch worker makes a batch): one GIL turn a batch, not one an item.
             native.batch(batch_size, drop_last)
-            native.map(collate_fn, 0, "collate")
+            # More workers than cores are for a dataset that waits (network reads): that
+            # many calls at once, as torch's workers; else threads the tuner sizes to the
+            # cores, starting at num_workers.
+            native.map(_fetch(dataset, collate_fn), num_workers, "fetch",
+                       num_workers > _cores())
         self._native = native
         self._pin = pin_memory
+        # What torch's DataLoader exposes, for code that reads it.
+        self.num_workers, self.collate_fn, self.pin_memory = num_workers, collate_fn, pin_memory
+        self.generator, self.prefetch_factor = generator, prefetch_factor
+        self.persistent_workers, self.batch_sampler = persistent_workers, None
+        #: ``loader.sampler.set_epoch(epoch)`` (DDP code's habit) sets the loader's epoch.
+        self.sampler = _EpochSetter(self)
+        _OPEN.add(self)
 
     def __len__(self) -> int:
         share = self._native.share
@@ -107,12 +120,14 @@ class DataLoader:
             if torch.cuda.is_available():
                 from torch.utils.data._utils.pin_memory import pin_memory
                 convert = pin_memory
-        return _Epoch(self._native, convert)
+        return _Pass(self, convert)
 
     def set_epoch(self, epoch: int) -> None:
         """Makes ``epoch`` the next one iterated (as ``DistributedSampler.set_epoch``): its
         order follows from the seed and the epoch. A resumed position is kept."""
-        self._native.set_epoch(epoch)
+        if isinstance(epoch, bool) or not hasattr(epoch, "__index__") or epoch < 0:
+            raise ValueError(f"epoch must be an int of at least 0, not {epoch!r}")
+        self._native.set_epoch(int(epoch))
 
     def state_dict(self) -> Dict[str, Any]:
         """What the training loop has received: ``load_state_dict`` on a loader built alike
@@ -132,6 +147,53 @@ class DataLoader:
     def close(self) -> None:
         """Stops the threads."""
         self._native.close()
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class _EpochSetter:
+    """``loader.sampler``: what DDP code calls ``set_epoch`` on, and its share's length."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self._loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self._loader.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self._loader._native.share
+
+
+def _fetch(dataset: Any, collate: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A batch of `dataset`'s items at a batch's positions, collated: through
+    ``__getitems__`` where the dataset has it (its error fails the batch), else item by item,
+    an item whose ``__getitem__`` raises left out as a failed item naming it (raised as
+    :class:`LoaderError`, or with ``skip_errors`` counted): the batch keeps its place."""
+    getitems = getattr(dataset, "__getitems__", None)
+
+    def fetch(positions: Any) -> Any:
+        if getitems is not None:
+            return collate(getitems(positions))
+        items, first = [], None
+        for i in positions:
+            try:
+                items.append(dataset[i])
+            except Exception as e:  # noqa: BLE001 - the failure policy decides
+                first = first or e
+                skip_part(f"item {i}", e)
+        if not items:
+            # No batch to keep in place: the batch is one failure, naming the first cause.
+            raise _native.LoaderError(
+                f"every item of the batch of positions {positions[0]}..{positions[-1]} "
+                f"failed (the first: {type(first).__name__}: {first})")
+        return collate(items)
+    return fetch
 
 
 def _default_collate(batched: bool) -> Callable[[Any], Any]:

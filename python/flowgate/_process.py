@@ -53,9 +53,46 @@ class _Epoch:
                 "this epoch's iterator was made before a fork, and its threads are the parent "
                 "process's; call iter(loader) again in this process")
         item = self._native._next()
-        if item is None:
+        if item is None and self._number is not None:
+            # A loader's end of the epoch (a Pipeline's raises StopIteration: its results
+            # may be None).
             raise StopIteration
         return item if self._convert is None else self._convert(item)
+
+
+class _Pass:
+    """One ``iter()`` of a :class:`Pipeline` or :class:`DataLoader`: its pipeline's pass,
+    ended with an error once a newer ``iter()`` of the same owner took the pipeline over (two
+    live iterators would otherwise share one stream of results, each missing the other's)."""
+
+    def __init__(self, owner: Any, convert: Optional[Callable[[Any], Any]] = None) -> None:
+        owner._passes = getattr(owner, "_passes", 0) + 1
+        self._owner, self._n = owner, owner._passes
+        self._epoch = _Epoch(owner._native, convert)
+
+    def __iter__(self) -> "_Pass":
+        return self
+
+    def __next__(self) -> Any:
+        if self._n != self._owner._passes:
+            raise RuntimeError(
+                "a newer iter() of this loader took its pipeline over: one iterator at a time "
+                "(torch's DataLoader runs workers per iterator; flowgate runs one pipeline "
+                "per loader)")
+        return next(self._epoch)
+
+
+# Pipelines and DataLoaders alive: closed at exit, before the interpreter stops running
+# Python (their threads call into it).
+_OPEN: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _close_open() -> None:
+    for owner in list(_OPEN):
+        try:
+            owner.close()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
 
 
 def _warn_again(epoch: int, delivered: int) -> None:
@@ -102,6 +139,8 @@ if hasattr(os, "register_at_fork"):
 
 # From interpreter exit on, freed loaders join their threads without releasing the GIL.
 atexit.register(_native._exiting)
+# Registered after, so run before: Python-calling pipelines stop while Python still runs.
+atexit.register(_close_open)
 
 
 def _worker_info() -> Any:

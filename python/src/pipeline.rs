@@ -79,6 +79,9 @@ enum StageSpec {
         name: String,
         f: Py<PyAny>,
         workers: usize,
+        /// Calls that wait (I/O, sleeps): `workers` of them in flight on blocking threads,
+        /// not held to the process's cores as a pool's CPU workers are.
+        blocking: bool,
     },
     Batch {
         size: usize,
@@ -277,7 +280,44 @@ impl PyPipeline {
         };
         for s in self.stages.lock().expect("stages").iter() {
             b = match s {
-                StageSpec::Map { name, f, workers } => {
+                StageSpec::Map {
+                    name,
+                    f,
+                    workers,
+                    blocking: true,
+                } => {
+                    let f = Arc::new(f.clone_ref(py));
+                    let gil = Arc::clone(&self.gil);
+                    b.pipe_async(
+                        name,
+                        move |x: Py<PyAny>| {
+                            let (f, gil) = (Arc::clone(&f), Arc::clone(&gil));
+                            async move {
+                                let call = move || {
+                                    gil.call(|py| {
+                                        f.call1(py, (x.clone_ref(py),)).map_err(|e| {
+                                            Described::new(py_repr(py, &x), py_error(py, e))
+                                        })
+                                    })
+                                };
+                                match tokio::task::spawn_blocking(call).await {
+                                    Ok(r) => r,
+                                    Err(e) => Err(Described::new(
+                                        "an item",
+                                        PyStageError(format!("the call did not finish: {e}")),
+                                    )),
+                                }
+                            }
+                        },
+                        // As many as asked, as torch's workers: the tuner's rule for async
+                        // stages (raise the calls in flight while they wait) would start a
+                        // thread for each.
+                        Workers::fixed((*workers).max(1)),
+                    )
+                }
+                StageSpec::Map {
+                    name, f, workers, ..
+                } => {
                     let f = f.clone_ref(py);
                     let gil = Arc::clone(&self.gil);
                     b.pipe(
@@ -362,18 +402,26 @@ impl PyPipeline {
 
     /// Adds a stage calling `f(item)` on `workers` threads (a starting point: the tuner may
     /// change it; 0 leaves the start to it too). Python callables hold the GIL while they run.
-    #[pyo3(signature = (f, workers=1, name=None))]
+    /// `blocking`: calls that mostly wait (I/O): exactly `workers` in flight whatever the
+    /// cores, on blocking threads.
+    #[pyo3(signature = (f, workers=1, name=None, blocking=false))]
     fn map<'py>(
         slf: Bound<'py, Self>,
         f: Py<PyAny>,
         workers: usize,
         name: Option<String>,
+        blocking: bool,
     ) -> Bound<'py, Self> {
         {
             let me = slf.borrow();
             let mut st = me.stages.lock().expect("stages");
             let name = name.unwrap_or_else(|| format!("map{}", st.len() + 1));
-            st.push(StageSpec::Map { name, f, workers });
+            st.push(StageSpec::Map {
+                name,
+                f,
+                workers,
+                blocking,
+            });
         }
         slf
     }
@@ -500,7 +548,8 @@ impl PyPipeline {
         Ok(d)
     }
 
-    fn _next(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+    /// The epoch's next result; `StopIteration` at its end (a result may be `None`).
+    fn _next(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let running = &self.running;
         // Waits in slices with the GIL released, checking for signals between them: Ctrl-C
         // raises KeyboardInterrupt within a slice, not after the next item.
@@ -532,13 +581,13 @@ impl PyPipeline {
                 None => py.check_signals()?,
             }
         };
-        let r = r.map_err(to_py)?;
-        if r.is_none() {
-            if let Some(e) = self.source_error.lock().expect("source error").take() {
-                return Err(e);
-            }
+        match r.map_err(to_py)? {
+            Some(x) => Ok(x),
+            None => match self.source_error.lock().expect("source error").take() {
+                Some(e) => Err(e),
+                None => Err(pyo3::exceptions::PyStopIteration::new_err(())),
+            },
         }
-        Ok(r)
     }
 
     /// Stops the pipeline and joins its threads.

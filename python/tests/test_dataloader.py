@@ -175,9 +175,18 @@ def test_a_failing_item_raises_naming_it_or_is_skipped_and_counted():
     with pytest.raises(flowgate.LoaderError, match="item 3 is unreadable"):
         list(flowgate.DataLoader(ds, batch_size=4))
     loader = flowgate.DataLoader(ds, batch_size=4, skip_errors=True)
-    got = sum(ids(loader), [])
-    assert got == [i for i in range(12) if i not in (3, 7)]
+    got = ids(loader)
+    # Each batch keeps its place (its positions less the failed ones): a rank with unreadable
+    # items makes len() batches, as DDP needs.
+    assert got == [[0, 1, 2], [4, 5, 6], [8, 9, 10, 11]]
+    assert len(got) == len(loader)
     assert loader.stats()["failures"] == 2
+    # A batch whose every item fails is one failed batch, counted, not an empty one.
+    loader = flowgate.DataLoader(Numbered(8, bad={4, 5, 6, 7}), batch_size=4, skip_errors=True)
+    assert ids(loader) == [[0, 1, 2, 3]]
+    assert loader.stats()["failures"] == 1
+    with pytest.raises(flowgate.LoaderError, match="item 4 is unreadable"):
+        list(flowgate.DataLoader(Numbered(8, bad={4, 5, 6, 7}), batch_size=4))
 
 
 def test_what_it_cannot_do_is_refused_at_once():
@@ -211,7 +220,7 @@ def test_stats_say_whether_the_gil_holds_the_threads_back():
     # Pure Python holds the GIL: however many threads are busy, about one core is used.
     assert gil["cores_used"] <= 1.15, gil
     assert s["gil_bound"] == (gil["threads_busy"] >= 1.5 and gil["cores_used"] < 1.25)
-    assert "getitem" in s["stages"]
+    assert "fetch" in s["stages"]
 
 
 def test_a_torchvision_dataset_of_jpegs_gives_torchs_tensors(data):
@@ -268,3 +277,96 @@ def test_under_torchrun_every_rank_steps_as_often_and_the_epoch_is_covered(
         assert set(read) == set(range(n)), f"epoch {epoch}: every item"
         assert len(read) == share * world, "shares padded to equal lengths"
     assert ranks[0]["read"][0] != ranks[0]["read"][1], "a new order each epoch"
+
+
+def test_none_is_an_item_or_a_batch_like_any_other():
+    class Holes(Numbered):
+        def __getitem__(self, i):
+            return None if i == 2 else i
+
+    assert list(flowgate.DataLoader(Holes(5), batch_size=None)) == \
+        list(TorchLoader(Holes(5), batch_size=None))
+    drop = flowgate.DataLoader(list(range(10)), batch_size=2,
+                               collate_fn=lambda b: None if 4 in b else b)
+    assert list(drop) == [[0, 1], [2, 3], None, [6, 7], [8, 9]]
+    assert list(flowgate.Pipeline(lambda epoch: [1, None, 3])) == [1, None, 3]
+
+
+def test_a_newer_iterator_takes_over_and_the_older_one_says_so():
+    loader = flowgate.DataLoader(list(range(6)), batch_size=2)
+    a = iter(loader)
+    assert next(a).tolist() == [0, 1]
+    b = iter(loader)
+    assert next(b).tolist() == [0, 1]
+    with pytest.raises(RuntimeError, match="newer iter"):
+        next(a)
+    assert [x.tolist() for x in b] == [[2, 3], [4, 5]], "the newer one reads its pass whole"
+
+
+def test_a_dataset_past_the_epoch_limit_is_refused_not_an_abort():
+    class Huge:
+        def __len__(self):
+            return 10**12
+
+        def __getitem__(self, i):
+            return i
+
+    with pytest.raises(flowgate.LoaderError, match="at most"):
+        flowgate.DataLoader(Huge(), batch_size=4)
+
+
+def test_torchs_attributes_and_the_samplers_set_epoch():
+    loader = flowgate.DataLoader(Numbered(10), batch_size=3, shuffle=True, num_workers=2,
+                                 rank=0, world_size=2)
+    assert loader.num_workers == 2 and loader.batch_size == 3 and loader.batch_sampler is None
+    assert len(loader.sampler) == 5
+    loader.sampler.set_epoch(3)
+    same = flowgate.DataLoader(Numbered(10), batch_size=3, shuffle=True, rank=0, world_size=2)
+    same.set_epoch(3)
+    assert ids(loader) == ids(same)
+    with pytest.raises(ValueError, match="epoch"):
+        loader.set_epoch(-1)
+
+
+def test_exit_with_an_iterator_alive_is_clean(tmp_path):
+    import subprocess
+    import sys
+    code = ("import flowgate\n"
+            "class DS:\n"
+            "    def __len__(s): return 10**6\n"
+            "    def __getitem__(s, i): return i\n"
+            "it = iter(flowgate.DataLoader(DS(), batch_size=4, num_workers=2))\n"
+            "print(next(it))\n")
+    for _ in range(5):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_more_workers_than_cores_make_that_many_batches_at_once():
+    """A dataset that waits (a network read) with num_workers above the cores: batches are
+    made that many at once, as by torch's workers, not held to the cores."""
+    import os
+    import threading
+    import time
+
+    class Waits(Numbered):
+        def __init__(self, n):
+            super().__init__(n)
+            self.lock, self.now, self.most = threading.Lock(), 0, 0
+
+        def __getitem__(self, i):
+            with self.lock:
+                self.now += 1
+                self.most = max(self.most, self.now)
+            time.sleep(0.05)
+            with self.lock:
+                self.now -= 1
+            return super().__getitem__(i)
+
+    workers = len(os.sched_getaffinity(0)) + 4
+    ds = Waits(96)
+    loader = flowgate.DataLoader(ds, batch_size=2, num_workers=workers)
+    assert same(list(TorchLoader(Numbered(96), batch_size=2)), list(loader))
+    assert ds.most >= workers - 2, f"at most {ds.most} calls at once of {workers} workers"
+    assert loader.stats()["stages"]["fetch"]["workers"] == workers

@@ -90,7 +90,16 @@ impl EpochOrder {
     /// The positions `0..len` of a map-style dataset (anything indexed, such as a Python
     /// `Dataset`) in this order: shuffled anew every epoch with the seed, this rank's share,
     /// every share as long.
+    /// At most [`MAX_EPOCH_ITEMS`](crate::sampler::MAX_EPOCH_ITEMS) positions: the order is
+    /// held in memory, 8 bytes a position.
     pub fn sampler(&self, len: usize) -> Result<Sampler, PipelineError> {
+        if len > crate::sampler::MAX_EPOCH_ITEMS {
+            return Err(PipelineError::config(format!(
+                "a dataset of {len} items; at most {} (sampler::MAX_EPOCH_ITEMS: its order \
+                 is held in memory, 8 bytes an item)",
+                crate::sampler::MAX_EPOCH_ITEMS
+            )));
+        }
         self.apply(Sampler::new(len))
     }
 
