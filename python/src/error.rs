@@ -19,6 +19,14 @@ pub(crate) fn to_py(e: PipelineError) -> PyErr {
         let v = err.value(py);
         let _ = v.setattr("stage", e.stage());
         let _ = v.setattr("item", e.item());
+        // A Python stage's exception, as the cause (`raise LoaderError(...) from it`).
+        let raised = e.item_error().and_then(|ie| {
+            let cause: &(dyn std::error::Error + 'static) = ie.cause();
+            cause.downcast_ref::<crate::pipeline::PyStageError>()
+        });
+        if let Some(exc) = raised.and_then(|p| p.exception.as_ref()) {
+            err.set_cause(py, Some(PyErr::from_value(exc.bind(py).clone())));
+        }
     });
     err
 }

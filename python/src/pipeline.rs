@@ -20,13 +20,27 @@ use crate::error::to_py;
 use crate::loader::SLICE;
 use crate::state::{state_from_py, state_to_py};
 
-/// A Python exception raised by a stage's callable (its type and message).
+/// A Python exception raised by a stage's callable: its type and message, and the exception
+/// itself, which becomes the `__cause__` of the `LoaderError` it ends in (its traceback into
+/// the user's code kept).
 #[derive(Debug)]
-struct PyStageError(String);
+pub(crate) struct PyStageError {
+    text: String,
+    pub(crate) exception: Option<Py<PyAny>>,
+}
+
+impl PyStageError {
+    fn text(text: String) -> Self {
+        Self {
+            text,
+            exception: None,
+        }
+    }
+}
 
 impl std::fmt::Display for PyStageError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.text)
     }
 }
 
@@ -46,7 +60,10 @@ fn py_error(py: Python<'_>, e: PyErr) -> PyStageError {
         .name()
         .map(|n| n.to_string())
         .unwrap_or_else(|_| "Exception".into());
-    PyStageError(format!("{ty}: {}", e.value(py)))
+    PyStageError {
+        text: format!("{ty}: {}", e.value(py)),
+        exception: Some(e.into_value(py).into_any()),
+    }
 }
 
 /// An exception raised by the source iterable: it ends the epoch and is raised to the
@@ -304,7 +321,7 @@ impl PyPipeline {
                                     Ok(r) => r,
                                     Err(e) => Err(Described::new(
                                         "an item",
-                                        PyStageError(format!("the call did not finish: {e}")),
+                                        PyStageError::text(format!("the call did not finish: {e}")),
                                     )),
                                 }
                             }

@@ -172,8 +172,12 @@ def test_ranks_come_from_the_environment(monkeypatch):
 
 def test_a_failing_item_raises_naming_it_or_is_skipped_and_counted():
     ds = Numbered(12, bad={3, 7})
-    with pytest.raises(flowgate.LoaderError, match="item 3 is unreadable"):
+    with pytest.raises(flowgate.LoaderError, match="item 3 is unreadable") as e:
         list(flowgate.DataLoader(ds, batch_size=4))
+    # The dataset's own exception is the cause, its traceback into __getitem__ kept.
+    assert isinstance(e.value.__cause__, OSError) and e.value.item == "item 3"
+    assert "__getitem__" in "".join(__import__("traceback").format_tb(
+        e.value.__cause__.__traceback__))
     loader = flowgate.DataLoader(ds, batch_size=4, skip_errors=True)
     got = ids(loader)
     # Each batch keeps its place (its positions less the failed ones): a rank with unreadable
