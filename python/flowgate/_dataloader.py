@@ -34,8 +34,9 @@ class DataLoader:
     every share as long (padded by repeating the epoch's start, as ``DistributedSampler``;
     ``drop_last=True`` drops the remainder instead); ``state_dict()`` / ``load_state_dict()``
     resume an epoch exactly where it stopped; ``skip_errors=True`` leaves an item whose
-    ``__getitem__`` raises out of its batch (counted; the batch keeps its place, so every rank
-    still makes ``len()`` batches), where the default raises :class:`LoaderError` naming it.
+    ``__getitem__`` raises out of its batch (counted; the batch keeps its place, and one whose
+    every item fails is made up of the readable items after it, so every rank still makes
+    ``len()`` batches), where the default raises :class:`LoaderError` naming it.
     ``stats()["gil"]``: how many threads were busy in the dataset's calls (``threads_busy``) on
     how many cores (``cores_used``); ``stats()["gil_bound"]`` when several took turns on about
     one core: the dataset's Python code holds the GIL, and more threads cannot help.
@@ -93,7 +94,7 @@ class DataLoader:
             # More workers than cores are for a dataset that waits (network reads): that
             # many calls at once, as torch's workers; else threads the tuner sizes to the
             # cores, starting at num_workers.
-            native.map(_fetch(dataset, collate_fn), num_workers, "fetch",
+            native.map(_fetch(dataset, collate_fn, skip_errors), num_workers, "fetch",
                        num_workers > _cores())
         self._native = native
         self._pin = pin_memory
@@ -170,11 +171,14 @@ class _EpochSetter:
         return self._loader._native.share
 
 
-def _fetch(dataset: Any, collate: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def _fetch(dataset: Any, collate: Callable[[Any], Any], skip_errors: bool) -> Callable[[Any], Any]:
     """A batch of `dataset`'s items at a batch's positions, collated: through
     ``__getitems__`` where the dataset has it (its error fails the batch), else item by item,
     an item whose ``__getitem__`` raises left out as a failed item naming it (raised as
-    :class:`LoaderError`, or with ``skip_errors`` counted): the batch keeps its place."""
+    :class:`LoaderError`, or with ``skip_errors`` counted): the batch keeps its place. A batch
+    whose every item fails is made up, with ``skip_errors``, of the readable items that
+    follow it in the dataset (wrapping; the same on a resume): every rank still makes
+    ``len()`` batches, so DDP does not wait at the last step for one that ran short."""
     getitems = getattr(dataset, "__getitems__", None)
 
     def fetch(positions: Any) -> Any:
@@ -187,13 +191,28 @@ def _fetch(dataset: Any, collate: Callable[[Any], Any]) -> Callable[[Any], Any]:
             except Exception as e:  # noqa: BLE001 - the failure policy decides
                 first = first or e
                 skip_part(f"item {i}", e)
+        if not items and skip_errors:
+            items = _make_up(dataset, positions)
         if not items:
-            # No batch to keep in place: the batch is one failure, naming the first cause.
             raise _native.LoaderError(
                 f"every item of the batch of positions {positions[0]}..{positions[-1]} "
                 f"failed (the first: {type(first).__name__}: {first})")
         return collate(items)
     return fetch
+
+
+def _make_up(dataset: Any, positions: Any) -> list:
+    """As many readable items as `positions` holds, from the dataset's positions after the
+    last of them (wrapping), each tried once; fewer if the whole dataset has fewer."""
+    n, out = len(dataset), []
+    for k in range(1, n + 1):
+        if len(out) == len(positions):
+            break
+        try:
+            out.append(dataset[(positions[-1] + k) % n])
+        except Exception:  # noqa: BLE001 - a filler that fails is passed over
+            continue
+    return out
 
 
 def _default_collate(batched: bool) -> Callable[[Any], Any]:

@@ -13,22 +13,25 @@ import flowgate
 
 
 class Numbered(Dataset):
-    def __init__(self, n):
-        self.n = n
+    def __init__(self, n, bad):
+        self.n, self.bad = n, bad
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
+        if i in self.bad:
+            raise OSError(f"item {i} is unreadable")
         return torch.tensor([i])
 
 
 def main() -> None:
     n, batch, epochs, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    bad = {int(i) for i in sys.argv[5].split(",") if i} if len(sys.argv) > 5 else set()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    loader = flowgate.DataLoader(Numbered(n), batch_size=batch, shuffle=True, seed=7,
-                                 num_workers=2)
+    loader = flowgate.DataLoader(Numbered(n, bad), batch_size=batch, shuffle=True, seed=7,
+                                 num_workers=2, skip_errors=bool(bad))
     read = []
     for epoch in range(epochs):
         loader.set_epoch(epoch)

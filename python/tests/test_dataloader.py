@@ -185,10 +185,13 @@ def test_a_failing_item_raises_naming_it_or_is_skipped_and_counted():
     assert got == [[0, 1, 2], [4, 5, 6], [8, 9, 10, 11]]
     assert len(got) == len(loader)
     assert loader.stats()["failures"] == 2
-    # A batch whose every item fails is one failed batch, counted, not an empty one.
-    loader = flowgate.DataLoader(Numbered(8, bad={4, 5, 6, 7}), batch_size=4, skip_errors=True)
-    assert ids(loader) == [[0, 1, 2, 3]]
-    assert loader.stats()["failures"] == 1
+    # A batch whose every item fails is made up of the readable items after it (wrapping),
+    # the same on every pass: the rank still makes len() batches.
+    loader = flowgate.DataLoader(Numbered(10, bad={4, 5, 6, 7, 8}), batch_size=4,
+                                 skip_errors=True)
+    assert ids(loader) == [[0, 1, 2, 3], [9, 0, 1, 2], [9]]
+    assert loader.stats()["failures"] == 5, "each unreadable item once, not its fillers'"
+    assert ids(loader) == [[0, 1, 2, 3], [9, 0, 1, 2], [9]]
     with pytest.raises(flowgate.LoaderError, match="item 4 is unreadable"):
         list(flowgate.DataLoader(Numbered(8, bad={4, 5, 6, 7}), batch_size=4))
 
@@ -254,9 +257,12 @@ def test_a_torchvision_dataset_of_jpegs_gives_torchs_tensors(data):
         assert torch.equal(wx, gx) and torch.equal(wy, gy)
 
 
-@pytest.mark.parametrize("n,world,batch", [(10, 3, 2), (7, 2, 3)])
+@pytest.mark.parametrize("n,world,batch,bad", [(10, 3, 2, ""), (7, 2, 3, ""),
+                                               (13, 3, 2, "1,2,8")])
 def test_under_torchrun_every_rank_steps_as_often_and_the_epoch_is_covered(
-        n, world, batch, tmp_path):
+        n, world, batch, bad, tmp_path):
+    """With unreadable items skipped (`bad`), ranks still step together: a batch keeps its
+    place less its failed items, so no rank runs short and hangs the others' all-reduce."""
     import os
     import pathlib
     import subprocess
@@ -269,17 +275,19 @@ def test_under_torchrun_every_rank_steps_as_often_and_the_epoch_is_covered(
     r = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
          "--master_port", str(30500 + (os.getpid() + n) % 1000), str(worker), str(n),
-         str(batch), "2", str(out)],
+         str(batch), "2", str(out), bad],
         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     ranks = json.loads(out.read_text())
     share = -(-n // world)
     for rep in ranks:
         assert rep["len"] == -(-share // batch)
+    skipped = {int(i) for i in bad.split(",") if i}
     for epoch in range(2):
         read = [i for rep in ranks for i in rep["read"][epoch]]
-        assert set(read) == set(range(n)), f"epoch {epoch}: every item"
-        assert len(read) == share * world, "shares padded to equal lengths"
+        assert set(read) == set(range(n)) - skipped, f"epoch {epoch}: every readable item"
+        if not skipped:
+            assert len(read) == share * world, "shares padded to equal lengths"
     assert ranks[0]["read"][0] != ranks[0]["read"][1], "a new order each epoch"
 
 
