@@ -22,7 +22,7 @@ pub(crate) fn to_py(e: PipelineError) -> PyErr {
         // A Python stage's exception, as the cause (`raise LoaderError(...) from it`).
         let raised = e.item_error().and_then(|ie| {
             let cause: &(dyn std::error::Error + 'static) = ie.cause();
-            cause.downcast_ref::<crate::pipeline::PyStageError>()
+            cause.downcast_ref::<PyStageError>()
         });
         if let Some(exc) = raised.and_then(|p| p.exception.as_ref()) {
             err.set_cause(py, Some(PyErr::from_value(exc.bind(py).clone())));
@@ -50,5 +50,44 @@ pub(crate) fn to_py_device(e: flowgate::device::DeviceError) -> PyErr {
     match e {
         flowgate::device::DeviceError::Unavailable(_) => DeviceUnavailable::new_err(e.to_string()),
         flowgate::device::DeviceError::Driver(_) => LoaderError::new_err(e.to_string()),
+    }
+}
+
+/// A Python exception raised by a stage's callable: its type and message, and the exception
+/// itself, which becomes the `__cause__` of the `LoaderError` it ends in (its traceback into
+/// the user's code kept).
+#[derive(Debug)]
+pub(crate) struct PyStageError {
+    text: String,
+    pub(crate) exception: Option<Py<PyAny>>,
+}
+
+impl PyStageError {
+    pub(crate) fn text(text: String) -> Self {
+        Self {
+            text,
+            exception: None,
+        }
+    }
+}
+
+impl std::fmt::Display for PyStageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for PyStageError {}
+
+/// A Python exception as a stage's error.
+pub(crate) fn py_error(py: Python<'_>, e: PyErr) -> PyStageError {
+    let ty = e
+        .get_type(py)
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "Exception".into());
+    PyStageError {
+        text: format!("{ty}: {}", e.value(py)),
+        exception: Some(e.into_value(py).into_any()),
     }
 }

@@ -16,35 +16,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::error::to_py;
+use crate::error::{py_error, to_py, PyStageError};
 use crate::loader::SLICE;
 use crate::state::{state_from_py, state_to_py};
-
-/// A Python exception raised by a stage's callable: its type and message, and the exception
-/// itself, which becomes the `__cause__` of the `LoaderError` it ends in (its traceback into
-/// the user's code kept).
-#[derive(Debug)]
-pub(crate) struct PyStageError {
-    text: String,
-    pub(crate) exception: Option<Py<PyAny>>,
-}
-
-impl PyStageError {
-    fn text(text: String) -> Self {
-        Self {
-            text,
-            exception: None,
-        }
-    }
-}
-
-impl std::fmt::Display for PyStageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.text)
-    }
-}
-
-impl std::error::Error for PyStageError {}
 
 /// `repr(x)`, for naming an item that failed.
 fn py_repr(py: Python<'_>, x: &Py<PyAny>) -> String {
@@ -52,18 +26,6 @@ fn py_repr(py: Python<'_>, x: &Py<PyAny>) -> String {
         .repr()
         .map(|r| r.to_string())
         .unwrap_or_else(|_| "<item>".into())
-}
-
-fn py_error(py: Python<'_>, e: PyErr) -> PyStageError {
-    let ty = e
-        .get_type(py)
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_else(|_| "Exception".into());
-    PyStageError {
-        text: format!("{ty}: {}", e.value(py)),
-        exception: Some(e.into_value(py).into_any()),
-    }
 }
 
 /// An exception raised by the source iterable: it ends the epoch and is raised to the
