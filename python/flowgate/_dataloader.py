@@ -36,7 +36,8 @@ class DataLoader:
     resume an epoch exactly where it stopped; ``skip_errors=True`` leaves an item whose
     ``__getitem__`` raises out of its batch (counted; the batch keeps its place, and one whose
     every item fails is made up of the readable items after it, so every rank still makes
-    ``len()`` batches), where the default raises :class:`LoaderError` naming it.
+    ``len()`` batches; an epoch with no readable item raises), where the default raises
+    :class:`LoaderError` naming it (the dataset's exception its ``__cause__``).
     ``stats()["gil"]``: how many threads were busy in the dataset's calls (``threads_busy``) on
     how many cores (``cores_used``); ``stats()["gil_bound"]`` when several took turns on about
     one core: the dataset's Python code holds the GIL, and more threads cannot help.
@@ -84,18 +85,15 @@ class DataLoader:
         native = _native.Pipeline.indexed(len(dataset), settings)
         if collate_fn is None:
             collate_fn = _default_collate(batched=batch_size is not None)
-        if batch_size is None:
-            native.map(dataset.__getitem__, num_workers, "getitem", num_workers > _cores())
-            native.map(collate_fn, 0, "convert")
-        else:
+        if batch_size is not None:
             # A batch's positions, fetched and collated by one call on a tuned thread (as a
             # torch worker makes a batch): one GIL turn a batch, not one an item.
             native.batch(batch_size, drop_last)
-            # More workers than cores are for a dataset that waits (network reads): that
-            # many calls at once, as torch's workers; else threads the tuner sizes to the
-            # cores, starting at num_workers.
-            native.map(_fetch(dataset, collate_fn, skip_errors), num_workers, "fetch",
-                       num_workers > _cores())
+        # More workers than cores are for a dataset that waits (network reads): that many
+        # calls at once, as torch's workers; else threads the tuner sizes to the cores,
+        # starting at num_workers.
+        native.map(_fetch(dataset, collate_fn, skip_errors, batched=batch_size is not None),
+                   num_workers, "fetch", num_workers > _cores())
         self._native = native
         self._pin = pin_memory
         # What torch's DataLoader exposes, for code that reads it.
@@ -126,8 +124,7 @@ class DataLoader:
     def set_epoch(self, epoch: int) -> None:
         """Makes ``epoch`` the next one iterated (as ``DistributedSampler.set_epoch``): its
         order follows from the seed and the epoch. A resumed position is kept."""
-        if isinstance(epoch, bool) or not hasattr(epoch, "__index__") or epoch < 0:
-            raise ValueError(f"epoch must be an int of at least 0, not {epoch!r}")
+        _check_epoch(epoch)
         self._native.set_epoch(int(epoch))
 
     def state_dict(self) -> Dict[str, Any]:
@@ -146,7 +143,8 @@ class DataLoader:
         return s
 
     def close(self) -> None:
-        """Stops the threads."""
+        """Stops the threads (an iterator running at the time raises :class:`LoaderError`);
+        a later ``iter()`` starts them again."""
         self._native.close()
 
 
@@ -159,60 +157,95 @@ def _cores() -> int:
 
 
 class _EpochSetter:
-    """``loader.sampler``: what DDP code calls ``set_epoch`` on, and its share's length."""
+    """``loader.sampler``: what DDP code calls ``set_epoch`` on, and its share's length. It
+    holds the loader's pipeline, not the loader: a loader in a reference cycle would be
+    freed by the garbage collector, at any call into Python, on any thread."""
 
     def __init__(self, loader: DataLoader) -> None:
-        self._loader = loader
+        self._native = loader._native
 
     def set_epoch(self, epoch: int) -> None:
-        self._loader.set_epoch(epoch)
+        _check_epoch(epoch)
+        self._native.set_epoch(int(epoch))
 
     def __len__(self) -> int:
-        return self._loader._native.share
+        return self._native.share
 
 
-def _fetch(dataset: Any, collate: Callable[[Any], Any], skip_errors: bool) -> Callable[[Any], Any]:
-    """A batch of `dataset`'s items at a batch's positions, collated: through
-    ``__getitems__`` where the dataset has it (its error fails the batch), else item by item,
-    an item whose ``__getitem__`` raises left out as a failed item naming it (raised as
-    :class:`LoaderError`, or with ``skip_errors`` counted): the batch keeps its place. A batch
-    whose every item fails is made up, with ``skip_errors``, of the readable items that
-    follow it in the dataset (wrapping; the same on a resume): every rank still makes
-    ``len()`` batches, so DDP does not wait at the last step for one that ran short."""
-    getitems = getattr(dataset, "__getitems__", None)
+def _check_epoch(epoch: Any) -> None:
+    if isinstance(epoch, bool) or not hasattr(epoch, "__index__") or epoch < 0:
+        raise ValueError(f"epoch must be an int of at least 0, not {epoch!r}")
+
+
+def _fetch(dataset: Any, collate: Callable[[Any], Any], skip_errors: bool,
+           batched: bool) -> Callable[[Any], Any]:
+    """What one call on a thread makes: the dataset's items at a batch's positions, collated
+    (``batched``; else the item at one position, converted). Through ``__getitems__`` where
+    the dataset has it (its error fails the batch), else item by item: an item whose
+    ``__getitem__`` raises is a failed item named by its position, which ends the epoch
+    with it (the default) or, with ``skip_errors``, is counted and left out, the batch
+    keeping its place. A batch (or an item, unbatched) whose every item fails is made up,
+    with ``skip_errors``, of the readable items that follow it in the dataset (wrapping;
+    the same on a resume): every rank still makes ``len()`` batches, so DDP does not wait
+    at the last step for one that ran short."""
+    getitems = getattr(dataset, "__getitems__", None) if batched else None
+    fillers = _Fillers(dataset)
 
     def fetch(positions: Any) -> Any:
+        if not batched:
+            positions = (positions,)
         if getitems is not None:
             return collate(getitems(positions))
-        items, first = [], None
+        items = []
         for i in positions:
             try:
                 items.append(dataset[i])
             except Exception as e:  # noqa: BLE001 - the failure policy decides
-                first = first or e
                 skip_part(f"item {i}", e)
-        if not items and skip_errors:
-            items = _make_up(dataset, positions)
+                if not skip_errors:
+                    # The failure just counted ends the epoch with it: nothing more to make.
+                    return None
+                fillers.failed(i)
+        if not items:
+            items = fillers.after(positions)
         if not items:
             raise _native.LoaderError(
-                f"every item of the batch of positions {positions[0]}..{positions[-1]} "
-                f"failed (the first: {type(first).__name__}: {first})")
-        return collate(items)
+                f"no item of the dataset could be read in place of the failed items at "
+                f"positions {positions[0]}..{positions[-1]}")
+        return collate(items) if batched else collate(items[0])
     return fetch
 
 
-def _make_up(dataset: Any, positions: Any) -> list:
-    """As many readable items as `positions` holds, from the dataset's positions after the
-    last of them (wrapping), each tried once; fewer if the whole dataset has fewer."""
-    n, out = len(dataset), []
-    for k in range(1, n + 1):
-        if len(out) == len(positions):
-            break
-        try:
-            out.append(dataset[(positions[-1] + k) % n])
-        except Exception:  # noqa: BLE001 - a filler that fails is passed over
-            continue
-    return out
+class _Fillers:
+    """Readable items to make up a batch of failures with: those after its positions
+    (wrapping), each tried at most once a call. Positions seen failing are passed over
+    without a call (a dataset whose items all fail is scanned once, not once a batch)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self._dataset = dataset
+        self._bad: set = set()
+        self._none_readable = False
+
+    def failed(self, position: int) -> None:
+        self._bad.add(position)
+
+    def after(self, positions: Any) -> list:
+        dataset, n, out = self._dataset, len(self._dataset), []
+        if self._none_readable:
+            return out
+        for k in range(1, n + 1):
+            if len(out) == len(positions):
+                break
+            p = (positions[-1] + k) % n
+            if p in self._bad:
+                continue
+            try:
+                out.append(dataset[p])
+            except Exception:  # noqa: BLE001 - a filler that fails is passed over
+                self._bad.add(p)
+        if not out and len(self._bad) >= n:
+            self._none_readable = True
+        return out
 
 
 def _default_collate(batched: bool) -> Callable[[Any], Any]:

@@ -99,6 +99,7 @@ IMAGENET_STD: Tuple[float, float, float]
 def loader(paths: Any, settings: Dict[str, Any], media: Dict[str, Any], labels: Any = ...,
            return_paths: bool = ..., device: str = ..., device_memory_mb: Optional[float] = ...,
            reader: Optional[Tuple[int, int]] = ..., units: bool = ...) -> Loader: ...
+def _join_closing() -> None: ...
 def skip_part(part: str, error: BaseException) -> None:
     """From a Pipeline stage's function: the part named ``part`` failed with ``error`` and was
     left out of the result; it counts as a failed item of the stage (fatal past the failure

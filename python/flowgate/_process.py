@@ -93,6 +93,8 @@ def _close_open() -> None:
             owner.close()
         except Exception:  # noqa: BLE001 - exiting anyway
             pass
+    # And those the garbage collector freed on their own threads, stopping elsewhere.
+    _native._join_closing()
 
 
 def _warn_again(epoch: int, delivered: int) -> None:

@@ -48,6 +48,7 @@ fn _thread_count() -> usize {
 #[pyfunction]
 fn _after_fork_in_child() {
     flowgate::after_fork_in_child();
+    pipeline::forget_live_after_fork();
 }
 
 /// `flowgate.build_info()`: the version, the JPEG decoder compiled in and the optional
@@ -118,6 +119,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_exiting, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(pipeline::skip_part, m)?)?;
+    m.add_function(wrap_pyfunction!(pipeline::_join_closing, m)?)?;
     m.add("LoaderError", m.py().get_type::<error::LoaderError>())?;
     m.add(
         "DeviceUnavailable",

@@ -3,14 +3,16 @@
 //! positions of a map-style dataset in the library's order (shuffle, ranks, equal counts),
 //! which `flowgate.DataLoader` builds on: checkpoints of that one resume exactly.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use flowgate::actors::failure::collect_skipped_parts;
 use flowgate::dataset::EpochOrder;
 use flowgate::loader::LoaderSettings;
 use flowgate::{
-    Described, FailureBudget, Order, Pipeline, PipelineError, PipelineState, Within, Workers,
+    Described, FailureBudget, ItemError, Order, Pipeline, PipelineError, PipelineState, Within,
+    Workers,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -19,6 +21,80 @@ use pyo3::types::{PyDict, PyList};
 use crate::error::{py_error, to_py, PyStageError};
 use crate::loader::SLICE;
 use crate::state::{state_from_py, state_to_py};
+
+std::thread_local! {
+    /// Whether this thread is in one of a pipeline's calls into Python (a stage, its source).
+    static IN_PIPELINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `f` under the GIL, on a pipeline's thread: marked so that a pipeline dropped there (the
+/// garbage collector may free a loader during any call into Python) is not joined from a
+/// thread of its own.
+fn with_gil_in_pipeline<R>(f: impl FnOnce(Python<'_>) -> R) -> R {
+    let outer = IN_PIPELINE.with(|m| m.replace(true));
+    let r = Python::with_gil(f);
+    IN_PIPELINE.with(|m| m.set(outer));
+    r
+}
+
+/// Threads stopping pipelines freed on one of their own threads.
+static CLOSING: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
+
+/// Pipelines of this process whose threads may call into Python: running, or stopping.
+static LIVE: (Mutex<usize>, std::sync::Condvar) = (Mutex::new(0), std::sync::Condvar::new());
+
+/// Counts a pipeline in [`LIVE`] from its start until its threads are joined.
+struct LiveGuard;
+
+impl LiveGuard {
+    fn new() -> Self {
+        *LIVE.0.lock().expect("live") += 1;
+        Self
+    }
+}
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        let mut n = LIVE.0.lock().expect("live");
+        *n = n.saturating_sub(1);
+        LIVE.1.notify_all();
+    }
+}
+
+/// In a forked child: the parent's pipelines are not this process's (their threads do not
+/// exist here, and their records are forgotten, never dropped).
+pub(crate) fn forget_live_after_fork() {
+    *LIVE.0.lock().unwrap_or_else(|p| p.into_inner()) = 0;
+}
+
+/// The longest exit waits for pipelines to stop.
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// At exit, after the open pipelines were closed: waits (the GIL released, so that their
+/// threads finish the calls in hand) until every pipeline's threads are joined, also those the
+/// garbage collector freed on one of their own threads (stopped from another), which may
+/// still be being freed at this moment. The interpreter then stops with no thread of ours in
+/// Python (one waiting for the GIL then would be unwound by the interpreter and abort the
+/// process).
+#[pyfunction]
+pub(crate) fn _join_closing(py: Python<'_>) {
+    py.allow_threads(|| {
+        let deadline = Instant::now() + EXIT_WAIT;
+        loop {
+            let pending = std::mem::take(&mut *CLOSING.lock().expect("closing"));
+            pending.into_iter().for_each(|h| drop(h.join()));
+            let n = LIVE.0.lock().expect("live");
+            if *n == 0 || Instant::now() >= deadline {
+                return;
+            }
+            // Woken when one stops; a freeing still under way pushes its closer meanwhile.
+            let _ = LIVE
+                .1
+                .wait_timeout(n, std::time::Duration::from_millis(20))
+                .expect("live");
+        }
+    });
+}
 
 /// `repr(x)`, for naming an item that failed.
 fn py_repr(py: Python<'_>, x: &Py<PyAny>) -> String {
@@ -42,7 +118,7 @@ impl Iterator for PyItems {
     type Item = Py<PyAny>;
     fn next(&mut self) -> Option<Py<PyAny>> {
         let it = self.it.as_ref()?;
-        Python::with_gil(|py| match it.bind(py).call_method0("__next__") {
+        with_gil_in_pipeline(|py| match it.bind(py).call_method0("__next__") {
             Ok(x) => Some(x.unbind()),
             Err(e) if e.is_instance_of::<pyo3::exceptions::PyStopIteration>(py) => None,
             Err(e) => {
@@ -116,7 +192,7 @@ impl GilClock {
         let asked = Instant::now();
         let cpu = thread_cpu_ns();
         let first = *self.first.get_or_init(|| asked);
-        let r = Python::with_gil(f);
+        let r = with_gil_in_pipeline(f);
         let end = Instant::now();
         let nanos = |d: std::time::Duration| d.as_nanos() as u64;
         self.wall_ns
@@ -174,23 +250,51 @@ pub(crate) struct PyPipeline {
     /// threads run it (after a `fork` the child has none of them).
     running: Mutex<Option<Running>>,
     source_error: SourceError,
+    /// The items that failed in the epoch being iterated, and the last of them.
+    failed: Arc<Mutex<(u64, Option<ItemError>)>>,
+    /// Closed (`close()`) since the last epoch started: an iterator still running says so.
+    closed: AtomicBool,
 }
 
 struct Running {
+    /// Declared first, so dropped (joined) before `_live` is.
     pipeline: Pipeline<Py<PyAny>>,
     in_epoch: bool,
     pid: u32,
+    /// Built to resume a state that had delivered results: its next epoch may deliver
+    /// nothing (its rest may all fail).
+    resumed_after_results: bool,
+    /// Results the epoch delivered; `None` for the rest of a resumed epoch.
+    delivered: Option<u64>,
+    _live: LiveGuard,
 }
 
 impl Running {
     /// Stops the pipeline and joins its threads, with the GIL released (its workers may be
     /// waiting for it); in a forked child, where the threads are the parent's, only forgets
-    /// it (joining would wait forever).
+    /// it (joining would wait forever); on one of its own threads (the garbage collector
+    /// freeing a loader during a stage's call), hands the joining to a thread of its own.
     fn end(self, py: Python<'_>) {
-        if self.pid == std::process::id() {
-            py.allow_threads(move || drop(self));
-        } else {
+        if self.pid != std::process::id() {
             std::mem::forget(self);
+        } else if IN_PIPELINE.with(std::cell::Cell::get) {
+            let slot = Arc::new(Mutex::new(Some(self)));
+            let theirs = Arc::clone(&slot);
+            let spawned = std::thread::Builder::new()
+                .name("flowgate-close".into())
+                .spawn(move || drop(theirs.lock().expect("slot").take()));
+            match spawned {
+                // Joined at exit (`_join_closing`), before the interpreter stops running
+                // Python: the pipeline's threads finish their calls first.
+                Ok(h) => CLOSING.lock().expect("closing").push(h),
+                Err(e) => {
+                    // No thread to join from: the pipeline's threads are left running.
+                    std::mem::forget(slot.lock().expect("slot").take());
+                    eprintln!("flowgate: a pipeline freed on its own thread is left running: {e}");
+                }
+            }
+        } else {
+            py.allow_threads(move || drop(self));
         }
     }
 }
@@ -209,7 +313,7 @@ impl PyPipeline {
             Items::Iterable(source) => source.clone_ref(py),
             Items::Indexed { len, order, .. } => {
                 let b = Pipeline::builder().source_sampled(order.sampler(*len)?, |_, i| {
-                    Python::with_gil(|py| {
+                    with_gil_in_pipeline(|py| {
                         i.into_pyobject(py)
                             .map(|i| i.into_any().unbind())
                             .expect("an int")
@@ -220,7 +324,7 @@ impl PyPipeline {
         };
         let error = Arc::clone(&self.source_error);
         let b = Pipeline::builder().source_epochs(move |epoch| {
-            Python::with_gil(|py| {
+            with_gil_in_pipeline(|py| {
                 let src = source.bind(py);
                 let iterable = if src.is_callable() {
                     src.call1((epoch,))
@@ -272,15 +376,27 @@ impl PyPipeline {
                         move |x: Py<PyAny>| {
                             let (f, gil) = (Arc::clone(&f), Arc::clone(&gil));
                             async move {
+                                // The parts the call leaves out (`skip_part`) are collected on
+                                // its thread and counted by this item's task.
                                 let call = move || {
-                                    gil.call(|py| {
-                                        f.call1(py, (x.clone_ref(py),)).map_err(|e| {
-                                            Described::new(py_repr(py, &x), py_error(py, e))
+                                    collect_skipped_parts(|| {
+                                        gil.call(|py| {
+                                            f.call1(py, (x.clone_ref(py),)).map_err(|e| {
+                                                Described::new(py_repr(py, &x), py_error(py, e))
+                                            })
                                         })
                                     })
                                 };
                                 match tokio::task::spawn_blocking(call).await {
-                                    Ok(r) => r,
+                                    Ok((r, parts)) => {
+                                        if r.is_ok() {
+                                            for (part, cause) in parts {
+                                                flowgate::skip_part(part.clone(), cause)
+                                                    .map_err(|c| Described::new(part, c))?;
+                                            }
+                                        }
+                                        r
+                                    }
                                     Err(e) => Err(Described::new(
                                         "an item",
                                         PyStageError::text(format!("the call did not finish: {e}")),
@@ -316,7 +432,7 @@ impl PyPipeline {
                 StageSpec::Batch { size, drop_last } => b.aggregate(*size, *drop_last).pipe(
                     &format!("batch{size}"),
                     |v: Vec<Py<PyAny>>| {
-                        Python::with_gil(|py| {
+                        with_gil_in_pipeline(|py| {
                             PyList::new(py, v)
                                 .map(|l| l.into_any().unbind())
                                 .map_err(|e| py_error(py, e))
@@ -329,7 +445,15 @@ impl PyPipeline {
         if let Some(c) = self.cpu_budget {
             b = b.cpu_budget(c);
         }
-        b.max_failures(budget).output_order(self.order).build()
+        let failed = Arc::clone(&self.failed);
+        b.max_failures(budget)
+            .output_order(self.order)
+            .on_failure(move |e| {
+                let mut f = failed.lock().expect("failed");
+                f.0 += 1;
+                f.1 = Some(e.clone());
+            })
+            .build()
     }
 
     /// A pipeline to read from, built if there is none (or the one there was made before a
@@ -342,15 +466,22 @@ impl PyPipeline {
                 old.end(py);
             }
             let mut p = self.build(py).map_err(to_py)?;
+            let mut resumed_after_results = false;
             match start {
                 Some(Start::Epoch(e)) => p.start_at_epoch(e).map_err(to_py)?,
-                Some(Start::State(s)) => p.resume(&s).map_err(to_py)?,
+                Some(Start::State(s)) => {
+                    p.resume(&s).map_err(to_py)?;
+                    resumed_after_results = s.delivered_items > 0;
+                }
                 None => {}
             }
             *r = Some(Running {
                 pipeline: p,
                 in_epoch: false,
                 pid: here,
+                resumed_after_results,
+                delivered: None,
+                _live: LiveGuard::new(),
             });
         }
         Ok(r.as_mut().expect("built"))
@@ -376,6 +507,8 @@ impl PyPipeline {
             cpu_budget: cpu_budget.map(crate::args::cpu_budget_of).transpose()?,
             running: Mutex::new(None),
             source_error: Arc::default(),
+            failed: Arc::default(),
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -437,7 +570,11 @@ impl PyPipeline {
                 *start = Some(Start::Epoch(e + u64::from(run.in_epoch && here)));
             }
         }
-        self.running(py, &mut r)?.in_epoch = true;
+        let run = self.running(py, &mut r)?;
+        run.in_epoch = true;
+        run.delivered = (!std::mem::take(&mut run.resumed_after_results)).then_some(0);
+        *self.failed.lock().expect("failed") = (0, None);
+        self.closed.store(false, Ordering::Relaxed);
         Ok(())
     }
 
@@ -461,6 +598,8 @@ impl PyPipeline {
             cpu_budget: settings.cpu_budget,
             running: Mutex::new(None),
             source_error: Arc::default(),
+            failed: Arc::default(),
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -529,13 +668,17 @@ impl PyPipeline {
 
     /// The epoch's next result; `StopIteration` at its end (a result may be `None`).
     fn _next(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let running = &self.running;
+        let (running, failed, closed) = (&self.running, &self.failed, &self.closed);
         // Waits in slices with the GIL released, checking for signals between them: Ctrl-C
         // raises KeyboardInterrupt within a slice, not after the next item.
         let r = loop {
             let r = py.allow_threads(|| {
                 let mut g = running.lock().expect("running");
                 let Some(run) = g.as_mut() else {
+                    if closed.load(Ordering::Relaxed) {
+                        // close() ended the epoch being iterated.
+                        return Some(Err(PipelineError::stopped()));
+                    }
                     return Some(Ok(None));
                 };
                 // An epoch the parent started before a fork is not this process's to read.
@@ -543,13 +686,26 @@ impl PyPipeline {
                     return Some(Ok(None));
                 }
                 match run.pipeline.next_within(SLICE) {
-                    Within::Next(Ok(x)) => Some(Ok(Some(x))),
+                    Within::Next(Ok(x)) => {
+                        if let Some(d) = &mut run.delivered {
+                            *d += 1;
+                        }
+                        Some(Ok(Some(x)))
+                    }
                     Within::Next(Err(e)) => {
                         drop(g.take());
                         Some(Err(e))
                     }
                     Within::EpochEnd => {
                         run.in_epoch = false;
+                        // Every item failed: an error, not an empty epoch (as a Loader's).
+                        let (failures, last) = failed.lock().expect("failed").clone();
+                        if run.delivered == Some(0) && failures > 0 {
+                            let epoch = run.pipeline.epoch();
+                            return Some(Err(PipelineError::nothing_delivered(
+                                epoch, failures, last,
+                            )));
+                        }
                         Some(Ok(None))
                     }
                     Within::TimedOut => None,
@@ -569,8 +725,10 @@ impl PyPipeline {
         }
     }
 
-    /// Stops the pipeline and joins its threads.
+    /// Stops the pipeline and joins its threads: an iterator running at the time raises
+    /// `LoaderError`; a later `iter()` starts the threads again.
     fn close(&self, py: Python<'_>) {
+        self.closed.store(true, Ordering::Relaxed);
         let r = self.running.lock().expect("running").take();
         if let Some(r) = r {
             r.end(py);

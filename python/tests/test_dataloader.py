@@ -382,3 +382,131 @@ def test_more_workers_than_cores_make_that_many_batches_at_once():
     assert same(list(TorchLoader(Numbered(96), batch_size=2)), list(loader))
     assert ds.most >= workers - 2, f"at most {ds.most} calls at once of {workers} workers"
     assert loader.stats()["stages"]["fetch"]["workers"] == workers
+
+
+def _run(code, times=1):
+    import subprocess
+    import sys
+    for _ in range(times):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert "deadlock" not in r.stderr and "panicked" not in r.stderr, r.stderr[-3000:]
+    return r.stdout
+
+
+def test_a_loader_is_freed_by_its_count_and_one_in_a_cycle_on_its_own_thread_cleanly():
+    """The loader's sampler does not hold the loader (a cycle made the garbage collector free
+    it later, on whichever thread allocated: a helper's case joined a thread from itself and
+    aborted); a user's cycle freed during a stage's call stops the threads from another."""
+    import gc
+    import weakref
+    gc.disable()
+    try:
+        loader = flowgate.DataLoader(Numbered(8), batch_size=2)
+        next(iter(loader))
+        ref = weakref.ref(loader)
+        del loader
+        assert ref() is None, "freed when its last reference goes, without the collector"
+    finally:
+        gc.enable()
+    out = _run("import gc, flowgate\n"
+               "class DS:\n"
+               "    def __len__(s): return 400\n"
+               "    def __getitem__(s, i):\n"
+               "        gc.collect()\n"
+               "        return i\n"
+               "for k in range(4):\n"
+               "    loader = flowgate.DataLoader(DS(), batch_size=4, num_workers=2)\n"
+               "    loader.me = loader\n"
+               "    print(next(iter(loader)))\n"
+               "    del loader\n"
+               "print('done')\n", times=2)
+    assert out.strip().endswith("done")
+
+
+def test_a_waiting_dataset_with_more_workers_than_cores_skips_and_exits_cleanly():
+    """num_workers above the cores (calls on blocking threads): a failed item is left out of
+    its batch and counted, as on the tuned threads (it failed the whole batch before), and
+    the process exits while calls are still asleep."""
+    import os
+    import time
+
+    class Waits(Numbered):
+        def __getitem__(self, i):
+            time.sleep(0.01)
+            return super().__getitem__(i)
+
+    workers = len(os.sched_getaffinity(0)) + 3
+    loader = flowgate.DataLoader(Waits(20, bad={3, 9, 10}), batch_size=4, num_workers=workers,
+                                 skip_errors=True)
+    assert ids(loader) == [[0, 1, 2], [4, 5, 6, 7], [8, 11], [12, 13, 14, 15],
+                           [16, 17, 18, 19]]
+    assert loader.stats()["failures"] == 3
+    with pytest.raises(flowgate.LoaderError, match="item 9 is unreadable") as e:
+        list(flowgate.DataLoader(Waits(20, bad={9}), batch_size=4, num_workers=workers))
+    assert isinstance(e.value.__cause__, OSError)
+    _run("import os, time, flowgate\n"
+         "class DS:\n"
+         "    def __len__(s): return 10**5\n"
+         "    def __getitem__(s, i):\n"
+         "        time.sleep(0.3)\n"
+         "        return i\n"
+         f"it = iter(flowgate.DataLoader(DS(), batch_size=2, num_workers={workers}))\n"
+         "print(next(it))\n", times=3)
+
+
+@pytest.mark.parametrize("batch_size", [None, 1, 3])
+def test_an_epoch_whose_every_item_fails_raises_with_skip_errors(batch_size):
+    """Skipping unreadable items is not an empty epoch when none is readable (a wrong path,
+    a broken decoder): the epoch's end raises, as a library loader's does."""
+    loader = flowgate.DataLoader(Numbered(7, bad=range(7)), batch_size=batch_size,
+                                 skip_errors=True)
+    with pytest.raises(flowgate.LoaderError, match="delivered nothing: every item failed"):
+        list(loader)
+    # Not a resumed epoch's rest, which may be nothing.
+    loader = flowgate.DataLoader(Numbered(6, bad={3, 4, 5}), batch_size=3, skip_errors=True)
+    it = iter(loader)
+    next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    again = flowgate.DataLoader(Numbered(6, bad={3, 4, 5}), batch_size=3, skip_errors=True)
+    again.load_state_dict(state)
+    assert ids(again) == [[0, 1, 2]], "the failed batch made up of the readable ones"
+
+
+def test_a_batch_of_only_failures_names_its_first_item_by_default():
+    with pytest.raises(flowgate.LoaderError) as e:
+        list(flowgate.DataLoader(Numbered(8, bad={4, 5, 6, 7}), batch_size=4))
+    assert e.value.item == "item 4" and isinstance(e.value.__cause__, OSError)
+    assert "item 4 is unreadable" in str(e.value.__cause__)
+
+
+def test_unbatched_items_that_fail_are_made_up_so_len_holds():
+    loader = flowgate.DataLoader(Numbered(6, bad={1, 2}), batch_size=None, skip_errors=True)
+    got = [int(x["x"][0]) for x in loader]
+    assert got == [0, 3, 3, 3, 4, 5] and len(got) == len(loader)
+    assert loader.stats()["failures"] == 2
+    with pytest.raises(flowgate.LoaderError, match="item 1 is unreadable"):
+        list(flowgate.DataLoader(Numbered(6, bad={1}), batch_size=None))
+
+
+def test_close_during_iteration_raises_and_a_new_pass_starts_again():
+    import threading
+    import time
+
+    class Slow(Numbered):
+        def __getitem__(self, i):
+            time.sleep(0.02)
+            return super().__getitem__(i)
+
+    loader = flowgate.DataLoader(Slow(200), batch_size=2)
+    it = iter(loader)
+    next(it)
+    threading.Timer(0.1, loader.close).start()
+    with pytest.raises(flowgate.LoaderError, match="stopped before the epoch ended"):
+        for _ in it:
+            pass
+    with pytest.raises(flowgate.LoaderError, match="stopped"):
+        next(it)
+    loader.close()
+    assert len(list(loader)) == len(loader) == 100
