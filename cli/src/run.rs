@@ -79,6 +79,35 @@ impl Ended {
 /// code is 0 when every epoch ran, 1 when the pipeline failed (`run.max_failures` exceeded)
 /// or an epoch delivered nothing, 128 + the signal after Ctrl-C, SIGTERM or SIGHUP (130, 143,
 /// 129; the summary and JSON still print).
+/// A batch's fields besides the media, for `--dump`: a JSON object per item, in the batch's
+/// order (text as strings, JSON as itself, bytes as hex, a missing optional field as null).
+fn fields_jsonl(b: &flowgate::loader::Batch) -> String {
+    use flowgate::dataset::FieldValue;
+    let mut out = String::new();
+    for m in &b.items {
+        let item: serde_json::Map<String, serde_json::Value> = b
+            .extra_names
+            .iter()
+            .zip(&m.extras)
+            .map(|(name, v)| {
+                let v = match v {
+                    FieldValue::Text(t) => serde_json::Value::from(t.as_str()),
+                    FieldValue::Json(j) => j.clone(),
+                    FieldValue::Int(i) => serde_json::Value::from(*i),
+                    FieldValue::Bytes(b) => serde_json::Value::from(
+                        b.iter().map(|x| format!("{x:02x}")).collect::<String>(),
+                    ),
+                    FieldValue::Missing => serde_json::Value::Null,
+                };
+                (name.clone(), v)
+            })
+            .collect();
+        out.push_str(&serde_json::Value::Object(item).to_string());
+        out.push('\n');
+    }
+    out
+}
+
 pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitCode, Error> {
     let spec = PipelineSpec::load(file)?;
     if let Some(dir) = dump {
@@ -214,18 +243,24 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
                 ended = Ended::Interrupted(signal);
                 break 'run;
             }
-            let (batch, labels) = match loader.loader.next_within(Duration::from_millis(100)) {
-                // The media: the first field (length-aware batches add the lengths).
-                Within::Next(Ok(mut b)) => (b.fields.swap_remove(0), b.labels),
-                Within::Next(Err(e)) if e.is_nothing_delivered() => break,
-                Within::Next(Err(e)) => {
-                    epochs.push((items, t0.elapsed().as_secs_f64()));
-                    ended = Ended::Failed(e.to_string());
-                    break 'run;
-                }
-                Within::EpochEnd => break,
-                Within::TimedOut => continue,
-            };
+            let (batch, labels, extras) =
+                match loader.loader.next_within(Duration::from_millis(100)) {
+                    // The media: the first field (length-aware batches add the lengths); the
+                    // fields besides it, for the dump.
+                    Within::Next(Ok(mut b)) => {
+                        let extras =
+                            (dump.is_some() && !b.extra_names.is_empty()).then(|| fields_jsonl(&b));
+                        (b.fields.swap_remove(0), b.labels, extras)
+                    }
+                    Within::Next(Err(e)) if e.is_nothing_delivered() => break,
+                    Within::Next(Err(e)) => {
+                        epochs.push((items, t0.elapsed().as_secs_f64()));
+                        ended = Ended::Failed(e.to_string());
+                        break 'run;
+                    }
+                    Within::EpochEnd => break,
+                    Within::TimedOut => continue,
+                };
             let n = batch.shape()[0];
             items += n;
             view::with(|v| {
@@ -239,6 +274,11 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
                     .map_err(|e| format!("{}: {e}", path.display()))?;
                 std::fs::write(&path, npy)
                     .map_err(|e| format!("writing {}: {e}", path.display()))?;
+                if let Some(lines) = &extras {
+                    let path = dir.join(format!("epoch{epoch}-batch{index:05}-fields.jsonl"));
+                    std::fs::write(&path, lines)
+                        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+                }
                 if let Some(labels) = &labels {
                     let path = dir.join(format!("epoch{epoch}-batch{index:05}-labels.npy"));
                     let npy = labels

@@ -392,3 +392,86 @@ fn version_names_the_decoders_and_features_built_in() {
         "{text}"
     );
 }
+
+/// `[fields]` in a pipeline file: a sample's other members read beside its image, dumped per
+/// batch as JSON lines aligned with the labels (each record names its own image); a bad
+/// field is one error naming `fields.NAME` and its line.
+#[test]
+fn pipeline_files_read_fields_besides_the_media_and_dump_them_aligned() {
+    let data = common::dataset();
+    let text = format!(
+        "[source]\nkind = \"tar\"\nshards = \"{}\"\nlabels = \"cls\"\nshuffle = 3\nbuffer = 9\n\
+         [fields]\nmeta = \"json\"\nraw = {{ from = \"cls\", kind = \"bytes\" }}\n\
+         [decode]\nkind = \"image\"\nresize = 32\ncrop = 32\n[batch]\nsize = 7\n\
+         [run]\nepochs = 1\n[tuner]\nenabled = false\n",
+        data.join("shards").display()
+    );
+    let file = std::env::temp_dir().join(format!("flowgate-fields-{}.toml", std::process::id()));
+    std::fs::write(&file, &text).unwrap();
+    let dump = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-fields-dump");
+    let _ = std::fs::remove_dir_all(&dump);
+    let out = Command::new(env!("CARGO_BIN_EXE_flowgate"))
+        .args(["run", "--quiet"])
+        .arg(&file)
+        .arg("--dump")
+        .arg(&dump)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let images: Vec<String> = std::fs::read_to_string(data.join("images.txt"))
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let mut seen = Vec::new();
+    for b in 0..images.len().div_ceil(7) {
+        let lines =
+            std::fs::read_to_string(dump.join(format!("epoch0-batch{b:05}-fields.jsonl"))).unwrap();
+        let npy = std::fs::read(dump.join(format!("epoch0-batch{b:05}-labels.npy"))).unwrap();
+        let header = 10 + u16::from_le_bytes([npy[8], npy[9]]) as usize;
+        let labels: Vec<i64> = npy[header..]
+            .chunks(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let rows: Vec<serde_json::Value> = lines
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(rows.len(), labels.len());
+        for (row, label) in rows.iter().zip(&labels) {
+            let hex = row["raw"].as_str().unwrap();
+            let raw: Vec<u8> = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                .collect();
+            assert_eq!(String::from_utf8(raw).unwrap(), label.to_string());
+            assert_eq!(row["meta"]["path"], images[*label as usize], "{row}");
+            seen.push(*label);
+        }
+    }
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (0..images.len() as i64).collect::<Vec<_>>(),
+        "every sample once"
+    );
+
+    let bad = text.replace("meta = \"json\"", "meta = 3");
+    std::fs::write(&file, &bad).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_flowgate"))
+        .arg("run")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = bad.lines().position(|l| l == "meta = 3").unwrap() + 1;
+    assert!(
+        stderr.contains(&format!("{}:{line}: fields.meta: ", file.display())),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_file(&file);
+}

@@ -164,6 +164,19 @@ class ImageLoader(_Loader):
     field holding each sample's label (``"cls"``). ``return_paths``: add the batch's file
     paths (a list of str; ``SHARD:KEY`` for shards) as the tuple's last element.
 
+    ``fields``: a sample's fields besides its media, from its other tar members (by
+    extension) or a Parquet row's other columns: ``{"caption": "txt", "meta": "json"}``, each
+    name mapped to an extension or column, a list of them (the first present wins), or
+    ``{"from": ..., "kind": "text" | "json" | "int" | "bytes", "optional": True}`` (the kind
+    by default from the extension: ``txt`` text, ``json`` parsed, ``cls`` an int, else
+    bytes). Each batch is then a dict: the media under ``"image"`` (``"audio"``,
+    ``"video"``; ``"lengths"`` and a video's ``"audio"`` track beside it), ``"label"`` and
+    ``"path"`` where asked, and each field as a list in the batch's order (``None`` where an
+    optional field is missing). A sample without a required field, or whose field is not
+    what its kind reads (text that is not UTF-8, JSON that does not parse), is a failed item
+    (skipped and counted, or fatal, as ``skip_errors`` says). For :class:`Shards`,
+    :class:`Parquet` and :class:`Mix` (each source reads the fields), not loose files.
+
     ``output``: ``"batch"`` (:class:`Batch`, zero-copy to NumPy and DLPack), ``"torch"``
     (``torch.Tensor`` objects, zero-copy through DLPack) or ``"numpy"`` (arrays, zero-copy).
 
@@ -233,6 +246,7 @@ class ImageLoader(_Loader):
         fill_skipped: Optional[bool] = None,
         labels: Labels = None,
         return_paths: bool = False,
+        fields: Optional[Mapping[str, Any]] = None,
         memory_mb: Optional[float] = None,
         cpu_budget: Union[int, float, str, None] = None,
         device: str = "cpu",
@@ -288,6 +302,7 @@ class AudioLoader(_Loader):
         fill_skipped: Optional[bool] = None,
         labels: Labels = None,
         return_paths: bool = False,
+        fields: Optional[Mapping[str, Any]] = None,
         memory_mb: Optional[float] = None,
         cpu_budget: Union[int, float, str, None] = None,
         device: str = "cpu",
@@ -368,6 +383,7 @@ class VideoLoader(_Loader):
         fill_skipped: Optional[bool] = None,
         labels: Labels = None,
         return_paths: bool = False,
+        fields: Optional[Mapping[str, Any]] = None,
         memory_mb: Optional[float] = None,
         cpu_budget: Union[int, float, str, None] = None,
         device: str = "cpu",

@@ -58,6 +58,9 @@ class _Loader:
             if args.get("fill_skipped"):
                 raise ValueError("fill_skipped=True is for local decoding; with remote= the "
                                  "batches lost to skipped files are not made up")
+            if args.get("fields"):
+                raise ValueError("fields= is for local decoding: with remote= the actors' "
+                                 "units carry media, not a sample's other fields")
             if args.get("device", "cpu") != "cpu":
                 raise DeviceUnavailable(
                     f"device={args['device']!r} with remote=: batches decoded remotely arrive "

@@ -98,7 +98,8 @@ IMAGENET_STD: Tuple[float, float, float]
 
 def loader(paths: Any, settings: Dict[str, Any], media: Dict[str, Any], labels: Any = ...,
            return_paths: bool = ..., device: str = ..., device_memory_mb: Optional[float] = ...,
-           reader: Optional[Tuple[int, int]] = ..., units: bool = ...) -> Loader: ...
+           reader: Optional[Tuple[int, int]] = ..., units: bool = ...,
+           fields: Optional[Dict[str, Any]] = ...) -> Loader: ...
 def _join_closing() -> None: ...
 def skip_part(part: str, error: BaseException) -> None:
     """From a Pipeline stage's function: the part named ``part`` failed with ``error`` and was

@@ -210,6 +210,8 @@ def _converter(output: str, from_numpy: bool = False) -> Optional[Callable[[Any]
     def convert(item: Any) -> Any:
         if isinstance(item, tuple):
             return tuple(one(x) if isinstance(x, kind) else x for x in item)
+        if isinstance(item, dict):
+            return {k: one(x) if isinstance(x, kind) else x for k, x in item.items()}
         return one(item)
     return convert
 

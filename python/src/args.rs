@@ -72,7 +72,7 @@ fn data(v: &Bound<'_, PyAny>) -> PyResult<Value> {
 /// `{"kind": "image", "crop": 224, ...}`) says.
 #[pyfunction]
 #[pyo3(signature = (paths, settings, media, labels=None, return_paths=false, device="cpu",
-    device_memory_mb=None, reader=None, units=false))]
+    device_memory_mb=None, reader=None, units=false, fields=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn loader(
     paths: &Bound<'_, PyAny>,
@@ -84,6 +84,7 @@ pub(crate) fn loader(
     device_memory_mb: Option<f64>,
     reader: Option<(usize, usize)>,
     units: bool,
+    fields: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Loader> {
     let py = paths.py();
     let invalid = |e: flowgate::loader::SettingsError| PyValueError::new_err(e.to_string());
@@ -94,7 +95,18 @@ pub(crate) fn loader(
         .map(|m| flowgate::limits::DEVICE_MEMORY_MB.bytes(m))
         .transpose()
         .map_err(out_of_range)?;
-    let source = source_of(paths, recipe.extensions(), labels)?;
+    let fields = match fields {
+        None => Vec::new(),
+        Some(f) => flowgate::dataset::fields_from_value(data(f)?).map_err(PyValueError::new_err)?,
+    };
+    if !fields.is_empty() && units {
+        return Err(PyValueError::new_err(
+            "fields: a loader with remote= regroups units of media, not their fields; read \
+             fields in the training process (remote=None)",
+        ));
+    }
+    let names = crate::loader::Names::new(&media, &settings, labels.is_some(), return_paths);
+    let source = source_of(paths, recipe.extensions(), labels)?.extra_fields(fields);
     let dataset = settings.dataset(source, &recipe).map_err(invalid)?;
     // Opening reads listings, manifests and footers (on S3: requests, retries): without
     // the GIL, so the process's other threads run meanwhile.
@@ -114,7 +126,7 @@ pub(crate) fn loader(
     let loader = py
         .allow_threads(move || b.build())
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    Ok(Loader::new(loader, return_paths))
+    Loader::new(loader, return_paths, names)
 }
 
 /// Checks the argument `name` (of a loader or a source) against the library's limits, in its

@@ -26,6 +26,94 @@ struct Core {
     iterators: u64,
 }
 
+/// The keys of a batch delivered as a dict (a loader with `fields=`): the media's fields,
+/// then `label` and `path` where asked, then the named fields.
+pub(crate) struct Names {
+    media: Vec<&'static str>,
+    label: bool,
+    path: bool,
+}
+
+impl Names {
+    pub(crate) fn new(
+        media: &flowgate::media::args::MediaArgs,
+        settings: &flowgate::loader::LoaderSettings,
+        labels: bool,
+        paths: bool,
+    ) -> Self {
+        let mut names = vec![media.kind()];
+        if settings.return_lengths || settings.length_cap().is_some() {
+            names.push("lengths");
+        }
+        if matches!(media.audio_track(), Ok(Some(_))) {
+            names.push("audio");
+        }
+        Self {
+            media: names,
+            label: labels,
+            path: paths,
+        }
+    }
+
+    /// Refuses a field named as a key the batch already has.
+    fn check(&self, fields: &[flowgate::dataset::FieldSpec]) -> PyResult<()> {
+        let taken = |n: &str| {
+            self.media.contains(&n) || (self.label && n == "label") || (self.path && n == "path")
+        };
+        match fields.iter().find(|f| taken(&f.name)) {
+            Some(f) => Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "fields: {:?} is a key the batch already has (its media, \"label\", \"path\")",
+                f.name
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A field's value as Python's: `str`, a parsed JSON value, `int`, `bytes`, or `None` for an
+/// optional field a sample lacks.
+fn field_to_py<'py>(
+    py: Python<'py>,
+    v: &flowgate::dataset::FieldValue,
+) -> PyResult<Bound<'py, PyAny>> {
+    use flowgate::dataset::FieldValue;
+    Ok(match v {
+        FieldValue::Text(t) => t.into_pyobject(py)?.into_any(),
+        FieldValue::Json(j) => json_to_py(py, j)?,
+        FieldValue::Int(i) => i.into_pyobject(py)?.into_any(),
+        FieldValue::Bytes(b) => pyo3::types::PyBytes::new(py, b).into_any(),
+        FieldValue::Missing => py.None().into_bound(py),
+    })
+}
+
+fn json_to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    use serde_json::Value;
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => pyo3::types::PyBool::new(py, *b).to_owned().into_any(),
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => i.into_pyobject(py)?.into_any(),
+            (None, Some(u)) => u.into_pyobject(py)?.into_any(),
+            _ => n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any(),
+        },
+        Value::String(s) => s.into_pyobject(py)?.into_any(),
+        Value::Array(a) => PyList::new(
+            py,
+            a.iter()
+                .map(|x| json_to_py(py, x))
+                .collect::<PyResult<Vec<_>>>()?,
+        )?
+        .into_any(),
+        Value::Object(o) => {
+            let d = PyDict::new(py);
+            for (k, x) in o {
+                d.set_item(k, json_to_py(py, x)?)?;
+            }
+            d.into_any()
+        }
+    })
+}
+
 /// A native loader; see `flowgate.ImageLoader` and `flowgate.AudioLoader`.
 #[pyclass(module = "flowgate._native")]
 pub(crate) struct Loader {
@@ -39,6 +127,8 @@ pub(crate) struct Loader {
     batches_per_epoch: usize,
     classes: Option<Vec<String>>,
     return_paths: bool,
+    /// With fields besides the media, the batch's keys (a dict); else tuples.
+    names: Option<Names>,
     sim_log: Option<flowgate::device::SimLog>,
     /// The Prometheus endpoint (`metrics_port=`), while it serves.
     metrics: Mutex<Option<flowgate::prometheus::Endpoint>>,
@@ -76,10 +166,18 @@ impl Drop for Loader {
 }
 
 impl Loader {
-    pub(crate) fn new(loader: flowgate::Loader, return_paths: bool) -> Self {
+    pub(crate) fn new(
+        loader: flowgate::Loader,
+        return_paths: bool,
+        names: Names,
+    ) -> PyResult<Self> {
         #[cfg(feature = "s3")]
         let shard_caches = loader.dataset().shard_caches();
-        Self {
+        let fields = loader.extra_fields();
+        names.check(fields)?;
+        let names = (!fields.is_empty()).then_some(names);
+        Ok(Self {
+            names,
             watch: loader.watch(),
             batches_per_epoch: loader.len(),
             classes: loader.classes().map(<[String]>::to_vec),
@@ -93,11 +191,49 @@ impl Loader {
             metrics: Mutex::new(None),
             #[cfg(feature = "s3")]
             shard_caches,
-        }
+        })
     }
 }
 
 impl Loader {
+    /// A batch as a dict: its media under their names, `label` and `path` where asked, and
+    /// each named field's values as a list in the batch's order.
+    fn as_dict<'py>(
+        &self,
+        py: Python<'py>,
+        names: &Names,
+        batch: flowgate::loader::Batch,
+        paths: Option<Vec<String>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let d = PyDict::new(py);
+        for (name, v) in batch.extra_names.iter().enumerate().map(|(k, n)| {
+            let values = batch.items.iter().map(move |m| m.extras.get(k));
+            (n, values)
+        }) {
+            let list = PyList::empty(py);
+            for x in v {
+                match x {
+                    Some(x) => list.append(field_to_py(py, x)?)?,
+                    None => list.append(py.None())?,
+                }
+            }
+            d.set_item(name, list)?;
+        }
+        let flowgate::loader::Batch { fields, labels, .. } = batch;
+        let first = PyDict::new(py);
+        for (name, m) in names.media.iter().zip(fields) {
+            first.set_item(name, Bound::new(py, Batch::from(m))?)?;
+        }
+        if let Some(l) = labels {
+            first.set_item("label", Bound::new(py, Batch::from(l))?)?;
+        }
+        if let Some(p) = paths {
+            first.set_item("path", PyList::new(py, p)?)?;
+        }
+        first.update(d.as_mapping())?;
+        Ok(first.into_any())
+    }
+
     /// The current pipeline's monitor; builds the pipeline (waiting for the lock with the
     /// GIL released) if there is none yet.
     fn monitor(&self, py: Python<'_>) -> PyResult<Monitor> {
@@ -167,6 +303,9 @@ impl Loader {
                 .map(|m| c.loader.path_of(m))
                 .collect::<Vec<_>>()
         });
+        if let Some(names) = &self.names {
+            return self.as_dict(py, names, batch, paths).map(Some);
+        }
         let flowgate::loader::Batch { fields, labels, .. } = batch;
         let mut out = fields
             .into_iter()

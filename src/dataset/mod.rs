@@ -29,6 +29,7 @@
 //! # Ok::<(), flowgate::PipelineError>(())
 //! ```
 
+mod extras;
 mod files;
 mod open;
 mod order;
@@ -40,6 +41,7 @@ mod source;
 
 use std::sync::Arc;
 
+pub use extras::{fields_from_value, FieldKind, FieldSpec, FieldValue};
 pub use files::{Files, FolderLabels};
 pub use order::{EpochOrder, Ranks};
 pub use source::{
@@ -60,6 +62,9 @@ pub struct Item {
     pub input: Input,
     /// The item's label.
     pub label: Option<i64>,
+    /// Its fields besides the media, in the order the source names them
+    /// ([`Source::extra_fields`]).
+    pub extras: Vec<FieldValue>,
 }
 
 /// A dataset: what to read and each epoch's order for this rank; cheap to clone. See the
@@ -84,6 +89,7 @@ enum Kind {
         records: Records,
         media: Arc<[String]>,
         label: Option<String>,
+        extras: Arc<[FieldSpec]>,
     },
     /// Several datasets drawn by weight: item `i` of the mixture is item `j` of part `s`
     /// (`sampler.locate(i)`).
@@ -226,6 +232,15 @@ impl Dataset {
         }
     }
 
+    /// The fields besides the media each item carries ([`Item::extras`]), in order.
+    pub fn extra_fields(&self) -> &[FieldSpec] {
+        match &self.kind {
+            Kind::Records { extras, .. } => extras,
+            Kind::Mix { parts, .. } => parts.first().map_or(&[], |p| p.extra_fields()),
+            _ => &[],
+        }
+    }
+
     /// Whether every item has a label.
     pub fn has_labels(&self) -> bool {
         match &self.kind {
@@ -301,10 +316,12 @@ impl Dataset {
         match &self.kind {
             // Labels do not change the order: a state resumes with or without them.
             Kind::Files { files, .. } => files.fingerprint(),
+            // Nor do the fields besides the media.
             Kind::Records {
                 records,
                 media,
                 label,
+                ..
             } => {
                 let mut f = records.fingerprint();
                 f.push(("fields", media.join(",")));
@@ -350,23 +367,29 @@ impl Dataset {
             Kind::Files { files, labels, .. } => Ok(Item {
                 input: Input::Path(files.paths()[index].clone()),
                 label: labels.as_ref().map(|l| l[index]),
+                extras: Vec::new(),
             }),
             Kind::Records {
                 records,
                 media,
                 label,
+                extras,
             } => {
-                // Only the media fields and the label are read: a sample's other fields take
-                // no I/O and no memory.
+                // Only the media fields, the label and the extra fields are read: a sample's
+                // other fields take no I/O and no memory.
                 let mut raw = records.read(index, epoch, |ext| {
-                    media.iter().any(|m| m == ext) || label.as_deref() == Some(ext)
+                    media.iter().any(|m| m == ext)
+                        || label.as_deref() == Some(ext)
+                        || extras.iter().any(|f| f.from.iter().any(|e| e == ext))
                 })?;
+                let values = extras::read(&raw, extras)?;
                 let label = label.as_deref().map(|f| raw.take_label(f)).transpose()?;
                 let (ext, bytes) = raw.take_required(media)?;
                 let path = raw.field_path(&ext);
                 Ok(Item {
                     input: Input::Bytes(Blob { path, bytes }),
                     label,
+                    extras: values,
                 })
             }
             Kind::Mix { parts, sampler } => {
@@ -384,6 +407,7 @@ impl Dataset {
                 Ok(Item {
                     input: Input::Bytes(blob),
                     label: None,
+                    extras: Vec::new(),
                 })
             }
         }

@@ -8,7 +8,7 @@ use super::order::EpochOrder;
 use super::records::Records;
 use super::shards::Shards;
 use super::source::{Labels, Remote, Source, SourceKind};
-use super::{Dataset, Kind};
+use super::{Dataset, FieldSpec, Kind};
 use crate::sampler::Sampler;
 use crate::PipelineError;
 
@@ -20,6 +20,7 @@ pub(super) fn open(
     extensions: &[String],
 ) -> Result<Dataset, PipelineError> {
     check_numbers(source)?;
+    extras(source)?;
     let kind = match &source.kind {
         SourceKind::Paths(_) | SourceKind::Dir(..) | SourceKind::List(_) => {
             files(source, order, extensions)?
@@ -44,6 +45,10 @@ pub(super) fn open(
                 records: Records::Tar(order.apply(shards)?),
                 media: media.into(),
                 label: field_label(source)?.map(|l| l.to_ascii_lowercase()),
+                extras: extras(source)?
+                    .into_iter()
+                    .map(FieldSpec::normalized)
+                    .collect(),
             }
         }
         SourceKind::Parquet { .. } => parquet(source, order)?,
@@ -65,6 +70,14 @@ pub(super) fn open(
                         part.kind_name()
                     )));
                 }
+                // Each part reads the mixture's fields, unless it names its own.
+                let with_fields;
+                let part = if part.extras.is_empty() && !source.extras.is_empty() {
+                    with_fields = part.clone().extra_fields(source.extras.iter().cloned());
+                    &with_fields
+                } else {
+                    part
+                };
                 opened.push(open(part, EpochOrder::WHOLE, extensions)?);
             }
             let labelled = opened.iter().filter(|p| p.has_labels()).count();
@@ -72,6 +85,17 @@ pub(super) fn open(
                 return Err(PipelineError::config(
                     "mixture: every source needs a label field, or none (labels are set per source)",
                 ));
+            }
+            let names = |d: &Dataset| -> Vec<String> {
+                d.extra_fields().iter().map(|f| f.name.clone()).collect()
+            };
+            if let Some(k) = opened.iter().position(|p| names(p) != names(&opened[0])) {
+                return Err(PipelineError::config(format!(
+                    "mixture: sources[{k}]'s fields ({:?}) are not sources[0]'s ({:?}): every \
+                     source gives a batch the same fields",
+                    names(&opened[k]),
+                    names(&opened[0])
+                )));
             }
             let lengths: Vec<usize> = opened.iter().map(Dataset::dataset_len).collect();
             let sampler = Sampler::mixture(&lengths, weights, *stop)?;
@@ -82,6 +106,25 @@ pub(super) fn open(
         }
     };
     Ok(Dataset { kind, order })
+}
+
+/// The fields besides the media a source is asked for: checked, and only where a sample has
+/// other members (tar shards) or columns (Parquet).
+fn extras(source: &Source) -> Result<Vec<FieldSpec>, PipelineError> {
+    if source.extras.is_empty() {
+        return Ok(Vec::new());
+    }
+    super::extras::check(&source.extras).map_err(PipelineError::config)?;
+    match source.kind {
+        SourceKind::Shards { .. } | SourceKind::Parquet { .. } | SourceKind::Mix { .. } => {
+            Ok(source.extras.clone())
+        }
+        _ => Err(PipelineError::config(format!(
+            "fields: {} have none besides the media: fields are read from a tar sample's \
+             other members or a Parquet row's other columns",
+            source.kind_name()
+        ))),
+    }
 }
 
 /// The label field of a shard or Parquet source; any other kind of labels is an error.
@@ -315,10 +358,15 @@ fn parquet(source: &Source, order: EpochOrder) -> Result<Kind, PipelineError> {
     {
         use super::parquet::ParquetRows;
         let label = field_label(source)?;
+        let extras = extras(source)?;
         let mut columns = vec![column.as_str()];
         if let Some(l) = &label {
             columns.push(l.as_str());
         }
+        for f in &extras {
+            columns.extend(f.from.iter().map(String::as_str));
+        }
+        columns.dedup();
         let remote = paths
             .iter()
             .filter(|p| p.to_string_lossy().starts_with("s3://"))
@@ -346,6 +394,7 @@ fn parquet(source: &Source, order: EpochOrder) -> Result<Kind, PipelineError> {
             records: Records::Parquet(order.apply(rows)?),
             media: [column.clone()].into(),
             label,
+            extras: extras.into(),
         })
     }
     #[cfg(not(feature = "parquet"))]

@@ -72,6 +72,8 @@ impl Default for Remote {
 pub struct Source {
     pub(crate) kind: SourceKind,
     pub(crate) labels: Option<Labels>,
+    /// Fields besides the media (shards and Parquet; a mixture's parts).
+    pub(crate) extras: Vec<super::FieldSpec>,
     /// A shuffle buffer in samples (shards and Parquet: samples are read in stream order
     /// within a shard or row group and mixed through it), used when the dataset shuffles.
     pub(crate) buffer: usize,
@@ -124,6 +126,7 @@ impl Source {
         Self {
             kind,
             labels: None,
+            extras: Vec::new(),
             buffer: DEFAULT_BUFFER,
         }
     }
@@ -231,6 +234,15 @@ impl Source {
     /// Where labels come from (default: none).
     pub fn labels(mut self, labels: Labels) -> Self {
         self.labels = Some(labels);
+        self
+    }
+
+    /// Fields besides the media, delivered beside each batch
+    /// ([`Batch::field`](crate::loader::Batch::field)): a caption, a transcript, a JSON
+    /// record, read from a tar sample's other members or a Parquet row's other columns; for
+    /// a mixture, from each part. Not for loose files or S3 objects (refused when opened).
+    pub fn extra_fields(mut self, fields: impl IntoIterator<Item = super::FieldSpec>) -> Self {
+        self.extras = fields.into_iter().collect();
         self
     }
 

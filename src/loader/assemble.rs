@@ -152,6 +152,12 @@ impl Learned {
 /// The function that builds a pipeline of `b`'s settings over `plan`.
 pub(super) fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: FailureLog) -> Make {
     let labels = b.dataset.has_labels();
+    let names: Arc<[String]> = b
+        .dataset
+        .extra_fields()
+        .iter()
+        .map(|f| f.name.clone())
+        .collect();
     let batch_bytes = b.batch_bytes();
     let decoder = Arc::new(b.decoder);
     let threads = decoder.recipe.item_threads();
@@ -190,10 +196,16 @@ pub(super) fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: Fa
         let p = p
             .aggregate(batch_size, b.drop_last && !b.units && b.reader.is_none())
             .budget_start(buffer(1).unwrap_or(batch_size));
+        let names = Arc::clone(&names);
         let mut p = p
             .pipe(
                 "collate",
-                move |items| collate(items, alloc.as_ref(), labels),
+                move |items| {
+                    collate(items, alloc.as_ref(), labels).map(|mut b| {
+                        b.extra_names = Arc::clone(&names);
+                        b
+                    })
+                },
                 1,
             )
             .measure(Batch::nbytes)
@@ -275,6 +287,7 @@ fn decode_stage(
                             index,
                             epoch,
                             label: None,
+                            extras: Vec::new(),
                         },
                         rows: None,
                     })
@@ -380,6 +393,7 @@ impl Plan {
                         index: i,
                         epoch,
                         label: item.label,
+                        extras: item.extras,
                     },
                     rows: None,
                 })

@@ -3,6 +3,7 @@
 //! (unstacking a length-aware batch, which comes whole from its decoder).
 
 use crate::collate::{collate_fields_with, CollateError};
+use crate::dataset::FieldValue;
 use crate::device::{Delivered, DeviceError, HostAlloc, Uploader};
 use crate::{DType, Tensor};
 
@@ -16,6 +17,9 @@ pub struct ItemMeta {
     pub epoch: u64,
     /// Its label, when the dataset has labels.
     pub label: Option<i64>,
+    /// Its fields besides the media ([`Batch::field`] gathers a batch's), in the order the
+    /// source names them.
+    pub extras: Vec<FieldValue>,
 }
 
 /// A batch: each field stacked along a new first axis (in host memory, or uploaded to the
@@ -33,6 +37,8 @@ pub struct Batch {
     pub labels: Option<Delivered>,
     /// Each item's origin, in batch order.
     pub items: Vec<ItemMeta>,
+    /// The names of the items' fields besides the media ([`ItemMeta::extras`]), in order.
+    pub extra_names: std::sync::Arc<[String]>,
 }
 
 impl Batch {
@@ -55,6 +61,20 @@ impl Batch {
             .sum()
     }
 
+    /// Field `name`'s values (one of the source's
+    /// [`extra_fields`](crate::dataset::Source::extra_fields)), in the batch's order: a
+    /// caption per image, a record per sample; `None` if the loader reads no such field.
+    pub fn field(&self, name: &str) -> Option<Vec<&FieldValue>> {
+        const MISSING: &FieldValue = &FieldValue::Missing;
+        let k = self.extra_names.iter().position(|n| n == name)?;
+        Some(
+            self.items
+                .iter()
+                .map(|m| m.extras.get(k).unwrap_or(MISSING))
+                .collect(),
+        )
+    }
+
     /// The labels as integers (copied back from the device if uploaded).
     pub fn label_values(&self) -> Option<Vec<i64>> {
         self.items.iter().map(|m| m.label).collect()
@@ -74,6 +94,7 @@ impl Batch {
                 .collect::<Result<_, _>>()?,
             labels: self.labels.map(one).transpose()?,
             items: self.items,
+            extra_names: self.extra_names,
         })
     }
 }
@@ -131,6 +152,7 @@ pub(crate) fn collate(
                 index,
                 epoch,
                 label,
+                extras: Vec::new(),
             })
             .collect();
     }
@@ -150,5 +172,6 @@ pub(crate) fn collate(
         fields: fields.into_iter().map(Delivered::Host).collect(),
         labels,
         items: metas,
+        extra_names: std::sync::Arc::from([]),
     })
 }

@@ -198,6 +198,7 @@ impl LengthPlan {
                 index: slot,
                 epoch,
                 label: None,
+                extras: Vec::new(),
             },
             rows: Some(kept),
         })

@@ -250,6 +250,15 @@ impl Loader {
         }
     }
 
+    /// The fields besides the media each item carries (the source's
+    /// [`extra_fields`](crate::dataset::Source::extra_fields)), in order.
+    pub fn extra_fields(&self) -> &[crate::dataset::FieldSpec] {
+        match &self.plan {
+            Plan::Items(d) => d.extra_fields(),
+            Plan::Batches(_) => &[],
+        }
+    }
+
     /// A handle for other threads: statistics and failures while this one waits.
     pub fn watch(&self) -> LoaderWatch {
         LoaderWatch {

@@ -113,6 +113,13 @@ impl PipelineSpec {
         let settings = self.loader_settings();
         let recipe = self.recipe()?;
         let (source, keep) = self.source(&self.source)?;
+        let source = match &self.fields {
+            Some(f) => source.extra_fields(
+                crate::dataset::fields_from_value(f.clone())
+                    .map_err(crate::PipelineError::config)?,
+            ),
+            None => source,
+        };
         let conflict =
             |e: crate::loader::SettingsError| crate::PipelineError::config(e.to_string());
         // A pipeline file reads the whole dataset (`flowgate run` is one process), whatever

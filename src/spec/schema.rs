@@ -10,6 +10,11 @@ use serde::Deserialize;
 pub struct PipelineSpec {
     /// Where the items come from.
     pub source: SourceSpec,
+    /// Fields besides the media (tar and Parquet sources; see
+    /// [`fields_from_value`](crate::dataset::fields_from_value)): `caption = "txt"`,
+    /// `meta = { from = "json", optional = true }`.
+    #[serde(default)]
+    pub fields: Option<serde_json::Value>,
     /// How each item is decoded.
     pub decode: DecodeSpec,
     /// Batching.

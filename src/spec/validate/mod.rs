@@ -244,6 +244,25 @@ impl PipelineSpec {
         };
         let check = crate::limits::BATCH_SIZE.check(self.batch.size as i128);
         limit(check, &err, "batch", "size")?;
+        if let Some(f) = &self.fields {
+            if let Err(m) = crate::dataset::fields_from_value(f.clone()) {
+                let name = f
+                    .as_object()
+                    .and_then(|o| o.keys().find(|k| m.contains(&format!("{k:?}"))))
+                    .cloned()
+                    .unwrap_or_default();
+                return Err(SpecError {
+                    file: file.to_owned(),
+                    line: find_key(text, "fields", &name),
+                    key: if name.is_empty() {
+                        "fields".into()
+                    } else {
+                        format!("fields.{name}")
+                    },
+                    message: m,
+                });
+            }
+        }
         if let Some(m) = self.batch.max_seconds {
             if let Err(e) = crate::limits::batch_seconds(m) {
                 return Err(err("batch", "max_seconds", e.message));

@@ -1,0 +1,186 @@
+"""Samples with fields besides their media (`fields=`): image-text tar shards (KEY.jpg,
+KEY.txt, KEY.json) and Parquet rows (image beside caption), each caption and record naming
+its sample's key: every batch's fields belong to its images, in order, every sample once
+across ranks, resumed exactly from a mid-epoch state_dict; a missing field skipped and
+counted, fatal, or None when optional; what cannot carry fields refused at once."""
+
+import io
+import json
+import tarfile
+
+import numpy as np
+import pytest
+
+import flowgate
+
+N = 43  # samples: divisible by no batch size, rank count or shard size used here
+ARGS = dict(batch_size=4, resize=16, crop=16, seed=3, workers=2)
+
+
+def jpeg(i):
+    from PIL import Image
+    pixels = np.full((16, 16, 3), (i * 5) % 256, dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=95)
+    return out.getvalue()
+
+
+def caption(key):
+    return f"a photo of {key}, café"
+
+
+def write_shards(out, gap=None, bad_json=None, per_shard=10):
+    """KEY.jpg, KEY.cls (the sample's number), KEY.txt (a caption naming KEY) and KEY.json
+    (a record naming KEY); sample `gap` without its caption, `bad_json`'s record broken."""
+    out.mkdir(parents=True, exist_ok=True)
+    shards = 0
+    for s in range(0, N, per_shard):
+        with tarfile.open(out / f"s-{s // per_shard:03d}.tar", "w") as tar:
+            for i in range(s, min(N, s + per_shard)):
+                key = f"k{i:05d}"
+                members = [("jpg", jpeg(i)), ("cls", str(i).encode())]
+                if i != gap:
+                    members.append(("txt", caption(key).encode()))
+                record = {"key": key, "n": i, "tags": ["x", i % 3], "score": i / 4}
+                members.append(("json", b"{oops" if i == bad_json
+                                else json.dumps(record).encode()))
+                for ext, body in members:
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(body)
+                    tar.addfile(info, io.BytesIO(body))
+        shards += 1
+    return f"{out}/s-{{000..{shards - 1:03d}}}.tar"
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_shards(tmp_path_factory.mktemp("fields") / "shards")
+
+
+FIELDS = {"caption": "txt", "meta": "json"}
+
+
+def rows(batch):
+    """(key, caption, record) per item, checking each belongs to the item's image: the
+    caption and record name the key of the tar member the image was decoded from."""
+    assert set(batch) == {"image", "label", "path", "caption", "meta"}
+    n = len(batch["path"])
+    assert np.asarray(batch["image"]).shape[0] == n == len(batch["caption"]) == len(
+        batch["meta"]) == len(np.asarray(batch["label"]))
+    out = []
+    for path, label, cap, meta in zip(batch["path"], np.asarray(batch["label"]),
+                                      batch["caption"], batch["meta"]):
+        key = path.rsplit(":", 1)[1].split(".")[0]
+        assert cap == caption(key), (path, cap)
+        assert meta["key"] == key and meta["n"] == int(label), (path, meta)
+        assert meta["tags"] == ["x", int(label) % 3] and meta["score"] == int(label) / 4
+        out.append((key, cap, meta["n"]))
+    return out
+
+
+def loader(source, **kw):
+    args = dict(ARGS, labels="cls", return_paths=True, fields=FIELDS)
+    args.update(kw)
+    return flowgate.ImageLoader(source, **args)
+
+
+def test_image_text_shards_keep_captions_and_records_with_their_images_across_ranks(shards):
+    for epoch in range(2):
+        seen = {}
+        for rank in range(3):
+            l = loader(flowgate.Shards(shards, buffer=7), rank=rank, world_size=3)
+            l.set_epoch(epoch)
+            batches = list(l)
+            assert len(batches) == len(l)
+            for b in batches:
+                for key, _, _ in rows(b):
+                    seen[key] = seen.get(key, 0) + 1
+        assert len(seen) == N, f"every sample in epoch {epoch}"
+        assert sum(seen.values()) == 45, "two padded (43 over 3 ranks)"
+
+
+@pytest.mark.parametrize("stop", [1, 5, 10])
+def test_a_mid_epoch_state_dict_resumes_to_exactly_the_rest_with_its_fields(shards, stop):
+    whole = [r for b in loader(flowgate.Shards(shards, buffer=7)) for r in rows(b)]
+    assert len(whole) == N
+    first = loader(flowgate.Shards(shards, buffer=7))
+    it = iter(first)
+    got = [r for _ in range(stop) for r in rows(next(it))]
+    state = json.loads(json.dumps(first.state_dict()))
+    del it
+    again = loader(flowgate.Shards(shards, buffer=7))
+    again.load_state_dict(state)
+    got += [r for b in again for r in rows(b)]
+    assert got == whole
+
+
+def test_parquet_rows_give_their_caption_column_with_each_image(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    keys = [f"row{i:03d}" for i in range(N)]
+    table = pa.table({"image": [jpeg(i) for i in range(N)],
+                      "caption": [caption(k) for k in keys],
+                      "id": list(range(N))})
+    path = tmp_path / "rows.parquet"
+    pq.write_table(table, path, row_group_size=6)
+    src = flowgate.Parquet(str(path), column="image")
+    l = flowgate.ImageLoader(src, labels="id", fields={"caption": "caption"}, **ARGS)
+    got = []
+    for b in l:
+        assert set(b) == {"image", "label", "caption"}
+        for i, cap in zip(np.asarray(b["label"]), b["caption"]):
+            assert cap == caption(keys[int(i)])
+            got.append(int(i))
+    assert sorted(got) == list(range(N))
+    # Resumed after two batches: the same rows, captions and all.
+    whole = [(int(i), c) for b in flowgate.ImageLoader(src, labels="id", fields={
+        "caption": "caption"}, **ARGS) for i, c in zip(np.asarray(b["label"]), b["caption"])]
+    first = flowgate.ImageLoader(src, labels="id", fields={"caption": "caption"}, **ARGS)
+    it = iter(first)
+    part = [(int(i), c) for _ in range(2) for b in [next(it)]
+            for i, c in zip(np.asarray(b["label"]), b["caption"])]
+    state = first.state_dict()
+    del it
+    again = flowgate.ImageLoader(src, labels="id", fields={"caption": "caption"}, **ARGS)
+    again.load_state_dict(state)
+    part += [(int(i), c) for b in again for i, c in zip(np.asarray(b["label"]), b["caption"])]
+    assert part == whole
+    with pytest.raises(ValueError, match='no column "text"'):
+        flowgate.ImageLoader(src, fields={"caption": "text"}, **ARGS)
+
+
+def test_a_missing_or_unreadable_field_follows_the_failure_policy_or_is_none(tmp_path):
+    pattern = write_shards(tmp_path / "gaps", gap=7, bad_json=12)
+    l = loader(flowgate.Shards(pattern))
+    got = [r for b in l for r in rows(b)]
+    assert sorted(k for k, _, _ in got) == [f"k{i:05d}" for i in range(N) if i not in (7, 12)]
+    failures = l.stats()["recent_failures"] if "recent_failures" in l.stats() else None
+    assert l.stats()["failures"] == 2, failures
+    with pytest.raises(flowgate.LoaderError, match='field "caption"|field "meta"'):
+        list(loader(flowgate.Shards(pattern), skip_errors=False))
+    optional = loader(flowgate.Shards(pattern), fields={
+        "caption": {"from": "txt", "optional": True}, "raw": {"from": "json", "kind": "bytes"}})
+    n = 0
+    for b in optional:
+        for path, cap, raw in zip(b["path"], b["caption"], b["raw"]):
+            key = path.rsplit(":", 1)[1].split(".")[0]
+            assert cap == (None if key == "k00007" else caption(key))
+            assert isinstance(raw, bytes) and (raw == b"{oops") == (key == "k00012")
+            n += 1
+    assert n == N
+
+
+def test_fields_as_torch_and_what_cannot_carry_them_is_refused(shards, tmp_path):
+    torch = pytest.importorskip("torch")
+    b = next(iter(loader(flowgate.Shards(shards), output="torch")))
+    assert isinstance(b["image"], torch.Tensor) and isinstance(b["label"], torch.Tensor)
+    rows({**b, "image": b["image"].numpy(), "label": b["label"].numpy()})
+    (tmp_path / "a.jpg").write_bytes(jpeg(1))
+    with pytest.raises(ValueError, match="a directory have none besides the media"):
+        flowgate.ImageLoader(str(tmp_path), fields={"caption": "txt"}, **ARGS)
+    with pytest.raises(ValueError, match="is a key the batch already has"):
+        loader(flowgate.Shards(shards), fields={"label": "txt"})
+    with pytest.raises(ValueError, match="kind must be"):
+        loader(flowgate.Shards(shards), fields={"c": {"from": "txt", "kind": "str"}})
+    with pytest.raises(ValueError, match="fields= is for local decoding"):
+        loader(flowgate.Shards(shards), remote=flowgate.Ray(workers=1))
