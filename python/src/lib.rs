@@ -9,6 +9,9 @@
 //!   [`flowgate::loader::LoaderSettings`] and [`flowgate::media::MediaArgs`].
 //! - `pipeline`: [`PyPipeline`](pipeline::PyPipeline), stages that are Python callables.
 //! - `error`: `LoaderError` and how pipeline errors reach Python.
+//! - `gil`: what a pipeline's Python calls took, and whether the GIL held its threads back.
+//! - `lifecycle`: how a Python-calling pipeline's threads stop (closed, freed by the garbage
+//!   collector on one of them, at exit).
 //!
 //! - [`Loader`](loader::Loader): a native pipeline (image or audio files → batches) whose iteration releases
 //!   the GIL while waiting; one epoch per Python iterator; `state_dict` / `load_state_dict`
@@ -25,6 +28,8 @@ mod batch;
 mod dataset;
 mod device;
 mod error;
+mod gil;
+mod lifecycle;
 mod loader;
 mod pipeline;
 mod state;
@@ -48,7 +53,7 @@ fn _thread_count() -> usize {
 #[pyfunction]
 fn _after_fork_in_child() {
     flowgate::after_fork_in_child();
-    pipeline::forget_live_after_fork();
+    lifecycle::forget_live_after_fork();
 }
 
 /// `flowgate.build_info()`: the version, the JPEG decoder compiled in and the optional
@@ -119,7 +124,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_exiting, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(pipeline::skip_part, m)?)?;
-    m.add_function(wrap_pyfunction!(pipeline::_join_closing, m)?)?;
+    m.add_function(wrap_pyfunction!(lifecycle::_join_closing, m)?)?;
     m.add("LoaderError", m.py().get_type::<error::LoaderError>())?;
     m.add(
         "DeviceUnavailable",

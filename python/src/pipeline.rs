@@ -3,9 +3,8 @@
 //! positions of a map-style dataset in the library's order (shuffle, ranks, equal counts),
 //! which `flowgate.DataLoader` builds on: checkpoints of that one resume exactly.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use flowgate::actors::failure::collect_skipped_parts;
 use flowgate::dataset::EpochOrder;
@@ -19,82 +18,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::error::{py_error, to_py, PyStageError};
+use crate::gil::GilClock;
+use crate::lifecycle::{drop_elsewhere, on_pipeline_thread, with_gil_in_pipeline, LiveGuard};
 use crate::loader::SLICE;
 use crate::state::{state_from_py, state_to_py};
-
-std::thread_local! {
-    /// Whether this thread is in one of a pipeline's calls into Python (a stage, its source).
-    static IN_PIPELINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// `f` under the GIL, on a pipeline's thread: marked so that a pipeline dropped there (the
-/// garbage collector may free a loader during any call into Python) is not joined from a
-/// thread of its own.
-fn with_gil_in_pipeline<R>(f: impl FnOnce(Python<'_>) -> R) -> R {
-    let outer = IN_PIPELINE.with(|m| m.replace(true));
-    let r = Python::with_gil(f);
-    IN_PIPELINE.with(|m| m.set(outer));
-    r
-}
-
-/// Threads stopping pipelines freed on one of their own threads.
-static CLOSING: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
-
-/// Pipelines of this process whose threads may call into Python: running, or stopping.
-static LIVE: (Mutex<usize>, std::sync::Condvar) = (Mutex::new(0), std::sync::Condvar::new());
-
-/// Counts a pipeline in [`LIVE`] from its start until its threads are joined.
-struct LiveGuard;
-
-impl LiveGuard {
-    fn new() -> Self {
-        *LIVE.0.lock().expect("live") += 1;
-        Self
-    }
-}
-
-impl Drop for LiveGuard {
-    fn drop(&mut self) {
-        let mut n = LIVE.0.lock().expect("live");
-        *n = n.saturating_sub(1);
-        LIVE.1.notify_all();
-    }
-}
-
-/// In a forked child: the parent's pipelines are not this process's (their threads do not
-/// exist here, and their records are forgotten, never dropped).
-pub(crate) fn forget_live_after_fork() {
-    *LIVE.0.lock().unwrap_or_else(|p| p.into_inner()) = 0;
-}
-
-/// The longest exit waits for pipelines to stop.
-const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// At exit, after the open pipelines were closed: waits (the GIL released, so that their
-/// threads finish the calls in hand) until every pipeline's threads are joined, also those the
-/// garbage collector freed on one of their own threads (stopped from another), which may
-/// still be being freed at this moment. The interpreter then stops with no thread of ours in
-/// Python (one waiting for the GIL then would be unwound by the interpreter and abort the
-/// process).
-#[pyfunction]
-pub(crate) fn _join_closing(py: Python<'_>) {
-    py.allow_threads(|| {
-        let deadline = Instant::now() + EXIT_WAIT;
-        loop {
-            let pending = std::mem::take(&mut *CLOSING.lock().expect("closing"));
-            pending.into_iter().for_each(|h| drop(h.join()));
-            let n = LIVE.0.lock().expect("live");
-            if *n == 0 || Instant::now() >= deadline {
-                return;
-            }
-            // Woken when one stops; a freeing still under way pushes its closer meanwhile.
-            let _ = LIVE
-                .1
-                .wait_timeout(n, std::time::Duration::from_millis(20))
-                .expect("live");
-        }
-    });
-}
 
 /// `repr(x)`, for naming an item that failed.
 fn py_repr(py: Python<'_>, x: &Py<PyAny>) -> String {
@@ -163,76 +90,6 @@ enum Start {
     State(Box<PipelineState>),
 }
 
-/// What the stages' Python calls took: wall time (from asking for the GIL to the call's end),
-/// the calling threads' CPU time, and the span from the first call to the last. Threads busy
-/// in calls (wall / span) against cores they used (CPU / span) say whether threads help: many
-/// threads busy on about one core are taking turns at the GIL.
-#[derive(Default)]
-struct GilClock {
-    first: std::sync::OnceLock<Instant>,
-    wall_ns: AtomicU64,
-    cpu_ns: AtomicU64,
-    span_ns: AtomicU64,
-}
-
-/// This thread's CPU time, in nanoseconds.
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec to write to; the clock exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-impl GilClock {
-    /// `f` under the GIL, timed.
-    fn call<R>(&self, f: impl FnOnce(Python<'_>) -> R) -> R {
-        let asked = Instant::now();
-        let cpu = thread_cpu_ns();
-        let first = *self.first.get_or_init(|| asked);
-        let r = with_gil_in_pipeline(f);
-        let end = Instant::now();
-        let nanos = |d: std::time::Duration| d.as_nanos() as u64;
-        self.wall_ns
-            .fetch_add(nanos(end - asked), Ordering::Relaxed);
-        self.cpu_ns
-            .fetch_add(thread_cpu_ns().saturating_sub(cpu), Ordering::Relaxed);
-        self.span_ns
-            .fetch_max(nanos(end - first), Ordering::Relaxed);
-        r
-    }
-
-    /// `stats()["gil"]`.
-    fn to_py<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let seconds = |n: &AtomicU64| n.load(Ordering::Relaxed) as f64 / 1e9;
-        let (wall, cpu, span) = (
-            seconds(&self.wall_ns),
-            seconds(&self.cpu_ns),
-            seconds(&self.span_ns),
-        );
-        let per_span = |x: f64| if span > 0.0 { x / span } else { 0.0 };
-        let (busy, cores) = (per_span(wall), per_span(cpu));
-        let g = PyDict::new(py);
-        g.set_item("call_s", wall)?;
-        g.set_item("cpu_s", cpu)?;
-        g.set_item("threads_busy", busy)?;
-        g.set_item("cores_used", cores)?;
-        // Off a CPU during calls: waiting for the GIL (or for I/O).
-        g.set_item(
-            "wait_fraction",
-            if wall > 0.0 {
-                1.0 - (cpu / wall).min(1.0)
-            } else {
-                0.0
-            },
-        )?;
-        g.set_item("bound", busy >= 1.5 && cores < 1.25)?;
-        Ok(g)
-    }
-}
-
 /// A pipeline of Python callables; see `flowgate.Pipeline`.
 #[pyclass(module = "flowgate._native", name = "Pipeline")]
 pub(crate) struct PyPipeline {
@@ -277,22 +134,8 @@ impl Running {
     fn end(self, py: Python<'_>) {
         if self.pid != std::process::id() {
             std::mem::forget(self);
-        } else if IN_PIPELINE.with(std::cell::Cell::get) {
-            let slot = Arc::new(Mutex::new(Some(self)));
-            let theirs = Arc::clone(&slot);
-            let spawned = std::thread::Builder::new()
-                .name("flowgate-close".into())
-                .spawn(move || drop(theirs.lock().expect("slot").take()));
-            match spawned {
-                // Joined at exit (`_join_closing`), before the interpreter stops running
-                // Python: the pipeline's threads finish their calls first.
-                Ok(h) => CLOSING.lock().expect("closing").push(h),
-                Err(e) => {
-                    // No thread to join from: the pipeline's threads are left running.
-                    std::mem::forget(slot.lock().expect("slot").take());
-                    eprintln!("flowgate: a pipeline freed on its own thread is left running: {e}");
-                }
-            }
+        } else if on_pipeline_thread() {
+            drop_elsewhere(self);
         } else {
             py.allow_threads(move || drop(self));
         }
