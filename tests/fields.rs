@@ -331,11 +331,7 @@ fn a_missing_field_is_a_failed_item_or_missing_when_optional_and_files_are_refus
         .extensions(&["jpg"])
         .build()
         .unwrap_err();
-    assert!(
-        e.to_string()
-            .contains("a directory have none besides the media"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("fields: not for a directory"), "{e}");
     let e = Dataset::builder(
         Source::shards(data().shards.clone())
             .extra_fields([FieldSpec::new("c", "txt"), FieldSpec::new("c", "json")]),

@@ -196,11 +196,14 @@ def _fetch(dataset: Any, collate: Callable[[Any], Any], skip_errors: bool,
             positions = (positions,)
         if getitems is not None:
             return collate(getitems(positions))
-        items = []
+        items, first = [], None
         for i in positions:
             try:
                 items.append(dataset[i])
-            except Exception as e:  # noqa: BLE001 - the failure policy decides
+            except BaseException as e:  # noqa: BLE001 - the failure policy decides (any
+                # exception an item raises is its failure, KeyboardInterrupt included: on
+                # this thread it is the dataset's, not the user's Ctrl-C)
+                first = first or e
                 skip_part(f"item {i}", e)
                 if not skip_errors:
                     # The failure just counted ends the epoch with it: nothing more to make.
@@ -209,9 +212,9 @@ def _fetch(dataset: Any, collate: Callable[[Any], Any], skip_errors: bool,
         if not items:
             items = fillers.after(positions)
         if not items:
-            raise _native.LoaderError(
-                f"no item of the dataset could be read in place of the failed items at "
-                f"positions {positions[0]}..{positions[-1]}")
+            # Nothing readable in the whole dataset to make it up with: the batch fails with
+            # its first item's error (the epoch then raises "delivered nothing").
+            raise first
         return collate(items) if batched else collate(items[0])
     return fetch
 
@@ -241,7 +244,7 @@ class _Fillers:
                 continue
             try:
                 out.append(dataset[p])
-            except Exception:  # noqa: BLE001 - a filler that fails is passed over
+            except BaseException:  # noqa: BLE001 - a filler that fails is passed over
                 self._bad.add(p)
         if not out and len(self._bad) >= n:
             self._none_readable = True

@@ -110,9 +110,7 @@ pub(crate) fn loader(
     let dataset = settings.dataset(source, &recipe).map_err(invalid)?;
     // Opening reads listings, manifests and footers (on S3: requests, retries): without
     // the GIL, so the process's other threads run meanwhile.
-    let dataset = py
-        .allow_threads(move || dataset.build())
-        .map_err(open_error)?;
+    let dataset = crate::lifecycle::released(py, move || dataset.build()).map_err(open_error)?;
     let mut b = settings.builder(dataset, recipe, &media).map_err(invalid)?;
     if units {
         b = b.decodes_units();
@@ -123,8 +121,7 @@ pub(crate) fn loader(
     if let Some(d) = open_device(device, device_bytes)? {
         b = b.device(d);
     }
-    let loader = py
-        .allow_threads(move || b.build())
+    let loader = crate::lifecycle::released(py, move || b.build())
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     Loader::new(loader, return_paths, names)
 }

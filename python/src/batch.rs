@@ -191,9 +191,7 @@ impl Batch {
 
     /// A copy in host memory (after the upload completes, for a device batch).
     fn cpu(&self, py: Python<'_>) -> PyResult<Batch> {
-        let t = py
-            .allow_threads(|| self.mem.to_host())
-            .map_err(to_py_device)?;
+        let t = crate::lifecycle::released(py, || self.mem.to_host()).map_err(to_py_device)?;
         Ok(t.into())
     }
 

@@ -53,7 +53,7 @@ fn _thread_count() -> usize {
 #[pyfunction]
 fn _after_fork_in_child() {
     flowgate::after_fork_in_child();
-    lifecycle::forget_live_after_fork();
+    lifecycle::forget_after_fork();
 }
 
 /// `flowgate.build_info()`: the version, the JPEG decoder compiled in and the optional
@@ -78,7 +78,7 @@ pub(crate) static EXITING: std::sync::atomic::AtomicBool =
 /// See [`EXITING`].
 #[pyfunction]
 fn _exiting() {
-    EXITING.store(true, std::sync::atomic::Ordering::SeqCst);
+    lifecycle::set_exiting();
 }
 
 #[pymodule]

@@ -1,9 +1,17 @@
 //! How the threads of a pipeline that calls Python stop: joined with the GIL released where
 //! it is closed; from another thread when the garbage collector frees it during one of its
-//! own calls (a thread cannot join itself); and all of them before the interpreter stops at
-//! exit (a thread of ours waiting for the GIL then would be unwound by the interpreter, and
-//! the process would abort).
+//! own calls (a thread cannot join itself); and at exit, none of ours left in Python when the
+//! interpreter stops: a thread of ours waiting for the GIL then is unwound by the interpreter
+//! (`pthread_exit`) through Rust frames, and the process aborts.
+//!
+//! At exit (`_join_closing`, after the open pipelines were closed): the threads stopping
+//! pipelines freed on their own threads are joined; then [`EXITING`](crate::EXITING) is set,
+//! from which on no thread of ours enters Python (a pipeline's thread about to call it, or a
+//! Python thread about to wait for a batch, parks until the process ends); and exit waits for
+//! the calls and waits already under way to end (at most [`EXIT_WAIT`]; a Ctrl-C meanwhile
+//! ends the process at once).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -14,73 +22,131 @@ std::thread_local! {
     static IN_PIPELINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// `f` under the GIL, on a pipeline's thread: marked so that a pipeline dropped there (the
-/// garbage collector may free a loader during any call into Python) is not joined from a
-/// thread of its own.
+/// Calls into Python by pipelines' threads, and Python threads' waits for a result with the
+/// GIL released, under way.
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// The thread that runs the exit (it finalizes the interpreter): it goes on, never parks.
+static FINALIZER: std::sync::OnceLock<std::thread::ThreadId> = std::sync::OnceLock::new();
+
+/// Exit has begun, for every thread but the one running it.
+fn exiting() -> bool {
+    crate::EXITING.load(Ordering::SeqCst) && FINALIZER.get() != Some(&std::thread::current().id())
+}
+
+/// From now on no other thread of ours enters Python (see the [module docs](self)).
+pub(crate) fn set_exiting() {
+    let _ = FINALIZER.set(std::thread::current().id());
+    crate::EXITING.store(true, Ordering::SeqCst);
+}
+
+/// Counts a call or a wait under way ([`IN_FLIGHT`]); past exit, parks the thread for good
+/// instead (it must not enter or return to Python: the process is ending).
+pub(crate) struct InFlight(());
+
+impl InFlight {
+    pub(crate) fn enter() -> Self {
+        // Counted before the flag is read, the flag set before the count is read at exit:
+        // either exit waits for this one, or this one sees the flag.
+        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+        if exiting() {
+            IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+            loop {
+                std::thread::park();
+            }
+        }
+        Self(())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// `py.allow_threads(f)`, counted ([`IN_FLIGHT`]) until the GIL is taken back: exit waits
+/// for it, so the interpreter does not stop while this thread is about to take the GIL again
+/// with our frames on its stack. Past exit, parks the thread for good instead of running `f`.
+pub(crate) fn released<T, F>(py: Python<'_>, f: F) -> T
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    struct Decrement;
+    impl Drop for Decrement {
+        fn drop(&mut self) {
+            IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+    let _counted = Decrement;
+    py.allow_threads(|| {
+        if exiting() {
+            IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+            loop {
+                std::thread::park();
+            }
+        }
+        f()
+    })
+}
+
+/// `f` under the GIL, on a pipeline's thread: counted at exit ([`InFlight`]), and marked so
+/// that a pipeline dropped there (the garbage collector may free a loader during any call
+/// into Python) is not joined from a thread of its own.
 pub(crate) fn with_gil_in_pipeline<R>(f: impl FnOnce(Python<'_>) -> R) -> R {
+    let _call = InFlight::enter();
     let outer = IN_PIPELINE.with(|m| m.replace(true));
     let r = Python::with_gil(f);
     IN_PIPELINE.with(|m| m.set(outer));
     r
 }
 
+/// In a forked child: the parent's calls and waits are not this process's.
+pub(crate) fn forget_after_fork() {
+    IN_FLIGHT.store(0, Ordering::SeqCst);
+    if let Ok(mut c) = CLOSING.lock() {
+        // The parent's closing threads do not exist here.
+        std::mem::forget(std::mem::take(&mut *c));
+    }
+}
+
 /// Threads stopping pipelines freed on one of their own threads.
 static CLOSING: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
 
-/// Pipelines of this process whose threads may call into Python: running, or stopping.
-static LIVE: (Mutex<usize>, std::sync::Condvar) = (Mutex::new(0), std::sync::Condvar::new());
-
-/// Counts a pipeline in [`LIVE`] from its start until its threads are joined.
-pub(crate) struct LiveGuard;
-
-impl LiveGuard {
-    pub(crate) fn new() -> Self {
-        *LIVE.0.lock().expect("live") += 1;
-        Self
-    }
-}
-
-impl Drop for LiveGuard {
-    fn drop(&mut self) {
-        let mut n = LIVE.0.lock().expect("live");
-        *n = n.saturating_sub(1);
-        LIVE.1.notify_all();
-    }
-}
-
-/// In a forked child: the parent's pipelines are not this process's (their threads do not
-/// exist here, and their records are forgotten, never dropped).
-pub(crate) fn forget_live_after_fork() {
-    *LIVE.0.lock().unwrap_or_else(|p| p.into_inner()) = 0;
-}
-
-/// The longest exit waits for pipelines to stop.
+/// The longest exit waits for calls into Python under way.
 const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// At exit, after the open pipelines were closed: waits (the GIL released, so that their
-/// threads finish the calls in hand) until every pipeline's threads are joined, also those the
-/// garbage collector freed on one of their own threads (stopped from another), which may
-/// still be being freed at this moment. The interpreter then stops with no thread of ours in
-/// Python (one waiting for the GIL then would be unwound by the interpreter and abort the
-/// process).
+/// At exit, after the open pipelines were closed; see the [module docs](self).
 #[pyfunction]
 pub(crate) fn _join_closing(py: Python<'_>) {
-    py.allow_threads(|| {
-        let deadline = Instant::now() + EXIT_WAIT;
-        loop {
-            let pending = std::mem::take(&mut *CLOSING.lock().expect("closing"));
-            pending.into_iter().for_each(|h| drop(h.join()));
-            let n = LIVE.0.lock().expect("live");
-            if *n == 0 || Instant::now() >= deadline {
-                return;
-            }
-            // Woken when one stops; a freeing still under way pushes its closer meanwhile.
-            let _ = LIVE
-                .1
-                .wait_timeout(n, std::time::Duration::from_millis(20))
-                .expect("live");
+    loop {
+        let pending = std::mem::take(&mut *CLOSING.lock().expect("closing"));
+        if pending.is_empty() {
+            break;
         }
-    });
+        py.allow_threads(|| pending.into_iter().for_each(|h| drop(h.join())));
+    }
+    set_exiting();
+    let deadline = Instant::now() + EXIT_WAIT;
+    let mut said = false;
+    while IN_FLIGHT.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+        py.allow_threads(|| std::thread::sleep(std::time::Duration::from_millis(10)));
+        if py.check_signals().is_err() {
+            // Ctrl-C while calls into the user's code run on: end now, as asked.
+            eprintln!("flowgate: interrupted at exit with calls into Python under way");
+            // SAFETY: ends the process without running anything more of it.
+            unsafe { libc::_exit(130) };
+        }
+        if !said && deadline - Instant::now() < EXIT_WAIT - std::time::Duration::from_secs(5) {
+            said = true;
+            eprintln!(
+                "flowgate: waiting at exit for calls into Python under way to end (Ctrl-C \
+                 ends the process now)"
+            );
+        }
+    }
 }
 
 /// Whether this thread is in one of a pipeline's calls into Python.

@@ -158,7 +158,7 @@ impl Drop for Loader {
             let core = self.core.get_mut().unwrap_or_else(|p| p.into_inner());
             // SAFETY: a pyclass is dropped by its type's deallocation, with the GIL held.
             let py = unsafe { Python::assume_gil_acquired() };
-            py.allow_threads(|| core.loader.close());
+            crate::lifecycle::released(py, || core.loader.close());
         }
         // SAFETY: `core` is not used again: this is the loader's drop.
         unsafe { ManuallyDrop::drop(&mut self.core) };
@@ -174,6 +174,9 @@ impl Loader {
         #[cfg(feature = "s3")]
         let shard_caches = loader.dataset().shard_caches();
         let fields = loader.extra_fields();
+        // Labels a mixture's sources name themselves count too.
+        let mut names = names;
+        names.label |= loader.dataset().has_labels();
         names.check(fields)?;
         let names = (!fields.is_empty()).then_some(names);
         Ok(Self {
@@ -241,7 +244,7 @@ impl Loader {
             return Ok(m);
         }
         let core = &self.core;
-        py.allow_threads(|| core.lock().expect("loader").loader.monitor())
+        crate::lifecycle::released(py, || core.lock().expect("loader").loader.monitor())
             .map_err(to_py)
     }
 }
@@ -254,7 +257,7 @@ impl Loader {
     /// batches it had delivered.
     fn _start_epoch(&self, py: Python<'_>) -> PyResult<(u64, Option<(u64, usize)>)> {
         let core = &self.core;
-        py.allow_threads(|| {
+        crate::lifecycle::released(py, || {
             let mut c = core.lock().expect("loader");
             if c.loader.in_epoch() {
                 c.loader.close();
@@ -272,7 +275,7 @@ impl Loader {
     /// iterator starts that epoch again from where it started.
     fn _abandon(&self, py: Python<'_>, iterator: u64) {
         let core = &self.core;
-        py.allow_threads(|| {
+        crate::lifecycle::released(py, || {
             let mut c = core.lock().expect("loader");
             if c.loader.in_epoch() && c.iterators == iterator {
                 c.loader.close();
@@ -288,7 +291,9 @@ impl Loader {
         // Waits in slices, checking for signals between them: Ctrl-C raises
         // KeyboardInterrupt within a slice, not after the next batch.
         let batch = loop {
-            match py.allow_threads(|| core.lock().expect("loader").loader.next_within(SLICE)) {
+            match crate::lifecycle::released(py, || {
+                core.lock().expect("loader").loader.next_within(SLICE)
+            }) {
                 Within::Next(Ok(b)) => break b,
                 Within::Next(Err(e)) => return Err(to_py(e)),
                 Within::EpochEnd => return Ok(None),
@@ -469,29 +474,28 @@ impl Loader {
     /// abandoned.
     fn set_epoch(&self, py: Python<'_>, epoch: u64) {
         let core = &self.core;
-        py.allow_threads(|| core.lock().expect("loader").loader.set_epoch(epoch));
+        crate::lifecycle::released(py, || core.lock().expect("loader").loader.set_epoch(epoch));
     }
 
     /// The epoch the next iterator starts, or the one being iterated; builds nothing (safe
     /// to ask just before a `fork`).
     fn _next_epoch(&self, py: Python<'_>) -> u64 {
         let core = &self.core;
-        py.allow_threads(|| core.lock().expect("loader").loader.next_epoch())
+        crate::lifecycle::released(py, || core.lock().expect("loader").loader.next_epoch())
     }
 
     /// The decode workers a rebuilt pipeline starts with: what the last one ended with, or
     /// `None` (its share of the cores) before any rebuild; builds nothing.
     fn _learned_workers(&self, py: Python<'_>) -> Option<usize> {
         let core = &self.core;
-        py.allow_threads(|| core.lock().expect("loader").loader.learned_workers())
+        crate::lifecycle::released(py, || core.lock().expect("loader").loader.learned_workers())
     }
 
     /// A checkpoint of the consumer's progress (plain ints and lists: picklable, JSON-able).
     /// Waits for the loader's lock with the GIL released: between batches it is free at once.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let core = &self.core;
-        let s = py
-            .allow_threads(|| core.lock().expect("loader").loader.state())
+        let s = crate::lifecycle::released(py, || core.lock().expect("loader").loader.state())
             .map_err(to_py)?;
         state_to_py(py, &s)
     }
@@ -501,7 +505,7 @@ impl Loader {
     fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
         let s = state_from_py(state)?;
         let core = &self.core;
-        py.allow_threads(|| core.lock().expect("loader").loader.resume(&s))
+        crate::lifecycle::released(py, || core.lock().expect("loader").loader.resume(&s))
             .map_err(to_py)
     }
 
@@ -513,14 +517,13 @@ impl Loader {
         batches_per_unit: usize,
     ) -> PyResult<crate::units::EpochPlan> {
         let core = &self.core;
-        let plan = py
-            .allow_threads(|| {
-                core.lock()
-                    .expect("loader")
-                    .loader
-                    .plan_units(batches_per_unit)
-            })
-            .map_err(to_py)?;
+        let plan = crate::lifecycle::released(py, || {
+            core.lock()
+                .expect("loader")
+                .loader
+                .plan_units(batches_per_unit)
+        })
+        .map_err(to_py)?;
         Ok(crate::units::EpochPlan {
             plan,
             received: Default::default(),
@@ -571,13 +574,13 @@ impl Loader {
     /// Stops the Prometheus endpoint, if one serves.
     fn _stop_metrics(&self, py: Python<'_>) {
         let endpoint = self.metrics.lock().expect("metrics").take();
-        py.allow_threads(|| drop(endpoint));
+        crate::lifecycle::released(py, || drop(endpoint));
     }
 
     /// Stops the pipeline and joins its threads (also done when the loader is freed).
     fn close(&self, py: Python<'_>) {
         let core = &self.core;
-        py.allow_threads(|| {
+        crate::lifecycle::released(py, || {
             core.lock().expect("loader").loader.close();
         });
     }

@@ -19,7 +19,7 @@ use pyo3::types::{PyDict, PyList};
 
 use crate::error::{py_error, to_py, PyStageError};
 use crate::gil::GilClock;
-use crate::lifecycle::{drop_elsewhere, on_pipeline_thread, with_gil_in_pipeline, LiveGuard};
+use crate::lifecycle::{drop_elsewhere, on_pipeline_thread, with_gil_in_pipeline};
 use crate::loader::SLICE;
 use crate::state::{state_from_py, state_to_py};
 
@@ -88,6 +88,12 @@ enum Items {
 enum Start {
     Epoch(u64),
     State(Box<PipelineState>),
+    /// Closed mid-epoch: `state_dict()` is where it stopped; the next pass starts epoch
+    /// `next` (as after a loop left mid-way).
+    Closed {
+        state: Box<PipelineState>,
+        next: u64,
+    },
 }
 
 /// A pipeline of Python callables; see `flowgate.Pipeline`.
@@ -107,14 +113,13 @@ pub(crate) struct PyPipeline {
     /// threads run it (after a `fork` the child has none of them).
     running: Mutex<Option<Running>>,
     source_error: SourceError,
-    /// The items that failed in the epoch being iterated, and the last of them.
+    /// The items that failed in the epoch being iterated, and the first of them.
     failed: Arc<Mutex<(u64, Option<ItemError>)>>,
     /// Closed (`close()`) since the last epoch started: an iterator still running says so.
     closed: AtomicBool,
 }
 
 struct Running {
-    /// Declared first, so dropped (joined) before `_live` is.
     pipeline: Pipeline<Py<PyAny>>,
     in_epoch: bool,
     pid: u32,
@@ -123,7 +128,8 @@ struct Running {
     resumed_after_results: bool,
     /// Results the epoch delivered; `None` for the rest of a resumed epoch.
     delivered: Option<u64>,
-    _live: LiveGuard,
+    /// The epoch being iterated.
+    epoch: u64,
 }
 
 impl Running {
@@ -132,12 +138,13 @@ impl Running {
     /// it (joining would wait forever); on one of its own threads (the garbage collector
     /// freeing a loader during a stage's call), hands the joining to a thread of its own.
     fn end(self, py: Python<'_>) {
-        if self.pid != std::process::id() {
+        if self.pid != std::process::id() || crate::EXITING.load(Ordering::SeqCst) {
+            // After exit began, its threads may be parked for good (see `lifecycle`).
             std::mem::forget(self);
         } else if on_pipeline_thread() {
             drop_elsewhere(self);
         } else {
-            py.allow_threads(move || drop(self));
+            crate::lifecycle::released(py, move || drop(self));
         }
     }
 }
@@ -294,7 +301,10 @@ impl PyPipeline {
             .on_failure(move |e| {
                 let mut f = failed.lock().expect("failed");
                 f.0 += 1;
-                f.1 = Some(e.clone());
+                // The first: the dataset's own error, not a make-up's that followed it.
+                if f.1.is_none() {
+                    f.1 = Some(e.clone());
+                }
             })
             .build()
     }
@@ -311,7 +321,9 @@ impl PyPipeline {
             let mut p = self.build(py).map_err(to_py)?;
             let mut resumed_after_results = false;
             match start {
-                Some(Start::Epoch(e)) => p.start_at_epoch(e).map_err(to_py)?,
+                Some(Start::Epoch(e) | Start::Closed { next: e, .. }) => {
+                    p.start_at_epoch(e).map_err(to_py)?
+                }
                 Some(Start::State(s)) => {
                     p.resume(&s).map_err(to_py)?;
                     resumed_after_results = s.delivered_items > 0;
@@ -324,7 +336,7 @@ impl PyPipeline {
                 pid: here,
                 resumed_after_results,
                 delivered: None,
-                _live: LiveGuard::new(),
+                epoch: 0,
             });
         }
         Ok(r.as_mut().expect("built"))
@@ -415,6 +427,7 @@ impl PyPipeline {
         }
         let run = self.running(py, &mut r)?;
         run.in_epoch = true;
+        run.epoch = run.pipeline.epoch();
         run.delivered = (!std::mem::take(&mut run.resumed_after_results)).then_some(0);
         *self.failed.lock().expect("failed") = (0, None);
         self.closed.store(false, Ordering::Relaxed);
@@ -459,10 +472,18 @@ impl PyPipeline {
     /// A checkpoint of what the consumer received: of the epoch being iterated, of an epoch
     /// left mid-way, or (between epochs) the next epoch from its start.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        if let Some(Start::State(s)) = &*self.start.lock().expect("start") {
+        if let Some(Start::State(s) | Start::Closed { state: s, .. }) =
+            &*self.start.lock().expect("start")
+        {
             return state_to_py(py, s);
         }
         let mut r = self.running.lock().expect("running");
+        // The epoch being iterated, though `set_epoch` named the next: not rebuilt for it.
+        if let Some(run) = r.as_ref() {
+            if run.in_epoch && run.pid == std::process::id() {
+                return state_to_py(py, &run.pipeline.state());
+            }
+        }
         let s = self.running(py, &mut r)?.pipeline.state();
         state_to_py(py, &s)
     }
@@ -482,7 +503,7 @@ impl PyPipeline {
     fn set_epoch(&self, epoch: u64) {
         let mut start = self.start.lock().expect("start");
         let next = match &*start {
-            Some(Start::Epoch(e)) => *e,
+            Some(Start::Epoch(e) | Start::Closed { next: e, .. }) => *e,
             Some(Start::State(s)) => s.epoch,
             None => match self.running.lock().expect("running").as_ref() {
                 Some(run) => run.pipeline.epoch() + u64::from(run.in_epoch),
@@ -515,13 +536,13 @@ impl PyPipeline {
         // Waits in slices with the GIL released, checking for signals between them: Ctrl-C
         // raises KeyboardInterrupt within a slice, not after the next item.
         let r = loop {
-            let r = py.allow_threads(|| {
+            let r = crate::lifecycle::released(py, || {
+                if closed.load(Ordering::Relaxed) {
+                    // close() ended the epoch being iterated.
+                    return Some(Err(PipelineError::stopped()));
+                }
                 let mut g = running.lock().expect("running");
                 let Some(run) = g.as_mut() else {
-                    if closed.load(Ordering::Relaxed) {
-                        // close() ended the epoch being iterated.
-                        return Some(Err(PipelineError::stopped()));
-                    }
                     return Some(Ok(None));
                 };
                 // An epoch the parent started before a fork is not this process's to read.
@@ -544,7 +565,7 @@ impl PyPipeline {
                         // Every item failed: an error, not an empty epoch (as a Loader's).
                         let (failures, last) = failed.lock().expect("failed").clone();
                         if run.delivered == Some(0) && failures > 0 {
-                            let epoch = run.pipeline.epoch();
+                            let epoch = run.epoch;
                             return Some(Err(PipelineError::nothing_delivered(
                                 epoch, failures, last,
                             )));
@@ -574,6 +595,22 @@ impl PyPipeline {
         self.closed.store(true, Ordering::Relaxed);
         let r = self.running.lock().expect("running").take();
         if let Some(r) = r {
+            // Where it stopped stays the checkpoint, and where the next pass starts: the
+            // next epoch after one left mid-way, else the state (a loaded one not iterated
+            // yet is kept).
+            if r.pid == std::process::id() {
+                let state = Box::new(r.pipeline.state());
+                let mut start = self.start.lock().expect("start");
+                if start.is_none() {
+                    *start = Some(match r.in_epoch {
+                        true => Start::Closed {
+                            next: r.pipeline.epoch() + 1,
+                            state,
+                        },
+                        false => Start::State(state),
+                    });
+                }
+            }
             r.end(py);
         }
     }

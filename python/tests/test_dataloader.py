@@ -510,3 +510,91 @@ def test_close_during_iteration_raises_and_a_new_pass_starts_again():
         next(it)
     loader.close()
     assert len(list(loader)) == len(loader) == 100
+
+
+def test_close_keeps_the_checkpoint_and_the_epoch_and_set_epoch_keeps_the_loop():
+    """A helper's cases: close() mid-epoch then state_dict() said epoch 0 with nothing
+    delivered (a checkpoint that restarts training), the next iter() repeated epoch 0, a
+    loaded state was dropped by close(), and set_epoch() mid-epoch then state_dict() ended the
+    loop after one batch."""
+    def make():
+        return flowgate.DataLoader(Numbered(20), batch_size=3, shuffle=True, seed=7)
+
+    whole = {e: ids(make_epoch(make(), e)) for e in (2, 3)}
+    loader = make()
+    loader.set_epoch(2)
+    it = iter(loader)
+    got = ids([next(it), next(it)])
+    loader.close()
+    state = loader.state_dict()
+    assert (state["epoch"], state["delivered_items"]) == (2, 6)
+    with pytest.raises(flowgate.LoaderError, match="stopped"):
+        next(it)
+    assert ids(loader) == whole[3], "the next pass is the next epoch, as after a break"
+    again = make()
+    again.load_state_dict(json.loads(json.dumps(state)))
+    again.close()
+    assert got + ids(again) == whole[2], "a loaded state survives close()"
+    loader = make()
+    loader.set_epoch(2)
+    it = iter(loader)
+    first = ids([next(it)])
+    loader.set_epoch(9)
+    mid = loader.state_dict()
+    assert (mid["epoch"], mid["delivered_items"]) == (2, 3)
+    assert first + ids(it) == whole[2], "the loop goes on to its end"
+
+
+def make_epoch(loader, epoch):
+    loader.set_epoch(epoch)
+    return list(loader)
+
+
+def test_any_exception_of_an_item_is_its_own_failure_and_the_epoch_names_itself():
+    class Raises(Numbered):
+        def __getitem__(self, i):
+            if i == 4:
+                raise KeyboardInterrupt("the dataset's own")
+            return super().__getitem__(i)
+
+    loader = flowgate.DataLoader(Raises(9), batch_size=3, skip_errors=True)
+    assert ids(loader) == [[0, 1, 2], [3, 5], [6, 7, 8]] and len(loader) == 3
+    loader = flowgate.DataLoader(Numbered(6, bad=range(6)), batch_size=2, skip_errors=True)
+    loader.set_epoch(5)
+    with pytest.raises(flowgate.LoaderError, match="epoch 5 delivered nothing") as e:
+        list(loader)
+    assert isinstance(e.value.__cause__, OSError), "the dataset's error, not a make-up's"
+
+
+def test_exit_with_threads_still_in_python_is_clean():
+    """A helper's cases, each aborted the interpreter at exit (SIGABRT): a daemon thread
+    iterating a loader, one that iterates again after exit's close, and a call of the
+    dataset that outlives exit's close by seconds."""
+    import time
+    for code in (
+            "import threading, time, flowgate\n"
+            "class DS:\n"
+            "    def __len__(s): return 4\n"
+            "    def __getitem__(s, i): return i\n"
+            "L = flowgate.DataLoader(DS(), batch_size=4, collate_fn=list)\n"
+            "def producer():\n"
+            "    while True:\n"
+            "        try:\n"
+            "            for b in L: pass\n"
+            "        except Exception: pass\n"
+            "threading.Thread(target=producer, daemon=True).start()\n"
+            "time.sleep(0.3)\n",
+            "import time, flowgate\n"
+            "class DS:\n"
+            "    def __len__(s): return 64\n"
+            "    def __getitem__(s, i):\n"
+            "        if i >= 8:\n"
+            "            t = time.time()\n"
+            "            while time.time() - t < 2: time.sleep(0.005)\n"
+            "        return i\n"
+            "it = iter(flowgate.DataLoader(DS(), batch_size=2, num_workers=8, collate_fn=list))\n"
+            "print(next(it))\n"):
+        start = time.monotonic()
+        for _ in range(3):
+            _run(code)
+        assert time.monotonic() - start < 90

@@ -176,7 +176,7 @@ def test_fields_as_torch_and_what_cannot_carry_them_is_refused(shards, tmp_path)
     assert isinstance(b["image"], torch.Tensor) and isinstance(b["label"], torch.Tensor)
     rows({**b, "image": b["image"].numpy(), "label": b["label"].numpy()})
     (tmp_path / "a.jpg").write_bytes(jpeg(1))
-    with pytest.raises(ValueError, match="a directory have none besides the media"):
+    with pytest.raises(ValueError, match="fields: not for a directory"):
         flowgate.ImageLoader(str(tmp_path), fields={"caption": "txt"}, **ARGS)
     with pytest.raises(ValueError, match="is a key the batch already has"):
         loader(flowgate.Shards(shards), fields={"label": "txt"})
@@ -184,3 +184,29 @@ def test_fields_as_torch_and_what_cannot_carry_them_is_refused(shards, tmp_path)
         loader(flowgate.Shards(shards), fields={"c": {"from": "txt", "kind": "str"}})
     with pytest.raises(ValueError, match="fields= is for local decoding"):
         loader(flowgate.Shards(shards), remote=flowgate.Ray(workers=1))
+
+
+def test_a_daemon_thread_iterating_a_loader_at_exit_is_clean(shards):
+    """A helper's case: a daemon thread waiting for a batch when the interpreter stopped
+    aborted the process ("FATAL: exception not rethrown")."""
+    import subprocess
+    import sys
+    code = ("import queue, threading, flowgate\n"
+            f"L = flowgate.ImageLoader(flowgate.Shards({shards!r}), batch_size=2, resize=16,"
+            " crop=16, fields={'c': 'txt'})\n"
+            "q = queue.Queue(maxsize=1000)\n"
+            "def prefetch():\n"
+            "    while True:\n"
+            "        for b in L: q.put(b)\n"
+            "threading.Thread(target=prefetch, daemon=True).start()\n"
+            "for _ in range(3): q.get()\n")
+    for _ in range(4):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_field_named_as_a_mixtures_label_is_refused(shards, tmp_path):
+    with pytest.raises(ValueError, match="is a key the batch already has"):
+        flowgate.ImageLoader(flowgate.Mix([flowgate.Shards(shards)], weights=[1.0], draws=8,
+                                          labels=["cls"]), fields={"label": "txt"}, **ARGS)

@@ -28,11 +28,12 @@ pub enum FieldKind {
 }
 
 impl FieldKind {
-    /// The kind a member's extension suggests: `txt`, `text`, `caption`, `transcript` →
-    /// text; `json` → JSON; `cls`, `cls2`, `index`, `id`, `label` → an integer; anything
-    /// else → bytes.
+    /// The kind a member's extension suggests (its last part: `seg.txt` as `txt`): `txt`,
+    /// `text`, `caption`, `transcript` → text; `json` → JSON; `cls`, `cls2`, `index`, `id`,
+    /// `label` → an integer; anything else → bytes.
     pub fn of_extension(ext: &str) -> Self {
-        match ext.trim_start_matches('.').to_ascii_lowercase().as_str() {
+        let last = ext.rsplit('.').next().unwrap_or(ext);
+        match last.to_ascii_lowercase().as_str() {
             "txt" | "text" | "caption" | "captions" | "transcript" => Self::Text,
             "json" => Self::Json,
             "cls" | "cls2" | "index" | "id" | "label" => Self::Int,
@@ -311,6 +312,8 @@ mod tests {
         assert!(by("meta").optional && by("meta").kind == FieldKind::Json);
         assert_eq!(by("raw").kind, FieldKind::Bytes);
         assert_eq!(by("alt").kind, FieldKind::Text);
+        assert_eq!(FieldKind::of_extension("seg.TXT"), FieldKind::Text);
+        assert_eq!(FieldKind::of_extension(".json"), FieldKind::Json);
         for (bad, says) in [
             (serde_json::json!(["txt"]), "must map"),
             (serde_json::json!({"c": 3}), "not 3"),

@@ -120,8 +120,8 @@ fn extras(source: &Source) -> Result<Vec<FieldSpec>, PipelineError> {
             Ok(source.extras.clone())
         }
         _ => Err(PipelineError::config(format!(
-            "fields: {} have none besides the media: fields are read from a tar sample's \
-             other members or a Parquet row's other columns",
+            "fields: not for {}: fields are read from a tar sample's other members or a \
+             Parquet row's other columns",
             source.kind_name()
         ))),
     }
