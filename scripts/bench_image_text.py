@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Image-text tar shards (LAION's layout: KEY.jpg, KEY.txt a caption, KEY.json a record) read
+with their captions, side by side: flowgate's ImageLoader with `fields=` (threads the tuner
+sizes, from a cold process), the same loader without the fields (what the captions cost), and
+webdataset + PyTorch's DataLoader at each worker count given (`.decode("pil").to_tuple("jpg",
+"txt", "json")`, the peers' recipe: PIL decode, Resize(256), CenterCrop(224), PILToTensor,
+batches of 32, captions and records as lists).
+
+Interleaved repetitions, one process per run, timed by the peers' EpochMeter (the epoch only;
+CPU seconds of the process and its children); ratios per repetition against the best
+webdataset setting of that repetition; Markdown on stdout.
+
+    scripts/bench_image_text.py --peers ../shared/peers --list IMAGES.txt --reps 5 \\
+        --wds-workers 1,2,3
+"""
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+
+HERE = os.path.abspath(__file__)
+
+
+def make_shards(paths, out, per_shard=64):
+    """The images with a caption and a record each, naming the key; returns the pattern."""
+    os.makedirs(out, exist_ok=True)
+    n = (len(paths) + per_shard - 1) // per_shard
+    for s in range(n):
+        with tarfile.open(os.path.join(out, f"{s:05d}.tar"), "w") as tar:
+            for i in range(s * per_shard, min(len(paths), (s + 1) * per_shard)):
+                key = f"{i:09d}"
+                tar.add(paths[i], arcname=f"{key}.jpg")
+                record = {"key": key, "url": paths[i], "width": 500, "height": 375}
+                for ext, body in (("txt", f"a photo-like picture, number {i} ({key})"),
+                                  ("json", json.dumps(record))):
+                    raw = body.encode()
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(raw)
+                    tar.addfile(info, io.BytesIO(raw))
+    return os.path.join(out, f"{{00000..{n - 1:05d}}}.tar")
+
+
+def run_flowgate(peers, pattern, fields):
+    sys.path.insert(0, peers)
+    from _common import EpochMeter, emit
+
+    import flowgate
+    loader = flowgate.ImageLoader(
+        flowgate.Shards(pattern), batch_size=32, resize=256, crop=224, shuffle=False,
+        fields={"caption": "txt", "meta": "json"} if fields else None)
+    m, n = EpochMeter(), 0
+    m.start()
+    for b in loader:
+        m.first_batch()
+        if fields:
+            images, captions = b["image"], b["caption"]
+            assert len(captions) == images.shape[0] and captions[0].endswith(")")
+        else:
+            images = b
+        n += images.shape[0]
+    m.stop()
+    emit(m.result(f"flowgate{'+fields' if fields else ''}", n))
+
+
+def run_wds(peers, pattern, workers):
+    sys.path.insert(0, peers)
+    import webdataset as wds
+    from _common import EpochMeter, emit
+    from torchvision import transforms
+    transform = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224),
+                                    transforms.PILToTensor()])
+    dataset = (wds.WebDataset(pattern, shardshuffle=False, nodesplitter=wds.single_node_only,
+                              workersplitter=wds.split_by_worker)
+               .decode("pil").to_tuple("jpg", "txt", "json")
+               .map_tuple(lambda im: transform(im.convert("RGB")), str, dict)
+               .batched(32, partial=True))
+    loader = wds.WebLoader(dataset, batch_size=None, num_workers=workers)
+    m, n = EpochMeter(), 0
+    m.start()
+    for images, captions, metas in loader:
+        m.first_batch()
+        assert len(captions) == images.shape[0]
+        n += images.shape[0]
+    m.stop()
+    emit(m.result(f"webdataset-{workers}", n))
+
+
+def one(args, what):
+    out = subprocess.run([sys.executable, HERE, "--peers", args.peers, "--pattern",
+                          args.pattern, "--one", what], capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--peers", default="../shared/peers")
+    ap.add_argument("--list")
+    ap.add_argument("--pattern")
+    ap.add_argument("--out", default="/tmp/flowgate-image-text")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--wds-workers", default="1,2,3")
+    ap.add_argument("--one")
+    args = ap.parse_args()
+    args.peers = os.path.abspath(args.peers)
+    if args.one:
+        if args.one.startswith("webdataset-"):
+            run_wds(args.peers, args.pattern, int(args.one.split("-")[1]))
+        else:
+            run_flowgate(args.peers, args.pattern, args.one == "flowgate+fields")
+        return
+    if args.pattern is None:
+        with open(args.list) as f:
+            paths = [line.strip() for line in f if line.strip()]
+        args.pattern = make_shards(paths, args.out)
+    runs = ["flowgate+fields", "flowgate"] + [f"webdataset-{w}"
+                                               for w in args.wds_workers.split(",")]
+    results = {r: [] for r in runs}
+    for rep in range(args.reps):
+        for r in runs:
+            results[r].append(one(args, r))
+            print(rep, r, results[r][-1], file=sys.stderr)
+
+    def rate(x):
+        return x["items"] / x["seconds"]
+
+    def cpu(x):
+        return 1000 * x["epoch_cpu_s"] / x["items"]
+
+    best = [max(rate(results[r][k]) for r in runs if r.startswith("webdataset"))
+            for k in range(args.reps)]
+    print("| loader | items/s | CPU s / 1,000 items | flowgate+fields over it (median, range) |")
+    print("|---|---|---|---|")
+    for r in runs:
+        rates = [rate(x) for x in results[r]]
+        ratios = [rate(f) / rate(x) for f, x in zip(results["flowgate+fields"], results[r])]
+        cell = "" if r == "flowgate+fields" else (
+            f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f})")
+        print(f"| {r} | {statistics.median(rates):.0f} | "
+              f"{statistics.median(cpu(x) for x in results[r]):.2f} | {cell} |")
+    over_best = [rate(f) / b for f, b in zip(results["flowgate+fields"], best)]
+    print(f"\nflowgate+fields over the best webdataset setting per repetition: median "
+          f"{statistics.median(over_best):.2f}× ({min(over_best):.2f}–{max(over_best):.2f})")
+
+
+if __name__ == "__main__":
+    main()
