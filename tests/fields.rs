@@ -14,11 +14,11 @@ use arrow_schema::{DataType, Field, Schema};
 use flowgate::dataset::shards::tar::write_archive;
 use flowgate::dataset::{Dataset, FieldKind, FieldSpec, FieldValue, Labels, Source};
 use flowgate::loader::Batch;
-use flowgate::media::{image::ImageRecipe, Recipe};
 use flowgate::{FailureBudget, Loader, PipelineState};
 use parquet::arrow::ArrowWriter;
 
 mod common;
+use common::{small_loader as loader, small_recipe as recipe};
 
 /// Samples in the shards (4 shards of 11, 11, 11, 8); rows in the Parquet file.
 const SAMPLES: usize = 41;
@@ -95,15 +95,6 @@ fn data() -> &'static Data {
     })
 }
 
-fn recipe() -> Recipe {
-    Recipe::image(ImageRecipe {
-        resize: 12,
-        crop: 8,
-        ..ImageRecipe::default()
-    })
-    .unwrap()
-}
-
 fn image_text(pattern: &str) -> Source {
     Source::shards(pattern)
         .labels(Labels::Field("cls".into()))
@@ -111,19 +102,6 @@ fn image_text(pattern: &str) -> Source {
             FieldSpec::new("caption", "txt"),
             FieldSpec::new("meta", ".JSON"),
         ])
-}
-
-fn loader(source: Source, seed: u64, rank: usize, world: usize, batch: usize) -> Loader {
-    let dataset = Dataset::builder(source)
-        .shuffle(seed)
-        .ranks(rank, world)
-        .build()
-        .unwrap();
-    Loader::builder(dataset, recipe())
-        .batch_size(batch)
-        .workers(2)
-        .build()
-        .unwrap()
 }
 
 /// Each item of `b` as (its number, its caption, its record), checking the image is the

@@ -9,13 +9,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use flowgate::dataset::{Dataset, Labels, Source};
+use flowgate::dataset::{Labels, Source};
 use flowgate::loader::Batch;
-use flowgate::media::{image::ImageRecipe, Recipe};
 use flowgate::sampler::MixStop;
 use flowgate::{Loader, PipelineState};
 
 mod common;
+use common::small_loader as loader;
 
 /// Samples in the shards (4 shards of 11, 11, 11, 8) and rows in the Parquet file.
 const SAMPLES: usize = 41;
@@ -51,28 +51,6 @@ fn data() -> &'static Data {
         .unwrap();
         Data { shards, parquet }
     })
-}
-
-fn recipe() -> Recipe {
-    Recipe::image(ImageRecipe {
-        resize: 12,
-        crop: 8,
-        ..ImageRecipe::default()
-    })
-    .unwrap()
-}
-
-fn loader(source: Source, seed: u64, rank: usize, world: usize, batch: usize) -> Loader {
-    let dataset = Dataset::builder(source)
-        .shuffle(seed)
-        .ranks(rank, world)
-        .build()
-        .unwrap();
-    Loader::builder(dataset, recipe())
-        .batch_size(batch)
-        .workers(2)
-        .build()
-        .unwrap()
 }
 
 /// Each delivered item's label (a shard sample's index, or 1000 + a row's), batch by batch.

@@ -51,3 +51,16 @@ def videos() -> pathlib.Path:
     if not (d / "video.txt").exists():
         gen_data(d, "--images", "0", "--video", "4")
     return d
+
+
+def run_clean(code: str, times: int = 1) -> str:
+    """Runs `code` in a fresh interpreter `times` times: each must exit 0 with no traceback,
+    panic or deadlock on stderr (an abort at exit is a failure). Returns the last stdout."""
+    import subprocess
+    import sys
+    for _ in range(times):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert "deadlock" not in r.stderr and "panicked" not in r.stderr, r.stderr[-3000:]
+    return r.stdout

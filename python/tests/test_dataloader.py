@@ -7,6 +7,7 @@ import json
 import pytest
 
 import flowgate
+from conftest import run_clean
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
@@ -341,18 +342,13 @@ def test_torchs_attributes_and_the_samplers_set_epoch():
 
 
 def test_exit_with_an_iterator_alive_is_clean(tmp_path):
-    import subprocess
-    import sys
     code = ("import flowgate\n"
             "class DS:\n"
             "    def __len__(s): return 10**6\n"
             "    def __getitem__(s, i): return i\n"
             "it = iter(flowgate.DataLoader(DS(), batch_size=4, num_workers=2))\n"
             "print(next(it))\n")
-    for _ in range(5):
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           timeout=120)
-        assert r.returncode == 0, r.stderr[-2000:]
+    run_clean(code, times=5)
 
 
 def test_more_workers_than_cores_make_that_many_batches_at_once():
@@ -384,17 +380,6 @@ def test_more_workers_than_cores_make_that_many_batches_at_once():
     assert loader.stats()["stages"]["fetch"]["workers"] == workers
 
 
-def _run(code, times=1):
-    import subprocess
-    import sys
-    for _ in range(times):
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           timeout=120)
-        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
-        assert "deadlock" not in r.stderr and "panicked" not in r.stderr, r.stderr[-3000:]
-    return r.stdout
-
-
 def test_a_loader_is_freed_by_its_count_and_one_in_a_cycle_on_its_own_thread_cleanly():
     """The loader's sampler does not hold the loader (a cycle made the garbage collector free
     it later, on whichever thread allocated: a helper's case joined a thread from itself and
@@ -410,7 +395,7 @@ def test_a_loader_is_freed_by_its_count_and_one_in_a_cycle_on_its_own_thread_cle
         assert ref() is None, "freed when its last reference goes, without the collector"
     finally:
         gc.enable()
-    out = _run("import gc, flowgate\n"
+    out = run_clean("import gc, flowgate\n"
                "class DS:\n"
                "    def __len__(s): return 400\n"
                "    def __getitem__(s, i):\n"
@@ -446,7 +431,7 @@ def test_a_waiting_dataset_with_more_workers_than_cores_skips_and_exits_cleanly(
     with pytest.raises(flowgate.LoaderError, match="item 9 is unreadable") as e:
         list(flowgate.DataLoader(Waits(20, bad={9}), batch_size=4, num_workers=workers))
     assert isinstance(e.value.__cause__, OSError)
-    _run("import os, time, flowgate\n"
+    run_clean("import os, time, flowgate\n"
          "class DS:\n"
          "    def __len__(s): return 10**5\n"
          "    def __getitem__(s, i):\n"
@@ -596,5 +581,5 @@ def test_exit_with_threads_still_in_python_is_clean():
             "print(next(it))\n"):
         start = time.monotonic()
         for _ in range(3):
-            _run(code)
+            run_clean(code)
         assert time.monotonic() - start < 90

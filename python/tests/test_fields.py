@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import flowgate
+from conftest import run_clean
 
 N = 43  # samples: divisible by no batch size, rank count or shard size used here
 ARGS = dict(batch_size=4, resize=16, crop=16, seed=3, workers=2)
@@ -189,8 +190,6 @@ def test_fields_as_torch_and_what_cannot_carry_them_is_refused(shards, tmp_path)
 def test_a_daemon_thread_iterating_a_loader_at_exit_is_clean(shards):
     """A helper's case: a daemon thread waiting for a batch when the interpreter stopped
     aborted the process ("FATAL: exception not rethrown")."""
-    import subprocess
-    import sys
     code = ("import queue, threading, flowgate\n"
             f"L = flowgate.ImageLoader(flowgate.Shards({shards!r}), batch_size=2, resize=16,"
             " crop=16, fields={'c': 'txt'})\n"
@@ -200,10 +199,7 @@ def test_a_daemon_thread_iterating_a_loader_at_exit_is_clean(shards):
             "        for b in L: q.put(b)\n"
             "threading.Thread(target=prefetch, daemon=True).start()\n"
             "for _ in range(3): q.get()\n")
-    for _ in range(4):
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           timeout=120)
-        assert r.returncode == 0, r.stderr[-2000:]
+    run_clean(code, times=4)
 
 
 def test_a_field_named_as_a_mixtures_label_is_refused(shards, tmp_path):

@@ -106,3 +106,56 @@ pub(crate) fn tiny_jpeg(shade: usize) -> Vec<u8> {
         .unwrap();
     out
 }
+
+/// The loader tests' small image recipe: resize 12, center crop 8.
+#[cfg(feature = "image")]
+pub(crate) fn small_recipe() -> flowgate::media::Recipe {
+    flowgate::media::Recipe::image(flowgate::media::image::ImageRecipe {
+        resize: 12,
+        crop: 8,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// A loader of `source` with [`small_recipe`]: shuffled with `seed`, rank `rank` of `world`,
+/// batches of `batch`, two decode workers.
+#[cfg(feature = "image")]
+pub(crate) fn small_loader(
+    source: flowgate::dataset::Source,
+    seed: u64,
+    rank: usize,
+    world: usize,
+    batch: usize,
+) -> flowgate::Loader {
+    let dataset = flowgate::dataset::Dataset::builder(source)
+        .shuffle(seed)
+        .ranks(rank, world)
+        .build()
+        .unwrap();
+    flowgate::Loader::builder(dataset, small_recipe())
+        .batch_size(batch)
+        .workers(2)
+        .build()
+        .unwrap()
+}
+
+/// Every batch of one epoch of `loader`: each item's path (or `SHARD:KEY`) and label, and the
+/// batch sizes.
+#[cfg(feature = "image")]
+pub(crate) fn epoch_items(
+    loader: &mut flowgate::Loader,
+) -> (Vec<(String, Option<i64>)>, Vec<usize>) {
+    let mut items = Vec::new();
+    let mut sizes = Vec::new();
+    let batches: Vec<flowgate::loader::Batch> =
+        loader.epoch().unwrap().map(Result::unwrap).collect();
+    for b in batches {
+        assert_eq!(b.fields[0].shape()[0], b.len());
+        sizes.push(b.len());
+        for m in &b.items {
+            items.push((loader.path_of(m), m.label));
+        }
+    }
+    (items, sizes)
+}
