@@ -17,8 +17,6 @@ import argparse
 import io
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tarfile
 
@@ -89,13 +87,6 @@ def run_wds(peers, pattern, workers):
     emit(m.result(f"webdataset-{workers}", n))
 
 
-def one(args, what):
-    out = subprocess.run([sys.executable, HERE, "--peers", args.peers, "--pattern",
-                          args.pattern, "--one", what], capture_output=True, text=True,
-                         check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--peers", default="../shared/peers")
@@ -119,32 +110,10 @@ def main():
         args.pattern = make_shards(paths, args.out)
     runs = ["flowgate+fields", "flowgate"] + [f"webdataset-{w}"
                                                for w in args.wds_workers.split(",")]
-    results = {r: [] for r in runs}
-    for rep in range(args.reps):
-        for r in runs:
-            results[r].append(one(args, r))
-            print(rep, r, results[r][-1], file=sys.stderr)
-
-    def rate(x):
-        return x["items"] / x["seconds"]
-
-    def cpu(x):
-        return 1000 * x["epoch_cpu_s"] / x["items"]
-
-    best = [max(rate(results[r][k]) for r in runs if r.startswith("webdataset"))
-            for k in range(args.reps)]
-    print("| loader | items/s | CPU s / 1,000 items | flowgate+fields over it (median, range) |")
-    print("|---|---|---|---|")
-    for r in runs:
-        rates = [rate(x) for x in results[r]]
-        ratios = [rate(f) / rate(x) for f, x in zip(results["flowgate+fields"], results[r])]
-        cell = "" if r == "flowgate+fields" else (
-            f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f})")
-        print(f"| {r} | {statistics.median(rates):.0f} | "
-              f"{statistics.median(cpu(x) for x in results[r]):.2f} | {cell} |")
-    over_best = [rate(f) / b for f, b in zip(results["flowgate+fields"], best)]
-    print(f"\nflowgate+fields over the best webdataset setting per repetition: median "
-          f"{statistics.median(over_best):.2f}× ({min(over_best):.2f}–{max(over_best):.2f})")
+    sys.path.insert(0, os.path.dirname(HERE))
+    from bench_side import compare
+    compare(HERE, ["--peers", args.peers, "--pattern", args.pattern], runs, "flowgate+fields",
+            "webdataset", args.reps)
 
 
 if __name__ == "__main__":

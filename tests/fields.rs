@@ -302,14 +302,6 @@ fn a_missing_field_is_a_failed_item_or_missing_when_optional_and_files_are_refus
     }
     assert_eq!(n, SAMPLES);
 
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fields-files");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("a.jpg"), common::tiny_jpeg(1)).unwrap();
-    let e = Dataset::builder(Source::dir(&dir).extra_fields([FieldSpec::new("c", "txt")]))
-        .extensions(&["jpg"])
-        .build()
-        .unwrap_err();
-    assert!(e.to_string().contains("fields: not for a directory"), "{e}");
     let e = Dataset::builder(
         Source::shards(data().shards.clone())
             .extra_fields([FieldSpec::new("c", "txt"), FieldSpec::new("c", "json")]),
@@ -317,4 +309,106 @@ fn a_missing_field_is_a_failed_item_or_missing_when_optional_and_files_are_refus
     .build()
     .unwrap_err();
     assert!(e.to_string().contains("named twice"), "{e}");
+}
+
+/// Loose files with their fields in files beside them (`a.jpg` + `a.txt` + `a.json`): each
+/// image's caption and record are its own across ranks and a resume; an image without its
+/// caption is a failed item naming the file looked for, `None` where optional; a record
+/// that does not parse names its file.
+#[test]
+fn loose_files_read_their_fields_from_the_files_beside_them() {
+    const FILES: usize = 19;
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fields-sidecars");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..FILES {
+        // A dot in the stem too: the sidecar replaces the last extension only.
+        let file = |ext: &str| dir.join(format!("img.{i:03}.{ext}"));
+        std::fs::write(file("jpg"), common::tiny_jpeg(i)).unwrap();
+        if i != 5 {
+            std::fs::write(file("txt"), caption(i)).unwrap();
+        }
+        let record = serde_json::json!({"key": format!("{i:05}"), "n": i});
+        let body = if i == 9 {
+            "{oops".to_owned()
+        } else {
+            record.to_string()
+        };
+        std::fs::write(file("json"), body).unwrap();
+    }
+    let source = |caption_optional: bool| {
+        Source::dir(&dir).extensions(["jpg"]).extra_fields([
+            FieldSpec::new("caption", "txt").optional(caption_optional),
+            FieldSpec::new("meta", "json"),
+        ])
+    };
+    // The file's number, from its path: the fields must be that file's.
+    let number = |l: &Loader, m: &flowgate::loader::ItemMeta| -> usize {
+        let p = l.path_of(m);
+        p.rsplit('.').nth(1).unwrap().parse().unwrap()
+    };
+    let mut seen = BTreeMap::new();
+    let mut failed = Vec::new();
+    for rank in 0..2 {
+        let mut l = loader(source(false), 4, rank, 2, 3);
+        let batches: Vec<_> = l.epoch().unwrap().map(Result::unwrap).collect();
+        for b in &batches {
+            let caps = b.field("caption").unwrap();
+            let metas = b.field("meta").unwrap();
+            for ((m, c), j) in b.items.iter().zip(caps).zip(metas) {
+                let i = number(&l, m);
+                assert_eq!(c, &FieldValue::Text(caption(i)), "file {i}'s caption");
+                let FieldValue::Json(j) = j else {
+                    panic!("{j:?}")
+                };
+                assert_eq!(j["n"], i, "file {i}'s record");
+                *seen.entry(i).or_insert(0) += 1;
+            }
+        }
+        failed.extend(l.watch().failures(Some(0)).into_iter().map(|f| f.message));
+    }
+    let good: Vec<usize> = (0..FILES).filter(|i| ![5, 9].contains(i)).collect();
+    assert_eq!(seen.keys().copied().collect::<Vec<_>>(), good);
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    assert!(
+        failed
+            .iter()
+            .any(|e| e.contains("img.005.txt") && e.contains("\"caption\"")),
+        "{failed:?}"
+    );
+    assert!(
+        failed
+            .iter()
+            .any(|e| e.contains("img.009.json") && e.contains("not JSON")),
+        "{failed:?}"
+    );
+
+    // Optional: the file without its caption is delivered with `Missing`.
+    let mut l = loader(source(true), 4, 0, 1, 4);
+    let batches: Vec<_> = l.epoch().unwrap().map(Result::unwrap).collect();
+    let mut missing = Vec::new();
+    for b in &batches {
+        for (m, c) in b.items.iter().zip(b.field("caption").unwrap()) {
+            if *c == FieldValue::Missing {
+                missing.push(number(&l, m));
+            }
+        }
+    }
+    assert_eq!(missing, [5]);
+
+    // A checkpoint after 2 batches resumes to exactly the rest, fields and all.
+    let mut whole = loader(source(true), 4, 0, 1, 4);
+    let all: Vec<usize> = whole
+        .epoch()
+        .unwrap()
+        .flat_map(|b| b.unwrap().items.into_iter().map(|m| m.index))
+        .collect();
+    let mut first = loader(source(true), 4, 0, 1, 4);
+    let (mut taken, state) = common::take_then_save(&mut first, 2);
+    drop(first);
+    taken.extend(common::rest_after(
+        &mut loader(source(true), 4, 0, 1, 4),
+        &state,
+    ));
+    assert_eq!(taken, all, "the same items, in the same order");
 }

@@ -277,3 +277,229 @@ fn length_aware_rows_carry_their_files_labels_and_kept_channels_are_refused() {
         .unwrap_err();
     assert!(e.to_string().contains("mono"), "{e}");
 }
+
+/// A speech corpus as WebDataset shards: `KEY.flac` beside `KEY.txt` (the transcript, naming
+/// its key) and `KEY.cls`; one sample whose audio is corrupt and one without its transcript.
+/// Returns the shards' pattern and each good key's declared duration.
+fn speech_shards(dir: &Path, faults: bool) -> (String, BTreeMap<String, f64>) {
+    use flowgate::dataset::shards::tar::write_archive;
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    let paths = clips();
+    let mut durations = BTreeMap::new();
+    let mut samples: Vec<Vec<(String, Vec<u8>)>> = Vec::new();
+    for (i, p) in paths.iter().enumerate() {
+        let key = format!("utt{i:04}");
+        durations.insert(key.clone(), duration(p).unwrap().unwrap());
+        samples.push(vec![
+            (format!("{key}.flac"), std::fs::read(p).unwrap()),
+            (format!("{key}.txt"), transcript(&key).into_bytes()),
+            (format!("{key}.cls"), i.to_string().into_bytes()),
+        ]);
+    }
+    if faults {
+        let good = std::fs::read(&paths[0]).unwrap();
+        // A real header (planned by its declared length), then zeros where the frames were.
+        samples.insert(
+            11,
+            vec![
+                ("bad.flac".into(), [&good[..200], &[0u8; 4000][..]].concat()),
+                ("bad.txt".into(), transcript("bad").into_bytes()),
+                ("bad.cls".into(), b"999".to_vec()),
+            ],
+        );
+        samples.insert(
+            23,
+            vec![
+                ("untold.flac".into(), good.clone()),
+                ("untold.cls".into(), b"998".to_vec()),
+            ],
+        );
+    }
+    // Shards of 7 samples (the last shorter): 40 or 42 samples.
+    for (s, chunk) in samples.chunks(7).enumerate() {
+        let f = std::fs::File::create(dir.join(format!("speech-{s:02}.tar"))).unwrap();
+        write_archive(std::io::BufWriter::new(f), chunk.concat()).unwrap();
+    }
+    let n = samples.len().div_ceil(7) - 1;
+    (
+        format!("{}/speech-{{00..{n:02}}}.tar", dir.display()),
+        durations,
+    )
+}
+
+fn transcript(key: &str) -> String {
+    format!("the words of {key}, spoken")
+}
+
+/// A loader of rank `rank` of `world` over speech shards, transcripts as the field `text`.
+fn speech_loader(pattern: &str, rank: usize, world: usize) -> Loader {
+    use flowgate::dataset::{FieldSpec, Labels};
+    let recipe = Recipe::audio(AudioRecipe {
+        samples: (CAP * RATE as f64) as usize,
+        ..AudioRecipe::default()
+    })
+    .unwrap();
+    let source = Source::shards(pattern)
+        .labels(Labels::Field("cls".into()))
+        .extra_fields([FieldSpec::new("text", "txt")]);
+    let dataset = Dataset::builder(source)
+        .shuffle(11)
+        .ranks(rank, world)
+        .build()
+        .unwrap();
+    Loader::builder(dataset, recipe)
+        .length_batches(CAP, 5)
+        .workers(2)
+        .autotune_off()
+        .build()
+        .unwrap()
+}
+
+/// Each row's key (from `SHARD:KEY`), transcript and real length.
+fn speech_rows(l: &Loader, b: &flowgate::loader::Batch) -> Vec<(String, String, i64)> {
+    let (names, t, lengths) = rows(l, b);
+    assert_eq!(
+        t as i64,
+        *lengths.iter().max().unwrap(),
+        "padded to the longest"
+    );
+    let texts = b.field("text").expect("the transcripts");
+    names
+        .iter()
+        .zip(texts)
+        .zip(lengths)
+        .map(|((name, text), len)| {
+            let key = name.rsplit(':').next().unwrap().to_owned();
+            let flowgate::dataset::FieldValue::Text(text) = text else {
+                panic!("{name}: a transcript, not {text:?}")
+            };
+            (key, text.clone(), len)
+        })
+        .collect()
+}
+
+/// Speech shards (FLAC + transcript) batched by audio length: each row's transcript and
+/// label are its own clip's (its decoded length is the one its header declares), every good
+/// clip once across 3 ranks with equal batch counts, the corrupt clip and the one without a
+/// transcript left out of their batches and counted by name; an epoch interrupted mid-way
+/// resumes to exactly the rest, still aligned.
+#[test]
+fn speech_shards_batch_by_length_with_each_transcript_beside_its_clip() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("speech-shards");
+    let (pattern, durations) = speech_shards(&dir, true);
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut counts = Vec::new();
+    let mut failed = Vec::new();
+    for rank in 0..3 {
+        let mut l = speech_loader(&pattern, rank, 3);
+        let batches: Vec<_> = l.epoch().unwrap().map(Result::unwrap).collect();
+        for b in &batches {
+            let labels = b.label_values().unwrap();
+            for ((key, text, len), label) in speech_rows(&l, b).into_iter().zip(labels) {
+                assert_eq!(text, transcript(&key), "the transcript of {key}");
+                assert_eq!(format!("utt{label:04}"), key, "the label of {key}");
+                let declared = durations[&key] * RATE as f64;
+                assert!((len as f64 - declared).abs() <= 1.0, "{key}: {len} samples");
+                *seen.entry(key).or_default() += 1;
+            }
+        }
+        counts.push(batches.len());
+        let f = l.watch().failures(Some(0));
+        assert_eq!(l.stats().failures, f.len() as u64, "each counted");
+        failed.extend(f.into_iter().map(|f| f.item));
+    }
+    assert!(
+        counts.iter().all(|&c| c == counts[0]),
+        "equal batch counts {counts:?}"
+    );
+    assert_eq!(seen.len(), durations.len(), "every good clip");
+    failed.sort();
+    failed.dedup();
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    assert!(failed.iter().any(|f| f.ends_with(":bad")), "{failed:?}");
+    assert!(failed.iter().any(|f| f.ends_with(":untold")), "{failed:?}");
+
+    // One rank, interrupted after 2 batches: the rest, exactly, with its transcripts.
+    let (good, _) = speech_shards(&dir.join("good"), false);
+    let mut first = speech_loader(&good, 0, 1);
+    let (taken, state) = common::take_then_save(&mut first, 2);
+    drop(first);
+    let mut again = speech_loader(&good, 0, 1);
+    again.resume(&state).unwrap();
+    let mut rest = Vec::new();
+    let batches: Vec<_> = again.epoch().unwrap().map(Result::unwrap).collect();
+    for b in batches {
+        for (key, text, _) in speech_rows(&again, &b) {
+            assert_eq!(text, transcript(&key));
+        }
+        rest.extend(b.items.iter().map(|m| m.index));
+    }
+    let mut all = [taken.clone(), rest].concat();
+    all.sort_unstable();
+    assert_eq!(
+        all,
+        (0..durations.len()).collect::<Vec<_>>(),
+        "each clip once"
+    );
+    assert!(!taken.is_empty());
+}
+
+/// Length-aware batches plan from every clip before the first epoch: sources that cannot be
+/// read that way are refused when built, naming what can.
+#[test]
+fn length_batches_refuse_a_mixture() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("speech-mix");
+    let (pattern, _) = speech_shards(&dir, false);
+    let recipe = Recipe::audio(AudioRecipe::default()).unwrap();
+    let mix = Source::mix(
+        [Source::shards(&pattern), Source::shards(&pattern)],
+        [1.0, 2.0],
+    );
+    let dataset = Dataset::builder(mix).build().unwrap();
+    let e = Loader::builder(dataset, recipe)
+        .length_batches(CAP, 5)
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("not S3 nor a mixture"), "{e}");
+}
+
+/// Loose clips with their transcripts beside them (`a.flac` + `a.txt`) in length-aware
+/// batches: each row's transcript is its own file's.
+#[test]
+fn loose_clips_carry_the_transcripts_beside_them() {
+    use flowgate::dataset::{FieldSpec, FieldValue};
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("speech-loose");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let paths = clips();
+    for (i, p) in paths.iter().enumerate().take(13) {
+        let key = format!("utt{i:04}");
+        std::fs::copy(p, dir.join(format!("{key}.flac"))).unwrap();
+        std::fs::write(dir.join(format!("{key}.txt")), transcript(&key)).unwrap();
+    }
+    let recipe = Recipe::audio(AudioRecipe {
+        samples: (CAP * RATE as f64) as usize,
+        ..AudioRecipe::default()
+    })
+    .unwrap();
+    let source = Source::dir(&dir)
+        .extensions(["flac"])
+        .extra_fields([FieldSpec::new("text", "txt")]);
+    let dataset = Dataset::builder(source).shuffle(2).build().unwrap();
+    let mut l = Loader::builder(dataset, recipe)
+        .length_batches(CAP, 3)
+        .build()
+        .unwrap();
+    let batches: Vec<_> = l.epoch().unwrap().map(Result::unwrap).collect();
+    let mut n = 0;
+    for b in &batches {
+        for (m, text) in b.items.iter().zip(b.field("text").unwrap()) {
+            let path = l.path_of(m);
+            let key = Path::new(&path).file_stem().unwrap().to_str().unwrap();
+            assert_eq!(text, &FieldValue::Text(transcript(key)), "{path}");
+            n += 1;
+        }
+    }
+    assert_eq!(n, 13);
+}

@@ -175,7 +175,22 @@ class ImageLoader(_Loader):
     optional field is missing). A sample without a required field, or whose field is not
     what its kind reads (text that is not UTF-8, JSON that does not parse), is a failed item
     (skipped and counted, or fatal, as ``skip_errors`` says). For :class:`Shards`,
-    :class:`Parquet` and :class:`Mix` (each source reads the fields), not loose files.
+    :class:`Parquet`, :class:`Mix` (each source reads the fields) and loose files (from the
+    files beside each: ``a.jpg`` reads ``"txt"`` from ``a.txt``).
+
+    ``map``: a function run on every decoded item, on a stage of the loader's own (``"map"``
+    in ``stats()["stages"]``, its threads sized by the tuner): it gets the item as a dict —
+    the media under the batch's names (``"image"``: a zero-copy :class:`Batch`, ``np.asarray``
+    it), ``"label"`` where there are labels, ``"index"`` and ``"epoch"`` (seed what it draws
+    with them, for ``state_dict`` to resume to the same items), and each field — and returns
+    the dict: arrays (NumPy, torch on the CPU; ``uint8``, ``float32`` or ``int64``) become the
+    item's media, of one shape per batch; other values its fields (``None``, ``int``, ``str``,
+    ``bytes``, or anything JSON holds: lists, dicts, floats, arrays through ``tolist()``).
+    ``map_fields``: names of fields it adds (``None`` until it sets them): ``map=lambda s:
+    {**s, "tokens": tok(s["caption"])}, map_fields=["tokens"]``. An exception is the item's
+    failure (skipped and counted, or fatal). Each call holds the GIL: code that releases it
+    (NumPy, PIL, tokenizers) runs on several threads at once, pure Python on about one core;
+    ``stats()["gil"]`` says which. Not with length-aware batches or ``remote=``.
 
     ``output``: ``"batch"`` (:class:`Batch`, zero-copy to NumPy and DLPack), ``"torch"``
     (``torch.Tensor`` objects, zero-copy through DLPack) or ``"numpy"`` (arrays, zero-copy).
@@ -247,6 +262,8 @@ class ImageLoader(_Loader):
         labels: Labels = None,
         return_paths: bool = False,
         fields: Optional[Mapping[str, Any]] = None,
+        map: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
+        map_fields: Sequence[str] = (),
         memory_mb: Optional[float] = None,
         cpu_budget: Union[int, float, str, None] = None,
         device: str = "cpu",
@@ -278,8 +295,11 @@ class AudioLoader(_Loader):
     longer than that is cropped to it. Batches are always ``(audio, lengths, ...)``, ``audio``
     ``B x T`` with ``B`` and ``T`` varying per batch. Each bucket is reshuffled every epoch
     (``seed``), every clip is read once per epoch, ranks get equal batch counts (padded as
-    with files, or cut with ``drop_last``) and ``state_dict`` resumes exactly. Local files
-    only; ``batch_size``, ``seconds`` and ``train`` do not apply."""
+    with files, or cut with ``drop_last``) and ``state_dict`` resumes exactly. From local
+    files, tar shards or Parquet (each sample is read once before the first epoch, for the
+    length its header declares), not S3 nor a :class:`Mix`; each row keeps its own label,
+    path and ``fields=`` (a speech corpus's ``KEY.flac`` beside its ``KEY.txt`` transcript:
+    ``fields={"text": "txt"}``). ``batch_size``, ``seconds`` and ``train`` do not apply."""
 
     def __init__(
         self,
@@ -303,6 +323,8 @@ class AudioLoader(_Loader):
         labels: Labels = None,
         return_paths: bool = False,
         fields: Optional[Mapping[str, Any]] = None,
+        map: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
+        map_fields: Sequence[str] = (),
         memory_mb: Optional[float] = None,
         cpu_budget: Union[int, float, str, None] = None,
         device: str = "cpu",
@@ -348,7 +370,8 @@ class VideoLoader(_Loader):
     longest). Batches are always ``(frames, lengths, ...)``: ``frames`` ``B x T x crop x crop
     x 3`` uint8 (``"nthwc"`` only) with ``B`` and ``T`` varying per batch, ``lengths`` the
     real frames of each clip. Shuffling, ranks and resume work as for
-    :class:`AudioLoader`'s ``max_batch_seconds`` (local files only; no ``audio_seconds``).
+    :class:`AudioLoader`'s ``max_batch_seconds`` (local files, shards or Parquet; no
+    ``audio_seconds``).
 
     Needs the package built with video support (FFmpeg's libraries, which
     ``scripts/setup.sh`` installs): ``MATURIN_PEP517_ARGS="--features video" pip install
@@ -384,6 +407,8 @@ class VideoLoader(_Loader):
         labels: Labels = None,
         return_paths: bool = False,
         fields: Optional[Mapping[str, Any]] = None,
+        map: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
+        map_fields: Sequence[str] = (),
         memory_mb: Optional[float] = None,
         cpu_budget: Union[int, float, str, None] = None,
         device: str = "cpu",

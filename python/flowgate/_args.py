@@ -35,7 +35,8 @@ def _build(args: Dict[str, Any], kind: str, media: Sequence[str]) -> Any:
         dict({k: args[k] for k in media}, kind=kind), labels=_labels(args["labels"]),
         return_paths=args["return_paths"], device=args["device"],
         device_memory_mb=args["device_memory_mb"], reader=args.get("reader"),
-        units=bool(args.get("decodes_units")), fields=args.get("fields"))
+        units=bool(args.get("decodes_units")), fields=args.get("fields"), map=args.get("map"),
+        map_fields=list(args.get("map_fields") or ()))
 
 
 def _rank_and_world(args: Dict[str, Any]) -> Tuple[int, int]:

@@ -99,7 +99,9 @@ IMAGENET_STD: Tuple[float, float, float]
 def loader(paths: Any, settings: Dict[str, Any], media: Dict[str, Any], labels: Any = ...,
            return_paths: bool = ..., device: str = ..., device_memory_mb: Optional[float] = ...,
            reader: Optional[Tuple[int, int]] = ..., units: bool = ...,
-           fields: Optional[Dict[str, Any]] = ...) -> Loader: ...
+           fields: Optional[Dict[str, Any]] = ...,
+           map: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = ...,
+           map_fields: Optional[List[str]] = ...) -> Loader: ...
 def _join_closing() -> None: ...
 def skip_part(part: str, error: BaseException) -> None:
     """From a Pipeline stage's function: the part named ``part`` failed with ``error`` and was

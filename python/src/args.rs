@@ -72,7 +72,7 @@ fn data(v: &Bound<'_, PyAny>) -> PyResult<Value> {
 /// `{"kind": "image", "crop": 224, ...}`) says.
 #[pyfunction]
 #[pyo3(signature = (paths, settings, media, labels=None, return_paths=false, device="cpu",
-    device_memory_mb=None, reader=None, units=false, fields=None))]
+    device_memory_mb=None, reader=None, units=false, fields=None, map=None, map_fields=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn loader(
     paths: &Bound<'_, PyAny>,
@@ -85,6 +85,8 @@ pub(crate) fn loader(
     reader: Option<(usize, usize)>,
     units: bool,
     fields: Option<&Bound<'_, PyAny>>,
+    map: Option<Py<PyAny>>,
+    map_fields: Option<Vec<String>>,
 ) -> PyResult<Loader> {
     let py = paths.py();
     let invalid = |e: flowgate::loader::SettingsError| PyValueError::new_err(e.to_string());
@@ -111,7 +113,47 @@ pub(crate) fn loader(
     // Opening reads listings, manifests and footers (on S3: requests, retries): without
     // the GIL, so the process's other threads run meanwhile.
     let dataset = crate::lifecycle::released(py, move || dataset.build()).map_err(open_error)?;
+    let map_fields = map_fields.unwrap_or_default();
+    let keys = crate::map::Keys {
+        media: names.media.clone(),
+        label: dataset.has_labels(),
+        fields: dataset
+            .extra_fields()
+            .iter()
+            .map(|f| f.name.clone())
+            .chain(map_fields.iter().cloned())
+            .collect(),
+    };
     let mut b = settings.builder(dataset, recipe, &media).map_err(invalid)?;
+    let mut gil = None;
+    match map {
+        Some(_) if units => {
+            return Err(PyValueError::new_err(
+                "map= runs on this process's threads; with remote=, the actors decode: map \
+                 the batches in the training process (remote=None)",
+            ))
+        }
+        Some(f) => {
+            if !f.bind(py).is_callable() {
+                return Err(PyValueError::new_err(
+                    "map= must be a function of an item's dict",
+                ));
+            }
+            names.check(&keys.fields, true)?;
+            let clock = std::sync::Arc::new(crate::gil::GilClock::default());
+            gil = Some(std::sync::Arc::clone(&clock));
+            let f = crate::map::python_map(f, keys, clock);
+            b = b
+                .map_items_shared(crate::map::STAGE, Some(f))
+                .map_fields(map_fields);
+        }
+        None if !map_fields.is_empty() => {
+            return Err(PyValueError::new_err(
+                "map_fields: fields added by map=, without one",
+            ))
+        }
+        None => {}
+    }
     if units {
         b = b.decodes_units();
     }
@@ -123,7 +165,9 @@ pub(crate) fn loader(
     }
     let loader = crate::lifecycle::released(py, move || b.build())
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    Loader::new(loader, return_paths, names)
+    let mut loader = Loader::new(loader, return_paths, names)?;
+    loader.gil = gil;
+    Ok(loader)
 }
 
 /// Checks the argument `name` (of a loader or a source) against the library's limits, in its

@@ -31,9 +31,11 @@ mod error;
 mod gil;
 mod lifecycle;
 mod loader;
+mod map;
 mod pipeline;
 mod state;
 mod units;
+mod values;
 
 /// Native threads of this process (for tests: nothing leaks).
 #[pyfunction]

@@ -14,6 +14,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 use crate::batch::Batch;
 use crate::error::to_py;
 use crate::state::{state_from_py, state_to_py};
+use crate::values::field_to_py;
 
 /// How long `_next` waits with the GIL released before it checks for a signal (Ctrl-C).
 pub(crate) const SLICE: std::time::Duration = std::time::Duration::from_millis(50);
@@ -29,8 +30,8 @@ struct Core {
 /// The keys of a batch delivered as a dict (a loader with `fields=`): the media's fields,
 /// then `label` and `path` where asked, then the named fields.
 pub(crate) struct Names {
-    media: Vec<&'static str>,
-    label: bool,
+    pub(crate) media: Vec<&'static str>,
+    pub(crate) label: bool,
     path: bool,
 }
 
@@ -55,63 +56,23 @@ impl Names {
         }
     }
 
-    /// Refuses a field named as a key the batch already has.
-    fn check(&self, fields: &[flowgate::dataset::FieldSpec]) -> PyResult<()> {
+    /// Refuses a field named as a key the batch already has (or a `map=` dict's `index` and
+    /// `epoch`).
+    pub(crate) fn check(&self, fields: &[String], map: bool) -> PyResult<()> {
         let taken = |n: &str| {
-            self.media.contains(&n) || (self.label && n == "label") || (self.path && n == "path")
+            self.media.contains(&n)
+                || (self.label && n == "label")
+                || (self.path && n == "path")
+                || (map && (n == "index" || n == "epoch"))
         };
-        match fields.iter().find(|f| taken(&f.name)) {
+        match fields.iter().find(|f| taken(f)) {
             Some(f) => Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "fields: {:?} is a key the batch already has (its media, \"label\", \"path\")",
-                f.name
+                "fields: {f:?} is a key the batch already has (its media, \"label\", \"path\"; \
+                 with map=, \"index\" and \"epoch\")"
             ))),
             None => Ok(()),
         }
     }
-}
-
-/// A field's value as Python's: `str`, a parsed JSON value, `int`, `bytes`, or `None` for an
-/// optional field a sample lacks.
-fn field_to_py<'py>(
-    py: Python<'py>,
-    v: &flowgate::dataset::FieldValue,
-) -> PyResult<Bound<'py, PyAny>> {
-    use flowgate::dataset::FieldValue;
-    Ok(match v {
-        FieldValue::Text(t) => t.into_pyobject(py)?.into_any(),
-        FieldValue::Json(j) => json_to_py(py, j)?,
-        FieldValue::Int(i) => i.into_pyobject(py)?.into_any(),
-        FieldValue::Bytes(b) => pyo3::types::PyBytes::new(py, b).into_any(),
-        FieldValue::Missing => py.None().into_bound(py),
-    })
-}
-
-fn json_to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
-    use serde_json::Value;
-    Ok(match v {
-        Value::Null => py.None().into_bound(py),
-        Value::Bool(b) => pyo3::types::PyBool::new(py, *b).to_owned().into_any(),
-        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
-            (Some(i), _) => i.into_pyobject(py)?.into_any(),
-            (None, Some(u)) => u.into_pyobject(py)?.into_any(),
-            _ => n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any(),
-        },
-        Value::String(s) => s.into_pyobject(py)?.into_any(),
-        Value::Array(a) => PyList::new(
-            py,
-            a.iter()
-                .map(|x| json_to_py(py, x))
-                .collect::<PyResult<Vec<_>>>()?,
-        )?
-        .into_any(),
-        Value::Object(o) => {
-            let d = PyDict::new(py);
-            for (k, x) in o {
-                d.set_item(k, json_to_py(py, x)?)?;
-            }
-            d.into_any()
-        }
-    })
 }
 
 /// A native loader; see `flowgate.ImageLoader` and `flowgate.AudioLoader`.
@@ -132,6 +93,8 @@ pub(crate) struct Loader {
     sim_log: Option<flowgate::device::SimLog>,
     /// The Prometheus endpoint (`metrics_port=`), while it serves.
     metrics: Mutex<Option<flowgate::prometheus::Endpoint>>,
+    /// With `map=`: its calls' clock (`stats()["gil"]`).
+    pub(crate) gil: Option<std::sync::Arc<crate::gil::GilClock>>,
     /// The disk caches of tar shards on S3 it reads (`stats()["shard_caches"]`).
     #[cfg(feature = "s3")]
     shard_caches: Vec<std::sync::Arc<flowgate::dataset::shards::ShardCache>>,
@@ -154,6 +117,16 @@ impl Drop for Loader {
             }
             return;
         }
+        if crate::lifecycle::on_pipeline_thread() {
+            // Freed by the garbage collector during a `map=` call on one of its own threads,
+            // which cannot join itself: stopped from a thread of its own, which exit joins.
+            // SAFETY: `core` is not used again: this is the loader's drop.
+            let core = unsafe { ManuallyDrop::take(&mut self.core) };
+            crate::lifecycle::drop_elsewhere(
+                core.into_inner().unwrap_or_else(|p| p.into_inner()).loader,
+            );
+            return;
+        }
         if !crate::EXITING.load(std::sync::atomic::Ordering::SeqCst) {
             let core = self.core.get_mut().unwrap_or_else(|p| p.into_inner());
             // SAFETY: a pyclass is dropped by its type's deallocation, with the GIL held.
@@ -173,11 +146,11 @@ impl Loader {
     ) -> PyResult<Self> {
         #[cfg(feature = "s3")]
         let shard_caches = loader.dataset().shard_caches();
-        let fields = loader.extra_fields();
+        let fields = loader.field_names();
         // Labels a mixture's sources name themselves count too.
         let mut names = names;
         names.label |= loader.dataset().has_labels();
-        names.check(fields)?;
+        names.check(fields, false)?;
         let names = (!fields.is_empty()).then_some(names);
         Ok(Self {
             names,
@@ -192,6 +165,7 @@ impl Loader {
             })),
             pid: std::process::id(),
             metrics: Mutex::new(None),
+            gil: None,
             #[cfg(feature = "s3")]
             shard_caches,
         })
@@ -369,6 +343,10 @@ impl Loader {
         // Items read again to make up batches lost to skipped ones (`fill_skipped`).
         d.set_item("filled", self.watch.filled())?;
         d.set_item("consumer_wait_s", s.consumer_wait.as_secs_f64())?;
+        // With map=: what its Python calls took, and whether the GIL held its threads back.
+        if let Some(g) = &self.gil {
+            d.set_item("gil", g.to_py(py)?)?;
+        }
         // The budget everything the loader holds stays within, and where it came from (set,
         // or the default from the host's or the container's memory).
         if let Some(m) = &s.memory_budget {

@@ -99,3 +99,117 @@ def test_video_batches_by_frames_cover_each_clip_once_under_the_cap(videos):
     with pytest.raises(ValueError, match="nthwc"):
         flowgate.VideoLoader(videos / "video.txt", fps=2.0, max_batch_frames=cap,
                              layout="ncthw")
+
+
+def transcript(key):
+    return f"what {key} says, naïvely"
+
+
+def speech_shards(clips, out, faults=False, per_shard=7):
+    """A speech corpus as WebDataset shards: KEY.flac, KEY.txt (a transcript naming KEY);
+    with `faults`, one clip whose frames are zeros and one without its transcript.
+    Returns the pattern and each good key's length in samples (its header's)."""
+    import io
+    import tarfile
+    files = open(clips).read().split()
+    samples, keys = [], []
+    for i, f in enumerate(files):
+        key = f"utt{i:04d}"
+        keys.append(key)
+        samples.append([(f"{key}.flac", pathlib.Path(f).read_bytes()),
+                        (f"{key}.txt", transcript(key).encode())])
+    if faults:
+        good = pathlib.Path(files[0]).read_bytes()
+        samples.insert(5, [("bad.flac", good[:200] + b"\x00" * 4000),
+                           ("bad.txt", transcript("bad").encode())])
+        samples.insert(13, [("untold.flac", good)])
+    out.mkdir(parents=True, exist_ok=True)
+    count = 0
+    for s in range(0, len(samples), per_shard):
+        with tarfile.open(out / f"sp-{count:02d}.tar", "w") as tar:
+            for members in samples[s:s + per_shard]:
+                for name, body in members:
+                    info = tarfile.TarInfo(name)
+                    info.size = len(body)
+                    tar.addfile(info, io.BytesIO(body))
+        count += 1
+    return f"{out}/sp-{{00..{count - 1:02d}}}.tar", dict(zip(keys, files))
+
+
+def speech_rows(batch):
+    """(key, transcript, length) per row, checking each transcript is its clip's."""
+    assert set(batch) == {"audio", "lengths", "path", "text"}
+    a, n = np.asarray(batch["audio"]), np.asarray(batch["lengths"])
+    assert a.shape[0] == len(n) == len(batch["path"]) == len(batch["text"])
+    assert a.shape[0] * a.shape[1] <= CAP * RATE and a.shape[1] == n.max()
+    out = []
+    for path, text, k in zip(batch["path"], batch["text"], n):
+        key = path.rsplit(":", 1)[1]
+        assert text == transcript(key), (path, text)
+        out.append((key, text, int(k)))
+    return out
+
+
+def speech_loader(src, **kw):
+    return flowgate.AudioLoader(src, max_batch_seconds=CAP, buckets=5, return_paths=True,
+                                fields={"text": "txt"}, seed=4, **kw)
+
+
+def test_speech_shards_batch_by_length_with_each_transcript_beside_its_clip(clips, tmp_path):
+    """FLAC + transcript shards in length-aware batches: each row's transcript is its clip's
+    and its length is the one that clip's file gives alone; every good clip once across 3
+    ranks (equal batch counts), the corrupt clip and the one without a transcript counted by
+    name; resumed exactly from a mid-epoch state_dict, still aligned."""
+    pattern, files = speech_shards(clips, tmp_path / "faults", faults=True)
+    alone = {}
+    for audio, lengths, paths in flowgate.AudioLoader(clips, max_batch_seconds=CAP,
+                                                      return_paths=True):
+        alone.update(zip(paths, np.asarray(lengths).tolist()))
+    seen, counts, failed = Counter(), [], set()
+    for rank in range(3):
+        l = speech_loader(flowgate.Shards(pattern), rank=rank, world_size=3)
+        batches = list(l)
+        counts.append(len(batches))
+        assert len(batches) == len(l)
+        for b in batches:
+            for key, _, k in speech_rows(b):
+                assert k == alone[files[key]], key
+                seen[key] += 1
+        failed |= {item.rsplit(":", 1)[1] for _, item, _ in l.failures()}
+        assert l.stats()["failures"] == len(l.failures())
+    assert len(set(counts)) == 1, counts
+    assert set(seen) == set(files), "every good clip"
+    assert failed == {"bad", "untold"}
+
+    good, _ = speech_shards(clips, tmp_path / "good")
+    whole = [r for b in speech_loader(flowgate.Shards(good)) for r in speech_rows(b)]
+    assert sorted(k for k, _, _ in whole) == sorted(files)
+    first = speech_loader(flowgate.Shards(good))
+    it = iter(first)
+    got = [r for _ in range(2) for r in speech_rows(next(it))]
+    state = first.state_dict()
+    del it
+    again = speech_loader(flowgate.Shards(good))
+    again.load_state_dict(state)
+    got += [r for b in again for r in speech_rows(b)]
+    assert got == whole, "the rest, exactly, in the same batches"
+
+
+def test_speech_parquet_rows_batch_by_length_with_their_text_column(clips, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    files = open(clips).read().split()
+    keys = [f"row{i:03d}" for i in range(len(files))]
+    table = pa.table({"audio": [pathlib.Path(f).read_bytes() for f in files],
+                      "text": [transcript(k) for k in keys], "id": list(range(len(files)))})
+    path = tmp_path / "speech.parquet"
+    pq.write_table(table, path, row_group_size=4)
+    l = flowgate.AudioLoader(flowgate.Parquet(str(path), column="audio"), labels="id",
+                             max_batch_seconds=CAP, buckets=4, fields={"text": "text"})
+    got = []
+    for b in l:
+        assert set(b) == {"audio", "lengths", "label", "text"}
+        for i, text in zip(np.asarray(b["label"]), b["text"]):
+            assert text == transcript(keys[int(i)])
+            got.append(int(i))
+    assert sorted(got) == list(range(len(files)))

@@ -176,9 +176,6 @@ def test_fields_as_torch_and_what_cannot_carry_them_is_refused(shards, tmp_path)
     b = next(iter(loader(flowgate.Shards(shards), output="torch")))
     assert isinstance(b["image"], torch.Tensor) and isinstance(b["label"], torch.Tensor)
     rows({**b, "image": b["image"].numpy(), "label": b["label"].numpy()})
-    (tmp_path / "a.jpg").write_bytes(jpeg(1))
-    with pytest.raises(ValueError, match="fields: not for a directory"):
-        flowgate.ImageLoader(str(tmp_path), fields={"caption": "txt"}, **ARGS)
     with pytest.raises(ValueError, match="is a key the batch already has"):
         loader(flowgate.Shards(shards), fields={"label": "txt"})
     with pytest.raises(ValueError, match="kind must be"):
@@ -206,3 +203,32 @@ def test_a_field_named_as_a_mixtures_label_is_refused(shards, tmp_path):
     with pytest.raises(ValueError, match="is a key the batch already has"):
         flowgate.ImageLoader(flowgate.Mix([flowgate.Shards(shards)], weights=[1.0], draws=8,
                                           labels=["cls"]), fields={"label": "txt"}, **ARGS)
+
+
+def test_loose_files_read_their_fields_from_the_files_beside_them(tmp_path):
+    """A folder of a.jpg + a.txt + a.json (the media's extension replaced by the field's):
+    each image's caption and record are its own, across two ranks; one without its caption
+    is a failed item naming the file looked for, or None when optional."""
+    n = 23
+    for i in range(n):
+        (tmp_path / f"p{i:03d}.jpg").write_bytes(jpeg(i))
+        if i != 4:
+            (tmp_path / f"p{i:03d}.txt").write_text(caption(f"p{i:03d}"))
+        (tmp_path / f"p{i:03d}.json").write_text(json.dumps({"key": f"p{i:03d}"}))
+    seen, failed = [], []
+    for rank in range(2):
+        l = flowgate.ImageLoader(str(tmp_path), fields=FIELDS, return_paths=True, rank=rank,
+                                 world_size=2, **ARGS)
+        for b in l:
+            assert set(b) == {"image", "path", "caption", "meta"}
+            for path, cap, meta in zip(b["path"], b["caption"], b["meta"]):
+                key = path.rsplit("/", 1)[1].split(".")[0]
+                assert cap == caption(key) and meta["key"] == key, (path, cap, meta)
+                seen.append(key)
+        failed += l.failures()
+    assert len(failed) == 1 and "p004.txt" in failed[0][2], failed
+    assert sorted(set(seen)) == [f"p{i:03d}" for i in range(n) if i != 4]
+    optional = flowgate.ImageLoader(str(tmp_path), return_paths=True, fields={
+        "caption": {"from": "txt", "optional": True}}, **ARGS)
+    none = [p for b in optional for p, c in zip(b["path"], b["caption"]) if c is None]
+    assert [p.rsplit("/", 1)[1] for p in none] == ["p004.jpg"]

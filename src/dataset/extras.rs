@@ -1,13 +1,16 @@
 //! A sample's fields besides its media ([`FieldSpec`]): text (a caption, a transcript), JSON
-//! (a record), an integer or raw bytes, read from a tar sample's other members by extension
-//! or a Parquet row's other columns, and delivered beside the batch's media, one value per
-//! item in the batch's order ([`FieldValue`]).
+//! (a record), an integer or raw bytes, read from a tar sample's other members by extension,
+//! a Parquet row's other columns, or files beside a loose media file (sidecars: `a.txt`
+//! beside `a.jpg`, the media's extension replaced by the field's), and delivered beside the
+//! batch's media, one value per item in the batch's order ([`FieldValue`]).
 //!
 //! A field is required unless declared optional: a sample without it (or whose bytes are not
 //! what its kind needs: text that is not UTF-8, JSON that does not parse, an integer that is
 //! not one) is a failed item of the decode stage, skipped and counted or fatal as the
 //! loader's failure policy says; an optional field a sample lacks is
 //! [`FieldValue::Missing`].
+
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -49,7 +52,8 @@ impl FieldKind {
 pub struct FieldSpec {
     /// The field's name in the batch.
     pub name: String,
-    /// Extensions of a tar sample's members (`txt`), or Parquet columns (`caption`).
+    /// Extensions of a tar sample's members or of the files beside a loose file (`txt`), or
+    /// Parquet columns (`caption`).
     pub from: Vec<String>,
     /// What the bytes become.
     pub kind: FieldKind,
@@ -230,14 +234,83 @@ fn value(raw: &RawSample, spec: &FieldSpec) -> Result<FieldValue, ShardError> {
         ext: ext.clone(),
         reason: format!("field {:?}: {reason}", spec.name),
     };
-    let text = || std::str::from_utf8(bytes).map_err(|e| err(format!("not UTF-8 text: {e}")));
-    Ok(match spec.kind {
-        FieldKind::Text => FieldValue::Text(text()?.to_owned()),
-        FieldKind::Json => FieldValue::Json(
-            serde_json::from_slice(bytes).map_err(|e| err(format!("not JSON: {e}")))?,
-        ),
-        FieldKind::Int => FieldValue::Int(raw.parse_label(ext.clone(), bytes)?),
-        FieldKind::Bytes => FieldValue::Bytes(bytes.clone()),
+    match spec.kind {
+        FieldKind::Int => Ok(FieldValue::Int(raw.parse_label(ext.clone(), bytes)?)),
+        kind => parse(kind, bytes.clone()).map_err(err),
+    }
+}
+
+/// The values of `specs` from the files beside the loose media file `media` (sidecars:
+/// `media`'s extension replaced by each of a field's, the first that exists wins; names as
+/// given, as case sensitive as the file system).
+pub(crate) fn read_sidecars(
+    media: &Path,
+    specs: &[FieldSpec],
+) -> Result<Vec<FieldValue>, ShardError> {
+    let mut out = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let err = |reason: String| ShardError::Sidecar {
+            media: media.to_path_buf(),
+            field: spec.name.clone(),
+            reason,
+        };
+        let mut found = None;
+        for ext in &spec.from {
+            let path = media.with_extension(ext.trim_start_matches('.'));
+            match std::fs::read(&path) {
+                Ok(bytes) => {
+                    found = Some((path, bytes));
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(err(format!("{}: {e}", path.display()))),
+            }
+        }
+        out.push(match found {
+            Some((path, bytes)) => {
+                parse(spec.kind, bytes).map_err(|r| err(format!("{}: {r}", path.display())))?
+            }
+            None if spec.optional => FieldValue::Missing,
+            None => {
+                let looked: Vec<String> = spec
+                    .from
+                    .iter()
+                    .map(|e| {
+                        media
+                            .with_extension(e.trim_start_matches('.'))
+                            .display()
+                            .to_string()
+                    })
+                    .collect();
+                return Err(err(format!("no file {}", looked.join(" or "))));
+            }
+        });
+    }
+    Ok(out)
+}
+
+/// A field's bytes as its kind says, or what is wrong with them.
+fn parse(kind: FieldKind, bytes: Vec<u8>) -> Result<FieldValue, String> {
+    let text = |b: &[u8]| -> Result<String, String> {
+        std::str::from_utf8(b)
+            .map(str::to_owned)
+            .map_err(|e| format!("not UTF-8 text: {e}"))
+    };
+    Ok(match kind {
+        FieldKind::Text => FieldValue::Text(text(&bytes)?),
+        FieldKind::Json => {
+            FieldValue::Json(serde_json::from_slice(&bytes).map_err(|e| format!("not JSON: {e}"))?)
+        }
+        FieldKind::Int => {
+            let t = text(&bytes).map_err(|_| "an integer that is not text".to_owned())?;
+            FieldValue::Int(t.trim().parse().map_err(|_| {
+                format!(
+                    "{:?} is not an integer",
+                    t.chars().take(40).collect::<String>()
+                )
+            })?)
+        }
+        FieldKind::Bytes => FieldValue::Bytes(bytes),
     })
 }
 

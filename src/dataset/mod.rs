@@ -77,11 +77,13 @@ pub struct Dataset {
 
 #[derive(Clone, Debug)]
 enum Kind {
-    /// Local files, with a label per file (in the files' order) if it has labels.
+    /// Local files, with a label per file (in the files' order) if it has labels, and the
+    /// fields read from the files beside each.
     Files {
         files: Files,
         labels: Option<Arc<[i64]>>,
         classes: Option<Arc<[String]>>,
+        extras: Arc<[FieldSpec]>,
     },
     /// Tar shards or Parquet rows: each sample's first field among `media` is decoded; with
     /// `label`, that field is read as its label.
@@ -232,12 +234,25 @@ impl Dataset {
         }
     }
 
+    /// Whether every item is read by its position from this machine's disk, without a
+    /// download (local files, tar shards or Parquet; not S3, not a mixture, whose draws
+    /// change per epoch): what planning over every item before an epoch needs (length-aware
+    /// batches read each clip's declared length first).
+    pub fn reads_locally(&self) -> bool {
+        match &self.kind {
+            Kind::Files { .. } => true,
+            Kind::Records { records, .. } => records.is_local(),
+            _ => false,
+        }
+    }
+
     /// The fields besides the media each item carries ([`Item::extras`]), in order.
     pub fn extra_fields(&self) -> &[FieldSpec] {
         match &self.kind {
-            Kind::Records { extras, .. } => extras,
+            Kind::Records { extras, .. } | Kind::Files { extras, .. } => extras,
             Kind::Mix { parts, .. } => parts.first().map_or(&[], |p| p.extra_fields()),
-            _ => &[],
+            #[cfg(feature = "s3")]
+            Kind::Objects { .. } => &[],
         }
     }
 
@@ -364,11 +379,19 @@ impl Dataset {
     /// here with a blocking GET; a loader fetches them on its I/O stage instead.)
     pub fn read(&self, index: usize, epoch: u64) -> Result<Item, ShardError> {
         match &self.kind {
-            Kind::Files { files, labels, .. } => Ok(Item {
-                input: Input::Path(files.paths()[index].clone()),
-                label: labels.as_ref().map(|l| l[index]),
-                extras: Vec::new(),
-            }),
+            Kind::Files {
+                files,
+                labels,
+                extras,
+                ..
+            } => {
+                let path = &files.paths()[index];
+                Ok(Item {
+                    extras: extras::read_sidecars(path, extras)?,
+                    input: Input::Path(path.clone()),
+                    label: labels.as_ref().map(|l| l[index]),
+                })
+            }
             Kind::Records {
                 records,
                 media,

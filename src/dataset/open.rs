@@ -109,21 +109,20 @@ pub(super) fn open(
 }
 
 /// The fields besides the media a source is asked for: checked, and only where a sample has
-/// other members (tar shards) or columns (Parquet).
+/// other members (tar shards), columns (Parquet) or files beside it (local files).
 fn extras(source: &Source) -> Result<Vec<FieldSpec>, PipelineError> {
     if source.extras.is_empty() {
         return Ok(Vec::new());
     }
     super::extras::check(&source.extras).map_err(PipelineError::config)?;
     match source.kind {
-        SourceKind::Shards { .. } | SourceKind::Parquet { .. } | SourceKind::Mix { .. } => {
-            Ok(source.extras.clone())
-        }
-        _ => Err(PipelineError::config(format!(
-            "fields: not for {}: fields are read from a tar sample's other members or a \
-             Parquet row's other columns",
+        #[cfg(feature = "s3")]
+        SourceKind::Objects { .. } => Err(PipelineError::config(format!(
+            "fields: not for {}: fields are read from a tar sample's other members, a \
+             Parquet row's other columns or the files beside a local file",
             source.kind_name()
         ))),
+        _ => Ok(source.extras.clone()),
     }
 }
 
@@ -225,6 +224,7 @@ fn files(source: &Source, order: EpochOrder, extensions: &[String]) -> Result<Ki
         files: order.apply(files)?,
         labels: labels.map(Into::into),
         classes: classes.map(Into::into),
+        extras: extras(source)?.into(),
     })
 }
 

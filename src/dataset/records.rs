@@ -52,6 +52,15 @@ impl Records {
         }
     }
 
+    /// Whether every shard or Parquet file is local (none on S3).
+    pub(crate) fn is_local(&self) -> bool {
+        match self {
+            Records::Tar(s) => s.is_local(),
+            #[cfg(feature = "parquet")]
+            Records::Parquet(p) => p.is_local(),
+        }
+    }
+
     /// Samples in the whole dataset (every rank's).
     pub(crate) fn len(&self) -> usize {
         match self {

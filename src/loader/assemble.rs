@@ -49,6 +49,50 @@ impl LoaderBuilder {
                 PipelineError::config(format!("joining the node's CPU budget ({budget:?}): {e}"))
             })?;
         }
+        if let (Some((stage, _)), Some(_)) = (&self.map, self.lengths) {
+            return Err(PipelineError::config(format!(
+                "{stage}: a per-item function is not for length-aware batches (their items are \
+                 whole batches)"
+            )));
+        }
+        if !self.map_fields.is_empty() && self.map.is_none() {
+            return Err(PipelineError::config(
+                "map_fields: fields added by a per-item function, without one (map_items)",
+            ));
+        }
+        let mut names: Vec<&str> = self
+            .dataset
+            .extra_fields()
+            .iter()
+            .map(|f| f.name.as_str())
+            .collect();
+        for n in &self.map_fields {
+            if n.is_empty() || names.contains(&n.as_str()) {
+                return Err(PipelineError::config(format!(
+                    "map_fields: {n:?} is empty or named twice (the dataset's fields: {names:?})"
+                )));
+            }
+            names.push(n);
+        }
+        if let Some((stage, _)) = &self.map {
+            if [
+                "source",
+                "decode",
+                "aggregate",
+                "collate",
+                "upload",
+                "sink",
+                "fetch",
+            ]
+            .contains(&stage.as_str())
+                || stage.is_empty()
+            {
+                return Err(PipelineError::config(format!(
+                    "map_items: {stage:?} names one of the loader's own stages; name the \
+                     function's stage otherwise"
+                )));
+            }
+        }
         if self.decoder.lengths && !self.decoder.recipe.has_length() {
             return Err(PipelineError::config(
                 "lengths are for audio and video recipes",
@@ -108,15 +152,12 @@ impl LoaderBuilder {
                 && !self.units,
             reader: self.reader,
         };
+        let added = self.map_fields.clone();
         let make = make(self, plan.clone(), batch_size, failures.clone());
-        Ok(Loader::from_parts(
-            make,
-            plan,
-            batches_per_epoch,
-            failures,
-            sim_log,
-            batching,
-        ))
+        let mut loader =
+            Loader::from_parts(make, plan, batches_per_epoch, failures, sim_log, batching);
+        loader.field_names = loader.field_names.iter().cloned().chain(added).collect();
+        Ok(loader)
     }
 }
 
@@ -157,6 +198,7 @@ pub(super) fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: Fa
         .extra_fields()
         .iter()
         .map(|f| f.name.clone())
+        .chain(b.map_fields.iter().cloned())
         .collect();
     let batch_bytes = b.batch_bytes();
     let decoder = Arc::new(b.decoder);
@@ -189,6 +231,45 @@ pub(super) fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: Fa
         // And decodes with the recipe's threads per item, which the tuner sets there.
         if let Some(t) = threads.clone() {
             p = p.item_threads(t);
+        }
+        // The user's per-item function: a stage of its own, sized by the tuner.
+        if let Some((stage, f)) = &b.map {
+            let f = Arc::clone(f);
+            let (added, fields) = (b.map_fields.len(), names.len());
+            p = p
+                .pipe(
+                    stage,
+                    move |d: Decoded| {
+                        let Decoded {
+                            fields: tensors,
+                            mut meta,
+                            rows,
+                        } = d;
+                        meta.extras.extend(std::iter::repeat_n(
+                            crate::dataset::FieldValue::Missing,
+                            added,
+                        ));
+                        let out = f(super::Sample {
+                            fields: tensors,
+                            meta,
+                        })?;
+                        if out.meta.extras.len() != fields {
+                            return Err(format!(
+                                "the per-item function left {} fields besides the media; the \
+                                 loader names {fields}",
+                                out.meta.extras.len()
+                            )
+                            .into());
+                        }
+                        Ok::<_, BoxError>(Decoded {
+                            fields: out.fields,
+                            meta: out.meta,
+                            rows,
+                        })
+                    },
+                    Workers::auto(),
+                )
+                .measure(Decoded::nbytes);
         }
         // The decoded items waiting to be batched start at one batch's worth (the engine's
         // default is four): the aggregate takes each at once, and a buffer the consumer waits

@@ -10,8 +10,7 @@ use crate::{DType, Tensor};
 /// Where one item of a batch came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ItemMeta {
-    /// Its position in the dataset (for a length-aware batch, the file's index in the
-    /// dataset's files).
+    /// Its position in the dataset.
     pub index: usize,
     /// The epoch it was read in.
     pub epoch: u64,
@@ -99,13 +98,31 @@ impl Batch {
     }
 }
 
+/// One decoded item as a loader's per-item function sees it
+/// ([`LoaderBuilder::map_items`](super::LoaderBuilder::map_items)): its tensors (the media,
+/// and its length or audio track where the loader gives them), and where it came from, with
+/// its label and fields besides the media. The function may replace any of them; the
+/// tensors of a batch's items must keep one shape and dtype per field, to be stacked.
+#[derive(Debug)]
+pub struct Sample {
+    /// Its tensors, in the recipe's order ([`Batch::fields`]).
+    pub fields: Vec<Tensor>,
+    /// Its origin, label and fields besides the media (the index and epoch seed what a
+    /// function draws at random, for a resume to give the same items).
+    pub meta: ItemMeta,
+}
+
+/// A per-item function run on a stage of its own after decoding (see
+/// [`LoaderBuilder::map_items`](super::LoaderBuilder::map_items)).
+pub type MapItems = std::sync::Arc<dyn Fn(Sample) -> Result<Sample, crate::BoxError> + Send + Sync>;
+
 /// One decoded item on its way to a batch: its fields, its origin, and for a length-aware
-/// batch (an item that is a whole batch) the file indices its rows hold, with their labels.
+/// batch (an item that is a whole batch) the origin of each of its rows.
 #[derive(Debug)]
 pub(crate) struct Decoded {
     pub(crate) fields: Vec<Tensor>,
     pub(crate) meta: ItemMeta,
-    pub(crate) rows: Option<Vec<(usize, Option<i64>)>>,
+    pub(crate) rows: Option<Vec<ItemMeta>>,
 }
 
 impl Decoded {
@@ -117,7 +134,7 @@ impl Decoded {
 /// Stacks each field of the items into one batch tensor (into memory from `alloc`, pinned
 /// when the loader uploads), keeping where the items came from; adds the labels when
 /// `labels`. A length-aware batch is one item whose fields come stacked as `[1, ...]` and
-/// whose rows are the files it kept: unstacked here, one origin per row.
+/// whose rows are the clips it kept: unstacked here, one origin per row.
 pub(crate) fn collate(
     items: Vec<Decoded>,
     alloc: Option<&HostAlloc>,
@@ -133,12 +150,12 @@ pub(crate) fn collate(
     for d in items {
         fields.push(d.fields);
         if let Some(rows) = d.rows {
-            whole = Some((d.meta.epoch, rows));
+            whole = Some(rows);
         }
         metas.push(d.meta);
     }
     let mut fields = collate_fields_with(&fields, new)?;
-    if let (Some((epoch, rows)), 1) = (whole, metas.len()) {
+    if let (Some(rows), 1) = (whole, metas.len()) {
         fields = fields
             .into_iter()
             .map(|t| {
@@ -146,15 +163,7 @@ pub(crate) fn collate(
                 t.reshaped(&shape)
             })
             .collect();
-        metas = rows
-            .into_iter()
-            .map(|(index, label)| ItemMeta {
-                index,
-                epoch,
-                label,
-                extras: Vec::new(),
-            })
-            .collect();
+        metas = rows;
     }
     let labels = labels.then(|| {
         let v: Vec<i64> = metas

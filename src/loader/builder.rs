@@ -77,6 +77,9 @@ pub struct LoaderBuilder {
     pub(super) order: Order,
     pub(super) checkpoint_fields: Vec<(String, String)>,
     pub(super) cpu_budget: Option<crate::CpuBudget>,
+    pub(super) map: Option<(String, super::MapItems)>,
+    /// Fields the per-item function adds (after the dataset's).
+    pub(super) map_fields: Vec<String>,
 }
 
 impl std::fmt::Debug for LoaderBuilder {
@@ -122,6 +125,8 @@ impl LoaderBuilder {
             order: DEFAULT_ORDER,
             checkpoint_fields: Vec::new(),
             cpu_budget: None,
+            map: None,
+            map_fields: Vec::new(),
         }
     }
 
@@ -232,8 +237,42 @@ impl LoaderBuilder {
         self
     }
 
-    /// Length-aware batches: the dataset's files (local files only) planned by the lengths
-    /// their containers declare into batches of similar lengths, each at most `cap` padded
+    /// Runs `f` on every decoded item, on a stage of its own named `stage` after the decode
+    /// stage (tokenizing a caption, an augmentation the recipe lacks, a feature computed
+    /// from the media): its workers are sized by the tuner like the decode stage's, it
+    /// appears in [`stats`](super::Loader::stats) under its name, and the memory budget
+    /// counts the items it holds. An error (or a panic) is that item's failure in the stage:
+    /// skipped and counted, or fatal, as the failure budget says. For a checkpoint to resume
+    /// to the same items, `f` must be a pure function of the sample: what it draws at random
+    /// seeded by the sample's index and epoch (`sample.meta`). Not with length-aware batches
+    /// (their items are whole batches).
+    pub fn map_items(
+        mut self,
+        stage: &str,
+        f: impl Fn(super::Sample) -> Result<super::Sample, crate::BoxError> + Send + Sync + 'static,
+    ) -> Self {
+        self.map = Some((stage.to_owned(), Arc::new(f)));
+        self
+    }
+
+    /// Fields the per-item function adds to each item, after the dataset's
+    /// ([`Batch::field`](super::Batch::field) gives them by name): each item reaches the
+    /// function with them [`Missing`](crate::dataset::FieldValue::Missing) at the end of
+    /// `sample.meta.extras`, for it to set (tokenizing a caption into a field of its own).
+    pub fn map_fields(mut self, names: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.map_fields = names.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// [`map_items`](Self::map_items) with a function already shared (`None`: no stage).
+    pub fn map_items_shared(mut self, stage: &str, f: Option<super::MapItems>) -> Self {
+        self.map = f.map(|f| (stage.to_owned(), f));
+        self
+    }
+
+    /// Length-aware batches: the dataset's clips (local files, tar shards or Parquet) planned by the lengths
+    /// their containers declare (read once, when the loader is built) into batches of similar
+    /// lengths, each at most `cap` padded
     /// units (audio: seconds, video: frames), over `buckets` length buckets; each batch padded
     /// to its longest clip, with the lengths as a second field. A clip longer than the
     /// recipe's window is cropped to it (give an audio recipe a window of `cap` seconds).

@@ -1,17 +1,20 @@
-//! Length-aware batches: a dataset's files planned into batches of similar lengths from the
+//! Length-aware batches: a dataset's clips planned into batches of similar lengths from the
 //! lengths their containers declare (at most `cap` padded units each: seconds of audio,
-//! frames of video), each batch read and padded to its longest clip as one item. A clip that
-//! fails is left out of its batch and counted as a failed item of the decode stage
-//! ([`skip_part`](crate::skip_part): fatal past the failure budget); a batch whose every clip
-//! failed is one failed item. A file whose container cannot be read when the batches are
-//! planned is planned as an empty clip, so it fails (and is counted) in its batch too.
+//! frames of video), each batch read and padded to its longest clip as one item, with each
+//! clip's label and fields besides the media. The clips are local files, or the samples of
+//! local tar shards or Parquet files (each read once before the first epoch, for its
+//! header). A clip that fails (its media, its label, a field) is left out of its batch and
+//! counted as a failed item of the decode stage ([`skip_part`](crate::skip_part): fatal past
+//! the failure budget); a batch whose every clip failed is one failed item. A clip whose
+//! container cannot be read when the batches are planned is planned as an empty clip, so it
+//! fails (and is counted) in its batch too.
 
 use std::sync::Arc;
 
 use super::batch::{Decoded, ItemMeta};
 use super::decode::Decoder;
-use crate::dataset::{Dataset, Files, Input};
-use crate::media::{MediaError, Recipe};
+use crate::dataset::Dataset;
+use crate::media::Recipe;
 use crate::sampler::{Bucketing, LengthBatches, Sampler};
 use crate::{BoxError, PipelineError};
 
@@ -33,11 +36,10 @@ pub(crate) struct LengthCap {
     pub(crate) buckets: usize,
 }
 
-/// A dataset's files planned into batch slots: slot `i` of an epoch is a whole batch.
+/// A dataset's clips planned into batch slots: slot `i` of an epoch is a whole batch.
 #[derive(Clone, Debug)]
 pub(crate) struct LengthPlan {
-    files: Files,
-    /// The dataset planned (its files' labels and classes).
+    /// The dataset planned: its clips (by dataset index), labels, classes and fields.
     dataset: Dataset,
     plan: Arc<LengthBatches>,
     sampler: Sampler,
@@ -51,12 +53,12 @@ impl LengthPlan {
         recipe: &Recipe,
         cap: LengthCap,
     ) -> Result<Self, PipelineError> {
-        let files = dataset.files().ok_or_else(|| {
-            PipelineError::config(
-                "length-aware batches need local files (a directory, a list or paths), not \
-                 shards, Parquet or a mixture",
-            )
-        })?;
+        if !dataset.reads_locally() {
+            return Err(PipelineError::config(
+                "length-aware batches read each clip's declared length before the first epoch: \
+                 local files, tar shards or Parquet, not S3 nor a mixture",
+            ));
+        }
         if !recipe.has_length() {
             return Err(PipelineError::config(
                 "length-aware batches are for audio and video recipes",
@@ -87,23 +89,7 @@ impl LengthPlan {
                 cap.cap
             )));
         }
-        let mut lengths = Vec::with_capacity(files.len());
-        for p in files.paths() {
-            lengths.push(match recipe.declared_length(p) {
-                Ok(Some(d)) => d,
-                // A file that cannot be read (empty, corrupt, gone) is planned as an empty
-                // clip: its decode fails in its batch and is counted like any bad item (fatal
-                // past the failure budget), instead of ending the run before it starts.
-                Err(_) => 0.0,
-                Ok(None) => {
-                    return Err(PipelineError::config(format!(
-                        "{}: the file does not declare its length, which length-aware \
-                         batches plan with",
-                        p.display()
-                    )))
-                }
-            });
-        }
+        let lengths = declared_lengths(dataset, recipe)?;
         let mut plan = LengthBatches::new(lengths, cap.cap, Bucketing::Quantiles(cap.buckets))?;
         let order = dataset.order();
         let mut sampler = plan.sampler();
@@ -113,7 +99,6 @@ impl LengthPlan {
         // The slots are shuffled and dealt like the dataset's items.
         sampler = order.apply(sampler)?;
         Ok(Self {
-            files: files.clone(),
             dataset: dataset.clone(),
             plan: Arc::new(plan),
             sampler,
@@ -124,13 +109,13 @@ impl LengthPlan {
         &self.sampler
     }
 
-    /// The files (a hash of their paths; their sampler is not used) and the plan.
+    /// What identifies the dataset's clips (its sampler is not used) and the plan.
     pub(crate) fn fingerprint(&self) -> Vec<(&'static str, String)> {
         let mut f: Vec<_> = self
-            .files
+            .dataset
             .fingerprint()
             .into_iter()
-            .filter(|(k, _)| *k == "dataset")
+            .filter(|(k, _)| matches!(*k, "dataset" | "columns" | "fields" | "label_field"))
             .collect();
         f.extend(self.plan.fingerprint());
         f
@@ -139,9 +124,9 @@ impl LengthPlan {
     /// A slot's name in failures: `batch N (K clips: FIRST, ...)`.
     pub(crate) fn name(&self, slot: usize, epoch: u64) -> String {
         let rows = self.plan.batch(epoch, slot);
-        let first = rows.first().map_or_else(String::new, |&i| {
-            self.files.paths()[i].display().to_string()
-        });
+        let first = rows
+            .first()
+            .map_or_else(String::new, |&i| self.dataset.name(i, epoch));
         format!("batch {slot} ({} clips: {first}, ...)", rows.len())
     }
 
@@ -150,14 +135,9 @@ impl LengthPlan {
         &self.dataset
     }
 
-    /// The path of file `index` (a row of a batch).
-    pub(crate) fn path(&self, index: usize) -> String {
-        self.files.paths()[index].display().to_string()
-    }
-
     /// Decodes slot `slot` of `epoch` into one batch padded to its longest clip: `[B, T, ...]`
     /// and the lengths `[B]`, stacked as one item (`[1, B, ...]` after collation, unstacked
-    /// there), with the rows kept.
+    /// there), with the rows kept (each clip's index, label and fields).
     pub(crate) fn load(
         &self,
         slot: usize,
@@ -167,29 +147,37 @@ impl LengthPlan {
         let rows = self.plan.batch(epoch, slot);
         let mut clips = Vec::with_capacity(rows.len());
         let mut kept = Vec::with_capacity(rows.len());
-        let mut failed: Vec<(String, MediaError)> = Vec::new();
+        let mut failed: Vec<(String, BoxError)> = Vec::new();
         for &i in &rows {
-            let path = self.files.paths()[i].clone();
-            match decoder.clip(Input::Path(path.clone()), epoch) {
-                Ok(clip) => {
+            let clip = self
+                .dataset
+                .read(i, epoch)
+                .map_err(BoxError::from)
+                .and_then(|item| {
+                    let clip = decoder.clip(item.input, epoch)?;
+                    Ok((clip, item.label, item.extras))
+                });
+            match clip {
+                Ok((clip, label, extras)) => {
                     clips.push(clip);
-                    let label = match self.dataset.has_labels() {
-                        true => self.dataset.read(i, epoch)?.label,
-                        false => None,
-                    };
-                    kept.push((i, label));
+                    kept.push(ItemMeta {
+                        index: i,
+                        epoch,
+                        label,
+                        extras,
+                    });
                 }
-                Err(e) => failed.push((path.display().to_string(), e)),
+                Err(e) => failed.push((self.dataset.name(i, epoch), e)),
             }
         }
         if clips.is_empty() {
             return Err(match failed.into_iter().next() {
-                Some((_, e)) => Box::new(e),
+                Some((_, e)) => e,
                 None => "a length-aware batch without clips".into(),
             });
         }
-        for (path, e) in failed {
-            crate::skip_part(path, e)?;
+        for (name, e) in failed {
+            crate::skip_part(name, e)?;
         }
         let (batch, lengths) = crate::collate::pad_longest(&clips);
         Ok(Decoded {
@@ -203,4 +191,50 @@ impl LengthPlan {
             rows: Some(kept),
         })
     }
+}
+
+/// Each clip's declared length (the recipe's unit), in dataset order: read from the files'
+/// headers, or from each sample's media bytes (tar shards, Parquet: one read of each sample,
+/// on every core). A clip that cannot be read counts as 0 long (it fails in its batch); one
+/// whose container declares no length is a configuration error naming it.
+fn declared_lengths(dataset: &Dataset, recipe: &Recipe) -> Result<Vec<f64>, PipelineError> {
+    let n = dataset.dataset_len();
+    let length = |i: usize| -> Result<f64, PipelineError> {
+        let declared = match dataset.read(i, 0) {
+            Ok(item) => recipe.declared_length_of(item.input),
+            // Read again (and counted) in its batch.
+            Err(_) => return Ok(0.0),
+        };
+        match declared {
+            Ok(Some(d)) => Ok(d),
+            Err(_) => Ok(0.0),
+            Ok(None) => Err(PipelineError::config(format!(
+                "{}: the clip does not declare its length, which length-aware batches plan with",
+                dataset.name(i, 0)
+            ))),
+        }
+    };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |c| c.get())
+        .clamp(1, 16)
+        .min(n.max(1));
+    let chunk = n.div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = (0..n)
+            .step_by(chunk)
+            .map(|start| {
+                let length = &length;
+                s.spawn(move || {
+                    (start..(start + chunk).min(n))
+                        .map(length)
+                        .collect::<Result<Vec<f64>, _>>()
+                })
+            })
+            .collect();
+        let mut lengths = Vec::with_capacity(n);
+        for p in parts {
+            lengths.extend(p.join().expect("a length reader panicked")?);
+        }
+        Ok(lengths)
+    })
 }

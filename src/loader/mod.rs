@@ -69,7 +69,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use batch::{Batch, ItemMeta};
+pub use batch::{Batch, ItemMeta, MapItems, Sample};
 pub use builder::{LoaderBuilder, DEFAULT_BATCH_SIZE, DEFAULT_ORDER};
 pub use device::{Device, DEFAULT_DEVICE_BYTES, DEFAULT_STAGING_BYTES};
 pub use failures::{SkippedFailure, KEEP_FAILURES};
@@ -100,6 +100,8 @@ enum Plan {
 /// See the [module docs](self) and [`LoaderBuilder`].
 pub struct Loader {
     make: Make,
+    /// [`field_names`](Self::field_names).
+    field_names: Arc<[String]>,
     plan: Plan,
     pipeline: Option<Pipeline<Batch>>,
     /// Whether an epoch is being iterated.
@@ -195,6 +197,14 @@ impl Loader {
         batching: units::Batching,
     ) -> Self {
         Self {
+            field_names: match &plan {
+                Plan::Items(d) => d,
+                Plan::Batches(b) => b.dataset(),
+            }
+            .extra_fields()
+            .iter()
+            .map(|f| f.name.clone())
+            .collect(),
             make,
             plan,
             pipeline: None,
@@ -228,7 +238,7 @@ impl Loader {
         self.len() == 0
     }
 
-    /// The dataset it reads (in length-aware batches: the dataset whose files it plans).
+    /// The dataset it reads (in length-aware batches: the dataset whose clips it plans).
     pub fn dataset(&self) -> &Dataset {
         match &self.plan {
             Plan::Items(d) => d,
@@ -243,20 +253,20 @@ impl Loader {
 
     /// An item's path (or `SHARD:KEY`), for logs and `return_paths`.
     pub fn path_of(&self, item: &ItemMeta) -> String {
-        match &self.plan {
-            Plan::Items(d) => d.name(item.index, item.epoch),
-            // Rows of a length-aware batch are files.
-            Plan::Batches(b) => b.path(item.index),
-        }
+        self.dataset().name(item.index, item.epoch)
     }
 
     /// The fields besides the media each item carries (the source's
     /// [`extra_fields`](crate::dataset::Source::extra_fields)), in order.
     pub fn extra_fields(&self) -> &[crate::dataset::FieldSpec] {
-        match &self.plan {
-            Plan::Items(d) => d.extra_fields(),
-            Plan::Batches(_) => &[],
-        }
+        self.dataset().extra_fields()
+    }
+
+    /// The names of every batch's fields besides the media ([`Batch::field`]): the
+    /// dataset's, then those a per-item function adds
+    /// ([`map_fields`](LoaderBuilder::map_fields)).
+    pub fn field_names(&self) -> &[String] {
+        &self.field_names
     }
 
     /// A handle for other threads: statistics and failures while this one waits.

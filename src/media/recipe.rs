@@ -277,6 +277,28 @@ impl Recipe {
         }
     }
 
+    /// [`declared_length`](Self::declared_length) of a file or of bytes in memory (a tar
+    /// shard's member, a Parquet cell).
+    pub fn declared_length_of(&self, input: crate::blob::Input) -> Result<Option<f64>, MediaError> {
+        use crate::blob::Input;
+        let b = match input {
+            Input::Path(p) => return self.declared_length(&p),
+            Input::Bytes(b) => b,
+        };
+        match &self.kind {
+            #[cfg(feature = "audio")]
+            Kind::Audio(_) => crate::media::audio::duration_of_bytes(b.bytes, &b.path),
+            #[cfg(feature = "video")]
+            Kind::Video(r) => Ok(crate::media::video::duration_of_bytes(&b.bytes, &b.path)?
+                .map(|d| r.planned_frames(d) as f64)),
+            #[allow(unreachable_patterns)]
+            _ => {
+                let _ = b;
+                Ok(None)
+            }
+        }
+    }
+
     /// Whether the recipe's items have a length ([`load_with_length`](Self::load_with_length)).
     pub fn has_length(&self) -> bool {
         match &self.kind {

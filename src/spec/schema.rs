@@ -247,13 +247,13 @@ pub struct BatchSpec {
     /// Drop a last, partial batch.
     #[serde(default)]
     pub drop_last: bool,
-    /// Audio from list or dir sources: length-aware batches instead of `size` clips (see
+    /// Audio from list, dir, tar or parquet sources (local): length-aware batches instead of `size` clips (see
     /// `flowgate::sampler::LengthBatches`): clips of similar declared length, at most this
     /// many padded seconds per batch, padded only to the longest clip (a clip longer than it
     /// is cropped to it); `size` does not apply.
     #[serde(default)]
     pub max_seconds: Option<f64>,
-    /// Video from list or dir sources, with `decode.fps`: length-aware batches of at most
+    /// Video from list, dir, tar or parquet sources (local), with `decode.fps`: length-aware batches of at most
     /// this many padded frames (clips × the longest clip's frames); each clip yields its
     /// frames at `fps` as its declared length allows (at most this many).
     #[serde(default)]

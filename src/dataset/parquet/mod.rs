@@ -373,6 +373,14 @@ impl ParquetRows {
         out
     }
 
+    /// Whether every file is local (none on S3).
+    pub fn is_local(&self) -> bool {
+        self.inner
+            .files
+            .iter()
+            .all(|f| matches!(f.at, Where::Local(_)))
+    }
+
     /// `(file, row group, row in it)` of dataset index `index`.
     pub fn place(&self, index: usize) -> (&Path, usize, usize) {
         let (_, f, rg, row) = self.locate(index);

@@ -145,6 +145,17 @@ pub enum ShardError {
         /// What is wrong.
         reason: String,
     },
+    /// A field read from a file beside a loose media file (`a.txt` beside `a.jpg`) is
+    /// missing or not what its kind needs.
+    #[error("{media}: field {field:?}: {reason}")]
+    Sidecar {
+        /// The media file.
+        media: PathBuf,
+        /// The field's name.
+        field: String,
+        /// What is wrong (naming the file looked for).
+        reason: String,
+    },
     /// A media field did not decode (a `MediaError`, whose path is `SHARD/KEY.EXT`).
     #[error(transparent)]
     Media(Box<dyn std::error::Error + Send + Sync>),
@@ -450,6 +461,14 @@ impl Shards {
             .collect();
         let folder = path.parent().unwrap_or(Path::new(""));
         std::fs::write(path, manifest_json(&list, folder))
+    }
+
+    /// Whether every shard is local (none on S3).
+    pub fn is_local(&self) -> bool {
+        self.inner
+            .shards
+            .iter()
+            .all(|s| matches!(s.body, Body::Local { .. }))
     }
 
     /// The download cache of shards on S3 (`None` for local shards).

@@ -32,7 +32,22 @@ pub fn duration(path: &Path) -> Result<Option<f64>, MediaError> {
         path: path.to_path_buf(),
         source,
     })?;
-    let mss = MediaSourceStream::new(Box::new(file), Default::default());
+    declared_duration(Box::new(file), path)
+}
+
+/// [`duration`] of a clip held in memory (a tar shard's member, a Parquet cell); `path`
+/// names it in errors and gives the format hint by its extension.
+pub fn duration_of_bytes(bytes: Vec<u8>, path: &Path) -> Result<Option<f64>, MediaError> {
+    if bytes.is_empty() {
+        return Err(MediaError::Empty {
+            path: path.to_path_buf(),
+        });
+    }
+    declared_duration(Box::new(Cursor::new(bytes)), path)
+}
+
+fn declared_duration(source: Box<dyn MediaSource>, path: &Path) -> Result<Option<f64>, MediaError> {
+    let mss = MediaSourceStream::new(source, Default::default());
     let mut hint = Hint::new();
     if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
         hint.with_extension(ext);

@@ -326,21 +326,7 @@ impl VideoRecipe {
                 path: path.to_path_buf(),
             });
         }
-        static N: AtomicU64 = AtomicU64::new(0);
-        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("bin");
-        let tmp = std::env::temp_dir().join(format!(
-            "flowgate-clip-{}-{}.{ext}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let read_err = |source| MediaError::Read {
-            path: path.to_path_buf(),
-            source,
-        };
-        std::fs::write(&tmp, bytes).map_err(read_err)?;
-        let result = self.decode_file(&tmp, threads);
-        let _ = std::fs::remove_file(&tmp);
-        result.map_err(|e| e.with_path(path))
+        through_file(bytes, path, |tmp| self.decode_file(tmp, threads))
     }
 
     fn decode_file(&self, path: &Path, threads: usize) -> Result<(Tensor, usize), MediaError> {
@@ -536,6 +522,41 @@ pub fn duration(path: &Path) -> Result<Option<f64>, MediaError> {
         })?;
     let d = declared_duration(&input, &stream);
     Ok((d > 0.0).then_some(d))
+}
+
+/// [`duration`] of a clip held in memory (a tar shard's member, a Parquet cell); `path` names
+/// it in errors (FFmpeg reads it from a temporary file, as decoding does).
+pub fn duration_of_bytes(bytes: &[u8], path: &Path) -> Result<Option<f64>, MediaError> {
+    if bytes.is_empty() {
+        return Err(MediaError::Empty {
+            path: path.to_path_buf(),
+        });
+    }
+    through_file(bytes, path, duration)
+}
+
+/// Runs `f` on `bytes` written to a temporary file (FFmpeg opens files; `path`'s extension
+/// keeps the format hint), removed afterwards; errors name `path`.
+fn through_file<T>(
+    bytes: &[u8],
+    path: &Path,
+    f: impl FnOnce(&Path) -> Result<T, MediaError>,
+) -> Result<T, MediaError> {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("bin");
+    let tmp = std::env::temp_dir().join(format!(
+        "flowgate-clip-{}-{}.{ext}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let read_err = |source| MediaError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    std::fs::write(&tmp, bytes).map_err(read_err)?;
+    let result = f(&tmp);
+    let _ = std::fs::remove_file(&tmp);
+    result.map_err(|e| e.with_path(path))
 }
 
 /// Frames the decoders returned, process-wide (see [`frames_decoded`]).

@@ -268,15 +268,13 @@ impl PipelineSpec {
                 return Err(err("batch", "max_seconds", e.message));
             }
             if !matches!(self.decode.media, MediaArgs::Audio(_))
-                || !matches!(
-                    self.source,
-                    SourceSpec::List { .. } | SourceSpec::Dir { .. }
-                )
+                || matches!(self.source, SourceSpec::Mix { .. })
             {
                 return Err(err(
                     "batch",
                     "max_seconds",
-                    "length-aware batches are for audio from a list or dir source".into(),
+                    "length-aware batches are for audio from a list, dir, tar or parquet source"
+                        .into(),
                 ));
             }
             if let Some(m) = range(
@@ -295,16 +293,13 @@ impl PipelineSpec {
             if let Some(m) = range(m as u64, 1, crate::media::rules::MAX_FRAMES as u64) {
                 return Err(err("batch", "max_frames", m));
             }
-            if fps.is_none()
-                || !matches!(
-                    self.source,
-                    SourceSpec::List { .. } | SourceSpec::Dir { .. }
-                )
-            {
+            if fps.is_none() || matches!(self.source, SourceSpec::Mix { .. }) {
                 return Err(err(
                     "batch",
                     "max_frames",
-                    "length-aware batches of frames are for video (with decode.fps) from a list or dir source".into(),
+                    "length-aware batches of frames are for video (with decode.fps) from a \
+                     list, dir, tar or parquet source"
+                        .into(),
                 ));
             }
             if let Some(m) = range(

@@ -1,0 +1,160 @@
+//! A sample's values between Rust and Python: its fields besides the media
+//! ([`FieldValue`]) and its tensors, both ways (batches hand them to Python; a `map=`
+//! function's results come back).
+
+use flowgate::dataset::FieldValue;
+use flowgate::{DType, Tensor};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple,
+};
+
+/// A field's value as Python's: `str`, a parsed JSON value, `int`, `bytes`, or `None` for an
+/// optional field a sample lacks.
+pub(crate) fn field_to_py<'py>(
+    py: Python<'py>,
+    v: &flowgate::dataset::FieldValue,
+) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match v {
+        FieldValue::Text(t) => t.into_pyobject(py)?.into_any(),
+        FieldValue::Json(j) => json_to_py(py, j)?,
+        FieldValue::Int(i) => i.into_pyobject(py)?.into_any(),
+        FieldValue::Bytes(b) => pyo3::types::PyBytes::new(py, b).into_any(),
+        FieldValue::Missing => py.None().into_bound(py),
+    })
+}
+
+fn json_to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    use serde_json::Value;
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => pyo3::types::PyBool::new(py, *b).to_owned().into_any(),
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => i.into_pyobject(py)?.into_any(),
+            (None, Some(u)) => u.into_pyobject(py)?.into_any(),
+            _ => n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any(),
+        },
+        Value::String(s) => s.into_pyobject(py)?.into_any(),
+        Value::Array(a) => PyList::new(
+            py,
+            a.iter()
+                .map(|x| json_to_py(py, x))
+                .collect::<PyResult<Vec<_>>>()?,
+        )?
+        .into_any(),
+        Value::Object(o) => {
+            let d = PyDict::new(py);
+            for (k, x) in o {
+                d.set_item(k, json_to_py(py, x)?)?;
+            }
+            d.into_any()
+        }
+    })
+}
+
+/// A Python value as a field's: `None` → missing, `int` → an integer, `str` → text, `bytes`
+/// → bytes; `bool`, `float`, lists, tuples, dicts (`str` keys) and NumPy arrays and scalars
+/// (through `tolist()`) → JSON.
+pub(crate) fn field_from_py(v: &Bound<'_, PyAny>) -> PyResult<FieldValue> {
+    if v.is_none() {
+        return Ok(FieldValue::Missing);
+    }
+    if !v.is_instance_of::<PyBool>() && v.is_instance_of::<PyInt>() {
+        return Ok(FieldValue::Int(v.extract()?));
+    }
+    if let Ok(s) = v.downcast::<PyString>() {
+        return Ok(FieldValue::Text(s.to_cow()?.into_owned()));
+    }
+    if let Ok(b) = v.downcast::<PyBytes>() {
+        return Ok(FieldValue::Bytes(b.as_bytes().to_vec()));
+    }
+    if let Ok(b) = v.downcast::<PyByteArray>() {
+        return Ok(FieldValue::Bytes(b.to_vec()));
+    }
+    Ok(FieldValue::Json(json_from_py(v, 0)?))
+}
+
+/// Nesting past this is refused (a value that contains itself, or a runaway structure).
+const MAX_DEPTH: usize = 64;
+
+fn json_from_py(v: &Bound<'_, PyAny>, depth: usize) -> PyResult<serde_json::Value> {
+    use serde_json::Value;
+    if depth > MAX_DEPTH {
+        return Err(PyValueError::new_err(format!(
+            "a field's value nests deeper than {MAX_DEPTH} levels"
+        )));
+    }
+    if v.is_none() {
+        return Ok(Value::Null);
+    }
+    if let Ok(b) = v.downcast::<PyBool>() {
+        return Ok(Value::Bool(b.is_true()));
+    }
+    if v.is_instance_of::<PyInt>() {
+        return match v.extract::<i64>() {
+            Ok(i) => Ok(i.into()),
+            Err(_) => Ok(v.extract::<u64>()?.into()),
+        };
+    }
+    if let Ok(f) = v.downcast::<PyFloat>() {
+        let x = f.value();
+        return serde_json::Number::from_f64(x)
+            .map(Value::Number)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "a field's value holds {x}, which JSON has no number for"
+                ))
+            });
+    }
+    if let Ok(s) = v.downcast::<PyString>() {
+        return Ok(Value::String(s.to_cow()?.into_owned()));
+    }
+    if let Ok(d) = v.downcast::<PyDict>() {
+        let mut o = serde_json::Map::new();
+        for (k, x) in d.iter() {
+            let k = k.downcast::<PyString>().map_err(|_| {
+                PyValueError::new_err(format!("a field's dict has a key that is not a str: {k}"))
+            })?;
+            o.insert(k.to_cow()?.into_owned(), json_from_py(&x, depth + 1)?);
+        }
+        return Ok(Value::Object(o));
+    }
+    if v.is_instance_of::<PyList>() || v.is_instance_of::<PyTuple>() {
+        return v
+            .try_iter()?
+            .map(|x| json_from_py(&x?, depth + 1))
+            .collect::<PyResult<Vec<_>>>()
+            .map(Value::Array);
+    }
+    if v.hasattr("tolist")? {
+        // NumPy arrays and scalars, torch tensors.
+        return json_from_py(&v.call_method0("tolist")?, depth + 1);
+    }
+    Err(PyValueError::new_err(format!(
+        "a field's value must be None, an int, a str, bytes, a bool, a float, a list, a dict \
+         or an array, not {}",
+        v.get_type().name()?
+    )))
+}
+
+/// An array-like (a NumPy array, a torch tensor on the CPU, a `flowgate.Batch`, nested
+/// lists) as a tensor: copied, in its dtype (`uint8`, `float32` or `int64`).
+pub(crate) fn tensor_from_py(v: &Bound<'_, PyAny>, name: &str) -> PyResult<Tensor> {
+    let py = v.py();
+    let a = py
+        .import("numpy")?
+        .call_method1("ascontiguousarray", (v,))?;
+    let dtype: String = a.getattr("dtype")?.getattr("name")?.extract()?;
+    let d = DType::from_numpy(&dtype).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "{name:?} must be an array of uint8, float32 or int64, not {dtype}"
+        ))
+    })?;
+    let shape: Vec<usize> = a.getattr("shape")?.extract()?;
+    let bytes = a.call_method0("tobytes")?;
+    let bytes = bytes.downcast::<PyBytes>()?.as_bytes();
+    let mut t = Tensor::zeros(&shape, d);
+    t.bytes_mut().copy_from_slice(bytes);
+    Ok(t)
+}

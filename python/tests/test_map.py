@@ -1,0 +1,141 @@
+"""`map=`: a per-item function on a loader stage of its own, after decoding. Image-text
+shards whose captions name their key: the function tokenizes each caption into a field of its
+own and changes the image; every item is its own function's output, in order, across ranks,
+resumed exactly (its random draws seeded by index and epoch); its exceptions are the items'
+failures, counted or fatal; the stage shows in stats() with the GIL's account; what it
+cannot do is refused at once."""
+
+import json
+
+import numpy as np
+import pytest
+
+import flowgate
+from conftest import run_clean
+from test_fields import ARGS, N, caption, write_shards
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_shards(tmp_path_factory.mktemp("map") / "shards")
+
+
+def tokenize(s):
+    """Each caption to its words' lengths, the image negated, a draw seeded by the item."""
+    rng = np.random.default_rng([s["index"], s["epoch"]])
+    return {**s, "caption": [len(w) for w in s["caption"].split()],
+            "image": 255 - np.asarray(s["image"]), "draw": int(rng.integers(1 << 30))}
+
+
+def loader(src, **kw):
+    return flowgate.ImageLoader(src, labels="cls", fields={"caption": "txt"},
+                                return_paths=True, **{**ARGS, **kw})
+
+
+def items(l):
+    out = []
+    for b in l:
+        images = np.asarray(b["image"])
+        for k, path in enumerate(b["path"]):
+            out.append((path, images[k].copy(), b["caption"][k], b.get("draw", [None] * 99)[k],
+                        int(np.asarray(b["label"])[k])))
+    return out
+
+
+def test_each_item_is_its_functions_output_in_order_across_ranks(shards):
+    for rank, world in [(0, 1), (2, 3)]:
+        plain = items(loader(flowgate.Shards(shards), rank=rank, world_size=world))
+        l = loader(flowgate.Shards(shards), rank=rank, world_size=world, map=tokenize,
+                   map_fields=["draw"])
+        mapped = items(l)
+        assert [p for p, *_ in plain] == [p for p, *_ in mapped], "the same items, in order"
+        draws = set()
+        for (path, image, cap, _, label), (_, neg, tokens, draw, label2) in zip(plain, mapped):
+            key = path.rsplit(":", 1)[1].split(".")[0]
+            assert cap == caption(key) and label == label2
+            assert tokens == [len(w) for w in cap.split()], path
+            assert (image.astype(int) + neg == 255).all(), path
+            draws.add(draw)
+        assert len(draws) == len(mapped), "a draw per item"
+        stage = l.stats()["stages"]["map"]
+        assert stage["items_out"] == len(mapped) and stage["workers"] >= 1
+        assert set(l.stats()["gil"]) >= {"threads_busy", "cores_used", "bound"}
+
+
+@pytest.mark.parametrize("stop", [1, 4])
+def test_a_state_dict_resumes_to_exactly_the_same_mapped_items(shards, stop):
+    def make():
+        return loader(flowgate.Shards(shards, buffer=5), map=tokenize, map_fields=["draw"])
+
+    whole = items(make())
+    first = make()
+    it = iter(first)
+    got = []
+    for _ in range(stop):
+        b = next(it)
+        got += [(p, d) for p, d in zip(b["path"], b["draw"])]
+    state = json.loads(json.dumps(first.state_dict()))
+    del it
+    again = make()
+    again.load_state_dict(state)
+    got += [(p, d) for b in again for p, d in zip(b["path"], b["draw"])]
+    assert got == [(p, d) for p, _, _, d, _ in whole]
+
+
+def test_exceptions_are_the_items_failures_counted_or_fatal(shards):
+    def flaky(s):
+        if s["label"] % 6 == 1:
+            raise ValueError(f"cannot tokenize item {s['label']}")
+        return s
+
+    l = loader(flowgate.Shards(shards), map=flaky)
+    got = sorted(label for *_, label in items(l))
+    assert got == [i for i in range(N) if i % 6 != 1]
+    failures = l.failures()
+    assert len(failures) == len([i for i in range(N) if i % 6 == 1])
+    assert all(stage == "map" and "ValueError: cannot tokenize" in why
+               for stage, _, why in failures), failures
+    strict = loader(flowgate.Shards(shards), map=flaky, skip_errors=False)
+    with pytest.raises(flowgate.LoaderError, match="cannot tokenize"):
+        items(strict)
+
+
+def test_what_map_cannot_do_is_said(shards, tmp_path):
+    with pytest.raises(flowgate.LoaderError, match="no place for"):
+        items(loader(flowgate.Shards(shards), map=lambda s: {**s, "tokens": [1]},
+                     skip_errors=False))
+    with pytest.raises(flowgate.LoaderError, match="float64"):
+        items(loader(flowgate.Shards(shards), skip_errors=False,
+                     map=lambda s: {**s, "image": np.asarray(s["image"]) / 2.0}))
+    with pytest.raises(flowgate.LoaderError, match="must return the item's dict"):
+        items(loader(flowgate.Shards(shards), skip_errors=False, map=lambda s: None))
+    with pytest.raises(ValueError, match="without one"):
+        loader(flowgate.Shards(shards), map_fields=["x"])
+    with pytest.raises(ValueError, match="already has"):
+        loader(flowgate.Shards(shards), map=tokenize, map_fields=["index"])
+    with pytest.raises(ValueError, match="remote="):
+        loader(flowgate.Shards(shards), map=tokenize, remote=flowgate.Ray(workers=1))
+
+
+def test_exit_and_the_garbage_collector_during_map_calls_are_clean(shards):
+    """The loader's threads call Python: a daemon thread iterating at exit, a function slow
+    enough to be under way then, and a loader freed (in a reference cycle, by the garbage
+    collector) on one of its own threads during a call must neither abort nor hang."""
+    code = ("import gc, queue, threading, time, flowgate\n"
+            "def slow(s):\n"
+            "    time.sleep(0.01); gc.collect(); return s\n"
+            f"L = flowgate.ImageLoader(flowgate.Shards({shards!r}), batch_size=2, resize=16,"
+            " crop=16, fields={'c': 'txt'}, map=slow)\n"
+            "q = queue.Queue(maxsize=1000)\n"
+            "def prefetch():\n"
+            "    while True:\n"
+            "        for b in L: q.put(b)\n"
+            "threading.Thread(target=prefetch, daemon=True).start()\n"
+            "for _ in range(3): q.get()\n"
+            "for _ in range(3):\n"
+            f"    c = flowgate.ImageLoader(flowgate.Shards({shards!r}), batch_size=2, resize=16,"
+            " crop=16, map=slow)\n"
+            "    c.me = c\n"
+            "    it = iter(c); next(it); del it, c\n"
+            "print('ok')\n")
+    assert run_clean(code, times=3).strip() == "ok"
