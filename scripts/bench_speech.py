@@ -63,11 +63,12 @@ def run_flowgate(peers, pattern, max_seconds):
 
     import flowgate
     import numpy as np
+    m, t = EpochMeter(), Tally()
+    m.start()
+    # Built inside the timed epoch: planning reads every clip's header once.
     loader = flowgate.AudioLoader(flowgate.Shards(pattern), rate=RATE,
                                   max_batch_seconds=max_seconds, shuffle=False,
                                   fields={"text": "txt"})
-    m, t = EpochMeter(), Tally()
-    m.start()
     for b in loader:
         m.first_batch()
         audio = b["audio"]

@@ -42,7 +42,7 @@ impl Decoder {
 
     /// One clip of a length-aware batch and its real length.
     pub(crate) fn clip(&self, input: Input, epoch: u64) -> Result<(Tensor, usize), MediaError> {
-        self.recipe.for_epoch(epoch).load_with_length(input)
+        self.recipe.for_epoch(epoch).clip_with_length(input)
     }
 }
 

@@ -258,6 +258,21 @@ impl Recipe {
         }
     }
 
+    /// [`load_with_length`](Self::load_with_length) for a batch padded to its longest clip:
+    /// an audio clip comes unpadded (`[n]`: no zeros for the window's rest), a video's frames
+    /// as taken.
+    pub fn clip_with_length(
+        &self,
+        input: crate::blob::Input,
+    ) -> Result<(Tensor, usize), MediaError> {
+        match &self.kind {
+            #[cfg(feature = "audio")]
+            Kind::Audio(r) => r.clip_with_length(input),
+            #[allow(unreachable_patterns)]
+            _ => self.load_with_length(input),
+        }
+    }
+
     /// The length a file declares in its container, in the unit length-aware batches cap
     /// (audio: seconds; video: the frames this recipe takes from it); `None` when it
     /// declares none. An image recipe has no such unit (`None`).

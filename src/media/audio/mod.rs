@@ -176,11 +176,30 @@ impl AudioRecipe {
     /// Like [`load`](Self::load), with the number of real (not padded) samples: the lengths
     /// vector of a batch of clips shorter than the window.
     pub fn load_with_length(&self, path: &Path) -> Result<(Tensor, usize), MediaError> {
-        let r = match self.load_wav(path) {
+        self.load_as(path, true)
+    }
+
+    /// A clip of `input` as [`load_with_length`](Self::load_with_length) or
+    /// [`decode_with_length`](Self::decode_with_length) give it, but not padded to the window:
+    /// `[n]` (channels kept: `[C, n]`) and `n`, for batches padded to their longest clip (a
+    /// short clip in a long window costs no zeros). A file at another rate than the recipe's
+    /// comes resampled in the window's length, as padded.
+    pub fn clip_with_length(
+        &self,
+        input: crate::blob::Input,
+    ) -> Result<(Tensor, usize), MediaError> {
+        match input {
+            crate::blob::Input::Path(p) => self.load_as(&p, false),
+            crate::blob::Input::Bytes(b) => self.decode_as(b.bytes, &b.path, false),
+        }
+    }
+
+    fn load_as(&self, path: &Path, pad: bool) -> Result<(Tensor, usize), MediaError> {
+        let r = match self.load_wav_as(path, pad) {
             Some(r) => r,
             None => self
                 .open(path)
-                .and_then(|source| self.decode_source(source, path)),
+                .and_then(|source| self.decode_source_as(source, path, pad)),
         };
         not_silent(r, path)
     }
@@ -197,7 +216,7 @@ impl AudioRecipe {
         paths: &[std::path::PathBuf],
     ) -> (Option<(Tensor, Tensor)>, Vec<MediaError>) {
         let refuse = (self.channels != Channels::Mono).then_some("length-aware batches are mono");
-        super::load_padded(paths, refuse, |p| self.load_with_length(p))
+        super::load_padded(paths, refuse, |p| self.load_as(p, false))
     }
 
     /// Reads and decodes `path`, reading only as much of the file as the crop needs.
@@ -230,14 +249,23 @@ impl AudioRecipe {
         bytes: Vec<u8>,
         path: &Path,
     ) -> Result<(Tensor, usize), MediaError> {
+        self.decode_as(bytes, path, true)
+    }
+
+    fn decode_as(
+        &self,
+        bytes: Vec<u8>,
+        path: &Path,
+        pad: bool,
+    ) -> Result<(Tensor, usize), MediaError> {
         if bytes.is_empty() {
             return Err(MediaError::Empty {
                 path: path.to_path_buf(),
             });
         }
-        let r = match self.decode_wav(&bytes, path) {
+        let r = match self.decode_wav_as(&bytes, path, pad) {
             Some(r) => r,
-            None => self.decode_source(Box::new(Cursor::new(bytes)), path),
+            None => self.decode_source_as(Box::new(Cursor::new(bytes)), path, pad),
         };
         not_silent(r, path)
     }
@@ -245,13 +273,23 @@ impl AudioRecipe {
     /// Decodes, turning a panic inside a codec into a typed error: symphonia's probes panic
     /// on some corrupt input (an ADTS length underflow, found by `fuzz/`), and a caller of
     /// this function is owed an error, not an unwinding thread.
+    #[cfg(test)]
     fn decode_source(
         &self,
         source: Box<dyn MediaSource>,
         path: &Path,
     ) -> Result<(Tensor, usize), MediaError> {
+        self.decode_source_as(source, path, true)
+    }
+
+    fn decode_source_as(
+        &self,
+        source: Box<dyn MediaSource>,
+        path: &Path,
+        pad: bool,
+    ) -> Result<(Tensor, usize), MediaError> {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.decode_unguarded(source, path)
+            self.decode_unguarded(source, path, pad)
         }))
         .unwrap_or_else(|payload| {
             let msg = payload
@@ -320,10 +358,13 @@ impl AudioRecipe {
         Ok(())
     }
 
+    /// Decodes the window; `pad`: planes of the window's length, zero past the frames
+    /// decoded; else (at the recipe's rate) planes of the frames the stream declares.
     fn decode_unguarded(
         &self,
         source: Box<dyn MediaSource>,
         path: &Path,
+        pad: bool,
     ) -> Result<(Tensor, usize), MediaError> {
         let decode_err = |e: SymError| MediaError::Decode {
             path: path.to_path_buf(),
@@ -375,6 +416,17 @@ impl AudioRecipe {
             Channels::Mono => 1,
             Channels::Keep => n_ch,
         };
+        // Never more than the stream declares: a codec's last block may carry padding past it
+        // (seen with FLAC), which must not become samples.
+        let wanted = params
+            .n_frames
+            .map_or(cap, |n| (n.saturating_sub(skip).min(cap as u64)) as usize);
+        // Unpadded (at the recipe's rate), the planes hold what the stream declares.
+        let cap = if pad || rate != self.rate {
+            cap
+        } else {
+            wanted
+        };
         // Planar output, filled as frames arrive (mono: one plane, shape `[samples]`).
         let mut t = match self.channels {
             // Decoded frames overwrite the start of every plane; the rest is zeroed below.
@@ -383,11 +435,6 @@ impl AudioRecipe {
         };
         let mut filled = 0usize;
         let mut ended_early = false;
-        // Never more than the stream declares: a codec's last block may carry padding past it
-        // (seen with FLAC), which must not become samples.
-        let wanted = params
-            .n_frames
-            .map_or(cap, |n| (n.saturating_sub(skip).min(cap as u64)) as usize);
         let mut to_skip = skip;
         while filled < wanted {
             let packet = match format.next_packet() {
@@ -571,12 +618,19 @@ fn resample(
 
 fn f32_slice(t: &Tensor) -> &[f32] {
     let bytes = t.bytes();
+    if bytes.is_empty() {
+        return &[];
+    }
     // SAFETY: as in `f32_slice_mut`.
     unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<f32>(), bytes.len() / 4) }
 }
 
 fn f32_slice_mut(t: &mut Tensor) -> &mut [f32] {
     let bytes = t.bytes_mut();
+    // An empty tensor's pointer is dangling, not aligned for `f32`.
+    if bytes.is_empty() {
+        return &mut [];
+    }
     // SAFETY: tensor buffers are 64-byte aligned, and an F32 tensor's length is a multiple of
     // 4; every bit pattern is a valid f32.
     unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f32>(), bytes.len() / 4) }

@@ -427,3 +427,54 @@ fn direct_wav_reading_matches_symphonia_bit_for_bit() {
     assert!(e.to_string().contains("channels"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A clip for a batch padded to its longest ([`AudioRecipe::clip_with_length`]) holds its
+/// samples only, in any window: a 0.3 s clip in a 120 s window is 4,800 samples, not 1.9 M
+/// (a length-aware batch of 120 short clips held 0.9 GB of zeros before), the same samples
+/// as the padded decode's; FLAC, WAV from a file and from bytes alike.
+#[test]
+fn clips_for_length_batches_hold_their_samples_only() {
+    use crate::blob::{Blob, Input};
+    use flacenc::component::BitRepr;
+    use flacenc::error::Verify;
+    let samples: Vec<i32> = (0..4800).map(|i| ((i * 53) % 3000) - 1500).collect();
+    let config = flacenc::config::Encoder::default().into_verified().unwrap();
+    let source = flacenc::source::MemSource::from_samples(&samples, 1, 16, 16_000);
+    let stream = flacenc::encode_with_fixed_block_size(&config, source, config.block_size).unwrap();
+    let mut sink = flacenc::bitsink::ByteSink::new();
+    stream.write(&mut sink).unwrap();
+    let frames: Vec<[i16; 2]> = samples.iter().map(|&s| [s as i16, 0]).collect();
+    let dir = std::env::temp_dir().join(format!("flowgate-clip-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let on_disk = dir.join("c.wav");
+    std::fs::write(&on_disk, wav(16_000, 1, &frames)).unwrap();
+    let r = AudioRecipe {
+        samples: 120 * 16_000,
+        ..AudioRecipe::default()
+    };
+    let bytes = |b: &[u8], name: &str| {
+        Input::Bytes(Blob {
+            path: name.into(),
+            bytes: b.to_vec(),
+        })
+    };
+    for input in [
+        bytes(sink.as_slice(), "c.flac"),
+        bytes(&wav(16_000, 1, &frames), "c.wav"),
+        Input::Path(on_disk.clone()),
+    ] {
+        let padded = match &input {
+            Input::Path(p) => r.load_with_length(p).unwrap(),
+            Input::Bytes(b) => r.decode_with_length(b.bytes.clone(), &b.path).unwrap(),
+        };
+        let (clip, n) = r.clip_with_length(input).unwrap();
+        assert_eq!((clip.shape(), n), (&[4800][..], 4800));
+        assert_eq!(padded.1, 4800);
+        assert_eq!(
+            clip.bytes(),
+            &padded.0.bytes()[..4800 * 4],
+            "the same samples"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

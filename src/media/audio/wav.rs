@@ -138,7 +138,17 @@ impl AudioRecipe {
     }
 
     /// Reads a WAV file's window directly (see the module); `None`: not such a file.
+    #[cfg(test)]
     pub(super) fn load_wav(&self, path: &Path) -> Option<Result<(Tensor, usize), MediaError>> {
+        self.load_wav_as(path, true)
+    }
+
+    /// [`load_wav`](Self::load_wav); without `pad`, only the frames read (`[frames]`).
+    pub(super) fn load_wav_as(
+        &self,
+        path: &Path,
+        pad: bool,
+    ) -> Option<Result<(Tensor, usize), MediaError>> {
         use std::io::Read;
         use std::os::unix::fs::FileExt;
         let mut file = std::fs::File::open(path).ok()?;
@@ -157,7 +167,7 @@ impl AudioRecipe {
                         path: path.to_path_buf(),
                         source,
                     })?;
-                let out = self.wav_samples(&header, &bytes, wanted);
+                let out = self.wav_samples(&header, &bytes, wanted, pad);
                 if bytes.capacity() > KEEP_WINDOW {
                     *bytes = Vec::new();
                 }
@@ -167,24 +177,42 @@ impl AudioRecipe {
     }
 
     /// [`load_wav`](Self::load_wav) for a file's contents in memory.
+    #[cfg(test)]
     pub(super) fn decode_wav(
         &self,
         bytes: &[u8],
         path: &Path,
+    ) -> Option<Result<(Tensor, usize), MediaError>> {
+        self.decode_wav_as(bytes, path, true)
+    }
+
+    /// [`decode_wav`](Self::decode_wav); without `pad`, only the frames read.
+    pub(super) fn decode_wav_as(
+        &self,
+        bytes: &[u8],
+        path: &Path,
+        pad: bool,
     ) -> Option<Result<(Tensor, usize), MediaError>> {
         let head = &bytes[..bytes.len().min(HEAD)];
         let plan = self.wav_plan(head, bytes.len() as u64, path)?;
         Some(plan.map(|(header, skip, wanted)| {
             let fb = header.frame_bytes();
             let from = header.data_at + skip as usize * fb;
-            self.wav_samples(&header, &bytes[from..from + wanted * fb], wanted)
+            self.wav_samples(&header, &bytes[from..from + wanted * fb], wanted, pad)
         }))
     }
 
-    /// `frames` frames of interleaved samples into the recipe's planes, zero past them.
-    fn wav_samples(&self, header: &Header, data: &[u8], frames: usize) -> (Tensor, usize) {
+    /// `frames` frames of interleaved samples into the recipe's planes, zero past them (planes
+    /// of the window; without `pad`, of `frames`).
+    fn wav_samples(
+        &self,
+        header: &Header,
+        data: &[u8],
+        frames: usize,
+        pad: bool,
+    ) -> (Tensor, usize) {
         let ch = header.channels;
-        let cap = self.samples;
+        let cap = if pad { self.samples } else { frames };
         let mut t = match self.channels {
             Channels::Mono => Tensor::for_overwrite(&[cap], DType::F32),
             Channels::Keep => Tensor::for_overwrite(&[ch, cap], DType::F32),
