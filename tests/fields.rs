@@ -412,3 +412,54 @@ fn loose_files_read_their_fields_from_the_files_beside_them() {
     ));
     assert_eq!(taken, all, "the same items, in the same order");
 }
+
+/// A sidecar extension that is a path is refused when the dataset is built (a helper's case:
+/// it panicked in every item); one that names a FIFO, a device or a directory fails its item
+/// ("not a regular file"), optional or not, instead of blocking a worker or reading forever.
+#[test]
+fn sidecars_are_regular_files_beside_the_media() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fields-special");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..5 {
+        std::fs::write(dir.join(format!("{i}.jpg")), common::tiny_jpeg(i)).unwrap();
+    }
+    let e = Dataset::builder(
+        Source::dir(&dir)
+            .extensions(["jpg"])
+            .extra_fields([FieldSpec::new("c", "meta/txt")]),
+    )
+    .build()
+    .unwrap_err();
+    assert!(e.to_string().contains("not a path"), "{e}");
+    let fifo = dir.join("1.side");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    std::fs::create_dir(dir.join("3.side")).unwrap();
+    std::fs::write(dir.join("4.side"), b"four").unwrap();
+    let source = Source::dir(&dir)
+        .extensions(["jpg"])
+        .extra_fields([FieldSpec::new("s", "side")
+            .kind(FieldKind::Text)
+            .optional(true)]);
+    let mut l = loader(source, 0, 0, 1, 2);
+    let mut got = BTreeMap::new();
+    for b in l.epoch().unwrap().map(Result::unwrap).collect::<Vec<_>>() {
+        for (m, v) in b.items.iter().zip(b.field("s").unwrap()) {
+            got.insert(l.path_of(m), v.clone());
+        }
+    }
+    let name = |i: usize| dir.join(format!("{i}.jpg")).display().to_string();
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got[&name(0)], FieldValue::Missing);
+    assert_eq!(got[&name(4)], FieldValue::Text("four".into()));
+    let f = l.watch().failures(Some(0));
+    assert_eq!(f.len(), 2, "{f:?}");
+    assert!(
+        f.iter().all(|f| f.message.contains("not a regular file")),
+        "{f:?}"
+    );
+}

@@ -503,3 +503,33 @@ fn loose_clips_carry_the_transcripts_beside_them() {
     }
     assert_eq!(n, 13);
 }
+
+/// A FLAC whose header does not declare its length (`total_samples` 0, as streaming
+/// encoders write) is a failed item of its batch, named, not a loader that refuses to build
+/// (a helper's case: one such clip kept a whole corpus from loading).
+#[test]
+fn a_clip_that_declares_no_length_fails_in_its_batch_by_name() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("length-undeclared");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut paths: Vec<PathBuf> = clips().into_iter().take(9).collect();
+    let mut flac = std::fs::read(&paths[0]).unwrap();
+    // STREAMINFO's 36-bit sample count: the low bits of the big-endian u64 at byte 18.
+    let mut word = u64::from_be_bytes(flac[18..26].try_into().unwrap());
+    word &= !((1u64 << 36) - 1);
+    flac[18..26].copy_from_slice(&word.to_be_bytes());
+    let streamed = dir.join("streamed.flac");
+    std::fs::write(&streamed, &flac).unwrap();
+    assert_eq!(duration(&streamed).unwrap(), None, "no declared length");
+    paths.push(streamed.clone());
+    let mut l = loader(&paths, 0, 1);
+    let rows: usize = l.epoch().unwrap().map(|b| b.unwrap().items.len()).sum();
+    assert_eq!(rows, 9, "every other clip");
+    let f = l.watch().failures(Some(0));
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].item, streamed.display().to_string());
+    assert!(
+        f[0].message.contains("does not declare its length"),
+        "{f:?}"
+    );
+}

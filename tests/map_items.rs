@@ -272,4 +272,30 @@ fn what_a_per_item_function_cannot_do_is_refused() {
     );
     let failed = l.watch().failures(None);
     assert!(failed[0].message.contains("left 0 fields"), "{failed:?}");
+    // An item of a labelled dataset left without its label fails alone (it panicked in
+    // collate, losing its batch).
+    let labelled = Dataset::builder(
+        Source::dir(data())
+            .extensions(["jpg"])
+            .labels(flowgate::dataset::Labels::Values(vec![7; FILES])),
+    )
+    .build()
+    .unwrap();
+    let mut l = Loader::builder(labelled, recipe())
+        .batch_size(4)
+        .map_items("m", |mut s: Sample| {
+            if s.meta.index == 6 {
+                s.meta.label = None;
+            }
+            Ok(s)
+        })
+        .build()
+        .unwrap();
+    let n: usize = l.epoch().unwrap().map(|b| b.unwrap().len()).sum();
+    assert_eq!(n, FILES - 1, "the batch's other items delivered");
+    let failed = l.watch().failures(None);
+    assert!(
+        failed[0].message.contains("without its label"),
+        "{failed:?}"
+    );
 }

@@ -6,7 +6,7 @@ and the rank and world size a loader resolves."""
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from . import _native
 from ._sources import Mix, Parquet, Shards
@@ -36,7 +36,14 @@ def _build(args: Dict[str, Any], kind: str, media: Sequence[str]) -> Any:
         return_paths=args["return_paths"], device=args["device"],
         device_memory_mb=args["device_memory_mb"], reader=args.get("reader"),
         units=bool(args.get("decodes_units")), fields=args.get("fields"), map=args.get("map"),
-        map_fields=list(args.get("map_fields") or ()))
+        map_fields=_names(args.get("map_fields")))
+
+
+def _names(names: Any) -> List[str]:
+    """Field names: one str is one name, not its letters."""
+    if names is None:
+        return []
+    return [names] if isinstance(names, str) else [str(n) for n in names]
 
 
 def _rank_and_world(args: Dict[str, Any]) -> Tuple[int, int]:

@@ -126,6 +126,7 @@ pub(crate) fn loader(
     };
     let mut b = settings.builder(dataset, recipe, &media).map_err(invalid)?;
     let mut gil = None;
+    let mut token = None;
     match map {
         Some(_) if units => {
             return Err(PyValueError::new_err(
@@ -142,7 +143,9 @@ pub(crate) fn loader(
             names.check(&keys.fields, true)?;
             let clock = std::sync::Arc::new(crate::gil::GilClock::default());
             gil = Some(std::sync::Arc::clone(&clock));
-            let f = crate::map::python_map(f, keys, clock);
+            let t = crate::map::token();
+            token = Some(t);
+            let f = crate::map::python_map(f, keys, clock, t);
             b = b
                 .map_items_shared(crate::map::STAGE, Some(f))
                 .map_fields(map_fields);
@@ -167,6 +170,7 @@ pub(crate) fn loader(
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let mut loader = Loader::new(loader, return_paths, names)?;
     loader.gil = gil;
+    loader.map_token = token;
     Ok(loader)
 }
 

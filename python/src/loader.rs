@@ -93,6 +93,8 @@ pub(crate) struct Loader {
     sim_log: Option<flowgate::device::SimLog>,
     /// The Prometheus endpoint (`metrics_port=`), while it serves.
     metrics: Mutex<Option<flowgate::prometheus::Endpoint>>,
+    /// With `map=`: the token its function's calls run under ([`crate::map::calling`]).
+    pub(crate) map_token: Option<u64>,
     /// With `map=`: its calls' clock (`stats()["gil"]`).
     pub(crate) gil: Option<std::sync::Arc<crate::gil::GilClock>>,
     /// The disk caches of tar shards on S3 it reads (`stats()["shard_caches"]`).
@@ -166,6 +168,7 @@ impl Loader {
             pid: std::process::id(),
             metrics: Mutex::new(None),
             gil: None,
+            map_token: None,
             #[cfg(feature = "s3")]
             shard_caches,
         })
@@ -173,6 +176,18 @@ impl Loader {
 }
 
 impl Loader {
+    /// Refuses what would stop or start this loader's pipeline from inside its own `map=`
+    /// function (the pipeline would wait for the very thread asking).
+    fn not_from_own_map(&self, what: &str) -> PyResult<()> {
+        if crate::map::calling(self.map_token) {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "{what}: not from inside the loader's own map= function (it runs on the \
+                 loader's threads, which this would stop or wait for)"
+            )));
+        }
+        Ok(())
+    }
+
     /// A batch as a dict: its media under their names, `label` and `path` where asked, and
     /// each named field's values as a list in the batch's order.
     fn as_dict<'py>(
@@ -230,6 +245,7 @@ impl Loader {
     /// an abandoned epoch again (one being iterated is abandoned first) — that epoch and the
     /// batches it had delivered.
     fn _start_epoch(&self, py: Python<'_>) -> PyResult<(u64, Option<(u64, usize)>)> {
+        self.not_from_own_map("iterating")?;
         let core = &self.core;
         crate::lifecycle::released(py, || {
             let mut c = core.lock().expect("loader");
@@ -248,6 +264,10 @@ impl Loader {
     /// being iterated (a `break`), the pipeline stops now and frees its buffers; the next
     /// iterator starts that epoch again from where it started.
     fn _abandon(&self, py: Python<'_>, iterator: u64) {
+        if crate::map::calling(self.map_token) {
+            // An iterator freed inside the function: its epoch is abandoned by the next.
+            return;
+        }
         let core = &self.core;
         crate::lifecycle::released(py, || {
             let mut c = core.lock().expect("loader");
@@ -261,6 +281,7 @@ impl Loader {
     /// labels (an int64 `Batch`) and the paths (a list of str), as configured. Releases the
     /// GIL while waiting.
     fn _next<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.not_from_own_map("iterating")?;
         let core = &self.core;
         // Waits in slices, checking for signals between them: Ctrl-C raises
         // KeyboardInterrupt within a slice, not after the next batch.
@@ -450,9 +471,11 @@ impl Loader {
     /// and augmentation follow from the seed and the epoch. A no-op when it is already the
     /// next (a position loaded by `load_state_dict` is kept); an epoch being iterated is
     /// abandoned.
-    fn set_epoch(&self, py: Python<'_>, epoch: u64) {
+    fn set_epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<()> {
+        self.not_from_own_map("set_epoch")?;
         let core = &self.core;
         crate::lifecycle::released(py, || core.lock().expect("loader").loader.set_epoch(epoch));
+        Ok(())
     }
 
     /// The epoch the next iterator starts, or the one being iterated; builds nothing (safe
@@ -481,6 +504,7 @@ impl Loader {
     /// Continues from `state_dict()`: the next iterator yields exactly what was not delivered
     /// yet in that epoch.
     fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
+        self.not_from_own_map("load_state_dict")?;
         let s = state_from_py(state)?;
         let core = &self.core;
         crate::lifecycle::released(py, || core.lock().expect("loader").loader.resume(&s))
@@ -556,11 +580,13 @@ impl Loader {
     }
 
     /// Stops the pipeline and joins its threads (also done when the loader is freed).
-    fn close(&self, py: Python<'_>) {
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.not_from_own_map("close")?;
         let core = &self.core;
         crate::lifecycle::released(py, || {
             core.lock().expect("loader").loader.close();
         });
+        Ok(())
     }
 }
 

@@ -21,6 +21,23 @@ use crate::values::{field_from_py, field_to_py, tensor_from_py};
 /// The stage's name in `stats()` and failures.
 pub(crate) const STAGE: &str = "map";
 
+std::thread_local! {
+    /// The loader whose function this thread is calling (0: none).
+    static CALLING: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// A new loader's token, naming it while its function runs ([`calling`]).
+pub(crate) fn token() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether this thread is in the function of the loader with `token`: that loader's
+/// pipeline cannot be stopped or started from here (it would wait for this very thread).
+pub(crate) fn calling(token: Option<u64>) -> bool {
+    token.is_some_and(|t| CALLING.with(std::cell::Cell::get) == t)
+}
+
 /// What the function's dicts hold: the media's names, whether there is a label, the fields'.
 pub(crate) struct Keys {
     pub(crate) media: Vec<&'static str>,
@@ -28,10 +45,14 @@ pub(crate) struct Keys {
     pub(crate) fields: Vec<String>,
 }
 
-/// The function `f` as a loader's per-item function, its calls timed by `clock`.
-pub(crate) fn python_map(f: Py<PyAny>, keys: Keys, clock: Arc<GilClock>) -> MapItems {
+/// The function `f` as the per-item function of the loader named by `token`, its calls timed
+/// by `clock`.
+pub(crate) fn python_map(f: Py<PyAny>, keys: Keys, clock: Arc<GilClock>, token: u64) -> MapItems {
     Arc::new(move |s: Sample| {
-        clock.call(|py| call(py, &f, &keys, s).map_err(|e| py_error(py, e).into()))
+        let outer = CALLING.with(|c| c.replace(token));
+        let r = clock.call(|py| call(py, &f, &keys, s).map_err(|e| py_error(py, e).into()));
+        CALLING.with(|c| c.set(outer));
+        r
     })
 }
 
@@ -68,11 +89,18 @@ fn call(py: Python<'_>, f: &Py<PyAny>, keys: &Keys, mut s: Sample) -> PyResult<S
         ))
     })?;
     for k in out.keys() {
-        let k = k.downcast::<PyString>()?.to_cow()?.into_owned();
+        let k = match k.downcast::<PyString>() {
+            Ok(s) => s.to_cow()?.into_owned(),
+            Err(_) => {
+                return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                    "map= returned the key {k}, which is not a str"
+                )))
+            }
+        };
         if !d.contains(&k)? {
             return Err(pyo3::exceptions::PyKeyError::new_err(format!(
                 "map= returned {k:?}, which the batch has no place for (its keys: {}; name \
-                 a new field in fields= to carry it)",
+                 a field it adds in map_fields=)",
                 names(&d)
             )));
         }
@@ -88,7 +116,12 @@ fn call(py: Python<'_>, f: &Py<PyAny>, keys: &Keys, mut s: Sample) -> PyResult<S
         s.fields.push(tensor_from_py(&get(name)?, name)?);
     }
     if keys.label {
-        s.meta.label = get("label")?.extract()?;
+        let label = get("label")?;
+        s.meta.label = Some(label.extract::<i64>().map_err(|_| {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "map= returned the label {label}: the dataset has labels, each an int"
+            ))
+        })?);
     }
     for (k, name) in keys.fields.iter().enumerate() {
         if let Some(v) = out.get_item(name)? {

@@ -142,9 +142,12 @@ fn json_from_py(v: &Bound<'_, PyAny>, depth: usize) -> PyResult<serde_json::Valu
 /// lists) as a tensor: copied, in its dtype (`uint8`, `float32` or `int64`).
 pub(crate) fn tensor_from_py(v: &Bound<'_, PyAny>, name: &str) -> PyResult<Tensor> {
     let py = v.py();
+    // `asarray(order="C")`, not `ascontiguousarray`, which makes a 0-d array 1-d.
+    let kw = PyDict::new(py);
+    kw.set_item("order", "C")?;
     let a = py
         .import("numpy")?
-        .call_method1("ascontiguousarray", (v,))?;
+        .call_method("asarray", (v,), Some(&kw))?;
     let dtype: String = a.getattr("dtype")?.getattr("name")?.extract()?;
     let d = DType::from_numpy(&dtype).ok_or_else(|| {
         PyValueError::new_err(format!(

@@ -139,3 +139,46 @@ def test_exit_and_the_garbage_collector_during_map_calls_are_clean(shards):
             "    it = iter(c); next(it); del it, c\n"
             "print('ok')\n")
     assert run_clean(code, times=3).strip() == "ok"
+
+
+def test_calls_into_its_own_loader_from_map_fail_the_item_and_leave_it_usable(shards):
+    """A helper's case: close(), set_epoch(), iter() or load_state_dict() on the loader from
+    inside its own map= joined the calling thread ("Resource deadlock avoided"), poisoned
+    the loader and raised PanicException in every later call."""
+    for call in ("close", "set_epoch", "iter", "load"):
+        holder = {}
+
+        def meddle(s, call=call):
+            if s["label"] in (3, 17):
+                l = holder["l"]
+                {"close": lambda: l.close(), "set_epoch": lambda: l.set_epoch(1),
+                 "iter": lambda: next(iter(l)),
+                 "load": lambda: l.load_state_dict(l.state_dict())}[call]()
+            return s
+
+        l = holder["l"] = loader(flowgate.Shards(shards), map=meddle)
+        got = [label for *_, label in items(l)]
+        assert sorted(got) == [i for i in range(N) if i not in (3, 17)], call
+        failures = l.failures()
+        assert len(failures) == 2 and all("not from inside the loader's own map=" in why
+                                          for _, _, why in failures), (call, failures)
+        # Still usable: a checkpoint, and the next epoch.
+        assert l.state_dict()["epoch"] == 1
+        assert len(items(l)) == N - 2, call
+        holder.clear()
+
+
+def test_a_label_the_function_drops_fails_its_item_alone(shards):
+    """A helper's case: `label: None` panicked in collate and lost the rest of its batch."""
+    l = loader(flowgate.Shards(shards),
+               map=lambda s: {**s, "label": None if s["label"] == 5 else s["label"]})
+    got = sorted(label for *_, label in items(l))
+    assert got == [i for i in range(N) if i != 5], "the batch's other items delivered"
+    (stage, _, why), = l.failures()
+    assert stage == "map" and "the dataset has labels" in why
+
+
+def test_map_fields_as_one_str_is_one_name(shards):
+    l = loader(flowgate.Shards(shards), map=lambda s: {**s, "xy": 1}, map_fields="xy")
+    b = next(iter(l))
+    assert b["xy"] == [1] * len(b["path"])

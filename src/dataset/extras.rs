@@ -257,11 +257,19 @@ pub(crate) fn read_sidecars(
         let mut found = None;
         for ext in &spec.from {
             let path = media.with_extension(ext.trim_start_matches('.'));
-            match std::fs::read(&path) {
-                Ok(bytes) => {
-                    found = Some((path, bytes));
-                    break;
+            match std::fs::metadata(&path) {
+                // A FIFO, a device or a directory would block a worker, fill the memory or
+                // fail: only regular files (symbolic links followed) are read.
+                Ok(m) if !m.is_file() => {
+                    return Err(err(format!("{}: not a regular file", path.display())))
                 }
+                Ok(_) => match std::fs::read(&path) {
+                    Ok(bytes) => {
+                        found = Some((path, bytes));
+                        break;
+                    }
+                    Err(e) => return Err(err(format!("{}: {e}", path.display()))),
+                },
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(err(format!("{}: {e}", path.display()))),
             }

@@ -122,6 +122,20 @@ fn extras(source: &Source) -> Result<Vec<FieldSpec>, PipelineError> {
              Parquet row's other columns or the files beside a local file",
             source.kind_name()
         ))),
+        SourceKind::Paths(_) | SourceKind::Dir(..) | SourceKind::List(_) => {
+            // A sidecar's name is the media's with its extension replaced.
+            for f in &source.extras {
+                if let Some(e) = f.from.iter().find(|e| {
+                    e.contains('/') || e.contains('\\') || e.trim_start_matches('.') == ".."
+                }) {
+                    return Err(PipelineError::config(format!(
+                        "fields: {:?}: {e:?} is an extension of the files beside each, not a path",
+                        f.name
+                    )));
+                }
+            }
+            Ok(source.extras.clone())
+        }
         _ => Ok(source.extras.clone()),
     }
 }

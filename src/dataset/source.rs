@@ -314,6 +314,18 @@ impl Source {
         }
     }
 
+    /// Whether it reads anything from S3 (shards, Parquet files or objects, or a mixture's
+    /// part): what cannot be planned item by item before an epoch without downloading it.
+    pub fn reads_from_s3(&self) -> bool {
+        match &self.kind {
+            SourceKind::Parquet { paths, .. } => paths
+                .iter()
+                .any(|p| p.to_string_lossy().starts_with("s3://")),
+            SourceKind::Mix { parts, .. } => parts.iter().any(Source::reads_from_s3),
+            _ => self.is_remote(),
+        }
+    }
+
     /// What kind of source this is, in errors.
     pub(crate) fn kind_name(&self) -> &'static str {
         match &self.kind {

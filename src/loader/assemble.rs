@@ -253,6 +253,11 @@ pub(super) fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: Fa
                             fields: tensors,
                             meta,
                         })?;
+                        if labels && out.meta.label.is_none() {
+                            return Err("the per-item function left the item without its label \
+                                        (the dataset has labels)"
+                                .into());
+                        }
                         if out.meta.extras.len() != fields {
                             return Err(format!(
                                 "the per-item function left {} fields besides the media; the \

@@ -7,7 +7,8 @@
 //! counted as a failed item of the decode stage ([`skip_part`](crate::skip_part): fatal past
 //! the failure budget); a batch whose every clip failed is one failed item. A clip whose
 //! container cannot be read when the batches are planned is planned as an empty clip, so it
-//! fails (and is counted) in its batch too.
+//! fails (and is counted) in its batch too, as does one whose container declares no length
+//! (a stream written without it).
 
 use std::sync::Arc;
 
@@ -43,6 +44,9 @@ pub(crate) struct LengthPlan {
     dataset: Dataset,
     plan: Arc<LengthBatches>,
     sampler: Sampler,
+    /// The clips whose containers declare no length (sorted): planned as empty, each a
+    /// failed item of its batch.
+    undeclared: Arc<[usize]>,
 }
 
 impl LengthPlan {
@@ -89,7 +93,7 @@ impl LengthPlan {
                 cap.cap
             )));
         }
-        let lengths = declared_lengths(dataset, recipe)?;
+        let (lengths, undeclared) = declared_lengths(dataset, recipe);
         let mut plan = LengthBatches::new(lengths, cap.cap, Bucketing::Quantiles(cap.buckets))?;
         let order = dataset.order();
         let mut sampler = plan.sampler();
@@ -102,6 +106,7 @@ impl LengthPlan {
             dataset: dataset.clone(),
             plan: Arc::new(plan),
             sampler,
+            undeclared: undeclared.into(),
         })
     }
 
@@ -149,6 +154,15 @@ impl LengthPlan {
         let mut kept = Vec::with_capacity(rows.len());
         let mut failed: Vec<(String, BoxError)> = Vec::new();
         for &i in &rows {
+            if self.undeclared.binary_search(&i).is_ok() {
+                failed.push((
+                    self.dataset.name(i, epoch),
+                    "the clip does not declare its length, which length-aware batches plan \
+                     with (a stream written without its length)"
+                        .into(),
+                ));
+                continue;
+            }
             let clip = self
                 .dataset
                 .read(i, epoch)
@@ -193,25 +207,22 @@ impl LengthPlan {
     }
 }
 
-/// Each clip's declared length (the recipe's unit), in dataset order: read from the files'
-/// headers, or from each sample's media bytes (tar shards, Parquet: one read of each sample,
-/// on every core). A clip that cannot be read counts as 0 long (it fails in its batch); one
-/// whose container declares no length is a configuration error naming it.
-fn declared_lengths(dataset: &Dataset, recipe: &Recipe) -> Result<Vec<f64>, PipelineError> {
+/// Each clip's declared length (the recipe's unit), in dataset order, read from the files'
+/// headers or from each sample's media bytes (tar shards, Parquet: one read of each sample,
+/// on every core); and the clips whose containers declare none. A clip that cannot be read,
+/// or declares no length, counts as 0 long (it fails in its batch, named).
+fn declared_lengths(dataset: &Dataset, recipe: &Recipe) -> (Vec<f64>, Vec<usize>) {
     let n = dataset.dataset_len();
-    let length = |i: usize| -> Result<f64, PipelineError> {
-        let declared = match dataset.read(i, 0) {
-            Ok(item) => recipe.declared_length_of(item.input),
-            // Read again (and counted) in its batch.
-            Err(_) => return Ok(0.0),
-        };
-        match declared {
-            Ok(Some(d)) => Ok(d),
-            Err(_) => Ok(0.0),
-            Ok(None) => Err(PipelineError::config(format!(
-                "{}: the clip does not declare its length, which length-aware batches plan with",
-                dataset.name(i, 0)
-            ))),
+    // `None`: no declared length.
+    let length = |i: usize| -> Option<f64> {
+        match dataset.read(i, 0) {
+            Ok(item) => match recipe.declared_length_of(item.input) {
+                Ok(Some(d)) => Some(d),
+                Ok(None) => None,
+                // Read again (and counted) in its batch.
+                Err(_) => Some(0.0),
+            },
+            Err(_) => Some(0.0),
         }
     };
     let threads = std::thread::available_parallelism()
@@ -219,7 +230,7 @@ fn declared_lengths(dataset: &Dataset, recipe: &Recipe) -> Result<Vec<f64>, Pipe
         .clamp(1, 16)
         .min(n.max(1));
     let chunk = n.div_ceil(threads).max(1);
-    std::thread::scope(|s| {
+    let declared: Vec<Option<f64>> = std::thread::scope(|s| {
         let parts: Vec<_> = (0..n)
             .step_by(chunk)
             .map(|start| {
@@ -227,14 +238,18 @@ fn declared_lengths(dataset: &Dataset, recipe: &Recipe) -> Result<Vec<f64>, Pipe
                 s.spawn(move || {
                     (start..(start + chunk).min(n))
                         .map(length)
-                        .collect::<Result<Vec<f64>, _>>()
+                        .collect::<Vec<_>>()
                 })
             })
             .collect();
-        let mut lengths = Vec::with_capacity(n);
-        for p in parts {
-            lengths.extend(p.join().expect("a length reader panicked")?);
-        }
-        Ok(lengths)
-    })
+        parts
+            .into_iter()
+            .flat_map(|p| p.join().expect("a length reader panicked"))
+            .collect()
+    });
+    let undeclared = (0..n).filter(|&i| declared[i].is_none()).collect();
+    (
+        declared.into_iter().map(|d| d.unwrap_or(0.0)).collect(),
+        undeclared,
+    )
 }

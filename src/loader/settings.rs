@@ -219,6 +219,14 @@ impl LoaderSettings {
         source: Source,
         recipe: &Recipe,
     ) -> Result<DatasetBuilder, SettingsError> {
+        // Refused before the source is opened (on S3: listed, its manifests read).
+        if self.length_cap().is_some() && source.reads_from_s3() {
+            return Err(SettingsError::Conflict(
+                "length-aware batches read each clip's declared length before the first \
+                 epoch: local files, tar shards or Parquet, not S3 nor a mixture"
+                    .into(),
+            ));
+        }
         Ok(Dataset::builder(source)
             .extensions(recipe.extensions())
             .shuffle_seed(self.shuffle.then_some(self.seed))
