@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """What `map=` gains: a per-item Python function on the loader's own stage (threads the
 tuner sizes) against the same function applied in the training loop, item by item, for
-three kinds of work: pure Python (holds the GIL), NumPy (a float32 matrix product per image:
-BLAS releases the GIL; one BLAS thread) and PIL (a Gaussian blur of each 224x224 crop: PIL
-releases the GIL). Each run in a cold process, interleaved repetitions; the table gives
+three kinds of work, each a few milliseconds per image (more than its decoding, so that the
+function is what bounds the loop): pure Python (holds the GIL), NumPy (float32 matrix
+products: BLAS releases the GIL; one BLAS thread) and PIL (Gaussian blurs of each 224x224
+crop: PIL releases the GIL). Each run in a cold process, interleaved repetitions; the table gives
 images/s, map= over the loop, and map='s `stats()["gil"]` (threads busy in calls, cores
 they used). Markdown on stdout.
 
@@ -27,26 +28,30 @@ def work(kind):
         def f(image):
             a = np.asarray(image)
             s = 0
-            for v in a[:40, :40, 0].ravel().tolist() * 6:  # ~10k Python steps
+            for v in a[:100, :100, 0].ravel().tolist() * 8:  # ~80k Python steps
                 s += v
             return image
     elif kind == "numpy":
         def f(image):
             a = np.asarray(image, dtype=np.float32).reshape(224, 672)
-            return (a @ a.T)[:, :224, None].repeat(3, axis=2).clip(0, 255).astype(np.uint8)
+            for _ in range(6):
+                b = a @ a.T
+            return b[:, :224, None].repeat(3, axis=2).clip(0, 255).astype(np.uint8)
     else:
         from PIL import Image, ImageFilter
 
         def f(image):
             im = Image.fromarray(np.asarray(image))
-            return np.asarray(im.filter(ImageFilter.GaussianBlur(3)))
+            for _ in range(3):
+                im = im.filter(ImageFilter.GaussianBlur(4))
+            return np.asarray(im)
     return f
 
 
 def run(files, kind, where):
     import flowgate
     f = work(kind)
-    args = dict(batch_size=32, resize=256, crop=224, shuffle=False)
+    args = dict(batch_size=32, resize=256, crop=224, shuffle=False, layout="nhwc")
     t = time.perf_counter()
     if where == "map":
         loader = flowgate.ImageLoader(files, map=lambda s: {**s, "image": f(s["image"])},

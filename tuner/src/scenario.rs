@@ -160,6 +160,10 @@ pub struct Scenario {
     /// Tuner tick, ms.
     #[serde(default = "default_tick_ms")]
     pub tick_ms: f64,
+    /// CPU workers the process may run beyond one per stage, as the engine's tokens allow
+    /// (its cores less one): a stage grows only while the others leave tokens. None: no cap.
+    #[serde(default)]
+    pub extra_workers: Option<usize>,
     /// Stages, in order (the source is implicit and infinitely fast).
     #[serde(rename = "stage")]
     pub stages: Vec<SimStage>,

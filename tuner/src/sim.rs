@@ -446,6 +446,16 @@ impl Simulator {
 
     /// The observation of the window that just ended, and resets the window.
     fn observe(&mut self, window: f64, delivered: u64) -> Observation {
+        // The tokens the CPU stages' extra workers (beyond one each) leave, if capped.
+        let spare = self.sc.extra_workers.map(|cap| {
+            let used: usize = self
+                .stages
+                .iter()
+                .filter(|s| s.kind == SimKind::Cpu)
+                .map(|s| s.workers.saturating_sub(1))
+                .sum();
+            cap.saturating_sub(used)
+        });
         let mut stages: Vec<StageObservation> = self
             .stages
             .iter_mut()
@@ -459,7 +469,10 @@ impl Simulator {
                         SimKind::Io => StageKind::Async,
                     }),
                     workers: st.workers,
-                    max_workers: st.max_workers,
+                    max_workers: match (st.kind, spare) {
+                        (SimKind::Cpu, Some(spare)) => st.max_workers.min(st.workers + spare),
+                        _ => st.max_workers,
+                    },
                     workers_pinned: false,
                     budget_pinned: false,
                     items: w.items,
@@ -518,8 +531,24 @@ impl Simulator {
     fn apply(&mut self, a: &Action) {
         match *a {
             Action::SetWorkers { stage, workers } => {
+                // Extra CPU workers take tokens in the order asked, as the engine grants
+                // them: what the stages before took is not there for the next.
+                let spare = self.sc.extra_workers.map(|cap| {
+                    let used: usize = self
+                        .stages
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, s)| *i != stage && s.kind == SimKind::Cpu)
+                        .map(|(_, s)| s.workers.saturating_sub(1))
+                        .sum();
+                    cap.saturating_sub(used)
+                });
                 if let Some(st) = self.stages.get_mut(stage) {
-                    st.workers = workers.clamp(1, st.max_workers);
+                    let most = match (st.kind, spare) {
+                        (SimKind::Cpu, Some(spare)) => st.max_workers.min(1 + spare),
+                        _ => st.max_workers,
+                    };
+                    st.workers = workers.clamp(1, most.max(1));
                 }
             }
             Action::SetPrefetch {

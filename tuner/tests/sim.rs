@@ -45,6 +45,17 @@ fn grid(sc: &Scenario) -> Vec<StaticConfig> {
             .flat_map(|c| opts.iter().map(move |&w| [c.clone(), vec![w]].concat()))
             .collect();
     }
+    // Only what the process's CPU tokens allow (one worker per stage, plus the extras).
+    let cpu: Vec<bool> = sc.stages.iter().map(|s| s.kind == SimKind::Cpu).collect();
+    combos.retain(|w| {
+        let extra: usize = w
+            .iter()
+            .zip(&cpu)
+            .filter(|(_, &c)| c)
+            .map(|(&w, _)| w - 1)
+            .sum();
+        sc.extra_workers.is_none_or(|cap| extra <= cap)
+    });
     combos
         .into_iter()
         .flat_map(|workers| {
@@ -542,5 +553,20 @@ fn i_buffers_shrink_while_step_bound_and_grow_back() {
         };
         let ratio = regime_ratio(&sc, &runs, from, window, label);
         assert!(ratio >= need, "{label}: {ratio:.3} of the best static");
+    }
+}
+
+/// A per-item function heavier than the decoding before it, on two cores whose one extra
+/// worker token the decoding took first: the decoding must give it back (it held it on
+/// staffing for variable work, and the function waited on one worker: 0.70 of the best).
+#[test]
+fn j_a_user_function_heavier_than_decoding_gets_the_token() {
+    let (_, runs, _) = scenario_reaches_best_static("j_user_function_two_cores.toml");
+    for run in &runs {
+        assert_eq!(
+            run.ticks.last().unwrap().workers[..2],
+            [1, 2],
+            "decode 1, map 2"
+        );
     }
 }

@@ -15,7 +15,10 @@
 //!    when more stops helping.
 //! 3. **Allocate.** `workers = ceil(R* × (1 + headroom) × flow × cost)`, plus square-root
 //!    staffing for variable work (`+ cv × sqrt(load)`), for each stage, in one jump (not
-//!    one worker per tick); a CPU stage of steady cost (CV < 0.5) gets no more than the cores. A stage that waits on others gets fewer. Changes inside the
+//!    one worker per tick); a CPU stage of steady cost (CV < 0.5) gets no more than the cores. A stage that waits on others gets fewer.
+//!    When a CPU stage wants more workers than the process's worker tokens leave it, the
+//!    other CPU stages keep only what their load needs (no staffing spares, no hysteresis),
+//!    confirmed as any move, not as a reversal. Changes inside the
 //!    deadband are ignored; a move waits for three ticks wishing the same way (twenty to
 //!    reverse the last move; one for a stage's first scale-up while the consumer starves).
 //! 4. **Test.** After a change the policy waits `settle_ticks`, then compares `trial_ticks` per-tick
@@ -210,6 +213,9 @@ struct Trial {
 #[derive(Clone, Debug, Default)]
 pub struct ModelBased {
     s: ModelSettings,
+    /// Whether, at the last `targets`, a CPU stage wanted more workers than the process's
+    /// tokens let it have ([`give_back_tokens`](Self::give_back_tokens)).
+    short_of_tokens: std::cell::Cell<bool>,
     stages: Vec<StageModel>,
     consumer_step: Option<f64>,
     /// Decayed sum of results delivered (the denominator of each stage's flow ratio).
@@ -368,6 +374,7 @@ impl ModelBased {
         if let Some((i, w)) = self.boost(obs, n) {
             out[i] = out[i].max(w);
         }
+        self.give_back_tokens(obs, n, rate, &mut out);
         for (i, w) in out.iter_mut().enumerate() {
             let s = &obs.stages[i];
             let m = &self.stages[i];
@@ -384,6 +391,35 @@ impl ModelBased {
             }
         }
         out
+    }
+
+    /// The process's CPU workers are capped (a token per worker, as many as the cores): a CPU
+    /// stage that wants more workers than it may have — the tokens are held by the other
+    /// stages — gets them only when the others give some back. Then the other CPU stages keep
+    /// only what their load needs (`ceil(load × (1 + headroom))`, at least one), not the
+    /// spare workers staffing for variable work or the hysteresis band would hold: a
+    /// per-item function heavier than the decoding it follows otherwise waited on one worker
+    /// while decoding held the cores' tokens for items it had no room to pass on.
+    fn give_back_tokens(&self, obs: &Observation, n: usize, rate: f64, out: &mut [usize]) {
+        let cpu = |i: &usize| obs.stages[*i].is_cpu() && obs.stages[*i].resizable();
+        let short = (0..n)
+            .filter(cpu)
+            .any(|i| out[i] > obs.stages[i].max_workers.max(1));
+        self.short_of_tokens.set(short);
+        if !short {
+            return;
+        }
+        for i in (0..n).filter(cpu) {
+            let s = &obs.stages[i];
+            if out[i] > s.max_workers.max(1) {
+                continue;
+            }
+            if let Some(cost) = self.stages[i].cost {
+                let load = rate * self.flow(i) * cost;
+                let need = ((load * (1.0 + self.s.headroom)).ceil() as usize).max(1);
+                out[i] = out[i].min(need);
+            }
+        }
     }
 
     /// When the consumer starves and the cores are not all busy, the model under-estimates what
@@ -538,7 +574,11 @@ impl ModelBased {
             } else {
                 m.urge + dir
             };
-            let needed = if m.last_dir != 0 && dir != m.last_dir {
+            let needed = if dir < 0 && self.short_of_tokens.get() {
+                // Giving tokens back to a stage that waits for them is not noise reversing a
+                // move: it needs the usual confirmation, not a reversal's.
+                CONFIRM_TICKS
+            } else if m.last_dir != 0 && dir != m.last_dir {
                 REVERSE_CONFIRM_TICKS
             } else if m.last_dir == 0 && dir > 0 && obs.starvation() > COLD_START_STARVATION {
                 // Cold start: a stage never moved yet, a consumer that does nothing but wait.
