@@ -14,32 +14,23 @@ webdataset setting of that repetition; Markdown on stdout.
         --wds-workers 1,2,3
 """
 import argparse
-import io
 import json
 import os
 import sys
-import tarfile
 
 HERE = os.path.abspath(__file__)
 
 
 def make_shards(paths, out, per_shard=64):
     """The images with a caption and a record each, naming the key; returns the pattern."""
-    os.makedirs(out, exist_ok=True)
-    n = (len(paths) + per_shard - 1) // per_shard
-    for s in range(n):
-        with tarfile.open(os.path.join(out, f"{s:05d}.tar"), "w") as tar:
-            for i in range(s * per_shard, min(len(paths), (s + 1) * per_shard)):
-                key = f"{i:09d}"
-                tar.add(paths[i], arcname=f"{key}.jpg")
-                record = {"key": key, "url": paths[i], "width": 500, "height": 375}
-                for ext, body in (("txt", f"a photo-like picture, number {i} ({key})"),
-                                  ("json", json.dumps(record))):
-                    raw = body.encode()
-                    info = tarfile.TarInfo(f"{key}.{ext}")
-                    info.size = len(raw)
-                    tar.addfile(info, io.BytesIO(raw))
-    return os.path.join(out, f"{{00000..{n - 1:05d}}}.tar")
+    sys.path.insert(0, os.path.dirname(HERE))
+    from bench_side import write_shards
+
+    def sidecars(i, key):
+        record = {"key": key, "url": paths[i], "width": 500, "height": 375}
+        return [("txt", f"a photo-like picture, number {i} ({key})"),
+                ("json", json.dumps(record))]
+    return write_shards(paths, out, "jpg", sidecars, per_shard)
 
 
 def run_flowgate(peers, pattern, fields):

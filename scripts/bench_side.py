@@ -2,10 +2,31 @@
 each run in a cold process of its own (the script called again with `--one RUN`), runs
 interleaved over repetitions, ratios per repetition against the best peer setting of that
 repetition, a Markdown table on stdout."""
+import io
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tarfile
+
+
+def write_shards(paths, out, ext, sidecars, per_shard):
+    """Tar shards of `paths` (each as `KEY.ext`, KEY its number) with the members
+    `sidecars(i, key)` gives (`[(ext, text), ...]`) beside each; returns the brace pattern."""
+    os.makedirs(out, exist_ok=True)
+    n = (len(paths) + per_shard - 1) // per_shard
+    for s in range(n):
+        with tarfile.open(os.path.join(out, f"{s:05d}.tar"), "w") as tar:
+            for i in range(s * per_shard, min(len(paths), (s + 1) * per_shard)):
+                key = f"{i:09d}"
+                tar.add(paths[i], arcname=f"{key}.{ext}")
+                for side, body in sidecars(i, key):
+                    raw = body.encode()
+                    info = tarfile.TarInfo(f"{key}.{side}")
+                    info.size = len(raw)
+                    tar.addfile(info, io.BytesIO(raw))
+    return os.path.join(out, f"{{00000..{n - 1:05d}}}.tar")
 
 
 def one(script, args, what):

@@ -18,7 +18,6 @@ import argparse
 import io
 import os
 import sys
-import tarfile
 
 HERE = os.path.abspath(__file__)
 RATE = 16000
@@ -26,18 +25,10 @@ RATE = 16000
 
 def make_shards(paths, out, per_shard=32):
     """The clips with a transcript each, naming the key; returns the pattern."""
-    os.makedirs(out, exist_ok=True)
-    n = (len(paths) + per_shard - 1) // per_shard
-    for s in range(n):
-        with tarfile.open(os.path.join(out, f"{s:05d}.tar"), "w") as tar:
-            for i in range(s * per_shard, min(len(paths), (s + 1) * per_shard)):
-                key = f"{i:09d}"
-                tar.add(paths[i], arcname=f"{key}.flac")
-                raw = f"the speaker reads sample {key}".encode()
-                info = tarfile.TarInfo(f"{key}.txt")
-                info.size = len(raw)
-                tar.addfile(info, io.BytesIO(raw))
-    return os.path.join(out, f"{{00000..{n - 1:05d}}}.tar")
+    sys.path.insert(0, os.path.dirname(HERE))
+    from bench_side import write_shards
+    return write_shards(paths, out, "flac",
+                        lambda i, key: [("txt", f"the speaker reads sample {key}")], per_shard)
 
 
 class Tally:

@@ -151,17 +151,23 @@ fn mixes_crops_and_pads() {
     );
 }
 
-#[test]
-fn flac_stops_at_the_declared_length_and_pads_with_zeros() {
+/// `samples` (16-bit, mono, 16 kHz) encoded as FLAC.
+fn flac(samples: &[i32]) -> flacenc::bitsink::ByteSink {
     use flacenc::component::BitRepr;
     use flacenc::error::Verify;
-    // 5000 samples: the encoder's last 4096-sample block is only partly real.
-    let samples: Vec<i32> = (0..5000).map(|i| ((i * 37) % 2000) - 1000).collect();
     let config = flacenc::config::Encoder::default().into_verified().unwrap();
-    let source = flacenc::source::MemSource::from_samples(&samples, 1, 16, 16_000);
+    let source = flacenc::source::MemSource::from_samples(samples, 1, 16, 16_000);
     let stream = flacenc::encode_with_fixed_block_size(&config, source, config.block_size).unwrap();
     let mut sink = flacenc::bitsink::ByteSink::new();
     stream.write(&mut sink).unwrap();
+    sink
+}
+
+#[test]
+fn flac_stops_at_the_declared_length_and_pads_with_zeros() {
+    // 5000 samples: the encoder's last 4096-sample block is only partly real.
+    let samples: Vec<i32> = (0..5000).map(|i| ((i * 37) % 2000) - 1000).collect();
+    let sink = flac(&samples);
     let r = AudioRecipe {
         samples: 9000,
         ..AudioRecipe::default()
@@ -435,14 +441,8 @@ fn direct_wav_reading_matches_symphonia_bit_for_bit() {
 #[test]
 fn clips_for_length_batches_hold_their_samples_only() {
     use crate::blob::{Blob, Input};
-    use flacenc::component::BitRepr;
-    use flacenc::error::Verify;
     let samples: Vec<i32> = (0..4800).map(|i| ((i * 53) % 3000) - 1500).collect();
-    let config = flacenc::config::Encoder::default().into_verified().unwrap();
-    let source = flacenc::source::MemSource::from_samples(&samples, 1, 16, 16_000);
-    let stream = flacenc::encode_with_fixed_block_size(&config, source, config.block_size).unwrap();
-    let mut sink = flacenc::bitsink::ByteSink::new();
-    stream.write(&mut sink).unwrap();
+    let sink = flac(&samples);
     let frames: Vec<[i16; 2]> = samples.iter().map(|&s| [s as i16, 0]).collect();
     let dir = std::env::temp_dir().join(format!("flowgate-clip-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
