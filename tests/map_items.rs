@@ -164,6 +164,11 @@ fn errors_and_panics_are_the_items_failures_counted_or_fatal() {
     let failed = l.watch().failures(None);
     assert_eq!(failed.len(), FILES - want.len(), "{failed:?}");
     assert!(failed.iter().all(|f| f.stage == "tokenize"), "{failed:?}");
+    // Each named by its path, as the decode stage names its failures.
+    assert!(
+        failed.iter().all(|f| f.item.ends_with(".jpg")),
+        "{failed:?}"
+    );
     assert!(
         failed
             .iter()

@@ -49,6 +49,12 @@ use crate::op::{call_caught, Describe, Op, Sizer};
 use crate::origin::Origin;
 use crate::stage::{StageControl, StageCore};
 
+/// A worker thread's stack: a Python thread's (8 MiB, the platform's default), not Rust's
+/// 2 MiB. Stage functions run users' code — a Python `map=`'s deep recursion in C (a `repr`
+/// of deeply nested data) overflowed the smaller stack and killed the process. Only the
+/// pages used are committed.
+const WORKER_STACK: usize = 8 << 20;
+
 /// Everything needed to start a pool stage.
 pub struct PoolSpec<T, U> {
     /// Identity, metrics, failures.
@@ -224,6 +230,7 @@ impl<T: Send + 'static, U: Send + 'static> PoolStage<T, U> {
             let name = format!("fg-{}-{idx}", shared.core.name);
             match std::thread::Builder::new()
                 .name(name)
+                .stack_size(WORKER_STACK)
                 .spawn(move || WorkerLoop::new(idx, deque, shared).run())
             {
                 Ok(h) => th.handles.push(h),

@@ -16,6 +16,12 @@ use crate::error::to_py;
 use crate::state::{state_from_py, state_to_py};
 use crate::values::field_to_py;
 
+/// Whether the interpreter's exit has begun (see `lifecycle`): a pipeline is then left to the
+/// process's end, not closed.
+fn exiting() -> bool {
+    crate::EXITING.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// How long `_next` waits with the GIL released before it checks for a signal (Ctrl-C).
 pub(crate) const SLICE: std::time::Duration = std::time::Duration::from_millis(50);
 
@@ -264,7 +270,7 @@ impl Loader {
     /// being iterated (a `break`), the pipeline stops now and frees its buffers; the next
     /// iterator starts that epoch again from where it started.
     fn _abandon(&self, py: Python<'_>, iterator: u64) {
-        if crate::map::calling(self.map_token) {
+        if crate::map::calling(self.map_token) || exiting() {
             // An iterator freed inside the function: its epoch is abandoned by the next.
             return;
         }
@@ -582,6 +588,12 @@ impl Loader {
     /// Stops the pipeline and joins its threads (also done when the loader is freed).
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         self.not_from_own_map("close")?;
+        if exiting() {
+            // The interpreter is stopping: the pipeline's threads that were about to call
+            // Python are parked for good, and joining them would wait forever (an iterator
+            // freed at exit, after an exception escaped the loop, hung the process).
+            return Ok(());
+        }
         let core = &self.core;
         crate::lifecycle::released(py, || {
             core.lock().expect("loader").loader.close();

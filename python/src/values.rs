@@ -145,9 +145,14 @@ pub(crate) fn tensor_from_py(v: &Bound<'_, PyAny>, name: &str) -> PyResult<Tenso
     // `asarray(order="C")`, not `ascontiguousarray`, which makes a 0-d array 1-d.
     let kw = PyDict::new(py);
     kw.set_item("order", "C")?;
-    let a = py
+    let mut a = py
         .import("numpy")?
         .call_method("asarray", (v,), Some(&kw))?;
+    // Another byte order (`>f4`) is converted, not read as this machine's (wrong numbers).
+    if !a.getattr("dtype")?.getattr("isnative")?.extract::<bool>()? {
+        let native = a.getattr("dtype")?.call_method1("newbyteorder", ("=",))?;
+        a = a.call_method1("astype", (native,))?;
+    }
     let dtype: String = a.getattr("dtype")?.getattr("name")?.extract()?;
     let d = DType::from_numpy(&dtype).ok_or_else(|| {
         PyValueError::new_err(format!(

@@ -236,7 +236,10 @@ pub(super) fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: Fa
         if let Some((stage, f)) = &b.map {
             let f = Arc::clone(f);
             let (added, fields) = (b.map_fields.len(), names.len());
+            let named = plan.clone();
             p = p
+                // A failed item is named by its path (or `SHARD:KEY`), as in the decode stage.
+                .describe(move |d: &Decoded| named.name(d.meta.index, d.meta.epoch))
                 .pipe(
                     stage,
                     move |d: Decoded| {
