@@ -23,71 +23,6 @@ use symphonia::core::sample::Sample;
 use crate::media::MediaError;
 use crate::tensor::{DType, Tensor};
 
-/// The duration in seconds a file declares (its container's frame count over its rate: a FLAC
-/// `STREAMINFO`, a WAV header, an MP4 track), read without decoding any audio; `None` when the
-/// container does not say (a stream without a length). What length-aware batching
-/// ([`LengthBatches`](crate::sampler::LengthBatches)) plans with.
-pub fn duration(path: &Path) -> Result<Option<f64>, MediaError> {
-    let file = std::fs::File::open(path).map_err(|source| MediaError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    declared_duration(Box::new(file), path)
-}
-
-/// [`duration`] of a clip held in memory (a tar shard's member, a Parquet cell); `path`
-/// names it in errors and gives the format hint by its extension.
-pub fn duration_of_bytes(bytes: Vec<u8>, path: &Path) -> Result<Option<f64>, MediaError> {
-    if bytes.is_empty() {
-        return Err(MediaError::Empty {
-            path: path.to_path_buf(),
-        });
-    }
-    declared_duration(Box::new(Cursor::new(bytes)), path)
-}
-
-fn declared_duration(source: Box<dyn MediaSource>, path: &Path) -> Result<Option<f64>, MediaError> {
-    let mss = MediaSourceStream::new(source, Default::default());
-    let mut hint = Hint::new();
-    if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
-        hint.with_extension(ext);
-    }
-    // A corrupt header may panic inside the probe (see `decode_source`): a typed error.
-    let probed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        symphonia::default::get_probe().format(
-            &hint,
-            mss,
-            &FormatOptions {
-                enable_gapless: true,
-                ..Default::default()
-            },
-            &MetadataOptions::default(),
-        )
-    }))
-    .map_err(|_| MediaError::Decode {
-        path: path.to_path_buf(),
-        source: "the audio probe panicked on corrupt input".into(),
-    })?
-    .map_err(|e| MediaError::Decode {
-        path: path.to_path_buf(),
-        source: Box::new(e),
-    })?;
-    let track = probed
-        .format
-        .tracks()
-        .iter()
-        .find(|t| t.codec_params.codec != CODEC_TYPE_NULL)
-        .ok_or_else(|| MediaError::Geometry {
-            path: path.to_path_buf(),
-            reason: "no audio track".into(),
-        })?;
-    let p = &track.codec_params;
-    Ok(match (p.n_frames, p.sample_rate) {
-        (Some(n), Some(rate)) if rate > 0 => Some(n as f64 / f64::from(rate)),
-        _ => None,
-    })
-}
-
 /// Mono clips (each an `f32` window and its real length in samples) as one batch padded with
 /// zeros to the longest: `[B, T]` `f32` and the lengths as `[B]` `i64`.
 pub fn pad_clips(clips: &[(Tensor, usize)]) -> (Tensor, Tensor) {
@@ -566,56 +501,6 @@ impl Dest<'_> {
     }
 }
 
-/// Frames per resampler chunk.
-const RESAMPLE_CHUNK: usize = 1024;
-
-/// Resamples the first `filled` frames of each plane from `from` Hz to `to` Hz (FFT-based,
-/// band-limited: `rubato::FftFixedIn`) into a `[planes, samples]` tensor, zero past the
-/// resampled end.
-fn resample(
-    planes: &[&[f32]],
-    filled: usize,
-    from: u32,
-    to: u32,
-    samples: usize,
-) -> Result<Tensor, String> {
-    use rubato::Resampler;
-    let n = planes.len();
-    let mut r = rubato::FftFixedIn::<f32>::new(from as usize, to as usize, RESAMPLE_CHUNK, 2, n)
-        .map_err(|e| e.to_string())?;
-    let delay = r.output_delay();
-    // The output's real length; past it, the resampler's tail of silence.
-    let real = ((filled as u64 * u64::from(to)).div_ceil(u64::from(from)) as usize).min(samples);
-    let want = delay + real;
-    let mut outs: Vec<Vec<f32>> = vec![Vec::with_capacity(want + 2 * RESAMPLE_CHUNK); n];
-    let mut pos = 0;
-    while outs[0].len() < want {
-        let need = r.input_frames_next();
-        let chunk = if pos + need <= filled {
-            let input: Vec<&[f32]> = planes.iter().map(|p| &p[pos..pos + need]).collect();
-            pos += need;
-            r.process(&input, None).map_err(|e| e.to_string())?
-        } else if pos < filled {
-            let input: Vec<&[f32]> = planes.iter().map(|p| &p[pos..filled]).collect();
-            pos = filled;
-            r.process_partial(Some(&input), None)
-                .map_err(|e| e.to_string())?
-        } else {
-            r.process_partial::<&[f32]>(None, None)
-                .map_err(|e| e.to_string())?
-        };
-        for (o, c) in outs.iter_mut().zip(chunk) {
-            o.extend_from_slice(&c);
-        }
-    }
-    let mut t = Tensor::zeros(&[n, samples], DType::F32);
-    let out = f32_slice_mut(&mut t);
-    for (c, o) in outs.iter().enumerate() {
-        out[c * samples..c * samples + real].copy_from_slice(&o[delay..delay + real]);
-    }
-    Ok(t)
-}
-
 fn f32_slice(t: &Tensor) -> &[f32] {
     let bytes = t.bytes();
     if bytes.is_empty() {
@@ -653,6 +538,11 @@ fn not_silent(
     }
 }
 
+mod duration;
+mod resample;
 #[cfg(test)]
 mod tests;
 mod wav;
+
+pub use duration::{duration, duration_of_bytes};
+use resample::{resample, RESAMPLE_CHUNK};
