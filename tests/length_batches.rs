@@ -381,7 +381,7 @@ fn speech_rows(l: &Loader, b: &flowgate::loader::Batch) -> Vec<(String, String, 
 
 /// Speech shards (FLAC + transcript) batched by audio length: each row's transcript and
 /// label are its own clip's (its decoded length is the one its header declares), every good
-/// clip once across 3 ranks with equal batch counts, the corrupt clip and the one without a
+/// clip once across 4 ranks (42 clips: not a multiple) with equal batch counts, the corrupt clip and the one without a
 /// transcript left out of their batches and counted by name; an epoch interrupted mid-way
 /// resumes to exactly the rest, still aligned.
 #[test]
@@ -391,8 +391,8 @@ fn speech_shards_batch_by_length_with_each_transcript_beside_its_clip() {
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut counts = Vec::new();
     let mut failed = Vec::new();
-    for rank in 0..3 {
-        let mut l = speech_loader(&pattern, rank, 3);
+    for rank in 0..4 {
+        let mut l = speech_loader(&pattern, rank, 4);
         let batches: Vec<_> = l.epoch().unwrap().map(Result::unwrap).collect();
         for b in &batches {
             let labels = b.label_values().unwrap();

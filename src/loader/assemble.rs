@@ -152,12 +152,30 @@ impl LoaderBuilder {
                 && !self.units,
             reader: self.reader,
         };
-        let added = self.map_fields.clone();
-        let make = make(self, plan.clone(), batch_size, failures.clone());
-        let mut loader =
-            Loader::from_parts(make, plan, batches_per_epoch, failures, sim_log, batching);
-        loader.field_names = loader.field_names.iter().cloned().chain(added).collect();
-        Ok(loader)
+        // The fields besides the media each batch names: the dataset's, then the function's.
+        let names: Arc<[String]> = self
+            .dataset
+            .extra_fields()
+            .iter()
+            .map(|f| f.name.clone())
+            .chain(self.map_fields.iter().cloned())
+            .collect();
+        let make = make(
+            self,
+            plan.clone(),
+            batch_size,
+            failures.clone(),
+            Arc::clone(&names),
+        );
+        Ok(Loader::from_parts(
+            make,
+            plan,
+            batches_per_epoch,
+            failures,
+            sim_log,
+            batching,
+            names,
+        ))
     }
 }
 
@@ -190,16 +208,16 @@ impl Learned {
     }
 }
 
-/// The function that builds a pipeline of `b`'s settings over `plan`.
-pub(super) fn make(b: LoaderBuilder, plan: Plan, batch_size: usize, failures: FailureLog) -> Make {
+/// The function that builds a pipeline of `b`'s settings over `plan`; `names`: the fields
+/// besides the media its batches carry.
+pub(super) fn make(
+    b: LoaderBuilder,
+    plan: Plan,
+    batch_size: usize,
+    failures: FailureLog,
+    names: Arc<[String]>,
+) -> Make {
     let labels = b.dataset.has_labels();
-    let names: Arc<[String]> = b
-        .dataset
-        .extra_fields()
-        .iter()
-        .map(|f| f.name.clone())
-        .chain(b.map_fields.iter().cloned())
-        .collect();
     let batch_bytes = b.batch_bytes();
     let decoder = Arc::new(b.decoder);
     let threads = decoder.recipe.item_threads();

@@ -209,7 +209,7 @@ impl LengthPlan {
 
 /// Each clip's declared length (the recipe's unit), in dataset order, read from the files'
 /// headers or from each sample's media bytes (tar shards, Parquet: one read of each sample,
-/// on every core); and the clips whose containers declare none. A clip that cannot be read,
+/// on this process's share of the cores); and the clips whose containers declare none. A clip that cannot be read,
 /// or declares no length, counts as 0 long (it fails in its batch, named).
 fn declared_lengths(dataset: &Dataset, recipe: &Recipe) -> (Vec<f64>, Vec<usize>) {
     let n = dataset.dataset_len();
@@ -225,10 +225,9 @@ fn declared_lengths(dataset: &Dataset, recipe: &Recipe) -> (Vec<f64>, Vec<usize>
             Err(_) => Some(0.0),
         }
     };
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |c| c.get())
-        .clamp(1, 16)
-        .min(n.max(1));
+    // This process's share of the cores (and of a node budget's), not the machine's: eight
+    // ranks planning at once on a node must not start eight machines' worth of threads.
+    let threads = crate::actors::cap::cores().clamp(1, 16).min(n.max(1));
     let chunk = n.div_ceil(threads).max(1);
     let declared: Vec<Option<f64>> = std::thread::scope(|s| {
         let parts: Vec<_> = (0..n)

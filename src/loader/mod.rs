@@ -195,16 +195,10 @@ impl Loader {
         failures: FailureLog,
         sim_log: Option<SimLog>,
         batching: units::Batching,
+        field_names: Arc<[String]>,
     ) -> Self {
         Self {
-            field_names: match &plan {
-                Plan::Items(d) => d,
-                Plan::Batches(b) => b.dataset(),
-            }
-            .extra_fields()
-            .iter()
-            .map(|f| f.name.clone())
-            .collect(),
+            field_names,
             make,
             plan,
             pipeline: None,

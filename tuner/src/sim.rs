@@ -444,18 +444,24 @@ impl Simulator {
         }
     }
 
-    /// The observation of the window that just ended, and resets the window.
-    fn observe(&mut self, window: f64, delivered: u64) -> Observation {
-        // The tokens the CPU stages' extra workers (beyond one each) leave, if capped.
-        let spare = self.sc.extra_workers.map(|cap| {
+    /// The worker tokens the CPU stages' extra workers (beyond one each) leave, if the
+    /// scenario caps them; `except`: a stage whose own extras count as free.
+    fn spare_tokens(&self, except: Option<usize>) -> Option<usize> {
+        self.sc.extra_workers.map(|cap| {
             let used: usize = self
                 .stages
                 .iter()
-                .filter(|s| s.kind == SimKind::Cpu)
-                .map(|s| s.workers.saturating_sub(1))
+                .enumerate()
+                .filter(|(i, s)| Some(*i) != except && s.kind == SimKind::Cpu)
+                .map(|(_, s)| s.workers.saturating_sub(1))
                 .sum();
             cap.saturating_sub(used)
-        });
+        })
+    }
+
+    /// The observation of the window that just ended, and resets the window.
+    fn observe(&mut self, window: f64, delivered: u64) -> Observation {
+        let spare = self.spare_tokens(None);
         let mut stages: Vec<StageObservation> = self
             .stages
             .iter_mut()
@@ -533,16 +539,7 @@ impl Simulator {
             Action::SetWorkers { stage, workers } => {
                 // Extra CPU workers take tokens in the order asked, as the engine grants
                 // them: what the stages before took is not there for the next.
-                let spare = self.sc.extra_workers.map(|cap| {
-                    let used: usize = self
-                        .stages
-                        .iter()
-                        .enumerate()
-                        .filter(|(i, s)| *i != stage && s.kind == SimKind::Cpu)
-                        .map(|(_, s)| s.workers.saturating_sub(1))
-                        .sum();
-                    cap.saturating_sub(used)
-                });
+                let spare = self.spare_tokens(Some(stage));
                 if let Some(st) = self.stages.get_mut(stage) {
                     let most = match (st.kind, spare) {
                         (SimKind::Cpu, Some(spare)) => st.max_workers.min(1 + spare),
