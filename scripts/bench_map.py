@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""What `map=` gains: a per-item Python function on the loader's own stage (threads the
-tuner sizes) against the same function applied in the training loop, item by item, for
+"""What `map=` and `map_batch=` gain: a per-item Python function on the loader's own stage
+(threads the tuner sizes), or the same function over each batch's images on the per-batch
+stage, against the function applied in the training loop, item by item, for
 three kinds of work, each a few milliseconds per image (more than its decoding, so that the
 function is what bounds the loop): pure Python (holds the GIL), NumPy (float32 matrix
 products: BLAS releases the GIL; one BLAS thread) and PIL (Gaussian blurs of each 224x224
 crop: PIL releases the GIL). Each run in a cold process, interleaved repetitions; the table gives
-images/s, map= over the loop, and map='s `stats()["gil"]` (threads busy in calls, cores
-they used). Markdown on stdout.
+images/s, map= and map_batch= over the loop, and their `stats()["gil"]` (threads busy in
+calls, cores they used). Markdown on stdout.
 
     scripts/bench_map.py --list IMAGES.txt --reps 3
 """
@@ -57,6 +58,12 @@ def run(files, kind, where):
         loader = flowgate.ImageLoader(files, map=lambda s: {**s, "image": f(s["image"])},
                                       **args)
         n = sum(b.shape[0] for b in loader)
+    elif where == "map_batch":
+        import numpy as np
+        loader = flowgate.ImageLoader(
+            files, map_batch=lambda b: {"image": np.stack([f(x) for x in np.asarray(b["image"])])},
+            **args)
+        n = sum(b["image"].shape[0] for b in loader)
     else:
         loader = flowgate.ImageLoader(files, **args)
         n = 0
@@ -67,9 +74,9 @@ def run(files, kind, where):
                 n += 1
     seconds = time.perf_counter() - t
     out = {"images": n, "seconds": seconds}
-    if where == "map":
+    if where != "loop":
         out["gil"] = loader.stats()["gil"]
-        out["map_workers"] = loader.stats()["stages"]["map"]["workers"]
+        out["map_workers"] = loader.stats()["stages"][where]["workers"]
     print(json.dumps(out))
 
 
@@ -84,7 +91,7 @@ def main():
         kind, where = args.one.split("/")
         return run(files, kind, where)
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    runs = [f"{k}/{w}" for k in WORKS for w in ("loop", "map")]
+    runs = [f"{k}/{w}" for k in WORKS for w in ("loop", "map", "map_batch")]
     res = {r: [] for r in runs}
     for rep in range(args.reps):
         for r in runs:
@@ -92,20 +99,22 @@ def main():
                                  capture_output=True, text=True, check=True, env=env).stdout
             res[r].append(json.loads(out.strip().splitlines()[-1]))
             print(rep, r, res[r][-1], file=sys.stderr)
-    print("| work | in the loop, images/s | map=, images/s | map= over the loop (median, "
-          "range) | map='s threads busy / cores used | map workers |")
-    print("|---|---|---|---|---|---|")
+    print("| work | stage | in the loop, images/s | on the stage, images/s | stage over the loop "
+          "(median, range) | threads busy / cores used | stage workers |")
+    print("|---|---|---|---|---|---|---|")
+    rate = lambda x: x["images"] / x["seconds"]  # noqa: E731
     for k in WORKS:
-        loop, mapped = res[f"{k}/loop"], res[f"{k}/map"]
-        rate = lambda x: x["images"] / x["seconds"]  # noqa: E731
-        ratios = [rate(m) / rate(lp) for m, lp in zip(mapped, loop)]
-        busy = statistics.median(m["gil"]["threads_busy"] for m in mapped)
-        cores = statistics.median(m["gil"]["cores_used"] for m in mapped)
-        workers = statistics.median(m["map_workers"] for m in mapped)
-        print(f"| {k} | {statistics.median(map(rate, loop)):.0f} | "
-              f"{statistics.median(map(rate, mapped)):.0f} | {statistics.median(ratios):.2f}× "
-              f"({min(ratios):.2f}–{max(ratios):.2f}) | {busy:.2f} / {cores:.2f} | "
-              f"{workers:.0f} |")
+        loop = res[f"{k}/loop"]
+        for where in ("map", "map_batch"):
+            mapped = res[f"{k}/{where}"]
+            ratios = [rate(m) / rate(lp) for m, lp in zip(mapped, loop)]
+            busy = statistics.median(m["gil"]["threads_busy"] for m in mapped)
+            cores = statistics.median(m["gil"]["cores_used"] for m in mapped)
+            workers = statistics.median(m["map_workers"] for m in mapped)
+            print(f"| {k} | `{where}=` | {statistics.median(map(rate, loop)):.0f} | "
+                  f"{statistics.median(map(rate, mapped)):.0f} | "
+                  f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f}) | "
+                  f"{busy:.2f} / {cores:.2f} | {workers:.0f} |")
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@ The shards are LAION's layout (`KEY.jpg`, `KEY.txt` the caption, `KEY.json` a re
 script writes a few from the listed images (each caption and record naming its key) unless
 `--shards PATTERN` names existing ones. flowgate decodes and crops the images on its tuned
 threads and reads each sample's caption and record beside them: a batch is a dict whose
-`caption` list is in the images' order. The captions are tokenized in the loop (a toy
-whitespace vocabulary here; a real tokenizer in training). Under torchrun each rank reads an
-equal share; the script checks that every caption belongs to its image and stops half way
-through to resume from `state_dict()`.
+`caption` list is in the images' order. Each batch's captions are tokenized at once on the
+loader's threads too (`map_batch=`: a toy hashing vocabulary here, padded to the batch's
+longest caption; a real tokenizer's batch call in training), so the loop gets `tokens` beside
+`image`. Under torchrun each rank reads an equal share; the script checks that every caption
+belongs to its image and its tokens, and stops half way through to resume from
+`state_dict()`.
 """
 
 import argparse
@@ -20,7 +22,9 @@ import json
 import os
 import tarfile
 import tempfile
+import zlib
 
+import numpy as np
 import torch
 
 import flowgate
@@ -44,16 +48,21 @@ def write_shards(images, out, per_shard=16):
     return os.path.join(out, f"{{00000..{n - 1:05d}}}.tar")
 
 
-class Vocab:
-    """A toy tokenizer: whitespace words to ids, padded to `length`."""
+def word_ids(caption):
+    """A toy tokenizer: each word's id from its hash (a pure function: a resumed epoch, any
+    thread, tokenizes alike)."""
+    return [zlib.crc32(w.encode()) % 30000 + 1 for w in caption.split()]
 
-    def __init__(self, length=16):
-        self.ids, self.length = {"<pad>": 0}, length
 
-    def __call__(self, captions):
-        rows = [[self.ids.setdefault(w, len(self.ids)) for w in c.split()][:self.length]
-                for c in captions]
-        return torch.tensor([r + [0] * (self.length - len(r)) for r in rows])
+def tokenize(batch):
+    """A batch's captions as token ids padded to its longest (0 after each caption), on the
+    loader's threads: with a real tokenizer, ``tokenizer(batch["caption"], padding=True,
+    return_tensors="np")["input_ids"]``."""
+    rows = [word_ids(c) for c in batch["caption"]]
+    tokens = np.zeros((len(rows), max(map(len, rows))), dtype=np.int64)
+    for r, ids in enumerate(rows):
+        tokens[r, :len(ids)] = ids
+    return {"tokens": tokens}
 
 
 def main():
@@ -68,15 +77,19 @@ def main():
         pattern = write_shards(images, tempfile.mkdtemp(prefix="image-text-"))
     make = lambda: flowgate.ImageLoader(  # noqa: E731 - built twice: before and after resume
         flowgate.Shards(pattern, buffer=256), batch_size=32, resize=256, crop=224, train=True,
-        seed=0, output="torch", return_paths=True, fields={"caption": "txt", "meta": "json"})
-    loader, tokenize = make(), Vocab()
+        seed=0, output="torch", return_paths=True, fields={"caption": "txt", "meta": "json"},
+        map_batch=tokenize)
+    loader = make()
     print(f"rank {os.environ.get('RANK', 0)}: {len(loader)} batches an epoch")
     half, state, seen = max(1, len(loader) // 2), None, 0
     for step, batch in enumerate(loader):
-        images, tokens = batch["image"], tokenize(batch["caption"])
-        for path, caption, meta in zip(batch["path"], batch["caption"], batch["meta"]):
+        images, tokens = batch["image"], batch["tokens"]
+        for k, (path, caption, meta) in enumerate(zip(batch["path"], batch["caption"],
+                                                      batch["meta"])):
             key = path.rsplit(":", 1)[1].split(".")[0]
             assert caption.endswith(key) and meta["key"] == key, (path, caption, meta)
+            ids = word_ids(caption)
+            assert tokens[k, :len(ids)].tolist() == ids, (path, caption)
         seen += images.shape[0]
         if step + 1 == half:
             state = loader.state_dict()

@@ -177,6 +177,11 @@ class ImageLoader(_Loader):
     (skipped and counted, or fatal, as ``skip_errors`` says). For :class:`Shards`,
     :class:`Parquet`, :class:`Mix` (each source reads the fields) and loose files (from the
     files beside each: ``a.jpg`` reads ``"txt"`` from ``a.txt``).
+    A table whose ``kind`` is ``"image"``, ``"audio"`` or ``"video"`` is decoded as media by a
+    recipe of its own (the table's other keys are that modality's arguments): ``{"depth":
+    {"from": "depth.png", "kind": "image", "resize": 256, "crop": 224}}`` gives
+    ``batch["depth"]``, a tensor beside ``batch["image"]`` (a required field; a sample whose
+    field is missing or does not decode is a failed item).
 
     ``map``: a function run on every decoded item, on a stage of the loader's own (``"map"``
     in ``stats()["stages"]``, its threads sized by the tuner): it gets the item as a dict —
@@ -191,6 +196,18 @@ class ImageLoader(_Loader):
     failure (skipped and counted, or fatal). Each call holds the GIL: code that releases it
     (NumPy, PIL, tokenizers) runs on several threads at once, pure Python on about one core;
     ``stats()["gil"]`` says which. Not with length-aware batches or ``remote=``.
+
+    ``map_batch``: a function run on every collated batch, on a stage of its own after
+    collation and before the upload to ``device`` (``"map_batch"`` in ``stats()["stages"]``,
+    sized by the tuner): tokenizing a batch's captions at once and padding them to its
+    longest, a mixup. It gets the dict the loop would receive (without ``"path"``), with
+    ``"index"`` (each row's) and ``"epoch"`` to seed what it draws, and returns a dict whose
+    keys replace or add to the batch's: arrays (``uint8``, ``float32``, ``int64``; the batch's
+    rows first) become tensors, lists or tuples (a value per row) fields, ``"label"`` the
+    labels. Keys it leaves out stay as they were (media it leaves alone are not copied), and
+    the rows stay the loader's: a checkpoint counts them. Batches are then always dicts. An
+    exception is the failure of the batch's items (skipped and counted, or fatal). It works
+    with length-aware batches, not with ``remote=``.
 
     ``output``: ``"batch"`` (:class:`Batch`, zero-copy to NumPy and DLPack), ``"torch"``
     (``torch.Tensor`` objects, zero-copy through DLPack) or ``"numpy"`` (arrays, zero-copy).
@@ -264,6 +281,7 @@ class ImageLoader(_Loader):
         fields: Optional[Mapping[str, Any]] = None,
         map: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
         map_fields: Sequence[str] = (),
+        map_batch: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
         memory_mb: Optional[float] = None,
         cpu_budget: Union[int, float, str, None] = None,
         device: str = "cpu",
@@ -325,6 +343,7 @@ class AudioLoader(_Loader):
         fields: Optional[Mapping[str, Any]] = None,
         map: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
         map_fields: Sequence[str] = (),
+        map_batch: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
         memory_mb: Optional[float] = None,
         cpu_budget: Union[int, float, str, None] = None,
         device: str = "cpu",
@@ -409,6 +428,7 @@ class VideoLoader(_Loader):
         fields: Optional[Mapping[str, Any]] = None,
         map: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
         map_fields: Sequence[str] = (),
+        map_batch: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
         memory_mb: Optional[float] = None,
         cpu_budget: Union[int, float, str, None] = None,
         device: str = "cpu",

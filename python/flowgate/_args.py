@@ -36,7 +36,7 @@ def _build(args: Dict[str, Any], kind: str, media: Sequence[str]) -> Any:
         return_paths=args["return_paths"], device=args["device"],
         device_memory_mb=args["device_memory_mb"], reader=args.get("reader"),
         units=bool(args.get("decodes_units")), fields=args.get("fields"), map=args.get("map"),
-        map_fields=_names(args.get("map_fields")))
+        map_fields=_names(args.get("map_fields")), map_batch=args.get("map_batch"))
 
 
 def _names(names: Any) -> List[str]:

@@ -101,7 +101,8 @@ def loader(paths: Any, settings: Dict[str, Any], media: Dict[str, Any], labels: 
            reader: Optional[Tuple[int, int]] = ..., units: bool = ...,
            fields: Optional[Dict[str, Any]] = ...,
            map: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = ...,
-           map_fields: Optional[List[str]] = ...) -> Loader: ...
+           map_fields: Optional[List[str]] = ...,
+           map_batch: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = ...) -> Loader: ...
 def _join_closing() -> None: ...
 def skip_part(part: str, error: BaseException) -> None:
     """From a Pipeline stage's function: the part named ``part`` failed with ``error`` and was

@@ -72,7 +72,8 @@ fn data(v: &Bound<'_, PyAny>) -> PyResult<Value> {
 /// `{"kind": "image", "crop": 224, ...}`) says.
 #[pyfunction]
 #[pyo3(signature = (paths, settings, media, labels=None, return_paths=false, device="cpu",
-    device_memory_mb=None, reader=None, units=false, fields=None, map=None, map_fields=None))]
+    device_memory_mb=None, reader=None, units=false, fields=None, map=None, map_fields=None,
+    map_batch=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn loader(
     paths: &Bound<'_, PyAny>,
@@ -87,6 +88,7 @@ pub(crate) fn loader(
     fields: Option<&Bound<'_, PyAny>>,
     map: Option<Py<PyAny>>,
     map_fields: Option<Vec<String>>,
+    map_batch: Option<Py<PyAny>>,
 ) -> PyResult<Loader> {
     let py = paths.py();
     let invalid = |e: flowgate::loader::SettingsError| PyValueError::new_err(e.to_string());
@@ -97,9 +99,9 @@ pub(crate) fn loader(
         .map(|m| flowgate::limits::DEVICE_MEMORY_MB.bytes(m))
         .transpose()
         .map_err(out_of_range)?;
-    let fields = match fields {
-        None => Vec::new(),
-        Some(f) => flowgate::dataset::fields_from_value(data(f)?).map_err(PyValueError::new_err)?,
+    let (fields, media_fields) = match fields {
+        None => (Vec::new(), Vec::new()),
+        Some(f) => flowgate::loader::fields_and_media(data(f)?).map_err(PyValueError::new_err)?,
     };
     if !fields.is_empty() && units {
         return Err(PyValueError::new_err(
@@ -107,24 +109,35 @@ pub(crate) fn loader(
              fields in the training process (remote=None)",
         ));
     }
-    let names = crate::loader::Names::new(&media, &settings, labels.is_some(), return_paths);
     let source = source_of(paths, recipe.extensions(), labels)?.extra_fields(fields);
     let dataset = settings.dataset(source, &recipe).map_err(invalid)?;
     // Opening reads listings, manifests and footers (on S3: requests, retries): without
     // the GIL, so the process's other threads run meanwhile.
     let dataset = crate::lifecycle::released(py, move || dataset.build()).map_err(open_error)?;
     let map_fields = map_fields.unwrap_or_default();
+    let has_labels = dataset.has_labels();
+    let dataset_fields: Vec<String> = dataset
+        .extra_fields()
+        .iter()
+        .map(|f| f.name.clone())
+        .filter(|n| !media_fields.iter().any(|m| m.name == *n))
+        .collect();
+    let mut b = settings.builder(dataset, recipe, &media).map_err(invalid)?;
+    for m in &media_fields {
+        let recipe = settings
+            .recipe(&m.media)
+            .map_err(|e| PyValueError::new_err(format!("fields: {:?}: {e}", m.name)))?;
+        b = b.media_field(&m.name, recipe);
+    }
+    let names = crate::loader::Names::new(b.tensor_names(), labels.is_some(), return_paths);
     let keys = crate::map::Keys {
         media: names.media.clone(),
-        label: dataset.has_labels(),
-        fields: dataset
-            .extra_fields()
-            .iter()
-            .map(|f| f.name.clone())
+        label: has_labels,
+        fields: dataset_fields
+            .into_iter()
             .chain(map_fields.iter().cloned())
             .collect(),
     };
-    let mut b = settings.builder(dataset, recipe, &media).map_err(invalid)?;
     let mut gil = None;
     let mut token = None;
     match map {
@@ -157,6 +170,32 @@ pub(crate) fn loader(
         }
         None => {}
     }
+    // Batches are dicts where a function names their keys, or the media are several.
+    let dict = map_batch.is_some() || !media_fields.is_empty();
+    if let Some(f) = map_batch {
+        if units {
+            return Err(PyValueError::new_err(
+                "map_batch= runs on this process's threads; with remote=, the actors decode \
+                 units that the training process regroups: map the batches there \
+                 (remote=None)",
+            ));
+        }
+        if !f.bind(py).is_callable() {
+            return Err(PyValueError::new_err(
+                "map_batch= must be a function of a batch's dict",
+            ));
+        }
+        let clock = gil.get_or_insert_with(Default::default);
+        let t = *token.get_or_insert_with(crate::map::token);
+        let f = crate::map::python_map_batches(
+            f,
+            has_labels,
+            return_paths,
+            std::sync::Arc::clone(clock),
+            t,
+        );
+        b = b.map_batches_shared(crate::map::BATCH_STAGE, Some(f));
+    }
     if units {
         b = b.decodes_units();
     }
@@ -168,7 +207,7 @@ pub(crate) fn loader(
     }
     let loader = crate::lifecycle::released(py, move || b.build())
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    let mut loader = Loader::new(loader, return_paths, names)?;
+    let mut loader = Loader::new(loader, return_paths, names, dict)?;
     loader.gil = gil;
     loader.map_token = token;
     Ok(loader)

@@ -14,7 +14,7 @@ use crate::error::to_py_device;
 /// it is alive (they hold a reference to the batch).
 #[pyclass(frozen, module = "flowgate._native")]
 pub(crate) struct Batch {
-    mem: Mem,
+    mem: std::sync::Arc<Mem>,
 }
 
 /// Where a batch's bytes are: in host memory, or uploaded (on a CUDA device, or on the
@@ -23,13 +23,25 @@ pub(crate) use flowgate::device::Delivered as Mem;
 
 impl From<Tensor> for Batch {
     fn from(t: Tensor) -> Self {
-        Self { mem: Mem::Host(t) }
+        Self::from(Mem::Host(t))
     }
 }
 
 impl From<Mem> for Batch {
     fn from(mem: Mem) -> Self {
-        Self { mem }
+        Self {
+            mem: std::sync::Arc::new(mem),
+        }
+    }
+}
+
+impl Batch {
+    /// A batch over memory Rust keeps a handle on too (a function's batch, taken back after
+    /// its call when no Python object holds it any more: see `crate::map`).
+    pub(crate) fn shared(mem: &std::sync::Arc<Mem>) -> Self {
+        Self {
+            mem: std::sync::Arc::clone(mem),
+        }
     }
 }
 
@@ -146,7 +158,7 @@ impl Batch {
     /// Where the batch is: `"cpu"`, `"cuda:N"`, or `"simulated"` (the test device).
     #[getter]
     fn device(&self) -> String {
-        match &self.mem {
+        match &*self.mem {
             Mem::Host(_) => "cpu".into(),
             Mem::Device(b) => match b.cuda_ordinal() {
                 Some(n) => format!("cuda:{n}"),
@@ -159,7 +171,7 @@ impl Batch {
     /// device address for a CUDA batch).
     #[getter]
     fn data_ptr(&self) -> usize {
-        match &self.mem {
+        match &*self.mem {
             Mem::Host(t) => t.bytes().as_ptr() as usize,
             Mem::Device(b) => b.data_ptr(),
         }
@@ -214,7 +226,7 @@ impl Batch {
     }
 
     fn __repr__(&self) -> String {
-        let device = match &self.mem {
+        let device = match &*self.mem {
             Mem::Host(_) => String::new(),
             Mem::Device(_) => format!(", device={}", self.device()),
         };
@@ -274,7 +286,7 @@ impl Batch {
         }
         let py = slf.py();
         let b = slf.get();
-        if let Mem::Device(d) = &b.mem {
+        if let Mem::Device(d) = &*b.mem {
             match stream {
                 Some(-1) => {}
                 Some(s) if s == 0 || s < -1 => {

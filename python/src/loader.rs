@@ -36,27 +36,16 @@ struct Core {
 /// The keys of a batch delivered as a dict (a loader with `fields=`): the media's fields,
 /// then `label` and `path` where asked, then the named fields.
 pub(crate) struct Names {
-    pub(crate) media: Vec<&'static str>,
+    pub(crate) media: Vec<String>,
     pub(crate) label: bool,
     path: bool,
 }
 
 impl Names {
-    pub(crate) fn new(
-        media: &flowgate::media::args::MediaArgs,
-        settings: &flowgate::loader::LoaderSettings,
-        labels: bool,
-        paths: bool,
-    ) -> Self {
-        let mut names = vec![media.kind()];
-        if settings.return_lengths || settings.length_cap().is_some() {
-            names.push("lengths");
-        }
-        if matches!(media.audio_track(), Ok(Some(_))) {
-            names.push("audio");
-        }
+    /// `media`: the tensors' names ([`flowgate::loader::LoaderBuilder::tensor_names`]).
+    pub(crate) fn new(media: Vec<String>, labels: bool, paths: bool) -> Self {
         Self {
-            media: names,
+            media,
             label: labels,
             path: paths,
         }
@@ -66,12 +55,19 @@ impl Names {
     /// `epoch`).
     pub(crate) fn check(&self, fields: &[String], map: bool) -> PyResult<()> {
         let taken = |n: &str| {
-            self.media.contains(&n)
+            self.media.iter().any(|m| m == n)
                 || (self.label && n == "label")
                 || (self.path && n == "path")
                 || (map && (n == "index" || n == "epoch"))
         };
-        match fields.iter().find(|f| taken(f)) {
+        // A media field named as the labels' or paths' key, or as `map=`'s own.
+        let own = |n: &str| {
+            (self.label && n == "label")
+                || (self.path && n == "path")
+                || (map && (n == "index" || n == "epoch"))
+        };
+        let extra = self.media.iter().skip(1).find(|m| own(m));
+        match fields.iter().find(|f| taken(f)).or(extra) {
             Some(f) => Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "fields: {f:?} is a key the batch already has (its media, \"label\", \"path\"; \
                  with map=, \"index\" and \"epoch\")"
@@ -147,10 +143,13 @@ impl Drop for Loader {
 }
 
 impl Loader {
+    /// `dict`: batches are dicts even without fields besides the media (a per-batch function
+    /// names its keys).
     pub(crate) fn new(
         loader: flowgate::Loader,
         return_paths: bool,
         names: Names,
+        dict: bool,
     ) -> PyResult<Self> {
         #[cfg(feature = "s3")]
         let shard_caches = loader.dataset().shard_caches();
@@ -159,7 +158,7 @@ impl Loader {
         let mut names = names;
         names.label |= loader.dataset().has_labels();
         names.check(fields, false)?;
-        let names = (!fields.is_empty()).then_some(names);
+        let names = (!fields.is_empty() || dict).then_some(names);
         Ok(Self {
             names,
             watch: loader.watch(),
@@ -199,7 +198,6 @@ impl Loader {
     fn as_dict<'py>(
         &self,
         py: Python<'py>,
-        names: &Names,
         batch: flowgate::loader::Batch,
         paths: Option<Vec<String>>,
     ) -> PyResult<Bound<'py, PyAny>> {
@@ -217,9 +215,14 @@ impl Loader {
             }
             d.set_item(name, list)?;
         }
-        let flowgate::loader::Batch { fields, labels, .. } = batch;
+        let flowgate::loader::Batch {
+            fields,
+            labels,
+            names: tensors,
+            ..
+        } = batch;
         let first = PyDict::new(py);
-        for (name, m) in names.media.iter().zip(fields) {
+        for (name, m) in tensors.iter().zip(fields) {
             first.set_item(name, Bound::new(py, Batch::from(m))?)?;
         }
         if let Some(l) = labels {
@@ -309,8 +312,8 @@ impl Loader {
                 .map(|m| c.loader.path_of(m))
                 .collect::<Vec<_>>()
         });
-        if let Some(names) = &self.names {
-            return self.as_dict(py, names, batch, paths).map(Some);
+        if self.names.is_some() {
+            return self.as_dict(py, batch, paths).map(Some);
         }
         let flowgate::loader::Batch { fields, labels, .. } = batch;
         let mut out = fields

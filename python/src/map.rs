@@ -1,25 +1,37 @@
-//! `map=`: the user's per-item function on a loader's own stage, after decoding
-//! ([`LoaderBuilder::map_items`](flowgate::loader::LoaderBuilder::map_items)). Each item
-//! reaches it as a dict — the media under their batch names (zero-copy `Batch`es), `label`
-//! where the loader has labels, `index` and `epoch` (to seed what it draws), and each field
-//! besides the media — and what it returns under those names becomes the item: arrays are
-//! copied into tensors, other values into fields (see [`field_from_py`]). An exception is the
-//! item's failure in the stage. Calls hold the GIL: `stats()["gil"]` says whether threads
-//! help (code that releases it — NumPy, PIL, tokenizers — runs on several at once).
+//! `map=` and `map_batch=`: the user's per-item function on a loader's own stage after
+//! decoding ([`LoaderBuilder::map_items`](flowgate::loader::LoaderBuilder::map_items)), and
+//! its per-batch function after collation
+//! ([`map_batches`](flowgate::loader::LoaderBuilder::map_batches)).
+//!
+//! Each item reaches `map=` as a dict — the media under their batch names (zero-copy
+//! `Batch`es), `label` where the loader has labels, `index` and `epoch` (to seed what it
+//! draws), and each field besides the media — and what it returns under those names becomes
+//! the item: arrays are copied into tensors, other values into fields (see
+//! [`field_from_py`]). Each batch reaches `map_batch=` as the dict the loop would receive (and
+//! `index`, a list, and `epoch`); what it returns replaces or adds keys: arrays become
+//! tensors, lists of a value per row fields. Media it leaves alone are not copied (taken back
+//! once no Python object holds them). An exception is the item's (or batch's) failure in the
+//! stage. Calls hold the GIL: `stats()["gil"]` says whether threads help (code that releases
+//! it — NumPy, PIL, tokenizers — runs on several at once).
 
 use std::sync::Arc;
 
-use flowgate::loader::{MapItems, Sample};
+use flowgate::dataset::FieldValue;
+use flowgate::loader::{MapBatches, MapItems, Sample};
+use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
-use crate::batch::Batch;
+use crate::batch::{Batch, Mem};
 use crate::error::py_error;
 use crate::gil::GilClock;
 use crate::values::{field_from_py, field_to_py, tensor_from_py};
 
 /// The stage's name in `stats()` and failures.
 pub(crate) const STAGE: &str = "map";
+
+/// The per-batch function's stage's name.
+pub(crate) const BATCH_STAGE: &str = "map_batch";
 
 std::thread_local! {
     /// The loader whose function this thread is calling (0: none).
@@ -40,7 +52,7 @@ pub(crate) fn calling(token: Option<u64>) -> bool {
 
 /// What the function's dicts hold: the media's names, whether there is a label, the fields'.
 pub(crate) struct Keys {
-    pub(crate) media: Vec<&'static str>,
+    pub(crate) media: Vec<String>,
     pub(crate) label: bool,
     pub(crate) fields: Vec<String>,
 }
@@ -48,12 +60,32 @@ pub(crate) struct Keys {
 /// The function `f` as the per-item function of the loader named by `token`, its calls timed
 /// by `clock`.
 pub(crate) fn python_map(f: Py<PyAny>, keys: Keys, clock: Arc<GilClock>, token: u64) -> MapItems {
-    Arc::new(move |s: Sample| {
-        let outer = CALLING.with(|c| c.replace(token));
-        let r = clock.call(|py| call(py, &f, &keys, s).map_err(|e| py_error(py, e).into()));
-        CALLING.with(|c| c.set(outer));
-        r
-    })
+    Arc::new(move |s: Sample| as_calling(token, &clock, |py| call(py, &f, &keys, s)))
+}
+
+/// The function `f` as the per-batch function of the loader named by `token` (`labels`:
+/// whether the dataset has labels; `paths`: whether batches get `path`, a key it cannot
+/// take), its calls timed by `clock`.
+pub(crate) fn python_map_batches(
+    f: Py<PyAny>,
+    labels: bool,
+    paths: bool,
+    clock: Arc<GilClock>,
+    token: u64,
+) -> MapBatches {
+    Arc::new(move |b| as_calling(token, &clock, |py| call_batch(py, &f, labels, paths, b)))
+}
+
+/// Runs `call` with the GIL, timed by `clock`, as the function of the loader named `token`.
+fn as_calling<R>(
+    token: u64,
+    clock: &GilClock,
+    call: impl FnOnce(Python<'_>) -> PyResult<R>,
+) -> Result<R, flowgate::BoxError> {
+    let outer = CALLING.with(|c| c.replace(token));
+    let r = clock.call(|py| call(py).map_err(|e| py_error(py, e).into()));
+    CALLING.with(|c| c.set(outer));
+    r
 }
 
 fn call(py: Python<'_>, f: &Py<PyAny>, keys: &Keys, mut s: Sample) -> PyResult<Sample> {
@@ -66,8 +98,11 @@ fn call(py: Python<'_>, f: &Py<PyAny>, keys: &Keys, mut s: Sample) -> PyResult<S
             keys.media
         )));
     }
+    let mut given = Vec::with_capacity(tensors.len());
     for (name, t) in keys.media.iter().zip(tensors) {
-        d.set_item(name, Bound::new(py, Batch::from(t))?)?;
+        let m = Arc::new(Mem::Host(t));
+        d.set_item(name, Bound::new(py, Batch::shared(&m))?)?;
+        given.push(m);
     }
     if keys.label {
         d.set_item("label", s.meta.label)?;
@@ -77,8 +112,8 @@ fn call(py: Python<'_>, f: &Py<PyAny>, keys: &Keys, mut s: Sample) -> PyResult<S
     for (name, v) in keys.fields.iter().zip(&s.meta.extras) {
         d.set_item(name, field_to_py(py, v)?)?;
     }
-    let out = f.call1(py, (d.clone(),))?;
-    let out = out.bind(py);
+    let result = f.call1(py, (d.clone(),))?;
+    let out = result.bind(py);
     let out = out.downcast::<PyDict>().map_err(|_| {
         pyo3::exceptions::PyTypeError::new_err(format!(
             "map= must return the item's dict (its keys: {}), not {}",
@@ -112,8 +147,12 @@ fn call(py: Python<'_>, f: &Py<PyAny>, keys: &Keys, mut s: Sample) -> PyResult<S
             None => Ok(d.get_item(k)?.expect("given")),
         }
     };
+    // The media it returned anew (the others are taken back below, once the dicts are gone).
+    let mut media = Vec::with_capacity(given.len());
     for name in &keys.media {
-        s.fields.push(tensor_from_py(&get(name)?, name)?);
+        let v = get(name)?;
+        let same = d.get_item(name)?.is_some_and(|g| g.is(&v));
+        media.push((!same).then(|| tensor_from_py(&v, name)).transpose()?);
     }
     if keys.label {
         let label = get("label")?;
@@ -128,7 +167,33 @@ fn call(py: Python<'_>, f: &Py<PyAny>, keys: &Keys, mut s: Sample) -> PyResult<S
             s.meta.extras[k] = field_from_py(&v)?;
         }
     }
+    drop(result);
+    drop(d);
+    for (new, m) in media.into_iter().zip(given) {
+        s.fields.push(match new {
+            Some(t) => t,
+            None => match taken_back(m)? {
+                Mem::Host(t) => t,
+                _ => unreachable!("an item is in host memory"),
+            },
+        });
+    }
     Ok(s)
+}
+
+/// Memory a function was given, back from Python: itself once no Python object holds it, else
+/// (the function kept a view) a copy, the view staying valid.
+fn taken_back(m: Arc<Mem>) -> PyResult<Mem> {
+    Arc::try_unwrap(m).or_else(|shared| match &*shared {
+        Mem::Host(t) => {
+            let mut copy = flowgate::Tensor::for_overwrite(t.shape(), t.dtype());
+            copy.bytes_mut().copy_from_slice(t.bytes());
+            Ok(Mem::Host(copy))
+        }
+        _ => Err(PyValueError::new_err(
+            "a function was given memory on a device (it runs before the upload)",
+        )),
+    })
 }
 
 fn names(d: &Bound<'_, PyDict>) -> String {
@@ -137,4 +202,154 @@ fn names(d: &Bound<'_, PyDict>) -> String {
         .map(|k| k.to_string())
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// A value a per-batch function gave a key: a tensor, or a value per row.
+enum Value {
+    /// Left as given (taken back after the call).
+    Kept(Arc<Mem>),
+    Tensor(flowgate::Tensor),
+    Rows(Vec<FieldValue>),
+}
+
+fn call_batch(
+    py: Python<'_>,
+    f: &Py<PyAny>,
+    labels: bool,
+    paths: bool,
+    b: flowgate::loader::Batch,
+) -> PyResult<flowgate::loader::Batch> {
+    let flowgate::loader::Batch {
+        fields,
+        names,
+        labels: label_tensor,
+        mut items,
+        extra_names,
+    } = b;
+    let n = items.len();
+    let d = PyDict::new(py);
+    // Each key in the batch's order with its value; a tensor is shared with its Python view.
+    let mut keys: Vec<(String, Value)> = Vec::with_capacity(names.len() + extra_names.len());
+    for (name, m) in names.iter().zip(fields) {
+        let m = Arc::new(m);
+        d.set_item(name, Bound::new(py, Batch::shared(&m))?)?;
+        keys.push((name.clone(), Value::Kept(m)));
+    }
+    let mut label = label_tensor.map(Arc::new);
+    if let Some(m) = &label {
+        d.set_item("label", Bound::new(py, Batch::shared(m))?)?;
+    }
+    let mut columns: Vec<Vec<FieldValue>> = vec![Vec::with_capacity(n); extra_names.len()];
+    for m in &mut items {
+        for (k, v) in std::mem::take(&mut m.extras).into_iter().enumerate() {
+            columns[k].push(v);
+        }
+    }
+    for (name, values) in extra_names.iter().zip(columns) {
+        let list = PyList::empty(py);
+        for v in &values {
+            list.append(field_to_py(py, v)?)?;
+        }
+        d.set_item(name, list)?;
+        keys.push((name.clone(), Value::Rows(values)));
+    }
+    d.set_item("index", items.iter().map(|m| m.index).collect::<Vec<_>>())?;
+    d.set_item("epoch", items.first().map_or(0, |m| m.epoch))?;
+    let result = f.call1(py, (d.clone(),))?;
+    let out = result.bind(py).downcast::<PyDict>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "map_batch= must return the batch's dict (its keys: {}), not {}",
+            self::names(&d),
+            type_name(result.bind(py))
+        ))
+    })?;
+    for (k, v) in out.iter() {
+        let k = k
+            .downcast::<PyString>()
+            .map_err(|_| {
+                PyTypeError::new_err(format!("map_batch= returned the key {k}, not a str"))
+            })?
+            .to_cow()?
+            .into_owned();
+        // The rows' own keys: a function seeds with them, it cannot move rows.
+        if k == "index" || k == "epoch" {
+            continue;
+        }
+        if paths && k == "path" {
+            return Err(PyKeyError::new_err(
+                "map_batch= returned \"path\", the key the loader gives each batch's paths",
+            ));
+        }
+        // What it was given, returned as given: left.
+        if d.get_item(&k)?.is_some_and(|given| given.is(&v)) {
+            continue;
+        }
+        if k == "label" && labels {
+            let t = tensor_from_py(&v, "label")?;
+            label = Some(Arc::new(Mem::Host(t)));
+            continue;
+        }
+        let value = if v.is_instance_of::<PyList>() || v.is_instance_of::<PyTuple>() {
+            let values = v
+                .try_iter()?
+                .map(|x| field_from_py(&x?))
+                .collect::<PyResult<Vec<_>>>()
+                .map_err(|e| PyValueError::new_err(format!("map_batch= returned {k:?}: {e}")))?;
+            if values.len() != n {
+                return Err(PyValueError::new_err(format!(
+                    "map_batch= returned {k:?} with {} values for a batch of {n} rows (a \
+                     list is a value per row)",
+                    values.len()
+                )));
+            }
+            Value::Rows(values)
+        } else {
+            Value::Tensor(tensor_from_py(&v, &k)?)
+        };
+        match keys.iter_mut().find(|(name, _)| *name == k) {
+            Some((_, old)) => *old = value,
+            None => keys.push((k, value)),
+        }
+    }
+    // The views given are freed here unless the function kept one: then what it left is
+    // copied, and its view stays valid.
+    drop(result);
+    drop(d);
+    let (mut names, mut fields, mut extra_names) = (Vec::new(), Vec::new(), Vec::new());
+    let mut columns = Vec::new();
+    for (name, value) in keys {
+        match value {
+            Value::Kept(m) => {
+                names.push(name);
+                fields.push(taken_back(m)?);
+            }
+            Value::Tensor(t) => {
+                names.push(name);
+                fields.push(Mem::Host(t));
+            }
+            Value::Rows(v) => {
+                extra_names.push(name);
+                columns.push(v.into_iter());
+            }
+        }
+    }
+    for m in &mut items {
+        m.extras = columns
+            .iter_mut()
+            .map(|c| c.next().expect("n values"))
+            .collect();
+    }
+    Ok(flowgate::loader::Batch {
+        fields,
+        names: names.into(),
+        labels: label.map(taken_back).transpose()?,
+        items,
+        extra_names: extra_names.into(),
+    })
+}
+
+fn type_name(v: &Bound<'_, PyAny>) -> String {
+    v.get_type()
+        .name()
+        .map_or_else(|_| "?".into(), |n| n.to_string())
 }

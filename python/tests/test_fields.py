@@ -232,3 +232,94 @@ def test_loose_files_read_their_fields_from_the_files_beside_them(tmp_path):
         "caption": {"from": "txt", "optional": True}}, **ARGS)
     none = [p for b in optional for p, c in zip(b["path"], b["caption"]) if c is None]
     assert [p.rsplit("/", 1)[1] for p in none] == ["p004.jpg"]
+
+
+def shade(n):
+    """The value of every pixel of `jpeg(n)`."""
+    return (n * 5) % 256
+
+
+def write_pairs(out):
+    """Shards of KEY.jpg (sample i's shade), KEY.depth.jpg (sample i + 20's), KEY.cls and
+    KEY.txt."""
+    out.mkdir(parents=True, exist_ok=True)
+    for s in range(0, N, 10):
+        with tarfile.open(out / f"p-{s // 10}.tar", "w") as tar:
+            for i in range(s, min(N, s + 10)):
+                key = f"k{i:05d}"
+                for ext, body in (("jpg", jpeg(i)), ("depth.jpg", jpeg(i + 20)),
+                                  ("cls", str(i).encode()), ("txt", caption(key).encode())):
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(body)
+                    tar.addfile(info, io.BytesIO(body))
+    return f"{out}/p-{{0..{(N - 1) // 10}}}.tar"
+
+
+DEPTH = {"from": "depth.jpg", "kind": "image", "resize": 12, "crop": 8}
+
+
+def check_pairs(b, depth_shape=(8, 8)):
+    """Each row's second image is its own sample's (its shade), of its own recipe's size."""
+    images, depth = np.asarray(b["image"]), np.asarray(b["depth"])
+    labels = np.asarray(b["label"])
+    assert depth.shape == (len(labels), 3) + depth_shape and images.shape[2:] == (16, 16)
+    for k, n in enumerate(labels):
+        assert abs(images[k].mean() - shade(int(n))) < 3, (n, images[k].mean())
+        assert abs(depth[k].mean() - shade(int(n) + 20)) < 3, (n, depth[k].mean())
+    return labels.tolist()
+
+
+def test_a_sample_of_two_images_gives_both_from_shards_and_parquet(tmp_path):
+    pattern = write_pairs(tmp_path / "pairs")
+    seen = []
+    for rank in range(2):
+        l = flowgate.ImageLoader(flowgate.Shards(pattern), labels="cls", rank=rank, world_size=2,
+                                 fields={"depth": DEPTH, "caption": "txt"}, **ARGS)
+        for b in l:
+            assert list(b) == ["image", "depth", "label", "caption"]
+            labels = check_pairs(b)
+            assert b["caption"] == [caption(f"k{n:05d}") for n in labels]
+            seen += labels
+    assert sorted(set(seen)) == list(range(N)) and len(seen) == 44, "equal counts"
+    # The per-item function sees it as media.
+    l = flowgate.ImageLoader(flowgate.Shards(pattern), labels="cls", fields={"depth": DEPTH},
+                             map=lambda s: {**s, "depth": 255 - np.asarray(s["depth"])}, **ARGS)
+    for b in l:
+        labels = np.asarray(b["label"])
+        for k, n in enumerate(labels):
+            assert abs(np.asarray(b["depth"])[k].mean() - (255 - shade(int(n) + 20))) < 3
+    # Parquet: a second binary column.
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = pa.table({"image": [jpeg(i) for i in range(N)],
+                      "depth": [jpeg(i + 20) for i in range(N)], "id": list(range(N))})
+    pq.write_table(table, tmp_path / "pairs.parquet", row_group_size=6)
+    l = flowgate.ImageLoader(flowgate.Parquet(str(tmp_path / "pairs.parquet"), column="image"),
+                             labels="id", fields={"depth": dict(DEPTH, **{"from": "depth"})},
+                             **ARGS)
+    assert sorted(n for b in l for n in check_pairs(b)) == list(range(N))
+
+
+def test_a_second_image_broken_fails_its_item_and_what_cannot_be_is_refused(tmp_path):
+    out = tmp_path / "broken"
+    out.mkdir()
+    with tarfile.open(out / "b-0.tar", "w") as tar:
+        for i in range(9):
+            key = f"k{i:05d}"
+            for ext, body in (("jpg", jpeg(i)), ("depth.jpg", jpeg(i)[:30] if i == 4 else jpeg(i)),
+                              ("cls", str(i).encode())):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(body)
+                tar.addfile(info, io.BytesIO(body))
+    l = flowgate.ImageLoader(flowgate.Shards(str(out / "b-0.tar")), labels="cls",
+                             fields={"depth": DEPTH}, **ARGS)
+    got = sorted(n for b in l for n in np.asarray(b["label"]).tolist())
+    assert got == [0, 1, 2, 3, 5, 6, 7, 8]
+    (failure,) = l.failures()
+    assert "k00004" in failure[1] and 'field "depth"' in failure[2], failure
+    with pytest.raises(ValueError, match="a media field is required"):
+        flowgate.ImageLoader(flowgate.Shards(str(out / "b-0.tar")),
+                             fields={"depth": dict(DEPTH, optional=True)}, **ARGS)
+    with pytest.raises(ValueError, match="depth.*crop"):
+        flowgate.ImageLoader(flowgate.Shards(str(out / "b-0.tar")),
+                             fields={"depth": dict(DEPTH, crop=0)}, **ARGS)

@@ -229,3 +229,28 @@ def test_deep_recursion_in_c_inside_map_is_not_a_crash(shards):
             " crop=16, map=deep, map_fields=['depth'])\n"
             "print(sum(len(b['depth']) for b in L))\n")
     assert run_clean(code).strip() == str(N)
+
+
+KEPT = []
+
+
+def keep_view(s):
+    KEPT.append((s["index"], np.asarray(s["image"])))
+    return s
+
+
+def test_views_a_function_keeps_stay_valid(shards):
+    """Media a function returns as given are taken back without a copy unless it kept a view:
+    then the view stays valid (its memory not reused by later items)."""
+    KEPT.clear()
+    images = {}
+    for b in loader(flowgate.Shards(shards), map=keep_view):
+        for k, label in enumerate(np.asarray(b["label"])):
+            images[int(label)] = np.asarray(b["image"])[k].copy()
+    assert len(KEPT) == len(images) == N
+    plain = {}
+    for b in loader(flowgate.Shards(shards)):
+        for k, label in enumerate(np.asarray(b["label"])):
+            plain[int(label)] = np.asarray(b["image"])[k].copy()
+    assert all((images[i] == plain[i]).all() for i in plain)
+    assert sorted(v.sum() for _, v in KEPT) == sorted(v.sum() for v in plain.values())

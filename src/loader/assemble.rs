@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::batch::{collate, Batch, Decoded, ItemMeta};
+use super::batch::{check_mapped, collate, Batch, Decoded, ItemMeta, Names};
 use super::builder::LoaderBuilder;
 use super::decode::Decoder;
 use super::device::Device;
@@ -74,25 +74,41 @@ impl LoaderBuilder {
             }
             names.push(n);
         }
-        if let Some((stage, _)) = &self.map {
-            if [
-                "source",
-                "decode",
-                "aggregate",
-                "collate",
-                "upload",
-                "sink",
-                "fetch",
-            ]
-            .contains(&stage.as_str())
-                || stage.is_empty()
-            {
+        const OWN: [&str; 7] = [
+            "source",
+            "decode",
+            "aggregate",
+            "collate",
+            "upload",
+            "sink",
+            "fetch",
+        ];
+        let stages = [
+            ("map_items", self.map.as_ref().map(|(s, _)| s)),
+            ("map_batches", self.map_batches.as_ref().map(|(s, _)| s)),
+        ];
+        for (what, stage) in stages {
+            if let Some(stage) = stage.filter(|s| OWN.contains(&s.as_str()) || s.is_empty()) {
                 return Err(PipelineError::config(format!(
-                    "map_items: {stage:?} names one of the loader's own stages; name the \
+                    "{what}: {stage:?} names one of the loader's own stages; name the \
                      function's stage otherwise"
                 )));
             }
         }
+        if let [(_, Some(a)), (_, Some(b))] = stages {
+            if a == b {
+                return Err(PipelineError::config(format!(
+                    "map_batches: {b:?} is the per-item function's stage too; name each its own"
+                )));
+            }
+        }
+        if self.map_batches.is_some() && self.units {
+            return Err(PipelineError::config(
+                "map_batches: a loader that decodes units hands them to the planning loader, \
+                 which regroups their rows into its batches: run the per-batch function there",
+            ));
+        }
+        self.place_media_fields()?;
         if self.decoder.lengths && !self.decoder.recipe.has_length() {
             return Err(PipelineError::config(
                 "lengths are for audio and video recipes",
@@ -153,19 +169,25 @@ impl LoaderBuilder {
             reader: self.reader,
         };
         // The fields besides the media each batch names: the dataset's, then the function's.
-        let names: Arc<[String]> = self
-            .dataset
-            .extra_fields()
-            .iter()
-            .map(|f| f.name.clone())
-            .chain(self.map_fields.iter().cloned())
-            .collect();
+        // Fields decoded as media are tensors, not fields.
+        let decoded_as_media = |n: &str| self.decoder.media_fields.iter().any(|f| f.name == n);
+        let names = Names {
+            tensors: self.tensor_names().into(),
+            fields: self
+                .dataset
+                .extra_fields()
+                .iter()
+                .filter(|f| !decoded_as_media(&f.name))
+                .map(|f| f.name.clone())
+                .chain(self.map_fields.iter().cloned())
+                .collect(),
+        };
         let make = make(
             self,
             plan.clone(),
             batch_size,
             failures.clone(),
-            Arc::clone(&names),
+            names.clone(),
         );
         Ok(Loader::from_parts(
             make,
@@ -176,6 +198,51 @@ impl LoaderBuilder {
             batching,
             names,
         ))
+    }
+}
+
+impl LoaderBuilder {
+    /// Finds each media field among the dataset's fields: a required bytes field, named once
+    /// among the batch's tensors; not with length-aware batches.
+    fn place_media_fields(&mut self) -> Result<(), PipelineError> {
+        if self.decoder.media_fields.is_empty() {
+            return Ok(());
+        }
+        if self.lengths.is_some() {
+            return Err(PipelineError::config(
+                "media fields are not for length-aware batches (a batch is planned by its \
+                 media's lengths alone)",
+            ));
+        }
+        let names = self.tensor_names();
+        let specs = self.dataset.extra_fields();
+        for f in &mut self.decoder.media_fields {
+            let Some(at) = specs.iter().position(|s| s.name == f.name) else {
+                return Err(PipelineError::config(format!(
+                    "media field {:?}: the dataset reads no field of that name (its fields: \
+                     {:?})",
+                    f.name,
+                    specs.iter().map(|s| &s.name).collect::<Vec<_>>()
+                )));
+            };
+            let s = &specs[at];
+            if s.kind != crate::dataset::FieldKind::Bytes || s.optional {
+                return Err(PipelineError::config(format!(
+                    "media field {:?}: the dataset's field must be required bytes, not {:?}{}",
+                    f.name,
+                    s.kind,
+                    if s.optional { " (optional)" } else { "" }
+                )));
+            }
+            if names.iter().filter(|n| **n == f.name).count() > 1 {
+                return Err(PipelineError::config(format!(
+                    "media field {:?}: named as another of the batch's tensors ({names:?})",
+                    f.name
+                )));
+            }
+            f.at = at;
+        }
+        Ok(())
     }
 }
 
@@ -208,17 +275,18 @@ impl Learned {
     }
 }
 
-/// The function that builds a pipeline of `b`'s settings over `plan`; `names`: the fields
-/// besides the media its batches carry.
+/// The function that builds a pipeline of `b`'s settings over `plan`; `names`: the tensors
+/// and fields besides the media its batches carry.
 pub(super) fn make(
     b: LoaderBuilder,
     plan: Plan,
     batch_size: usize,
     failures: FailureLog,
-    names: Arc<[String]>,
+    names: Names,
 ) -> Make {
     let labels = b.dataset.has_labels();
     let batch_bytes = b.batch_bytes();
+    let function_stages = b.function_stages();
     let decoder = Arc::new(b.decoder);
     let threads = decoder.recipe.item_threads();
     let fingerprint = plan.fingerprint();
@@ -253,7 +321,7 @@ pub(super) fn make(
         // The user's per-item function: a stage of its own, sized by the tuner.
         if let Some((stage, f)) = &b.map {
             let f = Arc::clone(f);
-            let (added, fields) = (b.map_fields.len(), names.len());
+            let (added, fields) = (b.map_fields.len(), names.fields.len());
             let named = plan.clone();
             p = p
                 // A failed item is named by its path (or `SHARD:KEY`), as in the decode stage.
@@ -303,16 +371,11 @@ pub(super) fn make(
         let p = p
             .aggregate(batch_size, b.drop_last && !b.units && b.reader.is_none())
             .budget_start(buffer(1).unwrap_or(batch_size));
-        let names = Arc::clone(&names);
+        let names = names.clone();
         let mut p = p
             .pipe(
                 "collate",
-                move |items| {
-                    collate(items, alloc.as_ref(), labels).map(|mut b| {
-                        b.extra_names = Arc::clone(&names);
-                        b
-                    })
-                },
+                move |items| collate(items, alloc.as_ref(), labels, &names),
                 1,
             )
             .measure(Batch::nbytes)
@@ -322,6 +385,35 @@ pub(super) fn make(
             // second's fill sets peak RSS).
             .budget_start(buffer(2).unwrap_or(1))
             .sink_start(buffer(3).unwrap_or(2));
+        // The user's per-batch function: a stage of its own between collation and the
+        // upload, sized by the tuner; a batch waits for it one at a time.
+        if let Some((stage, f)) = &b.map_batches {
+            let f = Arc::clone(f);
+            let named = plan.clone();
+            p = p
+                // A failed batch is named by its first item and its size.
+                .describe(move |b: &Batch| match b.items.first() {
+                    Some(m) => format!(
+                        "the batch of {} from {}",
+                        b.len(),
+                        named.name(m.index, m.epoch)
+                    ),
+                    None => "an empty batch".to_owned(),
+                })
+                .pipe(
+                    stage,
+                    move |batch: Batch| {
+                        let rows: Vec<(usize, u64)> =
+                            batch.items.iter().map(|m| (m.index, m.epoch)).collect();
+                        let mut out = f(batch)?;
+                        check_mapped(&rows, labels, &mut out)?;
+                        Ok::<_, BoxError>(out)
+                    },
+                    Workers::auto(),
+                )
+                .measure(Batch::nbytes)
+                .budget_start(1);
+        }
         if let Some(up) = uploader {
             p = p.upload_with(up, |up, batch: Batch| batch.upload(up), Batch::nbytes);
         }
@@ -352,7 +444,7 @@ pub(super) fn make(
         // What the stages hold whatever their byte budgets (see `floor_bytes`): reserved, so
         // the buffers' budgets share only the rest and the total stays within the budget.
         if let Some(batch) = batch_bytes {
-            let floor = super::builder::stage_floors(batch, batch_size, decoding);
+            let floor = super::builder::stage_floors(batch, batch_size, decoding, &function_stages);
             p = p.reserve_memory("the stages' floors (batches in flight)", floor);
         }
         // What a state of this loader is valid for.
@@ -494,13 +586,24 @@ impl Plan {
         match self {
             Plan::Items(d) => {
                 let item = d.read(i, epoch)?;
+                let (mut fields, mut extras) = (decoder.fields(item.input, epoch)?, item.extras);
+                if !decoder.media_fields.is_empty() {
+                    let name = d.name(i, epoch);
+                    super::media_fields::decode(
+                        &decoder.media_fields,
+                        &name,
+                        &mut extras,
+                        epoch,
+                        &mut fields,
+                    )?;
+                }
                 Ok(Decoded {
-                    fields: decoder.fields(item.input, epoch)?,
+                    fields,
                     meta: ItemMeta {
                         index: i,
                         epoch,
                         label: item.label,
-                        extras: item.extras,
+                        extras,
                     },
                     rows: None,
                 })

@@ -1,6 +1,7 @@
-//! What a loader delivers: a [`Batch`] — one tensor per field, the labels, and where each
-//! item came from ([`ItemMeta`]) — and the collate step that makes one from decoded items
-//! (unstacking a length-aware batch, which comes whole from its decoder).
+//! What a loader delivers: a [`Batch`] — named tensors, the labels, and where each item
+//! came from ([`ItemMeta`]) — the collate step that makes one from decoded items (unstacking
+//! a length-aware batch, which comes whole from its decoder), and the checks a batch passes
+//! after the user's per-batch function ([`MapBatches`]).
 
 use crate::collate::{collate_fields_with, CollateError};
 use crate::dataset::FieldValue;
@@ -25,13 +26,17 @@ pub struct ItemMeta {
 /// loader's device), the labels as an `i64` tensor when the dataset has them, and each
 /// item's origin.
 ///
-/// Fields: the decoded media (`[B, ...]`); with lengths (audio, length-aware batches) a
-/// second field, the real length of each item (`[B]`, `i64`); a video recipe with an audio
-/// track gives the audio as the second field.
+/// Fields ([`names`](Self::names)): the decoded media (`[B, ...]`, named by its kind:
+/// `"image"`, `"audio"`, `"video"`); with lengths (audio, length-aware batches) a second
+/// field, `"lengths"`, the real length of each item (`[B]`, `i64`); a video recipe with an
+/// audio track gives the audio as the second field (`"audio"`); then any a per-batch
+/// function adds.
 #[derive(Debug)]
 pub struct Batch {
-    /// The fields, in the recipe's order.
+    /// The tensors, in the recipe's order (then a per-batch function's).
     pub fields: Vec<Delivered>,
+    /// Each tensor's name, in [`fields`](Self::fields)' order.
+    pub names: std::sync::Arc<[String]>,
     /// The labels (`[B]`, `i64`).
     pub labels: Option<Delivered>,
     /// Each item's origin, in batch order.
@@ -58,6 +63,12 @@ impl Batch {
             .chain(&self.labels)
             .map(Delivered::nbytes)
             .sum()
+    }
+
+    /// The tensor named `name` ([`names`](Self::names)).
+    pub fn tensor(&self, name: &str) -> Option<&Delivered> {
+        let k = self.names.iter().position(|n| n == name)?;
+        self.fields.get(k)
     }
 
     /// Field `name`'s values (one of the source's
@@ -92,6 +103,7 @@ impl Batch {
                 .map(&mut one)
                 .collect::<Result<_, _>>()?,
             labels: self.labels.map(one).transpose()?,
+            names: self.names,
             items: self.items,
             extra_names: self.extra_names,
         })
@@ -116,6 +128,10 @@ pub struct Sample {
 /// [`LoaderBuilder::map_items`](super::LoaderBuilder::map_items)).
 pub type MapItems = std::sync::Arc<dyn Fn(Sample) -> Result<Sample, crate::BoxError> + Send + Sync>;
 
+/// A per-batch function run on a stage of its own after collation (see
+/// [`LoaderBuilder::map_batches`](super::LoaderBuilder::map_batches)).
+pub type MapBatches = std::sync::Arc<dyn Fn(Batch) -> Result<Batch, crate::BoxError> + Send + Sync>;
+
 /// One decoded item on its way to a batch: its fields, its origin, and for a length-aware
 /// batch (an item that is a whole batch) the origin of each of its rows.
 #[derive(Debug)]
@@ -139,6 +155,7 @@ pub(crate) fn collate(
     items: Vec<Decoded>,
     alloc: Option<&HostAlloc>,
     labels: bool,
+    names: &Names,
 ) -> Result<Batch, CollateError> {
     let new = |shape: &[usize], dtype| match alloc {
         Some(a) => a.tensor(shape, dtype),
@@ -179,8 +196,95 @@ pub(crate) fn collate(
     });
     Ok(Batch {
         fields: fields.into_iter().map(Delivered::Host).collect(),
+        names: std::sync::Arc::clone(&names.tensors),
         labels,
         items: metas,
-        extra_names: std::sync::Arc::from([]),
+        extra_names: std::sync::Arc::clone(&names.fields),
     })
+}
+
+/// The names a loader's batches carry as it collates them: its tensors' and its fields'
+/// besides the media.
+#[derive(Clone, Debug)]
+pub(crate) struct Names {
+    pub(crate) tensors: std::sync::Arc<[String]>,
+    pub(crate) fields: std::sync::Arc<[String]>,
+}
+
+/// Checks the batch a per-batch function returned against the one it was given (`rows`:
+/// each row's index and epoch; `labels`: whether the dataset has labels): the same rows in
+/// the same order (a checkpoint counts them), a name per tensor and each name once, each
+/// tensor's first dimension the rows, the labels kept (`[B]`, `i64`; the rows' labels are
+/// set from them), a value per field in every row.
+pub(crate) fn check_mapped(
+    rows: &[(usize, u64)],
+    labels: bool,
+    b: &mut Batch,
+) -> Result<(), crate::BoxError> {
+    let n = rows.len();
+    let same = b.items.len() == n
+        && b.items
+            .iter()
+            .zip(rows)
+            .all(|(m, &(i, e))| m.index == i && m.epoch == e);
+    if !same {
+        return Err(format!(
+            "the per-batch function changed the batch's rows ({} rows, or their order, for              {n}): it maps their values; which rows a batch holds is the loader's (its              checkpoints count them)",
+            b.items.len()
+        )
+        .into());
+    }
+    if b.names.len() != b.fields.len() {
+        return Err(format!(
+            "the per-batch function left {} tensors and {} names for them",
+            b.fields.len(),
+            b.names.len()
+        )
+        .into());
+    }
+    let mut seen = std::collections::HashSet::new();
+    for name in b.names.iter().chain(b.extra_names.iter()) {
+        if name.is_empty() || name == "label" || !seen.insert(name.as_str()) {
+            return Err(format!(
+                "the per-batch function named a tensor or field {name:?}: empty, \"label\"                  (the labels' own place) or named twice"
+            )
+            .into());
+        }
+    }
+    for (name, t) in b.names.iter().zip(&b.fields) {
+        if t.shape().first() != Some(&n) {
+            return Err(format!(
+                "the per-batch function made {name:?} of shape {:?}: a batch's tensors have                  its {n} rows as their first dimension",
+                t.shape()
+            )
+            .into());
+        }
+    }
+    match (&b.labels, labels) {
+        (None, false) => {}
+        (Some(Delivered::Host(t)), true) if t.shape() == [n] && t.dtype() == DType::I64 => {
+            for (m, v) in b.items.iter_mut().zip(t.bytes().chunks_exact(8)) {
+                m.label = Some(i64::from_ne_bytes(v.try_into().expect("8 bytes")));
+            }
+        }
+        (l, _) => {
+            return Err(format!(
+                "the per-batch function left the labels {}: the dataset {} labels, a batch's                  are [{n}] int64 in host memory",
+                l.as_ref()
+                    .map_or("out".into(), |t| format!("{:?} {:?}", t.shape(), t.dtype())),
+                if labels { "has" } else { "has no" }
+            )
+            .into());
+        }
+    }
+    let k = b.extra_names.len();
+    if let Some(m) = b.items.iter().find(|m| m.extras.len() != k) {
+        return Err(format!(
+            "the per-batch function left item {} with {} fields besides the media; the batch              names {k}",
+            m.index,
+            m.extras.len()
+        )
+        .into());
+    }
+    Ok(())
 }

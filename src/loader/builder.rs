@@ -80,6 +80,7 @@ pub struct LoaderBuilder {
     pub(super) map: Option<(String, super::MapItems)>,
     /// Fields the per-item function adds (after the dataset's).
     pub(super) map_fields: Vec<String>,
+    pub(super) map_batches: Option<(String, super::MapBatches)>,
 }
 
 impl std::fmt::Debug for LoaderBuilder {
@@ -106,6 +107,7 @@ impl LoaderBuilder {
                 lengths: false,
                 #[cfg(all(feature = "video", feature = "audio"))]
                 audio_track: None,
+                media_fields: Vec::new(),
             },
             batch_size: DEFAULT_BATCH_SIZE,
             drop_last: false,
@@ -127,6 +129,7 @@ impl LoaderBuilder {
             cpu_budget: None,
             map: None,
             map_fields: Vec::new(),
+            map_batches: None,
         }
     }
 
@@ -270,6 +273,33 @@ impl LoaderBuilder {
         self
     }
 
+    /// Runs `f` on every collated batch, on a stage of its own named `stage` after collation
+    /// (and before the upload to a device): tokenizing a batch's captions at once and padding
+    /// them to its longest, a mixup, a feature computed over the batch. Like
+    /// [`map_items`](Self::map_items)' stage, its workers are sized by the tuner, it appears
+    /// in [`stats`](super::Loader::stats) under its name, the memory budget counts the
+    /// batches it holds, and an error (or a panic) is the failure of the batch's items
+    /// (skipped and counted, or fatal). `f` may replace, add and rename tensors
+    /// ([`Batch::names`]; each has the batch's rows as its first dimension) and fields
+    /// ([`Batch::extra_names`]; a value per row), and change the labels; the rows stay the
+    /// loader's: the same items in the same order (a checkpoint counts them). For a resume to
+    /// give the same batches, `f` must be a pure function of the batch, what it draws seeded
+    /// by its rows' indices and epoch.
+    pub fn map_batches(
+        mut self,
+        stage: &str,
+        f: impl Fn(super::Batch) -> Result<super::Batch, crate::BoxError> + Send + Sync + 'static,
+    ) -> Self {
+        self.map_batches = Some((stage.to_owned(), Arc::new(f)));
+        self
+    }
+
+    /// [`map_batches`](Self::map_batches) with a function already shared (`None`: no stage).
+    pub fn map_batches_shared(mut self, stage: &str, f: Option<super::MapBatches>) -> Self {
+        self.map_batches = f.map(|f| (stage.to_owned(), f));
+        self
+    }
+
     /// Length-aware batches: the dataset's clips (local files, tar shards or Parquet) planned by the lengths
     /// their containers declare (read once, when the loader is built) into batches of similar
     /// lengths, each at most `cap` padded
@@ -288,6 +318,24 @@ impl LoaderBuilder {
     #[cfg(all(feature = "video", feature = "audio"))]
     pub fn audio_track(mut self, recipe: crate::media::audio::AudioRecipe) -> Self {
         self.decoder.audio_track = Some(recipe);
+        self
+    }
+
+    /// Decodes the dataset's field `name` (a required [`Bytes`](crate::dataset::FieldKind::Bytes)
+    /// field: a tar member, a file beside a loose file, a column) with `recipe` into a tensor
+    /// of its own named `name`, after the media's ([`Batch::names`](super::Batch::names)): a
+    /// sample's second image, a clip's own audio file. Its augmentation draws for itself (a
+    /// random crop of its own). A sample whose field does not decode is a failed item. Not
+    /// with length-aware batches. See [`fields_and_media`](super::fields_and_media) for the
+    /// front ends' spelling.
+    pub fn media_field(mut self, name: &str, recipe: Recipe) -> Self {
+        self.decoder
+            .media_fields
+            .push(super::media_fields::MediaField {
+                name: name.to_owned(),
+                recipe,
+                at: usize::MAX,
+            });
         self
     }
 
@@ -364,7 +412,10 @@ impl LoaderBuilder {
     /// pipeline reserves for a batch in flight. Length-aware batches: the cap in the recipe's
     /// units (seconds of mono audio, frames).
     pub(super) fn batch_bytes(&self) -> Option<u64> {
-        let item = self.decoder.recipe.item_bytes()?;
+        let mut item = self.decoder.recipe.item_bytes()?;
+        for f in &self.decoder.media_fields {
+            item += f.recipe.item_bytes()?;
+        }
         let lengths = u64::from(self.decoder.lengths) * 8;
         match self.lengths {
             // An item is one clip window; the cap in clips of that window bounds a batch.
@@ -382,7 +433,26 @@ impl LoaderBuilder {
     /// test_memory_mb_binds_with_items_large_against_it` held 4 batches and an item under a
     /// budget that reserved two). The budget reserves it, and one smaller is refused.
     pub(super) fn floor_bytes(&self, decoding: usize) -> Option<u64> {
-        Some(stage_floors(self.batch_bytes()?, self.batch_size, decoding))
+        Some(stage_floors(
+            self.batch_bytes()?,
+            self.batch_size,
+            decoding,
+            &self.function_stages(),
+        ))
+    }
+
+    /// The names its batches' tensors will have as collated ([`Loader::tensor_names`](
+    /// super::Loader::tensor_names)), before the loader is built (a front end names the
+    /// keys of a per-item function's dict with them).
+    pub fn tensor_names(&self) -> Vec<String> {
+        self.decoder.tensor_names(self.lengths.is_some())
+    }
+
+    pub(super) fn function_stages(&self) -> FunctionStages {
+        FunctionStages {
+            items: self.map.is_some(),
+            batches: self.map_batches.is_some(),
+        }
     }
 
     /// The decode workers the loader may run: those set, else the cores it may use.
@@ -400,7 +470,24 @@ impl LoaderBuilder {
 
 /// What a loader's stages hold whatever their byte budgets, for batches of `batch` bytes
 /// (`batch_size` items) and `decoding` decode workers: see [`LoaderBuilder::floor_bytes`].
-pub(super) fn stage_floors(batch: u64, batch_size: usize, decoding: usize) -> u64 {
+pub(super) fn stage_floors(
+    batch: u64,
+    batch_size: usize,
+    decoding: usize,
+    stages: &FunctionStages,
+) -> u64 {
     let item = batch.div_ceil(batch_size.max(1) as u64);
-    4 * batch + (decoding as u64 + 1) * item
+    // A per-item function's stage admits an item while it has none and holds one in hand; a
+    // per-batch function's, a batch waiting and one in hand (as the batches it was given:
+    // what it makes of them is its own).
+    let items = 2 * u64::from(stages.items);
+    let batches = 2 * u64::from(stages.batches);
+    (4 + batches) * batch + (decoding as u64 + 1 + items) * item
+}
+
+/// The user's function stages a loader runs (their floors in [`stage_floors`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct FunctionStages {
+    pub(super) items: bool,
+    pub(super) batches: bool,
 }

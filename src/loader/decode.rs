@@ -14,9 +14,26 @@ pub(crate) struct Decoder {
     /// A video recipe's audio track, decoded from the same file as a second field.
     #[cfg(all(feature = "video", feature = "audio"))]
     pub(crate) audio_track: Option<crate::media::audio::AudioRecipe>,
+    /// Fields of the dataset decoded as media, each a tensor after the others.
+    pub(crate) media_fields: Vec<super::media_fields::MediaField>,
 }
 
 impl Decoder {
+    /// The names of the tensors an item's fields become, in order (`length_batches`: the
+    /// loader plans length-aware batches, which always give the lengths).
+    pub(crate) fn tensor_names(&self, length_batches: bool) -> Vec<String> {
+        let mut names = vec![self.recipe.kind_name().to_owned()];
+        if self.lengths || length_batches {
+            names.push("lengths".to_owned());
+        }
+        #[cfg(all(feature = "video", feature = "audio"))]
+        if self.audio_track.is_some() {
+            names.push("audio".to_owned());
+        }
+        names.extend(self.media_fields.iter().map(|f| f.name.clone()));
+        names
+    }
+
     /// The fields of `input` in `epoch`.
     pub(crate) fn fields(&self, input: Input, epoch: u64) -> Result<Vec<Tensor>, MediaError> {
         let recipe = self.recipe.for_epoch(epoch);

@@ -45,6 +45,8 @@
 //!    ([`LoaderBuilder::fill_skipped`]).
 //! 10. `regroup` — [`Regroup`]: units' batches regrouped into the planning loader's (where
 //!     a skipped item left one short), for the consumer of the units.
+//! 11. `media_fields` — fields decoded as media by recipes of their own (a sample's second
+//!     image), and [`fields_and_media`], how every front end's `fields` mapping names them.
 //!
 //! # Readers
 //!
@@ -61,6 +63,7 @@ mod device;
 mod failures;
 mod fill;
 mod lengths;
+mod media_fields;
 mod regroup;
 mod settings;
 mod units;
@@ -69,11 +72,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use batch::{Batch, ItemMeta, MapItems, Sample};
+pub use batch::{Batch, ItemMeta, MapBatches, MapItems, Sample};
 pub use builder::{LoaderBuilder, DEFAULT_BATCH_SIZE, DEFAULT_ORDER};
 pub use device::{Device, DEFAULT_DEVICE_BYTES, DEFAULT_STAGING_BYTES};
 pub use failures::{SkippedFailure, KEEP_FAILURES};
 pub use lengths::{DEFAULT_BUCKETS, MAX_BUCKETS};
+pub use media_fields::{fields_and_media, MediaFieldArgs};
 pub use regroup::{Regroup, Rows};
 pub use settings::{LoaderSettings, OrderName, SettingsError};
 pub use units::{EpochPlan, Unit};
@@ -100,8 +104,8 @@ enum Plan {
 /// See the [module docs](self) and [`LoaderBuilder`].
 pub struct Loader {
     make: Make,
-    /// [`field_names`](Self::field_names).
-    field_names: Arc<[String]>,
+    /// [`tensor_names`](Self::tensor_names) and [`field_names`](Self::field_names).
+    names: batch::Names,
     plan: Plan,
     pipeline: Option<Pipeline<Batch>>,
     /// Whether an epoch is being iterated.
@@ -195,10 +199,10 @@ impl Loader {
         failures: FailureLog,
         sim_log: Option<SimLog>,
         batching: units::Batching,
-        field_names: Arc<[String]>,
+        names: batch::Names,
     ) -> Self {
         Self {
-            field_names,
+            names,
             make,
             plan,
             pipeline: None,
@@ -260,7 +264,15 @@ impl Loader {
     /// dataset's, then those a per-item function adds
     /// ([`map_fields`](LoaderBuilder::map_fields)).
     pub fn field_names(&self) -> &[String] {
-        &self.field_names
+        &self.names.fields
+    }
+
+    /// The names of every batch's tensors as collated ([`Batch::names`]): the media's kind
+    /// (`"image"`, `"audio"`, `"video"`), `"lengths"` where the loader gives them, `"audio"`
+    /// for a video's audio track. A per-batch function
+    /// ([`map_batches`](LoaderBuilder::map_batches)) may change them.
+    pub fn tensor_names(&self) -> &[String] {
+        &self.names.tensors
     }
 
     /// A handle for other threads: statistics and failures while this one waits.

@@ -314,6 +314,20 @@ impl Recipe {
         }
     }
 
+    /// The modality's name (`"image"`, `"audio"`, `"video"`): a batch's name for its media.
+    pub fn kind_name(&self) -> &'static str {
+        match &self.kind {
+            #[cfg(feature = "image")]
+            Kind::Image(_) => "image",
+            #[cfg(feature = "audio")]
+            Kind::Audio(_) => "audio",
+            #[cfg(feature = "video")]
+            Kind::Video(_) => "video",
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("a build without decoders has no recipes"),
+        }
+    }
+
     /// Whether the recipe's items have a length ([`load_with_length`](Self::load_with_length)).
     pub fn has_length(&self) -> bool {
         match &self.kind {

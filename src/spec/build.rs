@@ -113,12 +113,13 @@ impl PipelineSpec {
         let settings = self.loader_settings();
         let recipe = self.recipe()?;
         let (source, keep) = self.source(&self.source)?;
-        let source = match &self.fields {
-            Some(f) => source.extra_fields(
-                crate::dataset::fields_from_value(f.clone())
-                    .map_err(crate::PipelineError::config)?,
-            ),
-            None => source,
+        let (source, media_fields) = match &self.fields {
+            Some(f) => {
+                let (fields, media) = crate::loader::fields_and_media(f.clone())
+                    .map_err(crate::PipelineError::config)?;
+                (source.extra_fields(fields), media)
+            }
+            None => (source, Vec::new()),
         };
         let conflict =
             |e: crate::loader::SettingsError| crate::PipelineError::config(e.to_string());
@@ -134,6 +135,12 @@ impl PipelineSpec {
             .builder(dataset, recipe, &self.decode.media)
             .map_err(conflict)?
             .checkpoint_fields([("augmentation_seed", self.augmentation_seed())]);
+        for m in &media_fields {
+            let recipe = settings
+                .recipe(&m.media)
+                .map_err(|e| crate::PipelineError::config(format!("fields: {:?}: {e}", m.name)))?;
+            b = b.media_field(&m.name, recipe);
+        }
         if let Some(m) = self.run.max_failures {
             b = b.max_failures(match m {
                 super::MaxFailures::Count(n) => crate::FailureBudget::count(n),

@@ -12,7 +12,9 @@ pub struct PipelineSpec {
     pub source: SourceSpec,
     /// Fields besides the media (tar and Parquet sources; see
     /// [`fields_from_value`](crate::dataset::fields_from_value)): `caption = "txt"`,
-    /// `meta = { from = "json", optional = true }`.
+    /// `meta = { from = "json", optional = true }`; a table of kind image, audio or video is
+    /// decoded as media (see [`fields_and_media`](crate::loader::fields_and_media)):
+    /// `depth = { from = "depth.png", kind = "image", crop = 224 }`.
     #[serde(default)]
     pub fields: Option<serde_json::Value>,
     /// How each item is decoded.

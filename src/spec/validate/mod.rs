@@ -245,7 +245,7 @@ impl PipelineSpec {
         let check = crate::limits::BATCH_SIZE.check(self.batch.size as i128);
         limit(check, &err, "batch", "size")?;
         if let Some(f) = &self.fields {
-            if let Err(m) = crate::dataset::fields_from_value(f.clone()) {
+            if let Err(m) = crate::loader::fields_and_media(f.clone()) {
                 let name = f
                     .as_object()
                     .and_then(|o| o.keys().find(|k| m.contains(&format!("{k:?}"))))

@@ -278,3 +278,37 @@ fn a_cpu_budget_is_a_count_a_fraction_or_a_percentage() {
         assert!(e.to_string().contains("cpu_budget"), "{bad}: {e}");
     }
 }
+
+#[test]
+fn a_media_field_table_parses_and_a_bad_one_names_its_field() {
+    let with = |table: &str| {
+        GOOD.replace(
+            "[source]\nkind = \"list\"\npath = \"images.txt\"\n",
+            &format!(
+                "[source]\nkind = \"tar\"\nshards = \"s-{{0..3}}.tar\"\n\n[fields]\ncaption = \
+                 \"txt\"\n{table}\n"
+            ),
+        )
+    };
+    let good = with("depth = { from = \"depth.png\", kind = \"image\", resize = 16, crop = 8 }");
+    PipelineSpec::parse(&good, "p.toml").unwrap();
+    let (specs, media) = crate::loader::fields_and_media(
+        PipelineSpec::parse(&good, "p.toml")
+            .unwrap()
+            .fields
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(media.len(), 1);
+    assert_eq!(media[0].name, "depth");
+    assert!(specs.iter().any(|s| s.name == "depth"));
+    let e = error(&with(
+        "depth = { from = \"depth.png\", kind = \"image\", optional = true }",
+    ));
+    assert!(e.to_string().contains("a media field is required"), "{e}");
+    assert!(e.to_string().contains("depth"), "{e}");
+    let e = error(&with(
+        "depth = { from = \"depth.png\", kind = \"image\", crops = 8 }",
+    ));
+    assert!(e.to_string().contains("depth"), "{e}");
+}

@@ -1,0 +1,267 @@
+//! Fields decoded as media (`LoaderBuilder::media_field`, the `fields` mapping's tables of
+//! kind image/audio/video): a sample holding two images (`KEY.jpg` and `KEY.right.jpg`) gives
+//! both as tensors of their own, each row its own sample's, over ranks and a resume; a second
+//! image that is missing or does not decode fails its item, named; what cannot be is refused
+//! when the loader is built, in the words every front end shares.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use flowgate::dataset::shards::tar::write_archive;
+use flowgate::dataset::{Dataset, Labels, Source};
+use flowgate::device::Delivered;
+use flowgate::loader::{fields_and_media, Batch};
+use flowgate::media::Recipe;
+use flowgate::{Blob, FailureBudget, Loader, Tensor};
+
+mod common;
+use common::small_recipe as recipe;
+
+/// Samples: divisible by no batch size or rank count used.
+const SAMPLES: usize = 37;
+/// The sample whose second image is missing.
+const MISSING: usize = 11;
+/// The sample whose second image is cut short.
+const BROKEN: usize = 23;
+
+/// The second image's recipe: another size than the first's.
+fn right_recipe() -> Recipe {
+    Recipe::image(flowgate::media::image::ImageRecipe {
+        resize: 10,
+        crop: 6,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// Shards of `KEY.jpg` (shade `i`), `KEY.right.jpg` (shade `i + 50`), `KEY.cls` and
+/// `KEY.txt`; with `faults`, `MISSING` has no second image and `BROKEN`'s is cut short.
+fn write(dir: &Path, faults: bool) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    for s in 0..SAMPLES.div_ceil(10) {
+        let mut members = Vec::new();
+        for i in (s * 10)..((s + 1) * 10).min(SAMPLES) {
+            let key = format!("{i:05}");
+            members.push((format!("{key}.jpg"), common::tiny_jpeg(i)));
+            let mut right = common::tiny_jpeg(i + 50);
+            if faults && i == BROKEN {
+                right.truncate(40);
+            }
+            if !(faults && i == MISSING) {
+                members.push((format!("{key}.right.jpg"), right));
+            }
+            members.push((format!("{key}.cls"), i.to_string().into_bytes()));
+            members.push((format!("{key}.txt"), format!("sample {i}").into_bytes()));
+        }
+        let f = std::fs::File::create(dir.join(format!("s-{s}.tar"))).unwrap();
+        write_archive(std::io::BufWriter::new(f), members).unwrap();
+    }
+    format!("{}/s-{{0..3}}.tar", dir.display())
+}
+
+fn shards(faults: bool) -> &'static str {
+    static CLEAN: OnceLock<String> = OnceLock::new();
+    static FAULTY: OnceLock<String> = OnceLock::new();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("media-fields");
+    if faults {
+        FAULTY.get_or_init(|| write(&dir.join("faulty"), true))
+    } else {
+        CLEAN.get_or_init(|| write(&dir.join("clean"), false))
+    }
+}
+
+/// The fields as every front end spells them.
+fn fields() -> serde_json::Value {
+    serde_json::json!({
+        "caption": "txt",
+        "right": {"from": "right.jpg", "kind": "image", "resize": 10, "crop": 6},
+    })
+}
+
+fn loader(faults: bool, rank: usize, world: usize, failures: FailureBudget) -> Loader {
+    let (specs, media) = fields_and_media(fields()).unwrap();
+    assert_eq!(media.len(), 1);
+    let source = Source::shards(shards(faults))
+        .labels(Labels::Field("cls".into()))
+        .extra_fields(specs);
+    let dataset = Dataset::builder(source)
+        .extensions(&["jpg"])
+        .shuffle(5)
+        .ranks(rank, world)
+        .build()
+        .unwrap();
+    Loader::builder(dataset, recipe())
+        .batch_size(4)
+        .workers(2)
+        .max_failures(failures)
+        .media_field("right", right_recipe())
+        .build()
+        .unwrap()
+}
+
+fn host(d: &Delivered) -> &Tensor {
+    match d {
+        Delivered::Host(t) => t,
+        _ => panic!("host memory"),
+    }
+}
+
+/// Each row: its sample's number, its first image's and second image's bytes, its caption.
+fn rows(b: &Batch) -> Vec<(i64, Vec<u8>, Vec<u8>, String)> {
+    assert_eq!(&*b.names, ["image", "right"]);
+    assert_eq!(
+        &*b.extra_names,
+        ["caption"],
+        "the media field is a tensor, not a field"
+    );
+    let (left, right) = (host(&b.fields[0]), host(&b.fields[1]));
+    assert_eq!(right.shape(), [b.len(), 3, 6, 6]);
+    (0..b.len())
+        .map(|k| {
+            let caption = match b.field("caption").unwrap()[k] {
+                flowgate::dataset::FieldValue::Text(t) => t.clone(),
+                v => panic!("{v:?}"),
+            };
+            (
+                b.items[k].label.unwrap(),
+                left.item(k).to_vec(),
+                right.item(k).to_vec(),
+                caption,
+            )
+        })
+        .collect()
+}
+
+fn alone(r: &Recipe, shade: usize) -> Vec<u8> {
+    let blob = Blob {
+        path: "alone.jpg".into(),
+        bytes: common::tiny_jpeg(shade),
+    };
+    r.decode(blob).unwrap().bytes().to_vec()
+}
+
+#[test]
+fn a_sample_of_two_images_gives_both_each_its_own_across_ranks_and_a_resume() {
+    let mut seen = Vec::new();
+    for rank in 0..3 {
+        let mut l = loader(false, rank, 3, FailureBudget::fail_fast());
+        assert_eq!(l.tensor_names(), ["image", "right"]);
+        assert_eq!(l.field_names(), ["caption"]);
+        for b in l.epoch().unwrap() {
+            for (n, left, right, caption) in rows(&b.unwrap()) {
+                let n = n as usize;
+                assert_eq!(left, alone(&recipe(), n), "sample {n}'s first image");
+                assert_eq!(right, alone(&right_recipe(), n + 50), "sample {n}'s second");
+                assert_eq!(caption, format!("sample {n}"));
+                seen.push(n);
+            }
+        }
+    }
+    seen.sort_unstable();
+    seen.dedup();
+    // Equal counts per rank may repeat a sample; every sample comes at least once.
+    assert_eq!(seen, (0..SAMPLES).collect::<Vec<_>>());
+
+    // A resume after 3 batches gives the rest of the epoch, both images with each row.
+    let whole: Vec<_> = loader(false, 1, 3, FailureBudget::fail_fast())
+        .epoch()
+        .unwrap()
+        .flat_map(|b| rows(&b.unwrap()))
+        .collect();
+    let mut first = loader(false, 1, 3, FailureBudget::fail_fast());
+    let (mut got, state) = {
+        let mut e = first.epoch().unwrap();
+        let got: Vec<_> = (0..3)
+            .flat_map(|_| rows(&e.next().unwrap().unwrap()))
+            .collect();
+        (got, e.state().unwrap())
+    };
+    drop(first);
+    let mut again = loader(false, 1, 3, FailureBudget::fail_fast());
+    again.resume(&state).unwrap();
+    got.extend(again.epoch().unwrap().flat_map(|b| rows(&b.unwrap())));
+    assert_eq!(got, whole);
+}
+
+#[test]
+fn a_second_image_missing_or_broken_fails_its_item_named() {
+    let mut l = loader(true, 0, 1, FailureBudget::unlimited());
+    let got: Vec<usize> = l
+        .epoch()
+        .unwrap()
+        .flat_map(|b| rows(&b.unwrap()))
+        .map(|(n, ..)| n as usize)
+        .collect();
+    let mut sorted = got.clone();
+    sorted.sort_unstable();
+    let want: Vec<usize> = (0..SAMPLES)
+        .filter(|&i| i != MISSING && i != BROKEN)
+        .collect();
+    assert_eq!(sorted, want, "every other sample once");
+    let failed = l.watch().failures(None);
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    let broken = failed
+        .iter()
+        .find(|f| f.item.contains(&format!("{BROKEN:05}")))
+        .expect("the broken one named");
+    assert!(broken.message.contains("field \"right\""), "{broken:?}");
+    let missing = failed
+        .iter()
+        .find(|f| f.item.contains(&format!("{MISSING:05}")))
+        .expect("the missing one named");
+    assert!(missing.message.contains("right.jpg"), "{missing:?}");
+
+    let mut strict = loader(true, 0, 1, FailureBudget::fail_fast());
+    let err = strict.epoch().unwrap().find_map(Result::err).unwrap();
+    assert!(err.is_failure_budget(), "{err}");
+}
+
+#[test]
+fn what_a_media_field_cannot_be_is_refused_in_the_front_ends_words() {
+    let said = |v: serde_json::Value, what: &str| {
+        let e = fields_and_media(v).unwrap_err();
+        assert!(e.contains(what), "{what}: {e}");
+    };
+    said(
+        serde_json::json!({"r": {"from": "r.jpg", "kind": "image", "optional": true}}),
+        "a media field is required",
+    );
+    said(
+        serde_json::json!({"r": {"kind": "image", "crop": 8}}),
+        "needs \"from\"",
+    );
+    said(
+        serde_json::json!({"r": {"from": "r.jpg", "kind": "image", "crops": 8}}),
+        "\"r\": ",
+    );
+    let dataset = |fields: serde_json::Value| {
+        let (specs, _) = fields_and_media(fields).unwrap();
+        Dataset::builder(Source::shards(shards(false)).extra_fields(specs))
+            .extensions(&["jpg"])
+            .build()
+            .unwrap()
+    };
+    let built = |d: Dataset, name: &str| {
+        Loader::builder(d, recipe())
+            .media_field(name, right_recipe())
+            .build()
+            .unwrap_err()
+            .to_string()
+    };
+    let e = built(dataset(fields()), "left");
+    assert!(e.contains("reads no field of that name"), "{e}");
+    let e = built(dataset(serde_json::json!({"right": "txt"})), "right");
+    assert!(e.contains("must be required bytes"), "{e}");
+    let e = built(
+        dataset(serde_json::json!({"image": {"from": "right.jpg", "kind": "image"}})),
+        "image",
+    );
+    assert!(e.contains("named as another of the batch's tensors"), "{e}");
+    let e = Loader::builder(dataset(fields()), recipe())
+        .media_field("right", right_recipe())
+        .length_batches(10.0, 4)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not for length-aware batches"), "{e}");
+}
