@@ -13,7 +13,8 @@ import tarfile
 
 def write_shards(paths, out, ext, sidecars, per_shard):
     """Tar shards of `paths` (each as `KEY.ext`, KEY its number) with the members
-    `sidecars(i, key)` gives (`[(ext, text), ...]`) beside each; returns the brace pattern."""
+    `sidecars(i, key)` gives (`[(ext, text or bytes), ...]`) beside each; returns the brace
+    pattern."""
     os.makedirs(out, exist_ok=True)
     n = (len(paths) + per_shard - 1) // per_shard
     for s in range(n):
@@ -22,7 +23,7 @@ def write_shards(paths, out, ext, sidecars, per_shard):
                 key = f"{i:09d}"
                 tar.add(paths[i], arcname=f"{key}.{ext}")
                 for side, body in sidecars(i, key):
-                    raw = body.encode()
+                    raw = body if isinstance(body, bytes) else body.encode()
                     info = tarfile.TarInfo(f"{key}.{side}")
                     info.size = len(raw)
                     tar.addfile(info, io.BytesIO(raw))

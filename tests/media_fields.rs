@@ -265,3 +265,99 @@ fn what_a_media_field_cannot_be_is_refused_in_the_front_ends_words() {
         .to_string();
     assert!(e.contains("not for length-aware batches"), "{e}");
 }
+
+/// A WAV of `n` samples at 8 kHz, every sample `level`.
+#[cfg(feature = "audio")]
+fn wav(level: i16, n: usize) -> Vec<u8> {
+    let data: Vec<u8> = std::iter::repeat_n(level.to_le_bytes(), n)
+        .flatten()
+        .collect();
+    let mut out = Vec::new();
+    out.extend(b"RIFF");
+    out.extend(&(36 + data.len() as u32).to_le_bytes());
+    out.extend(b"WAVEfmt ");
+    out.extend(&16u32.to_le_bytes());
+    out.extend(&1u16.to_le_bytes()); // PCM
+    out.extend(&1u16.to_le_bytes()); // mono
+    out.extend(&8000u32.to_le_bytes());
+    out.extend(&16000u32.to_le_bytes());
+    out.extend(&2u16.to_le_bytes());
+    out.extend(&16u16.to_le_bytes());
+    out.extend(b"data");
+    out.extend(&(data.len() as u32).to_le_bytes());
+    out.extend(data);
+    out
+}
+
+/// An image and its own audio file beside it (`a.jpg` + `a.wav`, loose files): each row's
+/// clip is its own, of the audio recipe's window (a shorter file padded).
+#[cfg(feature = "audio")]
+#[test]
+fn a_loose_image_with_its_own_audio_file_gives_both() {
+    use flowgate::media::audio::AudioRecipe;
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("media-fields-audio");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let n = 13;
+    for i in 0..n {
+        std::fs::write(dir.join(format!("{i:03}.jpg")), common::tiny_jpeg(i)).unwrap();
+        // Clips of 300 + 40 i samples: some shorter than the 0.05 s window, some longer.
+        std::fs::write(
+            dir.join(format!("{i:03}.wav")),
+            wav(1000 * i as i16, 300 + 40 * i),
+        )
+        .unwrap();
+    }
+    let (specs, media) = fields_and_media(serde_json::json!({
+        "sound": {"from": "wav", "kind": "audio", "rate": 8000, "seconds": 0.05}
+    }))
+    .unwrap();
+    assert_eq!(media[0].name, "sound");
+    let labels: Vec<i64> = (0..n as i64).collect();
+    let dataset = Dataset::builder(
+        Source::dir(&dir)
+            .extensions(["jpg"])
+            .labels(Labels::Values(labels))
+            .extra_fields(specs),
+    )
+    .ranks(1, 2)
+    .build()
+    .unwrap();
+    let audio = Recipe::audio(AudioRecipe {
+        rate: 8000,
+        samples: 400,
+        ..Default::default()
+    })
+    .unwrap();
+    let mut l = Loader::builder(dataset, recipe())
+        .batch_size(3)
+        .media_field("sound", audio)
+        .build()
+        .unwrap();
+    let mut seen = 0;
+    for b in l.epoch().unwrap() {
+        let b = b.unwrap();
+        assert_eq!(&*b.names, ["image", "sound"]);
+        let sound = host(&b.fields[1]);
+        assert_eq!(sound.shape(), [b.len(), 400]);
+        for (k, m) in b.items.iter().enumerate() {
+            let i = m.label.unwrap() as usize;
+            let clip: Vec<f32> = sound
+                .item(k)
+                .chunks_exact(4)
+                .map(|x| f32::from_ne_bytes(x.try_into().unwrap()))
+                .collect();
+            let len = (300 + 40 * i).min(400);
+            let level = 1000.0 * i as f32 / 32768.0;
+            assert!(
+                clip[..len].iter().all(|x| (x - level).abs() < 1e-3),
+                "clip {i}: {:?}",
+                &clip[..4]
+            );
+            assert!(clip[len..].iter().all(|&x| x == 0.0), "clip {i} padded");
+            assert_eq!(host(&b.fields[0]).item(k), alone(&recipe(), i), "image {i}");
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, n.div_ceil(2), "rank 1 of 2: equal counts");
+}

@@ -5,7 +5,7 @@
 //!
 //! Every front end names them alike, in the `fields` mapping: a table whose `kind` is
 //! `"image"`, `"audio"` or `"video"` holds `from` (the member's extension, the file beside a
-//! loose file, the column) and the modality's arguments (`crop`, `sample_rate`, ...), which
+//! loose file, the column) and the modality's arguments (`crop`, `rate`, ...), which
 //! [`fields_and_media`] splits from the other fields.
 
 use crate::dataset::{FieldKind, FieldSpec, FieldValue};
