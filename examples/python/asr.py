@@ -10,10 +10,11 @@ PATTERN` names existing ones (`flowgate gen-data --audio 64 --audio-seconds 1,12
 flowgate reads each clip's declared length once before the first epoch, then gives batches
 of clips of similar length (at most `--max-seconds` of padded audio each, padded only to the
 longest clip) with each clip's transcript beside it: the batch is a dict whose `text` list
-is in the rows' order. The loop turns the transcripts into CTC targets (characters to ids,
-padded, with their lengths) as a training step would. Under torchrun each rank gets the
-same number of batches; the script checks each transcript belongs to its clip and stops
-half way through to resume from `state_dict()`.
+is in the rows' order. The transcripts become CTC targets (characters to ids, padded to the
+batch's longest, with their lengths) on the loader's own threads (`map_batch=`), so the loop
+gets `targets` and `target_lengths` beside `audio` and `lengths`. Under torchrun each rank
+gets the same number of batches; the script checks each transcript belongs to its clip and
+its targets, and stops half way through to resume from `state_dict()`.
 """
 
 import argparse
@@ -22,6 +23,7 @@ import os
 import tarfile
 import tempfile
 
+import numpy as np
 import torch
 
 import flowgate
@@ -45,14 +47,20 @@ def write_shards(clips, out, per_shard=8):
     return os.path.join(out, f"{{00000..{n - 1:05d}}}.tar")
 
 
-def ctc_targets(texts):
-    """Characters to ids (0 is CTC's blank), padded; and each target's length."""
-    ids = [[ALPHABET.index(c) + 1 for c in t.lower() if c in ALPHABET] for t in texts]
-    lengths = torch.tensor([len(r) for r in ids])
-    targets = torch.zeros(len(ids), int(lengths.max()), dtype=torch.long)
+def char_ids(text):
+    """A transcript's characters as ids (0 is CTC's blank)."""
+    return [ALPHABET.index(c) + 1 for c in text.lower() if c in ALPHABET]
+
+
+def ctc_targets(batch):
+    """The batch's transcripts as CTC targets padded to its longest, and their lengths: on the
+    loader's threads (`map_batch=`), a pure function of the batch (a resume makes the same)."""
+    ids = [char_ids(t) for t in batch["text"]]
+    lengths = np.array([len(r) for r in ids], dtype=np.int64)
+    targets = np.zeros((len(ids), max(1, int(lengths.max()))), dtype=np.int64)
     for row, r in enumerate(ids):
-        targets[row, :len(r)] = torch.tensor(r)
-    return targets, lengths
+        targets[row, :len(r)] = r
+    return {"targets": targets, "target_lengths": lengths}
 
 
 def main():
@@ -68,15 +76,18 @@ def main():
         pattern = write_shards(clips, tempfile.mkdtemp(prefix="speech-"))
     make = lambda: flowgate.AudioLoader(  # noqa: E731 - built twice: before and after resume
         flowgate.Shards(pattern), rate=16000, max_batch_seconds=a.max_seconds, seed=0,
-        output="torch", return_paths=True, fields={"text": "txt"})
+        output="torch", return_paths=True, fields={"text": "txt"}, map_batch=ctc_targets)
     loader = make()
     print(f"rank {os.environ.get('RANK', 0)}: {len(loader)} batches an epoch")
     half, state, seen = max(1, len(loader) // 2), None, 0
     for step, batch in enumerate(loader):
         audio, lengths = batch["audio"], batch["lengths"]
-        targets, target_lengths = ctc_targets(batch["text"])
-        for path, text in zip(batch["path"], batch["text"]):
+        targets, target_lengths = batch["targets"], batch["target_lengths"]
+        for row, (path, text) in enumerate(zip(batch["path"], batch["text"])):
             assert text.endswith(path.rsplit(":", 1)[1]), (path, text)
+            ids = char_ids(text)
+            assert target_lengths[row] == len(ids), (path, text)
+            assert targets[row, :len(ids)].tolist() == ids, (path, text)
         assert audio.shape[0] * audio.shape[1] <= a.max_seconds * 16000
         seen += audio.shape[0]
         if step + 1 == half:

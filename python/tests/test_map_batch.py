@@ -236,3 +236,16 @@ def test_the_image_text_example_runs(tmp_path):
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert "70 samples in the epoch, resumed after 1 batches" in out.stdout, out.stdout
+
+
+def test_the_asr_example_runs(clips):  # noqa: F811
+    """`examples/python/asr.py`: CTC targets made by `map_batch=` on length-aware batches,
+    each row's checked against its transcript, resumed half way."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+    from conftest import ROOT
+    out = subprocess.run([sys.executable, str(ROOT / "examples/python/asr.py"), str(clips)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "30 clips in the epoch" in out.stdout, out.stdout
