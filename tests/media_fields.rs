@@ -361,3 +361,55 @@ fn a_loose_image_with_its_own_audio_file_gives_both() {
     }
     assert_eq!(seen, n.div_ceil(2), "rank 1 of 2: equal counts");
 }
+
+/// A directory of `a.jpg` with `a.depth.jpg` beside it: the walk takes each second image as
+/// its sample's field, not as a sample of its own (a helper found every sidecar failing as a
+/// sample: `a.depth.depth.jpg` missing).
+#[test]
+fn a_directory_walk_takes_sidecar_images_as_fields_not_samples() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("media-fields-walk");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    let n = 9;
+    for i in 0..n {
+        let at = if i % 3 == 0 {
+            dir.join("sub")
+        } else {
+            dir.clone()
+        };
+        std::fs::write(at.join(format!("{i:03}.jpg")), common::tiny_jpeg(i)).unwrap();
+        std::fs::write(
+            at.join(format!("{i:03}.depth.jpg")),
+            common::tiny_jpeg(i + 50),
+        )
+        .unwrap();
+    }
+    let (specs, _) = fields_and_media(fields_with_depth()).unwrap();
+    let dataset = Dataset::builder(Source::dir(&dir).extensions(["jpg"]).extra_fields(specs))
+        .build()
+        .unwrap();
+    assert_eq!(dataset.len(), n, "the sidecars are not samples");
+    let mut l = Loader::builder(dataset, recipe())
+        .batch_size(4)
+        .max_failures(FailureBudget::fail_fast())
+        .media_field("depth", right_recipe())
+        .build()
+        .unwrap();
+    let mut seen = 0;
+    for b in l.epoch().unwrap() {
+        let b = b.unwrap();
+        let (left, right) = (host(&b.fields[0]), host(&b.fields[1]));
+        for k in 0..b.len() {
+            let shade = (0..n)
+                .find(|&i| alone(&recipe(), i) == left.item(k))
+                .expect("a sample's own image");
+            assert_eq!(right.item(k), alone(&right_recipe(), shade + 50), "{shade}");
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, n);
+}
+
+fn fields_with_depth() -> serde_json::Value {
+    serde_json::json!({"depth": {"from": "depth.jpg", "kind": "image", "resize": 10, "crop": 6}})
+}

@@ -61,6 +61,11 @@ class _Loader:
             if args.get("fields"):
                 raise ValueError("fields= is for local decoding: with remote= the actors' "
                                  "units carry media, not a sample's other fields")
+            for f in ("map", "map_batch"):
+                if args.get(f) is not None:
+                    raise ValueError(f"{f}= runs on this process's threads; with remote=, the "
+                                     "actors decode: map the batches in the training process "
+                                     "(remote=None)")
             if args.get("device", "cpu") != "cpu":
                 raise DeviceUnavailable(
                     f"device={args['device']!r} with remote=: batches decoded remotely arrive "

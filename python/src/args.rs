@@ -124,9 +124,7 @@ pub(crate) fn loader(
         .collect();
     let mut b = settings.builder(dataset, recipe, &media).map_err(invalid)?;
     for m in &media_fields {
-        let recipe = settings
-            .recipe(&m.media)
-            .map_err(|e| PyValueError::new_err(format!("fields: {:?}: {e}", m.name)))?;
+        let recipe = settings.field_recipe(m).map_err(invalid)?;
         b = b.media_field(&m.name, recipe);
     }
     let names = crate::loader::Names::new(b.tensor_names(), labels.is_some(), return_paths);
@@ -138,6 +136,8 @@ pub(crate) fn loader(
             .chain(map_fields.iter().cloned())
             .collect(),
     };
+    // The keys a function's dict has: none of the fields may take `index` or `epoch`.
+    let function_fields = keys.fields.clone();
     let mut gil = None;
     let mut token = None;
     match map {
@@ -185,6 +185,7 @@ pub(crate) fn loader(
                 "map_batch= must be a function of a batch's dict",
             ));
         }
+        names.check(&function_fields, true)?;
         let clock = gil.get_or_insert_with(Default::default);
         let t = *token.get_or_insert_with(crate::map::token);
         let f = crate::map::python_map_batches(

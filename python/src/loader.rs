@@ -70,7 +70,7 @@ impl Names {
         match fields.iter().find(|f| taken(f)).or(extra) {
             Some(f) => Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "fields: {f:?} is a key the batch already has (its media, \"label\", \"path\"; \
-                 with map=, \"index\" and \"epoch\")"
+                 with map= or map_batch=, \"index\" and \"epoch\")"
             ))),
             None => Ok(()),
         }
@@ -186,8 +186,8 @@ impl Loader {
     fn not_from_own_map(&self, what: &str) -> PyResult<()> {
         if crate::map::calling(self.map_token) {
             return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
-                "{what}: not from inside the loader's own map= function (it runs on the \
-                 loader's threads, which this would stop or wait for)"
+                "{what}: not from inside the loader's own map= or map_batch= function (it runs \
+                 on the loader's threads, which this would stop or wait for)"
             )));
         }
         Ok(())
@@ -240,6 +240,15 @@ impl Loader {
     fn monitor(&self, py: Python<'_>) -> PyResult<Monitor> {
         if let Some(m) = self.watch.monitor() {
             return Ok(m);
+        }
+        // No pipeline runs: it is being stopped (by the loop, which holds the loader while it
+        // joins the very thread asking) or not started. From the loader's own function,
+        // waiting for it would never end, and starting one is not the function's to do.
+        if crate::map::calling(self.map_token) {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "the loader's pipeline is stopping: its statistics are not to be had from \
+                 inside its own map= or map_batch= function now",
+            ));
         }
         let core = &self.core;
         crate::lifecycle::released(py, || core.lock().expect("loader").loader.monitor())
@@ -504,6 +513,10 @@ impl Loader {
     /// A checkpoint of the consumer's progress (plain ints and lists: picklable, JSON-able).
     /// Waits for the loader's lock with the GIL released: between batches it is free at once.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        // A checkpoint is the training loop's position, which the loop holds the loader for
+        // while it waits: from the loader's own function it would wait for the loop (and
+        // for ever once the loop stops the epoch, joining this thread).
+        self.not_from_own_map("state_dict")?;
         let core = &self.core;
         let s = crate::lifecycle::released(py, || core.lock().expect("loader").loader.state())
             .map_err(to_py)?;

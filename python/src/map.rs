@@ -99,9 +99,14 @@ fn call(py: Python<'_>, f: &Py<PyAny>, keys: &Keys, mut s: Sample) -> PyResult<S
         )));
     }
     let mut given = Vec::with_capacity(tensors.len());
+    // The objects given, to tell media returned as given from media the function set (the
+    // dict it was given may be the one it changed and returned).
+    let mut originals = Vec::with_capacity(tensors.len());
     for (name, t) in keys.media.iter().zip(tensors) {
         let m = Arc::new(Mem::Host(t));
-        d.set_item(name, Bound::new(py, Batch::shared(&m))?)?;
+        let obj = Bound::new(py, Batch::shared(&m))?.into_any();
+        d.set_item(name, &obj)?;
+        originals.push(obj.unbind());
         given.push(m);
     }
     if keys.label {
@@ -149,9 +154,9 @@ fn call(py: Python<'_>, f: &Py<PyAny>, keys: &Keys, mut s: Sample) -> PyResult<S
     };
     // The media it returned anew (the others are taken back below, once the dicts are gone).
     let mut media = Vec::with_capacity(given.len());
-    for name in &keys.media {
+    for (name, original) in keys.media.iter().zip(&originals) {
         let v = get(name)?;
-        let same = d.get_item(name)?.is_some_and(|g| g.is(&v));
+        let same = v.is(original.bind(py));
         media.push((!same).then(|| tensor_from_py(&v, name)).transpose()?);
     }
     if keys.label {
@@ -169,6 +174,7 @@ fn call(py: Python<'_>, f: &Py<PyAny>, keys: &Keys, mut s: Sample) -> PyResult<S
     }
     drop(result);
     drop(d);
+    drop(originals);
     for (new, m) in media.into_iter().zip(given) {
         s.fields.push(match new {
             Some(t) => t,
@@ -230,14 +236,22 @@ fn call_batch(
     let d = PyDict::new(py);
     // Each key in the batch's order with its value; a tensor is shared with its Python view.
     let mut keys: Vec<(String, Value)> = Vec::with_capacity(names.len() + extra_names.len());
+    // The tensors' objects as given, by key: one returned as given is left (the dict given
+    // may be the one the function changed and returned, so the test is the object's
+    // identity, not the dict's value).
+    let mut originals: Vec<(String, Py<PyAny>)> = Vec::with_capacity(names.len() + 1);
     for (name, m) in names.iter().zip(fields) {
         let m = Arc::new(m);
-        d.set_item(name, Bound::new(py, Batch::shared(&m))?)?;
+        let obj = Bound::new(py, Batch::shared(&m))?.into_any();
+        d.set_item(name, &obj)?;
+        originals.push((name.clone(), obj.unbind()));
         keys.push((name.clone(), Value::Kept(m)));
     }
     let mut label = label_tensor.map(Arc::new);
     if let Some(m) = &label {
-        d.set_item("label", Bound::new(py, Batch::shared(m))?)?;
+        let obj = Bound::new(py, Batch::shared(m))?.into_any();
+        d.set_item("label", &obj)?;
+        originals.push(("label".to_owned(), obj.unbind()));
     }
     let mut columns: Vec<Vec<FieldValue>> = vec![Vec::with_capacity(n); extra_names.len()];
     for m in &mut items {
@@ -280,8 +294,12 @@ fn call_batch(
                 "map_batch= returned \"path\", the key the loader gives each batch's paths",
             ));
         }
-        // What it was given, returned as given: left.
-        if d.get_item(&k)?.is_some_and(|given| given.is(&v)) {
+        // A tensor returned as given: left. (A field's list is read again: it may have been
+        // changed in place.)
+        if originals
+            .iter()
+            .any(|(name, o)| *name == k && o.bind(py).is(&v))
+        {
             continue;
         }
         if k == "label" && labels {
@@ -315,6 +333,7 @@ fn call_batch(
     // copied, and its view stays valid.
     drop(result);
     drop(d);
+    drop(originals);
     let (mut names, mut fields, mut extra_names) = (Vec::new(), Vec::new(), Vec::new());
     let mut columns = Vec::new();
     for (name, value) in keys {

@@ -249,3 +249,77 @@ def test_the_asr_example_runs(clips):  # noqa: F811
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "30 clips in the epoch" in out.stdout, out.stdout
+
+
+def test_a_function_reading_its_loader_while_the_loop_stops_the_epoch_does_not_hang(shards):
+    """A helper's case: a function calling `stats()` (or `state_dict()`) on its own loader
+    while the loop left the epoch (`break`, `close()`, `set_epoch()`) waited for the loop,
+    which held the loader while it joined the function's thread: a hang even Ctrl-C could
+    not end. Now `stats()` answers or says the pipeline is stopping, and `state_dict()` is
+    refused from inside (a checkpoint is the loop's position)."""
+    from conftest import run_clean
+    code = ("import flowgate, faulthandler, sys\n"
+            "faulthandler.dump_traceback_later(60, exit=True)\n"
+            "H = {}\n"
+            "def f(b):\n"
+            "    H['l'].stats()\n"
+            "    return {}\n"
+            "def g(s):\n"
+            "    H['l'].stats()\n"
+            "    return s\n"
+            "for kw in ({'map_batch': f}, {'map': g}):\n"
+            "    for how in ('break', 'close', 'set_epoch'):\n"
+            "        for _ in range(3):\n"
+            f"            l = H['l'] = flowgate.ImageLoader(flowgate.Shards({shards!r}),"
+            " batch_size=2, resize=16, crop=16, fields={'c': 'txt'}, workers=2, **kw)\n"
+            "            for k, b in enumerate(l):\n"
+            "                if k == 2:\n"
+            "                    if how == 'close': l.close()\n"
+            "                    if how == 'set_epoch': l.set_epoch(3)\n"
+            "                    break\n"
+            "            l.close()\n"
+            "print('ok')\n")
+    assert run_clean(code).strip() == "ok"
+    holder = {}
+
+    def checkpoint(b):
+        holder["l"].state_dict()
+        return b
+
+    l = holder["l"] = loader(flowgate.Shards(shards), map_batch=checkpoint)
+    with pytest.raises(flowgate.LoaderError, match="state_dict: not from inside the loader's"):
+        rows(l)
+    assert l.failures() and all("state_dict: not from inside" in why
+                                for _, _, why in l.failures()), l.failures()
+    holder.clear()
+
+
+def test_a_dict_changed_and_returned_gives_its_changes(shards):
+    """A helper's case: a function that set keys of the dict it was given and returned it
+    had its changes dropped (the test for 'returned as given' looked at the changed dict)."""
+    def mutate(b):
+        b["image"] = np.zeros_like(np.asarray(b["image"]))
+        b["caption"][0] = "NEW"
+        b["label"] = np.asarray(b["label"]) + 100
+        return b
+
+    plain = rows(loader(flowgate.Shards(shards)))
+    got = rows(loader(flowgate.Shards(shards), map_batch=mutate))
+    assert [r[0] for r in got] == [r[0] for r in plain]
+    assert all(not image.any() for _, image, *_ in got)
+    assert [label for _, _, label, *_ in got] == [label + 100 for _, _, label, *_ in plain]
+    captions = [cap for _, _, _, cap, *_ in got]
+    assert captions.count("NEW") == len(loader(flowgate.Shards(shards)))
+    # The same for map=: the item's dict changed and returned.
+    def zero(s):
+        s["image"] = np.zeros_like(np.asarray(s["image"]))
+        return s
+    for b in loader(flowgate.Shards(shards), map=zero):
+        assert not np.asarray(b["image"]).any()
+
+
+def test_fields_named_as_the_functions_own_keys_are_refused(shards):
+    for name in ("index", "epoch"):
+        with pytest.raises(ValueError, match="already has"):
+            flowgate.ImageLoader(flowgate.Shards(shards), fields={name: "txt"},
+                                 map_batch=pad_captions, **ARGS)

@@ -139,8 +139,9 @@ pub fn fields_from_value(v: serde_json::Value) -> Result<Vec<FieldSpec>, String>
                 if let Some(k) = t.remove("kind") {
                     spec.kind = serde_json::from_value(k.clone()).map_err(|_| {
                         format!(
-                            "fields: {name:?}: kind must be \"text\", \"json\", \"int\" or \
-                             \"bytes\", not {k}"
+                            "fields: {name:?}: kind must be \"text\", \"json\", \"int\", \
+                             \"bytes\", or a media kind (\"image\", \"audio\", \"video\": \
+                             decoded by a recipe of its own), not {k}"
                         )
                     })?;
                 }
@@ -240,6 +241,32 @@ fn value(raw: &RawSample, spec: &FieldSpec) -> Result<FieldValue, ShardError> {
     }
 }
 
+/// The file beside the loose media file `media` that a field read from `ext` reads:
+/// `media`'s last extension replaced (`a.jpg` → `a.txt`, `a.depth.png`).
+pub(crate) fn sidecar(media: &Path, ext: &str) -> std::path::PathBuf {
+    media.with_extension(ext.trim_start_matches('.'))
+}
+
+/// The files of a directory walk that are another listed file's sidecars (`a.depth.jpg`
+/// beside `a.jpg` for a field read from `depth.jpg`): fields of a sample, not samples.
+pub(crate) fn sidecars_among(
+    files: &[std::path::PathBuf],
+    specs: &[FieldSpec],
+) -> std::collections::HashSet<std::path::PathBuf> {
+    let listed: std::collections::HashSet<&Path> = files.iter().map(|p| p.as_path()).collect();
+    files
+        .iter()
+        .flat_map(|p| {
+            specs
+                .iter()
+                .flat_map(|f| f.from.iter())
+                .map(move |e| (p, sidecar(p, e)))
+        })
+        .filter(|(p, s)| *p != s && listed.contains(s.as_path()))
+        .map(|(_, s)| s)
+        .collect()
+}
+
 /// The values of `specs` from the files beside the loose media file `media` (sidecars:
 /// `media`'s extension replaced by each of a field's, the first that exists wins; names as
 /// given, as case sensitive as the file system).
@@ -256,7 +283,7 @@ pub(crate) fn read_sidecars(
         };
         let mut found = None;
         for ext in &spec.from {
-            let path = media.with_extension(ext.trim_start_matches('.'));
+            let path = sidecar(media, ext);
             match std::fs::metadata(&path) {
                 // A FIFO, a device or a directory would block a worker, fill the memory or
                 // fail: only regular files (symbolic links followed) are read.
@@ -283,12 +310,7 @@ pub(crate) fn read_sidecars(
                 let looked: Vec<String> = spec
                     .from
                     .iter()
-                    .map(|e| {
-                        media
-                            .with_extension(e.trim_start_matches('.'))
-                            .display()
-                            .to_string()
-                    })
+                    .map(|e| sidecar(media, e).display().to_string())
                     .collect();
                 return Err(err(format!("no file {}", looked.join(" or "))));
             }

@@ -164,7 +164,21 @@ fn files(source: &Source, order: EpochOrder, extensions: &[String]) -> Result<Ki
                 .iter()
                 .map(String::as_str)
                 .collect();
-            Files::dir(d, &exts)?
+            let walked = Files::dir(d, &exts)?;
+            // A sample's field read from a file beside it with a media extension (`a.jpg`
+            // and its `a.depth.jpg`) is that sample's, not a sample of its own.
+            let sidecars = super::extras::sidecars_among(walked.paths(), &source.extras);
+            if sidecars.is_empty() {
+                walked
+            } else {
+                Files::new(
+                    walked
+                        .paths()
+                        .iter()
+                        .filter(|p| !sidecars.contains(*p))
+                        .cloned(),
+                )
+            }
         }
         SourceKind::List(l) => Files::list(l)?,
         _ => unreachable!("a files source"),

@@ -372,7 +372,17 @@ pub(super) fn make(
             .aggregate(batch_size, b.drop_last && !b.units && b.reader.is_none())
             .budget_start(buffer(1).unwrap_or(batch_size));
         let names = names.clone();
+        let named = plan.clone();
         let mut p = p
+            // A batch that does not collate is named by its first item.
+            .describe(move |items: &Vec<Decoded>| match items.first() {
+                Some(d) => format!(
+                    "the batch of {} from {}",
+                    items.len(),
+                    named.name(d.meta.index, d.meta.epoch)
+                ),
+                None => "an empty batch".to_owned(),
+            })
             .pipe(
                 "collate",
                 move |items| collate(items, alloc.as_ref(), labels, &names),

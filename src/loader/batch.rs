@@ -229,7 +229,7 @@ pub(crate) fn check_mapped(
             .all(|(m, &(i, e))| m.index == i && m.epoch == e);
     if !same {
         return Err(format!(
-            "the per-batch function changed the batch's rows ({} rows, or their order, for              {n}): it maps their values; which rows a batch holds is the loader's (its              checkpoints count them)",
+            "the per-batch function changed the batch's rows ({} rows, or their order, for {n}): it maps their values; which rows a batch holds is the loader's (its checkpoints count them)",
             b.items.len()
         )
         .into());
@@ -246,7 +246,7 @@ pub(crate) fn check_mapped(
     for name in b.names.iter().chain(b.extra_names.iter()) {
         if name.is_empty() || name == "label" || !seen.insert(name.as_str()) {
             return Err(format!(
-                "the per-batch function named a tensor or field {name:?}: empty, \"label\"                  (the labels' own place) or named twice"
+                "the per-batch function named a tensor or field {name:?}: empty, \"label\" (the labels' own place) or named twice"
             )
             .into());
         }
@@ -254,7 +254,7 @@ pub(crate) fn check_mapped(
     for (name, t) in b.names.iter().zip(&b.fields) {
         if t.shape().first() != Some(&n) {
             return Err(format!(
-                "the per-batch function made {name:?} of shape {:?}: a batch's tensors have                  its {n} rows as their first dimension",
+                "the per-batch function made {name:?} of shape {:?}: a batch's tensors have its {n} rows as their first dimension",
                 t.shape()
             )
             .into());
@@ -269,7 +269,7 @@ pub(crate) fn check_mapped(
         }
         (l, _) => {
             return Err(format!(
-                "the per-batch function left the labels {}: the dataset {} labels, a batch's                  are [{n}] int64 in host memory",
+                "the per-batch function left the labels {}: the dataset {} labels, a batch's are [{n}] int64 in host memory",
                 l.as_ref()
                     .map_or("out".into(), |t| format!("{:?} {:?}", t.shape(), t.dtype())),
                 if labels { "has" } else { "has no" }
@@ -280,7 +280,7 @@ pub(crate) fn check_mapped(
     let k = b.extra_names.len();
     if let Some(m) = b.items.iter().find(|m| m.extras.len() != k) {
         return Err(format!(
-            "the per-batch function left item {} with {} fields besides the media; the batch              names {k}",
+            "the per-batch function left item {} with {} fields besides the media; the batch names {k}",
             m.index,
             m.extras.len()
         )

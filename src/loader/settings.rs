@@ -201,6 +201,24 @@ impl LoaderSettings {
         Ok(media.recipe(self.length_cap(), self.seed)?)
     }
 
+    /// The recipe of a field decoded as media ([`fields_and_media`](super::fields_and_media)),
+    /// seeded as the media's; refused with length-aware batches (a batch is planned by its
+    /// media's lengths alone), before its own arguments are read.
+    pub fn field_recipe(&self, field: &super::MediaFieldArgs) -> Result<Recipe, SettingsError> {
+        self.check()?;
+        if self.length_cap().is_some() {
+            return Err(SettingsError::Conflict(format!(
+                "fields: {:?}: media fields are not for length-aware batches (a batch is \
+                 planned by its media's lengths alone)",
+                field.name
+            )));
+        }
+        field
+            .media
+            .recipe(None, self.seed)
+            .map_err(|e| SettingsError::Conflict(format!("fields: {:?}: {e}", field.name)))
+    }
+
     /// The order these settings give a dataset's epochs: the shuffle, the ranks, equal counts.
     pub fn epoch_order(&self) -> Result<EpochOrder, SettingsError> {
         self.check()?;
@@ -284,6 +302,37 @@ impl LoaderSettings {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[cfg(feature = "image")]
+    #[test]
+    fn a_media_field_is_refused_with_length_batches_before_its_arguments_are_read() {
+        let (_, media) = crate::loader::fields_and_media(json!({
+            "depth": {"from": "depth.png", "kind": "image", "crop": 8, "resize": 16}
+        }))
+        .unwrap();
+        let plain = LoaderSettings::from_value(json!({})).unwrap();
+        plain.field_recipe(&media[0]).unwrap();
+        for cap in [
+            json!({"max_batch_seconds": 10}),
+            json!({"max_batch_frames": 64}),
+        ] {
+            let s = LoaderSettings::from_value(cap).unwrap();
+            let e = s.field_recipe(&media[0]).unwrap_err().to_string();
+            assert!(
+                e.contains("\"depth\": media fields are not for length-aware"),
+                "{e}"
+            );
+        }
+        let (_, bad) = crate::loader::fields_and_media(json!({
+            "depth": {"from": "depth.png", "kind": "image", "crop": 0}
+        }))
+        .unwrap();
+        let e = plain.field_recipe(&bad[0]).unwrap_err().to_string();
+        assert!(
+            e.starts_with("fields: \"depth\": ") && e.contains("crop"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn a_map_style_datasets_positions_are_dealt_as_the_settings_say() {

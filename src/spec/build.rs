@@ -136,9 +136,7 @@ impl PipelineSpec {
             .map_err(conflict)?
             .checkpoint_fields([("augmentation_seed", self.augmentation_seed())]);
         for m in &media_fields {
-            let recipe = settings
-                .recipe(&m.media)
-                .map_err(|e| crate::PipelineError::config(format!("fields: {:?}: {e}", m.name)))?;
+            let recipe = settings.field_recipe(m).map_err(conflict)?;
             b = b.media_field(&m.name, recipe);
         }
         if let Some(m) = self.run.max_failures {
