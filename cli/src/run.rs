@@ -243,14 +243,27 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
                 ended = Ended::Interrupted(signal);
                 break 'run;
             }
-            let (batch, labels, extras) =
+            let (batch, labels, extras, others) =
                 match loader.loader.next_within(Duration::from_millis(100)) {
-                    // The media: the first field (length-aware batches add the lengths); the
-                    // fields besides it, for the dump.
-                    Within::Next(Ok(mut b)) => {
+                    // The media: the first tensor; for the dump, the others by name (lengths,
+                    // a video's audio track, media fields) and the fields besides them.
+                    Within::Next(Ok(b)) => {
                         let extras =
                             (dump.is_some() && !b.extra_names.is_empty()).then(|| fields_jsonl(&b));
-                        (b.fields.swap_remove(0), b.labels, extras)
+                        let flowgate::loader::Batch {
+                            fields,
+                            names,
+                            labels,
+                            ..
+                        } = b;
+                        let mut tensors = fields.into_iter();
+                        let media = tensors.next().expect("a batch holds its media");
+                        let others: Vec<_> = if dump.is_some() {
+                            names.iter().skip(1).cloned().zip(tensors).collect()
+                        } else {
+                            Vec::new()
+                        };
+                        (media, labels, extras, others)
                     }
                     Within::Next(Err(e)) if e.is_nothing_delivered() => break,
                     Within::Next(Err(e)) => {
@@ -277,6 +290,12 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
                 if let Some(lines) = &extras {
                     let path = dir.join(format!("epoch{epoch}-batch{index:05}-fields.jsonl"));
                     std::fs::write(&path, lines)
+                        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+                }
+                for (name, t) in &others {
+                    let path = dir.join(format!("epoch{epoch}-batch{index:05}-{name}.npy"));
+                    let npy = t.to_npy().map_err(|e| format!("{}: {e}", path.display()))?;
+                    std::fs::write(&path, npy)
                         .map_err(|e| format!("writing {}: {e}", path.display()))?;
                 }
                 if let Some(labels) = &labels {

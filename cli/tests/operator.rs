@@ -625,3 +625,45 @@ fn a_piped_runs_last_progress_line_agrees_with_the_summary() {
         "{last}"
     );
 }
+
+/// A media field in a pipeline file (`[fields] depth = { kind = "image", ... }` over loose
+/// files with `a.depth.jpg` beside each `a.jpg`): the run decodes it, and `--dump` writes it by
+/// name beside each batch (`-depth.npy`, its own crop); the walk takes the sidecars as fields,
+/// not samples.
+#[test]
+fn a_media_field_runs_and_is_dumped_by_name() {
+    let dir = scratch("media-field");
+    let tree = dir.join("tree");
+    std::fs::create_dir_all(&tree).unwrap();
+    for (i, p) in images().iter().take(6).enumerate() {
+        std::fs::copy(p, tree.join(format!("{i}.jpg"))).unwrap();
+        std::fs::copy(p, tree.join(format!("{i}.depth.jpg"))).unwrap();
+    }
+    let file = dir.join("depth.toml");
+    std::fs::write(
+        &file,
+        "[source]\nkind = \"dir\"\npath = \"tree\"\n[fields]\ndepth = { from = \"depth.jpg\", \
+         kind = \"image\", resize = 24, crop = 16 }\n[decode]\nkind = \"image\"\nresize = 32\n\
+         crop = 32\n[batch]\nsize = 4\n",
+    )
+    .unwrap();
+    let dump = dir.join("dump");
+    let _ = std::fs::remove_dir_all(&dump);
+    let out = flowgate()
+        .args(["run", "--quiet"])
+        .arg(&file)
+        .arg("--dump")
+        .arg(&dump)
+        .output()
+        .unwrap();
+    assert_succeeded(&out);
+    assert_eq!(json(&out)["items"], 6, "six samples, not twelve");
+    for (batch, rows) in [(0, 4), (1, 2)] {
+        let npy = std::fs::read(dump.join(format!("epoch0-batch{batch:05}-depth.npy"))).unwrap();
+        let header = String::from_utf8_lossy(&npy[10..npy.len().min(128)]).to_string();
+        assert!(
+            header.contains(&format!("'shape': ({rows}, 3, 16, 16)")),
+            "{header}"
+        );
+    }
+}

@@ -245,7 +245,23 @@ impl PipelineSpec {
         let check = crate::limits::BATCH_SIZE.check(self.batch.size as i128);
         limit(check, &err, "batch", "size")?;
         if let Some(f) = &self.fields {
-            if let Err(m) = crate::loader::fields_and_media(f.clone()) {
+            // A media field's recipe too (its crop against its resize, ...), and its name
+            // against the media's: named by its key and line, as every other error.
+            let checked = crate::loader::fields_and_media(f.clone()).and_then(|(_, media)| {
+                for m in &media {
+                    if m.name == self.decode.media.kind() || m.name == "label" {
+                        return Err(format!(
+                            "fields: {:?}: the batch's own key (its media, \"label\")",
+                            m.name
+                        ));
+                    }
+                    m.media
+                        .recipe(None, 0)
+                        .map_err(|e| format!("fields: {:?}: {e}", m.name))?;
+                }
+                Ok(())
+            });
+            if let Err(m) = checked {
                 let name = f
                     .as_object()
                     .and_then(|o| o.keys().find(|k| m.contains(&format!("{k:?}"))))

@@ -311,4 +311,14 @@ fn a_media_field_table_parses_and_a_bad_one_names_its_field() {
         "depth = { from = \"depth.png\", kind = \"image\", crops = 8 }",
     ));
     assert!(e.to_string().contains("depth"), "{e}");
+    // Its recipe's numbers and its name are checked with the file, not when the run starts.
+    let e = error(&with(
+        "depth = { from = \"depth.png\", kind = \"image\", resize = 16, crop = 32 }",
+    ));
+    assert_eq!(e.key, "fields.depth", "{e}");
+    assert!(e.line > 0 && e.message.contains("crop"), "{e}");
+    let e = error(&with(
+        "image = { from = \"depth.png\", kind = \"image\", crop = 8 }",
+    ));
+    assert_eq!(e.key, "fields.image", "{e}");
 }
