@@ -80,3 +80,13 @@ pub(crate) fn pty(cols: u16, rows: u16) -> (std::fs::File, std::process::Stdio) 
         std::process::Stdio::from(slave),
     )
 }
+
+/// The sample dataset's images, sorted.
+pub(crate) fn images() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dataset().join("images"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    v.sort();
+    v
+}
