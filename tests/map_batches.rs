@@ -425,17 +425,17 @@ fn what_a_per_batch_function_cannot_do_is_refused_when_built() {
     assert!(e.to_string().contains("regroups their rows"), "{e}");
 }
 
-/// The smallest memory budget (in bytes) a loader builds with, found by bisection.
-fn smallest_budget(map: Option<Map>) -> u64 {
+/// The smallest memory budget (in bytes) a loader builds with, found by bisection; `with`
+/// adds the function stages under test.
+fn smallest_budget(
+    with: impl Fn(flowgate::loader::LoaderBuilder) -> flowgate::loader::LoaderBuilder,
+) -> u64 {
     let builds = |bytes: u64| {
-        let mut b = Loader::builder(dataset(0, 1), recipe())
+        let b = Loader::builder(dataset(0, 1), recipe())
             .batch_size(4)
             .workers(2)
             .memory_budget(bytes);
-        if let Some(f) = map {
-            b = b.map_batches("pad", f);
-        }
-        b.build().is_ok()
+        with(b).build().is_ok()
     };
     let (mut lo, mut hi) = (1u64, 1 << 30);
     assert!(builds(hi) && !builds(lo));
@@ -452,11 +452,18 @@ fn smallest_budget(map: Option<Map>) -> u64 {
 
 #[test]
 fn the_memory_budget_makes_room_for_the_batches_the_function_stage_holds() {
-    let plain = smallest_budget(None);
-    let mapped = smallest_budget(Some(pad));
+    let plain = smallest_budget(|b| b);
+    let mapped = smallest_budget(|b| b.map_batches("pad", pad));
     // Two batches more: one waiting for the function, one in its hand.
-    let batch = recipe().item_bytes().unwrap() * 4;
+    let item = recipe().item_bytes().unwrap();
+    let batch = item * 4;
     assert_eq!(mapped - plain, 2 * batch, "{plain} {mapped}");
+    // A per-item function's stage: two items more (one waiting, one in hand); both stages,
+    // both rooms.
+    let per_item = smallest_budget(|b| b.map_items("m", Ok));
+    assert_eq!(per_item - plain, 2 * item, "{plain} {per_item}");
+    let both = smallest_budget(|b| b.map_items("m", Ok).map_batches("pad", pad));
+    assert_eq!(both - plain, 2 * item + 2 * batch, "{plain} {both}");
     // A budget that cannot hold them is refused, saying why.
     let e = Loader::builder(dataset(0, 1), recipe())
         .batch_size(4)
