@@ -353,6 +353,116 @@ fn a_unit_whose_items_all_fail_is_no_error_and_the_regrouped_epoch_is_the_local_
     same(&regroup(&plan, units.concat()), &want, "regrouped");
 }
 
+/// Drives an epoch of units on `planner` as the remote mode's consumer does
+/// (`Loader::start_units`): every unit decoded by `worker`, its failures reported, its batches
+/// regrouped and reported as delivered, until `take` batches (all: `None`, then the epoch is
+/// finished). Returns the batches and what `finish_units` said.
+fn units_epoch(
+    planner: &mut Loader,
+    worker: &mut Loader,
+    take: Option<usize>,
+) -> (Vec<Seen>, Result<(), flowgate::PipelineError>) {
+    let plan = planner.start_units(2).unwrap();
+    let mut r = Regroup::new(&plan, Order::Input);
+    let mut out = Vec::new();
+    for u in 0..plan.len() {
+        let before = worker.watch().failures(Some(plan.epoch())).len();
+        let batches = run_unit(worker, &plan, u);
+        let failed = worker.watch().failures(Some(plan.epoch()))[before..].to_vec();
+        planner.units_failed(failed);
+        for (b, rows) in batches {
+            r.push(Rows(b), rows.ranges().flat_map(|(a, b)| a..b).collect());
+        }
+        let last = u + 1 == plan.len();
+        while let Some((b, positions)) = r.pop(last) {
+            if take == Some(out.len()) {
+                return (out, Ok(()));
+            }
+            planner.units_delivered(&RangeSet::from_ranges(
+                positions.iter().map(|&p| (p, p + 1)),
+            ));
+            out.push(b.0);
+        }
+    }
+    if take.is_some() {
+        return (out, Ok(()));
+    }
+    (out, planner.finish_units())
+}
+
+#[test]
+fn an_epoch_of_units_is_the_planners_own_checkpoint_failures_break_and_end() {
+    let files = paths(true);
+    let make = |units: bool| build(files.clone(), 0, 1, false, 1, units);
+    let mut local = make(false);
+    let want: Vec<Vec<Seen>> = (0..2).map(|_| local_epoch(&mut local)).collect();
+    let mut planner = make(false);
+    let mut worker = make(true);
+    // Three batches taken, then the loop breaks: the checkpoint is the local loader's there.
+    let (got, _) = units_epoch(&mut planner, &mut worker, Some(3));
+    same(&got, &want[0][..3], "the first three batches");
+    assert!(
+        planner.next_batch().unwrap().is_err(),
+        "a units epoch is not the pipeline's"
+    );
+    let mid = planner.state().unwrap();
+    let mut l = make(false);
+    let (_, local_mid) = common::take_then_save(&mut l, 3);
+    assert_eq!(mid, local_mid, "the planner's checkpoint mid-epoch");
+    planner.close();
+    assert_eq!(planner.abandoned_epoch(), Some((0, 3)));
+    assert_eq!(
+        planner.state().unwrap(),
+        mid,
+        "a break keeps what was delivered"
+    );
+    assert_eq!(planner.next_epoch(), 0);
+    // The epoch starts again from where it started, whole; at its end, the next one.
+    let (got, end) = units_epoch(&mut planner, &mut worker, None);
+    end.unwrap();
+    same(&got, &want[0], "epoch 0 again");
+    let failed = planner.watch().failures(Some(0));
+    assert!(
+        !failed.is_empty() && failed.iter().all(|f| f.item.ends_with("bad.jpg")),
+        "{failed:?}"
+    );
+    // Each message as the worker's loader wrote it, not prefixed again.
+    let worker_said = worker.watch().failures(Some(0));
+    assert_eq!(failed[0].message, worker_said[0].message);
+    assert_eq!(planner.next_epoch(), 1);
+    assert_eq!(planner.abandoned_epoch(), None);
+    let next = planner.state().unwrap();
+    assert_eq!((next.epoch, next.delivered_items), (1, 0));
+    let (got, end) = units_epoch(&mut planner, &mut worker, None);
+    end.unwrap();
+    same(&got, &want[1], "epoch 1");
+    // A resume mid-epoch: the planner plans the rest of it.
+    let mut planner = make(false);
+    planner.resume(&mid).unwrap();
+    let (got, end) = units_epoch(&mut planner, &mut make(true), None);
+    end.unwrap();
+    same(&got, &want[0][3..], "the rest after a resume");
+    // set_epoch mid-way abandons it, as locally; naming another epoch forgets it.
+    let mut planner = make(false);
+    let _ = units_epoch(&mut planner, &mut worker, Some(1));
+    planner.set_epoch(1);
+    assert_eq!((planner.abandoned_epoch(), planner.next_epoch()), (None, 1));
+    assert_eq!(planner.start_units(2).unwrap().epoch(), 1);
+}
+
+#[test]
+fn an_epoch_of_units_whose_every_item_fails_ends_with_the_local_error() {
+    let bad = paths(true)[BAD].clone();
+    let files = vec![bad; 7];
+    let make = |units: bool| build(files.clone(), 0, 1, false, 1, units);
+    let local = make(false).epoch().unwrap().next().unwrap().unwrap_err();
+    let (got, end) = units_epoch(&mut make(false), &mut make(true), None);
+    assert!(got.is_empty());
+    let e = end.unwrap_err();
+    assert!(e.is_nothing_delivered(), "{e}");
+    assert_eq!(e.to_string(), local.to_string());
+}
+
 /// Reader `reader` of `readers` (`LoaderBuilder::reader`) of rank `rank` of `world` over
 /// `files`, as `build` makes loaders, with `fill_skipped` as `fill` says.
 fn reader(

@@ -71,15 +71,9 @@ class _Loader:
                     f"device={args['device']!r} with remote=: batches decoded remotely arrive "
                     "in host memory; use device='cpu' and move them (batch.to('cuda', "
                     "non_blocking=True) after pin_memory())")
-        #: The remote pool (made at the first remote epoch), the checkpoint of the last remote
-        #: epoch (None: the native loader's is current), the failures its units skipped, and
-        #: the epoch being iterated remotely.
+        #: The remote pool (made at the first remote epoch). A remote epoch is the native
+        #: loader's own (its checkpoint, failures and a break, as a local epoch's).
         self._pool: Optional[_Pool] = None
-        self._remote_state: Optional[Dict[str, Any]] = None
-        self._remote_failures: Dict[int, List[Tuple[str, str, str]]] = {}
-        self._remote_epoch: Optional[int] = None
-        #: The last remote epoch begun and not ended, and the batches it delivered.
-        self._remote_progress: Optional[List[int]] = None
         self._native = self._build(args)
         #: Where the Prometheus endpoint serves (``metrics_port=``): ``(host, port)``, or None.
         self.metrics_address: Optional[Tuple[str, int]] = None
@@ -187,9 +181,6 @@ class _Loader:
 
     def __reduce__(self) -> Any:
         epoch = self._native._next_epoch() if os.getpid() == self._pid else self._fork_epoch
-        if self._remote_epoch is not None:
-            # Mid-way through a remote epoch (the native loader plans the one after it).
-            epoch = self._remote_epoch
         # Pickled for the workers of this process (spawn): they mark this process's marker.
         self._own_marker()
         # A copy does not serve metrics: the port is this loader's.
@@ -204,15 +195,9 @@ class _Loader:
         workers start at the epoch set in the parent."""
         _check_ints({"epoch": epoch}, epoch=0)
         native = self._here()
-        if self._pool is not None and self._remote_epoch is not None:
+        if self._pool is not None:
             # A remote epoch being iterated is abandoned, as a local one is.
             self._pool.abandon()
-            self._remote_epoch = None
-        if self._remote_state is not None and (native._next_epoch() != epoch
-                                               or self._remote_state.get("epoch") != epoch):
-            self._remote_state = None
-        if self._remote_progress is not None and self._remote_progress[0] != epoch:
-            self._remote_progress = None
         native.set_epoch(epoch)
         if self._resume is not None and self._resume.get("epoch") != epoch:
             # Another epoch: the loaded state no longer applies (for workers started later).
@@ -226,8 +211,6 @@ class _Loader:
     @property
     def epoch(self) -> int:
         """The epoch being iterated, or the next one."""
-        if self._remote_epoch is not None:
-            return self._remote_epoch
         return self._here().epoch
 
     def stats(self) -> Dict[str, Any]:
@@ -262,12 +245,6 @@ class _Loader:
     def failures(self, epoch: Optional[int] = None) -> List[Tuple[str, str, str]]:
         """The failures skipped in ``epoch`` (default: the epoch being iterated, or the last
         one started): ``(stage, path, message)``, of the last 1,000 kept."""
-        if self._remote_failures:
-            if epoch is None:
-                epoch = self._remote_epoch if self._remote_epoch is not None else \
-                    max(self._remote_failures)
-            if epoch in self._remote_failures:
-                return list(self._remote_failures[epoch][-1000:])
         return self._here().failures(epoch)
 
     def state_dict(self) -> Dict[str, Any]:
@@ -287,8 +264,6 @@ class _Loader:
                 "training process to checkpoint it: DataLoader(loader, batch_size=None) "
                 "with num_workers=0, or `for batch in loader` (flowgate decodes on its own "
                 "threads; DataLoader workers add processes, not throughput)")
-        if self._remote_state is not None:
-            return dict(self._remote_state)
         return self._here().state_dict()
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -299,9 +274,6 @@ class _Loader:
         self._here().load_state_dict(state)
         if self._pool is not None:
             self._pool.abandon()
-        self._remote_state = None
-        self._remote_epoch = None
-        self._remote_progress = None
         self._resume = dict(state)
 
     def close(self) -> None:
@@ -313,7 +285,6 @@ class _Loader:
             if self._pool is not None:
                 self._pool.close()
                 self._pool = None
-                self._remote_epoch = None
 
     def __enter__(self) -> "_Loader":
         return self

@@ -336,18 +336,14 @@ class _RemoteEpoch:
     SLICE = 0.05
 
     def __init__(self, loader: Any) -> None:
-        self._loader = loader
         self._pool: _Pool = loader._remote_pool()
         self._token = self._pool.begin()
-        native = loader._native
-        # The native loader stays at this epoch's start until it ends: an epoch abandoned
-        # (a break, another iterator) is planned again from there, as a local loader's.
-        self._plan = native._plan_units(loader._args["remote"].batches_per_unit)
-        self.epoch = self._plan.epoch
-        left = loader._remote_progress
-        if left is not None and left[0] == self.epoch:
-            _warn_again(*left)
-        loader._remote_progress = [self.epoch, 0]
+        # The native loader keeps the epoch as its own (its checkpoint, failures, a break).
+        self._native = loader._native
+        self._plan, self._iterator, again = self._native._start_units(
+            loader._args["remote"].batches_per_unit)
+        if again is not None:
+            _warn_again(*again)
         self._units = len(self._plan)
         # The units' batches regrouped into the local loader's (the library's view).
         self._regroup = self._plan.regroup(loader._args.get("order", "input"))
@@ -355,13 +351,8 @@ class _RemoteEpoch:
         self._at = 0              # the next unit to take
         self._states: Dict[int, Dict[str, Any]] = {}
         self._convert = _converter(loader._args["output"], from_numpy=True)
-        loader._remote_state = self._plan.state()
-        # An epoch run again adds its failures to the earlier run's, as a local loader's.
-        self._failures_before = len(loader._remote_failures.setdefault(self.epoch, []))
-        loader._remote_epoch = self.epoch
         self._no_hands_since: Optional[float] = None
         self._finished = False
-        self._yielded = 0
 
     def __iter__(self) -> "_RemoteEpoch":
         return self
@@ -371,7 +362,7 @@ class _RemoteEpoch:
         try:
             if not self._finished and self._pool.current == self._token:
                 self._pool.abandon()
-                self._loader._remote_epoch = None
+            self._native._abandon(self._iterator)
         except Exception:
             pass
 
@@ -382,19 +373,10 @@ class _RemoteEpoch:
             raise StopIteration
         item, positions = self._next_batch()
         if item is None:
-            self._finish()
-            failed = self._loader._remote_failures[self.epoch][self._failures_before:]
-            if not self._yielded and failed:
-                # As a local loader's epoch in which every item failed: an error, not empty.
-                stage, path, message = failed[-1]
-                raise _native.LoaderError(
-                    f"epoch {self.epoch} delivered nothing: every item failed ({len(failed)} "
-                    f"failed items); last: stage {stage} failed on {path}: {message}")
+            self._finished = True
+            self._native._finish_units()  # raises where every item failed, as locally
             raise StopIteration
-        self._yielded += 1
-        self._loader._remote_progress[1] = self._yielded
-        self._plan.receive([(p, p + 1) for p in positions])
-        self._loader._remote_state = self._plan.state()
+        self._native._units_delivered([(p, p + 1) for p in positions])
         self._maybe_resize()
         return self._convert(item)
 
@@ -407,14 +389,6 @@ class _RemoteEpoch:
             if self._at >= self._units:
                 return None, []
             self._take(self._at)
-
-    def _finish(self) -> None:
-        self._finished = True
-        self._loader._remote_state = self._plan.next_state()
-        self._loader._remote_epoch = None
-        self._loader._remote_progress = None
-        # Over: the native loader plans the next epoch.
-        self._loader._native.set_epoch(self.epoch + 1)
 
     def _fill(self) -> None:
         """Hands out units up to the window, each to the worker with the fewest in hand."""
@@ -489,7 +463,7 @@ class _RemoteEpoch:
         worker.busy_seconds += result["seconds"]
         pool.deaths_before_a_unit = 0
         pool.reap()
-        self._loader._remote_failures[self.epoch].extend(result["failures"])
+        self._native._units_failed(result["failures"])
         for b, rows in zip(result["batches"], result["rows"]):
             self._regroup.push(b, rows)
         self._states.pop(unit, None)

@@ -533,25 +533,68 @@ impl Loader {
             .map_err(to_py)
     }
 
-    /// The epoch the next iterator would run (the resumed one after `load_state_dict`), cut
-    /// into units of `batches_per_unit` batches for other processes to decode.
-    fn _plan_units(
+    /// Starts the epoch the next iterator would run as units for other processes to decode
+    /// (`Loader::start_units`): its plan, cut into units of `batches_per_unit` batches, the
+    /// iterator's number (for `_abandon`) and, as `_start_epoch`, an abandoned epoch started
+    /// again. The loader keeps the epoch as its own (its checkpoint, failures, a break).
+    #[allow(clippy::type_complexity)]
+    fn _start_units(
         &self,
         py: Python<'_>,
         batches_per_unit: usize,
-    ) -> PyResult<crate::units::EpochPlan> {
+    ) -> PyResult<(crate::units::EpochPlan, u64, Option<(u64, usize)>)> {
         let core = &self.core;
-        let plan = crate::lifecycle::released(py, || {
-            core.lock()
-                .expect("loader")
-                .loader
-                .plan_units(batches_per_unit)
+        crate::lifecycle::released(py, || {
+            let mut c = core.lock().expect("loader");
+            if c.loader.in_epoch() {
+                c.loader.close();
+            }
+            let again = c.loader.abandoned_epoch();
+            let plan = c.loader.start_units(batches_per_unit)?;
+            c.iterators += 1;
+            Ok((crate::units::EpochPlan { plan }, c.iterators, again))
         })
-        .map_err(to_py)?;
-        Ok(crate::units::EpochPlan {
-            plan,
-            received: Default::default(),
-        })
+        .map_err(to_py)
+    }
+
+    /// A batch of the epoch of units was handed to the loop: its rows' positions
+    /// (`[start, end)` pairs).
+    fn _units_delivered(&self, positions: Vec<(u64, u64)>) {
+        let positions = flowgate::actors::origin::RangeSet::from_ranges(positions);
+        self.core
+            .lock()
+            .expect("loader")
+            .loader
+            .units_delivered(&positions);
+    }
+
+    /// Failures a unit's loader skipped: `(stage, item, message)` tuples, as `failures()`
+    /// gives them.
+    fn _units_failed(&self, failures: Vec<(String, String, String)>) {
+        let failures =
+            failures
+                .into_iter()
+                .map(|(stage, item, message)| flowgate::loader::SkippedFailure {
+                    epoch: 0,
+                    stage,
+                    item,
+                    message,
+                });
+        self.core
+            .lock()
+            .expect("loader")
+            .loader
+            .units_failed(failures);
+    }
+
+    /// The epoch of units ended: raises `LoaderError` if every item failed.
+    fn _finish_units(&self) -> PyResult<()> {
+        self.core
+            .lock()
+            .expect("loader")
+            .loader
+            .finish_units()
+            .map_err(to_py)
     }
 
     /// Serves Prometheus metrics on `GET http://host:port/metrics` (the library's renderer,

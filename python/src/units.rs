@@ -2,19 +2,16 @@
 //! process's loader, each unit's `state_dict` for the worker that decodes it, and the
 //! training process's checkpoint once units arrive (see `flowgate.loader::units`).
 
-use flowgate::actors::origin::RangeSet;
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySlice, PyTuple};
 
 use crate::state::{state_from_py, state_to_py};
 
-/// An epoch's units: made by `Loader._plan_units`; it also keeps the positions the training
-/// loop has received, for its checkpoints.
+/// An epoch's units: made by `Loader._start_units`.
 #[pyclass(frozen, module = "flowgate._native")]
 pub(crate) struct EpochPlan {
     pub(crate) plan: flowgate::loader::EpochPlan,
-    pub(crate) received: std::sync::Mutex<RangeSet>,
 }
 
 #[pymethods]
@@ -36,19 +33,6 @@ impl EpochPlan {
         state_to_py(py, &self.plan.unit_state(&unit))
     }
 
-    /// Records positions the training loop received (`[start, end)` pairs: a batch's rows).
-    fn receive(&self, positions: Vec<(u64, u64)>) {
-        let mut r = self.received.lock().expect("received");
-        *r = RangeSet::from_ranges(r.ranges().chain(positions));
-    }
-
-    /// The training process's `state_dict` now: what was delivered before the epoch and the
-    /// positions received.
-    fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let r = self.received.lock().expect("received").clone();
-        state_to_py(py, &self.plan.state_with(&r))
-    }
-
     /// Regrouping of this plan's units' batches into the training loader's (`order`:
     /// `"input"` or `"completion"`, the loader's).
     fn regroup(&self, order: &str) -> Regroup {
@@ -60,11 +44,6 @@ impl EpochPlan {
         Regroup {
             inner: flowgate::loader::Regroup::new(&self.plan, order),
         }
-    }
-
-    /// The `state_dict` after the epoch's end: the next epoch from its start.
-    fn next_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        state_to_py(py, &self.plan.next_state())
     }
 }
 

@@ -71,6 +71,19 @@ impl FailureLog {
         });
     }
 
+    /// A failure another loader skipped in this epoch (a unit decoded elsewhere), counted
+    /// and kept as one of this epoch's.
+    pub(crate) fn record_skipped(&self, f: SkippedFailure) {
+        // Its message says the stage and the item before the cause.
+        let prefix = format!("stage `{}` failed on {}: ", f.stage, f.item);
+        let cause = f.message.strip_prefix(&prefix).unwrap_or(&f.message);
+        self.record(&crate::ItemError::new(
+            f.stage.as_str().into(),
+            f.item.clone(),
+            cause.to_owned().into(),
+        ));
+    }
+
     /// The failures kept of `epoch`.
     pub(crate) fn of(&self, epoch: u64) -> Vec<SkippedFailure> {
         let kept = self.0.kept.lock().expect("failures");

@@ -144,6 +144,8 @@ pub struct Loader {
     /// (a rank's `fill_skipped` state resumed: see [`Loader::start_epoch`]), and the rank's
     /// batches seen so far.
     keep_every: Option<((usize, usize), usize)>,
+    /// The epoch being iterated as units decoded elsewhere ([`Loader::start_units`]).
+    units: Option<units::UnitsEpoch>,
 }
 
 impl std::fmt::Debug for Loader {
@@ -222,6 +224,7 @@ impl Loader {
             fill: fill::Fill::default(),
             delivered_before: 0,
             keep_every: None,
+            units: None,
         }
     }
 
@@ -370,8 +373,13 @@ impl Loader {
         // pipeline has moved on to the next epoch already).
         let filling = self.fill.filling.take().map(|f| f.progress());
         *self.monitor.lock().expect("monitor") = None;
+        // An epoch of units: its progress is what its consumer received.
+        let units = self.units.take().map(|u| u.state());
+        if let (true, Some(s)) = (self.in_epoch, &units) {
+            self.abandoned = Some(s.clone());
+        }
         if let Some(p) = self.pipeline.take() {
-            if self.in_epoch {
+            if self.in_epoch && units.is_none() {
                 self.abandoned = Some(self.with_owed(filling.clone().unwrap_or_else(|| p.state())));
             }
             let epoch = filling.as_ref().map_or_else(|| p.epoch(), |s| s.epoch);
@@ -395,14 +403,7 @@ impl Loader {
             self.resume(&again)?;
         }
         let start = self.next_state()?;
-        self.epoch_start = Some(start.clone());
-        // An epoch resumed after some of it was delivered (here, or by any rank of a merged
-        // state: its base) has delivered something, whatever the rest does.
-        self.delivered_before = start.delivered_items
-            + start
-                .shard
-                .as_ref()
-                .map_or(0, |s| s.base.iter().map(|(a, b)| b - a).sum::<u64>());
+        self.begin(&start);
         // A reader reads its part of the rank's epoch; but what a rank's `fill_skipped` state
         // owes depends on which of its items fail (retried on resume), which no split of
         // positions can know: then the reader runs the rank's resumed epoch as the rank's
@@ -421,12 +422,30 @@ impl Loader {
         };
         self.fill.start_epoch(&start, from, &self.batching, part);
         let epoch = self.pipeline()?.epoch();
+        self.started(epoch);
+        Ok(epoch)
+    }
+
+    /// An epoch that starts at `start` is about to be iterated.
+    fn begin(&mut self, start: &PipelineState) {
+        self.epoch_start = Some(start.clone());
+        // An epoch resumed after some of it was delivered (here, or by any rank of a merged
+        // state: its base) has delivered something, whatever the rest does.
+        self.delivered_before = start.delivered_items
+            + start
+                .shard
+                .as_ref()
+                .map_or(0, |s| s.base.iter().map(|(a, b)| b - a).sum::<u64>());
+    }
+
+    /// `epoch` is being iterated: from now on a stop abandons it, and its delivered batches
+    /// and failures are counted afresh.
+    fn started(&mut self, epoch: u64) {
         self.failures.set_epoch(epoch);
         self.in_epoch = true;
         self.resumed = false;
         self.delivered = 0;
         self.abandoned = None;
-        Ok(epoch)
     }
 
     /// Makes the pipeline read reader `r`'s part (of `n`) of the epoch its rank starts at
@@ -510,6 +529,12 @@ impl Loader {
         if !self.in_epoch {
             return Within::EpochEnd;
         }
+        if self.units.is_some() {
+            return Within::Next(Err(PipelineError::config(
+                "this epoch is decoded as units elsewhere (start_units): its consumer takes \
+                 the batches",
+            )));
+        }
         if self.fill.filling.is_some() {
             return self.next_filler(timeout);
         }
@@ -586,6 +611,9 @@ impl Loader {
         if let (false, Some(s)) = (self.in_epoch, &self.abandoned) {
             return Ok(s.clone());
         }
+        if let Some(u) = &self.units {
+            return Ok(u.state());
+        }
         if let Some(f) = &self.fill.filling {
             return Ok(self.with_owed(f.progress()));
         }
@@ -616,6 +644,7 @@ impl Loader {
     pub fn resume(&mut self, state: &PipelineState) -> Result<(), PipelineError> {
         self.fill.filling = None;
         self.pipeline = None;
+        self.units = None;
         self.abandoned = None;
         *self.monitor.lock().expect("monitor") = None;
         self.in_epoch = false;

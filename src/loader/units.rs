@@ -22,7 +22,7 @@
 
 use flowgate_actors::origin::RangeSet;
 
-use super::Loader;
+use super::{Loader, SkippedFailure};
 use crate::{PipelineError, PipelineState};
 
 /// The epoch a planning loader runs next, cut into units; see the [module docs](self).
@@ -103,6 +103,88 @@ impl Loader {
             _ => self.next_state()?,
         };
         EpochPlan::new(start, &self.batching, batches_per_unit)
+    }
+}
+
+/// An epoch a loader iterates as units decoded elsewhere (see [`Loader::start_units`]): its
+/// plan and the positions its consumer received.
+#[derive(Debug)]
+pub(super) struct UnitsEpoch {
+    plan: EpochPlan,
+    received: RangeSet,
+}
+
+impl UnitsEpoch {
+    /// The checkpoint now: what the consumer received, besides what was before the epoch.
+    pub(super) fn state(&self) -> PipelineState {
+        self.plan.state_with(&self.received)
+    }
+}
+
+impl Loader {
+    /// Starts the epoch the next [`start_epoch`](Self::start_epoch) would run (an epoch being
+    /// iterated is abandoned first), to be decoded elsewhere as the units of the plan it
+    /// returns (see [`units`](self)), and iterated by the caller: it reports each batch it
+    /// hands on ([`units_delivered`](Self::units_delivered)), the failures the units skipped
+    /// ([`units_failed`](Self::units_failed)) and the epoch's end
+    /// ([`finish_units`](Self::finish_units)). The loader keeps that epoch as one of its own:
+    /// [`state`](Self::state) is the checkpoint of what was delivered, the failures are the
+    /// epoch's, and a stop before the end ([`close`](Self::close),
+    /// [`set_epoch`](Self::set_epoch), [`resume`](Self::resume), another start) abandons it
+    /// as a local epoch is abandoned ([`abandoned_epoch`](Self::abandoned_epoch); the next
+    /// start begins it again from where it started).
+    pub fn start_units(&mut self, batches_per_unit: usize) -> Result<EpochPlan, PipelineError> {
+        if self.in_epoch {
+            self.close();
+        }
+        let plan = self.plan_units(batches_per_unit)?;
+        self.begin(&plan.start);
+        self.started(plan.epoch());
+        self.units = Some(UnitsEpoch {
+            plan: plan.clone(),
+            received: RangeSet::default(),
+        });
+        Ok(plan)
+    }
+
+    /// A batch of the epoch of units reached its consumer, its rows the positions
+    /// `positions` (a no-op without such an epoch).
+    pub fn units_delivered(&mut self, positions: &RangeSet) {
+        if let Some(u) = &mut self.units {
+            u.received = RangeSet::from_ranges(u.received.ranges().chain(positions.ranges()));
+            self.delivered += 1;
+        }
+    }
+
+    /// Items the units of the epoch skipped as unreadable (their loaders'
+    /// [`failures`](super::LoaderWatch::failures)): counted and kept as the epoch's own.
+    pub fn units_failed(&mut self, failures: impl IntoIterator<Item = SkippedFailure>) {
+        if self.units.is_some() {
+            for f in failures {
+                self.failures.record_skipped(f);
+            }
+        }
+    }
+
+    /// The epoch of units ended (every unit's batches delivered): the next start is the next
+    /// epoch. An epoch in which every item failed ends with an error, as a local one does
+    /// ([`PipelineError::is_nothing_delivered`]). A no-op when no epoch of units is iterated
+    /// (it was abandoned).
+    pub fn finish_units(&mut self) -> Result<(), PipelineError> {
+        let Some(u) = self.units.take() else {
+            return Ok(());
+        };
+        let epoch = u.plan.epoch();
+        self.in_epoch = false;
+        self.epoch_start = None;
+        self.abandoned = None;
+        self.stop(false);
+        self.resume_at = epoch + 1;
+        let (failures, last) = self.failures.in_epoch();
+        if self.delivered == 0 && self.delivered_before == 0 && failures > 0 {
+            return Err(PipelineError::nothing_delivered(epoch, failures, last));
+        }
+        Ok(())
     }
 }
 
