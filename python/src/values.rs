@@ -25,7 +25,10 @@ pub(crate) fn field_to_py<'py>(
     })
 }
 
-fn json_to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn json_to_py<'py>(
+    py: Python<'py>,
+    v: &serde_json::Value,
+) -> PyResult<Bound<'py, PyAny>> {
     use serde_json::Value;
     Ok(match v {
         Value::Null => py.None().into_bound(py),

@@ -66,6 +66,28 @@ def test_merged_state_dicts_resume_at_other_world_sizes(data):
         flowgate.merge_state_dicts(states[:1])
 
 
+def test_a_state_dict_is_the_librarys_checkpoint_layout_and_reads_the_earlier_one(data):
+    # One checkpoint format for every front end: the library's serde layout (flat shard keys).
+    loader = flowgate.ImageLoader(data, batch_size=4, rank=1, world_size=3, seed=5)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    assert set(state["shard"]) >= {"rank", "world_size", "shard_lengths", "global_len", "base"}
+    assert state["shard"]["shard_lengths"] == "pad"
+    assert json.loads(json.dumps(state)) == state, "plain JSON values"
+    rest = [b.tolist() for b in it]
+    assert rest, "the rest of the epoch"
+    # The nested layout Rust wrote before (world, lengths, split) still loads.
+    old = dict(state, shard={k: v for k, v in state["shard"].items()
+                             if k not in ("world_size", "shard_lengths")})
+    old["shard"].update(world=3, lengths="Pad")
+    again = flowgate.ImageLoader(data, batch_size=4, rank=1, world_size=3, seed=5)
+    again.load_state_dict(old)
+    assert [b.tolist() for b in again] == rest
+    with pytest.raises(ValueError, match="state_dict: missing field `epoch`"):
+        again.load_state_dict({k: v for k, v in state.items() if k != "epoch"})
+
+
 def test_a_rank_state_does_not_load_at_another_rank(data):
     files = paths_of(data)
     a = flowgate.ImageLoader(files, rank=0, world_size=2, **ARGS)

@@ -32,16 +32,20 @@ pub const MAX_EPOCH_ITEMS: usize = 1 << 32;
 
 /// How shards of an epoch that does not divide evenly are made equal.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ShareLengths {
     /// Leave them uneven (the first `len % world` ranks get one more): nothing dropped or
     /// repeated.
     #[default]
+    #[serde(alias = "Uneven")]
     Uneven,
     /// Drop the last `len % world` positions of the epoch's order (different items every
     /// epoch when shuffled).
+    #[serde(alias = "Drop")]
     Drop,
     /// Repeat positions from the start of the epoch's order until every shard has
     /// `ceil(len / world)` items (what PyTorch's `DistributedSampler` does).
+    #[serde(alias = "Pad")]
     Pad,
 }
 
