@@ -1,8 +1,8 @@
 """Decoding on a pool of Ray actors: ``ImageLoader(..., remote=flowgate.Ray(...))``.
 
-The training process's loader keeps the epoch's plan — the same order, ranks, seeds and
-checkpoints as a local loader — and cuts it into *units* of a few batches
-(``Loader._plan_units``). A unit is a checkpoint in which everything else in the epoch is
+The training process's loader keeps the epoch as its own — the same order, ranks, seeds,
+checkpoints, failures and breaks as a local epoch (``Loader._start_units``) — and cuts it
+into *units* of a few batches. A unit is a checkpoint in which everything else in the epoch is
 delivered: a loader built with the same arguments that resumes it decodes exactly the unit,
 so a unit is a pure function of (dataset, seed, epoch, unit) and a unit lost with its actor is
 issued again. Actors (``FlowgateDecoder``, one process each) decode units with flowgate's

@@ -1,5 +1,5 @@
 """Units: a loader's epoch cut into runs of batches that another loader decodes alone
-(``Loader._plan_units`` in the native module, ``flowgate::loader::EpochPlan`` in Rust), as
+(``Loader._start_units`` in the native module, ``flowgate::loader::EpochPlan`` in Rust), as
 the remote mode (``_remote.py``: Ray actors) hands them out: the unit loader's arguments,
 decoding a unit, marking its arrays read-only. Regrouping the units'
 batches into the local loader's is the library's (``EpochPlan.regroup``)."""
