@@ -136,6 +136,9 @@ def _after_fork_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
+    # Registered first, so its `before` runs last, just before the fork: no pipeline thread is
+    # then making a Python thread state (a CPython race that hangs the child).
+    os.register_at_fork(before=_native._before_fork, after_in_parent=_native._after_fork)
     os.register_at_fork(before=_before_fork, after_in_child=_native._after_fork_in_child)
     os.register_at_fork(after_in_child=_after_fork_in_child)
 

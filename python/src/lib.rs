@@ -28,6 +28,7 @@ mod batch;
 mod dataset;
 mod device;
 mod error;
+mod fork;
 mod gil;
 mod lifecycle;
 mod loader;
@@ -56,6 +57,7 @@ fn _thread_count() -> usize {
 fn _after_fork_in_child() {
     flowgate::after_fork_in_child();
     lifecycle::forget_after_fork();
+    fork::forget_after_fork();
 }
 
 /// `flowgate.build_info()`: the version, the JPEG decoder compiled in and the optional
@@ -123,6 +125,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_thread_count, m)?)?;
     m.add_function(wrap_pyfunction!(batch::_batch_from_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
+    m.add_function(wrap_pyfunction!(fork::_before_fork, m)?)?;
+    m.add_function(wrap_pyfunction!(fork::_after_fork, m)?)?;
+    m.add_function(wrap_pyfunction!(fork::_fork_gate, m)?)?;
     m.add_function(wrap_pyfunction!(_exiting, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(pipeline::skip_part, m)?)?;

@@ -98,7 +98,12 @@ where
 pub(crate) fn with_gil_in_pipeline<R>(f: impl FnOnce(Python<'_>) -> R) -> R {
     let _call = InFlight::enter();
     let outer = IN_PIPELINE.with(|m| m.replace(true));
-    let r = Python::with_gil(f);
+    // Out of a fork's way until the GIL is held (see `crate::fork`).
+    let entering = crate::fork::Entering::new();
+    let r = Python::with_gil(|py| {
+        drop(entering);
+        f(py)
+    });
     IN_PIPELINE.with(|m| m.set(outer));
     r
 }

@@ -228,10 +228,11 @@ impl PyPipeline {
                             async move {
                                 // The parts the call leaves out (`skip_part`) are collected on
                                 // its thread and counted by this item's task.
+                                // The item is freed under the GIL, as below.
                                 let call = move || {
-                                    collect_skipped_parts(|| {
-                                        gil.call(|py| {
-                                            f.call1(py, (x.clone_ref(py),)).map_err(|e| {
+                                    collect_skipped_parts(move || {
+                                        gil.call(move |py| {
+                                            f.call1(py, (x.bind(py),)).map_err(|e| {
                                                 Described::new(py_repr(py, &x), py_error(py, e))
                                             })
                                         })
@@ -268,8 +269,12 @@ impl PyPipeline {
                     b.pipe(
                         name,
                         move |x: Py<PyAny>| {
-                            gil.call(|py| {
-                                f.call1(py, (x.clone_ref(py),))
+                            // The item is freed under the GIL: freed without it, pyo3 queues
+                            // it behind a lock that a fork at that instant would leave held
+                            // in the child (see `crate::fork`).
+                            let f = &f;
+                            gil.call(move |py| {
+                                f.call1(py, (x.bind(py),))
                                     .map_err(|e| Described::new(py_repr(py, &x), py_error(py, e)))
                             })
                         },
