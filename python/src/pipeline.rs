@@ -445,7 +445,7 @@ impl PyPipeline {
     #[staticmethod]
     fn indexed(len: usize, settings: &Bound<'_, PyAny>) -> PyResult<Self> {
         let invalid = |e: String| PyValueError::new_err(e);
-        let settings = crate::args::value_of(settings).map_err(invalid)?;
+        let settings = crate::values::value_of(settings).map_err(invalid)?;
         let settings = LoaderSettings::from_value(settings).map_err(invalid)?;
         let order = settings.epoch_order().map_err(|e| invalid(e.to_string()))?;
         let share = order.sampler(len).map_err(to_py)?.len();

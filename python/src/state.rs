@@ -16,7 +16,7 @@ pub(crate) fn state_to_py<'py>(py: Python<'py>, s: &PipelineState) -> PyResult<B
 /// The state a `state_dict` describes (see [`state_to_py`]; tuples or lists alike, as a
 /// state through JSON has lists).
 pub(crate) fn state_from_py(state: &Bound<'_, PyDict>) -> PyResult<PipelineState> {
-    let v = crate::args::value_of(state.as_any())
+    let v = crate::values::value_of(state.as_any())
         .map_err(|e| PyValueError::new_err(format!("state_dict: {e}")))?;
     serde_json::from_value(v).map_err(|e| PyValueError::new_err(format!("state_dict: {e}")))
 }
