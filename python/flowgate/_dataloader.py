@@ -9,7 +9,6 @@ import os
 from typing import Any, Callable, Dict, Iterator, Optional
 
 from . import _native
-from ._native import skip_part
 from ._process import _OPEN, _Pass
 
 
@@ -92,7 +91,10 @@ class DataLoader:
         # More workers than cores are for a dataset that waits (network reads): that many
         # calls at once, as torch's workers; else threads the tuner sizes to the cores,
         # starting at num_workers.
-        native.map(_fetch(dataset, collate_fn, skip_errors, batched=batch_size is not None),
+        # An item that raises is a failed item (fatal, or with skip_errors counted and left
+        # out); a batch whose every item fails is made up of the readable items after it (the
+        # library's `MakeUp`), so every rank still makes len() batches.
+        native.map(_native.Fetch(dataset, collate_fn, skip_errors, batch_size is not None),
                    num_workers, "fetch", num_workers > _cores())
         self._native = native
         self._pin = pin_memory
@@ -175,80 +177,6 @@ class _EpochSetter:
 def _check_epoch(epoch: Any) -> None:
     if isinstance(epoch, bool) or not hasattr(epoch, "__index__") or epoch < 0:
         raise ValueError(f"epoch must be an int of at least 0, not {epoch!r}")
-
-
-def _fetch(dataset: Any, collate: Callable[[Any], Any], skip_errors: bool,
-           batched: bool) -> Callable[[Any], Any]:
-    """What one call on a thread makes: the dataset's items at a batch's positions, collated
-    (``batched``; else the item at one position, converted). Through ``__getitems__`` where
-    the dataset has it (its error fails the batch), else item by item: an item whose
-    ``__getitem__`` raises is a failed item named by its position, which ends the epoch
-    with it (the default) or, with ``skip_errors``, is counted and left out, the batch
-    keeping its place. A batch (or an item, unbatched) whose every item fails is made up,
-    with ``skip_errors``, of the readable items that follow it in the dataset (wrapping;
-    the same on a resume): every rank still makes ``len()`` batches, so DDP does not wait
-    at the last step for one that ran short."""
-    getitems = getattr(dataset, "__getitems__", None) if batched else None
-    fillers = _Fillers(dataset)
-
-    def fetch(positions: Any) -> Any:
-        if not batched:
-            positions = (positions,)
-        if getitems is not None:
-            return collate(getitems(positions))
-        items, first = [], None
-        for i in positions:
-            try:
-                items.append(dataset[i])
-            except BaseException as e:  # noqa: BLE001 - the failure policy decides (any
-                # exception an item raises is its failure, KeyboardInterrupt included: on
-                # this thread it is the dataset's, not the user's Ctrl-C)
-                first = first or e
-                skip_part(f"item {i}", e)
-                if not skip_errors:
-                    # The failure just counted ends the epoch with it: nothing more to make.
-                    return None
-                fillers.failed(i)
-        if not items:
-            items = fillers.after(positions)
-        if not items:
-            # Nothing readable in the whole dataset to make it up with: the batch fails with
-            # its first item's error (the epoch then raises "delivered nothing").
-            raise first
-        return collate(items) if batched else collate(items[0])
-    return fetch
-
-
-class _Fillers:
-    """Readable items to make up a batch of failures with: those after its positions
-    (wrapping), each tried at most once a call. Positions seen failing are passed over
-    without a call (a dataset whose items all fail is scanned once, not once a batch)."""
-
-    def __init__(self, dataset: Any) -> None:
-        self._dataset = dataset
-        self._bad: set = set()
-        self._none_readable = False
-
-    def failed(self, position: int) -> None:
-        self._bad.add(position)
-
-    def after(self, positions: Any) -> list:
-        dataset, n, out = self._dataset, len(self._dataset), []
-        if self._none_readable:
-            return out
-        for k in range(1, n + 1):
-            if len(out) == len(positions):
-                break
-            p = (positions[-1] + k) % n
-            if p in self._bad:
-                continue
-            try:
-                out.append(dataset[p])
-            except BaseException:  # noqa: BLE001 - a filler that fails is passed over
-                self._bad.add(p)
-        if not out and len(self._bad) >= n:
-            self._none_readable = True
-        return out
 
 
 def _default_collate(batched: bool) -> Callable[[Any], Any]:

@@ -28,6 +28,7 @@ mod batch;
 mod dataset;
 mod device;
 mod error;
+mod fetch;
 mod fork;
 mod gil;
 mod lifecycle;
@@ -113,6 +114,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("IMAGENET_MEAN", stats(flowgate::media::args::IMAGENET_MEAN))?;
     m.add("IMAGENET_STD", stats(flowgate::media::args::IMAGENET_STD))?;
     m.add_class::<batch::Batch>()?;
+    m.add_class::<fetch::Fetch>()?;
     m.add_class::<loader::Loader>()?;
     m.add_class::<units::EpochPlan>()?;
     m.add_class::<units::PoolSizer>()?;

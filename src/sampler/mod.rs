@@ -17,10 +17,12 @@ use crate::PipelineError;
 
 mod buckets;
 mod layout;
+mod makeup;
 mod mixture;
 
 pub use buckets::{Bucketing, LengthBatches};
 pub use layout::Layout;
+pub use makeup::MakeUp;
 pub use mixture::MixStop;
 use mixture::Mixture;
 
