@@ -448,6 +448,18 @@ fn an_epoch_of_units_is_the_planners_own_checkpoint_failures_break_and_end() {
     planner.set_epoch(1);
     assert_eq!((planner.abandoned_epoch(), planner.next_epoch()), (None, 1));
     assert_eq!(planner.start_units(2).unwrap().epoch(), 1);
+    // An error ends it, as locally: the next start is the next epoch, nothing to resume.
+    let _ = units_epoch(&mut planner, &mut worker, Some(2));
+    planner.fail_units();
+    assert_eq!((planner.abandoned_epoch(), planner.next_epoch()), (None, 2));
+    assert_eq!(planner.state().unwrap().delivered_items, 0);
+    assert_eq!(planner.start_units(2).unwrap().epoch(), 2);
+    // Also when the epoch was started again after a break (no pipeline built for it).
+    let _ = units_epoch(&mut planner, &mut worker, Some(1));
+    planner.close();
+    let _ = units_epoch(&mut planner, &mut worker, Some(1));
+    planner.fail_units();
+    assert_eq!(planner.next_epoch(), 3);
 }
 
 #[test]

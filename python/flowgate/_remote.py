@@ -453,6 +453,10 @@ class _RemoteEpoch:
                 if self._lost_actor(e):
                     self._bury(worker, e)
                     continue
+                # A unit's error ends the epoch, as locally: the next iter() is the next one.
+                self._pool.abandon()
+                self._finished = True
+                self._native._fail_units()
                 raise _loader_error(e) from None
             break
         pool.waited += time.monotonic() - start

@@ -587,6 +587,11 @@ impl Loader {
             .units_failed(failures);
     }
 
+    /// The epoch of units ended by a unit's error: over, as a local epoch an error ends.
+    fn _fail_units(&self) {
+        self.core.lock().expect("loader").loader.fail_units();
+    }
+
     /// The epoch of units ended: raises `LoaderError` if every item failed.
     fn _finish_units(&self) -> PyResult<()> {
         self.core

@@ -351,6 +351,8 @@ def test_a_bad_file_with_skip_errors_off_raises_in_the_training_loop(cluster, da
     with pytest.raises(flowgate.LoaderError, match="bad.jpg"):
         for _ in l:
             pass
+    # The error ended the epoch, as locally: the next is epoch 1, from its start.
+    assert l.epoch == 1 and l.state_dict()["delivered_items"] == 0
     l.close()
 
 

@@ -166,6 +166,16 @@ impl Loader {
         }
     }
 
+    /// The epoch of units ended by an error (a unit that failed with failures fatal): over,
+    /// as a local epoch an error ends; the next start is the next epoch. A no-op without an
+    /// epoch of units.
+    pub fn fail_units(&mut self) {
+        if let Some(epoch) = self.units.as_ref().map(|u| u.plan.epoch()) {
+            self.end_after_error();
+            self.resume_at = epoch + 1;
+        }
+    }
+
     /// The epoch of units ended (every unit's batches delivered): the next start is the next
     /// epoch. An epoch in which every item failed ends with an error, as a local one does
     /// ([`PipelineError::is_nothing_delivered`]). A no-op when no epoch of units is iterated
