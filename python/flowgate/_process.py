@@ -119,7 +119,9 @@ def _before_fork() -> None:
         loader._own_marker()
         if loader._pid == os.getpid():
             try:
-                loader._fork_epoch = loader._native._next_epoch()
+                epoch = loader._native._epoch_for_fork()
+                if epoch is not None:
+                    loader._fork_epoch = epoch
             except Exception:
                 pass
 

@@ -503,6 +503,18 @@ impl Loader {
         crate::lifecycle::released(py, || core.lock().expect("loader").loader.next_epoch())
     }
 
+    /// The epoch a process forked now starts at (`_next_epoch`), asked by the `fork` hook
+    /// without waiting: a fork from the loader's own `map=` function can happen while the
+    /// loop holds the loader, waiting for that very function (a `break` joining its thread).
+    /// Then the epoch the running pipeline iterates, or None (unknown: the last one noted
+    /// stands).
+    fn _epoch_for_fork(&self) -> Option<u64> {
+        match self.core.try_lock() {
+            Ok(c) => Some(c.loader.next_epoch()),
+            Err(_) => self.watch.monitor().map(|m| m.epoch()),
+        }
+    }
+
     /// The decode workers a rebuilt pipeline starts with: what the last one ended with, or
     /// `None` (its share of the cores) before any rebuild; builds nothing.
     fn _learned_workers(&self, py: Python<'_>) -> Option<usize> {

@@ -165,6 +165,37 @@ def test_a_fork_waits_until_no_pipeline_thread_is_making_a_python_thread_state(t
     assert "hung 0" in r.stdout, r.stdout + r.stderr[-3000:]
 
 
+def test_a_map_function_that_forks_while_the_loop_breaks_does_not_hang(data, tmp_path):
+    """A ``map=`` function that forks (a child that exits at once) while the loop leaves the
+    epoch: the ``break`` holds the loader while it joins the function's thread, and the fork
+    hook asked that loader for its epoch, waiting for it: the process hung for good at the
+    first ``break`` (a helper's case). The hook no longer waits."""
+    r = run(f"""
+        import os, flowgate
+        def f(item):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+            return item
+        l = flowgate.ImageLoader({str(data / "images.txt")!r}, batch_size=5, resize=32,
+                                 crop=32, output="numpy", map=f)
+        for how in ("break", "close", "set_epoch", "iter"):
+            it = iter(l)
+            next(it)
+            if how == "close":
+                l.close()
+            elif how == "set_epoch":
+                l.set_epoch(7)
+            elif how == "iter":
+                it = iter(l)
+            del it
+            print("left by", how, flush=True)
+        print("epoch", l.epoch, len(list(l)) == len(l), flush=True)
+    """, tmp_path, timeout=120)
+    assert "left by iter" in r.stdout and "epoch 7 True" in r.stdout, r.stdout + r.stderr[-3000:]
+
+
 def test_a_killed_training_process_leaves_no_marker_for_long(data, tmp_path):
     """A training process whose DataLoader workers read a loader leaves a marker file in the
     temporary folder; killed (SIGKILL) before freeing the loader, it cannot remove it. The next
