@@ -463,6 +463,21 @@ fn an_epoch_of_units_is_the_planners_own_checkpoint_failures_break_and_end() {
 }
 
 #[test]
+fn a_checkpoint_owing_more_batches_than_an_epoch_has_is_refused() {
+    let mut l = loader(0, 1, false, 1);
+    let (_, mut state) = common::take_then_save(&mut l, 2);
+    let whole = l.len() as u64;
+    state.owed_batches = Some(whole);
+    l.resume(&state).unwrap();
+    state.owed_batches = Some(1 << 63);
+    let e = l.resume(&state).unwrap_err();
+    assert!(
+        e.to_string().contains("owes 9223372036854775808 batches"),
+        "{e}"
+    );
+}
+
+#[test]
 fn an_epoch_of_units_whose_every_item_fails_ends_with_the_local_error() {
     let bad = paths(true)[BAD].clone();
     let files = vec![bad; 7];

@@ -52,7 +52,11 @@ class _Epoch:
             raise RuntimeError(
                 "this epoch's iterator was made before a fork, and its threads are the parent "
                 "process's; call iter(loader) again in this process")
-        item = self._native._next()
+        if self._number is None:
+            item = self._native._next()
+        else:
+            # Ended once a newer iterator of the loader took the epoch over.
+            item = self._native._next(self._number)
         if item is None and self._number is not None:
             # A loader's end of the epoch (a Pipeline's raises StopIteration: its results
             # may be None).

@@ -298,14 +298,25 @@ impl Loader {
     /// The next batch of the epoch, or None at its end: a `Batch`, or a tuple of it, the
     /// labels (an int64 `Batch`) and the paths (a list of str), as configured. Releases the
     /// GIL while waiting.
-    fn _next<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    #[pyo3(signature = (iterator=None))]
+    fn _next<'py>(
+        &self,
+        py: Python<'py>,
+        iterator: Option<u64>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         self.not_from_own_map("iterating")?;
         let core = &self.core;
         // Waits in slices, checking for signals between them: Ctrl-C raises
         // KeyboardInterrupt within a slice, not after the next batch.
         let batch = loop {
             match crate::lifecycle::released(py, || {
-                core.lock().expect("loader").loader.next_within(SLICE)
+                let mut c = core.lock().expect("loader");
+                if iterator.is_some_and(|i| i != c.iterators) {
+                    // A newer iterator took the epoch over: this one has ended (it must
+                    // not take that one's batches).
+                    return Within::EpochEnd;
+                }
+                c.loader.next_within(SLICE)
             }) {
                 Within::Next(Ok(b)) => break b,
                 Within::Next(Err(e)) => return Err(to_py(e)),

@@ -86,6 +86,26 @@ def test_a_state_dict_is_the_librarys_checkpoint_layout_and_reads_the_earlier_on
     assert [b.tolist() for b in again] == rest
     with pytest.raises(ValueError, match="state_dict: missing field `epoch`"):
         again.load_state_dict({k: v for k, v in state.items() if k != "epoch"})
+    # A state that lost one key of a pair, or owes more than an epoch, is refused (a helper's
+    # cases: resumed as another share, or made up batches for ever).
+    half = dict(state, shard=dict(state["shard"], worker=0))
+    with pytest.raises(ValueError, match="`worker` and `workers` come together"):
+        again.load_state_dict(half)
+    with pytest.raises(flowgate.LoaderError, match="owes 9223372036854775808 batches"):
+        again.load_state_dict(dict(state, owed_batches=2**63))
+
+
+def test_an_older_iterator_ends_once_a_newer_one_takes_the_epoch(data):
+    # It took the newer one's batches before (a helper's case): that one then missed them.
+    loader = flowgate.ImageLoader(data, batch_size=4, shuffle=False, output="numpy")
+    a = iter(loader)
+    next(a), next(a)
+    b = iter(loader)                   # the epoch again, from its start
+    first = next(b)
+    assert next(a, None) is None, "the older iterator has ended"
+    got = [first] + list(b)
+    assert len(got) == len(loader)
+    assert loader.state_dict()["epoch"] == 1
 
 
 def test_a_rank_state_does_not_load_at_another_rank(data):

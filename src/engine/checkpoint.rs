@@ -79,7 +79,7 @@ pub struct PipelineState {
 /// layout for every front end; the nested layout of earlier versions (`world`, `lengths`,
 /// `blocks`, `split`) is still read.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(from = "ShareWire", into = "ShareWire")]
+#[serde(try_from = "ShareWire", into = "ShareWire")]
 pub struct ShareState {
     /// The rank that took the state.
     pub rank: usize,
@@ -129,14 +129,36 @@ struct ShareWire {
     split: Option<(usize, usize)>,
 }
 
-impl From<ShareWire> for ShareState {
-    fn from(w: ShareWire) -> Self {
+impl TryFrom<ShareWire> for ShareState {
+    type Error = String;
+
+    /// Keys that come in pairs come both or neither: a state that lost one would resume
+    /// another share than its own.
+    fn try_from(w: ShareWire) -> Result<Self, String> {
+        let pair = |a: &str, b: &str, x: bool, y: bool| match x == y {
+            true => Ok(()),
+            false => Err(format!(
+                "shard: `{a}` and `{b}` come together, one is missing"
+            )),
+        };
+        pair(
+            "block_window",
+            "block_seed",
+            w.block_window.is_some(),
+            w.block_seed.is_some(),
+        )?;
+        pair("worker", "workers", w.worker.is_some(), w.workers.is_some())?;
         let blocks = match (w.block_window, w.block_seed) {
             (Some(window), Some(seed)) => Some(Blocks { window, seed }),
             _ => w.blocks,
         };
         let split = w.worker.zip(w.workers).or(w.split);
-        Self {
+        if let Some((w, n)) = split {
+            if w >= n {
+                return Err(format!("shard: worker {w} of {n} workers"));
+            }
+        }
+        Ok(Self {
             rank: w.rank,
             world: w.world_size,
             lengths: w.shard_lengths,
@@ -144,7 +166,7 @@ impl From<ShareWire> for ShareState {
             base: w.base,
             blocks,
             split,
-        }
+        })
     }
 }
 
@@ -652,6 +674,20 @@ mod tests {
         }
         let back: PipelineState = serde_json::from_value(v).unwrap();
         assert_eq!(back, state());
+    }
+
+    #[test]
+    fn a_state_that_lost_one_key_of_a_pair_is_refused() {
+        let v = serde_json::to_value(state()).unwrap();
+        for (key, what) in [("block_seed", "block_window"), ("workers", "worker")] {
+            let mut bad = v.clone();
+            bad["shard"].as_object_mut().unwrap().remove(key);
+            let e = serde_json::from_value::<PipelineState>(bad).unwrap_err();
+            assert!(e.to_string().contains(what), "{e}");
+        }
+        let mut bad = v;
+        bad["shard"]["worker"] = 2.into();
+        assert!(serde_json::from_value::<PipelineState>(bad).is_err());
     }
 
     #[test]

@@ -642,6 +642,18 @@ impl Loader {
     /// Continues from `state`: the next epoch started yields exactly what was not delivered
     /// yet in that epoch. A state of another dataset or batching is refused.
     pub fn resume(&mut self, state: &PipelineState) -> Result<(), PipelineError> {
+        // What a state owes is at most an epoch of the rank (a damaged count would make up
+        // batches for ever).
+        if let Some(n) = state
+            .owed_batches
+            .filter(|&n| n > self.batches_per_epoch as u64)
+        {
+            return Err(PipelineError::config(format!(
+                "resume: the checkpoint owes {n} batches, more than an epoch of this rank has \
+                 ({})",
+                self.batches_per_epoch
+            )));
+        }
         self.fill.filling = None;
         self.pipeline = None;
         self.units = None;
