@@ -32,6 +32,10 @@ from . import _native
 from ._process import _converter, _warn_again
 from ._units import _decode_unit, _read_only, _unit_args, _unit_loader
 
+#: Seconds a pinned pool waits for CPUs that killed actors give back before it says the
+#: cluster cannot place it.
+_FREED_WAIT = 2.0
+
 #: A new actor that dies before finishing a unit this many times in a row is a configuration
 #: error (its constructor fails), not a lost worker: raised, not retried.
 _STARTUP_DEATHS = 3
@@ -598,6 +602,12 @@ def _placement(ray: Any, remote: Ray) -> Tuple[float, Tuple[float, float, float]
             raise RuntimeError(
                 f"{remote!r}: an actor needs {cpus:g} CPUs and the Ray cluster's largest node "
                 f"has {largest:g}; lower cpus_per_worker")
+        # Actors just killed (another loader's pool, closed) give their CPUs back a little
+        # later: a pinned pool waits a moment for them before it says it cannot be placed.
+        deadline = time.monotonic() + _FREED_WAIT
+        while need > free + 1e-9 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            free = float(ray.available_resources().get("CPU", 0.0))
         if need > free + 1e-9:
             raise RuntimeError(
                 f"{remote!r}: {remote.workers} actors of {cpus:g} CPUs need {need:g} CPUs and "
