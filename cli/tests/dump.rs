@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod common;
-use common::{images, scratch};
+use common::{assert_succeeded, images, json, scratch};
 
 fn flowgate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_flowgate"))
@@ -33,23 +33,6 @@ fn run_with_dump(dir: &Path, file: &Path) -> (Output, PathBuf) {
         .output()
         .unwrap();
     (out, dump)
-}
-
-/// Asserts the run exited 0, showing its stderr if not.
-fn assert_succeeded(out: &Output) {
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The JSON line a run ends with.
-fn json(out: &Output) -> serde_json::Value {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap_or(""))
-        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)))
 }
 
 /// The `i64` values of a dumped `.npy` file (format 1.0: a 10-byte preamble and a header).

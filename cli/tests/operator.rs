@@ -9,7 +9,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{configs, dataset, images, scratch};
+use common::{assert_succeeded, configs, dataset, images, json, scratch};
 
 fn flowgate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_flowgate"))
@@ -36,23 +36,6 @@ fn pipeline(dir: &Path, list: &str, extra: &str) -> PathBuf {
     )
     .unwrap();
     file
-}
-
-/// The JSON line a run ends with.
-/// Asserts the run exited 0, showing its stderr if not.
-fn assert_succeeded(out: &Output) {
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap_or(""))
-        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)))
 }
 
 #[test]

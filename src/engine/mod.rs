@@ -11,4 +11,5 @@ pub(crate) mod config;
 pub(crate) mod control;
 pub(crate) mod pipeline;
 pub(crate) mod running;
+mod share_layout;
 pub(crate) mod stats;

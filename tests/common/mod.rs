@@ -1,6 +1,8 @@
 //! Helpers shared by the engine's integration tests (each test file uses some of them).
 #![allow(dead_code)]
 
+pub(crate) mod jpegs41;
+
 use std::sync::Once;
 use std::time::Duration;
 

@@ -90,3 +90,20 @@ pub(crate) fn images() -> Vec<PathBuf> {
     v.sort();
     v
 }
+
+/// Asserts the run exited 0, showing its stderr if not.
+pub(crate) fn assert_succeeded(out: &std::process::Output) {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The JSON line a run ends with.
+pub(crate) fn json(out: &std::process::Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)))
+}
