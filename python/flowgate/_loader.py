@@ -220,11 +220,8 @@ class _Loader:
         s = self._here().stats()
         if self._pool is not None:
             p = self._pool
-            s["remote"] = {"workers": len(p.remote_workers()), "started": p.started,
-                           "reissued_units": p.reissued,
-                           "units_by_actors": p.units_by_actors,
-                           "units_local": p.local.finished if p.local else 0,
-                           "local": p.local_loader.stats() if p.local_loader else None}
+            s["remote"] = dict(p.dispatch.stats(),
+                               local=p.local_loader.stats() if p.local_loader else None)
         return s
 
     def tuner_trace(self) -> List[Dict[str, Any]]:
@@ -239,7 +236,7 @@ class _Loader:
         decodes) and ``decisions`` (``RemoteWorkers(n -> m): why``, and units issued again
         after an actor died)."""
         if self._pool is not None:
-            return list(self._pool.trace)
+            return self._pool.dispatch.trace()
         return self._here().tuner_trace()
 
     def failures(self, epoch: Optional[int] = None) -> List[Tuple[str, str, str]]:

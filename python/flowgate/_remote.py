@@ -14,19 +14,20 @@ them as they are, or — where a skipped item left a batch short — regrouped b
 epoch, whatever the pool's size; ``state_dict`` is the local loader's at that batch (the
 positions of the rows yielded).
 
-The pool's size follows what the training loop waits (``flowgate::tuner::pool``): once a
-second the sizer sees the loop's wait, the units decoded and in hand, the workers starting and
+The hand-out's books (which actor holds which unit, units issued again when an actor dies,
+actors started and retired) are the library's (``flowgate::tuner::pool::dispatch``, tested
+against simulated workers); this module carries out its commands on Ray. The pool's size
+follows what the training loop waits (``flowgate::tuner::pool``): once a second the sizer sees the loop's wait, the units decoded and in hand, the workers starting and
 the cluster's free CPUs, and adds or retires a worker, with its reason in ``tuner_trace()``.
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import math
 import os
 import time
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _native
 from ._process import _converter, _warn_again
@@ -35,11 +36,6 @@ from ._units import _decode_unit, _read_only, _unit_args, _unit_loader
 #: Seconds a pinned pool waits for CPUs that killed actors give back before it says the
 #: cluster cannot place it.
 _FREED_WAIT = 2.0
-
-#: A new actor that dies before finishing a unit this many times in a row is a configuration
-#: error (its constructor fails), not a lost worker: raised, not retried.
-_STARTUP_DEATHS = 3
-
 
 class Ray:
     """Where and how a loader decodes remotely: a pool of Ray actors (``FlowgateDecoder``).
@@ -139,25 +135,11 @@ class FlowgateDecoder:
         return _decode_unit(self._loader, state)
 
 
-class _Worker:
-    """One actor (or the training process's own decode, ``actor is None``) and the units in
-    its hands, oldest first: ``(epoch token, unit, ObjectRef or Future)``."""
-
-    def __init__(self, actor: Any, name: str, ready: Any = None) -> None:
-        self.actor = actor
-        self.name = name
-        self.units: Deque[Tuple[int, int, Any]] = collections.deque()
-        self.finished = 0
-        self.retiring = False
-        self.busy_seconds = 0.0
-        #: The actor's first answer (its pid): until it comes, it gets no units.
-        self.ready_ref = ready
-        self.ready = actor is None
-
-
 class _Pool:
-    """A loader's actors, kept across its epochs; the local decoder; the sizer; which epoch
-    (token) owns the units in hand."""
+    """A loader's actors, kept across its epochs, and the training process's own decoder. The
+    books (which actor holds which unit, units issued again after a death, actors started
+    and retired, the sizer's windows) are the library's dispatcher (``_native.Dispatch``):
+    this class carries out its commands on Ray and reports what happened."""
 
     def __init__(self, loader: Any, remote: Ray) -> None:
         self.ray = _ray()
@@ -169,149 +151,89 @@ class _Pool:
         self.cls_name = type(loader).__name__
         self.args = _unit_args(loader._args)
         self.actor_class = self.ray.remote(FlowgateDecoder)
-        self.workers: List[_Worker] = []
-        self.local: Optional[_Worker] = None
+        #: Actors by worker number, their first answer (their pid), the units in hand.
+        self.actors: Dict[int, Any] = {}
+        self.answers: Dict[int, Any] = {}
+        self.refs: Dict[Tuple[int, int], Any] = {}
         self.local_loader: Any = None
         self.executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self.started = 0
-        self.deaths_before_a_unit = 0
-        self.last_death = ""
-        self.reissued = 0
-        #: Units decoded by actors (of every epoch), as the training process received them.
-        self.units_by_actors = 0
-        self.trace: Deque[Dict[str, Any]] = collections.deque(maxlen=1000)
-        self.t0 = time.monotonic()
-        #: The epoch whose units the workers hold (a new iterator, set_epoch, a resume or
-        #: close end the last one's).
-        self.current = 0
-        self.tokens = 0
-        # The sizer's window (it runs across epochs): its start, the loop's wait in it, and
-        # the units the loop took.
-        self.window_start = self.t0
-        self.waited = 0.0
-        self.consumed = 0
-        self.sizer = None
-        if remote.workers == "auto":
-            self.sizer = _native.PoolSizer(remote.min_workers, remote.max_workers,
-                                           self.cpus, remote.local)
-            initial = remote.min_workers if remote.local else max(remote.min_workers, 1)
-            _say_auto(remote, self.cpus, min(initial, remote.max_workers), placed)
-        else:
-            initial = remote.workers
         if remote.local:
-            self.local = _Worker(None, "local")
             self.executor = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="flowgate-local-units")
-        for _ in range(min(initial, remote.max_workers)):
-            self.start_worker()
+        auto = remote.workers == "auto"
+        self.dispatch = _native.Dispatch(
+            None if auto else remote.workers, remote.min_workers, remote.max_workers,
+            self.cpus, remote.local, remote.start_timeout, time.monotonic())
+        if auto:
+            _say_auto(remote, self.cpus, self.dispatch.workers, placed)
+        self.run()
 
-    def start_worker(self) -> None:
-        self.started += 1
-        actor = self.actor_class.options(num_cpus=self.cpus).remote(
-            self.cls_name, self.args, self.cpus)
-        self.workers.append(_Worker(actor, f"FlowgateDecoder-{self.started}",
-                                    actor.pid.remote()))
-
-    def begin(self) -> int:
-        """A new epoch takes the pool: the units of any other are dropped."""
-        self.abandon()
-        self.tokens += 1
-        self.current = self.tokens
-        return self.current
-
-    def abandon(self) -> None:
-        """No epoch owns the pool: units in hand are dropped (cancelled where not started; an
-        actor busy with one finishes it, and its result is never read)."""
-        self.current = 0
-        for w in self.workers + ([self.local] if self.local else []):
-            for _, _, ref in w.units:
+    def run(self, plan: Any = None) -> None:
+        """Carries out the dispatcher's commands (`plan`: the epoch's, for units issued)."""
+        for kind, w, unit in self.dispatch.commands():
+            if kind == "start":
+                actor = self.actor_class.options(num_cpus=self.cpus).remote(
+                    self.cls_name, self.args, self.cpus)
+                self.actors[w], self.answers[w] = actor, actor.pid.remote()
+            elif kind == "issue":
+                state = plan.unit_state(unit)
+                if w == 0:  # the training process's own decoder
+                    if self.local_loader is None:
+                        self.local_loader = _unit_loader(self.cls_name, self.args)
+                    assert self.executor is not None, "the pool is closed"
+                    self.refs[w, unit] = self.executor.submit(_decode_unit, self.local_loader,
+                                                              state)
+                else:
+                    self.refs[w, unit] = self.actors[w].run.remote(state)
+            elif kind == "cancel":
+                # Cancelled where not started; an actor busy with it finishes it, unread.
+                ref = self.refs.pop((w, unit), None)
                 try:
-                    if isinstance(ref, concurrent.futures.Future):
-                        ref.cancel()
-                    else:
-                        self.ray.cancel(ref)
+                    ref.cancel() if w == 0 else self.ray.cancel(ref)
                 except Exception:
                     pass
-            w.units.clear()
-        self.reap()
+            else:  # "kill": retired with nothing in hand, or the pool closed
+                self.answers.pop(w, None)
+                try:
+                    self.ray.kill(self.actors.pop(w))
+                except Exception:
+                    pass
 
-    def remote_workers(self) -> List[_Worker]:
-        return [w for w in self.workers if not w.retiring]
-
-    def check_ready(self) -> None:
-        """Notes the actors that have started; buries those whose start failed."""
-        for w in list(self.workers):
-            if w.ready or w.ready_ref is None:
-                continue
-            done, _ = self.ray.wait([w.ready_ref], timeout=0)
-            if not done:
+    def poll(self) -> None:
+        """Reports the actors that answered, and those whose start failed."""
+        for w in self.dispatch.starting():
+            ref = self.answers[w]
+            if not self.ray.wait([ref], timeout=0)[0]:
                 continue
             try:
-                self.ray.get(w.ready_ref)
-                w.ready = True
+                self.ray.get(ref)
+                self.dispatch.ready(w)
             except Exception as e:  # the actor's constructor failed, or it died
                 self.died(w, e)
 
-    def died(self, worker: _Worker, error: BaseException) -> List[int]:
-        """Removes a dead actor; returns the units it held (of the current epoch). A pinned
-        pool is kept at its size, a sized one at its floor (the sizer grows it)."""
-        if worker in self.workers:
-            self.workers.remove(worker)
-        lost = [u for t, u, _ in worker.units if t == self.current]
-        worker.units.clear()
-        if worker.finished == 0:
-            self.deaths_before_a_unit += 1
-            self.last_death = str(error).strip().splitlines()[-1][:500] if str(error) else \
-                type(error).__name__
-            if self.deaths_before_a_unit >= _STARTUP_DEATHS:
-                raise RuntimeError(
-                    f"{_STARTUP_DEATHS} FlowgateDecoder actors in a row died before decoding a "
-                    f"unit, the last with: {self.last_death} (their loader cannot be built "
-                    "there, or the cluster kills them; `ray logs` has more)")
-        floor = self.remote.min_workers if self.sizer is not None else self.remote.workers
-        if not worker.retiring and len(self.remote_workers()) < max(floor,
-                                                                    int(self.local is None)):
-            self.start_worker()
-        return lost
+    def died(self, w: int, error: BaseException) -> None:
+        """An actor died: its units go back to the dispatcher (issued again first), and an
+        actor is started in its place where the pool is under its size."""
+        self.actors.pop(w, None)
+        self.answers.pop(w, None)
+        for key in [k for k in self.refs if k[0] == w]:
+            del self.refs[key]
+        try:
+            self.dispatch.died(w, str(error) or type(error).__name__, time.monotonic())
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"FlowgateDecoder actors: {e} (their loader cannot be built there, or the "
+                "cluster kills them; `ray logs` has more)") from None
+        self.run()
 
-    def hands(self) -> List[_Worker]:
-        """The workers that take new units: the started actors and the local decoder."""
-        self.check_ready()
-        out = [w for w in self.remote_workers() if w.ready]
-        return out + ([self.local] if self.local is not None else [])
-
-    def issue(self, worker: _Worker, token: int, unit: int, state: Dict[str, Any]) -> None:
-        if worker.actor is None:
-            if self.local_loader is None:
-                self.local_loader = _unit_loader(self.cls_name, self.args)
-            assert self.executor is not None, "the pool is closed"
-            ref = self.executor.submit(_decode_unit, self.local_loader, state)
-        else:
-            ref = worker.actor.run.remote(state)
-        worker.units.append((token, unit, ref))
-
-    def retire(self, worker: _Worker) -> None:
-        worker.retiring = True
-        self.reap()
-
-    def reap(self) -> None:
-        """Kills retired actors whose units are all collected."""
-        for w in list(self.workers):
-            if w.retiring and not w.units:
-                self.workers.remove(w)
-                try:
-                    self.ray.kill(w.actor)
-                except Exception:
-                    pass
+    def abandon(self) -> None:
+        """No epoch owns the pool: the units in hand are dropped."""
+        self.dispatch.abandon()
+        self.run()
 
     def close(self) -> None:
-        self.abandon()
-        for w in self.workers:
-            try:
-                self.ray.kill(w.actor)
-            except Exception:
-                pass
-        self.workers = []
+        self.dispatch.close()
+        self.run()
         if self.executor is not None:
             self.executor.shutdown(wait=True)
             self.executor = None
@@ -332,30 +254,22 @@ class _RemoteEpoch:
     plan order (regrouped where a skipped item left one short), the loader's checkpoint kept
     at each batch."""
 
-    #: Units issued or waiting per worker (and for the local decoder).
-    WINDOW_PER_WORKER = 2
-    #: Seconds between the sizer's windows.
-    WINDOW_SECONDS = 1.0
     #: Seconds a wait lasts before it checks for signals (Ctrl-C) and the pool.
     SLICE = 0.05
 
     def __init__(self, loader: Any) -> None:
         self._pool: _Pool = loader._remote_pool()
-        self._token = self._pool.begin()
+        self._pool.abandon()
         # The native loader keeps the epoch as its own (its checkpoint, failures, a break).
         self._native = loader._native
         self._plan, self._iterator, again = self._native._start_units(
             loader._args["remote"].batches_per_unit)
         if again is not None:
             _warn_again(*again)
-        self._units = len(self._plan)
+        self._token = self._pool.dispatch.begin(len(self._plan))
         # The units' batches regrouped into the local loader's (the library's view).
         self._regroup = self._plan.regroup(loader._args.get("order", "input"))
-        self._issued = 0          # units handed out: 0.._issued
-        self._at = 0              # the next unit to take
-        self._states: Dict[int, Dict[str, Any]] = {}
         self._convert = _converter(loader._args["output"], from_numpy=True)
-        self._no_hands_since: Optional[float] = None
         self._finished = False
 
     def __iter__(self) -> "_RemoteEpoch":
@@ -364,136 +278,97 @@ class _RemoteEpoch:
     def __del__(self) -> None:
         # Left with `break` (or dropped mid-way): its units are dropped at once.
         try:
-            if not self._finished and self._pool.current == self._token:
+            if not self._finished and self._pool.dispatch.token == self._token:
                 self._pool.abandon()
             self._native._abandon(self._iterator)
         except Exception:
             pass
 
     def __next__(self) -> Any:
-        if self._finished or self._pool.current != self._token:
-            # Ended, or abandoned (another iterator, set_epoch, a resume, close).
-            self._finished = True
-            raise StopIteration
         item, positions = self._next_batch()
         if item is None:
             self._finished = True
             self._native._finish_units()  # raises where every item failed, as locally
             raise StopIteration
         self._native._units_delivered([(p, p + 1) for p in positions])
-        self._maybe_resize()
+        self._tick()
         return self._convert(item)
 
     def _next_batch(self) -> Tuple[Any, List[int]]:
         """The next batch and its rows' positions, or ``(None, [])`` at the epoch's end."""
         while True:
-            got = self._regroup.pop(self._at >= self._units)
+            if self._finished or self._pool.dispatch.token != self._token:
+                # Ended, or abandoned (another iterator, set_epoch, a resume, close).
+                self._finished = True
+                raise StopIteration
+            unit = self._pool.dispatch.next_unit()
+            got = self._regroup.pop(unit is None)
             if got is not None:
                 return _read_only(got[0]), got[1]
-            if self._at >= self._units:
+            if unit is None:
                 return None, []
-            self._take(self._at)
-
-    def _fill(self) -> None:
-        """Hands out units up to the window, each to the worker with the fewest in hand."""
-        pool = self._pool
-        while self._issued < self._units:
-            hands = pool.hands()
-            if not hands:
-                return
-            if self._issued - self._at >= self.WINDOW_PER_WORKER * len(hands):
-                return
-            worker = min(hands, key=lambda w: len(w.units))
-            if len(worker.units) >= self.WINDOW_PER_WORKER:
-                return
-            u = self._issued
-            self._states[u] = self._plan.unit_state(u)
-            pool.issue(worker, self._token, u, self._states[u])
-            self._issued += 1
-
-    def _holder(self, unit: int) -> Optional[Tuple[_Worker, Tuple[int, int, Any]]]:
-        pool = self._pool
-        for w in pool.workers + ([pool.local] if pool.local else []):
-            for entry in w.units:
-                if entry[0] == self._token and entry[1] == unit:
-                    return w, entry
-        return None
+            self._take(unit)
 
     def _take(self, unit: int) -> None:
-        """Waits for `unit`'s result (issuing it again if its actor died) and queues its
-        batches."""
-        pool = self._pool
-        ray = pool.ray
-        start = time.monotonic()
+        """Waits for `unit`'s result (issued again by the dispatcher if its actor died) and
+        queues its batches."""
+        pool, d = self._pool, self._pool.dispatch
+        d.waiting(time.monotonic())
         while True:
-            if pool.current != self._token:
+            if d.token != self._token:
                 raise StopIteration
-            self._fill()
-            held = self._holder(unit)
-            if held is None:
-                if not pool.hands():
-                    self._no_hands(start)
-                    time.sleep(self.SLICE)
-                    self._maybe_resize(waiting_since=start)
-                    continue
-                # Its worker died and no one has it: hand it out again.
-                self._reissue([unit])
+            pool.poll()
+            d.fill()
+            pool.run(self._plan)
+            w = d.holder(unit)
+            if w is None:  # no actor started yet, nor a local decoder
+                self._stalled()
+                time.sleep(self.SLICE)
+                self._tick()
                 continue
-            worker, entry = held
-            ref = entry[2]
+            ref = pool.refs[w, unit]
             try:
-                if isinstance(ref, concurrent.futures.Future):
+                if w == 0:
                     result = ref.result(timeout=self.SLICE)
                 else:
-                    ready, _ = ray.wait([ref], timeout=self.SLICE)
-                    if not ready:
-                        self._maybe_resize(waiting_since=start)
+                    if not pool.ray.wait([ref], timeout=self.SLICE)[0]:
+                        self._tick()
                         continue
-                    result = ray.get(ref)
+                    result = pool.ray.get(ref)
             except concurrent.futures.TimeoutError:
-                self._maybe_resize(waiting_since=start)
+                self._tick()
                 continue
             except Exception as e:  # noqa: BLE001 - sorted below
                 if self._lost_actor(e):
-                    self._bury(worker, e)
+                    pool.died(w, e)
                     continue
                 # A unit's error ends the epoch, as locally: the next iter() is the next one.
-                self._pool.abandon()
+                pool.abandon()
                 self._finished = True
                 self._native._fail_units()
                 raise _loader_error(e) from None
             break
-        pool.waited += time.monotonic() - start
-        worker.units.remove(entry)
-        worker.finished += 1
-        if worker.actor is not None:
-            pool.units_by_actors += 1
-        worker.busy_seconds += result["seconds"]
-        pool.deaths_before_a_unit = 0
-        pool.reap()
+        del pool.refs[w, unit]
+        d.done(unit, result["seconds"], time.monotonic())
+        pool.run()
         self._native._units_failed(result["failures"])
         for b, rows in zip(result["batches"], result["rows"]):
             self._regroup.push(b, rows)
-        self._states.pop(unit, None)
-        self._at += 1
-        pool.consumed += 1
 
-    def _no_hands(self, start: float) -> None:
-        """No started actor and no local decoder: waits for Ray to place one, for at most
-        ``start_timeout`` seconds."""
+    def _stalled(self) -> None:
+        """No started actor and no local decoder for ``start_timeout`` seconds: an error."""
         pool = self._pool
-        if self._no_hands_since is None:
-            self._no_hands_since = start
-        waited = time.monotonic() - self._no_hands_since
-        if waited > pool.remote.start_timeout:
-            try:
-                free = pool.ray.available_resources().get("CPU", 0.0)
-            except Exception:
-                free = float("nan")
-            raise RuntimeError(
-                f"no FlowgateDecoder actor started in {waited:.0f} s: each asks Ray for "
-                f"cpus_per_worker={pool.cpus:g} CPUs and the cluster has "
-                f"{free:g} free (lower cpus_per_worker, add nodes, or use local=True)")
+        waited = pool.dispatch.stalled(time.monotonic())
+        if waited is None:
+            return
+        try:
+            free = pool.ray.available_resources().get("CPU", 0.0)
+        except Exception:
+            free = float("nan")
+        raise RuntimeError(
+            f"no FlowgateDecoder actor started in {waited:.0f} s: each asks Ray for "
+            f"cpus_per_worker={pool.cpus:g} CPUs and the cluster has "
+            f"{free:g} free (lower cpus_per_worker, add nodes, or use local=True)")
 
     def _lost_actor(self, e: BaseException) -> bool:
         exc = self._pool.ray.exceptions
@@ -501,84 +376,22 @@ class _RemoteEpoch:
                                                  "ActorUnavailableError") if hasattr(exc, k))
         return isinstance(e, kinds)
 
-    def _bury(self, worker: _Worker, error: BaseException) -> None:
-        """An actor died: its units go back to the pool, and a new actor replaces it."""
-        lost = self._pool.died(worker, error)
-        self._pool.reissued += len(lost)
-        self._record(None, f"{worker.name} died with {len(lost)} units in hand: issued again")
-        self._reissue(lost)
-
-    def _reissue(self, units: List[int]) -> None:
-        pool = self._pool
-        hands = pool.hands()
-        if not hands:
-            return  # `_take` waits for an actor to start, then hands them out
-        for u in sorted(units):
-            worker = min(hands, key=lambda w: len(w.units))
-            state = self._states.get(u)
-            if state is None:
-                state = self._states[u] = self._plan.unit_state(u)
-            pool.issue(worker, self._token, u, state)
-
-    def _maybe_resize(self, waiting_since: Optional[float] = None) -> None:
-        pool = self._pool
+    def _tick(self) -> None:
+        """Ends the sizer's window once it has passed: the units decoded in hand, the
+        cluster's free CPUs (for a sized pool)."""
+        pool, d = self._pool, self._pool.dispatch
         now = time.monotonic()
-        span = now - pool.window_start
-        if span < self.WINDOW_SECONDS:
+        if not d.window_due(now):
             return
-        waited = pool.waited + (now - waiting_since if waiting_since is not None else 0.0)
-        # A wait in progress counts in this window, not again in the next.
-        pool.waited = -(now - waiting_since) if waiting_since is not None else 0.0
-        pool.window_start = now
-        ray = pool.ray
-        remote = pool.remote_workers()
-        ready = in_flight = starting = 0
-        for w in remote + ([pool.local] if pool.local else []):
-            for t, _, ref in w.units:
-                if t != self._token:
-                    continue
-                if _done(ray, ref):
-                    ready += 1
-                else:
-                    in_flight += 1
-            if w.actor is not None and w.finished == 0:
-                starting += 1
-        rate = pool.consumed / span
-        pool.consumed = 0
-        worker_rate = _rate(remote)
-        local_rate = _rate([pool.local]) if pool.local else 0.0
-        wait = min(1.0, max(0.0, waited / span))
-        why = None
-        if pool.sizer is not None:
+        decoded = sum(1 for k in d.in_hand() if k in pool.refs and _done(pool.ray, pool.refs[k]))
+        free = 0.0
+        if d.sized:
             try:
-                free = float(ray.available_resources().get("CPU", 0.0))
+                free = float(pool.ray.available_resources().get("CPU", 0.0))
             except Exception:
-                free = 0.0
-            target, why = pool.sizer.decide(len(remote), starting, wait, ready, in_flight, free,
-                                            rate, worker_rate, local_rate)
-            while len(pool.remote_workers()) < target:
-                pool.start_worker()
-            while len(pool.remote_workers()) > target:
-                idlest = min(pool.remote_workers(), key=lambda w: len(w.units))
-                pool.retire(idlest)
-        self._record({"wait": wait, "ready": ready, "in_flight": in_flight,
-                      "starting": starting, "rate": rate, "worker_rate": worker_rate,
-                      "local_rate": local_rate}, why, workers_before=len(remote))
-
-    def _record(self, window: Optional[Dict[str, Any]], why: Optional[str],
-                workers_before: Optional[int] = None) -> None:
-        pool = self._pool
-        n = len(pool.remote_workers())
-        rec: Dict[str, Any] = {"t": time.monotonic() - pool.t0, "workers": n,
-                               "local": pool.local is not None}
-        if window is not None:
-            rec.update(window)
-        rec["decisions"] = []
-        if why is not None:
-            before = n if workers_before is None else workers_before
-            rec["decisions"] = [f"RemoteWorkers({before} -> {n}): {why}"
-                                if window is not None else why]
-        pool.trace.append(rec)
+                pass
+        d.resize(now, decoded, free)
+        pool.run()
 
 
 def _placement(ray: Any, remote: Ray) -> Tuple[float, Tuple[float, float, float]]:
@@ -633,13 +446,6 @@ def _say_auto(remote: Ray, cpus: float, initial: int,
     level = logging.WARNING if initial == 0 and free + 1e-9 < cpus else logging.INFO
     log.log(level, "flowgate.Ray(workers=\"auto\"): %d actor(s) at the start "
             "(min_workers=%d%s); %s", initial, remote.min_workers, local, grows)
-
-
-def _rate(workers: List[Optional[_Worker]]) -> float:
-    """Units a second one busy worker decodes, over what `workers` have finished."""
-    done = sum(w.finished for w in workers if w is not None)
-    busy = sum(w.busy_seconds for w in workers if w is not None)
-    return done / busy if busy > 0 and done > 0 else 0.0
 
 
 def _loader_error(e: BaseException) -> BaseException:

@@ -12,6 +12,9 @@
 //! - `gil`: what a pipeline's Python calls took, and whether the GIL held its threads back.
 //! - `lifecycle`: how a Python-calling pipeline's threads stop (closed, freed by the garbage
 //!   collector on one of them, at exit).
+//! - `units`, `pool`: the remote mode's native half: an epoch cut into units and their batches
+//!   regrouped; the pool's books (the library's dispatcher), whose commands `_remote.py`
+//!   carries out on Ray actors.
 //!
 //! - [`Loader`](loader::Loader): a native pipeline (image or audio files → batches) whose iteration releases
 //!   the GIL while waiting; one epoch per Python iterator; `state_dict` / `load_state_dict`
@@ -35,6 +38,7 @@ mod lifecycle;
 mod loader;
 mod map;
 mod pipeline;
+mod pool;
 mod state;
 mod units;
 mod values;
@@ -117,7 +121,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<fetch::Fetch>()?;
     m.add_class::<loader::Loader>()?;
     m.add_class::<units::EpochPlan>()?;
-    m.add_class::<units::PoolSizer>()?;
+    m.add_class::<pool::Dispatch>()?;
     m.add_class::<units::Regroup>()?;
     m.add_function(wrap_pyfunction!(units::_delivered_since, m)?)?;
     m.add_function(wrap_pyfunction!(args::_check_limit, m)?)?;

@@ -90,7 +90,7 @@ def test_every_output_type_arrives_remotely(cluster, data):
 
 
 def actor_pids(l):
-    return [ray.get(w.actor.pid.remote()) for w in l._pool.workers]
+    return [ray.get(a.pid.remote()) for a in l._pool.actors.values()]
 
 
 def test_an_actor_killed_mid_epoch_loses_nothing_and_repeats_nothing(cluster, data):
@@ -105,13 +105,13 @@ def test_an_actor_killed_mid_epoch_loses_nothing_and_repeats_nothing(cluster, da
                 continue
             # Freeze an actor holding units; kill it (as the OOM killer would) if one of them
             # is not decoded yet, so that unit is lost with it; else let it go on.
-            for w in l._pool.workers:
-                if not w.units:
-                    continue
+            pool = l._pool
+            for w in sorted({w for w, _ in pool.dispatch.in_hand() if w != 0}):
                 # Its pid as it answered first (a call now would queue behind its units).
-                pid = ray.get(w.ready_ref)
+                pid = ray.get(pool.answers[w])
                 os.kill(pid, signal.SIGSTOP)
-                pending = [ref for _, _, ref in w.units if not ray.wait([ref], timeout=0)[0]]
+                pending = [ref for (v, _), ref in pool.refs.items()
+                           if v == w and not ray.wait([ref], timeout=0)[0]]
                 if pending:
                     os.kill(pid, signal.SIGKILL)
                     killed = True
@@ -124,7 +124,7 @@ def test_an_actor_killed_mid_epoch_loses_nothing_and_repeats_nothing(cluster, da
         died = [d for r in l.tuner_trace() for d in r["decisions"] if "died" in d]
         assert died, l.tuner_trace()
         # The next epoch runs on the replacement.
-        assert len(l._pool.workers) == 2
+        assert l._pool.dispatch.workers == 2 and len(l._pool.actors) == 2
         assert len(epoch(l)) == 7
 
 
@@ -281,7 +281,7 @@ def test_the_pool_grows_while_the_loop_waits_and_says_why(cluster, data):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             epoch(l)
-            if len(l._pool.remote_workers()) >= 2 and len(l.tuner_trace()) >= 3:
+            if l._pool.dispatch.workers >= 2 and len(l.tuner_trace()) >= 3:
                 break
         trace = l.tuner_trace()
         grew = [d for rec in trace for d in rec["decisions"] if "one more worker" in d]

@@ -19,6 +19,11 @@
 //! Every change and every hold that keeps the loop waiting (at the limit, no free CPUs) comes
 //! with its reason, for the trace. Pure and deterministic: [`simulate`] runs the rule against
 //! a loop and workers of given rates in microseconds, the test of the rule.
+//!
+//! [`dispatch`] keeps the hand-out's books (which worker holds which unit, units issued again
+//! after a death, workers started and retired, the windows this rule sees), without I/O.
+
+pub mod dispatch;
 
 /// The loop waited more than this fraction of a window with every worker busy: grow.
 pub const GROW_WAIT: f64 = 0.05;
