@@ -232,7 +232,7 @@ fn merging_refuses_states_that_do_not_fit_together() {
         ),
         (
             vec![r0.clone(), state_of(sampler().shard(1, 3).unwrap(), 1)],
-            "different worlds",
+            "world sizes 2 and 3",
         ),
         (vec![], "no states"),
     ] {
@@ -268,6 +268,128 @@ fn merging_refuses_states_that_do_not_fit_together() {
     )
     .resume(&merged)
     .unwrap();
+}
+
+/// A checkpoint edited by hand or cut by a bad write: each damage refused with what is wrong,
+/// at resume and at merge, never resumed as another set of items; the undamaged state
+/// resumes.
+#[test]
+fn a_damaged_state_is_refused_saying_what_is_wrong() {
+    // Rank 1 of 2 over 40 shuffled items in tar-shard groups (blocks, a shuffle buffer).
+    let sampler = |rank| {
+        Sampler::new(40)
+            .groups(&[7, 9, 11, 13])
+            .unwrap()
+            .buffer(4)
+            .shuffle(3)
+            .shard(rank, 2)
+            .unwrap()
+    };
+    let state = |rank| {
+        let mut p = build(sampler(rank), Order::Input, false, true);
+        let _: Vec<_> = p.iter().take(9).collect();
+        p.state()
+    };
+    let (r0, r1) = (state(0), state(1));
+    let v = serde_json::to_value(&r1).unwrap();
+    assert!(
+        v["partial"].as_array().is_some_and(|p| !p.is_empty()),
+        "{v}"
+    );
+    let share = sampler(1).layout(0, Default::default()).len() as u64;
+    let damaged = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = v.clone();
+        edit(&mut v);
+        serde_json::from_value::<PipelineState>(v).unwrap()
+    };
+    let cases: Vec<(&str, PipelineState, &str)> = vec![
+        (
+            "past the share",
+            damaged(&|v| v["delivered"] = serde_json::json!([[0, share + 1]])),
+            "past the",
+        ),
+        (
+            "reversed",
+            damaged(&|v| v["delivered"] = serde_json::json!([[5, 2]])),
+            "empty or reversed",
+        ),
+        (
+            "overlapping",
+            damaged(&|v| {
+                v["delivered"] = serde_json::json!([[0, 4], [2, 6]]);
+                v["delivered_items"] = 8.into();
+            }),
+            "overlap or are out of order",
+        ),
+        (
+            "a count that is not its ranges'",
+            damaged(&|v| v["delivered_items"] = 3.into()),
+            "`delivered_items` is 3",
+        ),
+        (
+            "a part past its item",
+            damaged(&|v| v["partial"] = serde_json::json!([[1, 0, (1u64 << 32) + 1]])),
+            "`partial`",
+        ),
+        (
+            "a part of a position past the share",
+            damaged(&|v| v["partial"] = serde_json::json!([[share, 0, 5]])),
+            "`partial`",
+        ),
+        (
+            "a base past the epoch",
+            damaged(&|v| v["shard"]["base"] = serde_json::json!([[38, 45]])),
+            "`base` range [38, 45) is past the 40 positions of the epoch",
+        ),
+        (
+            "another block seed",
+            damaged(&|v| v["shard"]["block_seed"] = 12345.into()),
+            "tar-shard blocks (shuffle window 4, seed 12345) are not this pipeline's",
+        ),
+    ];
+    for (what, bad, says) in cases {
+        let e = build(sampler(1), Order::Input, false, true)
+            .resume(&bad)
+            .unwrap_err();
+        assert!(e.is_config() && e.to_string().contains(says), "{what}: {e}");
+        if !what.contains("block seed") {
+            let e = PipelineState::merge(&[r0.clone(), bad]).unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains("rank 1's state: the checkpoint is damaged"),
+                "{what}: {e}"
+            );
+        }
+    }
+    // A state that lost its `shard` names no rank: refused on a rank of two, rather than
+    // taken as that rank's own (rank 1's progress skipping rank 0's items).
+    let no_shard = damaged(&|v| {
+        v.as_object_mut().unwrap().remove("shard");
+    });
+    let e = build(sampler(0), Order::Input, false, true)
+        .resume(&no_shard)
+        .unwrap_err();
+    assert!(e.to_string().contains("names no rank"), "{e}");
+    // Rank 1's state without its blocks at rank 1 of 2: the message says what differs, not
+    // "rank 1 of 2 ... this pipeline is rank 1 of 2" (as before).
+    let no_blocks = damaged(&|v| {
+        let shard = v["shard"].as_object_mut().unwrap();
+        shard.remove("block_window");
+        shard.remove("block_seed");
+    });
+    let e = build(sampler(1), Order::Input, false, true)
+        .resume(&no_blocks)
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("rank 1's of 2 without tar-shard blocks"),
+        "{e}"
+    );
+    // The undamaged states still resume and merge.
+    build(sampler(1), Order::Input, false, true)
+        .resume(&r1)
+        .unwrap();
+    PipelineState::merge(&[r0, r1]).unwrap();
 }
 
 #[test]

@@ -95,6 +95,32 @@ def test_a_state_dict_is_the_librarys_checkpoint_layout_and_reads_the_earlier_on
         again.load_state_dict(dict(state, owed_batches=2**63))
 
 
+def test_a_damaged_state_dict_is_refused_in_the_librarys_words(data):
+    # Resumed as another set of items before (a helper's cases); the library's check, once.
+    loader = flowgate.ImageLoader(data, batch_size=4, rank=1, world_size=3, seed=5)
+    it = iter(loader)
+    next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    share = len(flowgate.ImageLoader(data, batch_size=1, rank=1, world_size=3, seed=5))
+    shard = {k: v for k, v in state["shard"].items()}
+    for damaged, says in [
+        (dict(state, delivered=[[0, share + 1]], delivered_items=share + 1), "past the"),
+        (dict(state, delivered=[[3, 1]]), "empty or reversed"),
+        (dict(state, delivered_items=state["delivered_items"] + 1), "`delivered_items` is"),
+        (dict(state, shard=dict(shard, base=[[0, 10**6]])), "`base` range"),
+        ({k: v for k, v in state.items() if k != "shard"}, "names no rank"),
+    ]:
+        l = flowgate.ImageLoader(data, batch_size=4, rank=1, world_size=3, seed=5)
+        with pytest.raises(flowgate.LoaderError, match=says):
+            l.load_state_dict(damaged)
+            next(iter(l))
+        l.close()
+    with pytest.raises(ValueError, match="rank 1's state: the checkpoint is damaged"):
+        flowgate.merge_state_dicts([dict(state, shard=dict(shard, rank=r)) if r != 1 else
+                                    dict(state, delivered=[[3, 1]]) for r in range(3)])
+
+
 def test_an_older_iterator_ends_once_a_newer_one_takes_the_epoch(data):
     # It took the newer one's batches before (a helper's case): that one then missed them.
     loader = flowgate.ImageLoader(data, batch_size=4, shuffle=False, output="numpy")

@@ -213,9 +213,19 @@ impl PipelineState {
                 || sh.lengths != shards[0].lengths
                 || sh.blocks.is_some() != shards[0].blocks.is_some()
             {
+                let (a, b) = (shards[0], sh);
+                let what = if a.world != b.world {
+                    format!("world sizes {} and {}", a.world, b.world)
+                } else if a.global_len != b.global_len {
+                    format!("epochs of {} and {} positions", a.global_len, b.global_len)
+                } else if a.lengths != b.lengths {
+                    format!("share lengths {:?} and {:?}", a.lengths, b.lengths)
+                } else {
+                    "one reading tar shards in blocks, one every world-th position".to_owned()
+                };
                 return Err(bad(format!(
-                    "states of different worlds or epochs' lengths ({} of {} positions, {} of {})",
-                    shards[0].world, shards[0].global_len, sh.world, sh.global_len
+                    "states of ranks {} and {} come from different loaders: {what}",
+                    a.rank, b.rank
                 )));
             }
             match seen.get_mut(sh.rank) {
@@ -228,6 +238,10 @@ impl PipelineState {
             return Err(bad(format!(
                 "no state of rank {r}: every rank's state is needed (its progress is in no other)"
             )));
+        }
+        for (s, sh) in states.iter().zip(&shards) {
+            s.check_positions(sh.layout().len() as u64)
+                .map_err(|m| bad(format!("rank {}'s state: {m}", sh.rank)))?;
         }
         // The base of the epoch, from a state still in it.
         let base = states
@@ -343,6 +357,58 @@ impl PipelineState {
             .map(|&(p, a, b)| Ok((at(p)?, a, b)))
             .collect::<Result<_, PipelineError>>()?;
         Ok(Global { done, partial })
+    }
+
+    /// Checks that this state's positions are ones a pipeline writes, for a share of `len`
+    /// positions: `delivered` ranges in order, none empty, reversed or overlapping, all within
+    /// the share and holding `delivered_items`; each `partial` a part of `[0, 2^32)` of a
+    /// position of the share; the share's `base` within its epoch. A damaged (or hand-edited)
+    /// checkpoint is refused, never resumed as another set of items.
+    pub(crate) fn check_positions(&self, len: u64) -> Result<(), String> {
+        let bad = |m: String| Err(format!("the checkpoint is damaged: {m}"));
+        let ranges = |key: &str, ranges: &[(u64, u64)], len: u64, what: &str| {
+            let mut end = 0;
+            for (i, &(a, b)) in ranges.iter().enumerate() {
+                if a >= b {
+                    return bad(format!("`{key}` range [{a}, {b}) is empty or reversed"));
+                }
+                if i > 0 && a < end {
+                    return bad(format!(
+                        "`{key}` ranges overlap or are out of order at [{a}, {b})"
+                    ));
+                }
+                if b > len {
+                    return bad(format!(
+                        "`{key}` range [{a}, {b}) is past the {len} positions of {what}"
+                    ));
+                }
+                end = b;
+            }
+            Ok(())
+        };
+        if let Some(sh) = &self.shard {
+            // First: the share's length follows from it.
+            ranges("base", &sh.base, sh.global_len, "the epoch")?;
+        }
+        ranges("delivered", &self.delivered, len, "the share")?;
+        let items: u64 = self.delivered.iter().map(|(a, b)| b - a).sum();
+        if items != self.delivered_items {
+            return bad(format!(
+                "`delivered_items` is {} and its `delivered` ranges hold {items}",
+                self.delivered_items
+            ));
+        }
+        if let Some(&(p, a, b)) = self
+            .partial
+            .iter()
+            .find(|&&(p, a, b)| p >= len || a >= b || b > UNIT)
+        {
+            return bad(format!(
+                "`partial` ({p}, {a}, {b}) is not a part of [0, {UNIT}) of one of the share's \
+                 {len} positions"
+            ));
+        }
+        Ok(())
     }
 
     /// Checks that this state fits a pipeline whose fingerprint is `mine`: the same version
@@ -466,6 +532,20 @@ impl Sharding {
     ) -> Result<(RangeSet, Vec<Part>), PipelineError> {
         let mut state = state.current();
         let mine = self.sampler.layout(state.epoch, RangeSet::default());
+        if state.shard.is_none()
+            && state.version >= STATE_VERSION
+            && mine.world > 1
+            && !(state.delivered.is_empty() && state.partial.is_empty())
+        {
+            // Written by a sampled pipeline, a state names its rank: one without has lost it,
+            // and taken as this rank's own it would skip another rank's items here.
+            return Err(PipelineError::config(format!(
+                "resume: the checkpoint names no rank (its `shard` is missing) and this pipeline \
+                 is rank {} of {}: resume each rank from its own state, or merge them \
+                 (PipelineState::merge, flowgate.merge_state_dicts)",
+                mine.rank, mine.world
+            )));
+        }
         // A state that names no place (from a source that was not sampled, or from before
         // places were recorded) is taken to be this rank's own, as it was then.
         let theirs = state.shard.get_or_insert(ShareState::of(&mine));
@@ -479,6 +559,32 @@ impl Sharding {
                 theirs.global_len, mine.global_len
             )));
         }
+        if theirs.blocks.is_some() && theirs.blocks != mine.blocks {
+            // Blocks follow from the seed, the shuffle buffer and the epoch, never the rank.
+            let show = |b: Option<Blocks>| {
+                b.map_or("none (every world-th position)".to_owned(), |b| {
+                    format!("shuffle window {}, seed {}", b.window, b.seed)
+                })
+            };
+            return Err(PipelineError::config(format!(
+                "resume: the checkpoint's tar-shard blocks ({}) are not this pipeline's in epoch \
+                 {} ({}): it was taken with another seed or shuffle buffer, or it is damaged",
+                show(theirs.blocks),
+                state.epoch,
+                show(mine.blocks)
+            )));
+        }
+        if theirs.world > 1 && theirs.blocks.is_none() && mine.blocks.is_some() {
+            return Err(PipelineError::config(format!(
+                "resume: the checkpoint is rank {}'s of {} without tar-shard blocks \
+                 (`block_window`/`block_seed`), this pipeline reads tar shards in blocks: it was \
+                 taken with other loader arguments, or it is damaged",
+                theirs.rank, theirs.world
+            )));
+        }
+        state
+            .check_positions(theirs.layout().len() as u64)
+            .map_err(|m| PipelineError::config(format!("resume: {m}")))?;
         if let Some((w, n)) = theirs.split {
             if theirs.split != mine.split {
                 return Err(PipelineError::config(format!(
