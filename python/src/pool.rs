@@ -6,6 +6,8 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::values::json_to_py;
+
 use flowgate::tuner::pool::dispatch::{
     Command, DispatchError, DispatchSettings, Dispatcher, PoolSize,
 };
@@ -170,27 +172,8 @@ impl Dispatch {
     }
 
     /// The windows and deaths, oldest first, as `tuner_trace()` gives them.
-    fn trace<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
-        self.inner
-            .trace()
-            .iter()
-            .map(|r| {
-                let d = PyDict::new(py);
-                d.set_item("t", r.t)?;
-                d.set_item("workers", r.workers)?;
-                d.set_item("local", r.local)?;
-                if let Some(w) = r.window {
-                    d.set_item("wait", w.wait)?;
-                    d.set_item("ready", w.ready)?;
-                    d.set_item("in_flight", w.in_flight)?;
-                    d.set_item("starting", w.starting)?;
-                    d.set_item("rate", w.rate)?;
-                    d.set_item("worker_rate", w.worker_rate)?;
-                    d.set_item("local_rate", w.local_rate)?;
-                }
-                d.set_item("decisions", &r.decisions)?;
-                Ok(d)
-            })
-            .collect()
+    fn trace<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let trace = serde_json::to_value(self.inner.trace()).expect("a trace is JSON");
+        json_to_py(py, &trace)
     }
 }

@@ -138,7 +138,7 @@ impl fmt::Display for DispatchError {
 impl std::error::Error for DispatchError {}
 
 /// One window as the sizer saw it.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct WindowRecord {
     /// The fraction of the window the loop waited.
     pub wait: f64,
@@ -156,8 +156,9 @@ pub struct WindowRecord {
     pub local_rate: f64,
 }
 
-/// A trace entry: a window, or a worker's death.
-#[derive(Clone, Debug, PartialEq)]
+/// A trace entry: a window, or a worker's death. Serialised flat (the window's fields beside
+/// the others), as the Python package's `tuner_trace()` gives it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct TraceRecord {
     /// Seconds since the dispatcher was made.
     pub t: f64,
@@ -166,6 +167,7 @@ pub struct TraceRecord {
     /// Whether the training process decodes.
     pub local: bool,
     /// The window, for a window's entry.
+    #[serde(flatten)]
     pub window: Option<WindowRecord>,
     /// What changed and why.
     pub decisions: Vec<String>,
