@@ -91,3 +91,46 @@ pub(crate) fn _fork_gate() -> (usize, usize) {
         AT_FORK.load(Ordering::SeqCst),
     )
 }
+
+/// A Python object a pipeline holds (an item, a result, a stage's function, its source).
+/// Freed by a thread that does not
+/// hold the GIL (a stopping pipeline's queues drained by its threads, a result dropped with
+/// the GIL released), pyo3 queues the reference behind a lock of its own; a fork at that
+/// instant copies the lock held into the child, which hangs at its next Python call (a
+/// helper's case: 5 children in 3,205 forks while another thread started and stopped
+/// pipelines). So such a thread frees it inside the gate, which a fork waits to be empty.
+pub(crate) struct PyItem(Option<Py<PyAny>>);
+
+impl PyItem {
+    pub(crate) fn new(x: Py<PyAny>) -> Self {
+        Self(Some(x))
+    }
+
+    pub(crate) fn get(&self) -> &Py<PyAny> {
+        self.0.as_ref().expect("an item not taken")
+    }
+
+    pub(crate) fn into_inner(mut self) -> Py<PyAny> {
+        self.0.take().expect("an item not taken")
+    }
+}
+
+extern "C" {
+    /// CPython's (since 3.4; not in pyo3's bindings): 1 when this thread holds the GIL.
+    fn PyGILState_Check() -> std::os::raw::c_int;
+}
+
+impl Drop for PyItem {
+    fn drop(&mut self) {
+        let Some(x) = self.0.take() else { return };
+        // SAFETY: reads this thread's interpreter state only; callable without the GIL.
+        if unsafe { PyGILState_Check() } == 1 {
+            // With the GIL the reference is released at once: no lock (and no wait at the
+            // gate, which a fork in progress would hold closed while it needs the GIL back).
+            drop(x);
+        } else {
+            let _inside = Entering::new();
+            drop(x);
+        }
+    }
+}

@@ -24,6 +24,7 @@ use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::batch::{Batch, Mem};
 use crate::error::py_error;
+use crate::fork::PyItem;
 use crate::gil::GilClock;
 use crate::values::{field_from_py, field_to_py, tensor_from_py};
 
@@ -60,7 +61,9 @@ pub(crate) struct Keys {
 /// The function `f` as the per-item function of the loader named by `token`, its calls timed
 /// by `clock`.
 pub(crate) fn python_map(f: Py<PyAny>, keys: Keys, clock: Arc<GilClock>, token: u64) -> MapItems {
-    Arc::new(move |s: Sample| as_calling(token, &clock, |py| call(py, &f, &keys, s)))
+    // Freed by whichever thread drops the loader's last stage: inside the fork gate.
+    let f = PyItem::new(f);
+    Arc::new(move |s: Sample| as_calling(token, &clock, |py| call(py, f.get(), &keys, s)))
 }
 
 /// The function `f` as the per-batch function of the loader named by `token` (`labels`:
@@ -73,7 +76,12 @@ pub(crate) fn python_map_batches(
     clock: Arc<GilClock>,
     token: u64,
 ) -> MapBatches {
-    Arc::new(move |b| as_calling(token, &clock, |py| call_batch(py, &f, labels, paths, b)))
+    let f = PyItem::new(f);
+    Arc::new(move |b| {
+        as_calling(token, &clock, |py| {
+            call_batch(py, f.get(), labels, paths, b)
+        })
+    })
 }
 
 /// Runs `call` with the GIL, timed by `clock`, as the function of the loader named `token`.

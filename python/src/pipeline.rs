@@ -18,6 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::error::{py_error, to_py, PyStageError};
+use crate::fork::PyItem;
 use crate::gil::GilClock;
 use crate::lifecycle::{drop_elsewhere, on_pipeline_thread, with_gil_in_pipeline};
 use crate::loader::SLICE;
@@ -37,16 +38,16 @@ type SourceError = Arc<Mutex<Option<PyErr>>>;
 
 /// Pulls items from a Python iterator (taking the GIL per item).
 struct PyItems {
-    it: Option<Py<PyAny>>,
+    it: Option<PyItem>,
     error: SourceError,
 }
 
 impl Iterator for PyItems {
-    type Item = Py<PyAny>;
-    fn next(&mut self) -> Option<Py<PyAny>> {
+    type Item = PyItem;
+    fn next(&mut self) -> Option<PyItem> {
         let it = self.it.as_ref()?;
-        with_gil_in_pipeline(|py| match it.bind(py).call_method0("__next__") {
-            Ok(x) => Some(x.unbind()),
+        with_gil_in_pipeline(|py| match it.get().bind(py).call_method0("__next__") {
+            Ok(x) => Some(PyItem::new(x.unbind())),
             Err(e) if e.is_instance_of::<pyo3::exceptions::PyStopIteration>(py) => None,
             Err(e) => {
                 *self.error.lock().expect("source error") = Some(e);
@@ -120,7 +121,7 @@ pub(crate) struct PyPipeline {
 }
 
 struct Running {
-    pipeline: Pipeline<Py<PyAny>>,
+    pipeline: Pipeline<PyItem>,
     in_epoch: bool,
     pid: u32,
     /// Built to resume a state that had delivered results: its next epoch may deliver
@@ -158,15 +159,17 @@ impl Drop for PyPipeline {
 }
 
 impl PyPipeline {
-    fn build(&self, py: Python<'_>) -> Result<Pipeline<Py<PyAny>>, PipelineError> {
+    fn build(&self, py: Python<'_>) -> Result<Pipeline<PyItem>, PipelineError> {
         let source = match &self.items {
-            Items::Iterable(source) => source.clone_ref(py),
+            Items::Iterable(source) => PyItem::new(source.clone_ref(py)),
             Items::Indexed { len, order, .. } => {
                 let b = Pipeline::builder().source_sampled(order.sampler(*len)?, |_, i| {
                     with_gil_in_pipeline(|py| {
-                        i.into_pyobject(py)
-                            .map(|i| i.into_any().unbind())
-                            .expect("an int")
+                        PyItem::new(
+                            i.into_pyobject(py)
+                                .map(|i| i.into_any().unbind())
+                                .expect("an int"),
+                        )
                     })
                 });
                 return self.stages(py, b);
@@ -175,7 +178,7 @@ impl PyPipeline {
         let error = Arc::clone(&self.source_error);
         let b = Pipeline::builder().source_epochs(move |epoch| {
             with_gil_in_pipeline(|py| {
-                let src = source.bind(py);
+                let src = source.get().bind(py);
                 let iterable = if src.is_callable() {
                     src.call1((epoch,))
                 } else {
@@ -185,7 +188,7 @@ impl PyPipeline {
                 let error = Arc::clone(&error);
                 match it {
                     Ok(it) => PyItems {
-                        it: Some(it),
+                        it: Some(PyItem::new(it)),
                         error,
                     },
                     Err(e) => {
@@ -202,8 +205,8 @@ impl PyPipeline {
     fn stages(
         &self,
         py: Python<'_>,
-        b: flowgate::PipelineBuilder<Py<PyAny>>,
-    ) -> Result<Pipeline<Py<PyAny>>, PipelineError> {
+        b: flowgate::PipelineBuilder<PyItem>,
+    ) -> Result<Pipeline<PyItem>, PipelineError> {
         // Items are described (`repr()`, under the GIL) only when they fail: see `Described`.
         let mut b = b;
         let budget = if self.skip_errors {
@@ -219,11 +222,11 @@ impl PyPipeline {
                     workers,
                     blocking: true,
                 } => {
-                    let f = Arc::new(f.clone_ref(py));
+                    let f = Arc::new(PyItem::new(f.clone_ref(py)));
                     let gil = Arc::clone(&self.gil);
                     b.pipe_async(
                         name,
-                        move |x: Py<PyAny>| {
+                        move |x: PyItem| {
                             let (f, gil) = (Arc::clone(&f), Arc::clone(&gil));
                             async move {
                                 // The parts the call leaves out (`skip_part`) are collected on
@@ -232,9 +235,15 @@ impl PyPipeline {
                                 let call = move || {
                                     collect_skipped_parts(move || {
                                         gil.call(move |py| {
-                                            f.call1(py, (x.bind(py),)).map_err(|e| {
-                                                Described::new(py_repr(py, &x), py_error(py, e))
-                                            })
+                                            f.get()
+                                                .call1(py, (x.get().bind(py),))
+                                                .map(PyItem::new)
+                                                .map_err(|e| {
+                                                    Described::new(
+                                                        py_repr(py, x.get()),
+                                                        py_error(py, e),
+                                                    )
+                                                })
                                         })
                                     })
                                 };
@@ -264,18 +273,20 @@ impl PyPipeline {
                 StageSpec::Map {
                     name, f, workers, ..
                 } => {
-                    let f = f.clone_ref(py);
+                    let f = PyItem::new(f.clone_ref(py));
                     let gil = Arc::clone(&self.gil);
                     b.pipe(
                         name,
-                        move |x: Py<PyAny>| {
-                            // The item is freed under the GIL: freed without it, pyo3 queues
-                            // it behind a lock that a fork at that instant would leave held
-                            // in the child (see `crate::fork`).
+                        move |x: PyItem| {
+                            // The item is freed under the GIL (see `PyItem`).
                             let f = &f;
                             gil.call(move |py| {
-                                f.call1(py, (x.bind(py),))
-                                    .map_err(|e| Described::new(py_repr(py, &x), py_error(py, e)))
+                                f.get()
+                                    .call1(py, (x.get().bind(py),))
+                                    .map(PyItem::new)
+                                    .map_err(|e| {
+                                        Described::new(py_repr(py, x.get()), py_error(py, e))
+                                    })
                             })
                         },
                         match workers {
@@ -286,10 +297,10 @@ impl PyPipeline {
                 }
                 StageSpec::Batch { size, drop_last } => b.aggregate(*size, *drop_last).pipe(
                     &format!("batch{size}"),
-                    |v: Vec<Py<PyAny>>| {
+                    |v: Vec<PyItem>| {
                         with_gil_in_pipeline(|py| {
-                            PyList::new(py, v)
-                                .map(|l| l.into_any().unbind())
+                            PyList::new(py, v.into_iter().map(PyItem::into_inner))
+                                .map(|l| PyItem::new(l.into_any().unbind()))
                                 .map_err(|e| py_error(py, e))
                         })
                     },
@@ -586,7 +597,7 @@ impl PyPipeline {
             }
         };
         match r.map_err(to_py)? {
-            Some(x) => Ok(x),
+            Some(x) => Ok(x.into_inner()),
             None => match self.source_error.lock().expect("source error").take() {
                 Some(e) => Err(e),
                 None => Err(pyo3::exceptions::PyStopIteration::new_err(())),
