@@ -113,6 +113,29 @@ def test_a_forked_child_runs_its_own_python_pipeline(tmp_path):
     assert "parent 200 status 0" in r.stdout, r.stdout + r.stderr[-3000:]
 
 
+#: `forks(n, before)`: forks `n` children in a row (calling `before` ahead of each), each
+#: exiting at once; returns how many did not exit within 10 s (hung in `os.fork()`: killed).
+FORKS = """
+import os, signal, time
+def forks(n, before=lambda: None):
+    hung = 0
+    for _ in range(n):
+        before()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        deadline = time.monotonic() + 10
+        while not os.waitpid(pid, os.WNOHANG)[0]:
+            if time.monotonic() > deadline:
+                hung += 1
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.0005)
+    return hung
+"""
+
+
 def test_a_fork_waits_until_no_pipeline_thread_is_making_a_python_thread_state(tmp_path):
     """Pipeline threads waiting for the GIL (the forking thread holds it: a long switch
     interval) are inside the fork gate; ``os.fork()`` waits, the GIL released, until none is,
@@ -120,8 +143,8 @@ def test_a_fork_waits_until_no_pipeline_thread_is_making_a_python_thread_state(t
     makes its thread state). Then forks in a row while 48 threads call Python: no child
     hangs (without the gate and with items freed outside the GIL, 2 in 5,000 and 2 in 15,000
     hung here: this half only catches a return of that by chance)."""
-    r = run("""
-        import os, sys, time, signal, flowgate
+    r = run(FORKS + textwrap.dedent("""
+        import sys, flowgate
         from flowgate import _native
 
         p = flowgate.Pipeline(lambda e: range(10**9))
@@ -141,23 +164,9 @@ def test_a_fork_waits_until_no_pipeline_thread_is_making_a_python_thread_state(t
         os.waitpid(pid, 0)
         sys.setswitchinterval(0.005)
         print("held", held, flush=True)
-        hung = 0
-        for k in range(3000):
-            next(it)
-            pid = os.fork()
-            if pid == 0:
-                os._exit(0)
-            deadline = time.monotonic() + 10
-            while not os.waitpid(pid, os.WNOHANG)[0]:
-                if time.monotonic() > deadline:
-                    hung += 1
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                    break
-                time.sleep(0.0005)
-        print("hung", hung, flush=True)
+        print("hung", forks(3000, lambda: next(it)), flush=True)
         os._exit(0)
-    """, tmp_path, timeout=240)
+    """), tmp_path, timeout=240)
     assert "held " in r.stdout, r.stdout + r.stderr[-3000:]
     held = int(r.stdout.split("held ")[1].split()[0])
     assert held > 0, "threads waited for the GIL inside the gate: " + r.stdout
@@ -171,8 +180,8 @@ def test_forks_while_pipelines_stop_and_free_their_items_leave_no_child_hung(tmp
     that instant left the lock held in the child, which hung (3 in 3,000 and 2 in 8,000
     forks here before those frees went through the fork gate; 0 in 16,000 after). A soak:
     it catches a return of that about 19 times in 20."""
-    r = run("""
-        import os, time, signal, threading, flowgate
+    r = run(FORKS + textwrap.dedent("""
+        import threading, flowgate
         stop = False
         def churn():
             while not stop:
@@ -183,23 +192,10 @@ def test_forks_while_pipelines_stop_and_free_their_items_leave_no_child_hung(tmp
                 del it
                 p.close()
         threading.Thread(target=churn, daemon=True).start()
-        hung = 0
-        for k in range(3000):
-            pid = os.fork()
-            if pid == 0:
-                os._exit(0)
-            deadline = time.monotonic() + 5
-            while not os.waitpid(pid, os.WNOHANG)[0]:
-                if time.monotonic() > deadline:
-                    hung += 1
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                    break
-                time.sleep(0.0005)
-        print("hung", hung, flush=True)
+        print("hung", forks(3000), flush=True)
         stop = True
         os._exit(0)
-    """, tmp_path, timeout=240)
+    """), tmp_path, timeout=240)
     assert "hung 0" in r.stdout, r.stdout + r.stderr[-3000:]
 
 
