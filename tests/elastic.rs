@@ -370,6 +370,34 @@ fn a_damaged_state_is_refused_saying_what_is_wrong() {
         .resume(&no_shard)
         .unwrap_err();
     assert!(e.to_string().contains("names no rank"), "{e}");
+    // So is one that lost it with nothing delivered: it would forget the world's base.
+    let fresh_no_shard = damaged(&|v| {
+        v.as_object_mut().unwrap().remove("shard");
+        v["delivered"] = serde_json::json!([]);
+        v["delivered_items"] = 0.into();
+        v["partial"] = serde_json::json!([]);
+    });
+    let e = build(sampler(1), Order::Input, false, true)
+        .resume(&fresh_no_shard)
+        .unwrap_err();
+    assert!(e.to_string().contains("names no rank"), "{e}");
+    // Starting an epoch afresh names this rank's place itself: rank 1 reads its share.
+    let mut p = build(sampler(1), Order::Input, false, false);
+    p.start_at_epoch(1).unwrap();
+    let mut got: Vec<usize> = p.iter().map(|r| r.unwrap().0).collect();
+    got.sort_unstable();
+    let mut want = sampler(1).epoch(1);
+    want.sort_unstable();
+    assert_eq!(got, want);
+    // Rank 1's blocks seeded otherwise than rank 0's in one epoch: refused at merge (its
+    // positions would be read in another order than it delivered them).
+    let other_seed = damaged(&|v| v["shard"]["block_seed"] = 12345.into());
+    let e = PipelineState::merge(&[r0.clone(), other_seed]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("states of ranks 0 and 1 come from different loaders: tar-shard blocks"),
+        "{e}"
+    );
     // Rank 1's state without its blocks at rank 1 of 2: the message says what differs, not
     // "rank 1 of 2 ... this pipeline is rank 1 of 2" (as before).
     let no_blocks = damaged(&|v| {

@@ -122,7 +122,11 @@ class FlowgateDecoder:
     """A Ray actor that decodes units of one loader (its class name is what ``ray list
     actors`` and the process list show: ``ray::FlowgateDecoder``)."""
 
-    def __init__(self, cls_name: str, args: Dict[str, Any], cores: float) -> None:
+    def __init__(self, cls_name: str, args: Dict[str, Any], cores: float, cwd: str) -> None:
+        # Relative paths are the training process's: read from its directory where this
+        # machine has it (an actor starts wherever Ray started its worker process).
+        if os.path.isdir(cwd):
+            os.chdir(cwd)
         # Held to its reserved CPUs: a budget of this process alone.
         os.environ["FLOWGATE_NODE_KEY"] = f"ray-actor-{os.getpid()}"
         budget = max(1, min(int(cores), os.cpu_count() or 1))
@@ -173,7 +177,7 @@ class _Pool:
         for kind, w, unit in self.dispatch.commands():
             if kind == "start":
                 actor = self.actor_class.options(num_cpus=self.cpus).remote(
-                    self.cls_name, self.args, self.cpus)
+                    self.cls_name, self.args, self.cpus, os.getcwd())
                 self.actors[w], self.answers[w] = actor, actor.pid.remote()
             elif kind == "issue":
                 state = plan.unit_state(unit)
@@ -222,8 +226,7 @@ class _Pool:
             self.dispatch.died(w, str(error) or type(error).__name__, time.monotonic())
         except RuntimeError as e:
             raise RuntimeError(
-                f"FlowgateDecoder actors: {e} (their loader cannot be built there, or the "
-                "cluster kills them; `ray logs` has more)") from None
+                f"FlowgateDecoder actors: {e} (`ray logs` has more)") from None
         self.run()
 
     def abandon(self) -> None:
@@ -397,7 +400,8 @@ class _RemoteEpoch:
 def _placement(ray: Any, remote: Ray) -> Tuple[float, Tuple[float, float, float]]:
     """The CPUs each actor reserves (``cpus_per_worker``, or what fits the largest node, at
     most 4) and the cluster's CPUs ``(free, total, largest node)``. A pinned pool that cannot
-    be placed raises, naming the CPUs needed and free, rather than decode locally unasked."""
+    be placed raises, naming the CPUs needed and free, rather than decode locally unasked; so
+    does any pool with ``local=False`` whose actors fit no node."""
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive", True)]
         largest = max((float(n.get("Resources", {}).get("CPU", 0.0)) for n in nodes),
@@ -409,12 +413,15 @@ def _placement(ray: Any, remote: Ray) -> Tuple[float, Tuple[float, float, float]
     cpus = remote.cpus_per_worker
     if cpus is None:
         cpus = max(1.0, min(4.0, largest))
-    if remote.workers != "auto" and remote.workers > 0:
+    pinned = remote.workers != "auto" and remote.workers > 0
+    if cpus > largest and (pinned or not remote.local):
+        # "auto" with local=True decodes in the training process (said on the log); with
+        # local=False nothing would decode.
+        raise RuntimeError(
+            f"{remote!r}: an actor needs {cpus:g} CPUs and the Ray cluster's largest node "
+            f"has {largest:g}; lower cpus_per_worker")
+    if pinned:
         need = remote.workers * cpus
-        if cpus > largest:
-            raise RuntimeError(
-                f"{remote!r}: an actor needs {cpus:g} CPUs and the Ray cluster's largest node "
-                f"has {largest:g}; lower cpus_per_worker")
         # Actors just killed (another loader's pool, closed) give their CPUs back a little
         # later: a pinned pool waits a moment for them before it says it cannot be placed.
         deadline = time.monotonic() + _FREED_WAIT

@@ -221,8 +221,9 @@ def test_set_epoch_mid_epoch_abandons_it_as_locally(cluster, data):
 
 def test_a_pinned_pool_ray_cannot_place_is_an_error_naming_the_cpus(cluster, data):
     # An actor larger than any node: refused at once, never a silent local run.
-    for local in (True, False):
-        with loader(data, remote(workers=1, local=local, cpus_per_worker=100)) as l:
+    # So is "auto" with local=False: nothing else would decode.
+    for workers, local in ((1, True), (1, False), ("auto", False)):
+        with loader(data, remote(workers=workers, local=local, cpus_per_worker=100)) as l:
             with pytest.raises(RuntimeError, match="needs 100 CPUs.*largest node has 6"):
                 epoch(l)
     # More pinned actors than the CPUs free: the CPUs needed and free.
@@ -261,6 +262,21 @@ def test_units_are_decoded_by_the_actors_they_are_handed_to(cluster, data):
         same(epoch(l), want)
         s = l.stats()["remote"]
         assert s["units_by_actors"] == len(want) and s["units_local"] == 0, s
+
+
+def test_relative_paths_are_read_from_the_training_processs_directory(
+        cluster, data, monkeypatch):
+    """Actors start where Ray started its workers: a relative listing is the training
+    process's, so they read it from there."""
+    monkeypatch.chdir(data)
+    args = dict(batch_size=6, resize=32, crop=24, train=True, seed=3, output="numpy")
+    want = [np.array(b) for b in flowgate.ImageLoader("images.txt", **args)]
+    with flowgate.ImageLoader("images.txt", remote=remote(workers=2, local=False),
+                              **args) as l:
+        got = [np.array(b) for b in l]
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_a_loader_the_actors_cannot_build_is_an_error_naming_why(cluster, data, tmp_path):

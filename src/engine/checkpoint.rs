@@ -243,17 +243,33 @@ impl PipelineState {
             s.check_positions(sh.layout().len() as u64)
                 .map_err(|m| bad(format!("rank {}'s state: {m}", sh.rank)))?;
         }
-        // The base of the epoch, from a state still in it.
-        let base = states
+        // The base of the epoch and its tar-shard blocks, from a state still in it.
+        let (base, blocks, blocks_rank) = states
             .iter()
             .zip(&shards)
             .find(|(s, _)| s.epoch == epoch)
-            .map(|(_, sh)| sh.base.clone())
+            .map(|(_, sh)| (sh.base.clone(), sh.blocks, sh.rank))
             .unwrap_or_default();
         let mut done = RangeSet::default();
         let mut partial: BTreeMap<u64, RangeSet> = BTreeMap::new();
         for (s, sh) in states.iter().zip(&shards) {
             let g = if s.epoch == epoch {
+                if sh.blocks != blocks {
+                    // Blocks follow from the seed, the shuffle buffer and the epoch: ranks in
+                    // one epoch share them, and each rank's order depends on them.
+                    let show = |b: Option<Blocks>| {
+                        b.map_or(String::new(), |b| {
+                            format!("shuffle window {}, seed {}", b.window, b.seed)
+                        })
+                    };
+                    return Err(bad(format!(
+                        "states of ranks {blocks_rank} and {} come from different loaders: \
+                         tar-shard blocks ({}) and ({}) in epoch {epoch}",
+                        sh.rank,
+                        show(blocks),
+                        show(sh.blocks)
+                    )));
+                }
                 if sh.base != base {
                     return Err(bad(
                         "states of ranks that resumed from different checkpoints".into(),
@@ -511,6 +527,12 @@ impl Sharding {
         }
     }
 
+    /// This rank's place in `epoch` with nothing delivered before: what a state starting
+    /// the epoch afresh names.
+    pub(crate) fn fresh(&self, epoch: u64) -> ShareState {
+        ShareState::of(&self.sampler.layout(epoch, RangeSet::default()))
+    }
+
     /// The base of `epoch` (empty unless a resume set one for it).
     pub(crate) fn base(&self, epoch: u64) -> RangeSet {
         match &*self.base.lock() {
@@ -530,15 +552,14 @@ impl Sharding {
         &self,
         state: &PipelineState,
     ) -> Result<(RangeSet, Vec<Part>), PipelineError> {
+        // Versions before 2 recorded no place; `current` names it where it can.
+        let names_its_place = state.version >= STATE_VERSION;
         let mut state = state.current();
         let mine = self.sampler.layout(state.epoch, RangeSet::default());
-        if state.shard.is_none()
-            && state.version >= STATE_VERSION
-            && mine.world > 1
-            && !(state.delivered.is_empty() && state.partial.is_empty())
-        {
+        if state.shard.is_none() && names_its_place && mine.world > 1 {
             // Written by a sampled pipeline, a state names its rank: one without has lost it,
-            // and taken as this rank's own it would skip another rank's items here.
+            // and taken as this rank's own it would skip another rank's items here, or, with
+            // nothing delivered, forget what the world had delivered before (its base).
             return Err(PipelineError::config(format!(
                 "resume: the checkpoint names no rank (its `shard` is missing) and this pipeline \
                  is rank {} of {}: resume each rank from its own state, or merge them \

@@ -282,13 +282,14 @@ impl<T: Send + 'static> Pipeline<T> {
     }
 
     /// Makes the next [`iter`](Self::iter) run `epoch` in full (skipping the epochs before it):
-    /// a resume with nothing delivered (and no place named: this rank's own), for a pipeline
+    /// a resume with nothing delivered at this rank's own place, for a pipeline
     /// rebuilt to continue at a given epoch.
     pub fn start_at_epoch(&mut self, epoch: u64) -> Result<(), PipelineError> {
         self.resume(&PipelineState {
             epoch,
             version: STATE_VERSION,
             fingerprint: self.fingerprint.clone(),
+            shard: self.sharding.as_ref().map(|s| s.fresh(epoch)),
             ..Default::default()
         })
     }

@@ -19,8 +19,11 @@
 //!   fewer than that.
 //! - A dead worker's units are issued again before any new one; a pinned pool starts a
 //!   worker in its place, a sized one keeps its floor (the sizer grows it). Workers that die
-//!   before finishing a unit [`STARTUP_DEATHS`] times in a row are a configuration error
-//!   ([`DispatchError::StartupDeaths`]), not lost workers.
+//!   before they answer [`STARTUP_DEATHS`] times in a row are a configuration error
+//!   ([`DispatchError::StartupDeaths`]), not lost workers; so is a unit that
+//!   [`UNIT_DEATHS`] workers died holding ([`DispatchError::UnitDeaths`]: decoding it kills
+//!   them). Working workers killed from outside, several at once, are neither: their units
+//!   are issued again and the pool goes on.
 //! - A retired worker takes no new units and is stopped once the loop has its last one.
 
 use std::collections::{BTreeSet, VecDeque};
@@ -34,9 +37,12 @@ use super::{PoolLimits, PoolObservation, PoolSizer};
 pub const WINDOW_PER_WORKER: usize = 2;
 /// Seconds between the sizer's windows.
 pub const WINDOW_SECONDS: f64 = 1.0;
-/// Workers dying before finishing a unit this many times in a row: their decoder cannot be
-/// built where they run (an error to raise), not bad luck to retry.
+/// Workers dying before they answer this many times in a row: their decoder cannot be built
+/// where they run (an error to raise), not bad luck to retry.
 pub const STARTUP_DEATHS: u32 = 3;
+/// Workers that died holding the same unit: decoding it kills them (memory, a crashing
+/// decoder), so issuing it again would kill the next one too.
+pub const UNIT_DEATHS: u32 = 3;
 /// Windows kept in the trace.
 pub const TRACE_WINDOWS: usize = 1000;
 
@@ -112,9 +118,18 @@ pub enum Command {
 /// A call the dispatcher refuses.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DispatchError {
-    /// [`STARTUP_DEATHS`] workers in a row died before finishing a unit.
+    /// [`STARTUP_DEATHS`] workers in a row died before they answered.
     StartupDeaths {
         /// How many.
+        deaths: u32,
+        /// The last one's error (its last line).
+        last: String,
+    },
+    /// [`UNIT_DEATHS`] workers died holding `unit`.
+    UnitDeaths {
+        /// The unit (the first such, in plan order).
+        unit: usize,
+        /// How many workers died holding it.
         deaths: u32,
         /// The last one's error (its last line).
         last: String,
@@ -128,7 +143,12 @@ impl fmt::Display for DispatchError {
         match self {
             Self::StartupDeaths { deaths, last } => write!(
                 f,
-                "{deaths} workers in a row died before decoding a unit, the last with: {last}"
+                "{deaths} workers in a row died before they answered, the last with: {last}"
+            ),
+            Self::UnitDeaths { unit, deaths, last } => write!(
+                f,
+                "{deaths} workers died holding unit {unit} (decoding it kills them: memory, \
+                 or a crashing decoder), the last with: {last}"
             ),
             Self::NotInHand(unit) => write!(f, "unit {unit} is in no worker's hands"),
         }
@@ -222,7 +242,9 @@ pub struct Dispatcher {
     window_start: f64,
     waited: f64,
     consumed: u64,
-    deaths_before_a_unit: u32,
+    deaths_before_ready: u32,
+    /// Workers that died holding each unit of this epoch.
+    unit_deaths: std::collections::BTreeMap<usize, u32>,
     reissued: u64,
     units_by_workers: u64,
     trace: VecDeque<TraceRecord>,
@@ -262,7 +284,8 @@ impl Dispatcher {
             window_start: now,
             waited: 0.0,
             consumed: 0,
-            deaths_before_a_unit: 0,
+            deaths_before_ready: 0,
+            unit_deaths: std::collections::BTreeMap::new(),
             reissued: 0,
             units_by_workers: 0,
             trace: VecDeque::new(),
@@ -274,7 +297,11 @@ impl Dispatcher {
     /// A new epoch of `units` units takes the pool; the units of any other are cancelled.
     /// Returns its token (see [`token`](Self::token)).
     pub fn begin(&mut self, units: usize) -> (u64, Vec<Command>) {
-        let out = self.abandon();
+        let mut out = self.abandon();
+        // A death the last epoch ended on (an error) left the pool under its floor.
+        while self.workers() < self.floor() {
+            out.push(self.start());
+        }
         self.tokens += 1;
         self.token = self.tokens;
         self.units = units;
@@ -293,6 +320,7 @@ impl Dispatcher {
         self.issued = 0;
         self.at = 0;
         self.lost.clear();
+        self.unit_deaths.clear();
         self.waiting_since = None;
         self.no_hands_since = None;
         let mut out = Vec::new();
@@ -318,6 +346,7 @@ impl Dispatcher {
     pub fn ready(&mut self, worker: WorkerId) {
         if let Some(w) = self.workers.iter_mut().find(|w| w.id == worker) {
             w.ready = true;
+            self.deaths_before_ready = 0;
         }
     }
 
@@ -334,6 +363,17 @@ impl Dispatcher {
     /// Remote workers that count (started or starting, not retiring).
     pub fn workers(&self) -> usize {
         self.remote().count()
+    }
+
+    /// The fewest remote workers the pool keeps: a pinned pool's size, a sized one's floor,
+    /// and one at least where the training process does not decode.
+    fn floor(&self) -> usize {
+        let floor = match (&self.sizer, self.settings.size) {
+            (Some(s), _) => s.limits().min_workers,
+            (None, PoolSize::Pinned(n)) => n,
+            (None, PoolSize::Auto(l)) => l.min_workers,
+        };
+        floor.max(usize::from(self.local.is_none()))
     }
 
     /// Workers not ready yet: the caller asks these whether they answered.
@@ -435,7 +475,7 @@ impl Dispatcher {
         if w.id != LOCAL {
             self.units_by_workers += 1;
         }
-        self.deaths_before_a_unit = 0;
+        self.unit_deaths.remove(&unit);
         self.at += 1;
         self.consumed += 1;
         if let Some(since) = self.waiting_since.take() {
@@ -462,29 +502,36 @@ impl Dispatcher {
         let lost = w.units.len();
         self.lost.extend(w.units.iter().copied());
         self.reissued += lost as u64;
-        if w.finished == 0 {
-            self.deaths_before_a_unit += 1;
-            if self.deaths_before_a_unit >= STARTUP_DEATHS {
-                let last = error.trim().lines().last().unwrap_or_default();
-                let last: String = last.chars().take(500).collect();
+        let last = || {
+            let last = error.trim().lines().last().unwrap_or_default();
+            let last: String = last.chars().take(500).collect();
+            if last.is_empty() {
+                "no message".into()
+            } else {
+                last
+            }
+        };
+        if !w.ready {
+            self.deaths_before_ready += 1;
+            if self.deaths_before_ready >= STARTUP_DEATHS {
                 return Err(DispatchError::StartupDeaths {
-                    deaths: self.deaths_before_a_unit,
-                    last: if last.is_empty() {
-                        "no message".into()
-                    } else {
-                        last
-                    },
+                    deaths: self.deaths_before_ready,
+                    last: last(),
                 });
             }
         }
+        for &unit in &w.units {
+            *self.unit_deaths.entry(unit).or_default() += 1;
+        }
+        if let Some((&unit, &deaths)) = self.unit_deaths.iter().find(|(_, &d)| d >= UNIT_DEATHS) {
+            return Err(DispatchError::UnitDeaths {
+                unit,
+                deaths,
+                last: last(),
+            });
+        }
         let mut out = Vec::new();
-        let floor = match (&self.sizer, self.settings.size) {
-            (Some(s), _) => s.limits().min_workers,
-            (None, PoolSize::Pinned(n)) => n,
-            (None, PoolSize::Auto(l)) => l.min_workers,
-        };
-        let floor = floor.max(usize::from(self.local.is_none()));
-        if !w.retiring && self.workers() < floor {
+        if !w.retiring && self.workers() < self.floor() {
             out.push(self.start());
         }
         if self.hands().is_empty() {

@@ -15,6 +15,8 @@ struct Sim {
     per_unit: f64,
     /// When it dies (all it holds is lost).
     dies_at: Option<f64>,
+    /// A unit whose decoding kills it, half way through.
+    dies_on: Option<usize>,
     /// Units issued and not taken or cancelled: (unit, when decoded).
     queue: VecDeque<(usize, f64)>,
     free_at: f64,
@@ -26,8 +28,16 @@ impl Sim {
             ready_at,
             per_unit,
             dies_at,
+            dies_on: None,
             queue: VecDeque::new(),
             free_at: 0.0,
+        }
+    }
+
+    fn dying_on(self, unit: usize) -> Self {
+        Self {
+            dies_on: Some(unit),
+            ..self
         }
     }
 }
@@ -89,6 +99,10 @@ impl Run {
                     );
                     let start = self.now.max(w.free_at);
                     w.free_at = start + w.per_unit;
+                    if w.dies_on == Some(unit) {
+                        let dies = start + w.per_unit / 2.0;
+                        w.dies_at = Some(w.dies_at.map_or(dies, |t| t.min(dies)));
+                    }
                     w.queue.push_back((unit, w.free_at));
                 }
                 Command::Cancel { worker, unit } => {
@@ -306,19 +320,55 @@ fn workers_that_die_before_a_unit_three_times_in_a_row_are_an_error() {
     );
     assert!(e
         .to_string()
-        .contains("3 workers in a row died before decoding a unit"));
-    // A worker that decodes a unit in between resets the count.
-    let mut run = Run::new(pinned(1, false), 0.0, |id, now| {
-        let dies = match id {
-            1 | 2 => Some(now + 0.1),
-            3 => Some(now + 1.0),
-            _ => None,
-        };
-        Sim::new(now + 0.05, 0.1, dies)
+        .contains("3 workers in a row died before they answered"));
+    // A worker that answers in between resets the count, though it dies too.
+    let mut run = Run::new(pinned(1, false), 0.0, |id, now| match id {
+        1 | 2 | 4 | 5 => Sim::new(now + 0.2, 0.1, Some(now + 0.1)),
+        3 => Sim::new(now + 0.05, 0.1, Some(now + 1.0)),
+        _ => Sim::new(now + 0.05, 0.1, None),
     });
     run.epoch(40, |_| 0.01, 64.0).unwrap();
-    assert_eq!(run.taken.len(), 40);
-    assert!(run.d.started() >= 4);
+    assert_eq!(run.taken, (0..40).collect::<Vec<_>>());
+    assert_eq!(run.d.started(), 6);
+}
+
+#[test]
+fn working_workers_killed_together_before_finishing_a_unit_are_replaced_not_an_error() {
+    // Four slow workers answer, take units, and are all killed at 0.5 s (an operator, the
+    // cluster reclaiming nodes) before any finishes one; so are the next four. Neither is a
+    // broken configuration: the units are issued again and the epoch ends in order.
+    let mut run = Run::new(pinned(4, false), 0.0, |id, now| {
+        let dies = (id <= 8).then_some(now + 0.5);
+        Sim::new(now + 0.05, 1.0, dies)
+    });
+    run.epoch(24, |_| 0.01, 64.0).unwrap();
+    assert_eq!(run.taken, (0..24).collect::<Vec<_>>());
+    assert_eq!(run.d.started(), 12);
+}
+
+#[test]
+fn a_unit_that_kills_each_worker_decoding_it_is_an_error_naming_it() {
+    let mut run = Run::new(pinned(2, false), 0.0, |_, now| {
+        Sim::new(now + 0.05, 0.1, None).dying_on(7)
+    });
+    let e = run.epoch(30, |_| 0.01, 64.0).unwrap_err();
+    let DispatchError::UnitDeaths { unit, deaths, last } = &e else {
+        panic!("{e:?}");
+    };
+    assert_eq!((*unit, *deaths), (7, UNIT_DEATHS));
+    assert_eq!(last, "RayActorError: it died");
+    assert!(e.to_string().contains("3 workers died holding unit 7"));
+    assert_eq!(
+        run.taken,
+        (0..7).collect::<Vec<_>>(),
+        "the units before it arrived"
+    );
+    // The error left the pool a worker short; the next epoch starts with its size again.
+    assert_eq!(run.d.workers(), 1);
+    run.taken.clear();
+    run.epoch(5, |_| 0.01, 64.0).unwrap();
+    assert_eq!(run.taken, (0..5).collect::<Vec<_>>());
+    assert_eq!(run.d.workers(), 2);
 }
 
 #[test]
