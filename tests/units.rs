@@ -15,7 +15,7 @@ use flowgate::media::{image::ImageRecipe, Recipe};
 use flowgate::{Loader, Order, PipelineState};
 
 mod common;
-use common::jpegs41::{build, loader, local_epoch, paths, same, seen, Seen, BAD, IMAGES};
+use common::jpegs41::{build, builder, loader, local_epoch, paths, same, seen, Seen, BAD, IMAGES};
 
 /// Unit `u` of `plan` decoded by `worker`: its batches, and the positions each delivered.
 fn run_unit(worker: &mut Loader, plan: &EpochPlan, u: usize) -> Vec<(Seen, RangeSet)> {
@@ -243,12 +243,12 @@ fn a_unit_whose_items_all_fail_is_no_error_and_the_regrouped_epoch_is_the_local_
 /// Drives an epoch of units on `planner` as the remote mode's consumer does
 /// (`Loader::start_units`): every unit decoded by `worker`, its failures reported, its batches
 /// regrouped and reported as delivered, until `take` batches (all: `None`, then the epoch is
-/// finished). Returns the batches and what `finish_units` said.
+/// finished). Returns the batches and what `finish_units` said (whether batches are made up).
 fn units_epoch(
     planner: &mut Loader,
     worker: &mut Loader,
     take: Option<usize>,
-) -> (Vec<Seen>, Result<(), flowgate::PipelineError>) {
+) -> (Vec<Seen>, Result<bool, flowgate::PipelineError>) {
     let plan = planner.start_units(2).unwrap();
     let mut r = Regroup::new(&plan, Order::Input);
     let mut out = Vec::new();
@@ -263,7 +263,7 @@ fn units_epoch(
         let last = u + 1 == plan.len();
         while let Some((b, positions)) = r.pop(last) {
             if take == Some(out.len()) {
-                return (out, Ok(()));
+                return (out, Ok(false));
             }
             planner.units_delivered(&RangeSet::from_ranges(
                 positions.iter().map(|&p| (p, p + 1)),
@@ -272,7 +272,7 @@ fn units_epoch(
         }
     }
     if take.is_some() {
-        return (out, Ok(()));
+        return (out, Ok(false));
     }
     (out, planner.finish_units())
 }
@@ -306,7 +306,7 @@ fn an_epoch_of_units_is_the_planners_own_checkpoint_failures_break_and_end() {
     assert_eq!(planner.next_epoch(), 0);
     // The epoch starts again from where it started, whole; at its end, the next one.
     let (got, end) = units_epoch(&mut planner, &mut worker, None);
-    end.unwrap();
+    assert!(!end.unwrap(), "one process: nothing made up");
     same(&got, &want[0], "epoch 0 again");
     let failed = planner.watch().failures(Some(0));
     assert!(
@@ -375,4 +375,84 @@ fn an_epoch_of_units_whose_every_item_fails_ends_with_the_local_error() {
     let e = end.unwrap_err();
     assert!(e.is_nothing_delivered(), "{e}");
     assert_eq!(e.to_string(), local.to_string());
+}
+
+#[test]
+fn an_epoch_of_units_that_skipped_an_item_makes_up_the_batch_as_the_local_loader_does() {
+    // Two ranks, filling (the default for a world of ranks): the rank whose share holds the
+    // unreadable file makes up the batch it cost from its first items, read again here
+    // after the units; its batches, their count and its checkpoints are the local loader's.
+    let files = paths(true);
+    let make = |rank: usize, units: bool| {
+        let b = builder(&files, (rank, 2), false).workers(1);
+        if units { b.decodes_units() } else { b }.build().unwrap()
+    };
+    let mut made_up = 0;
+    for rank in 0..2 {
+        let mut local = make(rank, false);
+        let want = local_epoch(&mut local);
+        assert_eq!(
+            want.len(),
+            local.len(),
+            "rank {rank}: the local loader fills"
+        );
+        let mut planner = make(rank, false);
+        let mut worker = make(rank, true);
+        let (mut got, end) = units_epoch(&mut planner, &mut worker, None);
+        let units_made = got.len();
+        if end.unwrap() {
+            made_up += 1;
+            // After the units' last batch the checkpoint is the local loader's there, owing
+            // the batch to make up.
+            let mut before = make(rank, false);
+            let _ = units_epoch(&mut before, &mut make(rank, true), Some(units_made));
+            let (_, local_mid) = common::take_then_save(&mut make(rank, false), units_made);
+            assert_eq!(before.state().unwrap(), local_mid, "rank {rank}");
+            assert_eq!(local_mid.owed_batches, Some(1));
+            while let Some(b) = planner.next_batch() {
+                got.push(seen(b.unwrap()));
+            }
+            assert!(planner.filled() > 0);
+        }
+        same(&got, &want, &format!("rank {rank}"));
+        assert_eq!(planner.next_epoch(), 1, "rank {rank}");
+        let next = planner.state().unwrap();
+        assert_eq!((next.epoch, next.delivered_items), (1, 0), "rank {rank}");
+        // The next epoch runs as units again.
+        assert_eq!(planner.start_units(2).unwrap().epoch(), 1);
+    }
+    assert_eq!(made_up, 1, "one rank's share holds the unreadable file");
+    // A break while batches are made up: the checkpoint resumes the rest, made up too.
+    let rank = (0..2)
+        .find(|&r| {
+            let mut l = make(r, false);
+            let _ = local_epoch(&mut l);
+            l.filled() > 0
+        })
+        .unwrap();
+    let want = local_epoch(&mut make(rank, false));
+    let mut planner = make(rank, false);
+    let (got, end) = units_epoch(&mut planner, &mut make(rank, true), None);
+    assert!(end.unwrap());
+    planner.close();
+    let state = planner.state().unwrap();
+    let mut resumed = make(rank, false);
+    resumed.resume(&state).unwrap();
+    let (rest, end) = units_epoch(&mut resumed, &mut make(rank, true), None);
+    let mut rest = rest;
+    if end.unwrap() {
+        while let Some(b) = resumed.next_batch() {
+            rest.push(seen(b.unwrap()));
+        }
+    }
+    assert_eq!(
+        got.len() + rest.len(),
+        want.len(),
+        "exactly the batches owed"
+    );
+    same(
+        &rest,
+        &want[got.len()..],
+        "the made-up batch after a resume",
+    );
 }

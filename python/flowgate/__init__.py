@@ -118,7 +118,8 @@ class ImageLoader(_Loader):
     files were skipped still makes ``len(loader)`` batches an epoch, making up the batches the
     skips cost from items of its epoch read again (the first ones first), so that ranks with a
     collective per step (DDP) never wait on one that ended early; ``stats()["filled"]`` counts
-    the items read again (local decoding only). Default (``None``): on under a world size
+    the items read again (with ``remote=``, made up in the training process after the
+    units). Default (``None``): on under a world size
     above 1 (``world_size``, or ``WORLD_SIZE`` from ``torchrun``), off for one process. ``memory_mb``: the most the
     loader may hold — files in work, decoded items, batches waiting — in MiB (default: half
     the available memory, or of the container's limit); :meth:`stats` shows what each stage

@@ -55,9 +55,6 @@ class _Loader:
         if remote is not None:
             if not isinstance(remote, Ray):
                 raise TypeError(f"remote must be a flowgate.Ray(...) or None, not {remote!r}")
-            if args.get("fill_skipped"):
-                raise ValueError("fill_skipped=True is for local decoding; with remote= the "
-                                 "batches lost to skipped files are not made up")
             if args.get("fields"):
                 raise ValueError("fields= is for local decoding: with remote= the actors' "
                                  "units carry media, not a sample's other fields")

@@ -273,7 +273,9 @@ class _RemoteEpoch:
         # The units' batches regrouped into the local loader's (the library's view).
         self._regroup = self._plan.regroup(loader._args.get("order", "input"))
         self._convert = _converter(loader._args["output"], from_numpy=True)
+        self._convert_here = _converter(loader._args["output"])
         self._finished = False
+        self._filling = False
 
     def __iter__(self) -> "_RemoteEpoch":
         return self
@@ -288,14 +290,31 @@ class _RemoteEpoch:
             pass
 
     def __next__(self) -> Any:
+        if self._filling:
+            return self._made_up()
         item, positions = self._next_batch()
         if item is None:
+            # Raises where every item failed, as locally; True where batches lost to skipped
+            # items are made up (`fill_skipped`), decoded here as the local loader does.
+            self._filling = self._native._finish_units()
+            if self._filling:
+                return self._made_up()
             self._finished = True
-            self._native._finish_units()  # raises where every item failed, as locally
             raise StopIteration
         self._native._units_delivered([(p, p + 1) for p in positions])
         self._tick()
         return self._convert(item)
+
+    def _made_up(self) -> Any:
+        """The next batch made up at the epoch's end (the local loader's own epoch)."""
+        item = self._native._next(self._iterator)
+        if item is None:
+            self._finished = True
+            raise StopIteration
+        self._tick()
+        if self._convert_here is not None:
+            item = self._convert_here(item)
+        return _read_only(item)
 
     def _next_batch(self) -> Tuple[Any, List[int]]:
         """The next batch and its rows' positions, or ``(None, [])`` at the epoch's end."""

@@ -615,8 +615,10 @@ impl Loader {
         self.core.lock().expect("loader").loader.fail_units();
     }
 
-    /// The epoch of units ended: raises `LoaderError` if every item failed.
-    fn _finish_units(&self) -> PyResult<()> {
+    /// Every unit of the epoch was delivered: True where batches lost to skipped items are
+    /// made up now (`fill_skipped`; take them with `_next`), else the epoch ended; raises
+    /// `LoaderError` if every item failed.
+    fn _finish_units(&self) -> PyResult<bool> {
         self.core
             .lock()
             .expect("loader")

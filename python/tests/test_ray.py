@@ -338,6 +338,42 @@ def test_a_skipped_file_gives_the_local_loaders_batches(cluster, data, tmp_path)
                 assert [f[1] for f in l.failures(0)] == [str(bad)] * 2
 
 
+def test_ranks_make_up_the_batches_a_skipped_file_cost_as_the_local_loader(
+        cluster, data, tmp_path):
+    """Under a world of ranks (fill_skipped on by default), the rank whose share holds an
+    unreadable file makes up the batch it cost after its units, as the local loader does:
+    every rank yields len(loader) batches (DDP never waits on a rank that ended early), the
+    same batches, and a state_dict taken before the made-up batch resumes it."""
+    files = [str(p) for p in sorted((data / "images").rglob("*.jpg"))][:13]
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"not a jpeg")
+    files.insert(4, str(bad))
+    kw = dict(batch_size=3, resize=32, crop=24, seed=5, world_size=2, return_paths=True,
+              output="numpy")
+    filled = []
+    for rank in (0, 1):
+        local = flowgate.ImageLoader(files, rank=rank, **kw)
+        want = epoch(local)
+        assert len(want) == len(local) == 3
+        with flowgate.ImageLoader(files, rank=rank, remote=remote(workers=1, local=False,
+                                                                  batches_per_unit=1),
+                                  **kw) as l:
+            assert len(l) == len(local)
+            it = iter(l)
+            got = [next(it) for _ in range(len(want) - 1)]
+            state = l.state_dict()
+            got += list(it)
+            same([(np.array(b), list(p)) for b, p in got], want)
+            filled.append(l.stats()["filled"])
+            if filled[-1]:
+                assert state["owed_batches"] == 1, state
+                with flowgate.ImageLoader(files, rank=rank, remote=remote(
+                        workers=1, local=False, batches_per_unit=1), **kw) as again:
+                    again.load_state_dict(state)
+                    same(epoch(again), want[-1:])
+    assert sorted(f > 0 for f in filled) == [False, True], filled
+
+
 def test_a_unit_of_only_unreadable_files_is_skipped_and_an_all_bad_epoch_is_an_error(
         cluster, data, tmp_path):
     files = [str(p) for p in sorted((data / "images").rglob("*.jpg"))][:10]

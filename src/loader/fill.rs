@@ -108,6 +108,9 @@ pub(super) struct Fill {
     pub(super) marked: Option<Vec<(u64, u64)>>,
     /// Items read again in the epoch being iterated (or the last); shared with watches.
     pub(super) filled: Arc<AtomicU64>,
+    /// The batches made up are an epoch of units' ([`Loader::finish_units`]): the loader's
+    /// own pipeline never ran that epoch, so the next starts afresh after it.
+    pub(super) after_units: bool,
 }
 
 impl Fill {
@@ -128,6 +131,7 @@ impl Fill {
         self.filled.store(0, Ordering::Relaxed);
         self.from = None;
         self.marked = None;
+        self.after_units = false;
         if b.fill {
             if part {
                 self.marked = Some(from.delivered.clone());
@@ -259,11 +263,13 @@ impl Loader {
 
     /// Starts making up the owed batches (the epoch's own pipeline has ended it).
     pub(super) fn start_filling(&mut self) -> Result<(), PipelineError> {
-        let main = self.pipeline.as_ref().expect("an epoch's pipeline");
         let Some(end) = self.fill.from.take().filter(|s| s.delivered_items > 0) else {
             return Ok(()); // nothing delivered to fill with
         };
-        let learned = Learned::of(&main.stats());
+        let learned = match &self.pipeline {
+            Some(main) => Learned::of(&main.stats()),
+            None => self.learned.clone(),
+        };
         let mut delivered = RangeSet::from_ranges(end.delivered.iter().copied());
         let mut widen = 1;
         if let Some(marked) = &self.fill.marked {
@@ -297,10 +303,7 @@ impl Loader {
         loop {
             if self.delivered >= self.fill.owed.batches {
                 // All owed: a widened round's further batches are not delivered.
-                self.fill.filling = None;
-                self.in_epoch = false;
-                self.epoch_start = None;
-                return Within::EpochEnd;
+                return self.end_filled_epoch();
             }
             let f = self.fill.filling.as_mut().expect("filling");
             match f.pipeline.next_within(timeout) {
@@ -329,14 +332,27 @@ impl Loader {
                         }
                         continue;
                     }
-                    self.fill.filling = None;
-                    self.in_epoch = false;
-                    self.epoch_start = None;
-                    return Within::EpochEnd;
+                    return self.end_filled_epoch();
                 }
                 other => return other,
             }
         }
+    }
+
+    /// The epoch whose batches were made up ended.
+    fn end_filled_epoch(&mut self) -> Within<Batch> {
+        let epoch = self.fill.filling.take().map(|f| f.end.epoch);
+        self.in_epoch = false;
+        self.epoch_start = None;
+        if std::mem::take(&mut self.fill.after_units) {
+            // The pipeline never ran that epoch (its units were decoded elsewhere): the next
+            // one starts afresh.
+            self.stop(false);
+            if let Some(e) = epoch {
+                self.resume_at = e + 1;
+            }
+        }
+        Within::EpochEnd
     }
 
     /// Another round: the fillers after the last round's, for the batches still owed.

@@ -376,7 +376,7 @@ impl Loader {
         // An epoch of units: its progress is what its consumer received.
         let units = self.units.take().map(|u| u.state());
         if let (true, Some(s)) = (self.in_epoch, &units) {
-            self.abandoned = Some(s.clone());
+            self.abandoned = Some(self.with_owed(s.clone()));
         }
         if let Some(p) = self.pipeline.take() {
             if self.in_epoch && units.is_none() {
@@ -612,7 +612,7 @@ impl Loader {
             return Ok(s.clone());
         }
         if let Some(u) = &self.units {
-            return Ok(u.state());
+            return Ok(self.with_owed(u.state()));
         }
         if let Some(f) = &self.fill.filling {
             return Ok(self.with_owed(f.progress()));

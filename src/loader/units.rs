@@ -140,6 +140,9 @@ impl Loader {
         let plan = self.plan_units(batches_per_unit)?;
         self.begin(&plan.start);
         self.started(plan.epoch());
+        // What the epoch owes, made up here once its units are delivered (`fill_skipped`).
+        self.fill
+            .start_epoch(&plan.start, plan.start.clone(), &self.batching, false);
         self.units = Some(UnitsEpoch {
             plan: plan.clone(),
             received: RangeSet::default(),
@@ -176,15 +179,30 @@ impl Loader {
         }
     }
 
-    /// The epoch of units ended (every unit's batches delivered): the next start is the next
-    /// epoch. An epoch in which every item failed ends with an error, as a local one does
+    /// Every unit's batches of the epoch were delivered. With
+    /// [`fill_skipped`](super::LoaderBuilder::fill_skipped), an epoch whose skipped items
+    /// cost batches makes them up here, as a local one does: `Ok(true)`, and the consumer
+    /// takes them with [`next_within`](Self::next_within) (decoded by this loader). Otherwise
+    /// the epoch ended (`Ok(false)`) and the next start is the next epoch; an epoch in which
+    /// every item failed ends with an error, as a local one does
     /// ([`PipelineError::is_nothing_delivered`]). A no-op when no epoch of units is iterated
     /// (it was abandoned).
-    pub fn finish_units(&mut self) -> Result<(), PipelineError> {
+    pub fn finish_units(&mut self) -> Result<bool, PipelineError> {
         let Some(u) = self.units.take() else {
-            return Ok(());
+            return Ok(false);
         };
         let epoch = u.plan.epoch();
+        if self.owes_batches() {
+            self.fill.from = Some(u.state());
+            if let Err(e) = self.start_filling() {
+                self.end_after_error();
+                return Err(e);
+            }
+            if self.fill.filling.is_some() {
+                self.fill.after_units = true;
+                return Ok(true);
+            }
+        }
         self.in_epoch = false;
         self.epoch_start = None;
         self.abandoned = None;
@@ -194,7 +212,7 @@ impl Loader {
         if self.delivered == 0 && self.delivered_before == 0 && failures > 0 {
             return Err(PipelineError::nothing_delivered(epoch, failures, last));
         }
-        Ok(())
+        Ok(false)
     }
 }
 
