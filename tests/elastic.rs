@@ -362,25 +362,23 @@ fn a_damaged_state_is_refused_saying_what_is_wrong() {
         }
     }
     // A state that lost its `shard` names no rank: refused on a rank of two, rather than
-    // taken as that rank's own (rank 1's progress skipping rank 0's items).
+    // taken as that rank's own (rank 1's progress skipping rank 0's items; with nothing
+    // delivered, forgetting what the world delivered before: its base).
     let no_shard = damaged(&|v| {
         v.as_object_mut().unwrap().remove("shard");
     });
-    let e = build(sampler(0), Order::Input, false, true)
-        .resume(&no_shard)
-        .unwrap_err();
-    assert!(e.to_string().contains("names no rank"), "{e}");
-    // So is one that lost it with nothing delivered: it would forget the world's base.
     let fresh_no_shard = damaged(&|v| {
         v.as_object_mut().unwrap().remove("shard");
         v["delivered"] = serde_json::json!([]);
         v["delivered_items"] = 0.into();
         v["partial"] = serde_json::json!([]);
     });
-    let e = build(sampler(1), Order::Input, false, true)
-        .resume(&fresh_no_shard)
-        .unwrap_err();
-    assert!(e.to_string().contains("names no rank"), "{e}");
+    for (rank, lost) in [(0, no_shard), (1, fresh_no_shard)] {
+        let e = build(sampler(rank), Order::Input, false, true)
+            .resume(&lost)
+            .unwrap_err();
+        assert!(e.to_string().contains("names no rank"), "rank {rank}: {e}");
+    }
     // Starting an epoch afresh names this rank's place itself: rank 1 reads its share.
     let mut p = build(sampler(1), Order::Input, false, false);
     p.start_at_epoch(1).unwrap();
