@@ -206,8 +206,8 @@ class _Pool:
     def poll(self) -> None:
         """Reports the actors that answered, and those whose start failed."""
         for w in self.dispatch.starting():
-            ref = self.answers[w]
-            if not self.ray.wait([ref], timeout=0)[0]:
+            ref = self.answers.get(w)
+            if ref is None or not self.ray.wait([ref], timeout=0)[0]:
                 continue
             try:
                 self.ray.get(ref)
@@ -270,6 +270,8 @@ class _RemoteEpoch:
         if again is not None:
             _warn_again(*again)
         self._token = self._pool.dispatch.begin(len(self._plan))
+        # Cancels the last epoch's units, starts actors a death left the pool short of.
+        self._pool.run()
         # The units' batches regrouped into the local loader's (the library's view).
         self._regroup = self._plan.regroup(loader._args.get("order", "input"))
         self._convert = _converter(loader._args["output"], from_numpy=True)

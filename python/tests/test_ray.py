@@ -288,6 +288,10 @@ def test_a_loader_the_actors_cannot_build_is_an_error_naming_why(cluster, data, 
     with pytest.raises(RuntimeError, match="list.txt"):
         epoch_len = sum(1 for _ in l)
         assert epoch_len < 0
+    # The error left the pool short: the next iter() starts it again (a KeyError before).
+    listing.write_text(open(images(data)).read())
+    assert sum(1 for _ in l) == 7
+    assert l._pool.dispatch.workers == 1
     l.close()
 
 

@@ -21,8 +21,8 @@
 //!   worker in its place, a sized one keeps its floor (the sizer grows it). Workers that die
 //!   before they answer [`STARTUP_DEATHS`] times in a row are a configuration error
 //!   ([`DispatchError::StartupDeaths`]), not lost workers; so is a unit that
-//!   [`UNIT_DEATHS`] workers died holding ([`DispatchError::UnitDeaths`]: decoding it kills
-//!   them). Working workers killed from outside, several at once, are neither: their units
+//!   [`UNIT_DEATHS`] workers died decoding (the first unit each held;
+//!   [`DispatchError::UnitDeaths`]: decoding it kills them). Working workers killed from outside, several at once, are neither: their units
 //!   are issued again and the pool goes on.
 //! - A retired worker takes no new units and is stopped once the loop has its last one.
 
@@ -40,7 +40,7 @@ pub const WINDOW_SECONDS: f64 = 1.0;
 /// Workers dying before they answer this many times in a row: their decoder cannot be built
 /// where they run (an error to raise), not bad luck to retry.
 pub const STARTUP_DEATHS: u32 = 3;
-/// Workers that died holding the same unit: decoding it kills them (memory, a crashing
+/// Workers that died decoding the same unit: it kills them (memory, a crashing
 /// decoder), so issuing it again would kill the next one too.
 pub const UNIT_DEATHS: u32 = 3;
 /// Windows kept in the trace.
@@ -125,11 +125,11 @@ pub enum DispatchError {
         /// The last one's error (its last line).
         last: String,
     },
-    /// [`UNIT_DEATHS`] workers died holding `unit`.
+    /// [`UNIT_DEATHS`] workers died decoding `unit` (the first unit each held).
     UnitDeaths {
         /// The unit (the first such, in plan order).
         unit: usize,
-        /// How many workers died holding it.
+        /// How many workers died decoding it.
         deaths: u32,
         /// The last one's error (its last line).
         last: String,
@@ -147,7 +147,7 @@ impl fmt::Display for DispatchError {
             ),
             Self::UnitDeaths { unit, deaths, last } => write!(
                 f,
-                "{deaths} workers died holding unit {unit} (decoding it kills them: memory, \
+                "{deaths} workers died decoding unit {unit} (it kills them: memory, \
                  or a crashing decoder), the last with: {last}"
             ),
             Self::NotInHand(unit) => write!(f, "unit {unit} is in no worker's hands"),
@@ -243,7 +243,7 @@ pub struct Dispatcher {
     waited: f64,
     consumed: u64,
     deaths_before_ready: u32,
-    /// Workers that died holding each unit of this epoch.
+    /// Workers that died decoding each unit of this epoch (the first unit each held).
     unit_deaths: std::collections::BTreeMap<usize, u32>,
     reissued: u64,
     units_by_workers: u64,
@@ -520,7 +520,10 @@ impl Dispatcher {
                 });
             }
         }
-        for &unit in &w.units {
+        // Blamed on the unit it was decoding, the first it held: the ones queued behind it
+        // did not kill it (a unit issued again to a worker already dead but not yet
+        // reported would otherwise count that death too).
+        if let Some(&unit) = w.units.front() {
             *self.unit_deaths.entry(unit).or_default() += 1;
         }
         if let Some((&unit, &deaths)) = self.unit_deaths.iter().find(|(_, &d)| d >= UNIT_DEATHS) {

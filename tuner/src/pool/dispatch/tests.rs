@@ -347,6 +347,36 @@ fn working_workers_killed_together_before_finishing_a_unit_are_replaced_not_an_e
 }
 
 #[test]
+fn deaths_reported_one_by_one_blame_only_the_unit_each_worker_was_decoding() {
+    // Three workers killed together, each holding one unit; their caller learns of the
+    // deaths one at a time, and in between the dispatcher issues the lost units again to
+    // the workers it still takes for alive. Those deaths are not the units' doing.
+    let (mut d, _) = Dispatcher::new(pinned(3, false), 0.0);
+    for w in 1..=3 {
+        d.ready(w);
+    }
+    d.begin(30);
+    d.fill();
+    for unit in 0..3 {
+        d.done(unit, 0.1, 1.0).unwrap();
+    }
+    assert_eq!(d.in_hand(), vec![(1, 3), (2, 4), (3, 5)]);
+    for w in 1..=3 {
+        d.died(w, "RayActorError: killed", 2.0).unwrap();
+        d.fill();
+    }
+    // The new workers take every lost unit, the loop's next first.
+    for w in 4..=6 {
+        d.ready(w);
+    }
+    d.fill();
+    let mut held: Vec<usize> = d.in_hand().iter().map(|&(_, u)| u).collect();
+    held.sort_unstable();
+    assert_eq!(&held[..3], &[3, 4, 5]);
+    assert_eq!(d.holder(3).map(|w| w >= 4), Some(true));
+}
+
+#[test]
 fn a_unit_that_kills_each_worker_decoding_it_is_an_error_naming_it() {
     let mut run = Run::new(pinned(2, false), 0.0, |_, now| {
         Sim::new(now + 0.05, 0.1, None).dying_on(7)
@@ -357,7 +387,7 @@ fn a_unit_that_kills_each_worker_decoding_it_is_an_error_naming_it() {
     };
     assert_eq!((*unit, *deaths), (7, UNIT_DEATHS));
     assert_eq!(last, "RayActorError: it died");
-    assert!(e.to_string().contains("3 workers died holding unit 7"));
+    assert!(e.to_string().contains("3 workers died decoding unit 7"));
     assert_eq!(
         run.taken,
         (0..7).collect::<Vec<_>>(),
