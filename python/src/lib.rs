@@ -40,6 +40,7 @@ mod map;
 mod pipeline;
 mod pool;
 mod state;
+mod stats;
 mod units;
 mod values;
 

@@ -540,7 +540,7 @@ impl PyPipeline {
             let s = run.pipeline.stats();
             d.set_item("delivered", s.delivered)?;
             d.set_item("failures", s.failures)?;
-            d.set_item("stages", crate::loader::stages_to_py(py, &s)?)?;
+            d.set_item("stages", crate::stats::stages_to_py(py, &s)?)?;
         }
         d.set_item("gil", self.gil.to_py(py)?)?;
         Ok(d)

@@ -6,8 +6,8 @@
 //! again, first), the workers to start in its place, the retired ones to stop once their units
 //! are collected, the epoch that owns the units in hand (a new epoch cancels the last one's),
 //! and the [`PoolSizer`]'s windows (the loop's wait, the units taken, the workers' measured
-//! rates) with their trace. It does nothing itself: each call answers with the [`Command`]s
-//! its caller carries out (start a worker, hand it a unit, cancel one, stop a worker), and
+//! rates) with their trace (`windows`). It does nothing itself: each call answers with the
+//! [`Command`]s its caller carries out (start a worker, hand it a unit, cancel one, stop a worker), and
 //! the caller reports back what happened (a worker answered, a unit arrived, a worker died),
 //! with the time. So the same books run Ray actors in the Python package and simulated
 //! workers in this module's tests.
@@ -22,14 +22,18 @@
 //!   before they answer [`STARTUP_DEATHS`] times in a row are a configuration error
 //!   ([`DispatchError::StartupDeaths`]), not lost workers; so is a unit that
 //!   [`UNIT_DEATHS`] workers died decoding (the first unit each held;
-//!   [`DispatchError::UnitDeaths`]: decoding it kills them). Working workers killed from outside, several at once, are neither: their units
-//!   are issued again and the pool goes on.
+//!   [`DispatchError::UnitDeaths`]: decoding it kills them). Working workers killed from
+//!   outside, several at once, are neither: their units are issued again and the pool goes
+//!   on.
 //! - A retired worker takes no new units and is stopped once the loop has its last one.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 
-use super::{PoolLimits, PoolObservation, PoolSizer};
+use super::{PoolLimits, PoolSizer};
+
+mod windows;
+pub use windows::{TraceRecord, WindowRecord, TRACE_WINDOWS};
 
 /// Units issued past the one the loop waits for, per worker, and units one worker holds, at
 /// most: enough to keep a worker busy while its last result travels, few enough that a lost
@@ -43,8 +47,6 @@ pub const STARTUP_DEATHS: u32 = 3;
 /// Workers that died decoding the same unit: it kills them (memory, a crashing
 /// decoder), so issuing it again would kill the next one too.
 pub const UNIT_DEATHS: u32 = 3;
-/// Windows kept in the trace.
-pub const TRACE_WINDOWS: usize = 1000;
 
 /// A worker's name in commands and reports: [`LOCAL`] is the training process's own decoder,
 /// remote workers count from 1 in the order they were started.
@@ -127,7 +129,7 @@ pub enum DispatchError {
     },
     /// [`UNIT_DEATHS`] workers died decoding `unit` (the first unit each held).
     UnitDeaths {
-        /// The unit (the first such, in plan order).
+        /// The unit.
         unit: usize,
         /// How many workers died decoding it.
         deaths: u32,
@@ -156,42 +158,6 @@ impl fmt::Display for DispatchError {
 }
 
 impl std::error::Error for DispatchError {}
-
-/// One window as the sizer saw it.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
-pub struct WindowRecord {
-    /// The fraction of the window the loop waited.
-    pub wait: f64,
-    /// Units decoded and not taken yet.
-    pub ready: usize,
-    /// Units in the workers' hands, not decoded yet.
-    pub in_flight: usize,
-    /// Workers started that have not finished a unit.
-    pub starting: usize,
-    /// Units a second the loop took.
-    pub rate: f64,
-    /// Units a second one busy remote worker decodes.
-    pub worker_rate: f64,
-    /// Units a second the training process decodes.
-    pub local_rate: f64,
-}
-
-/// A trace entry: a window, or a worker's death. Serialised flat (the window's fields beside
-/// the others), as the Python package's `tuner_trace()` gives it.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct TraceRecord {
-    /// Seconds since the dispatcher was made.
-    pub t: f64,
-    /// Remote workers (not retiring) after it.
-    pub workers: usize,
-    /// Whether the training process decodes.
-    pub local: bool,
-    /// The window, for a window's entry.
-    #[serde(flatten)]
-    pub window: Option<WindowRecord>,
-    /// What changed and why.
-    pub decisions: Vec<String>,
-}
 
 #[derive(Debug)]
 struct Worker {
@@ -244,7 +210,7 @@ pub struct Dispatcher {
     consumed: u64,
     deaths_before_ready: u32,
     /// Workers that died decoding each unit of this epoch (the first unit each held).
-    unit_deaths: std::collections::BTreeMap<usize, u32>,
+    unit_deaths: BTreeMap<usize, u32>,
     reissued: u64,
     units_by_workers: u64,
     trace: VecDeque<TraceRecord>,
@@ -285,7 +251,7 @@ impl Dispatcher {
             waited: 0.0,
             consumed: 0,
             deaths_before_ready: 0,
-            unit_deaths: std::collections::BTreeMap::new(),
+            unit_deaths: BTreeMap::new(),
             reissued: 0,
             units_by_workers: 0,
             trace: VecDeque::new(),
@@ -524,14 +490,15 @@ impl Dispatcher {
         // did not kill it (a unit issued again to a worker already dead but not yet
         // reported would otherwise count that death too).
         if let Some(&unit) = w.units.front() {
-            *self.unit_deaths.entry(unit).or_default() += 1;
-        }
-        if let Some((&unit, &deaths)) = self.unit_deaths.iter().find(|(_, &d)| d >= UNIT_DEATHS) {
-            return Err(DispatchError::UnitDeaths {
-                unit,
-                deaths,
-                last: last(),
-            });
+            let deaths = self.unit_deaths.entry(unit).or_default();
+            *deaths += 1;
+            if *deaths >= UNIT_DEATHS {
+                return Err(DispatchError::UnitDeaths {
+                    unit,
+                    deaths: *deaths,
+                    last: last(),
+                });
+            }
         }
         let mut out = Vec::new();
         if !w.retiring && self.workers() < self.floor() {
@@ -549,77 +516,6 @@ impl Dispatcher {
             )],
         );
         Ok(out)
-    }
-
-    /// Whether a sizer's window has passed (the caller then counts the decoded units in
-    /// hand and calls [`resize`](Self::resize)).
-    pub fn window_due(&self, now: f64) -> bool {
-        now - self.window_start >= self.settings.window_seconds
-    }
-
-    /// Whether the pool is sized (it wants the cluster's free CPUs at each window).
-    pub fn sized(&self) -> bool {
-        self.sizer.is_some()
-    }
-
-    /// Ends a window at `now` (nothing when it has not passed): `decoded` of the units
-    /// [`in_hand`](Self::in_hand) are decoded, the cluster has `free_cpus` free. A sized
-    /// pool starts or retires workers as its sizer says; the window goes into the trace.
-    pub fn resize(&mut self, now: f64, decoded: usize, free_cpus: f64) -> Vec<Command> {
-        let mut out = Vec::new();
-        if !self.window_due(now) {
-            return out;
-        }
-        let span = now - self.window_start;
-        let mut waited = self.waited;
-        if let Some(since) = self.waiting_since.as_mut() {
-            // A wait in progress counts in this window, and its rest in the next.
-            waited += (now - *since).max(0.0);
-            *since = now;
-        }
-        self.waited = 0.0;
-        self.window_start = now;
-        let in_hand = self.in_hand().len();
-        let before = self.workers();
-        let local = self.local.as_ref();
-        let window = WindowRecord {
-            wait: (waited / span).clamp(0.0, 1.0),
-            ready: decoded.min(in_hand),
-            in_flight: in_hand - decoded.min(in_hand),
-            starting: self.remote().filter(|w| w.finished == 0).count(),
-            rate: self.consumed as f64 / span,
-            worker_rate: rate(self.remote()),
-            local_rate: rate(local.into_iter()),
-        };
-        self.consumed = 0;
-        let mut decisions = Vec::new();
-        if let Some(sizer) = self.sizer.as_mut() {
-            let d = sizer.decide(&PoolObservation {
-                workers: before,
-                starting: window.starting,
-                wait: window.wait,
-                ready: window.ready,
-                in_flight: window.in_flight,
-                free_cpus,
-                rate: window.rate,
-                worker_rate: window.worker_rate,
-                local_rate: window.local_rate,
-            });
-            while self.workers() < d.workers {
-                out.push(self.start());
-            }
-            while self.workers() > d.workers {
-                self.retire_idlest(&mut out);
-            }
-            if let Some(why) = d.why {
-                decisions.push(format!(
-                    "RemoteWorkers({before} -> {}): {why}",
-                    self.workers()
-                ));
-            }
-        }
-        self.record(now, Some(window), decisions);
-        out
     }
 
     /// Remote workers started so far (replacements included).
@@ -640,11 +536,6 @@ impl Dispatcher {
     /// Units the training process decoded.
     pub fn units_local(&self) -> u64 {
         self.local.as_ref().map_or(0, |w| w.finished)
-    }
-
-    /// The recent windows and deaths, oldest first.
-    pub fn trace(&self) -> &VecDeque<TraceRecord> {
-        &self.trace
     }
 
     fn start(&mut self) -> Command {
@@ -708,31 +599,6 @@ impl Dispatcher {
             }
             !gone
         });
-    }
-
-    fn record(&mut self, now: f64, window: Option<WindowRecord>, decisions: Vec<String>) {
-        if self.trace.len() == TRACE_WINDOWS {
-            self.trace.pop_front();
-        }
-        self.trace.push_back(TraceRecord {
-            t: now - self.t0,
-            workers: self.workers(),
-            local: self.local.is_some(),
-            window,
-            decisions,
-        });
-    }
-}
-
-/// Units a second one busy worker decodes, over what `workers` have finished (0: none yet).
-fn rate<'a>(workers: impl Iterator<Item = &'a Worker>) -> f64 {
-    let (done, busy) = workers.fold((0u64, 0.0f64), |(d, b), w| {
-        (d + w.finished, b + w.busy_seconds)
-    });
-    if busy > 0.0 && done > 0 {
-        done as f64 / busy
-    } else {
-        0.0
     }
 }
 
