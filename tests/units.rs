@@ -379,16 +379,24 @@ fn an_epoch_of_units_whose_every_item_fails_ends_with_the_local_error() {
 
 #[test]
 fn an_epoch_of_units_that_skipped_an_item_makes_up_the_batch_as_the_local_loader_does() {
-    // Two ranks, filling (the default for a world of ranks): the rank whose share holds the
-    // unreadable file makes up the batch it cost from its first items, read again here
-    // after the units; its batches, their count and its checkpoints are the local loader's.
+    // Filling (the default for a world of ranks): the rank whose share holds the unreadable
+    // file makes up the batch it cost from its first items, read again here after the units;
+    // its batches, their count and its checkpoints are the local loader's. Batches of 5:
+    // two ranks of 21 (41 padded), four of 11 (44), and with `drop_last` two ranks of 20
+    // (41 cut) whose 19 readable items make three whole batches, not four.
+    for (world, drop_last) in [(2, false), (4, false), (2, true)] {
+        units_fill_as_local(world, drop_last);
+    }
+}
+
+fn units_fill_as_local(world: usize, drop_last: bool) {
     let files = paths(true);
     let make = |rank: usize, units: bool| {
-        let b = builder(&files, (rank, 2), false).workers(1);
+        let b = builder(&files, (rank, world), drop_last).workers(1);
         if units { b.decodes_units() } else { b }.build().unwrap()
     };
     let mut made_up = 0;
-    for rank in 0..2 {
+    for rank in 0..world {
         let mut local = make(rank, false);
         let want = local_epoch(&mut local);
         assert_eq!(
@@ -423,7 +431,7 @@ fn an_epoch_of_units_that_skipped_an_item_makes_up_the_batch_as_the_local_loader
     }
     assert_eq!(made_up, 1, "one rank's share holds the unreadable file");
     // A break while batches are made up: the checkpoint resumes the rest, made up too.
-    let rank = (0..2)
+    let rank = (0..world)
         .find(|&r| {
             let mut l = make(r, false);
             let _ = local_epoch(&mut l);

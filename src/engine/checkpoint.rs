@@ -257,17 +257,12 @@ impl PipelineState {
                 if sh.blocks != blocks {
                     // Blocks follow from the seed, the shuffle buffer and the epoch: ranks in
                     // one epoch share them, and each rank's order depends on them.
-                    let show = |b: Option<Blocks>| {
-                        b.map_or(String::new(), |b| {
-                            format!("shuffle window {}, seed {}", b.window, b.seed)
-                        })
-                    };
                     return Err(bad(format!(
                         "states of ranks {blocks_rank} and {} come from different loaders: \
                          tar-shard blocks ({}) and ({}) in epoch {epoch}",
                         sh.rank,
-                        show(blocks),
-                        show(sh.blocks)
+                        show_blocks(blocks),
+                        show_blocks(sh.blocks)
                     )));
                 }
                 if sh.base != base {
@@ -582,17 +577,12 @@ impl Sharding {
         }
         if theirs.blocks.is_some() && theirs.blocks != mine.blocks {
             // Blocks follow from the seed, the shuffle buffer and the epoch, never the rank.
-            let show = |b: Option<Blocks>| {
-                b.map_or("none (every world-th position)".to_owned(), |b| {
-                    format!("shuffle window {}, seed {}", b.window, b.seed)
-                })
-            };
             return Err(PipelineError::config(format!(
                 "resume: the checkpoint's tar-shard blocks ({}) are not this pipeline's in epoch \
                  {} ({}): it was taken with another seed or shuffle buffer, or it is damaged",
-                show(theirs.blocks),
+                show_blocks(theirs.blocks),
                 state.epoch,
-                show(mine.blocks)
+                show_blocks(mine.blocks)
             )));
         }
         if theirs.world > 1 && theirs.blocks.is_none() && mine.blocks.is_some() {
@@ -670,4 +660,11 @@ impl Sharding {
         *self.skip.lock() = Some((state.epoch, skip.clone()));
         Ok((skip, partial))
     }
+}
+
+/// Tar-shard blocks as a message names them.
+fn show_blocks(b: Option<Blocks>) -> String {
+    b.map_or("none (every world-th position)".to_owned(), |b| {
+        format!("shuffle window {}, seed {}", b.window, b.seed)
+    })
 }
