@@ -110,7 +110,7 @@ pub(crate) struct Config {
     pub(crate) fingerprint: crate::engine::checkpoint::Fingerprint,
     /// The sampler of a sampled source (see `source_sampled`), for checkpoints that merge
     /// across ranks.
-    pub(crate) sharding: Option<crate::engine::checkpoint::Sharding>,
+    pub(crate) sharding: Option<crate::engine::sharding::Sharding>,
     /// Parts of the memory budget set aside for memory held beside the buffers (the
     /// uploader's staging ring): (what, bytes).
     pub(crate) reserved: Vec<(String, u64)>,

@@ -11,5 +11,6 @@ pub(crate) mod config;
 pub(crate) mod control;
 pub(crate) mod pipeline;
 pub(crate) mod running;
+pub(crate) mod sharding;
 mod share_layout;
 pub(crate) mod stats;

@@ -16,9 +16,10 @@ use flowgate_actors::sink::{Next, SinkReader};
 use flowgate_actors::tuner::{TraceLog, TraceRecord};
 use futures::Stream;
 
-use crate::engine::checkpoint::{Fingerprint, PipelineState, Sharding, ShareState, STATE_VERSION};
+use crate::engine::checkpoint::{Fingerprint, PipelineState, ShareState, STATE_VERSION};
 use crate::engine::control::{ControlHandle, StopHandle};
 use crate::engine::running::Engine;
+use crate::engine::sharding::Sharding;
 use crate::engine::stats::{Monitor, PipelineStats};
 
 /// A running pipeline producing items of type `T`.

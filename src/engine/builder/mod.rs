@@ -166,7 +166,7 @@ impl SourceBuilder {
         U: Send + 'static,
         P: Fn(u64, &[usize]) + Send + Sync + 'static,
     {
-        let sharding = crate::engine::checkpoint::Sharding::new(sampler.clone());
+        let sharding = crate::engine::sharding::Sharding::new(sampler.clone());
         let shared = sharding.clone();
         let make = Arc::new(make);
         self.cfg.fingerprint.extend(
