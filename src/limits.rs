@@ -176,14 +176,40 @@ pub const MAX_BATCH_SECONDS: f64 = 3600.0;
 /// `max_batch_seconds` (a pipeline file's `batch.max_seconds`) checked: above 0, at most
 /// [`MAX_BATCH_SECONDS`].
 pub fn batch_seconds(s: f64) -> Result<f64, OutOfRange> {
-    if !(s > 0.0 && s <= MAX_BATCH_SECONDS) {
+    above_zero("max_batch_seconds", s, MAX_BATCH_SECONDS)
+}
+
+/// `v` if it is above 0 and at most `max` (never NaN).
+pub fn above_zero(key: &'static str, v: f64, max: f64) -> Result<f64, OutOfRange> {
+    if !(v > 0.0 && v <= max) {
         return Err(OutOfRange {
-            key: "max_batch_seconds",
-            message: format!("must be in (0, {MAX_BATCH_SECONDS}], not {s}"),
+            key,
+            message: format!("must be in (0, {max}], not {v}"),
         });
     }
-    Ok(s)
+    Ok(v)
 }
+
+/// Workers of one remote pool (`max_workers`, a pinned `workers`): past a few thousand, the
+/// one training process that collects their units is the bound.
+pub const POOL_WORKERS: Limit = Limit {
+    key: "max_workers",
+    min: 1,
+    max: 1 << 12,
+};
+
+/// Batches per unit of remote work: a unit is decoded whole before any of it is yielded.
+pub const BATCHES_PER_UNIT: Limit = Limit {
+    key: "batches_per_unit",
+    min: 1,
+    max: 1 << 10,
+};
+
+/// The most CPUs one remote worker may reserve: past any node's.
+pub const MAX_CPUS_PER_WORKER: f64 = 4096.0;
+
+/// The longest a remote pool may wait for its first worker, in seconds (a day).
+pub const MAX_START_TIMEOUT: f64 = 86_400.0;
 
 /// A number that may be NaN or infinite: a number, or `"inf"`, `"-inf"` or `"nan"` where the
 /// data cannot hold them (JSON, a Python float through it), so the range check, not the

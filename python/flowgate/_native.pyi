@@ -87,6 +87,9 @@ DEFAULT_BATCH_SIZE: int
 DEFAULT_BUCKETS: int
 DEFAULT_BUFFER: int
 DEFAULT_PREFETCH: int
+DEFAULT_MAX_WORKERS: int
+DEFAULT_BATCHES_PER_UNIT: int
+DEFAULT_START_TIMEOUT: float
 
 def _check_limit(name: str, value: Any) -> None: ...
 
@@ -139,12 +142,27 @@ class Regroup:
     def push(self, item: Any, rows: List[Tuple[int, int]]) -> None: ...
     def pop(self, finished: bool) -> Optional[Tuple[Any, List[int]]]: ...
 
+Cluster = Optional[Tuple[float, float, float]]  # CPUs (free, total, largest node); None: unknown
+
+class PoolSettings:
+    """A remote pool's settings, checked by the library (``flowgate::loader::PoolSettings``):
+    ``ValueError`` names the key. ``min_workers`` is resolved."""
+    def __init__(self, settings: Dict[str, Any]) -> None: ...
+    workers: Union[str, int]
+    max_workers: int
+    min_workers: int
+    cpus_per_worker: Optional[float]
+    local: bool
+    batches_per_unit: int
+    start_timeout: float
+    def cpus(self, cpus: Cluster) -> float: ...
+    def short_of_cpus(self, each: float, cpus: Cluster) -> Optional[str]: ...
+    def start_line(self, each: float, initial: int, cpus: Cluster) -> Optional[Tuple[bool, str]]: ...
+
 class Dispatch:
     """The remote pool's books (``flowgate::tuner::pool::dispatch::Dispatcher``): commands
     ``(kind, worker, unit)`` to carry out, reports of what happened."""
-    def __init__(self, workers: Optional[int], min_workers: int, max_workers: int,
-                 cpus_per_worker: float, local: bool, start_timeout: float,
-                 now: float) -> None: ...
+    def __init__(self, settings: PoolSettings, cpus: float, now: float) -> None: ...
     def commands(self) -> List[Tuple[str, int, Optional[int]]]: ...
     def begin(self, units: int) -> int: ...
     @property

@@ -24,7 +24,6 @@ the cluster's free CPUs, and adds or retires a worker, with its reason in ``tune
 from __future__ import annotations
 
 import concurrent.futures
-import math
 import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -55,52 +54,33 @@ class Ray:
     seconds the loop may wait with no actor started and nothing decoding locally before a
     ``RuntimeError`` says Ray cannot place the actors. ``address``: the Ray cluster to join
     when Ray is not initialised yet (default: ``RAY_ADDRESS``, or a local one). Requires the
-    ``ray`` package (``pip install ray``)."""
+    ``ray`` package (``pip install ray``).
 
-    def __init__(self, workers: Any = "auto", max_workers: int = 16,
+    The ranges and rules are the library's (``flowgate::loader::PoolSettings``): workers up
+    to 4,096, ``batches_per_unit`` up to 1,024, ``start_timeout`` up to a day; a
+    ``ValueError`` names the key, in the words a Rust program gets."""
+
+    def __init__(self, workers: Any = "auto", max_workers: int = _native.DEFAULT_MAX_WORKERS,
                  min_workers: Optional[int] = None, cpus_per_worker: Optional[float] = None,
-                 local: bool = True, batches_per_unit: int = 2,
-                 start_timeout: float = 300.0, address: Optional[str] = None) -> None:
-        if not isinstance(local, bool):
-            raise TypeError(f"local must be True or False, not {local!r}")
-        floor = 0 if local else 1
-
-        def count(name: str, v: Any, low: int) -> int:
-            if not isinstance(v, int) or isinstance(v, bool) or v < low:
-                raise ValueError(f"{name} must be an int of at least {low}, not {v!r}")
-            return v
-
-        count("max_workers", max_workers, 1)
-        count("batches_per_unit", batches_per_unit, 1)
-        if workers != "auto":
-            count('workers (or "auto")', workers, floor)
-            if workers > max_workers:
-                raise ValueError(f"workers={workers} is more than max_workers={max_workers}")
-        if min_workers is None:
-            min_workers = floor if workers == "auto" else workers
-        count("min_workers", min_workers, floor)
-        if min_workers > max_workers:
-            raise ValueError(f"min_workers={min_workers} is more than max_workers={max_workers}")
-        if workers != "auto" and min_workers != workers:
-            raise ValueError(f"min_workers={min_workers} with a pinned pool of workers={workers}: "
-                             'give one of them (min_workers applies to workers="auto")')
-        for name, v in (("cpus_per_worker", cpus_per_worker), ("start_timeout", start_timeout)):
-            if v is None and name == "cpus_per_worker":
-                continue
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not (
-                    v > 0 and math.isfinite(v)):
-                raise ValueError(f"{name} must be a finite number above 0, not {v!r}")
+                 local: bool = True, batches_per_unit: int = _native.DEFAULT_BATCHES_PER_UNIT,
+                 start_timeout: float = _native.DEFAULT_START_TIMEOUT,
+                 address: Optional[str] = None) -> None:
         if address is not None and not isinstance(address, str):
             raise TypeError(f"address must be a str (a Ray address) or None, not {address!r}")
-        self.workers = workers
-        self.max_workers = max_workers
-        self.min_workers = min_workers
-        #: None: what fits the cluster's largest node (at most 4), found when the pool starts.
-        self.cpus_per_worker = None if cpus_per_worker is None else float(cpus_per_worker)
-        self.local = local
-        self.batches_per_unit = batches_per_unit
-        self.start_timeout = float(start_timeout)
+        # Checked by the library (`flowgate::loader::PoolSettings`): its ranges and words.
+        self._settings = _native.PoolSettings(dict(
+            workers=workers, max_workers=max_workers, min_workers=min_workers,
+            cpus_per_worker=cpus_per_worker, local=local, batches_per_unit=batches_per_unit,
+            start_timeout=start_timeout))
         self.address = address
+
+    def __getattr__(self, name: str) -> Any:
+        # The settings as the library resolved them: workers, max_workers, min_workers,
+        # cpus_per_worker (None: what fits the largest node), local, batches_per_unit,
+        # start_timeout.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._settings, name)
 
     def __repr__(self) -> str:
         return (f"flowgate.Ray(workers={self.workers!r}, max_workers={self.max_workers}, "
@@ -164,12 +144,12 @@ class _Pool:
         if remote.local:
             self.executor = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="flowgate-local-units")
-        auto = remote.workers == "auto"
-        self.dispatch = _native.Dispatch(
-            None if auto else remote.workers, remote.min_workers, remote.max_workers,
-            self.cpus, remote.local, remote.start_timeout, time.monotonic())
-        if auto:
-            _say_auto(remote, self.cpus, self.dispatch.workers, placed)
+        self.dispatch = _native.Dispatch(remote._settings, self.cpus, time.monotonic())
+        said = remote._settings.start_line(self.cpus, self.dispatch.workers, placed)
+        if said is not None:  # a sized pool: how many actors it starts, and why
+            import logging
+            logging.getLogger("flowgate.remote").log(
+                logging.WARNING if said[0] else logging.INFO, "flowgate.Ray(%s)", said[1])
         self.run()
 
     def run(self, plan: Any = None) -> None:
@@ -418,62 +398,36 @@ class _RemoteEpoch:
         pool.run()
 
 
-def _placement(ray: Any, remote: Ray) -> Tuple[float, Tuple[float, float, float]]:
-    """The CPUs each actor reserves (``cpus_per_worker``, or what fits the largest node, at
-    most 4) and the cluster's CPUs ``(free, total, largest node)``. A pinned pool that cannot
-    be placed raises, naming the CPUs needed and free, rather than decode locally unasked; so
-    does any pool with ``local=False`` whose actors fit no node."""
-    try:
+def _placement(ray: Any, remote: Ray) -> Tuple[float, Optional[Tuple[float, float, float]]]:
+    """The CPUs each actor reserves and the cluster's CPUs ``(free, total, largest node)``
+    (None where Ray does not say), by the library's rules (``PoolSettings``): a pool that
+    cannot be placed raises, naming the CPUs needed and free, rather than decode locally
+    unasked."""
+    def cluster() -> Tuple[float, float, float]:
         nodes = [n for n in ray.nodes() if n.get("Alive", True)]
         largest = max((float(n.get("Resources", {}).get("CPU", 0.0)) for n in nodes),
                       default=0.0)
-        total = float(ray.cluster_resources().get("CPU", 0.0))
-        free = float(ray.available_resources().get("CPU", 0.0))
+        return (float(ray.available_resources().get("CPU", 0.0)),
+                float(ray.cluster_resources().get("CPU", 0.0)), largest)
+
+    try:
+        cpus: Optional[Tuple[float, float, float]] = cluster()
     except Exception:  # noqa: BLE001 - an old or unusual runtime: no figures, no checks
-        return remote.cpus_per_worker or 1.0, (math.inf, math.inf, math.inf)
-    cpus = remote.cpus_per_worker
-    if cpus is None:
-        cpus = max(1.0, min(4.0, largest))
-    pinned = remote.workers != "auto" and remote.workers > 0
-    if cpus > largest and (pinned or not remote.local):
-        # "auto" with local=True decodes in the training process (said on the log); with
-        # local=False nothing would decode.
-        raise RuntimeError(
-            f"{remote!r}: an actor needs {cpus:g} CPUs and the Ray cluster's largest node "
-            f"has {largest:g}; lower cpus_per_worker")
-    if pinned:
-        need = remote.workers * cpus
-        # Actors just killed (another loader's pool, closed) give their CPUs back a little
-        # later: a pinned pool waits a moment for them before it says it cannot be placed.
-        deadline = time.monotonic() + _FREED_WAIT
-        while need > free + 1e-9 and time.monotonic() < deadline:
-            time.sleep(0.05)
-            free = float(ray.available_resources().get("CPU", 0.0))
-        if need > free + 1e-9:
-            raise RuntimeError(
-                f"{remote!r}: {remote.workers} actors of {cpus:g} CPUs need {need:g} CPUs and "
-                f"the Ray cluster has {free:g} free (of {total:g}); lower workers or "
-                'cpus_per_worker, or use workers="auto" (sized to what is free)')
-    return cpus, (free, total, largest)
-
-
-def _say_auto(remote: Ray, cpus: float, initial: int,
-              placed: Tuple[float, float, float]) -> None:
-    """``workers="auto"``'s first line on the log: how many actors it starts, and why."""
-    import logging
-    free, total, largest = placed
-    log = logging.getLogger("flowgate.remote")
-    local = "; the training process decodes too" if remote.local else ""
-    if cpus > largest:
-        log.warning("flowgate.Ray(workers=\"auto\") will start no actor: each needs %g CPUs "
-                    "and the cluster's largest node has %g; decoding in the training process "
-                    "only (lower cpus_per_worker)", cpus, largest)
-        return
-    grows = (f"actors of {cpus:g} CPUs are added while the training loop waits, up to "
-             f"{remote.max_workers}, within the cluster's free CPUs ({free:g} of {total:g} now)")
-    level = logging.WARNING if initial == 0 and free + 1e-9 < cpus else logging.INFO
-    log.log(level, "flowgate.Ray(workers=\"auto\"): %d actor(s) at the start "
-            "(min_workers=%d%s); %s", initial, remote.min_workers, local, grows)
+        cpus = None
+    settings = remote._settings
+    try:
+        each = settings.cpus(cpus)
+    except RuntimeError as e:
+        raise RuntimeError(f"{remote!r}: {e}") from None
+    # Actors just killed (another loader's pool, closed) give their CPUs back a little later:
+    # a pinned pool waits a moment for them before it says it cannot be placed.
+    deadline = time.monotonic() + _FREED_WAIT
+    while (short := settings.short_of_cpus(each, cpus)) is not None:
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"{remote!r}: {short}")
+        time.sleep(0.05)
+        cpus = cluster()
+    return each, cpus
 
 
 def _loader_error(e: BaseException) -> BaseException:

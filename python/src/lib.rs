@@ -99,6 +99,15 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_BUCKETS", flowgate::loader::DEFAULT_BUCKETS)?;
     m.add("DEFAULT_BUFFER", flowgate::dataset::DEFAULT_BUFFER)?;
     m.add("DEFAULT_PREFETCH", flowgate::dataset::DEFAULT_PREFETCH)?;
+    m.add("DEFAULT_MAX_WORKERS", flowgate::loader::DEFAULT_MAX_WORKERS)?;
+    m.add(
+        "DEFAULT_BATCHES_PER_UNIT",
+        flowgate::loader::DEFAULT_BATCHES_PER_UNIT,
+    )?;
+    m.add(
+        "DEFAULT_START_TIMEOUT",
+        flowgate::loader::DEFAULT_START_TIMEOUT,
+    )?;
     {
         use flowgate::media::args::*;
         m.add("DEFAULT_RESIZE", DEFAULT_RESIZE)?;
@@ -123,6 +132,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::Loader>()?;
     m.add_class::<units::EpochPlan>()?;
     m.add_class::<pool::Dispatch>()?;
+    m.add_class::<pool::PoolSettings>()?;
     m.add_class::<units::Regroup>()?;
     m.add_function(wrap_pyfunction!(units::_delivered_since, m)?)?;
     m.add_function(wrap_pyfunction!(args::_check_limit, m)?)?;

@@ -1,17 +1,116 @@
-//! The remote pool's books (`flowgate::tuner::pool::dispatch::Dispatcher`): which actor holds
-//! which unit, units issued again after a death, actors started and retired, the sizer's
-//! windows. `_remote.py` carries out its commands on Ray and reports back.
+//! The remote pool: its settings and placement rules (`flowgate::loader::PoolSettings`) and
+//! its books (`flowgate::tuner::pool::dispatch::Dispatcher`): which actor holds which unit,
+//! units issued again after a death, actors started and retired, the sizer's windows.
+//! `_remote.py` carries out the commands on Ray and reports back.
 
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 
-use crate::values::json_to_py;
+use crate::values::{json_to_py, value_of};
 
-use flowgate::tuner::pool::dispatch::{
-    Command, DispatchError, DispatchSettings, Dispatcher, PoolSize,
-};
-use flowgate::tuner::pool::PoolLimits;
+use flowgate::loader::{self, Cluster, Workers};
+use flowgate::tuner::pool::dispatch::{Command, DispatchError, Dispatcher};
+
+/// A remote pool's settings, checked by the library (`flowgate.Ray` holds one).
+#[pyclass(module = "flowgate._native", frozen)]
+pub(crate) struct PoolSettings {
+    inner: loader::PoolSettings,
+}
+
+/// The cluster's CPUs, `(free, total, largest node)`, or None where they could not be read.
+fn cluster(cpus: Option<(f64, f64, f64)>) -> Cluster {
+    cpus.map_or(Cluster::UNKNOWN, |(free, total, largest)| Cluster {
+        free,
+        total,
+        largest,
+    })
+}
+
+#[pymethods]
+impl PoolSettings {
+    /// `settings`: the user's arguments as a dict (`{"workers": "auto", "max_workers": 16}`);
+    /// `ValueError` names the key the library refuses.
+    #[new]
+    fn new(settings: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let v = value_of(settings).map_err(PyValueError::new_err)?;
+        let inner = loader::PoolSettings::from_value(v)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Self { inner })
+    }
+
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let py = slf.py();
+        let v = serde_json::to_value(slf.get().inner).expect("settings are JSON");
+        let args = PyTuple::new(py, [json_to_py(py, &v)?])?;
+        Ok((slf.get_type().into_any(), args))
+    }
+
+    /// `"auto"` or the pinned count.
+    #[getter]
+    fn workers(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(match self.inner.workers {
+            Workers::Auto => "auto".into_pyobject(py)?.into_any().unbind(),
+            Workers::Pinned(n) => n.into_pyobject(py)?.into_any().unbind(),
+        })
+    }
+
+    #[getter]
+    fn max_workers(&self) -> usize {
+        self.inner.max_workers
+    }
+
+    /// The fewest workers (resolved: a pinned pool's size, else 0 with `local`, else 1).
+    #[getter]
+    fn min_workers(&self) -> usize {
+        self.inner.min_workers()
+    }
+
+    #[getter]
+    fn cpus_per_worker(&self) -> Option<f64> {
+        self.inner.cpus_per_worker
+    }
+
+    #[getter]
+    fn local(&self) -> bool {
+        self.inner.local
+    }
+
+    #[getter]
+    fn batches_per_unit(&self) -> usize {
+        self.inner.batches_per_unit
+    }
+
+    #[getter]
+    fn start_timeout(&self) -> f64 {
+        self.inner.start_timeout
+    }
+
+    /// The CPUs each actor reserves on a cluster of `(free, total, largest)` CPUs;
+    /// `RuntimeError` where an actor fits no node and the pool needs one.
+    fn cpus(&self, cpus: Option<(f64, f64, f64)>) -> PyResult<f64> {
+        self.inner
+            .cpus(&cluster(cpus))
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// Why a pinned pool of actors of `each` CPUs cannot be placed now, or None.
+    fn short_of_cpus(&self, each: f64, cpus: Option<(f64, f64, f64)>) -> Option<String> {
+        self.inner.short_of_cpus(each, &cluster(cpus))
+    }
+
+    /// A sized pool's first line on the log, `(warning, line)`, or None for a pinned pool.
+    fn start_line(
+        &self,
+        each: f64,
+        initial: usize,
+        cpus: Option<(f64, f64, f64)>,
+    ) -> Option<(bool, String)> {
+        self.inner.start_line(each, initial, &cluster(cpus))
+    }
+}
 
 /// A pool's dispatcher; every call's commands wait in `commands()`.
 #[pyclass(module = "flowgate._native")]
@@ -29,31 +128,10 @@ fn runtime(e: DispatchError) -> PyErr {
 
 #[pymethods]
 impl Dispatch {
-    /// `workers`: a pinned pool's size, or None for one sized within `min_workers` and
-    /// `max_workers`; `now`: `time.monotonic()`.
+    /// A pool of `settings`' size, of actors of `cpus` CPUs; `now`: `time.monotonic()`.
     #[new]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        workers: Option<usize>,
-        min_workers: usize,
-        max_workers: usize,
-        cpus_per_worker: f64,
-        local: bool,
-        start_timeout: f64,
-        now: f64,
-    ) -> Self {
-        let size = match workers {
-            Some(n) => PoolSize::Pinned(n),
-            None => PoolSize::Auto(PoolLimits {
-                min_workers,
-                max_workers,
-                cpus_per_worker,
-                local,
-            }),
-        };
-        let mut settings = DispatchSettings::new(size, local);
-        settings.start_timeout = start_timeout;
-        let (inner, pending) = Dispatcher::new(settings, now);
+    fn new(settings: &PoolSettings, cpus: f64, now: f64) -> Self {
+        let (inner, pending) = Dispatcher::new(settings.inner.dispatch(cpus), now);
         Self { inner, pending }
     }
 

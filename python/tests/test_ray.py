@@ -228,7 +228,7 @@ def test_a_pinned_pool_ray_cannot_place_is_an_error_naming_the_cpus(cluster, dat
                 epoch(l)
     # More pinned actors than the CPUs free: the CPUs needed and free.
     with loader(data, remote(workers=8, local=False, batches_per_unit=1)) as l:
-        with pytest.raises(RuntimeError, match=r"need 8 CPUs and the Ray cluster has \d+ free"):
+        with pytest.raises(RuntimeError, match=r"need 8 CPUs and the cluster has \d+ free"):
             epoch(l)
     # A pinned pool of all the CPUs, closed, and another at once: Ray gives the killed
     # actors' CPUs back a little later, which the new pool waits for (refused before).
@@ -251,7 +251,7 @@ def test_auto_says_how_many_actors_it_starts_and_fits_the_node(cluster, data, ca
             # The default cpus_per_worker fits this 6-CPU runtime's node (at most 4).
             assert l._pool.cpus == 4
     lines = [r.getMessage() for r in caplog.records if r.name == "flowgate.remote"]
-    assert len(lines) == 1 and "1 actor(s) at the start (min_workers=1" in lines[0], lines
+    assert len(lines) == 1 and "1 worker(s) at the start (min_workers=1" in lines[0], lines
 
 
 def test_units_are_decoded_by_the_actors_they_are_handed_to(cluster, data):
@@ -429,7 +429,7 @@ def test_bad_remote_arguments_are_refused(data):
         flowgate.Ray(cpus_per_worker=0)
     with pytest.raises(ValueError, match="cpus_per_worker"):
         flowgate.Ray(cpus_per_worker=float("inf"))
-    with pytest.raises(TypeError, match="local"):
+    with pytest.raises(ValueError, match="local: invalid type"):
         flowgate.Ray(local="no")
     with pytest.raises(ValueError, match="max_workers"):
         flowgate.Ray(workers=5, max_workers=2)
@@ -439,6 +439,26 @@ def test_bad_remote_arguments_are_refused(data):
         flowgate.Ray(address=123)
     with pytest.raises(flowgate.DeviceUnavailable, match="remote"):
         flowgate.ImageLoader(images(data), device="simulated", remote=flowgate.Ray())
+    # The library's rules and words (`flowgate::loader::PoolSettings`, tested in Rust): one
+    # translation check per kind of refusal.
+    for kw, says in (
+            (dict(max_workers=5000), "max_workers: must be in 1..=4096, not 5000"),
+            (dict(workers=True),
+             'workers: invalid type: boolean `true`, expected "auto" or a whole number, at least 0'),
+            (dict(workers="all"),
+             'workers: invalid value: string "all", expected "auto" or a whole number, at least 0'),
+            (dict(batches_per_unit=0), "batches_per_unit: must be in 1..=1024, not 0"),
+            (dict(start_timeout=float("nan")), "start_timeout: must be in (0, 86400], not NaN"),
+            (dict(cpus_per_worker=float("inf")), "cpus_per_worker: must be in (0, 4096], not inf")):
+        with pytest.raises(ValueError) as e:
+            flowgate.Ray(**kw)
+        assert str(e.value) == says, (kw, str(e.value))
+    # Resolved by the library, and kept across pickling (a loader's arguments are pickled).
+    import pickle
+    r = flowgate.Ray(local=False, max_workers=3)
+    assert (r.workers, r.min_workers, r.max_workers, r.cpus_per_worker) == ("auto", 1, 3, None)
+    back = pickle.loads(pickle.dumps(r))
+    assert repr(back) == repr(r) and back.start_timeout == r.start_timeout == 300.0
 
 
 def test_without_ray_the_error_names_the_package(data):

@@ -67,6 +67,7 @@ mod failures;
 mod fill;
 mod lengths;
 mod media_fields;
+mod pool;
 mod regroup;
 mod settings;
 mod units;
@@ -81,6 +82,10 @@ pub use device::{Device, DEFAULT_DEVICE_BYTES, DEFAULT_STAGING_BYTES};
 pub use failures::{SkippedFailure, KEEP_FAILURES};
 pub use lengths::{DEFAULT_BUCKETS, MAX_BUCKETS};
 pub use media_fields::{fields_and_media, MediaFieldArgs};
+pub use pool::{
+    Cluster, PoolSettings, Workers, DEFAULT_BATCHES_PER_UNIT, DEFAULT_MAX_CPUS_PER_WORKER,
+    DEFAULT_MAX_WORKERS, DEFAULT_START_TIMEOUT,
+};
 pub use regroup::{Regroup, Rows};
 pub use settings::{LoaderSettings, OrderName, SettingsError};
 pub use units::{EpochPlan, Unit};
