@@ -80,7 +80,10 @@ class Ray:
         # start_timeout.
         if name.startswith("_"):
             raise AttributeError(name)
-        return getattr(self._settings, name)
+        try:
+            return self._settings.resolved[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
     def __repr__(self) -> str:
         return (f"flowgate.Ray(workers={self.workers!r}, max_workers={self.max_workers}, "

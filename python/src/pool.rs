@@ -9,7 +9,7 @@ use pyo3::types::{PyDict, PyTuple};
 
 use crate::values::{json_to_py, value_of};
 
-use flowgate::loader::{self, Cluster, Workers};
+use flowgate::loader::{self, Cluster};
 use flowgate::tuner::pool::dispatch::{Command, DispatchError, Dispatcher};
 
 /// A remote pool's settings, checked by the library (`flowgate.Ray` holds one).
@@ -39,53 +39,19 @@ impl PoolSettings {
         Ok(Self { inner })
     }
 
+    /// The settings as the library resolved them (`min_workers` filled in), as a dict.
+    #[getter]
+    fn resolved<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let mut s = self.inner;
+        s.min_workers = Some(s.min_workers());
+        json_to_py(py, &serde_json::to_value(s).expect("settings are JSON"))
+    }
+
     fn __reduce__<'py>(
         slf: &Bound<'py, Self>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        let py = slf.py();
-        let v = serde_json::to_value(slf.get().inner).expect("settings are JSON");
-        let args = PyTuple::new(py, [json_to_py(py, &v)?])?;
+        let args = PyTuple::new(slf.py(), [slf.get().resolved(slf.py())?])?;
         Ok((slf.get_type().into_any(), args))
-    }
-
-    /// `"auto"` or the pinned count.
-    #[getter]
-    fn workers(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        Ok(match self.inner.workers {
-            Workers::Auto => "auto".into_pyobject(py)?.into_any().unbind(),
-            Workers::Pinned(n) => n.into_pyobject(py)?.into_any().unbind(),
-        })
-    }
-
-    #[getter]
-    fn max_workers(&self) -> usize {
-        self.inner.max_workers
-    }
-
-    /// The fewest workers (resolved: a pinned pool's size, else 0 with `local`, else 1).
-    #[getter]
-    fn min_workers(&self) -> usize {
-        self.inner.min_workers()
-    }
-
-    #[getter]
-    fn cpus_per_worker(&self) -> Option<f64> {
-        self.inner.cpus_per_worker
-    }
-
-    #[getter]
-    fn local(&self) -> bool {
-        self.inner.local
-    }
-
-    #[getter]
-    fn batches_per_unit(&self) -> usize {
-        self.inner.batches_per_unit
-    }
-
-    #[getter]
-    fn start_timeout(&self) -> f64 {
-        self.inner.start_timeout
     }
 
     /// The CPUs each actor reserves on a cluster of `(free, total, largest)` CPUs;
