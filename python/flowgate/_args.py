@@ -1,12 +1,11 @@
 """A loader's arguments as the native side takes them: paths and labels in the types it
 reads, the loader's settings and the media's arguments as dicts the library reads (its
-``LoaderSettings`` and ``MediaArgs``: defaults, rules and words once, for every front end),
-and the rank and world size a loader resolves."""
+``LoaderSettings`` and ``MediaArgs``: defaults, rules and words once, for every front end)."""
 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence
 
 from . import _native
 from ._sources import Mix, Parquet, Shards
@@ -44,16 +43,6 @@ def _names(names: Any) -> List[str]:
     if names is None:
         return []
     return [names] if isinstance(names, str) else [str(n) for n in names]
-
-
-def _rank_and_world(args: Dict[str, Any]) -> Tuple[int, int]:
-    """This rank and the world size: the arguments', else ``RANK``/``WORLD_SIZE``, else one
-    process (the native side has checked them when the loader was built)."""
-    if args.get("rank") is not None:
-        return args["rank"], args["world_size"]
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    return 0, 1
 
 
 def _labels(labels: Any) -> Any:

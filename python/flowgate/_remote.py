@@ -136,7 +136,7 @@ class _Pool:
         self.cpus, placed = _placement(self.ray, remote)
         self.remote = remote
         self.cls_name = type(loader).__name__
-        self.args = _unit_args(loader._args)
+        self.args = _unit_args(loader)
         self.actor_class = self.ray.remote(FlowgateDecoder)
         #: Actors by worker number, their first answer (their pid), the units in hand.
         self.actors: Dict[int, Any] = {}

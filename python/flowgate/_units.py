@@ -13,13 +13,13 @@ from . import _native
 from ._process import _Epoch, _converter
 
 
-def _unit_args(args: Dict[str, Any]) -> Dict[str, Any]:
-    """A unit loader's arguments: the training loader's, at its rank and world size (as
-    resolved there), decoding units into NumPy arrays on the CPU, not remote again."""
-    from ._args import _rank_and_world
-    rank, world = _rank_and_world(args)
-    return dict(args, rank=rank, world_size=world, remote=None, device="cpu",
-                device_memory_mb=None, output="numpy", decodes_units=True)
+def _unit_args(loader: Any) -> Dict[str, Any]:
+    """A unit loader's arguments: the training loader's, at the rank and world size its
+    native side resolved (the arguments', else ``RANK``/``WORLD_SIZE``), decoding units into
+    NumPy arrays on the CPU, not remote again."""
+    shard = loader._native.state_dict()["shard"]
+    return dict(loader._args, rank=shard["rank"], world_size=shard["world_size"], remote=None,
+                device="cpu", device_memory_mb=None, output="numpy", decodes_units=True)
 
 
 def _decode_unit(loader: Any, state: Dict[str, Any]) -> Dict[str, Any]:

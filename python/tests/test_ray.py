@@ -254,6 +254,21 @@ def test_auto_says_how_many_actors_it_starts_and_fits_the_node(cluster, data, ca
     assert len(lines) == 1 and "1 worker(s) at the start (min_workers=1" in lines[0], lines
 
 
+def test_a_rank_named_by_the_environment_decodes_its_share_on_the_actors(cluster, data,
+                                                                        monkeypatch):
+    """RANK/WORLD_SIZE (torchrun's), not arguments: the actors' loaders are built at the rank
+    the training process's loader resolved (its native side's), so a unit is its share's."""
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    want = epoch(loader(data))
+    with loader(data, remote(workers=1, local=False, batches_per_unit=1)) as l:
+        got = epoch(l)
+        assert l.stats()["remote"]["units_by_actors"] == len(want) >= 2
+    same(got, want)
+    alone = [p for _, ps in epoch(loader(data, rank=0, world_size=1)) for p in ps]
+    assert len([p for _, ps in got for p in ps]) < len(alone)
+
+
 def test_units_are_decoded_by_the_actors_they_are_handed_to(cluster, data):
     """With local=False every unit is decoded by an actor (counted), and the batches are the
     local loader's."""
