@@ -179,6 +179,11 @@ impl LoaderSettings {
                 message: "must be at least 1, not 0".into(),
             }
             .into()),
+            (Some(rank), Some(world)) if rank >= world => Err(OutOfRange {
+                key: "rank",
+                message: format!("must be in 0..{world} (below world_size={world}), not {rank}"),
+            }
+            .into()),
             (Some(rank), Some(world)) => Ok(Ranks::Fixed { rank, world }),
             (None, None) => Ok(Ranks::FromEnv),
             _ => Err(SettingsError::Conflict(
@@ -393,6 +398,13 @@ mod tests {
             s.check().unwrap_err().to_string(),
             "workers: must be in 1..=1024, not 1025"
         );
+        let s = LoaderSettings::from_value(json!({"rank": 3, "world_size": 3})).unwrap();
+        assert_eq!(
+            s.check().unwrap_err().to_string(),
+            "rank: must be in 0..3 (below world_size=3), not 3"
+        );
+        let s = LoaderSettings::from_value(json!({"rank": 2, "world_size": 3})).unwrap();
+        assert!(s.check().is_ok(), "the last rank");
         let s = LoaderSettings::from_value(json!({"memory_mb": "inf"})).unwrap();
         assert_eq!(
             s.check().unwrap_err().to_string(),
