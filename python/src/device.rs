@@ -1,41 +1,23 @@
 //! The device a loader uploads to (`device=`), and the simulated device's record for tests.
 
 use flowgate::device::{SimLog, SimRecord};
-use flowgate::loader::Device;
+use flowgate::loader::{Device, DeviceName};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use crate::error::to_py_device;
 
-/// The device `spec` names: `"cpu"` (`None`), `"cuda"`, `"cuda:N"`, or `"simulated"` (a copy
-/// engine in host memory that records what a GPU would be asked to do: for tests), holding
-/// at most `device_bytes` of uploaded batches (default 1 GiB). An unusable device raises
-/// `DeviceUnavailable` here, at construction, rather than at the first batch.
+/// The device `spec` names (the library's reading: `"cpu"` is `None`, `"cuda"`, `"cuda:N"`,
+/// `"simulated"`), holding at most `device_bytes` of uploaded batches (default: the
+/// library's). An unusable device raises `DeviceUnavailable` here, at construction, rather
+/// than at the first batch.
 pub(crate) fn open_device(spec: &str, device_bytes: Option<u64>) -> PyResult<Option<Device>> {
-    let device = match spec {
-        "cpu" => return Ok(None),
-        "simulated" => Device::simulated(25e9, std::time::Duration::from_micros(10)),
-        s if s == "cuda" || s.starts_with("cuda:") => {
-            let ordinal = match s.strip_prefix("cuda:") {
-                None => 0,
-                Some(n) => n.parse::<usize>().map_err(|_| {
-                    PyValueError::new_err(format!(
-                        "device {s:?}: the GPU's number after `cuda:` (\"cuda:0\")"
-                    ))
-                })?,
-            };
-            Device::cuda(ordinal).map_err(to_py_device)?
-        }
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "device must be \"cpu\", \"cuda\", \"cuda:N\" or \"simulated\", not {other:?}"
-            )))
-        }
-    };
-    Ok(Some(match device_bytes {
-        Some(m) => device.max_device_bytes(m),
-        None => device,
+    let name: DeviceName = spec.parse().map_err(PyValueError::new_err)?;
+    let device = name.open().map_err(to_py_device)?;
+    Ok(device.map(|d| match device_bytes {
+        Some(m) => d.max_device_bytes(m),
+        None => d,
     }))
 }
 

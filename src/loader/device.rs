@@ -14,6 +14,60 @@ pub const DEFAULT_STAGING_BYTES: usize = 64 << 20;
 /// Device memory uploaded batches may hold by default while they wait for the consumer.
 pub const DEFAULT_DEVICE_BYTES: u64 = 1 << 30;
 
+/// The simulated device's copy rate by default, bytes/s: what a PCIe 4.0 x16 link moves from
+/// pinned memory.
+pub const DEFAULT_SIM_BANDWIDTH: f64 = 25e9;
+
+/// The simulated device's fixed cost of one copy by default.
+pub const DEFAULT_SIM_LATENCY: Duration = Duration::from_micros(10);
+
+/// A device as a front end names it: `"cpu"`, `"cuda"`, `"cuda:N"` or `"simulated"`
+/// (`str::parse`), the one reading of those names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceName {
+    /// No device: batches stay in host memory.
+    Cpu,
+    /// CUDA GPU `N` (`"cuda"` is 0).
+    Cuda(usize),
+    /// The simulated device, at [`DEFAULT_SIM_BANDWIDTH`] and [`DEFAULT_SIM_LATENCY`].
+    Simulated,
+}
+
+impl std::str::FromStr for DeviceName {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda(0)),
+            "simulated" => Ok(Self::Simulated),
+            _ => match s.strip_prefix("cuda:") {
+                Some(n) => n.parse().map(Self::Cuda).map_err(|_| {
+                    format!("device {s:?}: the GPU's number after `cuda:` (\"cuda:0\")")
+                }),
+                None => Err(format!(
+                    "device must be \"cpu\", \"cuda\", \"cuda:N\" or \"simulated\", not {s:?}"
+                )),
+            },
+        }
+    }
+}
+
+impl DeviceName {
+    /// The device this names (`None` for `cpu`), with the defaults; an unusable GPU is an
+    /// error here, at construction, not at the first batch.
+    pub fn open(self) -> Result<Option<Device>, DeviceError> {
+        Ok(match self {
+            Self::Cpu => None,
+            Self::Cuda(n) => Some(Device::cuda(n)?),
+            Self::Simulated => Some(Device::simulated(
+                DEFAULT_SIM_BANDWIDTH,
+                DEFAULT_SIM_LATENCY,
+            )),
+        })
+    }
+}
+
 /// A device to upload batches to; cheap to clone (a loader makes one uploader from it per
 /// pipeline it builds).
 #[derive(Clone)]
@@ -94,5 +148,37 @@ impl Device {
     /// The GPU's utilisation, where NVML reports it.
     pub(crate) fn monitor(&self) -> Option<Arc<GpuMonitor>> {
         self.monitor.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names_are_read_once() {
+        for (name, want) in [
+            ("cpu", DeviceName::Cpu),
+            ("cuda", DeviceName::Cuda(0)),
+            ("cuda:3", DeviceName::Cuda(3)),
+            ("simulated", DeviceName::Simulated),
+        ] {
+            assert_eq!(name.parse::<DeviceName>(), Ok(want), "{name}");
+        }
+        for (name, says) in [
+            ("cuda:x", "the GPU's number after `cuda:`"),
+            ("cuda:-1", "the GPU's number after `cuda:`"),
+            (
+                "gpu",
+                "device must be \"cpu\", \"cuda\", \"cuda:N\" or \"simulated\", not \"gpu\"",
+            ),
+            ("CUDA", "not \"CUDA\""),
+        ] {
+            let e = name.parse::<DeviceName>().unwrap_err();
+            assert!(e.contains(says), "{name}: {e}");
+        }
+        assert!(DeviceName::Cpu.open().unwrap().is_none());
+        let sim = DeviceName::Simulated.open().unwrap().unwrap();
+        assert!(sim.log().is_some());
     }
 }

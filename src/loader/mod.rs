@@ -78,7 +78,10 @@ use std::time::Duration;
 
 pub use batch::{Batch, ItemMeta, MapBatches, MapItems, Sample};
 pub use builder::{LoaderBuilder, DEFAULT_BATCH_SIZE, DEFAULT_ORDER};
-pub use device::{Device, DEFAULT_DEVICE_BYTES, DEFAULT_STAGING_BYTES};
+pub use device::{
+    Device, DeviceName, DEFAULT_DEVICE_BYTES, DEFAULT_SIM_BANDWIDTH, DEFAULT_SIM_LATENCY,
+    DEFAULT_STAGING_BYTES,
+};
 pub use failures::{SkippedFailure, KEEP_FAILURES};
 pub use lengths::{DEFAULT_BUCKETS, MAX_BUCKETS};
 pub use media_fields::{fields_and_media, MediaFieldArgs};

@@ -319,7 +319,9 @@ pub struct DeviceSpec {
     /// 1024); the tuner sizes that buffer within it.
     #[serde(default = "default_device_mb")]
     pub memory_mb: f64,
-    /// The most MiB of pinned staging memory (default 256), reserved in the memory budget.
+    /// The most MiB of pinned staging memory (default 64: the library's
+    /// [`DEFAULT_STAGING_BYTES`](crate::loader::DEFAULT_STAGING_BYTES)), reserved in the
+    /// memory budget.
     #[serde(default = "default_staging_mb")]
     pub staging_mb: f64,
     /// `simulated`: the link's bandwidth in GB/s (default 25).
@@ -331,16 +333,16 @@ pub struct DeviceSpec {
 }
 
 fn default_device_mb() -> f64 {
-    1024.0
+    crate::limits::bytes_to_mib(crate::loader::DEFAULT_DEVICE_BYTES)
 }
 fn default_staging_mb() -> f64 {
-    256.0
+    crate::limits::bytes_to_mib(crate::loader::DEFAULT_STAGING_BYTES as u64)
 }
 fn default_bandwidth() -> f64 {
-    25.0
+    crate::loader::DEFAULT_SIM_BANDWIDTH / 1e9
 }
 fn default_latency() -> f64 {
-    10.0
+    crate::loader::DEFAULT_SIM_LATENCY.as_secs_f64() * 1e6
 }
 
 impl Default for DeviceSpec {
