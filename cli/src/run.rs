@@ -58,8 +58,9 @@ enum Ended {
     Done,
     /// The pipeline stopped: a failure budget was exceeded, or an error.
     Failed(String),
-    /// An epoch delivered nothing (every item failed, or there were none).
-    Empty(u64),
+    /// An epoch delivered nothing (every item failed, or there were none): the library's
+    /// words for it.
+    Empty(String),
     /// Ctrl-C, SIGTERM or SIGHUP (the signal).
     Interrupted(libc::c_int),
 }
@@ -223,6 +224,8 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
         let t0 = Instant::now();
         let mut items = 0usize;
         let mut index = 0usize;
+        // The library's error when every item of the epoch failed.
+        let mut nothing = None;
         if let Err(e) = loader.loader.start_epoch() {
             epochs.push((items, t0.elapsed().as_secs_f64()));
             ended = Ended::Failed(e.to_string());
@@ -265,7 +268,10 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
                         };
                         (media, labels, extras, others)
                     }
-                    Within::Next(Err(e)) if e.is_nothing_delivered() => break,
+                    Within::Next(Err(e)) if e.is_nothing_delivered() => {
+                        nothing = Some(e.to_string());
+                        break;
+                    }
                     Within::Next(Err(e)) => {
                         epochs.push((items, t0.elapsed().as_secs_f64()));
                         ended = Ended::Failed(e.to_string());
@@ -320,7 +326,8 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
         }
         epochs.push((items, t0.elapsed().as_secs_f64()));
         if items == 0 {
-            ended = Ended::Empty(epoch + 1);
+            ended =
+                Ended::Empty(nothing.unwrap_or_else(|| format!("epoch {epoch} delivered nothing")));
             break;
         }
     }
@@ -345,14 +352,7 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
     let error = match &ended {
         Ended::Done => None,
         Ended::Failed(e) => Some(e.clone()),
-        Ended::Empty(epoch) => Some(format!(
-            "epoch {epoch} delivered nothing ({} failed items{})",
-            stats.failures,
-            stats
-                .recent_failures
-                .last()
-                .map_or_else(String::new, |f| format!("; last: {f}"))
-        )),
+        Ended::Empty(e) => Some(e.clone()),
         Ended::Interrupted(s) => Some(format!("interrupted ({})", signal_name(*s))),
     };
     println!(
