@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::engine::stats::PipelineStats;
-use flowgate_tuner::StageKind;
+use flowgate_tuner::{StageKind, StageStats};
 
 /// How often a pipeline publishes its record.
 pub const PUBLISH_EVERY: Duration = Duration::from_secs(1);
@@ -250,10 +250,7 @@ pub fn summary(now: &PipelineStats, last: Option<&PipelineStats>) -> Summary {
         now.stages
             .iter()
             .filter(|x| !matches!(x.kind, Some(StageKind::Source) | Some(StageKind::Sink)))
-            .map(|x| {
-                let busy = secs(x.busy, prev(&x.name).map_or(Duration::ZERO, |p| p.busy));
-                (per_s(busy) / x.workers.max(1) as f64, &x.name)
-            })
+            .map(|x| (busy_share(x, prev(&x.name), window), &x.name))
             .max_by(|a, b| a.0.total_cmp(&b.0))
             .map_or_else(|| "source".to_owned(), |(_, n)| n.clone())
     };
@@ -261,6 +258,36 @@ pub fn summary(now: &PipelineStats, last: Option<&PipelineStats>) -> Summary {
         items_per_s,
         wait,
         bottleneck,
+    }
+}
+
+/// The share of its workers' time stage `now` was busy over a window of `window` seconds
+/// since `before` (the same stage's earlier statistics, or its start): of the most workers it
+/// had in the window, so a stage shrunk within it does not read over 100%.
+pub fn busy_share(now: &StageStats, before: Option<&StageStats>, window: f64) -> f64 {
+    if window <= 0.0 {
+        return 0.0;
+    }
+    let (busy, workers) = before.map_or((Duration::ZERO, now.workers), |p| {
+        (p.busy, now.workers.max(p.workers))
+    });
+    now.busy.saturating_sub(busy).as_secs_f64() / (window * workers.max(1) as f64)
+}
+
+impl Summary {
+    /// What holds the pipeline back, in words: `the training step (the loader keeps up)`, or
+    /// `the decode stage`.
+    pub fn held_back_by(&self) -> String {
+        held_back_by(&self.bottleneck)
+    }
+}
+
+/// [`Summary::held_back_by`] for a bottleneck's name (`"step"`, a stage's name).
+pub fn held_back_by(bottleneck: &str) -> String {
+    if bottleneck == "step" {
+        "the training step (the loader keeps up)".to_owned()
+    } else {
+        format!("the {bottleneck} stage")
     }
 }
 
@@ -370,6 +397,52 @@ mod tests {
             epoch: 0,
             updated: now(),
         }
+    }
+
+    fn stage(name: &str, kind: StageKind, workers: usize, busy_s: f64, out: u64) -> StageStats {
+        StageStats {
+            name: name.into(),
+            kind: Some(kind),
+            workers,
+            busy: Duration::from_secs_f64(busy_s),
+            items_out: out,
+            elapsed: Duration::from_secs(10),
+            ..StageStats::default()
+        }
+    }
+
+    #[test]
+    fn a_stage_shrunk_within_the_window_is_busy_of_its_most_workers() {
+        // 4 workers at the window's start, 1 at its end: 2.5 busy-seconds in a 2-second
+        // window are a share of 4 workers' 8 seconds, not of 1 worker's 2 (125%).
+        let before = stage("decode", StageKind::Pool, 4, 10.0, 0);
+        let now = stage("decode", StageKind::Pool, 1, 12.5, 100);
+        let share = busy_share(&now, Some(&before), 2.0);
+        assert!((share - 2.5 / 8.0).abs() < 1e-9, "{share}");
+        assert!(busy_share(&now, None, 20.0) <= 1.0);
+        assert_eq!(busy_share(&now, Some(&before), 0.0), 0.0);
+    }
+
+    #[test]
+    fn the_bottleneck_is_the_busiest_stage_while_the_loop_waits_and_says_so_in_words() {
+        let mut sink = stage("sink", StageKind::Sink, 1, 0.0, 50);
+        let mut stats = PipelineStats {
+            stages: vec![
+                stage("source", StageKind::Source, 1, 1.0, 400),
+                stage("decode", StageKind::Pool, 2, 18.0, 400),
+                stage("collate", StageKind::Serial, 1, 2.0, 50),
+                sink.clone(),
+            ],
+            ..PipelineStats::default()
+        };
+        let p = summary(&stats, None);
+        assert_eq!((p.bottleneck.as_str(), p.items_per_s), ("step", 40.0));
+        assert_eq!(p.held_back_by(), "the training step (the loader keeps up)");
+        sink.blocked_get = Duration::from_secs(5);
+        *stats.stages.last_mut().unwrap() = sink;
+        let p = summary(&stats, None);
+        assert_eq!((p.bottleneck.as_str(), p.wait), ("decode", 0.5));
+        assert_eq!(p.held_back_by(), "the decode stage");
     }
 
     #[test]

@@ -112,11 +112,7 @@ pub(crate) fn render(records: &[Record], dir: &str, width: usize) -> String {
     }
     for &i in &stragglers {
         let r = &records[i];
-        let why = if r.bottleneck == "step" {
-            "its training step (the loader keeps up)".to_owned()
-        } else {
-            format!("its {} stage", r.bottleneck)
-        };
+        let why = flowgate::board::held_back_by(&r.bottleneck);
         let line = format!(
             "straggler: rank {} (pid {}) at {:.0} items/s, held back by {why}",
             r.rank.map_or("-".to_owned(), |k| k.to_string()),

@@ -114,7 +114,7 @@ fn top_shows_a_jobs_three_ranks_and_names_the_slowed_one() {
         assert_eq!(cols[1], k.to_string(), "rank column:\n{text}");
     }
     assert!(
-        text.contains("straggler: rank 1") && text.contains("its decode stage"),
+        text.contains("straggler: rank 1") && text.contains("held back by the decode stage"),
         "{text}"
     );
     assert!(last.iter().all(|l| l.trim_end().chars().count() <= 80));

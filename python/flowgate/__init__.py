@@ -61,11 +61,9 @@ def report_ranks(loader: Any, log: Optional[Callable[[str], None]] = print) -> O
         return None
     slow = min(paces, key=lambda p: p["items_per_s"])
     fast = max(p["items_per_s"] for p in paces)
-    held = ("its training step (the loader keeps up)" if slow["bottleneck"] == "step"
-            else f"its {slow['bottleneck']} stage")
     line = (f"flowgate: slowest rank {slow['rank']} of {len(paces)}: "
             f"{slow['items_per_s']:.0f} items/s (fastest {fast:.0f}), its loop waited "
-            f"{100 * slow['wait']:.0f}% of the time, held back by {held}")
+            f"{100 * slow['wait']:.0f}% of the time, held back by {slow['held_back_by']}")
     if log is not None:
         log(line)
     return line

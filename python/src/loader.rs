@@ -431,12 +431,14 @@ impl Loader {
     }
 
     /// The pipeline's pace since it started (`flowgate::board::summary`): `items_per_s`,
-    /// `wait` (the share of the time the loop waited) and `bottleneck` (a stage, or "step").
+    /// `wait` (the share of the time the loop waited), `bottleneck` (a stage, or "step") and
+    /// `held_back_by` (it in words).
     fn _pace<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let p = flowgate::board::summary(&self.monitor(py)?.stats(), None);
         let d = PyDict::new(py);
         d.set_item("items_per_s", p.items_per_s)?;
         d.set_item("wait", p.wait)?;
+        d.set_item("held_back_by", p.held_back_by())?;
         d.set_item("bottleneck", p.bottleneck)?;
         Ok(d)
     }

@@ -166,6 +166,6 @@ def test_an_epochs_end_names_the_slowest_rank_and_its_bottleneck(data, tmp_path)
     large.write_text("\n".join(str(tmp_path / "large" / p.name) for p in images) + "\n")
     run_ranks(3, "rank_report_worker.py", [files, large], tmp_path, port_offset=11)
     line = (tmp_path / "report.txt").read_text()
-    assert "slowest rank 1 of 3" in line and "its decode stage" in line, line
+    assert "slowest rank 1 of 3" in line and "held back by the decode stage" in line, line
     # Without a process group it is a no-op.
     assert flowgate.report_ranks(flowgate.ImageLoader(str(files), batch_size=4)) is None
