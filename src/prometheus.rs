@@ -15,6 +15,32 @@ use std::time::Duration;
 
 use crate::PipelineStats;
 
+/// Where an endpoint serves, as every front end names it (a pipeline file's `[metrics]
+/// prometheus`, Python's `metrics_port=`): a port alone on the loopback address (`"9100"` is
+/// `127.0.0.1:9100`), or `HOST:PORT` with a host name or address (`"0.0.0.0:9100"` for a
+/// scraper on another machine, `"[::1]:9100"`). Port 0 picks a free one. The endpoint has no
+/// TLS or authentication: a host other than loopback should be a private network's.
+pub fn address(given: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let bad = |why: &str| format!("{given:?} is not a port or HOST:PORT: {why}");
+    let port = |p: &str| {
+        p.parse::<u16>()
+            .map_err(|_| bad("the port must be a number in 0..=65535"))
+    };
+    let (host, port) = match given.rsplit_once(':') {
+        None => ("127.0.0.1", port(given)?),
+        Some((host, p)) => (host.trim_start_matches('[').trim_end_matches(']'), port(p)?),
+    };
+    if host.is_empty() {
+        return Err(bad("the host is empty"));
+    }
+    (host, port)
+        .to_socket_addrs()
+        .map_err(|e| bad(&e.to_string()))?
+        .next()
+        .ok_or_else(|| bad("it resolves to no address"))
+}
+
 /// The rank's labels from torchrun's environment: `rank` (`RANK`) and `local_rank`
 /// (`LOCAL_RANK`), `"0"` where unset.
 pub fn rank_labels() -> Vec<(String, String)> {
@@ -305,6 +331,29 @@ fn answer(mut stream: TcpStream, render: &dyn Fn() -> String) -> std::io::Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_address_is_a_port_on_loopback_or_a_host_and_port() {
+        let ok = |s: &str| address(s).unwrap().to_string();
+        assert_eq!(ok("9100"), "127.0.0.1:9100");
+        assert_eq!(ok("0"), "127.0.0.1:0");
+        assert_eq!(ok("0.0.0.0:9100"), "0.0.0.0:9100");
+        assert_eq!(ok("[::1]:9100"), "[::1]:9100");
+        assert_eq!(ok("localhost:65535").rsplit_once(':').unwrap().1, "65535");
+        for (s, says) in [
+            ("65536", "the port must be a number in 0..=65535"),
+            ("-1", "the port must be a number in 0..=65535"),
+            ("host:", "the port must be a number"),
+            (":9100", "the host is empty"),
+            (
+                "no such host.invalid:9100",
+                "\"no such host.invalid:9100\" is not a port",
+            ),
+        ] {
+            let e = address(s).unwrap_err();
+            assert!(e.contains(says), "{s}: {e}");
+        }
+    }
 
     fn get(addr: SocketAddr, path: &str) -> String {
         let mut s = TcpStream::connect(addr).unwrap();

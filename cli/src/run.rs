@@ -515,7 +515,9 @@ fn describe(action: &flowgate::tuner::Action, stages: &[String], memory_budget: 
 #[cfg(feature = "prometheus")]
 fn metrics_exporter(spec: &PipelineSpec) -> Result<Option<crate::metrics::Exporter>, Error> {
     match &spec.metrics.prometheus {
-        Some(addr) => Ok(Some(crate::metrics::Exporter::start(addr.parse()?)?)),
+        Some(addr) => Ok(Some(crate::metrics::Exporter::start(
+            flowgate::prometheus::address(addr).map_err(|e| format!("metrics.prometheus: {e}"))?,
+        )?)),
         None => Ok(None),
     }
 }

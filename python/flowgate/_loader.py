@@ -76,7 +76,7 @@ class _Loader:
         self.metrics_address: Optional[Tuple[str, int]] = None
         if args.get("metrics_port") is not None:
             self.metrics_address = self._native._serve_metrics(
-                *_metrics_address(args["metrics_port"]))
+                _metrics_address(args["metrics_port"]))
         self._pid = os.getpid()
         _LIVE.add(self)
         _register_with_torch()
@@ -287,17 +287,10 @@ class _Loader:
         self.close()
 
 
-def _metrics_address(port: Any) -> Tuple[str, int]:
+def _metrics_address(port: Any) -> str:
     """``metrics_port``: a port on the loopback address, or ``"host:port"`` (``"0.0.0.0:9100"``
-    for a scraper on another machine); 0 picks a free port."""
-    host, given = "127.0.0.1", port
-    if isinstance(port, str) and ":" in port:
-        host, _, port = port.rpartition(":")
-        host = host.strip("[]")
-        try:
-            port = int(port)
-        except ValueError:
-            port = None
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ValueError(f'metrics_port must be a port in 0..=65535 or "host:port", not {given!r}')
-    return host, port
+    for a scraper on another machine), as the library reads an address; 0 picks a free
+    port."""
+    if isinstance(port, bool) or not isinstance(port, (int, str)):
+        raise ValueError(f'metrics_port must be a port in 0..=65535 or "host:port", not {port!r}')
+    return str(port)

@@ -598,22 +598,13 @@ impl Loader {
             .map_err(to_py)
     }
 
-    /// Serves Prometheus metrics on `GET http://host:port/metrics` (the library's renderer,
-    /// as `flowgate run`'s endpoint): the running pipeline's statistics at each scrape, every
-    /// series labelled with the rank (`RANK`, `LOCAL_RANK`). Port 0 picks a free one. Returns
-    /// the address served.
-    fn _serve_metrics(&self, host: &str, port: u16) -> PyResult<(String, u16)> {
-        use std::net::ToSocketAddrs;
-        let bad = |why: String| {
-            pyo3::exceptions::PyValueError::new_err(format!(
-                "metrics_port: {host}:{port} is not an address: {why}"
-            ))
-        };
-        let addr = (host, port)
-            .to_socket_addrs()
-            .map_err(|e| bad(e.to_string()))?
-            .next()
-            .ok_or_else(|| bad("it resolves to nothing".to_owned()))?;
+    /// Serves Prometheus metrics on `GET http://address/metrics` (the library's renderer and
+    /// its reading of an address, as `flowgate run`'s endpoint): the running pipeline's
+    /// statistics at each scrape, every series labelled with the rank (`RANK`, `LOCAL_RANK`).
+    /// Port 0 picks a free one. Returns the address served.
+    fn _serve_metrics(&self, address: &str) -> PyResult<(String, u16)> {
+        let addr = flowgate::prometheus::address(address)
+            .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("metrics_port: {e}")))?;
         let watch = self.watch.clone();
         let labels = flowgate::prometheus::rank_labels();
         let endpoint = flowgate::prometheus::Endpoint::serve(addr, move || {

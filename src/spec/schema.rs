@@ -518,8 +518,9 @@ pub struct MetricsSpec {
     /// Milliseconds between statistics lines and live-view updates (default 500).
     #[serde(default)]
     pub interval_ms: Option<u64>,
-    /// Serve Prometheus metrics on this loopback address (`127.0.0.1:9898`; feature
-    /// `prometheus`).
+    /// Serve Prometheus metrics here: a port on the loopback address (`"9898"`) or
+    /// `HOST:PORT` (`"0.0.0.0:9898"` for a scraper on another machine), as
+    /// [`prometheus::address`](crate::prometheus::address) reads it (feature `prometheus`).
     #[serde(default)]
     pub prometheus: Option<String>,
 }

@@ -469,16 +469,8 @@ impl PipelineSpec {
             return Err(err("metrics", "interval_ms", m));
         }
         if let Some(addr) = &self.metrics.prometheus {
-            match addr.parse::<std::net::SocketAddr>() {
-                Ok(a) if a.ip().is_loopback() => {}
-                Ok(_) => {
-                    return Err(err(
-                        "metrics",
-                        "prometheus",
-                        "must be a loopback address (127.0.0.1:PORT)".into(),
-                    ))
-                }
-                Err(e) => return Err(err("metrics", "prometheus", format!("{e}"))),
+            if let Err(e) = crate::prometheus::address(addr) {
+                return Err(err("metrics", "prometheus", e));
             }
         }
         if self.device.kind == DeviceKind::Cuda && !cfg!(feature = "cuda") {

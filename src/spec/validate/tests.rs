@@ -82,10 +82,21 @@ fn bad_files_name_the_key_and_line() {
     assert!(e.to_string().contains("kind"), "{e}");
     let e = error("[decode]\nkind = \"image\"\n");
     assert!(e.message.contains("missing field `source`"), "{e}");
+    // The library's reading of an address, as Python's `metrics_port=`: a port on loopback,
+    // or HOST:PORT (a scraper on another machine); a port out of range is refused.
+    for good in ["9000", "0.0.0.0:9000", "[::1]:0"] {
+        let text = format!("{GOOD}\n[metrics]\nprometheus = \"{good}\"\n");
+        let spec = PipelineSpec::parse(&text, "p.toml");
+        assert!(spec.is_ok(), "{good}: {:?}", spec.err());
+    }
     let e = error(&format!(
-        "{GOOD}\n[metrics]\nprometheus = \"0.0.0.0:9000\"\n"
+        "{GOOD}\n[metrics]\nprometheus = \"0.0.0.0:90000\"\n"
     ));
     assert_eq!(e.key, "metrics.prometheus", "{e}");
+    assert!(
+        e.message.contains("the port must be a number in 0..=65535"),
+        "{e}"
+    );
     let e = error(&GOOD.replace("kind = \"image\"", "kind = \"hologram\""));
     assert_eq!(e.line, 7, "{e}");
     // A misspelt key in a table: its own line and dotted name, not the table's header.
