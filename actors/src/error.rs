@@ -214,6 +214,20 @@ impl PipelineError {
         }
     }
 
+    /// The rule every front end's epoch ends by: an epoch that ran from its start
+    /// (`whole`: not the rest of a resumed one, which may all fail), delivered nothing and had
+    /// failures is [`nothing_delivered`](Self::nothing_delivered); anything else ended well.
+    pub fn if_nothing_delivered(
+        epoch: u64,
+        whole: bool,
+        delivered_any: bool,
+        failures: u64,
+        last: Option<ItemError>,
+    ) -> Option<Self> {
+        (whole && !delivered_any && failures > 0)
+            .then(|| Self::nothing_delivered(epoch, failures, last))
+    }
+
     /// The pipeline was stopped before the epoch ended.
     pub fn stopped() -> Self {
         Self::of(Kind::Stopped)

@@ -580,13 +580,16 @@ impl PyPipeline {
                         run.in_epoch = false;
                         // Every item failed: an error, not an empty epoch (as a Loader's).
                         let (failures, last) = failed.lock().expect("failed").clone();
-                        if run.delivered == Some(0) && failures > 0 {
-                            let epoch = run.epoch;
-                            return Some(Err(PipelineError::nothing_delivered(
-                                epoch, failures, last,
-                            )));
+                        match PipelineError::if_nothing_delivered(
+                            run.epoch,
+                            run.delivered.is_some(),
+                            run.delivered.is_some_and(|n| n > 0),
+                            failures,
+                            last,
+                        ) {
+                            Some(e) => Some(Err(e)),
+                            None => Some(Ok(None)),
                         }
-                        Some(Ok(None))
                     }
                     Within::TimedOut => None,
                 }

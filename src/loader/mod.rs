@@ -574,15 +574,16 @@ impl Loader {
                 self.epoch_start = None;
                 let (failures, last) = self.failures.in_epoch();
                 // A unit whose items all failed is not an epoch: its consumer decides.
-                if self.delivered == 0
-                    && self.delivered_before == 0
-                    && failures > 0
-                    && !self.batching.decodes_units
-                {
-                    let epoch = self.failures.epoch();
-                    return Within::Next(Err(PipelineError::nothing_delivered(
-                        epoch, failures, last,
-                    )));
+                let whole = self.delivered_before == 0 && !self.batching.decodes_units;
+                let epoch = self.failures.epoch();
+                if let Some(e) = PipelineError::if_nothing_delivered(
+                    epoch,
+                    whole,
+                    self.delivered > 0,
+                    failures,
+                    last,
+                ) {
+                    return Within::Next(Err(e));
                 }
                 Within::EpochEnd
             }

@@ -209,10 +209,12 @@ impl Loader {
         self.stop(false);
         self.resume_at = epoch + 1;
         let (failures, last) = self.failures.in_epoch();
-        if self.delivered == 0 && self.delivered_before == 0 && failures > 0 {
-            return Err(PipelineError::nothing_delivered(epoch, failures, last));
+        let whole = self.delivered_before == 0;
+        match PipelineError::if_nothing_delivered(epoch, whole, self.delivered > 0, failures, last)
+        {
+            Some(e) => Err(e),
+            None => Ok(false),
         }
-        Ok(false)
     }
 }
 
