@@ -206,6 +206,93 @@ fn planning_is_refused_mid_epoch_and_with_no_batches_per_unit() {
 }
 
 #[test]
+fn what_units_cannot_carry_is_refused_when_planned_and_when_built_to_plan() {
+    // A unit carries its batches' media and labels, in host memory: a loader with a sample's
+    // other fields, a per-item or per-batch function or a device cannot be cut into units.
+    let recipe = || {
+        Recipe::image(ImageRecipe {
+            resize: 12,
+            crop: 8,
+            ..ImageRecipe::default()
+        })
+        .unwrap()
+    };
+    let files = paths(false);
+    let cases: [(&str, Box<dyn Fn() -> flowgate::loader::LoaderBuilder>); 4] = [
+        (
+            "(fields)",
+            Box::new(|| {
+                let source = Source::files(files.clone())
+                    .extra_fields([flowgate::dataset::FieldSpec::new("caption", "txt")]);
+                Loader::builder(Dataset::builder(source).build().unwrap(), recipe())
+            }),
+        ),
+        (
+            "(map)",
+            Box::new(|| {
+                let d = Dataset::builder(Source::files(files.clone()))
+                    .build()
+                    .unwrap();
+                Loader::builder(d, recipe()).map_items("tokenize", Ok)
+            }),
+        ),
+        (
+            "(map_batch)",
+            Box::new(|| {
+                let d = Dataset::builder(Source::files(files.clone()))
+                    .build()
+                    .unwrap();
+                Loader::builder(d, recipe()).map_batches("pad", Ok)
+            }),
+        ),
+        (
+            "arrive in host memory",
+            Box::new(|| {
+                let d = Dataset::builder(Source::files(files.clone()))
+                    .build()
+                    .unwrap();
+                let device = flowgate::loader::DeviceName::Simulated
+                    .open()
+                    .unwrap()
+                    .unwrap();
+                Loader::builder(d, recipe()).device(device)
+            }),
+        ),
+    ];
+    for (says, make) in &cases {
+        // Built to plan units (Python's remote=), or to decode them: refused at once.
+        for b in [make().plans_units(), make().decodes_units()] {
+            let e = b.build().err().expect("refused").to_string();
+            assert!(
+                e.contains("remote decoding") && e.contains(says),
+                "{says}: {e}"
+            );
+        }
+        // Built as a local loader, it runs; planning units is what is refused.
+        let mut l = make().build().unwrap();
+        let e = l.plan_units(2).err().expect("refused").to_string();
+        assert!(
+            e.contains("plan_units: remote decoding") && e.contains(says),
+            "{e}"
+        );
+        assert!(l.start_units(2).is_err());
+    }
+    // A loader units can carry plans them.
+    let d = Dataset::builder(Source::files(files.clone()))
+        .build()
+        .unwrap();
+    let mut l = Loader::builder(d, recipe())
+        .batch_size(5)
+        .plans_units()
+        .build()
+        .unwrap();
+    assert_eq!(
+        l.plan_units(2).unwrap().len(),
+        IMAGES.div_ceil(5).div_ceil(2)
+    );
+}
+
+#[test]
 fn a_unit_whose_items_all_fail_is_no_error_and_the_regrouped_epoch_is_the_local_one() {
     // 14 files in order; the second batch of 5 all unreadable.
     let all = paths(true);

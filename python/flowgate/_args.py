@@ -34,7 +34,8 @@ def _build(args: Dict[str, Any], kind: str, media: Sequence[str]) -> Any:
         dict({k: args[k] for k in media}, kind=kind), labels=_labels(args["labels"]),
         return_paths=args["return_paths"], device=args["device"],
         device_memory_mb=args["device_memory_mb"], reader=args.get("reader"),
-        units=bool(args.get("decodes_units")), fields=args.get("fields"), map=args.get("map"),
+        units=bool(args.get("decodes_units")), plans_units=args.get("remote") is not None,
+        fields=args.get("fields"), map=args.get("map"),
         map_fields=_names(args.get("map_fields")), map_batch=args.get("map_batch"))
 
 

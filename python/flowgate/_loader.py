@@ -55,14 +55,8 @@ class _Loader:
         if remote is not None:
             if not isinstance(remote, Ray):
                 raise TypeError(f"remote must be a flowgate.Ray(...) or None, not {remote!r}")
-            if args.get("fields"):
-                raise ValueError("fields= is for local decoding: with remote= the actors' "
-                                 "units carry media, not a sample's other fields")
-            for f in ("map", "map_batch"):
-                if args.get(f) is not None:
-                    raise ValueError(f"{f}= runs on this process's threads; with remote=, the "
-                                     "actors decode: map the batches in the training process "
-                                     "(remote=None)")
+            # What units cannot carry (fields, map=, map_batch=) the library refuses when the
+            # loader is built; a device here, as the error of a device.
             if args.get("device", "cpu") != "cpu":
                 raise DeviceUnavailable(
                     f"device={args['device']!r} with remote=: batches decoded remotely arrive "

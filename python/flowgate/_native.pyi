@@ -108,6 +108,7 @@ IMAGENET_STD: Tuple[float, float, float]
 def loader(paths: Any, settings: Dict[str, Any], media: Dict[str, Any], labels: Any = ...,
            return_paths: bool = ..., device: str = ..., device_memory_mb: Optional[float] = ...,
            reader: Optional[Tuple[int, int]] = ..., units: bool = ...,
+           plans_units: bool = ...,
            fields: Optional[Dict[str, Any]] = ...,
            map: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = ...,
            map_fields: Optional[List[str]] = ...,

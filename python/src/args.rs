@@ -26,7 +26,7 @@ fn data(v: &Bound<'_, PyAny>) -> PyResult<Value> {
 /// `{"kind": "image", "crop": 224, ...}`) says.
 #[pyfunction]
 #[pyo3(signature = (paths, settings, media, labels=None, return_paths=false, device="cpu",
-    device_memory_mb=None, reader=None, units=false, fields=None, map=None, map_fields=None,
+    device_memory_mb=None, reader=None, units=false, plans_units=false, fields=None, map=None, map_fields=None,
     map_batch=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn loader(
@@ -39,6 +39,7 @@ pub(crate) fn loader(
     device_memory_mb: Option<f64>,
     reader: Option<(usize, usize)>,
     units: bool,
+    plans_units: bool,
     fields: Option<&Bound<'_, PyAny>>,
     map: Option<Py<PyAny>>,
     map_fields: Option<Vec<String>>,
@@ -57,12 +58,6 @@ pub(crate) fn loader(
         None => (Vec::new(), Vec::new()),
         Some(f) => flowgate::loader::fields_and_media(data(f)?).map_err(PyValueError::new_err)?,
     };
-    if !fields.is_empty() && units {
-        return Err(PyValueError::new_err(
-            "fields: a loader with remote= regroups units of media, not their fields; read \
-             fields in the training process (remote=None)",
-        ));
-    }
     let source = source_of(paths, recipe.extensions(), labels)?.extra_fields(fields);
     let dataset = settings.dataset(source, &recipe).map_err(invalid)?;
     // Opening reads listings, manifests and footers (on S3: requests, retries): without
@@ -95,12 +90,6 @@ pub(crate) fn loader(
     let mut gil = None;
     let mut token = None;
     match map {
-        Some(_) if units => {
-            return Err(PyValueError::new_err(
-                "map= runs on this process's threads; with remote=, the actors decode: map \
-                 the batches in the training process (remote=None)",
-            ))
-        }
         Some(f) => {
             if !f.bind(py).is_callable() {
                 return Err(PyValueError::new_err(
@@ -127,13 +116,6 @@ pub(crate) fn loader(
     // Batches are dicts where a function names their keys, or the media are several.
     let dict = map_batch.is_some() || !media_fields.is_empty();
     if let Some(f) = map_batch {
-        if units {
-            return Err(PyValueError::new_err(
-                "map_batch= runs on this process's threads; with remote=, the actors decode \
-                 units that the training process regroups: map the batches there \
-                 (remote=None)",
-            ));
-        }
         if !f.bind(py).is_callable() {
             return Err(PyValueError::new_err(
                 "map_batch= must be a function of a batch's dict",
@@ -150,6 +132,9 @@ pub(crate) fn loader(
             t,
         );
         b = b.map_batches_shared(crate::map::BATCH_STAGE, Some(f));
+    }
+    if plans_units {
+        b = b.plans_units();
     }
     if units {
         b = b.decodes_units();

@@ -180,7 +180,7 @@ def test_fields_as_torch_and_what_cannot_carry_them_is_refused(shards, tmp_path)
         loader(flowgate.Shards(shards), fields={"label": "txt"})
     with pytest.raises(ValueError, match="kind must be"):
         loader(flowgate.Shards(shards), fields={"c": {"from": "txt", "kind": "str"}})
-    with pytest.raises(ValueError, match="fields= is for local decoding"):
+    with pytest.raises(ValueError, match=r"remote decoding: .*not a sample's other fields \(fields\)"):
         loader(flowgate.Shards(shards), remote=flowgate.Ray(workers=1))
 
 

@@ -102,11 +102,9 @@ impl LoaderBuilder {
                 )));
             }
         }
-        if self.map_batches.is_some() && self.units {
-            return Err(PipelineError::config(
-                "map_batches: a loader that decodes units hands them to the planning loader, \
-                 which regroups their rows into its batches: run the per-batch function there",
-            ));
+        let units_refusal = self.units_refusal();
+        if let (true, Some(why)) = (self.units || self.plans_units, units_refusal) {
+            return Err(PipelineError::config(why));
         }
         self.place_media_fields()?;
         if self.decoder.lengths && !self.decoder.recipe.has_length() {
@@ -161,6 +159,7 @@ impl LoaderBuilder {
             per_batch: batch_size,
             drop_last: self.drop_last,
             decodes_units: self.units,
+            units_refusal,
             fill: self
                 .fill_skipped
                 .unwrap_or(self.dataset.sampler().world() > 1)
@@ -204,6 +203,28 @@ impl LoaderBuilder {
 impl LoaderBuilder {
     /// Finds each media field among the dataset's fields: a required bytes field, named once
     /// among the batch's tensors; not with length-aware batches.
+    /// Why this loader's epochs cannot be cut into units decoded elsewhere, if they cannot:
+    /// a unit carries the media and labels of its batches, which the planning loader regroups
+    /// into its own, in host memory.
+    fn units_refusal(&self) -> Option<&'static str> {
+        Some(if !self.dataset.extra_fields().is_empty() {
+            "remote decoding: units decoded elsewhere carry the media and labels, not a sample's other fields \
+             (fields): read them where the loader is iterated"
+        } else if self.map.is_some() {
+            "remote decoding: a per-item function (map) runs where items are decoded, and units decoded \
+             elsewhere are regrouped into batches where the loader is iterated: map the \
+             batches there"
+        } else if self.map_batches.is_some() {
+            "remote decoding: units decoded elsewhere are regrouped into batches where the loader is iterated: \
+             run the per-batch function (map_batch) there"
+        } else if self.device.is_some() {
+            "remote decoding: units decoded elsewhere arrive in host memory: build the loader for the cpu and \
+             move its batches to the device"
+        } else {
+            return None;
+        })
+    }
+
     fn place_media_fields(&mut self) -> Result<(), PipelineError> {
         if self.decoder.media_fields.is_empty() {
             return Ok(());

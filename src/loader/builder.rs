@@ -62,6 +62,9 @@ pub struct LoaderBuilder {
     pub(super) fill_skipped: Option<bool>,
     /// Decodes units of another loader's plan: no batch is dropped here.
     pub(super) units: bool,
+    /// Its epochs will be cut into units decoded elsewhere: what units cannot carry is
+    /// refused when it is built.
+    pub(super) plans_units: bool,
     /// `(r, n)`: reads reader `r`'s part of each epoch split among `n` readers.
     pub(super) reader: Option<(usize, usize)>,
     pub(super) workers: Option<usize>,
@@ -113,6 +116,7 @@ impl LoaderBuilder {
             drop_last: false,
             fill_skipped: None,
             units: false,
+            plans_units: false,
             reader: None,
             workers: None,
             failures: FailureBudget::unlimited(),
@@ -180,6 +184,15 @@ impl LoaderBuilder {
     /// ends with (the consumer of the units decides that for the epoch).
     pub fn decodes_units(mut self) -> Self {
         self.units = true;
+        self
+    }
+
+    /// Says that this loader's epochs will be cut into units decoded elsewhere
+    /// ([`Loader::plan_units`](super::Loader::plan_units), Python's `remote=`), so what units
+    /// cannot carry (a sample's other fields, a per-item or per-batch function, a device) is
+    /// refused when it is built, not at its first epoch. `plan_units` refuses them anyway.
+    pub fn plans_units(mut self) -> Self {
+        self.plans_units = true;
         self
     }
 

@@ -141,6 +141,7 @@ mod tests {
             per_batch,
             drop_last,
             decodes_units: false,
+            units_refusal: None,
             fill: false,
             reader: None,
         };

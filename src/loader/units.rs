@@ -63,6 +63,9 @@ pub(super) struct Batching {
     /// Whether it decodes units (see [`LoaderBuilder::decodes_units`](super::LoaderBuilder::decodes_units)):
     /// a unit whose items all fail is then no error (its consumer counts the failures).
     pub(super) decodes_units: bool,
+    /// Why its epochs cannot be cut into units decoded elsewhere, if they cannot (what units
+    /// do not carry: see [`LoaderBuilder::plans_units`](super::LoaderBuilder::plans_units)).
+    pub(super) units_refusal: Option<&'static str>,
     /// Whether batches lost to skipped items are made up at the epoch's end
     /// ([`LoaderBuilder::fill_skipped`](super::LoaderBuilder::fill_skipped)).
     pub(super) fill: bool,
@@ -96,6 +99,9 @@ impl Loader {
             return Err(PipelineError::config(
                 "plan_units: batches_per_unit must be at least 1",
             ));
+        }
+        if let Some(why) = self.batching.units_refusal {
+            return Err(PipelineError::config(format!("plan_units: {why}")));
         }
         let start = match (self.abandoned_epoch(), &self.epoch_start) {
             // An abandoned epoch, again from where it started.
