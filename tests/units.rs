@@ -218,7 +218,8 @@ fn what_units_cannot_carry_is_refused_when_planned_and_when_built_to_plan() {
         .unwrap()
     };
     let files = paths(false);
-    let cases: [(&str, Box<dyn Fn() -> flowgate::loader::LoaderBuilder>); 4] = [
+    type Make<'a> = Box<dyn Fn() -> flowgate::loader::LoaderBuilder + 'a>;
+    let cases: [(&str, Make); 4] = [
         (
             "(fields)",
             Box::new(|| {
@@ -262,7 +263,10 @@ fn what_units_cannot_carry_is_refused_when_planned_and_when_built_to_plan() {
     for (says, make) in &cases {
         // Built to plan units (Python's remote=), or to decode them: refused at once.
         for b in [make().plans_units(), make().decodes_units()] {
-            let e = b.build().err().expect("refused").to_string();
+            let Err(e) = b.build() else {
+                panic!("{says}: built")
+            };
+            let e = e.to_string();
             assert!(
                 e.contains("remote decoding") && e.contains(says),
                 "{says}: {e}"
@@ -270,7 +274,10 @@ fn what_units_cannot_carry_is_refused_when_planned_and_when_built_to_plan() {
         }
         // Built as a local loader, it runs; planning units is what is refused.
         let mut l = make().build().unwrap();
-        let e = l.plan_units(2).err().expect("refused").to_string();
+        let Err(e) = l.plan_units(2) else {
+            panic!("{says}: planned")
+        };
+        let e = e.to_string();
         assert!(
             e.contains("plan_units: remote decoding") && e.contains(says),
             "{e}"
