@@ -86,7 +86,7 @@ fn every_sample_config_runs_on_the_sample_dataset() {
                     _ => 40,
                 };
                 let per_epoch = if spec.batch.drop_last {
-                    per_epoch / spec.batch.size * spec.batch.size
+                    per_epoch / spec.batch_size() * spec.batch_size()
                 } else {
                     per_epoch
                 };

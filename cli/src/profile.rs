@@ -120,7 +120,7 @@ pub(crate) fn profile(file: &Path, s: &Settings) -> Result<(), Error> {
         .find(|l| l.median() >= 0.95 * best)
         .map_or(1, |l| l.workers);
     let step_rate = if spec.run.step_ms > 0.0 {
-        1000.0 / spec.run.step_ms * spec.batch.size as f64
+        1000.0 / spec.run.step_ms * spec.batch_size() as f64
     } else {
         f64::INFINITY
     };
@@ -159,7 +159,7 @@ pub(crate) fn profile(file: &Path, s: &Settings) -> Result<(), Error> {
             move |path: PathBuf| decode(&path),
             Workers::auto(),
         )
-        .aggregate(spec.batch.size, false)
+        .aggregate(spec.batch_size(), false)
         .autotune(spec.tuner_settings());
     // The file's budgets, as its loader has them.
     if let Some(m) = spec.tuner.memory_mb {

@@ -197,7 +197,7 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
         file.display(),
         loader.items,
         spec.run.epochs,
-        spec.batch.size,
+        spec.batch_size(),
         match &policy {
             Some(p) => format!(", self-tuning ({p} policy)"),
             None => ", tuner off".to_owned(),

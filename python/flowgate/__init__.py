@@ -399,7 +399,7 @@ class VideoLoader(_Loader):
     def __init__(
         self,
         paths: PathsLike,
-        batch_size: int = 8,
+        batch_size: int = _native.DEFAULT_VIDEO_BATCH_SIZE,
         frames: int = _native.DEFAULT_FRAMES,
         resize: int = _native.DEFAULT_VIDEO_RESIZE,
         crop: int = _native.DEFAULT_VIDEO_CROP,

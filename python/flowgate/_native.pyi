@@ -84,6 +84,8 @@ class Pipeline:
     def close(self) -> None: ...
 
 DEFAULT_BATCH_SIZE: int
+DEFAULT_VIDEO_BATCH_SIZE: int
+DEFAULT_PARQUET_COLUMN: str
 DEFAULT_BUCKETS: int
 DEFAULT_BUFFER: int
 DEFAULT_PREFETCH: int

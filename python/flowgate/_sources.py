@@ -121,7 +121,8 @@ class Parquet:
     _flowgate_parquet = True
 
     def __init__(self, paths: Union[str, "os.PathLike[str]", Sequence[Any]],
-                 column: str = "image", buffer: int = _native.DEFAULT_BUFFER,
+                 column: str = _native.DEFAULT_PARQUET_COLUMN,
+                 buffer: int = _native.DEFAULT_BUFFER,
                  endpoint: Optional[str] = None) -> None:
         _check_ints(locals(), buffer=0)
         if isinstance(paths, (str, os.PathLike)):

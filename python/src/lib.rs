@@ -96,6 +96,14 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // The library's defaults, which the Python signatures show.
     m.add("DEFAULT_BATCH_SIZE", flowgate::loader::DEFAULT_BATCH_SIZE)?;
+    m.add(
+        "DEFAULT_VIDEO_BATCH_SIZE",
+        flowgate::loader::DEFAULT_VIDEO_BATCH_SIZE,
+    )?;
+    m.add(
+        "DEFAULT_PARQUET_COLUMN",
+        flowgate::dataset::DEFAULT_PARQUET_COLUMN,
+    )?;
     m.add("DEFAULT_BUCKETS", flowgate::loader::DEFAULT_BUCKETS)?;
     m.add("DEFAULT_BUFFER", flowgate::dataset::DEFAULT_BUFFER)?;
     m.add("DEFAULT_PREFETCH", flowgate::dataset::DEFAULT_PREFETCH)?;

@@ -45,7 +45,8 @@ pub use extras::{fields_from_value, FieldKind, FieldSpec, FieldValue};
 pub use files::{Files, FolderLabels};
 pub use order::{EpochOrder, Ranks};
 pub use source::{
-    Labels, Remote, Source, DEFAULT_BUFFER, DEFAULT_FETCH_CONCURRENCY, DEFAULT_PREFETCH,
+    Labels, Remote, Source, DEFAULT_BUFFER, DEFAULT_FETCH_CONCURRENCY, DEFAULT_PARQUET_COLUMN,
+    DEFAULT_PREFETCH,
 };
 
 use crate::sampler::Sampler;

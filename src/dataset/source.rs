@@ -110,6 +110,10 @@ pub(crate) enum SourceKind {
     },
 }
 
+/// The Parquet column of the media by default (a Hugging Face image dataset's `image`:
+/// `struct<bytes, path>`).
+pub const DEFAULT_PARQUET_COLUMN: &str = "image";
+
 /// Objects fetched at once from S3 by default, before the tuner changes it: S3 serves each
 /// GET with tens of milliseconds of latency, so a few dozen in flight keep a decoder fed.
 pub const DEFAULT_FETCH_CONCURRENCY: usize = 32;

@@ -16,6 +16,20 @@ use crate::{FailureBudget, Order, PipelineStats, TraceRecord, TunerSettings};
 /// Items per batch by default.
 pub const DEFAULT_BATCH_SIZE: usize = 32;
 
+/// Clips per batch by default for video: a clip is `frames` pictures, so 8 clips of 8 frames
+/// hold twice the pixels of [`DEFAULT_BATCH_SIZE`] images at the default crops (112² against
+/// 224²) — a training step's worth, not four.
+pub const DEFAULT_VIDEO_BATCH_SIZE: usize = 8;
+
+/// The default batch size for `media`: [`DEFAULT_VIDEO_BATCH_SIZE`] for video, else
+/// [`DEFAULT_BATCH_SIZE`].
+pub fn default_batch_size(media: &crate::media::MediaArgs) -> usize {
+    match media {
+        crate::media::MediaArgs::Video(_) => DEFAULT_VIDEO_BATCH_SIZE,
+        _ => DEFAULT_BATCH_SIZE,
+    }
+}
+
 /// The order of items by default: the dataset's epoch order, so the same seed gives the same
 /// batches in the same order on every run (a slow or failed item holds back at most the
 /// stages' reorder windows, which their budgets bound). [`Order::Completion`] is the

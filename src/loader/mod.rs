@@ -77,7 +77,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use batch::{Batch, ItemMeta, MapBatches, MapItems, Sample};
-pub use builder::{LoaderBuilder, DEFAULT_BATCH_SIZE, DEFAULT_ORDER};
+pub use builder::{
+    default_batch_size, LoaderBuilder, DEFAULT_BATCH_SIZE, DEFAULT_ORDER, DEFAULT_VIDEO_BATCH_SIZE,
+};
 pub use device::{
     Device, DeviceName, DEFAULT_DEVICE_BYTES, DEFAULT_SIM_BANDWIDTH, DEFAULT_SIM_LATENCY,
     DEFAULT_STAGING_BYTES,

@@ -77,6 +77,14 @@ impl std::fmt::Debug for Hooks {
 }
 
 impl PipelineSpec {
+    /// Items per batch: `[batch] size`, else the library's default for the media
+    /// ([`default_batch_size`](crate::loader::default_batch_size)).
+    pub fn batch_size(&self) -> usize {
+        self.batch
+            .size
+            .unwrap_or_else(|| crate::loader::default_batch_size(&self.decode.media))
+    }
+
     /// The augmentation seed: `decode.seed`, else the source's shuffle seed, else 0.
     pub fn augmentation_seed(&self) -> u64 {
         self.decode
@@ -209,7 +217,7 @@ impl PipelineSpec {
         let seed = self.shuffle_seed();
         let audio = matches!(self.decode.media, MediaArgs::Audio(_));
         crate::loader::LoaderSettings {
-            batch_size: self.batch.size,
+            batch_size: self.batch_size(),
             shuffle: seed.is_some(),
             seed: seed.unwrap_or(0),
             drop_last: self.batch.drop_last,

@@ -205,11 +205,11 @@ fn default_prefetch() -> usize {
 }
 
 fn default_column() -> String {
-    "image".into()
+    crate::dataset::DEFAULT_PARQUET_COLUMN.into()
 }
 
 fn default_concurrency() -> usize {
-    16
+    crate::dataset::DEFAULT_FETCH_CONCURRENCY
 }
 
 /// How each item is decoded: the media's arguments (`kind` and its keys, as
@@ -243,9 +243,11 @@ impl<'de> Deserialize<'de> for DecodeSpec {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BatchSpec {
-    /// Items per batch.
-    #[serde(default = "default_batch")]
-    pub size: usize,
+    /// Items per batch (default: the library's for the media,
+    /// [`default_batch_size`](crate::loader::default_batch_size): 32, 8 clips of video); see
+    /// [`PipelineSpec::batch_size`](super::PipelineSpec::batch_size).
+    #[serde(default)]
+    pub size: Option<usize>,
     /// Drop a last, partial batch.
     #[serde(default)]
     pub drop_last: bool,
@@ -274,14 +276,10 @@ fn default_buckets() -> usize {
     crate::loader::DEFAULT_BUCKETS
 }
 
-fn default_batch() -> usize {
-    crate::loader::DEFAULT_BATCH_SIZE
-}
-
 impl Default for BatchSpec {
     fn default() -> Self {
         Self {
-            size: default_batch(),
+            size: None,
             drop_last: false,
             max_seconds: None,
             max_frames: None,

@@ -242,7 +242,7 @@ impl PipelineSpec {
         let range = |v: u64, lo: u64, hi: u64| -> Option<String> {
             (v < lo || v > hi).then(|| format!("must be in {lo}..={hi}, not {v}"))
         };
-        let check = crate::limits::BATCH_SIZE.check(self.batch.size as i128);
+        let check = crate::limits::BATCH_SIZE.check(self.batch_size() as i128);
         limit(check, &err, "batch", "size")?;
         if let Some(f) = &self.fields {
             // A media field's recipe too (its crop against its resize, ...), and its name

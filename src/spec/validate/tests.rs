@@ -20,9 +20,31 @@ size = 16
 #[test]
 fn a_good_file_parses_with_defaults() {
     let s = PipelineSpec::parse(GOOD, "p.toml").unwrap();
-    assert_eq!(s.batch.size, 16);
+    assert_eq!(s.batch_size(), 16);
     assert_eq!(s.run.epochs, 1);
     assert!(s.tuner.enabled);
+}
+
+#[test]
+fn defaults_are_the_librarys_for_the_media() {
+    let image = PipelineSpec::parse(&GOOD.replace("[batch]\nsize = 16\n", ""), "p.toml").unwrap();
+    assert_eq!(image.batch_size(), crate::loader::DEFAULT_BATCH_SIZE);
+    let video = "[source]\nkind = \"list\"\npath = \"v.txt\"\n[decode]\nkind = \"video\"\n";
+    match PipelineSpec::parse(video, "p.toml") {
+        Ok(v) => assert_eq!(v.batch_size(), crate::loader::DEFAULT_VIDEO_BATCH_SIZE),
+        // Built without the video feature, the file is refused naming it.
+        Err(e) => assert!(e.to_string().contains("video"), "{e}"),
+    }
+    let s3 = "[source]\nkind = \"s3\"\nbucket = \"b\"\n[decode]\nkind = \"image\"\n";
+    let spec = PipelineSpec::parse(s3, "p.toml");
+    if let Ok(spec) = spec {
+        match spec.source {
+            SourceSpec::S3 { concurrency, .. } => {
+                assert_eq!(concurrency, crate::dataset::DEFAULT_FETCH_CONCURRENCY)
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
 
 fn error(text: &str) -> SpecError {
