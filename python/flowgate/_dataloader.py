@@ -110,9 +110,7 @@ class DataLoader:
         share = self._native.share
         if self.batch_size is None:
             return share
-        if self.drop_last:
-            return share // self.batch_size
-        return -(-share // self.batch_size)
+        return _native._batches_of(share, self.batch_size, self.drop_last)
 
     def __iter__(self) -> Iterator[Any]:
         convert = None

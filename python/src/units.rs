@@ -161,3 +161,15 @@ pub(crate) fn _delivered_since(
     let (later, earlier) = (state_from_py(later)?, state_from_py(earlier)?);
     Ok(later.delivered_since(&earlier).ranges().collect())
 }
+
+/// Batches `items` items make, `per_batch` to a batch (`flowgate::loader::batches_of`: a
+/// last partial batch counts unless `drop_last`).
+#[pyfunction]
+pub(crate) fn _batches_of(items: usize, per_batch: usize, drop_last: bool) -> PyResult<usize> {
+    if per_batch == 0 {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "per_batch must be at least 1",
+        ));
+    }
+    Ok(flowgate::loader::batches_of(items, per_batch, drop_last))
+}

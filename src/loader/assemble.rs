@@ -148,11 +148,7 @@ impl LoaderBuilder {
             self.batch_size
         };
         let n = plan.sampler().len();
-        let batches_per_epoch = if self.drop_last {
-            n / batch_size
-        } else {
-            n.div_ceil(batch_size)
-        };
+        let batches_per_epoch = super::units::batches_of(n, batch_size, self.drop_last);
         let failures = FailureLog::default();
         let sim_log = self.device.as_ref().and_then(|d| d.log().cloned());
         let batching = super::units::Batching {

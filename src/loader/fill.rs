@@ -48,12 +48,7 @@ impl Owed {
             Some(n) => (len, n as usize),
             None => {
                 let items = len.saturating_sub(start.delivered_items as usize);
-                let n = if drop_last {
-                    items / per_batch
-                } else {
-                    items.div_ceil(per_batch)
-                };
-                (items, n)
+                (items, super::units::batches_of(items, per_batch, drop_last))
             }
         };
         let last = match items % per_batch {

@@ -93,7 +93,7 @@ pub use pool::{
 };
 pub use regroup::{Regroup, Rows};
 pub use settings::{LoaderSettings, OrderName, SettingsError};
-pub use units::{EpochPlan, Unit};
+pub use units::{batches_of, EpochPlan, Unit};
 
 use crate::dataset::Dataset;
 use crate::device::SimLog;

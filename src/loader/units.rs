@@ -74,6 +74,17 @@ pub(super) struct Batching {
     pub(super) reader: Option<(usize, usize)>,
 }
 
+/// Batches `items` items make, `per_batch` to a batch: a last partial batch counts unless
+/// `drop_last`. The one count of an epoch's batches (a rank's, a reader's, a unit plan's, a
+/// map-style dataset's in Python).
+pub const fn batches_of(items: usize, per_batch: usize, drop_last: bool) -> usize {
+    if drop_last {
+        items / per_batch
+    } else {
+        items.div_ceil(per_batch)
+    }
+}
+
 impl Batching {
     /// Of `batches` (the rank's, numbered from 0), how many fall to this loader: every one,
     /// or with a reader split `(r, n)` batches `r`, `r + n`, …
@@ -259,12 +270,7 @@ impl EpochPlan {
     /// Batches left in the epoch, as the local loader counts them (a last partial batch
     /// dropped with `drop_last`), when no item is skipped.
     pub fn batches(&self) -> usize {
-        let n = self.todo.len();
-        if self.drop_last {
-            n / self.per_batch
-        } else {
-            n.div_ceil(self.per_batch)
-        }
+        batches_of(self.todo.len(), self.per_batch, self.drop_last)
     }
 
     /// Positions per batch (1 for length-aware batches, whose positions are batches).
