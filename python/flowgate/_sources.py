@@ -163,19 +163,14 @@ class Mix:
                  draws: Optional[int] = None, stop: str = "all",
                  labels: Optional[Sequence[Optional[str]]] = None) -> None:
         self.sources = list(sources)
-        if not self.sources:
-            raise ValueError("Mix needs at least one source")
         for k, s in enumerate(self.sources):
             if not isinstance(s, (Shards, Parquet)):
                 raise ValueError(f"Mix: sources[{k}] must be a flowgate.Shards or "
                                  f"flowgate.Parquet, not {type(s).__name__}")
         self.weights = [float(w) for w in weights]
-        if len(self.weights) != len(self.sources):
-            raise ValueError(f"Mix: one weight per source: {len(self.sources)} sources, "
-                             f"{len(self.weights)} weights")
         _check_ints(locals(), draws=1)
-        if stop not in ("first", "all"):
-            raise ValueError(f'Mix: stop must be "first" or "all", not {stop!r}')
+        # The library's rules and words (weights, draws, stop), before any source is opened.
+        _native._check_mix(len(self.sources), self.weights, draws, stop)
         self.draws = draws
         self.stop = stop
         if labels is not None:

@@ -178,15 +178,30 @@ fn mix(paths: &Bound<'_, PyAny>, labels: Option<&Bound<'_, PyAny>>) -> PyResult<
             ))
         })?);
     }
-    let stop = match (draws, stop.as_str()) {
-        (Some(n), _) => MixStop::Draws(n),
-        (None, "first") => MixStop::FirstExhausted,
-        (None, "all") => MixStop::AllExhausted,
-        (None, other) => {
-            return Err(PyValueError::new_err(format!(
-                "Mix: stop must be \"first\" or \"all\", not {other:?}"
-            )))
-        }
-    };
+    let stop = mix_stop(sources.len(), &weights, draws, &stop)?;
     Ok(Source::mix(parts, weights).stop(stop))
+}
+
+/// A mixture's weights and stop rule checked by the library (`Mix: weights: ...`), before any
+/// source is opened: when `flowgate.Mix` is made, and again when a loader reads one.
+fn mix_stop(
+    sources: usize,
+    weights: &[f64],
+    draws: Option<usize>,
+    stop: &str,
+) -> PyResult<MixStop> {
+    let mix = |m: String| PyValueError::new_err(format!("Mix: {m}"));
+    flowgate::sampler::check_weights(sources, weights).map_err(mix)?;
+    MixStop::named(draws, stop).map_err(mix)
+}
+
+/// `flowgate.Mix`'s check at construction: see [`mix_stop`].
+#[pyfunction]
+pub(crate) fn _check_mix(
+    sources: usize,
+    weights: Vec<f64>,
+    draws: Option<usize>,
+    stop: &str,
+) -> PyResult<()> {
+    mix_stop(sources, &weights, draws, stop).map(drop)
 }

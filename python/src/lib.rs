@@ -144,6 +144,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<units::Regroup>()?;
     m.add_function(wrap_pyfunction!(units::_delivered_since, m)?)?;
     m.add_function(wrap_pyfunction!(units::_batches_of, m)?)?;
+    m.add_function(wrap_pyfunction!(dataset::_check_mix, m)?)?;
     m.add_function(wrap_pyfunction!(args::_check_limit, m)?)?;
     m.add_class::<pipeline::PyPipeline>()?;
     m.add_function(wrap_pyfunction!(args::loader, m)?)?;

@@ -77,8 +77,18 @@ def test_bad_mixtures_are_named(data, tmp_path):
         flowgate.Mix([shards, rows], [1.0])
     with pytest.raises(ValueError, match="sources\\[1\\] must be"):
         flowgate.Mix([shards, "list.txt"], [1.0, 1.0])
-    with pytest.raises(ValueError, match='stop must be "first" or "all"'):
+    with pytest.raises(ValueError, match='^Mix: stop: must be "first" or "all", not "never"$'):
         flowgate.Mix([shards], [1.0], stop="never")
+    # The library's rules (`flowgate::sampler::check_weights`, a pipeline file's too), at
+    # construction: before, NaN and negative weights waited for the sources to open.
+    for weights, says in (([float("nan"), 1.0], r"weights\[0\] is NaN"),
+                          ([1.0, -1.0], r"weights\[1\] is -1"),
+                          ([0.0, 0.0], "every weight is 0"),
+                          ([], "0 sources, 0 weights")):
+        with pytest.raises(ValueError, match="^Mix: weights: .*" + says):
+            flowgate.Mix([shards, rows][:len(weights)], weights)
+    with pytest.raises(ValueError, match="draws"):
+        flowgate.Mix([shards], [1.0], draws=0)
     with pytest.raises(ValueError, match="every source needs a label field, or none"):
         flowgate.ImageLoader(flowgate.Mix([shards, rows], [1, 1], labels=["cls", None]), **ARGS)
     with pytest.raises(ValueError, match="weight"):

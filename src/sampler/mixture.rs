@@ -19,6 +19,50 @@ pub enum MixStop {
     AllExhausted,
 }
 
+impl MixStop {
+    /// When an epoch ends as a front end names it: after `draws` draws (1 to
+    /// [`MAX_EPOCH_ITEMS`](super::MAX_EPOCH_ITEMS)), else `stop`: `"first"` or `"all"`. An
+    /// error names the key.
+    pub fn named(draws: Option<usize>, stop: &str) -> Result<Self, String> {
+        match (draws, stop) {
+            (Some(n), _) if n == 0 || n > super::MAX_EPOCH_ITEMS => Err(format!(
+                "draws: must be in 1..={}, not {n}",
+                super::MAX_EPOCH_ITEMS
+            )),
+            (Some(n), _) => Ok(Self::Draws(n)),
+            (None, "first") => Ok(Self::FirstExhausted),
+            (None, "all") => Ok(Self::AllExhausted),
+            (None, other) => Err(format!("stop: must be \"first\" or \"all\", not {other:?}")),
+        }
+    }
+}
+
+/// A mixture's weights against its `sources`, checked before any source is opened (every
+/// front end's words): one weight per source, at least one source, each finite and at
+/// least 0, one above 0. An error names the key.
+pub fn check_weights(sources: usize, weights: &[f64]) -> Result<(), String> {
+    if sources == 0 || sources != weights.len() {
+        return Err(format!(
+            "weights: one weight per source, at least one source: {sources} sources, {} \
+             weights",
+            weights.len()
+        ));
+    }
+    if let Some((i, w)) = weights
+        .iter()
+        .enumerate()
+        .find(|(_, w)| !(w.is_finite() && **w >= 0.0))
+    {
+        return Err(format!(
+            "weights: each must be finite and at least 0; weights[{i}] is {w}"
+        ));
+    }
+    if !weights.iter().any(|&w| w > 0.0) {
+        return Err("weights: every weight is 0; one must be above 0".into());
+    }
+    Ok(())
+}
+
 #[derive(Clone, Debug)]
 pub(super) struct Mixture {
     pub(super) lengths: Vec<usize>,
@@ -42,19 +86,10 @@ impl Sampler {
         stop: MixStop,
     ) -> Result<Self, PipelineError> {
         let bad = |m: String| Err(PipelineError::config(format!("mixture: {m}")));
-        if lengths.is_empty() || lengths.len() != weights.len() {
-            return bad(format!(
-                "{} sources and {} weights (one weight per source, at least one source)",
-                lengths.len(),
-                weights.len()
-            ));
+        if let Err(m) = check_weights(lengths.len(), weights) {
+            return bad(m);
         }
         for (i, (&n, &w)) in lengths.iter().zip(weights).enumerate() {
-            if !w.is_finite() || w < 0.0 {
-                return bad(format!(
-                    "weight {i} is {w}; weights must be finite and >= 0"
-                ));
-            }
             if w > 0.0 && n == 0 {
                 return bad(format!("source {i} is empty but has weight {w}"));
             }
@@ -66,9 +101,6 @@ impl Sampler {
                     super::MAX_EPOCH_ITEMS
                 ));
             }
-        }
-        if weights.iter().all(|&w| w == 0.0) {
-            return bad("every weight is 0".into());
         }
         let mut offsets = Vec::with_capacity(lengths.len());
         let mut at = 0;

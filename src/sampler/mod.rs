@@ -23,8 +23,8 @@ mod mixture;
 pub use buckets::{Bucketing, LengthBatches};
 pub use layout::Layout;
 pub use makeup::MakeUp;
-pub use mixture::MixStop;
 use mixture::Mixture;
+pub use mixture::{check_weights, MixStop};
 
 /// The most items one epoch's order may hold: 2^32 (an order is materialised, 8 bytes an
 /// item: 32 GiB at this size). A number past it — a mixture's `draws`, a manifest's sample

@@ -434,3 +434,40 @@ fn fingerprints_are_stable_and_tell_configurations_apart() {
     assert_ne!(f, grouped(&[5, 5]).fingerprint());
     assert_ne!(f, grouped(&[3, 7]).shuffle(6).fingerprint());
 }
+
+#[test]
+fn a_mixtures_words_are_checked_before_its_sources_open() {
+    use super::check_weights;
+    assert!(check_weights(2, &[0.7, 0.3]).is_ok());
+    assert!(check_weights(2, &[0.0, 1.0]).is_ok(), "a source left out");
+    for (n, w, says) in [
+        (2, &[1.0][..], "2 sources, 1 weights"),
+        (0, &[][..], "at least one source: 0 sources"),
+        (2, &[f64::NAN, 1.0][..], "weights[0] is NaN"),
+        (2, &[1.0, f64::INFINITY][..], "weights[1] is inf"),
+        (2, &[1.0, -0.5][..], "weights[1] is -0.5"),
+        (2, &[0.0, 0.0][..], "every weight is 0"),
+    ] {
+        let e = check_weights(n, w).unwrap_err();
+        assert!(e.starts_with("weights: ") && e.contains(says), "{e}");
+    }
+    assert_eq!(MixStop::named(Some(5), "all"), Ok(MixStop::Draws(5)));
+    assert_eq!(MixStop::named(None, "first"), Ok(MixStop::FirstExhausted));
+    assert_eq!(MixStop::named(None, "all"), Ok(MixStop::AllExhausted));
+    assert!(MixStop::named(Some(0), "all")
+        .unwrap_err()
+        .starts_with("draws: must be in 1..="));
+    let too_many = super::MAX_EPOCH_ITEMS + 1;
+    assert!(MixStop::named(Some(too_many), "all").is_err());
+    assert_eq!(
+        MixStop::named(None, "never").unwrap_err(),
+        "stop: must be \"first\" or \"all\", not \"never\""
+    );
+    // The sampler says the same of its weights.
+    let e = Sampler::mixture(&[3, 3], &[1.0, f64::NAN], MixStop::AllExhausted).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("mixture: weights: each must be finite"),
+        "{e}"
+    );
+}

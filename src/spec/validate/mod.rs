@@ -410,25 +410,9 @@ impl PipelineSpec {
             sources, weights, ..
         } = &self.source
         {
-            if sources.len() != weights.len() || sources.is_empty() {
-                return Err(err(
-                    "source",
-                    "weights",
-                    format!(
-                        "one weight per source: {} sources, {} weights",
-                        sources.len(),
-                        weights.len()
-                    ),
-                ));
-            }
-            if weights.iter().any(|w| !(w.is_finite() && *w >= 0.0))
-                || !weights.iter().any(|w| *w > 0.0)
-            {
-                return Err(err(
-                    "source",
-                    "weights",
-                    "must be finite, at least 0, and one above 0".into(),
-                ));
+            if let Err(m) = crate::sampler::check_weights(sources.len(), weights) {
+                let m = m.strip_prefix("weights: ").unwrap_or(&m).to_owned();
+                return Err(err("source", "weights", m));
             }
         }
         if let SourceSpec::S3 { concurrency, .. } = &self.source {
