@@ -191,7 +191,7 @@ impl Publisher {
             decode_workers,
             cores: self.cores,
             node_budget: self.node_budget,
-            bytes: s.stages.iter().map(|x| x.queue_bytes).sum(),
+            bytes: s.bytes_held(),
             memory_budget: s.memory_budget.as_ref().map(|m| m.bytes),
             bottleneck,
             failures: s.failures,

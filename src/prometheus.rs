@@ -66,7 +66,7 @@ pub fn render(stats: &PipelineStats, labels: &[(String, String)]) -> String {
     if let Some(m) = &stats.memory_budget {
         out.gauge("flowgate_memory_budget_bytes", &[], m.bytes as f64);
     }
-    let held: u64 = stats.stages.iter().map(|s| s.queue_bytes).sum();
+    let held = stats.bytes_held();
     out.gauge("flowgate_held_bytes", &[], held as f64);
     for s in &stats.stages {
         let stage = [("stage", s.name.as_str())];

@@ -23,7 +23,7 @@ pub(crate) struct Settings {
 }
 
 /// The most workers a level may ask for.
-const MAX_LEVEL: usize = 1024;
+const MAX_LEVEL: u64 = flowgate::limits::WORKERS.max;
 
 /// One level's measurements.
 struct Level {
@@ -40,7 +40,7 @@ impl Level {
 }
 
 pub(crate) fn profile(file: &Path, s: &Settings) -> Result<(), Error> {
-    if s.levels.is_empty() || s.levels.iter().any(|&l| l == 0 || l > MAX_LEVEL) {
+    if s.levels.is_empty() || s.levels.iter().any(|&l| l == 0 || l as u64 > MAX_LEVEL) {
         return Err(format!(
             "--levels: worker counts in 1..={MAX_LEVEL}, not {:?}",
             s.levels

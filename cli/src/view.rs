@@ -407,7 +407,7 @@ impl View {
         let cpu = self
             .cpu_cores()
             .map_or_else(|| "-".to_owned(), |c| format!("{c:.1}"));
-        let buffered: u64 = now.stages.iter().map(|s| s.queue_bytes).sum();
+        let buffered = now.bytes_held();
         let node = self.node_share();
         lines.push(format!(
             "cpu {cpu} of {cores} cores  rss {}  buffered {}{}{node}",

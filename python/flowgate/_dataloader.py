@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 from . import _native
 from ._process import _OPEN, _Pass
+from ._sources import _check_ints
 
 
 class DataLoader:
@@ -173,8 +174,8 @@ class _EpochSetter:
 
 
 def _check_epoch(epoch: Any) -> None:
-    if isinstance(epoch, bool) or not hasattr(epoch, "__index__") or epoch < 0:
-        raise ValueError(f"epoch must be an int of at least 0, not {epoch!r}")
+    # The loaders' check, in their words.
+    _check_ints({"epoch": epoch}, epoch=0)
 
 
 def _default_collate(batched: bool) -> Callable[[Any], Any]:

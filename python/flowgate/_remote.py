@@ -110,10 +110,10 @@ class FlowgateDecoder:
         # machine has it (an actor starts wherever Ray started its worker process).
         if os.path.isdir(cwd):
             os.chdir(cwd)
-        # Held to its reserved CPUs: a budget of this process alone.
+        # Held to its reserved CPUs, a budget of this process alone (the library holds a
+        # budget to the cores the node has).
         os.environ["FLOWGATE_NODE_KEY"] = f"ray-actor-{os.getpid()}"
-        budget = max(1, min(int(cores), os.cpu_count() or 1))
-        self._loader = _unit_loader(cls_name, dict(args, cpu_budget=budget))
+        self._loader = _unit_loader(cls_name, dict(args, cpu_budget=max(1, int(cores))))
 
     def pid(self) -> int:
         return os.getpid()

@@ -423,10 +423,7 @@ impl Loader {
         }
         d.set_item("stages", crate::stats::stages_to_py(py, &s)?)?;
         // Everything the loader holds now, as the memory budget counts it.
-        d.set_item(
-            "bytes",
-            s.stages.iter().map(|st| st.queue_bytes).sum::<u64>(),
-        )?;
+        d.set_item("bytes", s.bytes_held())?;
         Ok(d)
     }
 

@@ -416,9 +416,9 @@ impl PyPipeline {
         size: usize,
         drop_last: bool,
     ) -> PyResult<Bound<'py, Self>> {
-        if size == 0 {
-            return Err(PyValueError::new_err("size must be at least 1"));
-        }
+        flowgate::limits::BATCH_SIZE
+            .check_usize(size)
+            .map_err(|e| PyValueError::new_err(format!("size: {}", e.message)))?;
         slf.borrow()
             .stages
             .lock()

@@ -67,6 +67,11 @@ impl PipelineStats {
     pub fn stage(&self, name: &str) -> Option<&StageStats> {
         self.stages.iter().find(|s| s.name == name)
     }
+
+    /// Bytes every stage holds now, as the memory budget counts them.
+    pub fn bytes_held(&self) -> u64 {
+        self.stages.iter().map(|s| s.queue_bytes).sum()
+    }
 }
 
 /// Reads a pipeline's statistics and epoch from any thread, without waiting for its consumer
