@@ -218,6 +218,12 @@ fn what_units_cannot_carry_is_refused_when_planned_and_when_built_to_plan() {
         .unwrap()
     };
     let files = paths(false);
+    let plain = || {
+        let d = Dataset::builder(Source::files(files.clone()))
+            .build()
+            .unwrap();
+        Loader::builder(d, recipe())
+    };
     type Make<'a> = Box<dyn Fn() -> flowgate::loader::LoaderBuilder + 'a>;
     let cases: [(&str, Make); 4] = [
         (
@@ -228,35 +234,13 @@ fn what_units_cannot_carry_is_refused_when_planned_and_when_built_to_plan() {
                 Loader::builder(Dataset::builder(source).build().unwrap(), recipe())
             }),
         ),
-        (
-            "(map)",
-            Box::new(|| {
-                let d = Dataset::builder(Source::files(files.clone()))
-                    .build()
-                    .unwrap();
-                Loader::builder(d, recipe()).map_items("tokenize", Ok)
-            }),
-        ),
-        (
-            "(map_batch)",
-            Box::new(|| {
-                let d = Dataset::builder(Source::files(files.clone()))
-                    .build()
-                    .unwrap();
-                Loader::builder(d, recipe()).map_batches("pad", Ok)
-            }),
-        ),
+        ("(map)", Box::new(|| plain().map_items("tokenize", Ok))),
+        ("(map_batch)", Box::new(|| plain().map_batches("pad", Ok))),
         (
             "arrive in host memory",
             Box::new(|| {
-                let d = Dataset::builder(Source::files(files.clone()))
-                    .build()
-                    .unwrap();
-                let device = flowgate::loader::DeviceName::Simulated
-                    .open()
-                    .unwrap()
-                    .unwrap();
-                Loader::builder(d, recipe()).device(device)
+                let device = flowgate::loader::DeviceName::Simulated.open().unwrap();
+                plain().device(device.unwrap())
             }),
         ),
     ];
