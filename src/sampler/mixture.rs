@@ -102,13 +102,46 @@ impl Sampler {
                 ));
             }
         }
+        // Weights near f64::MAX would sum to infinity, and every draw fall on the last
+        // source: those are scaled so the largest is 1 (others are kept as given, so an
+        // order is the same as before this rule).
+        let scaled: Vec<f64> = if weights.iter().sum::<f64>().is_finite() {
+            weights.to_vec()
+        } else {
+            let top = weights.iter().copied().fold(0.0, f64::max);
+            weights.iter().map(|w| w / top).collect()
+        };
+        if stop == MixStop::AllExhausted {
+            // A source is drawn through in about `n / p` draws: an epoch that ends once every
+            // source is must fit an epoch's limit (a weight of 1e-10 would take 10^10 draws
+            // a sample, and hold them all in memory).
+            let sum: f64 = scaled.iter().sum();
+            let through = lengths
+                .iter()
+                .zip(&scaled)
+                .enumerate()
+                .filter(|(_, (_, &w))| w > 0.0)
+                .map(|(i, (&n, &w))| (i, n as f64 * sum / w))
+                .max_by(|a, b| a.1.total_cmp(&b.1));
+            if let Some((i, draws)) = through.filter(|t| t.1 > super::MAX_EPOCH_ITEMS as f64) {
+                return bad(format!(
+                    "weights: with stop \"all\" an epoch ends once every source is drawn \
+                     through, and source {i} ({} items at weight {}) takes about {draws:.3e} \
+                     draws, more than an epoch holds ({}); raise its weight, or give draws or \
+                     stop \"first\"",
+                    lengths[i],
+                    weights[i],
+                    super::MAX_EPOCH_ITEMS
+                ));
+            }
+        }
         let mut offsets = Vec::with_capacity(lengths.len());
         let mut at = 0;
         for &n in lengths {
             offsets.push(at);
             at += n;
         }
-        let cumulative = weights
+        let cumulative = scaled
             .iter()
             .scan(0.0, |acc, w| {
                 *acc += w;
@@ -166,6 +199,10 @@ impl Sampler {
                 if out.len() == n {
                     break;
                 }
+            }
+            // Bounded whatever the draws' luck (`mixture` refused weights that need more).
+            if out.len() == super::MAX_EPOCH_ITEMS {
+                break;
             }
             let x = rng.uniform() * total;
             let s = m.cumulative.partition_point(|&c| c <= x).min(k - 1);

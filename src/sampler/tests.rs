@@ -471,3 +471,31 @@ fn a_mixtures_words_are_checked_before_its_sources_open() {
         "{e}"
     );
 }
+
+#[test]
+fn mixtures_of_extreme_weights_are_drawn_or_refused_never_run_away() {
+    // Weights near f64::MAX summed to infinity: every draw fell on the last source, and an
+    // epoch ending once every source ran out never ended (a helper's case: 23 GB, then the
+    // OOM killer).
+    let huge = Sampler::mixture(&[20, 20], &[1e308, 1e308], MixStop::AllExhausted).unwrap();
+    let order = huge.global_len();
+    assert!((40..400).contains(&order), "{order}");
+    let scaled = Sampler::mixture(&[20, 20], &[1.0, 1.0], MixStop::AllExhausted).unwrap();
+    assert_eq!(
+        order,
+        scaled.global_len(),
+        "the same draws as weights of the same ratio"
+    );
+    // A weight so small that drawing its source through would take more draws than an epoch
+    // holds is refused, naming the source; with draws, or stop "first", it is fine.
+    for tiny in [1e-10, 1e-300, f64::MIN_POSITIVE / 4.0] {
+        let e = Sampler::mixture(&[20, 20], &[1.0, tiny], MixStop::AllExhausted).unwrap_err();
+        assert!(
+            e.to_string().contains("source 1 (20 items at weight"),
+            "{e}"
+        );
+        assert!(Sampler::mixture(&[20, 20], &[1.0, tiny], MixStop::Draws(30)).is_ok());
+        let first = Sampler::mixture(&[20, 20], &[1.0, tiny], MixStop::FirstExhausted).unwrap();
+        assert!(first.global_len() <= 40);
+    }
+}
