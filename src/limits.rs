@@ -208,6 +208,10 @@ pub const BATCHES_PER_UNIT: Limit = Limit {
 /// The most CPUs one remote worker may reserve: past any node's.
 pub const MAX_CPUS_PER_WORKER: f64 = 4096.0;
 
+/// The fewest CPUs one remote worker may reserve: a hundredth of one (a scheduler such as
+/// Ray counts CPUs in ten-thousandths; a smaller share decodes nothing in useful time).
+pub const MIN_CPUS_PER_WORKER: f64 = 0.01;
+
 /// The longest a remote pool may wait for its first worker, in seconds (a day).
 pub const MAX_START_TIMEOUT: f64 = 86_400.0;
 

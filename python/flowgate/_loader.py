@@ -5,6 +5,7 @@ checkpoints, statistics, and how a loader lives in other processes (pickling, ``
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -55,13 +56,8 @@ class _Loader:
         if remote is not None:
             if not isinstance(remote, Ray):
                 raise TypeError(f"remote must be a flowgate.Ray(...) or None, not {remote!r}")
-            # What units cannot carry (fields, map=, map_batch=) the library refuses when the
-            # loader is built; a device here, as the error of a device.
-            if args.get("device", "cpu") != "cpu":
-                raise DeviceUnavailable(
-                    f"device={args['device']!r} with remote=: batches decoded remotely arrive "
-                    "in host memory; use device='cpu' and move them (batch.to('cuda', "
-                    "non_blocking=True) after pin_memory())")
+            # What units cannot carry (fields, map=, map_batch=, a device) the library
+            # refuses when the loader is built (`LoaderBuilder::plans_units`).
         #: The remote pool (made at the first remote epoch). A remote epoch is the native
         #: loader's own (its checkpoint, failures and a break, as a local epoch's).
         self._pool: Optional[_Pool] = None
@@ -285,6 +281,8 @@ def _metrics_address(port: Any) -> str:
     """``metrics_port``: a port on the loopback address, or ``"host:port"`` (``"0.0.0.0:9100"``
     for a scraper on another machine), as the library reads an address; 0 picks a free
     port."""
-    if isinstance(port, bool) or not isinstance(port, (int, str)):
+    if isinstance(port, str):
+        return port
+    if isinstance(port, bool) or not hasattr(port, "__index__"):
         raise ValueError(f'metrics_port must be a port in 0..=65535 or "host:port", not {port!r}')
-    return str(port)
+    return str(operator.index(port))

@@ -152,7 +152,7 @@ class _Pool:
         if said is not None:  # a sized pool: how many actors it starts, and why
             import logging
             logging.getLogger("flowgate.remote").log(
-                logging.WARNING if said[0] else logging.INFO, "flowgate.Ray(%s)", said[1])
+                logging.WARNING if said[0] else logging.INFO, "flowgate.Ray: %s", said[1])
         self.run()
 
     def run(self, plan: Any = None) -> None:

@@ -125,6 +125,8 @@ class Parquet:
                  buffer: int = _native.DEFAULT_BUFFER,
                  endpoint: Optional[str] = None) -> None:
         _check_ints(locals(), buffer=0)
+        if not isinstance(column, str):
+            raise ValueError(f"Parquet: column must be a column's name (a str), not {column!r}")
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         self.paths = [os.fspath(p) for p in paths]
@@ -168,7 +170,11 @@ class Mix:
                 raise ValueError(f"Mix: sources[{k}] must be a flowgate.Shards or "
                                  f"flowgate.Parquet, not {type(s).__name__}")
         self.weights = [float(w) for w in weights]
-        _check_ints(locals(), draws=1)
+        if draws is not None:
+            if isinstance(draws, bool) or not hasattr(draws, "__index__"):
+                raise ValueError(f"Mix: draws: must be a whole number, not {draws!r}")
+            # Past 128 bits, as past the library's limit.
+            draws = max(-(2 ** 127), min(operator.index(draws), 2 ** 127 - 1))
         # The library's rules and words (weights, draws, stop), before any source is opened.
         _native._check_mix(len(self.sources), self.weights, draws, stop)
         self.draws = draws

@@ -159,7 +159,7 @@ fn records(paths: &Bound<'_, PyAny>, label: Option<String>) -> PyResult<Option<S
 fn mix(paths: &Bound<'_, PyAny>, labels: Option<&Bound<'_, PyAny>>) -> PyResult<Source> {
     let sources: Vec<Bound<'_, PyAny>> = paths.getattr("sources")?.extract()?;
     let weights: Vec<f64> = paths.getattr("weights")?.extract()?;
-    let draws: Option<usize> = paths.getattr("draws")?.extract()?;
+    let draws: Option<i128> = paths.getattr("draws")?.extract()?;
     let stop: String = paths.getattr("stop")?.extract()?;
     let per_source: Option<Vec<Option<String>>> = paths.getattr("labels")?.extract()?;
     let common = match per_source {
@@ -184,12 +184,7 @@ fn mix(paths: &Bound<'_, PyAny>, labels: Option<&Bound<'_, PyAny>>) -> PyResult<
 
 /// A mixture's weights and stop rule checked by the library (`Mix: weights: ...`), before any
 /// source is opened: when `flowgate.Mix` is made, and again when a loader reads one.
-fn mix_stop(
-    sources: usize,
-    weights: &[f64],
-    draws: Option<usize>,
-    stop: &str,
-) -> PyResult<MixStop> {
+fn mix_stop(sources: usize, weights: &[f64], draws: Option<i128>, stop: &str) -> PyResult<MixStop> {
     let mix = |m: String| PyValueError::new_err(format!("Mix: {m}"));
     flowgate::sampler::check_weights(sources, weights).map_err(mix)?;
     MixStop::named(draws, stop).map_err(mix)
@@ -200,7 +195,7 @@ fn mix_stop(
 pub(crate) fn _check_mix(
     sources: usize,
     weights: Vec<f64>,
-    draws: Option<usize>,
+    draws: Option<i128>,
     stop: &str,
 ) -> PyResult<()> {
     mix_stop(sources, &weights, draws, stop).map(drop)

@@ -114,7 +114,7 @@ pub(crate) struct PyPipeline {
     /// threads run it (after a `fork` the child has none of them).
     running: Mutex<Option<Running>>,
     source_error: SourceError,
-    /// The items that failed in the epoch being iterated, and the first of them.
+    /// The items that failed in the epoch being iterated, and the last of them.
     failed: Arc<Mutex<(u64, Option<ItemError>)>>,
     /// Closed (`close()`) since the last epoch started: an iterator still running says so.
     closed: AtomicBool,
@@ -317,10 +317,8 @@ impl PyPipeline {
             .on_failure(move |e| {
                 let mut f = failed.lock().expect("failed");
                 f.0 += 1;
-                // The first: the dataset's own error, not a make-up's that followed it.
-                if f.1.is_none() {
-                    f.1 = Some(e.clone());
-                }
+                // The last, as a loader's "delivered nothing" names it.
+                f.1 = Some(e.clone());
             })
             .build()
     }

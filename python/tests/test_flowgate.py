@@ -685,3 +685,23 @@ def test_metrics_port_serves_prometheus_series_with_the_ranks_labels(data, monke
     named = flowgate.ImageLoader(str(data / "images.txt"), metrics_port="localhost:0")
     assert named.metrics_address is not None
     named.close()
+
+
+def test_an_epoch_of_only_failures_names_its_last_failure_in_every_front_end(data, tmp_path):
+    """"delivered nothing" says the count and the last failure alike for a loader and a
+    `Pipeline` (a helper's case: the Pipeline named its first under "last:")."""
+    def bad(x):
+        raise ValueError(f"bad {x}")
+
+    with pytest.raises(flowgate.LoaderError,
+                       match=r"^epoch 0 delivered nothing: every item failed \(50 failed "
+                             r"items\); last: .* on 49"):
+        list(flowgate.Pipeline(range(50), skip_errors=True).map(bad, workers=1))
+    missing = tmp_path / "missing.txt"
+    missing.write_text("".join(f"{tmp_path}/gone{i}.jpg\n" for i in range(30)))
+    loader = flowgate.ImageLoader(str(missing), shuffle=False, workers=1, skip_errors=True)
+    with pytest.raises(flowgate.LoaderError,
+                       match=r"^epoch 0 delivered nothing: every item failed \(30 failed "
+                             r"items\); last: .*gone29\.jpg"):
+        list(loader)
+    loader.close()

@@ -452,8 +452,12 @@ def test_bad_remote_arguments_are_refused(data):
         flowgate.Ray(workers=2, min_workers=3, max_workers=4)
     with pytest.raises(TypeError, match="address"):
         flowgate.Ray(address=123)
-    with pytest.raises(flowgate.DeviceUnavailable, match="remote"):
+    with pytest.raises(ValueError, match="remote decoding: units decoded elsewhere arrive in host"):
         flowgate.ImageLoader(images(data), device="simulated", remote=flowgate.Ray())
+    # A device name that is none is that error first (a helper's case: it said "remote").
+    for bad in ("tpu", "CPU"):
+        with pytest.raises(ValueError, match="device must be"):
+            flowgate.ImageLoader(images(data), device=bad, remote=flowgate.Ray())
     # The library's rules and words (`flowgate::loader::PoolSettings`, tested in Rust): one
     # translation check per kind of refusal.
     for kw, says in (
@@ -464,7 +468,8 @@ def test_bad_remote_arguments_are_refused(data):
              'workers: invalid value: string "all", expected "auto" or a whole number, at least 0'),
             (dict(batches_per_unit=0), "batches_per_unit: must be in 1..=1024, not 0"),
             (dict(start_timeout=float("nan")), "start_timeout: must be in (0, 86400], not NaN"),
-            (dict(cpus_per_worker=float("inf")), "cpus_per_worker: must be in (0, 4096], not inf")):
+            (dict(cpus_per_worker=float("inf")), "cpus_per_worker: must be in [0.01, 4096], not inf"),
+            (dict(cpus_per_worker=1e-5), "cpus_per_worker: must be in [0.01, 4096], not 0.00001")):
         with pytest.raises(ValueError) as e:
             flowgate.Ray(**kw)
         assert str(e.value) == says, (kw, str(e.value))

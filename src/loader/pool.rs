@@ -232,7 +232,13 @@ impl PoolSettings {
             ));
         }
         if let Some(c) = self.cpus_per_worker {
-            limits::above_zero("cpus_per_worker", c, limits::MAX_CPUS_PER_WORKER)?;
+            let (min, max) = (limits::MIN_CPUS_PER_WORKER, limits::MAX_CPUS_PER_WORKER);
+            if !(min..=max).contains(&c) {
+                return Err(out_of_range(
+                    "cpus_per_worker",
+                    format!("must be in [{min}, {max}], not {c}"),
+                ));
+            }
         }
         limits::above_zero(
             "start_timeout",
@@ -255,7 +261,9 @@ impl PoolSettings {
     /// pool with `local` decodes in the training process, and [`start_line`](Self::start_line)
     /// says so).
     pub fn cpus(&self, cluster: &Cluster) -> Result<f64, SettingsError> {
-        let cpus = self.cpus_per_worker.unwrap_or_else(|| {
+        // In ten-thousandths of a CPU, as a scheduler (Ray) counts them.
+        let cpus = self.cpus_per_worker.map(|c| (c * 1e4).round() / 1e4);
+        let cpus = cpus.unwrap_or_else(|| {
             if cluster.largest.is_finite() {
                 cluster.largest.clamp(1.0, DEFAULT_MAX_CPUS_PER_WORKER)
             } else {
@@ -412,15 +420,19 @@ mod tests {
             ),
             (
                 json!({"cpus_per_worker": 0}),
-                "cpus_per_worker: must be in (0, 4096], not 0",
+                "cpus_per_worker: must be in [0.01, 4096], not 0",
+            ),
+            (
+                json!({"cpus_per_worker": 1e-5}),
+                "cpus_per_worker: must be in [0.01, 4096], not 0.00001",
             ),
             (
                 json!({"cpus_per_worker": -1.5}),
-                "cpus_per_worker: must be in (0, 4096], not -1.5",
+                "cpus_per_worker: must be in [0.01, 4096], not -1.5",
             ),
             (
                 json!({"cpus_per_worker": "inf"}),
-                "cpus_per_worker: must be in (0, 4096], not inf",
+                "cpus_per_worker: must be in [0.01, 4096], not inf",
             ),
             (
                 json!({"start_timeout": "nan"}),
@@ -479,6 +491,9 @@ mod tests {
             assert_eq!(auto.cpus(&c).unwrap(), cpus, "largest node {largest}");
         }
         assert_eq!(auto.cpus(&Cluster::UNKNOWN).unwrap(), 1.0);
+        // Given, in ten-thousandths of a CPU (Ray refuses finer shares).
+        let fine = PoolSettings::from_value(json!({"cpus_per_worker": 0.123456})).unwrap();
+        assert_eq!(fine.cpus(&Cluster::UNKNOWN).unwrap(), 0.1235);
     }
 
     #[test]

@@ -106,11 +106,9 @@ impl Loader {
                 "plan_units: an epoch is being iterated; plan the next one between epochs",
             ));
         }
-        if batches_per_unit == 0 {
-            return Err(PipelineError::config(
-                "plan_units: batches_per_unit must be at least 1",
-            ));
-        }
+        crate::limits::BATCHES_PER_UNIT
+            .check_usize(batches_per_unit)
+            .map_err(|e| PipelineError::config(format!("plan_units: {e}")))?;
         if let Some(why) = self.batching.units_refusal {
             return Err(PipelineError::config(format!("plan_units: {why}")));
         }

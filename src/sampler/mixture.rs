@@ -23,13 +23,13 @@ impl MixStop {
     /// When an epoch ends as a front end names it: after `draws` draws (1 to
     /// [`MAX_EPOCH_ITEMS`](super::MAX_EPOCH_ITEMS)), else `stop`: `"first"` or `"all"`. An
     /// error names the key.
-    pub fn named(draws: Option<usize>, stop: &str) -> Result<Self, String> {
+    pub fn named(draws: Option<i128>, stop: &str) -> Result<Self, String> {
+        let most = super::MAX_EPOCH_ITEMS;
         match (draws, stop) {
-            (Some(n), _) if n == 0 || n > super::MAX_EPOCH_ITEMS => Err(format!(
-                "draws: must be in 1..={}, not {n}",
-                super::MAX_EPOCH_ITEMS
-            )),
-            (Some(n), _) => Ok(Self::Draws(n)),
+            (Some(n), _) => match usize::try_from(n) {
+                Ok(n) if (1..=most).contains(&n) => Ok(Self::Draws(n)),
+                _ => Err(format!("draws: must be in 1..={most}, not {n}")),
+            },
             (None, "first") => Ok(Self::FirstExhausted),
             (None, "all") => Ok(Self::AllExhausted),
             (None, other) => Err(format!("stop: must be \"first\" or \"all\", not {other:?}")),

@@ -457,8 +457,11 @@ fn a_mixtures_words_are_checked_before_its_sources_open() {
     assert!(MixStop::named(Some(0), "all")
         .unwrap_err()
         .starts_with("draws: must be in 1..="));
-    let too_many = super::MAX_EPOCH_ITEMS + 1;
+    let too_many = super::MAX_EPOCH_ITEMS as i128 + 1;
     assert!(MixStop::named(Some(too_many), "all").is_err());
+    assert!(MixStop::named(Some(-1), "all")
+        .unwrap_err()
+        .ends_with("not -1"));
     assert_eq!(
         MixStop::named(None, "never").unwrap_err(),
         "stop: must be \"first\" or \"all\", not \"never\""

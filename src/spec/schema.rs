@@ -204,6 +204,28 @@ fn default_prefetch() -> usize {
     crate::dataset::DEFAULT_PREFETCH
 }
 
+/// `[metrics] prometheus`: a port (`9898`, as Python's `metrics_port=9898`) or an address
+/// (`"0.0.0.0:9898"`), as text for [`prometheus::address`](crate::prometheus::address).
+fn port_or_address<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    struct V;
+    impl serde::de::Visitor<'_> for V {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a port (9898) or an address (\"0.0.0.0:9898\")")
+        }
+        fn visit_i64<E>(self, n: i64) -> Result<Self::Value, E> {
+            Ok(Some(n.to_string()))
+        }
+        fn visit_u64<E>(self, n: u64) -> Result<Self::Value, E> {
+            Ok(Some(n.to_string()))
+        }
+        fn visit_str<E>(self, a: &str) -> Result<Self::Value, E> {
+            Ok(Some(a.to_owned()))
+        }
+    }
+    d.deserialize_any(V)
+}
+
 fn default_column() -> String {
     crate::dataset::DEFAULT_PARQUET_COLUMN.into()
 }
@@ -519,6 +541,6 @@ pub struct MetricsSpec {
     /// Serve Prometheus metrics here: a port on the loopback address (`"9898"`) or
     /// `HOST:PORT` (`"0.0.0.0:9898"` for a scraper on another machine), as
     /// [`prometheus::address`](crate::prometheus::address) reads it (feature `prometheus`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "port_or_address")]
     pub prometheus: Option<String>,
 }

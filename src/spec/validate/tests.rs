@@ -106,8 +106,8 @@ fn bad_files_name_the_key_and_line() {
     assert!(e.message.contains("missing field `source`"), "{e}");
     // The library's reading of an address, as Python's `metrics_port=`: a port on loopback,
     // or HOST:PORT (a scraper on another machine); a port out of range is refused.
-    for good in ["9000", "0.0.0.0:9000", "[::1]:0"] {
-        let text = format!("{GOOD}\n[metrics]\nprometheus = \"{good}\"\n");
+    for good in ["\"9000\"", "9000", "\"0.0.0.0:9000\"", "\"[::1]:0\""] {
+        let text = format!("{GOOD}\n[metrics]\nprometheus = {good}\n");
         let spec = PipelineSpec::parse(&text, "p.toml");
         assert!(spec.is_ok(), "{good}: {:?}", spec.err());
     }
