@@ -422,7 +422,7 @@ fn what_a_per_batch_function_cannot_do_is_refused_when_built() {
         .map_batches("f", Ok)
         .build()
         .unwrap_err();
-    assert!(e.to_string().contains("regroups their rows"), "{e}");
+    assert!(e.to_string().contains("remote decoding"), "{e}");
 }
 
 /// The smallest memory budget (in bytes) a loader builds with, found by bisection; `with`
