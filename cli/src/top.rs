@@ -167,7 +167,7 @@ mod tests {
         ];
         let text = render(&r, "/dev/shm/x", 80);
         assert!(text.contains("straggler: rank 1 (pid 101)"), "{text}");
-        assert!(text.contains("its decode stage"), "{text}");
+        assert!(text.contains("held back by the decode stage"), "{text}");
         assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
         assert!(render(&[], "/d", 80).contains("no flowgate loader"));
     }
