@@ -11,11 +11,12 @@ use std::path::PathBuf;
 use flowgate::actors::origin::RangeSet;
 use flowgate::dataset::{Dataset, Source};
 use flowgate::loader::{EpochPlan, Regroup};
-use flowgate::media::{image::ImageRecipe, Recipe};
 use flowgate::{Loader, Order, PipelineState};
 
 mod common;
-use common::jpegs41::{build, builder, loader, local_epoch, paths, same, seen, Seen, BAD, IMAGES};
+use common::jpegs41::{
+    build, builder, loader, local_epoch, paths, plain_recipe, same, seen, Seen, BAD, IMAGES,
+};
 
 /// Unit `u` of `plan` decoded by `worker`: its batches, and the positions each delivered.
 fn run_unit(worker: &mut Loader, plan: &EpochPlan, u: usize) -> Vec<(Seen, RangeSet)> {
@@ -209,14 +210,7 @@ fn planning_is_refused_mid_epoch_and_with_no_batches_per_unit() {
 fn what_units_cannot_carry_is_refused_when_planned_and_when_built_to_plan() {
     // A unit carries its batches' media and labels, in host memory: a loader with a sample's
     // other fields, a per-item or per-batch function or a device cannot be cut into units.
-    let recipe = || {
-        Recipe::image(ImageRecipe {
-            resize: 12,
-            crop: 8,
-            ..ImageRecipe::default()
-        })
-        .unwrap()
-    };
+    let recipe = plain_recipe;
     let files = paths(false);
     let plain = || {
         let d = Dataset::builder(Source::files(files.clone()))
@@ -294,12 +288,7 @@ fn a_unit_whose_items_all_fail_is_no_error_and_the_regrouped_epoch_is_the_local_
         let dataset = Dataset::builder(Source::files(files.clone()))
             .build()
             .unwrap();
-        let recipe = Recipe::image(ImageRecipe {
-            resize: 12,
-            crop: 8,
-            ..ImageRecipe::default()
-        })
-        .unwrap();
+        let recipe = plain_recipe();
         let b = Loader::builder(dataset, recipe).batch_size(5).workers(1);
         if units { b.decodes_units() } else { b }.build().unwrap()
     };

@@ -77,6 +77,15 @@ pub(super) struct Batching {
 /// Batches `items` items make, `per_batch` to a batch: a last partial batch counts unless
 /// `drop_last`. The one count of an epoch's batches (a rank's, a reader's, a unit plan's, a
 /// map-style dataset's in Python).
+///
+/// ```
+/// use flowgate::loader::batches_of;
+/// assert_eq!(batches_of(41, 5, false), 9); // the last batch holds 1
+/// assert_eq!(batches_of(41, 5, true), 8);
+/// assert_eq!(batches_of(40, 5, false), batches_of(40, 5, true));
+/// assert_eq!((batches_of(4, 5, false), batches_of(4, 5, true)), (1, 0));
+/// assert_eq!(batches_of(0, 5, false), 0);
+/// ```
 pub const fn batches_of(items: usize, per_batch: usize, drop_last: bool) -> usize {
     if drop_last {
         items / per_batch

@@ -13,6 +13,16 @@ use flowgate::Loader;
 /// Images: a prime, so no rank count, batch size or unit size divides it.
 pub(crate) const IMAGES: usize = 41;
 
+/// Their plain recipe: 12-pixel resize, 8-pixel center crop (no augmentation).
+pub(crate) fn plain_recipe() -> Recipe {
+    Recipe::image(ImageRecipe {
+        resize: 12,
+        crop: 8,
+        ..ImageRecipe::default()
+    })
+    .unwrap()
+}
+
 /// `IMAGES` JPEGs, and the same list with item `BAD` a file that is not one (skipped and
 /// counted).
 pub(crate) fn paths(with_bad: bool) -> Vec<PathBuf> {
