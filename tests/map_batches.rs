@@ -368,7 +368,7 @@ fn what_would_break_a_checkpoint_or_a_batch_fails_the_batch_named() {
             b.extra_names = ["image".to_owned()].into();
             Ok(b)
         },
-        "named twice",
+        "\"image\" is a key the batch already has",
     );
     said(
         |mut b| {
@@ -423,6 +423,44 @@ fn what_a_per_batch_function_cannot_do_is_refused_when_built() {
         .build()
         .unwrap_err();
     assert!(e.to_string().contains("remote decoding"), "{e}");
+}
+
+#[test]
+fn a_batchs_keys_are_one_rule_when_built_and_in_the_functions_output() {
+    // Without labels, `label` may be a field (a shard's `.cls` read as one): the batch and a
+    // per-batch function's output pass it through, by the rule the build checked.
+    let unlabelled = |fields: [FieldSpec; 1]| {
+        let source = Source::dir(data()).extensions(["jpg"]);
+        Dataset::builder(source.extra_fields(fields))
+            .build()
+            .unwrap()
+    };
+    let mut l = Loader::builder(unlabelled([FieldSpec::new("label", "txt")]), recipe())
+        .batch_size(4)
+        .map_batches("same", Ok)
+        .build()
+        .unwrap();
+    let delivered: usize = batches(&mut l).iter().map(Batch::len).sum();
+    assert_eq!(delivered, FILES);
+    assert!(l.watch().failures(None).is_empty());
+    // A field named as a tensor, or `label` where the dataset has labels: refused when built.
+    let e = Loader::builder(unlabelled([FieldSpec::new("image", "txt")]), recipe())
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("fields: \"image\" is a key the batch already has (its keys: \"image\""),
+        "{e}"
+    );
+    let labelled = Source::dir(data())
+        .extensions(["jpg"])
+        .labels(Labels::Values(vec![0; FILES]))
+        .extra_fields([FieldSpec::new("label", "txt")]);
+    let e = Loader::builder(Dataset::builder(labelled).build().unwrap(), recipe())
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("fields: \"label\" is a key"), "{e}");
 }
 
 /// The smallest memory budget (in bytes) a loader builds with, found by bisection; `with`

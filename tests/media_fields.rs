@@ -256,7 +256,10 @@ fn what_a_media_field_cannot_be_is_refused_in_the_front_ends_words() {
         dataset(serde_json::json!({"image": {"from": "right.jpg", "kind": "image"}})),
         "image",
     );
-    assert!(e.contains("named as another of the batch's tensors"), "{e}");
+    assert!(
+        e.contains("fields: \"image\" is a key the batch already has (its keys: \"image\""),
+        "{e}"
+    );
     let e = Loader::builder(dataset(fields()), recipe())
         .media_field("right", right_recipe())
         .length_batches(10.0, 4)

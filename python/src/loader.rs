@@ -51,29 +51,15 @@ impl Names {
         }
     }
 
-    /// Refuses a field named as a key the batch already has (or a `map=` dict's `index` and
-    /// `epoch`).
+    /// Refuses a field named as a key the batch already has, by the library's rule
+    /// ([`flowgate::loader::BatchKeys`]), with Python's own keys: `path` where asked, and a
+    /// `map=` or `map_batch=` dict's `index` and `epoch`.
     pub(crate) fn check(&self, fields: &[String], map: bool) -> PyResult<()> {
-        let taken = |n: &str| {
-            self.media.iter().any(|m| m == n)
-                || (self.label && n == "label")
-                || (self.path && n == "path")
-                || (map && (n == "index" || n == "epoch"))
-        };
-        // A media field named as the labels' or paths' key, or as `map=`'s own.
-        let own = |n: &str| {
-            (self.label && n == "label")
-                || (self.path && n == "path")
-                || (map && (n == "index" || n == "epoch"))
-        };
-        let extra = self.media.iter().skip(1).find(|m| own(m));
-        match fields.iter().find(|f| taken(f)).or(extra) {
-            Some(f) => Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "fields: {f:?} is a key the batch already has (its media, \"label\", \"path\"; \
-                 with map= or map_batch=, \"index\" and \"epoch\")"
-            ))),
-            None => Ok(()),
-        }
+        let own = [("path", self.path), ("index", map), ("epoch", map)];
+        flowgate::loader::BatchKeys::new(&self.media, self.label)
+            .reserve(own.into_iter().filter(|&(_, on)| on).map(|(k, _)| k))
+            .check(fields)
+            .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("fields: {e}")))
     }
 }
 

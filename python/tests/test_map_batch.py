@@ -323,3 +323,15 @@ def test_fields_named_as_the_functions_own_keys_are_refused(shards):
         with pytest.raises(ValueError, match="already has"):
             flowgate.ImageLoader(flowgate.Shards(shards), fields={name: "txt"},
                                  map_batch=pad_captions, **ARGS)
+
+
+def test_a_field_named_label_without_labels_passes_through_the_function(shards):
+    # The library's one rule for a batch's keys: without labels, `label` is a field's name
+    # (a shard's `.cls` read as one), at build and in the function's output alike.
+    l = flowgate.ImageLoader(flowgate.Shards(shards), fields={"label": "cls"},
+                             map_batch=lambda b: b, skip_errors=False, **ARGS)
+    got = sorted(int(v) for b in l for v in b["label"])
+    assert got == list(range(N)) and not l.failures()
+    with pytest.raises(ValueError, match='fields: "label" is a key the batch already has'):
+        flowgate.ImageLoader(flowgate.Shards(shards), labels="cls", fields={"label": "txt"},
+                             map_batch=lambda b: b, **ARGS)

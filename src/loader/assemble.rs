@@ -12,6 +12,7 @@ use super::builder::LoaderBuilder;
 use super::decode::Decoder;
 use super::device::Device;
 use super::failures::FailureLog;
+use super::keys::BatchKeys;
 use super::lengths::LengthPlan;
 use super::{Loader, Plan};
 use crate::device::Uploader;
@@ -60,20 +61,6 @@ impl LoaderBuilder {
                 "map_fields: fields added by a per-item function, without one (map_items)",
             ));
         }
-        let mut names: Vec<&str> = self
-            .dataset
-            .extra_fields()
-            .iter()
-            .map(|f| f.name.as_str())
-            .collect();
-        for n in &self.map_fields {
-            if n.is_empty() || names.contains(&n.as_str()) {
-                return Err(PipelineError::config(format!(
-                    "map_fields: {n:?} is empty or named twice (the dataset's fields: {names:?})"
-                )));
-            }
-            names.push(n);
-        }
         const OWN: [&str; 7] = [
             "source",
             "decode",
@@ -107,6 +94,7 @@ impl LoaderBuilder {
             return Err(PipelineError::config(why));
         }
         self.place_media_fields()?;
+        self.check_keys()?;
         if self.decoder.lengths && !self.decoder.recipe.has_length() {
             return Err(PipelineError::config(
                 "lengths are for audio and video recipes",
@@ -197,8 +185,6 @@ impl LoaderBuilder {
 }
 
 impl LoaderBuilder {
-    /// Finds each media field among the dataset's fields: a required bytes field, named once
-    /// among the batch's tensors; not with length-aware batches.
     /// Why this loader's epochs cannot be cut into units decoded elsewhere, if they cannot:
     /// a unit carries the media and labels of its batches, which the planning loader regroups
     /// into its own, in host memory.
@@ -221,6 +207,8 @@ impl LoaderBuilder {
         })
     }
 
+    /// Finds each media field among the dataset's fields: a required bytes field; not with
+    /// length-aware batches. (Its name against the batch's other keys: `check_keys`.)
     fn place_media_fields(&mut self) -> Result<(), PipelineError> {
         if self.decoder.media_fields.is_empty() {
             return Ok(());
@@ -231,7 +219,6 @@ impl LoaderBuilder {
                  media's lengths alone)",
             ));
         }
-        let names = self.tensor_names();
         let specs = self.dataset.extra_fields();
         for f in &mut self.decoder.media_fields {
             let Some(at) = specs.iter().position(|s| s.name == f.name) else {
@@ -251,15 +238,33 @@ impl LoaderBuilder {
                     if s.optional { " (optional)" } else { "" }
                 )));
             }
-            if names.iter().filter(|n| **n == f.name).count() > 1 {
-                return Err(PipelineError::config(format!(
-                    "media field {:?}: named as another of the batch's tensors ({names:?})",
-                    f.name
-                )));
-            }
             f.at = at;
         }
         Ok(())
+    }
+
+    /// The batch's keys by the one rule ([`BatchKeys`]): its tensors (media fields included),
+    /// `label` where the dataset has labels, its fields, then those a per-item function adds.
+    fn check_keys(&self) -> Result<(), PipelineError> {
+        let media: Vec<&str> = self
+            .decoder
+            .media_fields
+            .iter()
+            .map(|f| f.name.as_str())
+            .collect();
+        let fields: Vec<&str> = (self.dataset.extra_fields().iter())
+            .map(|f| f.name.as_str())
+            .filter(|n| !media.contains(n))
+            .collect();
+        let keys = BatchKeys::new(self.tensor_names(), self.dataset.has_labels());
+        keys.check(&fields)
+            .map_err(|e| PipelineError::config(format!("fields: {e}")))?;
+        let added = fields
+            .iter()
+            .copied()
+            .chain(self.map_fields.iter().map(String::as_str));
+        keys.check(&added.collect::<Vec<_>>())
+            .map_err(|e| PipelineError::config(format!("map_fields: {e}")))
     }
 }
 

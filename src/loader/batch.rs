@@ -242,15 +242,9 @@ pub(crate) fn check_mapped(
         )
         .into());
     }
-    let mut seen = std::collections::HashSet::new();
-    for name in b.names.iter().chain(b.extra_names.iter()) {
-        if name.is_empty() || name == "label" || !seen.insert(name.as_str()) {
-            return Err(format!(
-                "the per-batch function named a tensor or field {name:?}: empty, \"label\" (the labels' own place) or named twice"
-            )
-            .into());
-        }
-    }
+    super::keys::BatchKeys::new(b.names.iter(), labels)
+        .check(&b.extra_names)
+        .map_err(|e| format!("the per-batch function's output: {e}"))?;
     for (name, t) in b.names.iter().zip(&b.fields) {
         if t.shape().first() != Some(&n) {
             return Err(format!(

@@ -49,6 +49,8 @@
 //!     image), and [`fields_and_media`], how every front end's `fields` mapping names them.
 //! 12. `checkpoint` — [`Loader::state`] at each point of an epoch (running, abandoned,
 //!     made up, as units) and [`Loader::resume`].
+//! 13. `keys` — [`BatchKeys`]: the one rule for the names a batch is read by (its tensors,
+//!     `label`, its fields), for every front end and a per-batch function's output.
 //!
 //! # Readers
 //!
@@ -65,6 +67,7 @@ mod decode;
 mod device;
 mod failures;
 mod fill;
+mod keys;
 mod lengths;
 mod media_fields;
 mod pool;
@@ -85,6 +88,7 @@ pub use device::{
     DEFAULT_STAGING_BYTES,
 };
 pub use failures::{SkippedFailure, KEEP_FAILURES};
+pub use keys::BatchKeys;
 pub use lengths::{DEFAULT_BUCKETS, MAX_BUCKETS};
 pub use media_fields::{fields_and_media, MediaFieldArgs};
 pub use pool::{

@@ -195,6 +195,24 @@ impl PipelineSpec {
     }
 }
 
+impl SourceSpec {
+    /// Whether the source's items have labels (a mixture's: each source has them, as
+    /// [`Dataset::has_labels`](crate::Dataset::has_labels)), as the file says, before any read.
+    pub(super) fn has_labels(&self) -> bool {
+        match self {
+            SourceSpec::List {
+                labels, label_file, ..
+            }
+            | SourceSpec::Dir {
+                labels, label_file, ..
+            } => labels.is_some() || label_file.is_some(),
+            SourceSpec::Tar { labels, .. } | SourceSpec::Parquet { labels, .. } => labels.is_some(),
+            SourceSpec::Mix { sources, .. } => sources.iter().all(SourceSpec::has_labels),
+            SourceSpec::S3 { .. } => false,
+        }
+    }
+}
+
 /// A list or directory source with its labels: `"folder"`, or a file of `PATH LABEL` lines.
 fn with_file_labels(
     source: Source,

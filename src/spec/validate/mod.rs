@@ -247,14 +247,18 @@ impl PipelineSpec {
         if let Some(f) = &self.fields {
             // A media field's recipe too (its crop against its resize, ...), and its name
             // against the media's: named by its key and line, as every other error.
-            let checked = crate::loader::fields_and_media(f.clone()).and_then(|(_, media)| {
+            let checked = crate::loader::fields_and_media(f.clone()).and_then(|(plain, media)| {
+                // The batch's keys by the loader's rule (the media's tensors, `label` with
+                // labels): refused here with the key's line, before any read.
+                let tensors = std::iter::once(self.decode.media.kind())
+                    .chain(media.iter().map(|m| m.name.as_str()));
+                let plain: Vec<&str> = (plain.iter().map(|f| f.name.as_str()))
+                    .filter(|n| !media.iter().any(|m| m.name == *n))
+                    .collect();
+                crate::loader::BatchKeys::new(tensors, self.source.has_labels())
+                    .check(&plain)
+                    .map_err(|e| format!("fields: {e}"))?;
                 for m in &media {
-                    if m.name == self.decode.media.kind() || m.name == "label" {
-                        return Err(format!(
-                            "fields: {:?}: the batch's own key (its media, \"label\")",
-                            m.name
-                        ));
-                    }
                     m.media
                         .recipe(None, 0)
                         .map_err(|e| format!("fields: {:?}: {e}", m.name))?;
@@ -264,7 +268,7 @@ impl PipelineSpec {
             if let Err(m) = checked {
                 let name = f
                     .as_object()
-                    .and_then(|o| o.keys().find(|k| m.contains(&format!("{k:?}"))))
+                    .and_then(|o| o.keys().find(|k| m.starts_with(&format!("fields: {k:?}"))))
                     .cloned()
                     .unwrap_or_default();
                 return Err(SpecError {

@@ -354,4 +354,14 @@ fn a_media_field_table_parses_and_a_bad_one_names_its_field() {
         "image = { from = \"depth.png\", kind = \"image\", crop = 8 }",
     ));
     assert_eq!(e.key, "fields.image", "{e}");
+    // A plain field by the loader's rule too ([`BatchKeys`]): named as the media, or `label`
+    // where the source has labels; `label` is a field's name where it has none.
+    let e = error(&with("image = \"jpg\""));
+    assert_eq!(e.key, "fields.image", "{e}");
+    assert!(e.message.contains("is a key the batch already has"), "{e}");
+    PipelineSpec::parse(&with("label = \"cls\""), "p.toml").unwrap();
+    let labelled = with("label = \"cls\"").replace("shards = ", "labels = \"cls\"\nshards = ");
+    let e = error(&labelled);
+    assert_eq!(e.key, "fields.label", "{e}");
+    assert!(e.message.starts_with("fields: \"label\" is a key"), "{e}");
 }
