@@ -457,7 +457,8 @@ impl PyPipeline {
         let settings = crate::values::value_of(settings).map_err(invalid)?;
         let settings = LoaderSettings::from_value(settings).map_err(invalid)?;
         let order = settings.epoch_order().map_err(|e| invalid(e.to_string()))?;
-        let share = order.sampler(len).map_err(to_py)?.len();
+        // Refused as a loader's settings are (a rank out of range, an epoch past the limit).
+        let share = order.sampler(len).map_err(|e| invalid(e.to_string()))?.len();
         Ok(Self {
             items: Items::Indexed { len, order, share },
             order: settings.order.into(),
