@@ -73,6 +73,22 @@ pub const WORKERS: Limit = Limit {
     max: 1 << 10,
 };
 
+/// Workers of a stage a front end adds to a generic pipeline (Python's `Pipeline.map`, a
+/// `DataLoader`'s `num_workers`): as [`WORKERS`], and 0 for the tuner's (or the cores') start.
+pub const STAGE_WORKERS: Limit = Limit {
+    key: "workers",
+    min: 0,
+    max: WORKERS.max,
+};
+
+/// Items in flight at once in one async stage (S3 requests: a pipeline file's
+/// `source.concurrency`): each holds a request and its bytes.
+pub const IN_FLIGHT: Limit = Limit {
+    key: "concurrency",
+    min: 1,
+    max: 1 << 16,
+};
+
 /// Tar shards fetched ahead of the readers: each is kept on disk until it is read.
 pub const PREFETCH: Limit = Limit {
     key: "prefetch",

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{mix, quiet_injected_panics, within, Injected};
-use flowgate::{Order, Pipeline};
+use flowgate::{Order, Pipeline, Workers};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -424,6 +424,32 @@ fn bad_configurations_are_rejected() {
     assert!(e.is_config(), "{e}");
     let p = Pipeline::builder().source(0..1u64).build().unwrap();
     assert!(p.resize("nope", 2).unwrap_err().is_config());
+    // Workers past the limits: a thread each (a pool stage), an item in flight each (an async
+    // stage). 2^63 of them panicked in the runtime, 2^40 aborted on an allocation.
+    for n in [1025, 1 << 40, usize::MAX >> 1] {
+        let e = Pipeline::builder()
+            .source(0..1u64)
+            .pipe("many", Ok::<_, Injected>, Workers::fixed(n))
+            .build()
+            .unwrap_err();
+        let said = format!("stage `many`: workers: must be in 1..=1024, not {n}");
+        assert!(e.is_config() && e.to_string().contains(&said), "{e}");
+    }
+    Pipeline::builder()
+        .source(0..1u64)
+        .pipe("many", Ok::<_, Injected>, 1024)
+        .build()
+        .unwrap();
+    let e = Pipeline::builder()
+        .source(0..1u64)
+        .pipe_async("io", |x| async move { Ok::<_, Injected>(x) }, 1 << 17)
+        .build()
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("stage `io`: concurrency: must be in 1..=65536"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -71,8 +71,7 @@ class DataLoader:
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
             raise TypeError("flowgate.DataLoader needs a map-style dataset (__getitem__ and "
                             f"__len__), not {type(dataset).__name__}")
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers must be an int of at least 0, not {num_workers!r}")
+        _native._check_limit("num_workers", num_workers)
         if seed is None:
             seed = generator.initial_seed() % 2**64 if generator is not None else 0
         self.dataset = dataset

@@ -158,9 +158,13 @@ pub(crate) fn loader(
 #[pyfunction]
 pub(crate) fn _check_limit(name: &str, value: &Bound<'_, PyAny>) -> PyResult<()> {
     use flowgate::limits::*;
-    let whole = match name {
+    let whole_limit = match name {
         "batch_size" => BATCH_SIZE,
         "workers" => WORKERS,
+        "num_workers" => Limit {
+            key: "num_workers",
+            ..STAGE_WORKERS
+        },
         "prefetch" => PREFETCH,
         "buffer" => BUFFER,
         "buckets" => BUCKETS,
@@ -177,12 +181,22 @@ pub(crate) fn _check_limit(name: &str, value: &Bound<'_, PyAny>) -> PyResult<()>
                 .map_err(out_of_range);
         }
     };
-    match value.extract::<i128>() {
-        Ok(v) => whole.check(v).map(drop).map_err(out_of_range),
-        // Past 128 bits: out of every range, said in the same words.
-        Err(_) => Err(out_of_range(flowgate::limits::OutOfRange {
-            key: whole.key,
-            message: format!("must be in {}..={}, not {value}", whole.min, whole.max),
+    whole(whole_limit, value).map(drop)
+}
+
+/// `value` as a whole number in `limit`'s range, or a `ValueError` in the library's words
+/// (`size: must be in 1..=65536, not -1`), whatever Python gave: a bool, a float, an int
+/// past 128 bits.
+pub(crate) fn whole(limit: flowgate::limits::Limit, value: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let v = match value.is_instance_of::<pyo3::types::PyBool>() {
+        true => None,
+        false => value.extract::<i128>().ok(),
+    };
+    match v {
+        Some(v) => limit.check(v).map_err(out_of_range),
+        None => Err(out_of_range(flowgate::limits::OutOfRange {
+            key: limit.key,
+            message: format!("must be in {}..={}, not {value}", limit.min, limit.max),
         })),
     }
 }

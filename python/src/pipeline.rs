@@ -385,14 +385,18 @@ impl PyPipeline {
     /// change it; 0 leaves the start to it too). Python callables hold the GIL while they run.
     /// `blocking`: calls that mostly wait (I/O): exactly `workers` in flight whatever the
     /// cores, on blocking threads.
-    #[pyo3(signature = (f, workers=1, name=None, blocking=false))]
+    #[pyo3(signature = (f, workers=None, name=None, blocking=false))]
     fn map<'py>(
         slf: Bound<'py, Self>,
         f: Py<PyAny>,
-        workers: usize,
+        workers: Option<&Bound<'py, PyAny>>,
         name: Option<String>,
         blocking: bool,
-    ) -> Bound<'py, Self> {
+    ) -> PyResult<Bound<'py, Self>> {
+        let workers = match workers {
+            Some(w) => crate::args::whole(flowgate::limits::STAGE_WORKERS, w)? as usize,
+            None => 1,
+        };
         {
             let me = slf.borrow();
             let mut st = me.stages.lock().expect("stages");
@@ -404,19 +408,21 @@ impl PyPipeline {
                 blocking,
             });
         }
-        slf
+        Ok(slf)
     }
 
     /// Groups items into lists of `size`.
     #[pyo3(signature = (size, drop_last=false))]
     fn batch<'py>(
         slf: Bound<'py, Self>,
-        size: usize,
+        size: &Bound<'py, PyAny>,
         drop_last: bool,
     ) -> PyResult<Bound<'py, Self>> {
-        flowgate::limits::BATCH_SIZE
-            .check_usize(size)
-            .map_err(|e| PyValueError::new_err(format!("size: {}", e.message)))?;
+        let limit = flowgate::limits::Limit {
+            key: "size",
+            ..flowgate::limits::BATCH_SIZE
+        };
+        let size = crate::args::whole(limit, size)? as usize;
         slf.borrow()
             .stages
             .lock()

@@ -216,8 +216,9 @@ def test_what_it_cannot_do_is_refused_at_once():
         flowgate.DataLoader(iter(range(3)))
     with pytest.raises(ValueError, match="batch_size"):
         flowgate.DataLoader(ds, batch_size=0)
-    with pytest.raises(ValueError, match="num_workers"):
-        flowgate.DataLoader(ds, num_workers=-1)
+    for bad in (-1, 1025, 2**63, True, 2.0):
+        with pytest.raises(ValueError, match=r"^num_workers: must be in 0\.\.=1024, not "):
+            flowgate.DataLoader(ds, num_workers=bad)
 
 
 def test_stats_say_whether_the_gil_holds_the_threads_back():

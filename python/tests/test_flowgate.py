@@ -128,6 +128,16 @@ def test_python_callable_stages():
     assert got == [x for x in range(20) if x != 7]
 
 
+def test_a_stages_workers_and_a_batchs_size_are_refused_at_once_in_the_librarys_words():
+    # Unbounded before: 10**6 workers took 4 GiB, 2**40 aborted, 2**63 panicked mid-epoch.
+    for bad in (1025, 2**40, 2**63, 2**200, -1, 2.0, True):
+        with pytest.raises(ValueError, match=r"^workers: must be in 0\.\.=1024, not "):
+            flowgate.Pipeline(range(3)).map(str, workers=bad)
+        with pytest.raises(ValueError, match=r"^size: must be in 1\.\.=65536, not "):
+            flowgate.Pipeline(range(3)).batch(bad if bad != 1025 else 0)
+    assert list(flowgate.Pipeline(range(3)).map(str, workers=1024)) == ["0", "1", "2"]
+
+
 def test_a_part_left_out_of_a_result_is_a_failure():
     """skip_part in a stage: a counted failure naming the part, raised unless skip_errors;
     outside a stage, the exception itself is raised."""

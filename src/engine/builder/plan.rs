@@ -86,6 +86,15 @@ impl Plan {
                     s.name
                 )));
             }
+            // Each worker of a pool stage is a thread, of an async stage an item in flight:
+            // past the limit the stage would only take memory and time to start.
+            let limit = match s.kind {
+                flowgate_tuner::StageKind::Pool => crate::limits::WORKERS,
+                _ => crate::limits::IN_FLIGHT,
+            };
+            if let Err(e) = limit.check_usize(s.workers.get()) {
+                return Err(PipelineError::config(format!("stage `{}`: {e}", s.name)));
+            }
             if s.opts.budget_items == Some(0) || s.opts.budget_bytes == Some(0) {
                 return Err(PipelineError::config(format!(
                     "stage `{}` has a zero budget",

@@ -36,7 +36,7 @@ impl std::fmt::Display for SpecError {
 impl std::error::Error for SpecError {}
 
 /// The most S3 requests in flight.
-const MAX_CONCURRENCY: u64 = 1 << 16;
+const MAX_CONCURRENCY: u64 = crate::limits::IN_FLIGHT.max;
 /// The longest time setting, in milliseconds: an hour.
 const MAX_MS: f64 = 3_600_000.0;
 /// The most epochs a run may ask for (the summary has a line per epoch).
