@@ -1,6 +1,6 @@
 """Type stubs of the native module (the Rust side of flowgate)."""
 
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 class LoaderError(RuntimeError):
     """A pipeline failed; ``stage`` and ``item`` name where (None when not about one item)."""
@@ -116,7 +116,7 @@ def loader(paths: Any, settings: Dict[str, Any], media: Dict[str, Any], labels: 
            map_fields: Optional[List[str]] = ...,
            map_batch: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = ...) -> Loader: ...
 def _batches_of(items: int, per_batch: int, drop_last: bool) -> int: ...
-def _check_mix(sources: int, weights: List[float], draws: Optional[int], stop: str) -> None: ...
+def _check_mix(sources: int, weights: Sequence[Any], draws: Optional[int], stop: str) -> None: ...
 def _join_closing() -> None: ...
 def skip_part(part: str, error: BaseException) -> None:
     """From a Pipeline stage's function: the part named ``part`` failed with ``error`` and was

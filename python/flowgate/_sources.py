@@ -169,7 +169,7 @@ class Mix:
             if not isinstance(s, (Shards, Parquet)):
                 raise ValueError(f"Mix: sources[{k}] must be a flowgate.Shards or "
                                  f"flowgate.Parquet, not {type(s).__name__}")
-        self.weights = [float(w) for w in weights]
+        self.weights = list(weights)
         if draws is not None:
             if isinstance(draws, bool) or not hasattr(draws, "__index__"):
                 raise ValueError(f"Mix: draws: must be a whole number, not {draws!r}")
@@ -177,6 +177,7 @@ class Mix:
             draws = max(-(2 ** 127), min(operator.index(draws), 2 ** 127 - 1))
         # The library's rules and words (weights, draws, stop), before any source is opened.
         _native._check_mix(len(self.sources), self.weights, draws, stop)
+        self.weights = [float(w) for w in self.weights]
         self.draws = draws
         self.stop = stop
         if labels is not None:

@@ -36,7 +36,7 @@ pub(crate) fn loader(
     labels: Option<&Bound<'_, PyAny>>,
     return_paths: bool,
     device: &str,
-    device_memory_mb: Option<f64>,
+    device_memory_mb: Option<&Bound<'_, PyAny>>,
     reader: Option<(usize, usize)>,
     units: bool,
     plans_units: bool,
@@ -51,6 +51,8 @@ pub(crate) fn loader(
     let media = MediaArgs::from_value(data(media)?).map_err(PyValueError::new_err)?;
     let recipe = settings.recipe(&media).map_err(invalid)?;
     let device_bytes = device_memory_mb
+        .map(|m| number("device_memory_mb", m))
+        .transpose()?
         .map(|m| flowgate::limits::DEVICE_MEMORY_MB.bytes(m))
         .transpose()
         .map_err(out_of_range)?;
@@ -182,6 +184,18 @@ pub(crate) fn _check_limit(name: &str, value: &Bound<'_, PyAny>) -> PyResult<()>
         }
     };
     whole(whole_limit, value).map(drop)
+}
+
+/// `value` as a number, read as the settings read theirs (a bool or a string is not one),
+/// the error naming `key`.
+fn number(key: &str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
+    let v = value_of(value).map_err(|e| PyValueError::new_err(format!("{key}: {e}")))?;
+    serde_json::from_value::<flowgate::limits::Float>(v)
+        .map(|f| f.0)
+        .map_err(|e| {
+            let e = flowgate::limits::in_words(&e.to_string());
+            PyValueError::new_err(format!("{key}: {e}"))
+        })
 }
 
 /// `value` as a whole number in `limit`'s range, or a `ValueError` in the library's words

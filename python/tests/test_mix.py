@@ -89,6 +89,15 @@ def test_bad_mixtures_are_named(data, tmp_path):
             flowgate.Mix([shards, rows][:len(weights)], weights)
     with pytest.raises(ValueError, match="draws"):
         flowgate.Mix([shards], [1.0], draws=0)
+    # Weights are numbers as a pipeline file's are (float() took "1" and True before), and
+    # `stop` is checked with `draws` too (it was ignored).
+    for weights, says in ((["1", 2], 'invalid type: string "1", expected a number'),
+                          ([True, 1], "invalid type: boolean `true`, expected a number")):
+        with pytest.raises(ValueError, match="^Mix: weights: " + says):
+            flowgate.Mix([shards, rows], weights)
+    with pytest.raises(ValueError, match='^Mix: stop: must be "first" or "all", not "bad"$'):
+        flowgate.Mix([shards], [1.0], draws=4, stop="bad")
+    assert flowgate.Mix([shards, rows], [1, 2]).weights == [1.0, 2.0]
     with pytest.raises(ValueError, match="every source needs a label field, or none"):
         flowgate.ImageLoader(flowgate.Mix([shards, rows], [1, 1], labels=["cls", None]), **ARGS)
     with pytest.raises(ValueError, match="weight"):

@@ -21,18 +21,22 @@ pub enum MixStop {
 
 impl MixStop {
     /// When an epoch ends as a front end names it: after `draws` draws (1 to
-    /// [`MAX_EPOCH_ITEMS`](super::MAX_EPOCH_ITEMS)), else `stop`: `"first"` or `"all"`. An
-    /// error names the key.
+    /// [`MAX_EPOCH_ITEMS`](super::MAX_EPOCH_ITEMS)), else `stop`: `"first"` or `"all"` (a
+    /// `stop` of another name is refused with `draws` too, as a pipeline file's). An error
+    /// names the key.
     pub fn named(draws: Option<i128>, stop: &str) -> Result<Self, String> {
         let most = super::MAX_EPOCH_ITEMS;
-        match (draws, stop) {
-            (Some(n), _) => match usize::try_from(n) {
+        let stop = match stop {
+            "first" => Self::FirstExhausted,
+            "all" => Self::AllExhausted,
+            other => return Err(format!("stop: must be \"first\" or \"all\", not {other:?}")),
+        };
+        match draws {
+            Some(n) => match usize::try_from(n) {
                 Ok(n) if (1..=most).contains(&n) => Ok(Self::Draws(n)),
                 _ => Err(format!("draws: must be in 1..={most}, not {n}")),
             },
-            (None, "first") => Ok(Self::FirstExhausted),
-            (None, "all") => Ok(Self::AllExhausted),
-            (None, other) => Err(format!("stop: must be \"first\" or \"all\", not {other:?}")),
+            None => Ok(stop),
         }
     }
 }

@@ -466,6 +466,11 @@ fn a_mixtures_words_are_checked_before_its_sources_open() {
         MixStop::named(None, "never").unwrap_err(),
         "stop: must be \"first\" or \"all\", not \"never\""
     );
+    // With draws too, as a pipeline file's `stop` is read whether or not it has `draws`.
+    assert_eq!(
+        MixStop::named(Some(4), "never"),
+        MixStop::named(None, "never")
+    );
     // The sampler says the same of its weights.
     let e = Sampler::mixture(&[3, 3], &[1.0, f64::NAN], MixStop::AllExhausted).unwrap_err();
     assert!(

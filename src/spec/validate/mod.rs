@@ -283,6 +283,10 @@ impl PipelineSpec {
                 });
             }
         }
+        // Whether or not the batches are length-aware: the loader's settings refuse it
+        // otherwise, later and without the file's line.
+        let buckets = crate::limits::BUCKETS.check(self.batch.buckets as i128);
+        limit(buckets, &err, "batch", "buckets")?;
         if let Some(m) = self.batch.max_seconds {
             if let Err(e) = crate::limits::batch_seconds(m) {
                 return Err(err("batch", "max_seconds", e.message));
@@ -296,13 +300,6 @@ impl PipelineSpec {
                     "length-aware batches are for audio from a list, dir, tar or parquet source"
                         .into(),
                 ));
-            }
-            if let Some(m) = range(
-                self.batch.buckets as u64,
-                1,
-                crate::loader::MAX_BUCKETS as u64,
-            ) {
-                return Err(err("batch", "buckets", m));
             }
         }
         let fps = match &self.decode.media {
@@ -321,13 +318,6 @@ impl PipelineSpec {
                      list, dir, tar or parquet source"
                         .into(),
                 ));
-            }
-            if let Some(m) = range(
-                self.batch.buckets as u64,
-                1,
-                crate::loader::MAX_BUCKETS as u64,
-            ) {
-                return Err(err("batch", "buckets", m));
             }
         }
         if let Some(f) = fps {

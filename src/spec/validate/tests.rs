@@ -100,6 +100,12 @@ fn bad_files_name_the_key_and_line() {
     assert_eq!((e.line, e.key.as_str()), (12, "batch.size"), "{e}");
     let e = error(&GOOD.replace("crop = 224", "crop = 300"));
     assert_eq!((e.line, e.key.as_str()), (9, "decode.crop"), "{e}");
+    // Buckets without length-aware batches too (refused later without the line before).
+    for bad in ["0", "1001"] {
+        let e = error(&GOOD.replace("size = 16", &format!("size = 16\nbuckets = {bad}")));
+        assert_eq!((e.line, e.key.as_str()), (13, "batch.buckets"), "{e}");
+        assert_eq!(e.message, format!("must be in 1..=1000, not {bad}"));
+    }
     let e = error(&GOOD.replace("kind = \"list\"\npath = \"images.txt\"\n", ""));
     assert!(e.to_string().contains("kind"), "{e}");
     let e = error("[decode]\nkind = \"image\"\n");
