@@ -102,3 +102,30 @@ def test_bad_mixtures_are_named(data, tmp_path):
         flowgate.ImageLoader(flowgate.Mix([shards, rows], [1, 1], labels=["cls", None]), **ARGS)
     with pytest.raises(ValueError, match="weight"):
         flowgate.ImageLoader(flowgate.Mix([shards, rows], [0.0, 0.0]), **ARGS)
+
+
+def test_the_most_draws_allowed_are_refused_when_built_where_their_order_cannot_fit(data, tmp_path):
+    # 2^32 draws (the limit) need a 96 GiB order at the epoch's start: it aborted the process
+    # on its allocation at the first next() (helper-20). Refused when the loader is built,
+    # with both figures, where the machine has less (every CI machine here).
+    import re
+    shards, rows = sources(data, tmp_path)
+    mix = flowgate.Mix([shards, rows], [1, 1], draws=2**32)
+    try:
+        flowgate.ImageLoader(mix, **ARGS)
+    except ValueError as e:
+        said = str(e)
+    else:
+        pytest.skip("this machine holds a 96 GiB order")
+    assert re.search(r"an epoch of 4294967296 items: its order takes about 96\.0 GiB .* more "
+                     r"than the [0-9.]+ GiB this process has \(", said), said
+    # Its DataLoader counterpart: a dataset that long.
+    class Long:
+        def __len__(self):
+            return 2**32
+
+        def __getitem__(self, i):
+            return i
+
+    with pytest.raises(ValueError, match="an epoch of 4294967296 items: its order"):
+        flowgate.DataLoader(Long())

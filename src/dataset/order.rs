@@ -100,6 +100,9 @@ impl EpochOrder {
                 crate::sampler::MAX_EPOCH_ITEMS
             )));
         }
+        let mem = flowgate_tuner::available_memory();
+        crate::sampler::check_order_fits(len, mem.bytes, &mem.source)
+            .map_err(PipelineError::config)?;
         self.apply(Sampler::new(len))
     }
 

@@ -26,6 +26,10 @@ impl LoaderBuilder {
         crate::limits::BATCH_SIZE
             .check_usize(self.batch_size)
             .map_err(limit)?;
+        let mem = flowgate_tuner::available_memory();
+        let positions = self.dataset.sampler().global_len();
+        crate::sampler::check_order_fits(positions, mem.bytes, &mem.source)
+            .map_err(PipelineError::config)?;
         if let Some(n) = self.workers {
             crate::limits::WORKERS.check_usize(n).map_err(limit)?;
         }

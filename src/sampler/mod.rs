@@ -32,6 +32,30 @@ pub use mixture::{check_weights, MixStop};
 /// aborts the process.
 pub const MAX_EPOCH_ITEMS: usize = 1 << 32;
 
+/// Bytes an epoch's order takes per position at its peak, made at each epoch's start: the
+/// global order, this rank's positions and a reader's part of them, 8 bytes each (a mixture of
+/// 2^24 draws peaked at 439 MiB: 26 bytes a draw, the process's own included).
+pub const ORDER_BYTES_PER_ITEM: u64 = 24;
+
+/// Refuses an epoch of `positions` whose order ([`ORDER_BYTES_PER_ITEM`] each) would take
+/// more than the `available` bytes this process has (`source` says where that figure comes
+/// from): made at the first epoch's start, such an order aborts the process on its
+/// allocation instead. What [`MAX_EPOCH_ITEMS`] allows is more than most machines hold.
+pub fn check_order_fits(positions: usize, available: u64, source: &str) -> Result<(), String> {
+    let need = (positions as u64).saturating_mul(ORDER_BYTES_PER_ITEM);
+    if need <= available {
+        return Ok(());
+    }
+    let gib = |b: u64| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64);
+    Err(format!(
+        "an epoch of {positions} items: its order takes about {} ({ORDER_BYTES_PER_ITEM} bytes \
+         an item, made at each epoch's start), more than the {} this process has ({source}); \
+         ask for fewer items (a mixture's draws) or run where there is more memory",
+        gib(need),
+        gib(available)
+    ))
+}
+
 /// How shards of an epoch that does not divide evenly are made equal.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -507,3 +507,22 @@ fn mixtures_of_extreme_weights_are_drawn_or_refused_never_run_away() {
         assert!(first.global_len() <= 40);
     }
 }
+
+#[test]
+fn an_order_past_the_memory_this_process_has_is_refused_naming_both() {
+    let gib = 1u64 << 30;
+    assert!(check_order_fits(1 << 20, gib, "the host's").is_ok());
+    // 2^32 draws (the most a mixture may ask for): 96 GiB, refused on a 24 GiB machine.
+    let e =
+        check_order_fits(super::MAX_EPOCH_ITEMS, 24 * gib, "the host's MemAvailable").unwrap_err();
+    assert_eq!(
+        e,
+        "an epoch of 4294967296 items: its order takes about 96.0 GiB (24 bytes an item, made \
+         at each epoch's start), more than the 24.0 GiB this process has (the host's \
+         MemAvailable); ask for fewer items (a mixture's draws) or run where there is more memory"
+    );
+    // At the edge: exactly what is available fits, a position more does not.
+    let n = (gib / ORDER_BYTES_PER_ITEM) as usize;
+    assert!(check_order_fits(n, n as u64 * ORDER_BYTES_PER_ITEM, "x").is_ok());
+    assert!(check_order_fits(n + 1, n as u64 * ORDER_BYTES_PER_ITEM, "x").is_err());
+}
