@@ -63,6 +63,56 @@ fn loader(paths: &[PathBuf], rank: usize, world: usize) -> Loader {
         .unwrap()
 }
 
+#[test]
+fn the_memory_budget_holds_length_aware_batches_in_flight() {
+    // No floor was checked or reserved for length-aware batches: a budget of 10 KiB ran
+    // batches of 270 KB (helper-20). Now: a batch is at most the cap's samples, padding
+    // included, with its clips' lengths and labels.
+    let paths = clips();
+    let build = |bytes: u64| {
+        let recipe = Recipe::audio(AudioRecipe {
+            samples: (CAP * RATE as f64) as usize,
+            ..AudioRecipe::default()
+        })
+        .unwrap();
+        let dataset = Dataset::builder(Source::files(paths.clone()))
+            .build()
+            .unwrap();
+        Loader::builder(dataset, recipe)
+            .length_batches(CAP, 6)
+            .workers(2)
+            .memory_budget(bytes)
+            .build()
+    };
+    let (mut lo, mut hi) = (1u64, 1 << 30);
+    assert!(build(hi).is_ok());
+    let e = build(lo).unwrap_err().to_string();
+    assert!(e.contains("cannot hold a batch in flight"), "{e}");
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if build(mid).is_ok() {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    // Four batches and one per decode worker and one waiting (2 workers): seven at the cap.
+    let media = (CAP * RATE as f64) as u64 * 4;
+    assert!(hi >= 7 * media && hi < 7 * (media + (1 << 20)), "{hi}");
+    // At the smallest budget an epoch runs whole, a slow loop letting the stages fill, and
+    // what they hold stays within it.
+    let mut l = build(hi).unwrap();
+    let (mut clips, mut peak) = (0, 0);
+    let mut epoch = l.epoch().unwrap();
+    while let Some(b) = epoch.next() {
+        clips += b.unwrap().len();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        peak = peak.max(epoch.stats().bytes_held());
+    }
+    assert_eq!(clips, paths.len());
+    assert!(peak <= hi, "held {peak} under a budget of {hi}");
+}
+
 /// A batch's rows (paths), padded samples and lengths.
 fn rows(l: &Loader, b: &flowgate::loader::Batch) -> (Vec<String>, usize, Vec<i64>) {
     let t = b.fields[0].shape()[1];

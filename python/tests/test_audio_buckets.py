@@ -69,6 +69,9 @@ def test_a_bad_clip_is_left_out_and_named(clips, tmp_path):
         flowgate.AudioLoader(clips, max_batch_seconds=0)
     with pytest.raises(ValueError, match="buckets"):
         flowgate.AudioLoader(clips, max_batch_seconds=CAP, buckets=0)
+    # A memory budget that cannot hold a batch at the cap (it ran 270 KB batches under 10 KiB).
+    with pytest.raises(ValueError, match="cannot hold a batch in flight"):
+        flowgate.AudioLoader(clips, max_batch_seconds=3600, memory_mb=0.01)
 
 
 def test_video_batches_by_frames_cover_each_clip_once_under_the_cap(videos):

@@ -104,35 +104,11 @@ impl LoaderBuilder {
                 "lengths are for audio and video recipes",
             ));
         }
-        let batch_bytes = self.batch_bytes();
-        if let (Some(budget), Some(batch), Some(needed)) = (
-            self.memory_limit(),
-            batch_bytes,
-            self.floor_bytes(self.decoding()),
-        ) {
-            let memory = budget.bytes;
-            // The stages' floors are admitted whatever the byte budgets say (or a budget could
-            // keep a batch from ever filling): a budget that cannot hold them cannot be kept.
-            if needed > memory {
-                let mib = |b: u64| format!("{:.1} MiB", crate::limits::bytes_to_mib(b));
-                return Err(PipelineError::config(format!(
-                    "a memory budget of {} cannot hold a batch in flight: a batch of {} bytes \
-                     ({}) is held as its items while it is assembled, in the collate stage's \
-                     hand and waiting for it, and ready for the loop, beside an item per \
-                     decode worker ({} at once); raise the budget above that, or make batches \
-                     or items smaller (the budget was {})",
-                    mib(memory),
-                    batch,
-                    mib(batch),
-                    mib(needed),
-                    budget.source,
-                )));
-            }
-        }
         let plan = match self.lengths {
             Some(cap) => Plan::Batches(LengthPlan::new(&self.dataset, &self.decoder.recipe, cap)?),
             None => Plan::Items(self.dataset.clone()),
         };
+        self.check_floor(&plan)?;
         // A length-aware batch is one item of the pipeline.
         let batch_size = if self.lengths.is_some() {
             1
@@ -247,6 +223,56 @@ impl LoaderBuilder {
         Ok(())
     }
 
+    /// Refuses a memory budget that cannot hold what the stages hold whatever their byte
+    /// budgets ([`stage_floors`](super::builder::stage_floors)), where the recipe bounds a
+    /// batch: its items' bytes times the batch size, or for length-aware batches (an item of
+    /// the pipeline is a whole batch) the cap's units of padded media, the clips' lengths and
+    /// labels beside.
+    fn check_floor(&self, plan: &Plan) -> Result<(), PipelineError> {
+        let (Some(budget), Some(batch)) = (self.memory_limit(), self.batch_bound(plan)) else {
+            return Ok(());
+        };
+        let needed = self.floor(batch, self.decoding());
+        let memory = budget.bytes;
+        // The stages' floors are admitted whatever the byte budgets say (or a budget could
+        // keep a batch from ever filling): a budget that cannot hold them cannot be kept.
+        if needed <= memory {
+            return Ok(());
+        }
+        let mib = |b: u64| format!("{:.1} MiB", crate::limits::bytes_to_mib(b));
+        Err(PipelineError::config(format!(
+            "a memory budget of {} cannot hold a batch in flight: a batch of {} bytes ({}) is \
+             held as its items while it is assembled, in the collate stage's hand and waiting \
+             for it, and ready for the loop, beside an item per decode worker ({} at once); \
+             raise the budget above that, or make batches or items smaller (the budget was {})",
+            mib(memory),
+            batch.0,
+            mib(batch.0),
+            mib(needed),
+            budget.source,
+        )))
+    }
+
+    /// A batch's bytes at most and the pipeline items it is made of, where the recipe bounds
+    /// them: its items' bytes times the batch size, or for length-aware batches (an item of
+    /// the pipeline is a whole batch) the cap's units of padded media with the clips' lengths
+    /// and labels beside.
+    fn batch_bound(&self, plan: &Plan) -> Option<(u64, usize)> {
+        match (plan, self.lengths) {
+            (Plan::Batches(p), Some(cap)) => {
+                let media = (cap.cap * self.decoder.recipe.unit_bytes()? as f64).ceil() as u64;
+                Some((media + 16 * p.most_clips() as u64, 1))
+            }
+            _ => Some((self.batch_bytes()?, self.batch_size)),
+        }
+    }
+
+    /// What the stages hold whatever their byte budgets for batches of `batch`
+    /// ([`batch_bound`](Self::batch_bound)) and `decoding` decode workers.
+    fn floor(&self, batch: (u64, usize), decoding: usize) -> u64 {
+        super::builder::stage_floors(batch.0, batch.1, decoding, &self.function_stages())
+    }
+
     /// The batch's keys by the one rule ([`BatchKeys`]): its tensors (media fields included),
     /// `label` where the dataset has labels, its fields, then those a per-item function adds.
     fn check_keys(&self) -> Result<(), PipelineError> {
@@ -311,7 +337,7 @@ pub(super) fn make(
     names: Names,
 ) -> Make {
     let labels = b.dataset.has_labels();
-    let batch_bytes = b.batch_bytes();
+    let batch_bound = b.batch_bound(&plan);
     let function_stages = b.function_stages();
     let decoder = Arc::new(b.decoder);
     let threads = decoder.recipe.item_threads();
@@ -477,10 +503,10 @@ pub(super) fn make(
         if reserved > 0 {
             p = p.reserve_memory("the Parquet row-group caches", reserved);
         }
-        // What the stages hold whatever their byte budgets (see `floor_bytes`): reserved, so
+        // What the stages hold whatever their byte budgets (see `stage_floors`): reserved, so
         // the buffers' budgets share only the rest and the total stays within the budget.
-        if let Some(batch) = batch_bytes {
-            let floor = super::builder::stage_floors(batch, batch_size, decoding, &function_stages);
+        if let Some((batch, per_batch)) = batch_bound {
+            let floor = super::builder::stage_floors(batch, per_batch, decoding, &function_stages);
             p = p.reserve_memory("the stages' floors (batches in flight)", floor);
         }
         // What a state of this loader is valid for.

@@ -451,23 +451,6 @@ impl LoaderBuilder {
         }
     }
 
-    /// What the loader's stages hold whatever their byte budgets, when the recipe fixes a
-    /// batch's size: each stage admits one entry while it has none and holds what its workers
-    /// have in hand, so at least an item per decode worker and one waiting, a batch's items
-    /// while the aggregate assembles it, a batch list in the collate stage's hand and one
-    /// waiting, and a collated batch ready for the loop — four batches and the decode
-    /// stage's items (measured: `python/tests/test_flowgate.py::
-    /// test_memory_mb_binds_with_items_large_against_it` held 4 batches and an item under a
-    /// budget that reserved two). The budget reserves it, and one smaller is refused.
-    pub(super) fn floor_bytes(&self, decoding: usize) -> Option<u64> {
-        Some(stage_floors(
-            self.batch_bytes()?,
-            self.batch_size,
-            decoding,
-            &self.function_stages(),
-        ))
-    }
-
     /// The names its batches' tensors will have as collated ([`Loader::tensor_names`](
     /// super::Loader::tensor_names)), before the loader is built (a front end names the
     /// keys of a per-item function's dict with them).
@@ -496,7 +479,13 @@ impl LoaderBuilder {
 }
 
 /// What a loader's stages hold whatever their byte budgets, for batches of `batch` bytes
-/// (`batch_size` items) and `decoding` decode workers: see [`LoaderBuilder::floor_bytes`].
+/// (`batch_size` items) and `decoding` decode workers: each stage admits one entry while it
+/// has none and holds what its workers have in hand, so at least an item per decode worker
+/// and one waiting, a batch's items while the aggregate assembles it, a batch list in the
+/// collate stage's hand and one waiting, and a collated batch ready for the loop — four
+/// batches and the decode stage's items (measured: `python/tests/test_flowgate.py::
+/// test_memory_mb_binds_with_items_large_against_it` held 4 batches and an item under a
+/// budget that reserved two). The budget reserves it, and one smaller is refused.
 pub(super) fn stage_floors(
     batch: u64,
     batch_size: usize,

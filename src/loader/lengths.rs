@@ -50,6 +50,11 @@ pub(crate) struct LengthPlan {
 }
 
 impl LengthPlan {
+    /// The most clips a batch of the plan holds.
+    pub(crate) fn most_clips(&self) -> usize {
+        self.plan.most_items()
+    }
+
     /// Plans the files of `dataset` (local files only) by the lengths `recipe` reads from
     /// their containers; shuffled and dealt to ranks as the dataset is.
     pub(crate) fn new(

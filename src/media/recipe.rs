@@ -340,6 +340,23 @@ impl Recipe {
         }
     }
 
+    /// The bytes of one unit of a length-aware batch's cap, when the recipe fixes them: a
+    /// second of mono audio (its samples, `f32`), a video frame (`u8` RGB at the crop). A
+    /// batch holds at most its cap of them, padding included.
+    pub fn unit_bytes(&self) -> Option<u64> {
+        match &self.kind {
+            #[cfg(feature = "audio")]
+            Kind::Audio(r) => match r.channels {
+                crate::media::audio::Channels::Mono => Some(u64::from(r.rate) * 4),
+                _ => None,
+            },
+            #[cfg(feature = "video")]
+            Kind::Video(r) => Some(u64::from(r.crop) * u64::from(r.crop) * 3),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
     /// The bytes of one decoded item at most (its output tensor), when the recipe fixes them:
     /// an image's crop in its dtype, an audio window (mono; `None` for kept channels, whose
     /// count is the file's), a video's frames. What a loader reserves a batch by.

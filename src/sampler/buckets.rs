@@ -66,6 +66,11 @@ pub struct LengthBatches {
 }
 
 impl LengthBatches {
+    /// The most items a batch of the plan holds (its bucket of the shortest items').
+    pub fn most_items(&self) -> usize {
+        self.sizes.iter().copied().max().unwrap_or(0)
+    }
+
     /// Plans batches of items with these `lengths` (seconds, frames: any unit, the cap's),
     /// each batch's item count × its longest item at most `max_batch`. An item longer than
     /// `max_batch` counts as `max_batch` long (the decoder crops it there) and is a batch of
