@@ -231,6 +231,112 @@ pub const MIN_CPUS_PER_WORKER: f64 = 0.01;
 /// The longest a remote pool may wait for its first worker, in seconds (a day).
 pub const MAX_START_TIMEOUT: f64 = 86_400.0;
 
+/// A whole number for `limit`, as every front end's settings read one: anything that is not a
+/// whole number of at least 0 (a negative, a fraction, a bool, a string, nothing) is refused in
+/// the range's words, `must be in 1..=65536, not -1`, showing the value as it was written.
+/// The range itself is checked after (by the settings' checks, which name the key and, in a
+/// pipeline file, its line), in the same words. `None` where the data says null (`optional`).
+fn whole_in<'de, D: serde::Deserializer<'de>>(
+    limit: Limit,
+    optional: bool,
+    d: D,
+) -> Result<Option<u64>, D::Error> {
+    struct V(Limit, bool);
+    impl V {
+        fn refuse<E: serde::de::Error>(&self, shown: impl std::fmt::Display) -> E {
+            E::custom(format!(
+                "must be in {}..={}, not {shown}",
+                self.0.min, self.0.max
+            ))
+        }
+        fn whole<E: serde::de::Error>(&self, v: i128) -> Result<Option<u64>, E> {
+            u64::try_from(v).map(Some).map_err(|_| self.refuse(v))
+        }
+    }
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = Option<u64>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "a whole number in {}..={}", self.0.min, self.0.max)
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            self.whole(i128::from(v))
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            self.whole(i128::from(v))
+        }
+        fn visit_i128<E: serde::de::Error>(self, v: i128) -> Result<Self::Value, E> {
+            self.whole(v)
+        }
+        fn visit_u128<E: serde::de::Error>(self, v: u128) -> Result<Self::Value, E> {
+            match i128::try_from(v) {
+                Ok(v) => self.whole(v),
+                Err(_) => Err(self.refuse(v)),
+            }
+        }
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
+            Err(self.refuse(format_args!("{v:?}")))
+        }
+        fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Self::Value, E> {
+            Err(self.refuse(v))
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Err(self.refuse(format_args!("{v:?}")))
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            match self.1 {
+                true => Ok(None),
+                false => Err(self.refuse("null")),
+            }
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            self.visit_unit()
+        }
+        fn visit_some<D2: serde::Deserializer<'de>>(self, d: D2) -> Result<Self::Value, D2::Error> {
+            d.deserialize_any(self)
+        }
+    }
+    d.deserialize_any(V(limit, optional))
+}
+
+/// Deserializers of whole-number settings in their [`Limit`]s' words
+/// (`#[serde(deserialize_with = "limits::whole::batch_size")]`): a pipeline file's and a
+/// Python loader's settings refuse the same values with the same message.
+pub mod whole {
+    use super::*;
+
+    macro_rules! whole {
+        ($($name:ident, $opt:ident: $limit:expr;)*) => {$(
+            #[doc = concat!("A `", stringify!($name), "` ([`", stringify!($limit), "`]).")]
+            pub fn $name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+                whole_in($limit, false, d).map(|v| v.unwrap_or_default() as usize)
+            }
+            #[doc = concat!("An optional `", stringify!($name), "` ([`", stringify!($limit), "`]).")]
+            pub fn $opt<'de, D: serde::Deserializer<'de>>(
+                d: D,
+            ) -> Result<Option<usize>, D::Error> {
+                whole_in($limit, true, d).map(|v| v.map(|v| v as usize))
+            }
+        )*};
+    }
+
+    /// `v` (JSON-like data: a Python value, a JSON document) as a whole number in `limit`'s
+    /// range, or the words its settings would refuse it in (`must be in 0..=1024, not true`).
+    pub fn value(limit: Limit, v: serde_json::Value) -> Result<u64, String> {
+        let v = whole_in(limit, false, v).map_err(|e| e.to_string())?;
+        limit
+            .check(i128::from(v.unwrap_or_default()))
+            .map_err(|e| e.message)
+    }
+
+    whole! {
+        batch_size, batch_size_or_none: BATCH_SIZE;
+        workers, workers_or_none: WORKERS;
+        prefetch, prefetch_or_none: PREFETCH;
+        buffer, buffer_or_none: BUFFER;
+        buckets, buckets_or_none: BUCKETS;
+    }
+}
+
 /// A number that may be NaN or infinite: a number, or `"inf"`, `"-inf"` or `"nan"` where the
 /// data cannot hold them (JSON, a Python float through it), so the range check, not the
 /// parser, refuses them in the same words as everywhere else.

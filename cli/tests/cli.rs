@@ -58,7 +58,12 @@ fn bad_files_give_one_error_naming_the_key_and_line() {
             "batch.batchsize",
             "unknown field",
         ),
-        ("size = 32", "size = \"32\"", "batch.size", "invalid type"),
+        (
+            "size = 32",
+            "size = \"32\"",
+            "batch.size",
+            "must be in 1..=65536, not \"32\"",
+        ),
         ("crop = 224", "crop = 512", "decode.crop", "must be in"),
         ("epochs = 3", "epochs = 0", "run.epochs", "must be in 1..="),
         (

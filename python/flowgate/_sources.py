@@ -23,14 +23,16 @@ def _check_ints(args: Dict[str, Any], **least: int) -> None:
     side)."""
     for name, low in least.items():
         v = args.get(name)
+        if name in _LIMITS:
+            # The library's limit and words, whatever was given (None too: a pipeline file
+            # cannot leave these empty either).
+            _native._check_limit(name, v)
+            continue
         if v is None:
             continue
         if isinstance(v, bool) or not hasattr(v, "__index__"):
             raise ValueError(f"{name} must be an integer, not {v!r}")
-        v = operator.index(v)
-        if name in _LIMITS:
-            _native._check_limit(name, v)
-        elif v < low:
+        if operator.index(v) < low:
             raise ValueError(f"{name} must be at least {low}, not {v}")
 
 

@@ -7,6 +7,7 @@ use flowgate::loader::LoaderSettings;
 use flowgate::media::MediaArgs;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyBool;
 use serde_json::Value;
 
 use crate::dataset::{open_error, source_of};
@@ -199,20 +200,28 @@ fn number(key: &str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
 }
 
 /// `value` as a whole number in `limit`'s range, or a `ValueError` in the library's words
-/// (`size: must be in 1..=65536, not -1`), whatever Python gave: a bool, a float, an int
-/// past 128 bits.
+/// (`size: must be in 1..=65536, not -1`), whatever Python gave: a bool, a float, a string,
+/// None, an int past 128 bits (shown as Python writes it).
 pub(crate) fn whole(limit: flowgate::limits::Limit, value: &Bound<'_, PyAny>) -> PyResult<u64> {
-    let v = match value.is_instance_of::<pyo3::types::PyBool>() {
-        true => None,
-        false => value.extract::<i128>().ok(),
-    };
-    match v {
-        Some(v) => limit.check(v).map_err(out_of_range),
-        None => Err(out_of_range(flowgate::limits::OutOfRange {
+    let refused = |message: String| {
+        out_of_range(flowgate::limits::OutOfRange {
             key: limit.key,
-            message: format!("must be in {}..={}, not {value}", limit.min, limit.max),
-        })),
+            message,
+        })
+    };
+    if value.is_instance_of::<pyo3::types::PyInt>() && !value.is_instance_of::<PyBool>() {
+        return match value.extract::<i128>() {
+            Ok(v) => limit.check(v).map_err(out_of_range),
+            // Past 128 bits: out of every range, in the same words.
+            Err(_) => Err(refused(format!(
+                "must be in {}..={}, not {value}",
+                limit.min, limit.max
+            ))),
+        };
     }
+    // Anything else as a pipeline file's value would be read (NumPy ints are ints there).
+    let v = value_of(value).map_err(PyValueError::new_err)?;
+    flowgate::limits::whole::value(limit, v).map_err(refused)
 }
 
 /// `cpu_budget=` as the library reads it (a number of cores, a fraction of the node or a

@@ -217,7 +217,7 @@ def test_break_releases_the_epochs_buffers(data):
 
 def test_arguments_are_checked_with_clear_errors(data, tmp_path):
     images = data / "images.txt"
-    for kw, says in [(dict(batch_size=-1), "batch_size: invalid value: integer `-1`, expected a whole number"),
+    for kw, says in [(dict(batch_size=-1), "batch_size: must be in 1..=65536, not -1"),
                      (dict(crop=-1), "crop: invalid value: integer `-1`, expected a whole number"),
                      (dict(seed=1.5), "seed: invalid type: floating point `1.5`, expected a whole number"),
                      (dict(workers=0), "workers: must be in 1..=1024, not 0"),

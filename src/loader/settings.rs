@@ -52,7 +52,10 @@ impl From<OrderName> for Order {
 pub struct LoaderSettings {
     /// Items per batch, in 1..=65,536 ([`limits::BATCH_SIZE`]). Default
     /// [`DEFAULT_BATCH_SIZE`]. Length-aware batches are sized by their cap instead.
-    #[serde(default = "default_batch_size")]
+    #[serde(
+        default = "default_batch_size",
+        deserialize_with = "limits::whole::batch_size"
+    )]
     pub batch_size: usize,
     /// A new order every epoch, from `seed` (default on).
     #[serde(default = "default_true")]
@@ -73,7 +76,7 @@ pub struct LoaderSettings {
     #[serde(default)]
     pub order: OrderName,
     /// Fixed decode workers, in 1..=1,024 ([`limits::WORKERS`]); default: tuned.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limits::whole::workers_or_none")]
     pub workers: Option<usize>,
     /// Skip and count unreadable items (default) or end the epoch at the first.
     #[serde(default = "default_true")]
@@ -95,7 +98,10 @@ pub struct LoaderSettings {
     #[serde(default)]
     pub max_batch_frames: Option<usize>,
     /// Length buckets of length-aware batches ([`limits::BUCKETS`]). Default [`DEFAULT_BUCKETS`].
-    #[serde(default = "default_buckets")]
+    #[serde(
+        default = "default_buckets",
+        deserialize_with = "limits::whole::buckets"
+    )]
     pub buckets: usize,
     /// Each clip's real length as a second field (audio and video).
     #[serde(default)]
@@ -142,7 +148,7 @@ pub enum SettingsError {
 
 impl LoaderSettings {
     /// Settings from JSON-like data (a Python dict, a JSON object), every key checked: an
-    /// error names the key (`batch_size: invalid type: string "x", expected usize`).
+    /// error names the key (`batch_size: must be in 1..=65536, not "x"`).
     pub fn from_value(v: serde_json::Value) -> Result<Self, String> {
         crate::media::args::keyed(v)
     }
@@ -383,7 +389,7 @@ mod tests {
     #[test]
     fn errors_name_the_key() {
         let e = LoaderSettings::from_value(json!({"batch_size": "many"})).unwrap_err();
-        assert!(e.starts_with("batch_size: invalid type"), "{e}");
+        assert_eq!(e, "batch_size: must be in 1..=65536, not \"many\"");
         let e = LoaderSettings::from_value(json!({"batch_sise": 3})).unwrap_err();
         assert!(e.contains("unknown field `batch_sise`"), "{e}");
         let e = LoaderSettings::from_value(json!({"cpu_budget": true})).unwrap_err();

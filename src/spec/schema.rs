@@ -98,7 +98,10 @@ pub enum SourceSpec {
         #[serde(default)]
         cache_dir: Option<PathBuf>,
         /// Shards on S3: shards downloaded ahead of the readers.
-        #[serde(default = "default_prefetch")]
+        #[serde(
+            default = "default_prefetch",
+            deserialize_with = "crate::limits::whole::prefetch"
+        )]
         prefetch: usize,
         /// The extensions of the field to decode, first present wins; default: the decode
         /// kind's (`jpg`, `jpeg`, `png`, `webp` for images; `flac`, `wav`, `mp3`, `ogg`, `m4a`
@@ -109,7 +112,7 @@ pub enum SourceSpec {
         #[serde(default)]
         shuffle: Option<u64>,
         /// A shuffle buffer of this many samples over each epoch's stream (0: none).
-        #[serde(default)]
+        #[serde(default, deserialize_with = "crate::limits::whole::buffer")]
         buffer: usize,
         /// The field (extension) holding each sample's integer label, such as `"cls"`.
         #[serde(default)]
@@ -135,7 +138,7 @@ pub enum SourceSpec {
         #[serde(default)]
         shuffle: Option<u64>,
         /// A shuffle buffer of this many rows over each epoch's stream (0: none).
-        #[serde(default)]
+        #[serde(default, deserialize_with = "crate::limits::whole::buffer")]
         buffer: usize,
         /// The column holding each row's integer label, such as `"label"`.
         #[serde(default)]
@@ -252,8 +255,10 @@ impl<'de> Deserialize<'de> for DecodeSpec {
         let mut table = toml::Table::deserialize(d)?;
         let workers = table
             .remove("workers")
-            .map(|w| w.try_into::<usize>().map_err(D::Error::custom))
-            .transpose()?;
+            .map(crate::limits::whole::workers_or_none)
+            .transpose()
+            .map_err(|e: toml::de::Error| D::Error::custom(e.message()))?
+            .flatten();
         let media = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| D::Error::custom(e.message()))?;
@@ -268,7 +273,7 @@ pub struct BatchSpec {
     /// Items per batch (default: the library's for the media,
     /// [`default_batch_size`](crate::loader::default_batch_size): 32, 8 clips of video); see
     /// [`PipelineSpec::batch_size`](super::PipelineSpec::batch_size).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::limits::whole::batch_size_or_none")]
     pub size: Option<usize>,
     /// Drop a last, partial batch.
     #[serde(default)]
@@ -286,7 +291,10 @@ pub struct BatchSpec {
     pub max_frames: Option<usize>,
     /// With `max_seconds` or `max_frames`: length buckets (boundaries at the lengths'
     /// quantiles).
-    #[serde(default = "default_buckets")]
+    #[serde(
+        default = "default_buckets",
+        deserialize_with = "crate::limits::whole::buckets"
+    )]
     pub buckets: usize,
     /// The order items are batched in: `"input"` (default: the epoch's order, so a seed gives
     /// the same batches on every run) or `"completion"` (as they finish decoding).
