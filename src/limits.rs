@@ -89,6 +89,14 @@ pub const IN_FLIGHT: Limit = Limit {
     max: 1 << 16,
 };
 
+/// An epoch a loop may name (`set_epoch`): past 2^32 it is a step counter or a timestamp
+/// passed by mistake, and the epoch after it must not wrap around to 0.
+pub const EPOCH: Limit = Limit {
+    key: "epoch",
+    min: 0,
+    max: 1 << 32,
+};
+
 /// Tar shards fetched ahead of the readers: each is kept on disk until it is read.
 pub const PREFETCH: Limit = Limit {
     key: "prefetch",

@@ -300,7 +300,9 @@ class AudioLoader(_Loader):
     """WAV/FLAC/MP3/Ogg/M4A files → batches of ``batch_size x (rate*seconds)`` float32, mono,
     cropped or zero-padded (at another sample rate, resampled). ``train``: a window at a random
     offset in each clip, new every epoch and reproducible from ``seed`` (clips no longer than
-    the window are taken whole). ``return_lengths``: each batch is ``(audio, lengths, ...)``,
+    the window are taken whole). ``keep_channels``: ``batch_size x channels x (rate*seconds)``,
+    the files' channels kept (every file of the dataset must have as many; a pipeline file's
+    ``decode.keep_channels``). ``return_lengths``: each batch is ``(audio, lengths, ...)``,
     ``lengths`` an int64 :class:`Batch` of each clip's real samples (the rest is padding), for
     masking or ragged models. Other arguments (``labels`` and ``return_paths`` too) as
     :class:`ImageLoader`.
@@ -325,6 +327,7 @@ class AudioLoader(_Loader):
         rate: int = _native.DEFAULT_RATE,
         seconds: float = _native.DEFAULT_SECONDS,
         train: bool = False,
+        keep_channels: bool = False,
         return_lengths: bool = False,
         max_batch_seconds: Optional[float] = None,
         buckets: int = _native.DEFAULT_BUCKETS,
@@ -354,7 +357,7 @@ class AudioLoader(_Loader):
         self._setup(locals())
 
     def _build(self, a: Dict[str, Any]) -> Any:
-        return _build(a, "audio", ("rate", "seconds", "train"))
+        return _build(a, "audio", ("rate", "seconds", "train", "keep_channels"))
 
 
 class VideoLoader(_Loader):

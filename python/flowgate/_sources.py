@@ -13,7 +13,7 @@ from . import _native
 
 #: Arguments whose range is the library's (``flowgate::limits``): checked there, in its
 #: words, which a pipeline file's check uses too.
-_LIMITS = ("batch_size", "workers", "prefetch", "buffer")
+_LIMITS = ("batch_size", "workers", "prefetch", "buffer", "epoch")
 
 
 def _check_ints(args: Dict[str, Any], **least: int) -> None:
@@ -83,9 +83,8 @@ class Shards:
                  cache_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
                  cache_mb: float = 0.0, prefetch: int = _native.DEFAULT_PREFETCH) -> None:
         _check_ints(locals(), buffer=0, prefetch=0)
-        if not isinstance(cache_mb, (int, float)) or isinstance(cache_mb, bool):
-            raise ValueError(f"cache_mb must be a number of MiB, not {cache_mb!r}")
-        _native._check_limit("cache_mb", float(cache_mb))
+        # A number as a pipeline file's `cache_mb` is (not a bool or a string), in range.
+        _native._check_limit("cache_mb", cache_mb)
         self.pattern = os.fspath(pattern)
         self.buffer = buffer
         self.fields = None if fields is None else [str(f) for f in fields]

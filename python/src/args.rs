@@ -171,6 +171,7 @@ pub(crate) fn _check_limit(name: &str, value: &Bound<'_, PyAny>) -> PyResult<()>
         "prefetch" => PREFETCH,
         "buffer" => BUFFER,
         "buckets" => BUCKETS,
+        "epoch" => EPOCH,
         _ => {
             let limit = match name {
                 "cache_mb" => CACHE_MB,
@@ -179,7 +180,7 @@ pub(crate) fn _check_limit(name: &str, value: &Bound<'_, PyAny>) -> PyResult<()>
                 _ => return Err(PyValueError::new_err(format!("no limit named {name:?}"))),
             };
             return limit
-                .bytes(value.extract()?)
+                .bytes(number(name, value)?)
                 .map(drop)
                 .map_err(out_of_range);
         }

@@ -234,3 +234,15 @@ def test_length_batches_over_s3_are_refused_before_any_request():
                 flowgate.Parquet("s3://bucket/speech.parquet", column="audio")):
         with pytest.raises(ValueError, match="not S3"):
             flowgate.AudioLoader(src, max_batch_seconds=CAP)
+
+
+def test_keep_channels_gives_each_files_channels(clips):
+    # A pipeline file's `decode.keep_channels`, which the Python loader lacked (helper-20).
+    mono = flowgate.AudioLoader(clips, batch_size=4, seconds=1.0, shuffle=False)
+    kept = flowgate.AudioLoader(clips, batch_size=4, seconds=1.0, shuffle=False,
+                                keep_channels=True)
+    for a, b in zip(mono, kept):
+        a, b = np.asarray(a), np.asarray(b)
+        assert b.shape == (a.shape[0], 1, a.shape[1]) and (b[:, 0] == a).all()
+    with pytest.raises(ValueError, match="length-aware batches of audio are mono"):
+        flowgate.AudioLoader(clips, keep_channels=True, max_batch_seconds=CAP)

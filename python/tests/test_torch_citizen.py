@@ -248,6 +248,12 @@ def test_set_epoch_gives_that_epochs_order_and_keeps_a_loaded_position(data):
     assert batches(loader) == orders[0]
     with pytest.raises(ValueError, match="epoch"):
         loader.set_epoch(-1)
+    # The last epoch the library takes, and past it (2**64 - 1 wrapped to epoch 0 before;
+    # 2**64 was an OverflowError): the same words for both.
+    loader.set_epoch(2**32)
+    for bad in (2**32 + 1, 2**64 - 1, 2**64, 1.0):
+        with pytest.raises(ValueError, match=r"^epoch: must be in 0\.\.=4294967296, not "):
+            loader.set_epoch(bad)
 
 
 def test_failures_are_per_epoch(data, tmp_path):
