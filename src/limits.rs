@@ -97,6 +97,14 @@ pub const EPOCH: Limit = Limit {
     max: 1 << 32,
 };
 
+/// A mixture's draws per epoch: its order is an epoch's, at most
+/// [`MAX_EPOCH_ITEMS`](crate::sampler::MAX_EPOCH_ITEMS) positions.
+pub const DRAWS: Limit = Limit {
+    key: "draws",
+    min: 1,
+    max: 1 << 32,
+};
+
 /// Tar shards fetched ahead of the readers: each is kept on disk until it is read.
 pub const PREFETCH: Limit = Limit {
     key: "prefetch",
@@ -342,6 +350,7 @@ pub mod whole {
         prefetch, prefetch_or_none: PREFETCH;
         buffer, buffer_or_none: BUFFER;
         buckets, buckets_or_none: BUCKETS;
+        draws, draws_or_none: DRAWS;
     }
 }
 

@@ -172,10 +172,12 @@ class Mix:
                                  f"flowgate.Parquet, not {type(s).__name__}")
         self.weights = list(weights)
         if draws is not None:
-            if isinstance(draws, bool) or not hasattr(draws, "__index__"):
-                raise ValueError(f"Mix: draws: must be a whole number, not {draws!r}")
-            # Past 128 bits, as past the library's limit.
-            draws = max(-(2 ** 127), min(operator.index(draws), 2 ** 127 - 1))
+            # The library's limit and words for any value (a pipeline file's `draws` too).
+            try:
+                _native._check_limit("draws", draws)
+            except ValueError as e:
+                raise ValueError(f"Mix: {e}") from None
+            draws = operator.index(draws)
         # The library's rules and words (weights, draws, stop), before any source is opened.
         _native._check_mix(len(self.sources), self.weights, draws, stop)
         self.weights = [float(w) for w in self.weights]

@@ -172,6 +172,7 @@ pub(crate) fn _check_limit(name: &str, value: &Bound<'_, PyAny>) -> PyResult<()>
         "buffer" => BUFFER,
         "buckets" => BUCKETS,
         "epoch" => EPOCH,
+        "draws" => DRAWS,
         _ => {
             let limit = match name {
                 "cache_mb" => CACHE_MB,

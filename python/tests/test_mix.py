@@ -95,6 +95,11 @@ def test_bad_mixtures_are_named(data, tmp_path):
                           ([True, 1], "invalid type: boolean `true`, expected a number")):
         with pytest.raises(ValueError, match="^Mix: weights: " + says):
             flowgate.Mix([shards, rows], weights)
+    # Draws of any value in the library's words, the value as given (past 128 bits it was
+    # shown clamped; a fraction had words of its own).
+    for bad, shown in ((-1, "-1"), (4.0, "4.0"), (True, "true"), (2**200, str(2**200))):
+        with pytest.raises(ValueError, match=rf"^Mix: draws: must be in 1\.\.=4294967296, not {shown}$"):
+            flowgate.Mix([shards], [1.0], draws=bad)
     with pytest.raises(ValueError, match='^Mix: stop: must be "first" or "all", not "bad"$'):
         flowgate.Mix([shards], [1.0], draws=4, stop="bad")
     assert flowgate.Mix([shards, rows], [1, 2]).weights == [1.0, 2.0]

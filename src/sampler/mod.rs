@@ -30,7 +30,7 @@ pub use mixture::{check_weights, MixStop};
 /// item: 32 GiB at this size). A number past it — a mixture's `draws`, a manifest's sample
 /// counts — is a typo or a lie, refused with an error naming it, not an allocation that
 /// aborts the process.
-pub const MAX_EPOCH_ITEMS: usize = 1 << 32;
+pub const MAX_EPOCH_ITEMS: usize = crate::limits::DRAWS.max as usize;
 
 /// Bytes an epoch's order takes per position at its peak, made at each epoch's start: the
 /// global order, this rank's positions and a reader's part of them, 8 bytes each (a mixture of

@@ -155,7 +155,7 @@ pub enum SourceSpec {
         weights: Vec<f64>,
         /// Draws per epoch (sources drawn to their end start a new pass, so they cycle); when
         /// absent, `stop` says when the epoch ends.
-        #[serde(default)]
+        #[serde(default, deserialize_with = "crate::limits::whole::draws_or_none")]
         draws: Option<usize>,
         /// Without `draws`: `"first"` (the epoch ends at the first source drawn to its end:
         /// each item at most once) or `"all"` (once every source has been drawn to its end:

@@ -387,10 +387,15 @@ impl PipelineSpec {
             }
         }
         // The media's own rules, the ones every front end applies, located here.
+        // A rule about the cap names the library's key: a pipeline file's is in `[batch]`.
         self.decode
             .media
             .check(self.length_cap())
-            .map_err(|e| err("decode", e.field(), e.message().to_owned()))?;
+            .map_err(|e| match e.field() {
+                "max_batch_frames" => err("batch", "max_frames", e.message().to_owned()),
+                "max_batch_seconds" => err("batch", "max_seconds", e.message().to_owned()),
+                f => err("decode", f, e.message().to_owned()),
+            })?;
         let workers = &self.decode.workers;
         if let Some(w) = workers {
             limit(

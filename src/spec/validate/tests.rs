@@ -242,6 +242,12 @@ fn numbers_that_size_buffers_caches_and_epochs_are_bounded() {
                [decode]\nkind = \"image\"\n";
     let e = error(mix);
     assert_eq!(e.key, "source.draws", "{e}");
+    // In the words Python's `Mix(draws=-1)` says.
+    let e = error(&mix.replace("draws = 10000000000000", "draws = -1"));
+    assert!(
+        e.to_string().ends_with("must be in 1..=4294967296, not -1"),
+        "{e}"
+    );
     let e = error(&mix.replace("draws = 10000000000000", "draws = 10"));
     assert_eq!(e.key, "source.sources.prefetch", "{e}");
     let e = error(&format!("{GOOD}\n[run]\nepochs = 99999999999\n"));
@@ -370,4 +376,14 @@ fn a_media_field_table_parses_and_a_bad_one_names_its_field() {
     let e = error(&labelled);
     assert_eq!(e.key, "fields.label", "{e}");
     assert!(e.message.starts_with("fields: \"label\" is a key"), "{e}");
+}
+
+#[cfg(feature = "video")]
+#[test]
+fn a_rule_of_the_cap_names_the_batch_tables_key() {
+    // The media's rule named Python's `max_batch_frames`, under `[decode]` (helper-20).
+    let text = "[source]\nkind = \"list\"\npath = \"v.txt\"\n[decode]\nkind = \"video\"\n\
+                fps = 5.0\nlayout = \"ncthw\"\n[batch]\nmax_frames = 64\n";
+    let e = error(text);
+    assert_eq!((e.key.as_str(), e.line), ("batch.max_frames", 9), "{e}");
 }
