@@ -152,6 +152,45 @@ fn input_order_survives_a_slow_head_item() {
     assert_eq!(got, (0..500).collect::<Vec<_>>());
 }
 
+#[test]
+fn a_slow_items_result_goes_out_when_made_not_with_its_workers_chunk() {
+    // A pool stage sent a worker's results when its chunk of inputs (up to 64) was done: a
+    // user's batch made in 0.5 s waited 9 s for the rest of the chunk (helper-21). Each
+    // result of slow items now leaves when made: the loop's first item arrives while its
+    // stage has made only a few more, in both orders.
+    for order in [Order::Completion, Order::Input] {
+        within(60, move || {
+            let made = Arc::new(AtomicU64::new(0));
+            let m = Arc::clone(&made);
+            let mut p = Pipeline::builder()
+                .source(0..48u64)
+                .output_order(order)
+                .aggregate(2, false)
+                .pipe(
+                    "slow",
+                    move |x: Vec<u64>| {
+                        std::thread::sleep(Duration::from_millis(40));
+                        m.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, Injected>(x)
+                    },
+                    Workers::fixed(2),
+                )
+                .build()
+                .unwrap();
+            let mut it = p.iter();
+            // Each of the first few arrives about when made: two workers have made about
+            // two more by then. The first went out alone before too (its worker had nothing
+            // else yet); the next waited for their workers' whole runs (12 batches each).
+            for k in 1..=4 {
+                it.next().unwrap().unwrap();
+                let at = made.load(Ordering::SeqCst);
+                assert!(at <= k + 4, "{order:?}: {at} made when batch {k} arrived");
+            }
+            assert_eq!(it.count(), 20);
+        });
+    }
+}
+
 /// Waits until `f` has kept the same value for `quiet`, and returns it.
 fn settle(f: impl Fn() -> u64, quiet: Duration) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -312,9 +312,18 @@ struct WorkerLoop<T, U> {
     pending: Vec<(u64, Done<U>)>,
     /// Outputs of the current item.
     scratch: Vec<U>,
+    /// When the item of the oldest result not yet sent started: results wait for a run to
+    /// fill for at most [`HOLD`] (a run of slow items goes out item by item).
+    held_since: Option<Instant>,
     /// End of the previous item (or of the last wait): the start of the next item.
     last: Instant,
 }
+
+/// The longest a result waits in its worker for the rest of its run: well under any training
+/// step. Fast items (microseconds) still go out in runs of the chunk size; an item slower than
+/// this (a batch made by a user's `__getitem__` calls) goes out as soon as it is made, not
+/// when its worker's whole chunk is done (which held ready batches back for seconds).
+const HOLD: std::time::Duration = std::time::Duration::from_micros(500);
 
 impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
     fn new(idx: usize, local: Worker<Envelope<T>>, s: Arc<Shared<T, U>>) -> Self {
@@ -327,6 +336,7 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
             pending: Vec::new(),
             ledger: OutputLedger::default(),
             scratch: Vec::new(),
+            held_since: None,
             last: Instant::now(),
         }
     }
@@ -357,10 +367,16 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
                 },
             };
             let Some(item) = item else { continue };
+            let started = Instant::now();
             self.process(item);
             let pending = self.run.out.len() + self.pending.len();
-            if (pending >= self.s.chunk || self.local.is_empty()) && self.emit().is_err() {
-                break;
+            // Since the run's first item started (this one's, for a run of one).
+            let held = pending > 0 && self.held_since.get_or_insert(started).elapsed() >= HOLD;
+            if pending >= self.s.chunk || self.local.is_empty() || held {
+                self.held_since = None;
+                if self.emit().is_err() {
+                    break;
+                }
             }
         }
         self.counters.flush(&self.s.core.metrics, Instant::now());
