@@ -89,6 +89,15 @@ pub const IN_FLIGHT: Limit = Limit {
     max: 1 << 16,
 };
 
+/// Results a generic pipeline's last stage and its consumer's buffer may each hold ahead of
+/// the loop (Python's `Pipeline.prefetch`, a `DataLoader`'s `prefetch_factor` times its
+/// workers): past a few thousand batches of unmeasured Python objects is a memory risk.
+pub const STAGE_PREFETCH: Limit = Limit {
+    key: "prefetch",
+    min: 1,
+    max: 1 << 12,
+};
+
 /// An epoch a loop may name (`set_epoch`): past 2^32 it is a step counter or a timestamp
 /// passed by mistake, and the epoch after it must not wrap around to 0.
 pub const EPOCH: Limit = Limit {

@@ -28,7 +28,9 @@ class DataLoader:
     process the tuner sizes (``num_workers``: how many to start with; 0 leaves it to the
     tuner). ``num_workers`` above the process's cores is for a dataset that waits (network
     reads): exactly that many batches are made at once, as by torch's workers. Batches come
-    in the positions' order: with ``shuffle=False`` torch's batches.
+    in the positions' order: with ``shuffle=False`` torch's batches. Ahead of the loop wait at
+    most ``prefetch_factor`` (default 2) batches per worker for it, and as many in the stage
+    (torch's bound; Python objects are not measured, so the bound is in batches).
 
     What torch lacks: under ``torchrun`` (``RANK``/``WORLD_SIZE``) each rank reads its share,
     every share as long (padded by repeating the epoch's start, as ``DistributedSampler``;
@@ -36,7 +38,9 @@ class DataLoader:
     resume an epoch exactly where it stopped; ``skip_errors=True`` leaves an item whose
     ``__getitem__`` raises out of its batch (counted; the batch keeps its place, and one whose
     every item fails is made up of the readable items after it, so every rank still makes
-    ``len()`` batches; an epoch with no readable item raises), where the default raises
+    ``len()`` batches; an epoch with no readable item raises; an exception of ``collate_fn``
+    or ``__getitems__`` loses its whole batch, which is not made up: under DDP the ranks then
+    differ by a batch), where the default raises
     :class:`LoaderError` naming it (the dataset's exception its ``__cause__``).
     ``stats()["gil"]``: how many threads were busy in the dataset's calls (``threads_busy``) on
     how many cores (``cores_used``); ``stats()["gil_bound"]`` when several took turns on about
@@ -96,6 +100,13 @@ class DataLoader:
         # library's `MakeUp`), so every rank still makes len() batches.
         native.map(_native.Fetch(dataset, collate_fn, skip_errors, batch_size is not None),
                    num_workers, "fetch", num_workers > _cores())
+        # Made ahead of the loop, as torch's `prefetch_factor` per worker: at most that many
+        # batches per thread waiting in the stage and as many for the loop (Python objects are
+        # not measured, so the bound is in batches; it was 256 whatever their size).
+        if prefetch_factor is not None:
+            _native._check_limit("prefetch_factor", prefetch_factor)
+        native.prefetch(min((prefetch_factor or 2) * (num_workers or _cores()),
+                            _native.MAX_STAGE_PREFETCH))
         self._native = native
         self._pin = pin_memory
         # What torch's DataLoader exposes, for code that reads it.

@@ -71,6 +71,7 @@ class Pipeline:
     def map(self, f: Callable[[Any], Any], workers: int = ..., name: Optional[str] = ...,
             blocking: bool = ...) -> "Pipeline": ...
     def batch(self, size: int, drop_last: bool = ...) -> "Pipeline": ...
+    def prefetch(self, n: int) -> "Pipeline": ...
     @staticmethod
     def indexed(len: int, settings: Dict[str, Any]) -> "Pipeline": ...
     @property
@@ -90,6 +91,7 @@ DEFAULT_BUCKETS: int
 DEFAULT_BUFFER: int
 DEFAULT_PREFETCH: int
 DEFAULT_MAX_WORKERS: int
+MAX_STAGE_PREFETCH: int
 DEFAULT_BATCHES_PER_UNIT: int
 DEFAULT_START_TIMEOUT: float
 

@@ -173,6 +173,11 @@ pub(crate) fn _check_limit(name: &str, value: &Bound<'_, PyAny>) -> PyResult<()>
         "buckets" => BUCKETS,
         "epoch" => EPOCH,
         "draws" => DRAWS,
+        "prefetch_factor" => Limit {
+            key: "prefetch_factor",
+            min: 1,
+            max: PREFETCH.max,
+        },
         _ => {
             let limit = match name {
                 "cache_mb" => CACHE_MB,

@@ -108,6 +108,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_BUFFER", flowgate::dataset::DEFAULT_BUFFER)?;
     m.add("DEFAULT_PREFETCH", flowgate::dataset::DEFAULT_PREFETCH)?;
     m.add("DEFAULT_MAX_WORKERS", flowgate::loader::DEFAULT_MAX_WORKERS)?;
+    m.add("MAX_STAGE_PREFETCH", flowgate::limits::STAGE_PREFETCH.max)?;
     m.add(
         "DEFAULT_BATCHES_PER_UNIT",
         flowgate::loader::DEFAULT_BATCHES_PER_UNIT,

@@ -118,6 +118,9 @@ pub(crate) struct PyPipeline {
     failed: Arc<Mutex<(u64, Option<ItemError>)>>,
     /// Closed (`close()`) since the last epoch started: an iterator still running says so.
     closed: AtomicBool,
+    /// Results its last stage and the consumer's buffer may each hold ahead of the loop
+    /// (`prefetch()`); default: the engine's (two chunks each, tuned).
+    prefetch: Mutex<Option<usize>>,
 }
 
 struct Running {
@@ -311,6 +314,9 @@ impl PyPipeline {
         if let Some(c) = self.cpu_budget {
             b = b.cpu_budget(c);
         }
+        if let Some(n) = *self.prefetch.lock().expect("prefetch") {
+            b = b.budget(n, u64::MAX).sink(n);
+        }
         let failed = Arc::clone(&self.failed);
         b.max_failures(budget)
             .output_order(self.order)
@@ -378,6 +384,7 @@ impl PyPipeline {
             source_error: Arc::default(),
             failed: Arc::default(),
             closed: AtomicBool::new(false),
+            prefetch: Mutex::new(None),
         })
     }
 
@@ -408,6 +415,15 @@ impl PyPipeline {
                 blocking,
             });
         }
+        Ok(slf)
+    }
+
+    /// Bounds what is made ahead of the loop: at most `n` results waiting in the last stage
+    /// and `n` for the consumer, besides one in each of its threads' hands (a `DataLoader`'s
+    /// batches, whose bytes are not measured: torch's `prefetch_factor` per worker).
+    fn prefetch<'py>(slf: Bound<'py, Self>, n: &Bound<'py, PyAny>) -> PyResult<Bound<'py, Self>> {
+        let n = crate::args::whole(flowgate::limits::STAGE_PREFETCH, n)? as usize;
+        *slf.borrow().prefetch.lock().expect("prefetch") = Some(n);
         Ok(slf)
     }
 
@@ -477,6 +493,7 @@ impl PyPipeline {
             source_error: Arc::default(),
             failed: Arc::default(),
             closed: AtomicBool::new(false),
+            prefetch: Mutex::new(None),
         })
     }
 

@@ -593,3 +593,31 @@ def test_exit_with_threads_still_in_python_is_clean():
         for _ in range(3):
             run_clean(code)
         assert time.monotonic() - start < 90
+
+
+@pytest.mark.parametrize("factor", [None, 1, 3])
+def test_batches_made_ahead_of_a_slow_loop_are_bounded_by_prefetch_factor(factor):
+    # 256 batches were made ahead whatever their size (1 GiB of 4 MiB items, helper-21); as
+    # torch's, the bound is prefetch_factor (default 2) per worker: that many waiting in the
+    # stage and for the loop, besides one in each worker's hand.
+    import time
+    made = [0]
+
+    class Counted(Numbered):
+        def __getitem__(self, i):
+            made[0] += 1
+            return super().__getitem__(i)
+
+    workers = 2
+    loader = flowgate.DataLoader(Counted(400), batch_size=1, num_workers=workers,
+                                 prefetch_factor=factor)
+    ahead = 0
+    for k, _ in enumerate(loader):
+        time.sleep(0.01)
+        ahead = max(ahead, made[0] - (k + 1))
+        if k == 60:
+            break
+    most = 2 * (factor or 2) * workers + workers
+    assert 0 < ahead <= most, (ahead, most)
+    with pytest.raises(ValueError, match=r"^prefetch_factor: must be in 1\.\.=1024, not 0$"):
+        flowgate.DataLoader(Counted(4), num_workers=2, prefetch_factor=0)
