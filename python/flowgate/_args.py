@@ -5,6 +5,7 @@ reads, the loader's settings and the media's arguments as dicts the library read
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Dict, List, Mapping, Sequence
 
 from . import _native
@@ -37,6 +38,22 @@ def _build(args: Dict[str, Any], kind: str, media: Sequence[str]) -> Any:
         units=bool(args.get("decodes_units")), plans_units=args.get("remote") is not None,
         fields=args.get("fields"), map=args.get("map"),
         map_fields=_names(args.get("map_fields")), map_batch=args.get("map_batch"))
+
+
+def _process_group_ranks(args: Dict[str, Any]) -> Dict[str, Any]:
+    """``args`` with the rank and world size of an initialized ``torch.distributed`` process
+    group where neither is given nor in the environment: DDP launched by
+    ``torch.multiprocessing.spawn`` (``init_process_group(rank=..., world_size=...)``) sets no
+    ``RANK``/``WORLD_SIZE``, and each rank read the whole dataset. The library's rule (the
+    arguments, else the environment) decides everywhere else; the values are kept in the
+    arguments, so a DataLoader worker or a copy reads the same share."""
+    if (args.get("rank") is not None or args.get("world_size") is not None
+            or "RANK" in os.environ or "WORLD_SIZE" in os.environ):
+        return args
+    dist = sys.modules.get("torch.distributed")  # never imported here for this
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return args
+    return dict(args, rank=dist.get_rank(), world_size=dist.get_world_size())
 
 
 def _names(names: Any) -> List[str]:

@@ -9,6 +9,7 @@ import os
 from typing import Any, Callable, Dict, Iterator, Optional
 
 from . import _native
+from ._args import _process_group_ranks
 from ._process import _OPEN, _Pass
 from ._sources import _check_ints
 
@@ -81,10 +82,10 @@ class DataLoader:
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last
-        settings: Dict[str, Any] = dict(
+        settings: Dict[str, Any] = _process_group_ranks(dict(
             batch_size=1 if batch_size is None else batch_size, shuffle=bool(shuffle), seed=seed, drop_last=drop_last,
             order="input" if in_order else "completion", skip_errors=skip_errors,
-            cpu_budget=cpu_budget, rank=rank, world_size=world_size)
+            cpu_budget=cpu_budget, rank=rank, world_size=world_size))
         native = _native.Pipeline.indexed(len(dataset), settings)
         if collate_fn is None:
             collate_fn = _default_collate(batched=batch_size is not None)

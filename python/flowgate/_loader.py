@@ -9,6 +9,7 @@ import operator
 import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from ._args import _process_group_ranks
 from ._native import DeviceUnavailable
 from ._process import (_LIVE, _Epoch, _WorkerMarker, _converter, _in_worker,
                        _rebuild, _register_with_torch, _worker_split)
@@ -39,7 +40,8 @@ class _Loader:
     def _setup(self, args: Dict[str, Any], marker: Optional[_WorkerMarker] = None) -> None:
         """Builds the native side from the constructor's arguments (its ``locals()``);
         ``marker``: the training process's, for a loader unpickled in a worker."""
-        args = {k: v for k, v in args.items() if k not in ("self", "__class__")}
+        args = _process_group_ranks({k: v for k, v in args.items()
+                                     if k not in ("self", "__class__")})
         if args.get("output") not in ("batch", "torch", "numpy"):
             raise ValueError(f'output must be "batch", "torch" or "numpy", not '
                              f'{args.get("output")!r}')

@@ -3,6 +3,7 @@ resume, ranks with equal counts, the failure policy, and a torchvision-style dat
 decoded with PIL."""
 
 import json
+import os
 
 import pytest
 from test_fields import jpeg
@@ -621,3 +622,28 @@ def test_batches_made_ahead_of_a_slow_loop_are_bounded_by_prefetch_factor(factor
     assert 0 < ahead <= most, (ahead, most)
     with pytest.raises(ValueError, match=r"^prefetch_factor: must be in 1\.\.=1024, not 0$"):
         flowgate.DataLoader(Counted(4), num_workers=2, prefetch_factor=0)
+
+
+def test_ranks_come_from_a_process_group_started_by_spawn(data, tmp_path):
+    # torch.multiprocessing.spawn sets no RANK/WORLD_SIZE: every rank read the whole dataset
+    # (three times the epoch across 3 ranks, silently; helper-21). Now the initialized
+    # process group's rank and world size, for DataLoader, the loaders and their workers.
+    import pathlib
+    import subprocess
+    import sys
+    worker = pathlib.Path(__file__).with_name("spawn_ddp_worker.py")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env["OMP_NUM_THREADS"] = "1"
+    init = f"file://{tmp_path / 'rendezvous'}"
+    r = subprocess.run([sys.executable, str(worker), "3", init, str(data / "images.txt"),
+                        str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    reps = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(3)]
+    items = [i for rep in reps for i in rep["items"]]
+    assert sorted(items) == list(range(12)) and all(len(rep["items"]) == 4 for rep in reps)
+    assert all(rep["len"] == 2 for rep in reps)
+    n = len((data / "images.txt").read_text().split())
+    paths = [p for rep in reps for p in rep["paths"]]
+    assert len(set(paths)) == n and len(paths) == 3 * -(-n // 3), "shares of the images"
+    assert all(rep["worker_paths"] == rep["paths"] for rep in reps)
