@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 from . import _native
 from ._args import _process_group_ranks
-from ._process import _OPEN, _Pass
+from ._process import _OPEN, _Pass, _end_passes
 from ._sources import _check_ints
 
 
@@ -145,7 +145,11 @@ class DataLoader:
         return self._native.state_dict()
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resumes ``state`` at the next ``iter()``; a loop running at the time raises (it
+        ended quietly, as if its epoch were over: a roll-back after a loss spike lost the
+        rest of the epoch unnoticed)."""
         self._native.load_state_dict(state)
+        _end_passes(self, "load_state_dict()")
 
     def stats(self) -> Dict[str, Any]:
         """The stages' statistics (threads, items), and what the dataset's calls took

@@ -71,6 +71,7 @@ class _Pass:
 
     def __init__(self, owner: Any, convert: Optional[Callable[[Any], Any]] = None) -> None:
         owner._passes = getattr(owner, "_passes", 0) + 1
+        owner._ended_by = None
         self._owner, self._n = owner, owner._passes
         self._epoch = _Epoch(owner._native, convert)
 
@@ -79,11 +80,22 @@ class _Pass:
 
     def __next__(self) -> Any:
         if self._n != self._owner._passes:
+            if getattr(self._owner, "_ended_by", None) is not None:
+                raise RuntimeError(
+                    f"{self._owner._ended_by} during this loop ended it: iter() again "
+                    "continues from the loaded state")
             raise RuntimeError(
                 "a newer iter() of this loader took its pipeline over: one iterator at a time "
                 "(torch's DataLoader runs workers per iterator; flowgate runs one pipeline "
                 "per loader)")
         return next(self._epoch)
+
+
+def _end_passes(owner: Any, by: str) -> None:
+    """Ends the owner's live ``iter()`` (``by``: what ended it, as its error says), as a
+    newer ``iter()`` would: its loop raises rather than stop as if the epoch were over."""
+    owner._passes = getattr(owner, "_passes", 0) + 1
+    owner._ended_by = by
 
 
 # Pipelines and DataLoaders alive: closed at exit, before the interpreter stops running

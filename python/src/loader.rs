@@ -31,6 +31,9 @@ struct Core {
     /// Counts started epochs: names the Python iterator of the current one, so that only it
     /// can abandon it.
     iterators: u64,
+    /// The iterator whose epoch `load_state_dict` ended mid-way: its next call raises (it
+    /// ended quietly, as if its epoch were over).
+    ended_by_load: Option<u64>,
 }
 
 /// The keys of a batch delivered as a dict (a loader with `fields=`): the media's fields,
@@ -155,6 +158,7 @@ impl Loader {
             core: ManuallyDrop::new(Mutex::new(Core {
                 loader,
                 iterators: 0,
+                ended_by_load: None,
             })),
             pid: std::process::id(),
             metrics: Mutex::new(None),
@@ -167,6 +171,11 @@ impl Loader {
 }
 
 impl Loader {
+    /// The iterator `load_state_dict` ended mid-way, if any.
+    fn ended_by_load(&self) -> Option<u64> {
+        self.core.lock().expect("loader").ended_by_load
+    }
+
     /// Refuses what would stop or start this loader's pipeline from inside its own `map=`
     /// function (the pipeline would wait for the very thread asking).
     fn not_from_own_map(&self, what: &str) -> PyResult<()> {
@@ -291,6 +300,12 @@ impl Loader {
         iterator: Option<u64>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         self.not_from_own_map("iterating")?;
+        if iterator.is_some() && iterator == self.ended_by_load() {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "load_state_dict() during this loop ended it: iter() again continues from the \
+                 loaded state",
+            ));
+        }
         let core = &self.core;
         // Waits in slices, checking for signals between them: Ctrl-C raises
         // KeyboardInterrupt within a slice, not after the next batch.
@@ -506,8 +521,16 @@ impl Loader {
         self.not_from_own_map("load_state_dict")?;
         let s = state_from_py(state)?;
         let core = &self.core;
-        crate::lifecycle::released(py, || core.lock().expect("loader").loader.resume(&s))
-            .map_err(to_py)
+        crate::lifecycle::released(py, || {
+            let mut c = core.lock().expect("loader");
+            let live = c.loader.in_epoch().then_some(c.iterators);
+            c.loader.resume(&s)?;
+            if live.is_some() {
+                c.ended_by_load = live;
+            }
+            Ok(())
+        })
+        .map_err(to_py)
     }
 
     /// Starts the epoch the next iterator would run as units for other processes to decode

@@ -272,3 +272,23 @@ def test_fill_skipped_state_dicts_resume_to_the_uninterrupted_batches(data, tmp_
             assert got + [p for b in rest for p in b] == [p for b in every for p in b], \
                 f"rank {rank}, after {k} batches"
     assert made_up > 0, "some rank made up batches (else this proves nothing)"
+
+
+def test_load_state_dict_during_a_loop_makes_that_loop_raise(data):
+    # The roll-back pattern (a loss spike: load the last checkpoint, go on): the running loop
+    # ended quietly, as if its epoch were over, losing the rest unnoticed (helper-21).
+    images = data / "images.txt"
+    loader = flowgate.ImageLoader(images, shuffle=False, **ARGS)
+    whole = [p for _, ps in loader for p in ps]
+    it = iter(loader)
+    first = [p for _ in range(2) for p in next(it)[1]]
+    state = loader.state_dict()
+    next(it)
+    loader.load_state_dict(state)
+    with pytest.raises(RuntimeError, match=r"load_state_dict\(\) during this loop ended it"):
+        next(it)
+    rest = [p for _, ps in loader for p in ps]
+    assert first + rest == whole
+    # A state loaded between loops is a resume as before, nothing raised.
+    loader.load_state_dict(state)
+    assert [p for _, ps in loader for p in ps] == rest
