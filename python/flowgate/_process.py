@@ -104,6 +104,10 @@ _OPEN: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def _close_open() -> None:
+    # Each pipeline stops on a thread of its own; exit waits for them and for the calls under
+    # way at most a minute (`_join_closing`: Ctrl-C ends the process at once), where joining
+    # here waited forever for a __getitem__ that never returns.
+    _native._closing_at_exit()
     for owner in list(_OPEN):
         try:
             owner.close()

@@ -160,6 +160,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(pipeline::skip_part, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::_join_closing, m)?)?;
+    m.add_function(wrap_pyfunction!(lifecycle::_closing_at_exit, m)?)?;
     m.add("LoaderError", m.py().get_type::<error::LoaderError>())?;
     m.add(
         "DeviceUnavailable",

@@ -120,23 +120,45 @@ pub(crate) fn forget_after_fork() {
 /// Threads stopping pipelines freed on one of their own threads.
 static CLOSING: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
 
-/// The longest exit waits for calls into Python under way.
+/// The longest exit waits for calls into Python under way, unless `FLOWGATE_EXIT_WAIT`
+/// (seconds, 0 to 3600) says otherwise.
 const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// At exit, after the open pipelines were closed; see the [module docs](self).
+/// [`EXIT_WAIT`], or `FLOWGATE_EXIT_WAIT` seconds where set to a number in 0..=3600 (a job
+/// that would rather not wait a minute for a call that hangs; the tests of that wait).
+fn exit_wait() -> std::time::Duration {
+    std::env::var("FLOWGATE_EXIT_WAIT")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| (0.0..=3600.0).contains(s))
+        .map_or(EXIT_WAIT, std::time::Duration::from_secs_f64)
+}
+
+/// Exit's closing of the open pipelines has begun (`_closing_at_exit`): a pipeline closed
+/// from now on is stopped on a thread of its own, which exit waits for within [`exit_wait`]
+/// (joining it here would wait forever for a call into the user's code that never returns).
+static AT_EXIT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// At exit, before the open pipelines are closed; see [`AT_EXIT`].
+#[pyfunction]
+pub(crate) fn _closing_at_exit() {
+    AT_EXIT.store(true, Ordering::SeqCst);
+}
+
+/// Whether exit's closing has begun ([`AT_EXIT`]).
+pub(crate) fn at_exit() -> bool {
+    AT_EXIT.load(Ordering::SeqCst)
+}
+
+/// At exit, after the open pipelines were closed; see the [module docs](self). Both waits
+/// (the threads stopping pipelines, then the calls under way) share one [`exit_wait`].
 #[pyfunction]
 pub(crate) fn _join_closing(py: Python<'_>) {
-    loop {
-        let pending = std::mem::take(&mut *CLOSING.lock().expect("closing"));
-        if pending.is_empty() {
-            break;
-        }
-        py.allow_threads(|| pending.into_iter().for_each(|h| drop(h.join())));
-    }
-    set_exiting();
-    let deadline = Instant::now() + EXIT_WAIT;
+    let wait = exit_wait();
+    let deadline = Instant::now() + wait;
     let mut said = false;
-    while IN_FLIGHT.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+    // One slice of a wait: false once the deadline has passed.
+    let mut slice = |py: Python<'_>| -> bool {
         py.allow_threads(|| std::thread::sleep(std::time::Duration::from_millis(10)));
         if py.check_signals().is_err() {
             // Ctrl-C while calls into the user's code run on: end now, as asked.
@@ -144,15 +166,37 @@ pub(crate) fn _join_closing(py: Python<'_>) {
             // SAFETY: ends the process without running anything more of it.
             unsafe { libc::_exit(130) };
         }
-        if !said && deadline - Instant::now() < EXIT_WAIT - std::time::Duration::from_secs(5) {
+        let now = Instant::now();
+        if !said && deadline.saturating_duration_since(now) < wait.saturating_sub(SAY_AFTER) {
             said = true;
             eprintln!(
                 "flowgate: waiting at exit for calls into Python under way to end (Ctrl-C \
                  ends the process now)"
             );
         }
+        now < deadline
+    };
+    let mut pending: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    loop {
+        pending.extend(std::mem::take(&mut *CLOSING.lock().expect("closing")));
+        let (done, rest): (Vec<_>, Vec<_>) = pending.into_iter().partition(|h| h.is_finished());
+        done.into_iter().for_each(|h| drop(h.join()));
+        pending = rest;
+        if pending.is_empty() {
+            break;
+        }
+        if !slice(py) {
+            // Still stopping past the wait: left to the process's end.
+            pending.into_iter().for_each(std::mem::forget);
+            break;
+        }
     }
+    set_exiting();
+    while IN_FLIGHT.load(Ordering::SeqCst) > 0 && slice(py) {}
 }
+
+/// How long exit waits before it says what it waits for.
+const SAY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Whether this thread is in one of a pipeline's calls into Python.
 pub(crate) fn on_pipeline_thread() -> bool {

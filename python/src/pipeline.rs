@@ -145,7 +145,7 @@ impl Running {
         if self.pid != std::process::id() || crate::EXITING.load(Ordering::SeqCst) {
             // After exit began, its threads may be parked for good (see `lifecycle`).
             std::mem::forget(self);
-        } else if on_pipeline_thread() {
+        } else if on_pipeline_thread() || crate::lifecycle::at_exit() {
             drop_elsewhere(self);
         } else {
             crate::lifecycle::released(py, move || drop(self));

@@ -661,3 +661,48 @@ def test_load_state_dict_during_a_loop_makes_the_loop_raise_and_iter_resumes_it(
         next(it)
     rest = ids(loader)
     assert first + rest == [[2 * k, 2 * k + 1] for k in range(6)]
+
+
+NEVER_RETURNS = """
+import threading, flowgate
+class DS:
+    def __len__(s): return 100
+    def __getitem__(s, i):
+        if i >= 2: threading.Event().wait()   # never returns
+        return i
+L = flowgate.DataLoader(DS(), batch_size=2, collate_fn=list, num_workers={workers})
+it = iter(L)
+print(next(it), flush=True)
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 4])
+def test_exit_waits_a_bounded_time_for_a_call_that_never_returns_and_ctrl_c_ends_it(workers):
+    # On the tuned threads (num_workers=0) exit joined a __getitem__ that never returns, for
+    # good; Ctrl-C there was swallowed by the atexit hook (helper-21).
+    import signal
+    import subprocess
+    import sys
+    import time
+    env = dict(os.environ, FLOWGATE_EXIT_WAIT="3")
+    code = NEVER_RETURNS.format(workers=workers)
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    took = time.monotonic() - start
+    # It waited (FLOWGATE_EXIT_WAIT: 3 s for the calls under way), then exited.
+    assert r.stdout.strip() == "[0, 1]" and 2.5 <= took < 60, (took, r.stderr[-2000:])
+    # A minute's wait, ended by Ctrl-C at once (SIGINT as a terminal sends it).
+    p = subprocess.Popen([sys.executable, "-c", code],
+                         env=dict(os.environ, FLOWGATE_EXIT_WAIT="60"),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "[0, 1]"
+    time.sleep(1.5)
+    p.send_signal(signal.SIGINT)
+    try:
+        _, err = p.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail("Ctrl-C did not end the exit's wait")
+    assert p.returncode == 130 and "interrupted at exit" in err, (p.returncode, err[-2000:])
