@@ -73,6 +73,10 @@ class DataLoader:
                  "time out")):
             if given:
                 raise ValueError(f"flowgate.DataLoader takes no {name}: {why}")
+        if batch_size is None and drop_last:
+            # torch's refusal: without batches there is no last partial one to drop.
+            raise ValueError("batch_size=None option disables auto-batching and is mutually "
+                             "exclusive with drop_last")
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
             raise TypeError("flowgate.DataLoader needs a map-style dataset (__getitem__ and "
                             f"__len__), not {type(dataset).__name__}")

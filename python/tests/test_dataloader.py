@@ -215,6 +215,11 @@ def test_what_it_cannot_do_is_refused_at_once():
             flowgate.DataLoader(ds, **kw)
     with pytest.raises(TypeError, match="map-style"):
         flowgate.DataLoader(iter(range(3)))
+    # As torch (it was accepted and drop_last ignored).
+    with pytest.raises(ValueError, match="mutually exclusive with drop_last"):
+        TorchLoader(ds, batch_size=None, drop_last=True)
+    with pytest.raises(ValueError, match="mutually exclusive with drop_last"):
+        flowgate.DataLoader(ds, batch_size=None, drop_last=True)
     with pytest.raises(ValueError, match="batch_size"):
         flowgate.DataLoader(ds, batch_size=0)
     for bad in (-1, 1025, 2**63, True, 2.0):
