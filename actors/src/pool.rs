@@ -367,11 +367,15 @@ impl<T: Send + 'static, U: Send + 'static> WorkerLoop<T, U> {
                 },
             };
             let Some(item) = item else { continue };
-            let started = Instant::now();
+            // The item's start and end as its timing has them (no clock read of its own).
+            let started = self.last;
             self.process(item);
             let pending = self.run.out.len() + self.pending.len();
             // Since the run's first item started (this one's, for a run of one).
-            let held = pending > 0 && self.held_since.get_or_insert(started).elapsed() >= HOLD;
+            let held = pending > 0 && {
+                let since = *self.held_since.get_or_insert(started);
+                self.last.saturating_duration_since(since) >= HOLD
+            };
             if pending >= self.s.chunk || self.local.is_empty() || held {
                 self.held_since = None;
                 if self.emit().is_err() {
