@@ -315,6 +315,36 @@ fn a_bad_file_is_skipped_counted_and_named_or_fatal_when_asked() {
 }
 
 #[test]
+fn a_device_budget_below_one_batch_is_refused_when_built() {
+    // It let one batch through at a time, over the budget (helper-20).
+    let d = data();
+    let dataset = || {
+        Dataset::builder(Source::shards(d.shards.clone()))
+            .build()
+            .unwrap()
+    };
+    let batch = recipe().item_bytes().unwrap() * 8;
+    let device = |bytes| {
+        Device::simulated(25e9, std::time::Duration::from_micros(5)).max_device_bytes(bytes)
+    };
+    let e = Loader::builder(dataset(), recipe())
+        .batch_size(8)
+        .device(device(batch - 1))
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("cannot hold one batch of {batch} bytes")),
+        "{e}"
+    );
+    Loader::builder(dataset(), recipe())
+        .batch_size(8)
+        .device(device(batch))
+        .build()
+        .unwrap();
+}
+
+#[test]
 fn labels_and_fields_travel_to_the_device() {
     let d = data();
     let dataset =

@@ -99,6 +99,9 @@ def test_device_arguments_are_checked(data):
         loader(data, device="cuda:first")
     with pytest.raises(ValueError, match="device_memory_mb"):
         loader(data, device="simulated", device_memory_mb=0)
+    # A device budget below one batch (it let one batch through at a time, over the budget).
+    with pytest.raises(ValueError, match=r"a device budget of 0\.0 MiB cannot hold one batch"):
+        loader(data, device="simulated", device_memory_mb=0.001)
     # A number as a pipeline file's `device.memory_mb` is (True was taken as 1 MiB).
     for bad, says in ((True, "invalid type: boolean `true`, expected a number"),
                       ("64", 'invalid type: string "64", expected a number')):

@@ -223,13 +223,27 @@ impl LoaderBuilder {
         Ok(())
     }
 
-    /// Refuses a memory budget that cannot hold what the stages hold whatever their byte
-    /// budgets ([`stage_floors`](super::builder::stage_floors)), where the recipe bounds a
-    /// batch: its items' bytes times the batch size, or for length-aware batches (an item of
-    /// the pipeline is a whole batch) the cap's units of padded media, the clips' lengths and
-    /// labels beside.
+    /// Refuses, where the recipe bounds a batch ([`batch_bound`](Self::batch_bound)), a
+    /// device budget that cannot hold one, and a memory budget that cannot hold what the
+    /// stages hold whatever their byte budgets ([`stage_floors`](super::builder::stage_floors)).
     fn check_floor(&self, plan: &Plan) -> Result<(), PipelineError> {
-        let (Some(budget), Some(batch)) = (self.memory_limit(), self.batch_bound(plan)) else {
+        let Some(batch) = self.batch_bound(plan) else {
+            return Ok(());
+        };
+        let mib = |b: u64| format!("{:.1} MiB", crate::limits::bytes_to_mib(b));
+        // The device's budget lets one batch through whatever its size (or no batch would
+        // ever reach the loop): one that cannot hold a batch cannot be kept.
+        if let Some(device) = self.device.as_ref().filter(|d| d.device_limit() < batch.0) {
+            return Err(PipelineError::config(format!(
+                "a device budget of {} cannot hold one batch of {} bytes ({}): raise it \
+                 (device_memory_mb; a pipeline file's device.memory_mb) above that, or make \
+                 batches smaller",
+                mib(device.device_limit()),
+                batch.0,
+                mib(batch.0)
+            )));
+        }
+        let Some(budget) = self.memory_limit() else {
             return Ok(());
         };
         let needed = self.floor(batch, self.decoding());
@@ -239,7 +253,6 @@ impl LoaderBuilder {
         if needed <= memory {
             return Ok(());
         }
-        let mib = |b: u64| format!("{:.1} MiB", crate::limits::bytes_to_mib(b));
         Err(PipelineError::config(format!(
             "a memory budget of {} cannot hold a batch in flight: a batch of {} bytes ({}) is \
              held as its items while it is assembled, in the collate stage's hand and waiting \

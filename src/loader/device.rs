@@ -127,6 +127,11 @@ impl Device {
         self
     }
 
+    /// The device memory uploaded batches may hold ([`max_device_bytes`](Self::max_device_bytes)).
+    pub(crate) fn device_limit(&self) -> u64 {
+        self.device_bytes
+    }
+
     /// Pinned staging the uploader may hold (default [`DEFAULT_STAGING_BYTES`]).
     pub fn max_staging_bytes(mut self, bytes: usize) -> Self {
         self.staging_bytes = bytes;
