@@ -106,10 +106,11 @@ pub(crate) mod check {
                 format!("must be at most {MAX_SIDE}, not {crop}"),
             ));
         }
-        if !random && resize > MAX_SIDE {
+        if !random && (resize == 0 || resize > MAX_SIDE) {
+            // A resize of 0 names itself, not the crop against an empty range.
             return Err(RecipeError::new(
                 "resize",
-                format!("must be at most {MAX_SIDE}, not {resize}"),
+                format!("must be in 1..={MAX_SIDE}, not {resize}"),
             ));
         }
         if crop == 0 || (!random && crop > resize) {
