@@ -40,7 +40,14 @@ impl MediaArgs {
                 }
             }
             Self::Audio(a) => {
-                check::audio_samples(a.rate, length_cap.unwrap_or(a.seconds))?;
+                // Under length-aware batches the cap is the window: a rule of the window then
+                // names the cap, not a `seconds` that was not given.
+                check::audio_samples(a.rate, length_cap.unwrap_or(a.seconds)).map_err(
+                    |e| match (length_cap, e.field()) {
+                        (Some(_), "seconds") => RecipeError::new("max_batch_seconds", e.message()),
+                        _ => e,
+                    },
+                )?;
             }
             Self::Video(a) => {
                 check::video(a.frames, a.threads)?;
