@@ -305,7 +305,12 @@ fn whole_in<'de, D: serde::Deserializer<'de>>(
             Err(self.refuse(v))
         }
         fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
-            Err(self.refuse(format_args!("{v:?}")))
+            match v {
+                // A float JSON cannot hold (a Python float through it): shown as TOML's is.
+                "nan" | "NaN" => Err(self.refuse("NaN")),
+                "inf" | "-inf" => Err(self.refuse(v)),
+                _ => Err(self.refuse(format_args!("{v:?}"))),
+            }
         }
         fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
             match self.1 {
