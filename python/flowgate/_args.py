@@ -30,6 +30,11 @@ _SETTINGS = ("batch_size", "shuffle", "seed", "rank", "world_size", "drop_last",
 def _build(args: Dict[str, Any], kind: str, media: Sequence[str]) -> Any:
     """A native loader from a loader's arguments (its ``locals()``): the settings and the
     media's arguments (``kind`` and the names in ``media``) as the library reads them."""
+    for k in ("batch_size", "workers", "buckets"):
+        # Whole numbers in the library's words, an int past 64 bits too (the settings' data
+        # cannot hold one).
+        if args.get(k) is not None:
+            _native._check_limit(k, args[k])
     return _native.loader(
         _paths(args["paths"]), {k: args[k] for k in _SETTINGS if k in args},
         dict({k: args[k] for k in media}, kind=kind), labels=_labels(args["labels"]),

@@ -81,6 +81,8 @@ class DataLoader:
             raise TypeError("flowgate.DataLoader needs a map-style dataset (__getitem__ and "
                             f"__len__), not {type(dataset).__name__}")
         _native._check_limit("num_workers", num_workers)
+        if batch_size is not None:
+            _native._check_limit("batch_size", batch_size)
         if seed is None:
             seed = generator.initial_seed() % 2**64 if generator is not None else 0
         self.dataset = dataset
@@ -152,8 +154,7 @@ class DataLoader:
         """Resumes ``state`` at the next ``iter()``; a loop running at the time raises (it
         ended quietly, as if its epoch were over: a roll-back after a loss spike lost the
         rest of the epoch unnoticed)."""
-        self._native.load_state_dict(state)
-        _end_passes(self, "load_state_dict()")
+        _end_passes(self, "load_state_dict()", lambda: self._native.load_state_dict(state))
 
     def stats(self) -> Dict[str, Any]:
         """The stages' statistics (threads, items), and what the dataset's calls took

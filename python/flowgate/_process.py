@@ -79,6 +79,15 @@ class _Pass:
         return self
 
     def __next__(self) -> Any:
+        self._check()
+        try:
+            return next(self._epoch)
+        except StopIteration:
+            # Ended while it waited, by a load_state_dict() from another thread: said too.
+            self._check()
+            raise
+
+    def _check(self) -> None:
         if self._n != self._owner._passes:
             if getattr(self._owner, "_ended_by", None) is not None:
                 raise RuntimeError(
@@ -88,14 +97,19 @@ class _Pass:
                 "a newer iter() of this loader took its pipeline over: one iterator at a time "
                 "(torch's DataLoader runs workers per iterator; flowgate runs one pipeline "
                 "per loader)")
-        return next(self._epoch)
 
 
-def _end_passes(owner: Any, by: str) -> None:
-    """Ends the owner's live ``iter()`` (``by``: what ended it, as its error says), as a
-    newer ``iter()`` would: its loop raises rather than stop as if the epoch were over."""
-    owner._passes = getattr(owner, "_passes", 0) + 1
-    owner._ended_by = by
+def _end_passes(owner: Any, by: str, f: Callable[[], Any]) -> Any:
+    """Runs ``f``, which ends the owner's live ``iter()`` (``by``: what ended it, as its error
+    says), as a newer ``iter()`` would: its loop raises rather than stop as if the epoch were
+    over (also one waiting on another thread meanwhile). Where ``f`` raises, nothing ended."""
+    passes, ended_by = getattr(owner, "_passes", 0), getattr(owner, "_ended_by", None)
+    owner._passes, owner._ended_by = passes + 1, by
+    try:
+        return f()
+    except BaseException:
+        owner._passes, owner._ended_by = passes, ended_by
+        raise
 
 
 # Pipelines and DataLoaders alive: closed at exit, before the interpreter stops running

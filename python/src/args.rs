@@ -226,9 +226,17 @@ pub(crate) fn whole(limit: flowgate::limits::Limit, value: &Bound<'_, PyAny>) ->
             ))),
         };
     }
-    // Anything else as a pipeline file's value would be read (NumPy ints are ints there).
-    let v = value_of(value).map_err(PyValueError::new_err)?;
-    flowgate::limits::whole::value(limit, v).map_err(refused)
+    // Anything else as a pipeline file's value would be read (NumPy ints are ints there);
+    // what has no such value (a complex, bytes) shown as Python writes it.
+    match value_of(value) {
+        Ok(v) => flowgate::limits::whole::value(limit, v).map_err(refused),
+        Err(_) => Err(refused(format!(
+            "must be in {}..={}, not {}",
+            limit.min,
+            limit.max,
+            value.repr()?
+        ))),
+    }
 }
 
 /// `cpu_budget=` as the library reads it (a number of cores, a fraction of the node or a

@@ -127,11 +127,32 @@ const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 /// [`EXIT_WAIT`], or `FLOWGATE_EXIT_WAIT` seconds where set to a number in 0..=3600 (a job
 /// that would rather not wait a minute for a call that hangs; the tests of that wait).
 fn exit_wait() -> std::time::Duration {
-    std::env::var("FLOWGATE_EXIT_WAIT")
-        .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| (0.0..=3600.0).contains(s))
-        .map_or(EXIT_WAIT, std::time::Duration::from_secs_f64)
+    let Ok(v) = std::env::var("FLOWGATE_EXIT_WAIT") else {
+        return EXIT_WAIT;
+    };
+    match v.trim().parse::<f64>() {
+        Ok(s) if (0.0..=3600.0).contains(&s) => std::time::Duration::from_secs_f64(s),
+        _ => {
+            eprintln!(
+                "flowgate: FLOWGATE_EXIT_WAIT={v:?} is not a number of seconds in 0..=3600; \
+                 exit waits {} s",
+                EXIT_WAIT.as_secs()
+            );
+            EXIT_WAIT
+        }
+    }
+}
+
+/// Ends the process now with `status`, Python's own streams flushed first (`_exit` runs
+/// nothing more of the process).
+fn end_now(py: Python<'_>, status: i32) -> ! {
+    for stream in ["stdout", "stderr"] {
+        if let Ok(s) = py.import("sys").and_then(|sys| sys.getattr(stream)) {
+            let _ = s.call_method0("flush");
+        }
+    }
+    // SAFETY: ends the process without running anything more of it.
+    unsafe { libc::_exit(status) }
 }
 
 /// Exit's closing of the open pipelines has begun (`_closing_at_exit`): a pipeline closed
@@ -163,8 +184,7 @@ pub(crate) fn _join_closing(py: Python<'_>) {
         if py.check_signals().is_err() {
             // Ctrl-C while calls into the user's code run on: end now, as asked.
             eprintln!("flowgate: interrupted at exit with calls into Python under way");
-            // SAFETY: ends the process without running anything more of it.
-            unsafe { libc::_exit(130) };
+            end_now(py, 130);
         }
         let now = Instant::now();
         if !said && deadline.saturating_duration_since(now) < wait.saturating_sub(SAY_AFTER) {
@@ -193,6 +213,17 @@ pub(crate) fn _join_closing(py: Python<'_>) {
     }
     set_exiting();
     while IN_FLIGHT.load(Ordering::SeqCst) > 0 && slice(py) {}
+    if IN_FLIGHT.load(Ordering::SeqCst) > 0 {
+        // A call still running Python would take the GIL back while the interpreter stops,
+        // which unwinds its thread through our frames and aborts the process (SIGABRT):
+        // ended here instead, as a run that did not end cleanly.
+        eprintln!(
+            "flowgate: calls into Python still under way {} s into exit: ending the process \
+             (status 1)",
+            wait.as_secs_f64()
+        );
+        end_now(py, 1);
+    }
 }
 
 /// How long exit waits before it says what it waits for.

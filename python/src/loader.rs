@@ -66,6 +66,14 @@ impl Names {
     }
 }
 
+/// What a loop `load_state_dict()` ended says at its next step.
+fn ended_by_load() -> PyErr {
+    pyo3::exceptions::PyRuntimeError::new_err(
+        "load_state_dict() during this loop ended it: iter() again continues from the loaded \
+         state",
+    )
+}
+
 /// A native loader; see `flowgate.ImageLoader` and `flowgate.AudioLoader`.
 #[pyclass(module = "flowgate._native")]
 pub(crate) struct Loader {
@@ -301,10 +309,7 @@ impl Loader {
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         self.not_from_own_map("iterating")?;
         if iterator.is_some() && iterator == self.ended_by_load() {
-            return Err(pyo3::exceptions::PyRuntimeError::new_err(
-                "load_state_dict() during this loop ended it: iter() again continues from the \
-                 loaded state",
-            ));
+            return Err(ended_by_load());
         }
         let core = &self.core;
         // Waits in slices, checking for signals between them: Ctrl-C raises
@@ -321,6 +326,10 @@ impl Loader {
             }) {
                 Within::Next(Ok(b)) => break b,
                 Within::Next(Err(e)) => return Err(to_py(e)),
+                // Ended while it waited, by a load_state_dict() from another thread.
+                Within::EpochEnd if iterator.is_some() && iterator == self.ended_by_load() => {
+                    return Err(ended_by_load())
+                }
                 Within::EpochEnd => return Ok(None),
                 Within::TimedOut => py.check_signals()?,
             }

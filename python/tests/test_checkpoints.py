@@ -292,3 +292,25 @@ def test_load_state_dict_during_a_loop_makes_that_loop_raise(data):
     # A state loaded between loops is a resume as before, nothing raised.
     loader.load_state_dict(state)
     assert [p for _, ps in loader for p in ps] == rest
+
+
+def test_load_state_dict_from_another_thread_while_the_loop_waits_makes_it_raise(data):
+    import time
+    images = data / "images.txt"
+
+    def slow(s):
+        time.sleep(0.3)
+        return s
+
+    whole = [p for _, ps in flowgate.ImageLoader(images, shuffle=False, **ARGS) for p in ps]
+    loader = flowgate.ImageLoader(images, shuffle=False, map=slow, **ARGS)
+    it = iter(loader)
+    first = [p for p in next(it)[1]]
+    state = loader.state_dict()
+    timer = threading.Timer(0.1, loader.load_state_dict, (state,))
+    timer.start()
+    with pytest.raises(RuntimeError, match=r"load_state_dict\(\) during this loop ended it"):
+        for _ in range(len(whole)):
+            next(it)
+    timer.join()
+    assert first + [p for _, ps in loader for p in ps] == whole

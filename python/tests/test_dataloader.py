@@ -669,15 +669,19 @@ def test_load_state_dict_during_a_loop_makes_the_loop_raise_and_iter_resumes_it(
 
 
 NEVER_RETURNS = """
-import threading, flowgate
+import threading, time, flowgate
 class DS:
     def __len__(s): return 100
     def __getitem__(s, i):
+        if i >= 2 and {looping}:
+            while True:   # never returns, running Python now and then (a retried read)
+                time.sleep(0.05)
         if i >= 2: threading.Event().wait()   # never returns
         return i
 L = flowgate.DataLoader(DS(), batch_size=2, collate_fn=list, num_workers={workers})
 it = iter(L)
 print(next(it), flush=True)
+time.sleep(1)   # the next batch's calls are under way
 """
 
 
@@ -690,13 +694,19 @@ def test_exit_waits_a_bounded_time_for_a_call_that_never_returns_and_ctrl_c_ends
     import sys
     import time
     env = dict(os.environ, FLOWGATE_EXIT_WAIT="3")
-    code = NEVER_RETURNS.format(workers=workers)
-    start = time.monotonic()
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=120)
-    took = time.monotonic() - start
-    # It waited (FLOWGATE_EXIT_WAIT: 3 s for the calls under way), then exited.
-    assert r.stdout.strip() == "[0, 1]" and 2.5 <= took < 60, (took, r.stderr[-2000:])
+    for looping in (False, True):
+        code = NEVER_RETURNS.format(workers=workers, looping=looping)
+        start = time.monotonic()
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=120)
+        took = time.monotonic() - start
+        # It waited (FLOWGATE_EXIT_WAIT: 3 s for the calls under way), then ended the process
+        # as a run that did not end cleanly: a call running Python when the interpreter
+        # stopped aborted it (SIGABRT, "FATAL: exception not rethrown", helper-22).
+        assert r.stdout.strip() == "[0, 1]" and 3.5 <= took < 60, (took, r.stderr[-2000:])
+        assert r.returncode == 1 and "still under way 3 s into exit" in r.stderr, (
+            looping, r.returncode, r.stderr[-2000:])
+    code = NEVER_RETURNS.format(workers=workers, looping=False)
     # A minute's wait, ended by Ctrl-C at once (SIGINT as a terminal sends it).
     p = subprocess.Popen([sys.executable, "-c", code],
                          env=dict(os.environ, FLOWGATE_EXIT_WAIT="60"),
@@ -711,3 +721,32 @@ def test_exit_waits_a_bounded_time_for_a_call_that_never_returns_and_ctrl_c_ends
         p.kill()
         pytest.fail("Ctrl-C did not end the exit's wait")
     assert p.returncode == 130 and "interrupted at exit" in err, (p.returncode, err[-2000:])
+
+
+def test_load_state_dict_from_another_thread_while_the_loop_waits_makes_it_raise():
+    # The waiting next() ended the epoch quietly, and the usual set_epoch loop then moved on
+    # without the loaded state (helper-22).
+    import threading
+    import time
+
+    class Slow(Numbered):
+        def __getitem__(self, i):
+            if i >= 4:
+                time.sleep(0.5)
+            return super().__getitem__(i)
+
+    loader = flowgate.DataLoader(Slow(12), batch_size=2)
+    it = iter(loader)
+    first = ids([next(it), next(it)])
+    state = loader.state_dict()
+    timer = threading.Timer(0.2, loader.load_state_dict, (state,))
+    timer.start()
+    got = []
+    with pytest.raises(RuntimeError, match=r"load_state_dict\(\) during this loop ended it"):
+        for _ in range(4):
+            got.append(next(it))  # waits for a slow batch meanwhile
+    timer.join()
+    # Batches taken before the load got the pipeline are the old pass's (they come again
+    # after the loaded state); then the loop raised, and iter() resumes the state exactly.
+    assert ids(got) == [[4, 5], [6, 7]][:len(got)]
+    assert first + ids(loader) == [[2 * k, 2 * k + 1] for k in range(6)]

@@ -37,3 +37,23 @@ def test_a_python_loader_refuses_each_number_in_the_shared_words(case, data, tmp
 def test_the_table_covers_every_limit_the_issue_names():
     keys = {c["key"] for c in CASES}
     assert {"batch_size", "prefetch", "cache_mb", "workers", "buffer", "memory_mb"} <= keys
+
+
+def test_any_python_value_is_refused_in_the_range_words(data, tmp_path):
+    # Past 64 bits the loaders said "... is out of range", a complex or bytes "not a complex"
+    # without the argument's name (helper-22); every entrance now gives the range's words.
+    import re
+    for bad, shown in ((2**64, str(2**64)), (-(2**200), str(-(2**200))),
+                       (1 + 2j, "(1+2j)"), (b"3", "b'3'")):
+        def says(key, lo, hi):
+            return rf"^{key}: must be in {lo}\.\.={hi}, not {re.escape(shown)}$"
+        with pytest.raises(ValueError, match=says("batch_size", 1, 65536)):
+            flowgate.ImageLoader(data / "images.txt", batch_size=bad)
+        with pytest.raises(ValueError, match=says("workers", 1, 1024)):
+            flowgate.ImageLoader(data / "images.txt", workers=bad)
+        with pytest.raises(ValueError, match=says("buckets", 1, 1000)):
+            flowgate.AudioLoader(data / "images.txt", buckets=bad)
+        with pytest.raises(ValueError, match=says("batch_size", 1, 65536)):
+            flowgate.DataLoader([1, 2, 3], batch_size=bad)
+        with pytest.raises(ValueError, match=says("buffer", 0, 4294967296)):
+            flowgate.Shards(str(tmp_path / "s.tar"), buffer=bad)
