@@ -321,17 +321,6 @@ def test_none_is_an_item_or_a_batch_like_any_other():
     assert list(flowgate.Pipeline(lambda epoch: [1, None, 3])) == [1, None, 3]
 
 
-def test_a_newer_iterator_takes_over_and_the_older_one_says_so():
-    loader = flowgate.DataLoader(list(range(6)), batch_size=2)
-    a = iter(loader)
-    assert next(a).tolist() == [0, 1]
-    b = iter(loader)
-    assert next(b).tolist() == [0, 1]
-    with pytest.raises(RuntimeError, match="newer iter"):
-        next(a)
-    assert [x.tolist() for x in b] == [[2, 3], [4, 5]], "the newer one reads its pass whole"
-
-
 def test_a_dataset_past_the_epoch_limit_is_refused_not_an_abort():
     class Huge:
         def __len__(self):
@@ -355,16 +344,6 @@ def test_torchs_attributes_and_the_samplers_set_epoch():
     assert ids(loader) == ids(same)
     with pytest.raises(ValueError, match="epoch"):
         loader.set_epoch(-1)
-
-
-def test_exit_with_an_iterator_alive_is_clean(tmp_path):
-    code = ("import flowgate\n"
-            "class DS:\n"
-            "    def __len__(s): return 10**6\n"
-            "    def __getitem__(s, i): return i\n"
-            "it = iter(flowgate.DataLoader(DS(), batch_size=4, num_workers=2))\n"
-            "print(next(it))\n")
-    run_clean(code, times=5)
 
 
 def test_more_workers_than_cores_make_that_many_batches_at_once():
@@ -394,36 +373,6 @@ def test_more_workers_than_cores_make_that_many_batches_at_once():
     assert same(list(TorchLoader(Numbered(96), batch_size=2)), list(loader))
     assert ds.most >= workers - 2, f"at most {ds.most} calls at once of {workers} workers"
     assert loader.stats()["stages"]["fetch"]["workers"] == workers
-
-
-def test_a_loader_is_freed_by_its_count_and_one_in_a_cycle_on_its_own_thread_cleanly():
-    """The loader's sampler does not hold the loader (a cycle made the garbage collector free
-    it later, on whichever thread allocated: a helper's case joined a thread from itself and
-    aborted); a user's cycle freed during a stage's call stops the threads from another."""
-    import gc
-    import weakref
-    gc.disable()
-    try:
-        loader = flowgate.DataLoader(Numbered(8), batch_size=2)
-        next(iter(loader))
-        ref = weakref.ref(loader)
-        del loader
-        assert ref() is None, "freed when its last reference goes, without the collector"
-    finally:
-        gc.enable()
-    out = run_clean("import gc, flowgate\n"
-               "class DS:\n"
-               "    def __len__(s): return 400\n"
-               "    def __getitem__(s, i):\n"
-               "        gc.collect()\n"
-               "        return i\n"
-               "for k in range(4):\n"
-               "    loader = flowgate.DataLoader(DS(), batch_size=4, num_workers=2)\n"
-               "    loader.me = loader\n"
-               "    print(next(iter(loader)))\n"
-               "    del loader\n"
-               "print('done')\n", times=2)
-    assert out.strip().endswith("done")
 
 
 def test_a_waiting_dataset_with_more_workers_than_cores_skips_and_exits_cleanly():
@@ -491,66 +440,6 @@ def test_unbatched_items_that_fail_are_made_up_so_len_holds():
         list(flowgate.DataLoader(Numbered(6, bad={1}), batch_size=None))
 
 
-def test_close_during_iteration_raises_and_a_new_pass_starts_again():
-    import threading
-    import time
-
-    class Slow(Numbered):
-        def __getitem__(self, i):
-            time.sleep(0.02)
-            return super().__getitem__(i)
-
-    loader = flowgate.DataLoader(Slow(200), batch_size=2)
-    it = iter(loader)
-    next(it)
-    threading.Timer(0.1, loader.close).start()
-    with pytest.raises(flowgate.LoaderError, match="stopped before the epoch ended"):
-        for _ in it:
-            pass
-    with pytest.raises(flowgate.LoaderError, match="stopped"):
-        next(it)
-    loader.close()
-    assert len(list(loader)) == len(loader) == 100
-
-
-def test_close_keeps_the_checkpoint_and_the_epoch_and_set_epoch_keeps_the_loop():
-    """A helper's cases: close() mid-epoch then state_dict() said epoch 0 with nothing
-    delivered (a checkpoint that restarts training), the next iter() repeated epoch 0, a
-    loaded state was dropped by close(), and set_epoch() mid-epoch then state_dict() ended the
-    loop after one batch."""
-    def make():
-        return flowgate.DataLoader(Numbered(20), batch_size=3, shuffle=True, seed=7)
-
-    whole = {e: ids(make_epoch(make(), e)) for e in (2, 3)}
-    loader = make()
-    loader.set_epoch(2)
-    it = iter(loader)
-    got = ids([next(it), next(it)])
-    loader.close()
-    state = loader.state_dict()
-    assert (state["epoch"], state["delivered_items"]) == (2, 6)
-    with pytest.raises(flowgate.LoaderError, match="stopped"):
-        next(it)
-    assert ids(loader) == whole[3], "the next pass is the next epoch, as after a break"
-    again = make()
-    again.load_state_dict(json.loads(json.dumps(state)))
-    again.close()
-    assert got + ids(again) == whole[2], "a loaded state survives close()"
-    loader = make()
-    loader.set_epoch(2)
-    it = iter(loader)
-    first = ids([next(it)])
-    loader.set_epoch(9)
-    mid = loader.state_dict()
-    assert (mid["epoch"], mid["delivered_items"]) == (2, 3)
-    assert first + ids(it) == whole[2], "the loop goes on to its end"
-
-
-def make_epoch(loader, epoch):
-    loader.set_epoch(epoch)
-    return list(loader)
-
-
 def test_any_exception_of_an_item_is_its_own_failure_and_the_epoch_names_itself():
     class Raises(Numbered):
         def __getitem__(self, i):
@@ -565,40 +454,6 @@ def test_any_exception_of_an_item_is_its_own_failure_and_the_epoch_names_itself(
     with pytest.raises(flowgate.LoaderError, match="epoch 5 delivered nothing") as e:
         list(loader)
     assert isinstance(e.value.__cause__, OSError), "the dataset's error, not a make-up's"
-
-
-def test_exit_with_threads_still_in_python_is_clean():
-    """A helper's cases, each aborted the interpreter at exit (SIGABRT): a daemon thread
-    iterating a loader, one that iterates again after exit's close, and a call of the
-    dataset that outlives exit's close by seconds."""
-    import time
-    for code in (
-            "import threading, time, flowgate\n"
-            "class DS:\n"
-            "    def __len__(s): return 4\n"
-            "    def __getitem__(s, i): return i\n"
-            "L = flowgate.DataLoader(DS(), batch_size=4, collate_fn=list)\n"
-            "def producer():\n"
-            "    while True:\n"
-            "        try:\n"
-            "            for b in L: pass\n"
-            "        except Exception: pass\n"
-            "threading.Thread(target=producer, daemon=True).start()\n"
-            "time.sleep(0.3)\n",
-            "import time, flowgate\n"
-            "class DS:\n"
-            "    def __len__(s): return 64\n"
-            "    def __getitem__(s, i):\n"
-            "        if i >= 8:\n"
-            "            t = time.time()\n"
-            "            while time.time() - t < 2: time.sleep(0.005)\n"
-            "        return i\n"
-            "it = iter(flowgate.DataLoader(DS(), batch_size=2, num_workers=8, collate_fn=list))\n"
-            "print(next(it))\n"):
-        start = time.monotonic()
-        for _ in range(3):
-            run_clean(code)
-        assert time.monotonic() - start < 90
 
 
 @pytest.mark.parametrize("factor", [None, 1, 3])
@@ -652,101 +507,3 @@ def test_ranks_come_from_a_process_group_started_by_spawn(data, tmp_path):
     paths = [p for rep in reps for p in rep["paths"]]
     assert len(set(paths)) == n and len(paths) == 3 * -(-n // 3), "shares of the images"
     assert all(rep["worker_paths"] == rep["paths"] for rep in reps)
-
-
-def test_load_state_dict_during_a_loop_makes_the_loop_raise_and_iter_resumes_it():
-    # The loop ended quietly after 2 of 6 batches (helper-21): a roll-back lost the epoch.
-    loader = flowgate.DataLoader(Numbered(12), batch_size=2)
-    it = iter(loader)
-    first = ids([next(it) for _ in range(2)])
-    state = loader.state_dict()
-    next(it)
-    loader.load_state_dict(state)
-    with pytest.raises(RuntimeError, match=r"load_state_dict\(\) during this loop ended it"):
-        next(it)
-    rest = ids(loader)
-    assert first + rest == [[2 * k, 2 * k + 1] for k in range(6)]
-
-
-NEVER_RETURNS = """
-import threading, time, flowgate
-class DS:
-    def __len__(s): return 100
-    def __getitem__(s, i):
-        if i >= 2 and {looping}:
-            while True:   # never returns, running Python now and then (a retried read)
-                time.sleep(0.05)
-        if i >= 2: threading.Event().wait()   # never returns
-        return i
-L = flowgate.DataLoader(DS(), batch_size=2, collate_fn=list, num_workers={workers})
-it = iter(L)
-print(next(it), flush=True)
-time.sleep(1)   # the next batch's calls are under way
-"""
-
-
-@pytest.mark.parametrize("workers", [0, 4])
-def test_exit_waits_a_bounded_time_for_a_call_that_never_returns_and_ctrl_c_ends_it(workers):
-    # On the tuned threads (num_workers=0) exit joined a __getitem__ that never returns, for
-    # good; Ctrl-C there was swallowed by the atexit hook (helper-21).
-    import signal
-    import subprocess
-    import sys
-    import time
-    env = dict(os.environ, FLOWGATE_EXIT_WAIT="3")
-    for looping in (False, True):
-        code = NEVER_RETURNS.format(workers=workers, looping=looping)
-        start = time.monotonic()
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                           text=True, timeout=120)
-        took = time.monotonic() - start
-        # It waited (FLOWGATE_EXIT_WAIT: 3 s for the calls under way), then ended the process
-        # as a run that did not end cleanly: a call running Python when the interpreter
-        # stopped aborted it (SIGABRT, "FATAL: exception not rethrown", helper-22).
-        assert r.stdout.strip() == "[0, 1]" and 3.5 <= took < 60, (took, r.stderr[-2000:])
-        assert r.returncode == 1 and "still under way 3 s into exit" in r.stderr, (
-            looping, r.returncode, r.stderr[-2000:])
-    code = NEVER_RETURNS.format(workers=workers, looping=False)
-    # A minute's wait, ended by Ctrl-C at once (SIGINT as a terminal sends it).
-    p = subprocess.Popen([sys.executable, "-c", code],
-                         env=dict(os.environ, FLOWGATE_EXIT_WAIT="60"),
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert p.stdout.readline().strip() == "[0, 1]"
-    time.sleep(1.5)
-    p.send_signal(signal.SIGINT)
-    try:
-        _, err = p.communicate(timeout=20)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        pytest.fail("Ctrl-C did not end the exit's wait")
-    assert p.returncode == 130 and "interrupted at exit" in err, (p.returncode, err[-2000:])
-
-
-def test_load_state_dict_from_another_thread_while_the_loop_waits_makes_it_raise():
-    # The waiting next() ended the epoch quietly, and the usual set_epoch loop then moved on
-    # without the loaded state (helper-22).
-    import threading
-    import time
-
-    class Slow(Numbered):
-        def __getitem__(self, i):
-            if i >= 4:
-                time.sleep(0.5)
-            return super().__getitem__(i)
-
-    loader = flowgate.DataLoader(Slow(12), batch_size=2)
-    it = iter(loader)
-    first = ids([next(it), next(it)])
-    state = loader.state_dict()
-    timer = threading.Timer(0.2, loader.load_state_dict, (state,))
-    timer.start()
-    got = []
-    with pytest.raises(RuntimeError, match=r"load_state_dict\(\) during this loop ended it"):
-        for _ in range(4):
-            got.append(next(it))  # waits for a slow batch meanwhile
-    timer.join()
-    # Batches taken before the load got the pipeline are the old pass's (they come again
-    # after the loaded state); then the loop raised, and iter() resumes the state exactly.
-    assert ids(got) == [[4, 5], [6, 7]][:len(got)]
-    assert first + ids(loader) == [[2 * k, 2 * k + 1] for k in range(6)]
