@@ -16,7 +16,7 @@ import flowgate
 
 def run(rank: int, world: int, init: str, images: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    loader = flowgate.DataLoader(list(range(12)), batch_size=2, shuffle=False)
+    loader = flowgate.DataLoader(list(range(11)), batch_size=2, shuffle=False)
     items = [int(x) for b in loader for x in b]
     images_loader = flowgate.ImageLoader(images, batch_size=2, resize=16, crop=16,
                                          shuffle=False, return_paths=True)

@@ -51,6 +51,8 @@
 //!     made up, as units) and [`Loader::resume`].
 //! 13. `keys` — [`BatchKeys`]: the one rule for the names a batch is read by (its tensors,
 //!     `label`, its fields), for every front end and a per-batch function's output.
+//! 14. `checks` — what the settings must hold before a loader is built (units, media
+//!     fields, the batch's keys, the memory and device budgets against a batch).
 //!
 //! # Readers
 //!
@@ -63,6 +65,7 @@ mod assemble;
 mod batch;
 mod builder;
 mod checkpoint;
+mod checks;
 mod decode;
 mod device;
 mod failures;
