@@ -39,9 +39,9 @@ class DataLoader:
     resume an epoch exactly where it stopped; ``skip_errors=True`` leaves an item whose
     ``__getitem__`` raises out of its batch (counted; the batch keeps its place, and one whose
     every item fails is made up of the readable items after it, so every rank still makes
-    ``len()`` batches; an epoch with no readable item raises; an exception of ``collate_fn``
-    or ``__getitems__`` loses its whole batch, which is not made up: under DDP the ranks then
-    differ by a batch), where the default raises
+    ``len()`` batches; an epoch with no readable item raises; a batch whose ``__getitems__``
+    raises is read item by item, one whose ``collate_fn`` raises is counted and made up so),
+    where the default raises
     :class:`LoaderError` naming it (the dataset's exception its ``__cause__``).
     ``stats()["gil"]``: how many threads were busy in the dataset's calls (``threads_busy``) on
     how many cores (``cores_used``); ``stats()["gil_bound"]`` when several took turns on about

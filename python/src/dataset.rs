@@ -201,7 +201,10 @@ pub(crate) fn _check_mix(
     // Numbers as a pipeline file's are: a string or a bool is not a weight.
     let value = crate::values::value_of(weights).map_err(PyValueError::new_err)?;
     let weights: Vec<flowgate::limits::Float> = serde_json::from_value(value).map_err(|e| {
-        PyValueError::new_err(format!("Mix: weights: {}", flowgate::limits::in_words(&e.to_string())))
+        PyValueError::new_err(format!(
+            "Mix: weights: {}",
+            flowgate::limits::in_words(&e.to_string())
+        ))
     })?;
     let weights: Vec<f64> = weights.into_iter().map(|w| w.0).collect();
     mix_stop(sources, &weights, draws, stop).map(drop)

@@ -480,7 +480,10 @@ impl PyPipeline {
         let settings = LoaderSettings::from_value(settings).map_err(invalid)?;
         let order = settings.epoch_order().map_err(|e| invalid(e.to_string()))?;
         // Refused as a loader's settings are (a rank out of range, an epoch past the limit).
-        let share = order.sampler(len).map_err(|e| invalid(e.to_string()))?.len();
+        let share = order
+            .sampler(len)
+            .map_err(|e| invalid(e.to_string()))?
+            .len();
         Ok(Self {
             items: Items::Indexed { len, order, share },
             order: settings.order.into(),

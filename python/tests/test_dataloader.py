@@ -274,12 +274,13 @@ def test_a_torchvision_dataset_of_jpegs_gives_torchs_tensors(data):
         assert torch.equal(wx, gx) and torch.equal(wy, gy)
 
 
-@pytest.mark.parametrize("n,world,batch,bad", [(10, 3, 2, ""), (7, 2, 3, ""),
-                                               (13, 3, 2, "1,2,8")])
+@pytest.mark.parametrize("n,world,batch,bad,unbatchable", [
+    (10, 3, 2, "", ""), (7, 2, 3, "", ""), (13, 3, 2, "1,2,8", ""), (13, 3, 2, "", "5")])
 def test_under_torchrun_every_rank_steps_as_often_and_the_epoch_is_covered(
-        n, world, batch, bad, tmp_path):
+        n, world, batch, bad, unbatchable, tmp_path):
     """With unreadable items skipped (`bad`), ranks still step together: a batch keeps its
-    place less its failed items, so no rank runs short and hangs the others' all-reduce."""
+    place less its failed items, so no rank runs short and hangs the others' all-reduce. A
+    batch `collate_fn` fails (`unbatchable`) is made up (it was lost: that rank ran short)."""
     import os
     import pathlib
     import subprocess
@@ -292,14 +293,17 @@ def test_under_torchrun_every_rank_steps_as_often_and_the_epoch_is_covered(
     r = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
          "--master_port", str(30500 + (os.getpid() + n) % 1000), str(worker), str(n),
-         str(batch), "2", str(out), bad],
+         str(batch), "2", str(out), bad, unbatchable],
         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     ranks = json.loads(out.read_text())
     share = -(-n // world)
     for rep in ranks:
-        assert rep["len"] == -(-share // batch)
+        assert rep["len"] == -(-share // batch) and rep["steps"] == [rep["len"]] * 2
     skipped = {int(i) for i in bad.split(",") if i}
+    if unbatchable:
+        assert all(int(unbatchable) not in rep["read"][e] for rep in ranks for e in range(2))
+        return
     for epoch in range(2):
         read = [i for rep in ranks for i in rep["read"][epoch]]
         assert set(read) == set(range(n)) - skipped, f"epoch {epoch}: every readable item"
@@ -422,6 +426,64 @@ def test_an_epoch_whose_every_item_fails_raises_with_skip_errors(batch_size):
     again = flowgate.DataLoader(Numbered(6, bad={3, 4, 5}), batch_size=3, skip_errors=True)
     again.load_state_dict(state)
     assert ids(again) == [[0, 1, 2]], "the failed batch made up of the readable ones"
+
+
+class Unbatchable(Numbered):
+    """`__getitems__` raises for a batch holding one of `whole` (its items read alone are
+    fine unless in `bad`)."""
+
+    def __init__(self, n, bad=(), whole=()):
+        super().__init__(n, bad)
+        self.whole = set(whole)
+
+    def __getitems__(self, indices):
+        if self.whole & set(indices) or self.bad & set(indices):
+            raise RuntimeError(f"a batch with {sorted(indices)} cannot be read at once")
+        return [self[i] for i in indices]
+
+
+def test_a_batch_whose_getitems_raises_is_read_item_by_item_with_skip_errors():
+    # It was lost whole, not made up: under DDP that rank ran a batch short (a hang).
+    loader = flowgate.DataLoader(Unbatchable(14, bad={5}), batch_size=4, skip_errors=True)
+    assert ids(loader) == [[0, 1, 2, 3], [4, 6, 7], [8, 9, 10, 11], [12, 13]]
+    assert len(loader) == 4 and loader.stats()["failures"] == 1, "the item, not the batch too"
+    loader = flowgate.DataLoader(Unbatchable(14, whole={9}), batch_size=4, skip_errors=True)
+    assert ids(loader) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13]]
+    assert loader.stats()["failures"] == 1, "the batch's own call failed: counted"
+    # Every item of the batch fails alone: made up of the readable items after it.
+    loader = flowgate.DataLoader(Unbatchable(14, bad={4, 5, 6, 7}), batch_size=4,
+                                 skip_errors=True)
+    assert ids(loader) == [[0, 1, 2, 3], [8, 9, 10, 11], [8, 9, 10, 11], [12, 13]]
+    with pytest.raises(flowgate.LoaderError, match="cannot be read at once") as e:
+        list(flowgate.DataLoader(Unbatchable(14, whole={9}), batch_size=4))
+    assert isinstance(e.value.__cause__, RuntimeError)
+
+
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_a_batch_whose_collate_fn_raises_is_made_up_with_skip_errors(batch_size):
+    def collate(items):
+        if any(int(x["x"][0]) == 5 for x in (items if batch_size else [items])):
+            raise ValueError("item 5 does not stack")
+        return (torch.utils.data.default_collate(items) if batch_size
+                else torch.utils.data.default_convert(items))
+
+    loader = flowgate.DataLoader(Numbered(14), batch_size=batch_size, collate_fn=collate,
+                                 skip_errors=True)
+    got = list(loader)
+    assert len(got) == len(loader), "every rank still makes len() batches"
+    firsts = [int(b["x"].reshape(-1, 2)[0, 0]) for b in got]
+    if batch_size:
+        assert ids(got) == [[0, 1, 2, 3], [8, 9, 10, 11], [8, 9, 10, 11], [12, 13]]
+    else:
+        assert firsts == [0, 1, 2, 3, 4, 6, 6, 7, 8, 9, 10, 11, 12, 13]
+    assert loader.stats()["failures"] == 1
+    with pytest.raises(flowgate.LoaderError, match="item 5 does not stack") as e:
+        list(flowgate.DataLoader(Numbered(14), batch_size=batch_size, collate_fn=collate))
+    assert isinstance(e.value.__cause__, ValueError)
+    # A collate_fn that fails every batch: the epoch raises, it neither hangs nor ends quietly.
+    with pytest.raises(flowgate.LoaderError, match="delivered nothing"):
+        list(flowgate.DataLoader(Numbered(6), batch_size=batch_size, skip_errors=True,
+                                 collate_fn=lambda items: 1 / 0))
 
 
 def test_a_batch_of_only_failures_names_its_first_item_by_default():
