@@ -5,7 +5,6 @@ them and names what it cannot do."""
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Dict, Iterator, Optional
 
 from . import _native
@@ -27,7 +26,8 @@ class DataLoader:
     ``dataset.__getitems__(positions)`` where the dataset has it) then ``collate_fn``
     (default: torch's ``default_collate``, or lists without torch), but on threads of this
     process the tuner sizes (``num_workers``: how many to start with; 0 leaves it to the
-    tuner). ``num_workers`` above the process's cores is for a dataset that waits (network
+    tuner). ``num_workers`` above the process's cores (its share of the node: a container's quota or
+    the affinity mask, over ``LOCAL_WORLD_SIZE`` ranks) is for a dataset that waits (network
     reads): exactly that many batches are made at once, as by torch's workers. Batches come
     in the positions' order: with ``shuffle=False`` torch's batches. Ahead of the loop wait at
     most ``prefetch_factor`` (default 2) batches per worker for it, and as many in the stage
@@ -170,11 +170,9 @@ class DataLoader:
 
 
 def _cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    """The cores this process may use, as the tuner counts them: its share of the node's
+    (a container's quota or the affinity mask, over ``LOCAL_WORLD_SIZE`` ranks)."""
+    return _native._process_cores()
 
 
 class _EpochSetter:

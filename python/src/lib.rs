@@ -85,6 +85,13 @@ fn build_info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
 pub(crate) static EXITING: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
+/// The cores this process may use: its share of the node (quota or affinity, over
+/// `LOCAL_WORLD_SIZE` ranks), as the tuner sizes stages to.
+#[pyfunction]
+fn _process_cores() -> usize {
+    flowgate::tuner::process_cores()
+}
+
 /// See [`EXITING`].
 #[pyfunction]
 fn _exiting() {
@@ -157,6 +164,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fork::_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(fork::_fork_gate, m)?)?;
     m.add_function(wrap_pyfunction!(_exiting, m)?)?;
+    m.add_function(wrap_pyfunction!(_process_cores, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(pipeline::skip_part, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::_join_closing, m)?)?;

@@ -350,9 +350,11 @@ def test_torchs_attributes_and_the_samplers_set_epoch():
         loader.set_epoch(-1)
 
 
-def test_more_workers_than_cores_make_that_many_batches_at_once():
+@pytest.mark.parametrize("ranks", [None, "cores"])
+def test_more_workers_than_cores_make_that_many_batches_at_once(ranks, monkeypatch):
     """A dataset that waits (a network read) with num_workers above the cores: batches are
-    made that many at once, as by torch's workers, not held to the cores."""
+    made that many at once, as by torch's workers, not held to the cores. The cores are the
+    process's share of the node (`LOCAL_WORLD_SIZE` ranks: the affinity mask was read)."""
     import os
     import threading
     import time
@@ -371,7 +373,12 @@ def test_more_workers_than_cores_make_that_many_batches_at_once():
                 self.now -= 1
             return super().__getitem__(i)
 
-    workers = len(os.sched_getaffinity(0)) + 4
+    cores = len(os.sched_getaffinity(0))
+    workers = cores + 4
+    if ranks:
+        # As many ranks on the node as cores: one core each.
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores))
+        workers = max(2, cores)
     ds = Waits(96)
     loader = flowgate.DataLoader(ds, batch_size=2, num_workers=workers)
     assert same(list(TorchLoader(Numbered(96), batch_size=2)), list(loader))
