@@ -177,7 +177,8 @@ fn call(py: Python<'_>, f: &Py<PyAny>, keys: &Keys, mut s: Sample) -> PyResult<S
     }
     for (k, name) in keys.fields.iter().enumerate() {
         if let Some(v) = out.get_item(name)? {
-            s.meta.extras[k] = field_from_py(&v)?;
+            s.meta.extras[k] = field_from_py(&v)
+                .map_err(|e| PyValueError::new_err(format!("map= returned {name:?}: {e}")))?;
         }
     }
     drop(result);

@@ -57,7 +57,8 @@ pub(crate) fn json_to_py<'py>(
     })
 }
 
-/// A Python value as a field's: `None` → missing, `int` → an integer, `str` → text, `bytes`
+/// A Python value as a field's: `None` → missing, `int` → an integer (past `i64`, to `u64`'s
+/// end: a JSON number), `str` → text, `bytes`
 /// → bytes; `bool`, `float`, lists, tuples, dicts (`str` keys) and NumPy arrays and scalars
 /// (through `tolist()`) → JSON.
 pub(crate) fn field_from_py(v: &Bound<'_, PyAny>) -> PyResult<FieldValue> {
@@ -65,7 +66,9 @@ pub(crate) fn field_from_py(v: &Bound<'_, PyAny>) -> PyResult<FieldValue> {
         return Ok(FieldValue::Missing);
     }
     if !v.is_instance_of::<PyBool>() && v.is_instance_of::<PyInt>() {
-        return Ok(FieldValue::Int(v.extract()?));
+        if let Ok(i) = v.extract() {
+            return Ok(FieldValue::Int(i));
+        }
     }
     if let Ok(s) = v.downcast::<PyString>() {
         return Ok(FieldValue::Text(s.to_cow()?.into_owned()));
@@ -96,9 +99,16 @@ fn json_from_py(v: &Bound<'_, PyAny>, depth: usize) -> PyResult<serde_json::Valu
         return Ok(Value::Bool(b.is_true()));
     }
     if v.is_instance_of::<PyInt>() {
-        return match v.extract::<i64>() {
-            Ok(i) => Ok(i.into()),
-            Err(_) => Ok(v.extract::<u64>()?.into()),
+        if let Ok(i) = v.extract::<i64>() {
+            return Ok(i.into());
+        }
+        return match v.extract::<u64>() {
+            Ok(u) => Ok(u.into()),
+            // Its bits, not its digits: printing a huge int may itself raise.
+            Err(_) => Err(PyValueError::new_err(format!(
+                "a field's value holds an int of {} bits, past 64",
+                v.call_method0("bit_length")?
+            ))),
         };
     }
     if let Ok(f) = v.downcast::<PyFloat>() {

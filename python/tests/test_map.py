@@ -184,6 +184,19 @@ def test_map_fields_as_one_str_is_one_name(shards):
     assert b["xy"] == [1] * len(b["path"])
 
 
+def test_ints_of_a_field_up_to_64_bits_are_kept_and_past_them_named(shards):
+    # An int past i64 failed the item without naming the field (or the bits).
+    for value in (-2 ** 63, 2 ** 64 - 1):
+        l = loader(flowgate.Shards(shards), map=lambda s: {**s, "xy": value}, map_fields="xy")
+        assert next(iter(l))["xy"][0] == value
+    with pytest.raises(flowgate.LoaderError, match="map= returned .xy.: .* int of 65 bits"):
+        items(loader(flowgate.Shards(shards), map=lambda s: {**s, "xy": 2 ** 64},
+                     map_fields="xy", skip_errors=False))
+    with pytest.raises(flowgate.LoaderError, match="int of 16610 bits"):
+        items(loader(flowgate.Shards(shards), map=lambda s: {**s, "xy": [10 ** 5000]},
+                     map_fields="xy", skip_errors=False))
+
+
 def test_arrays_of_another_byte_order_are_converted_not_misread(shards):
     """A second helper's case: a big-endian float32 image came back as 6.9e-41s, lengths as
     huge negative numbers."""
