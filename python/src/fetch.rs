@@ -6,12 +6,14 @@
 //! with `skip_errors`, is counted and left out, the batch keeping its place. A batch whose
 //! every item fails is made up by the library's rule ([`MakeUp`]: the readable items after
 //! it), so every rank still makes `len()` batches; with none readable, the batch fails with
-//! its first item's error. A batch whose `collate_fn` raises is, with `skip_errors`, one
-//! failure, made up the same way.
+//! its first item's error. A batch whose `collate_fn` raises keeps, with `skip_errors`, the
+//! most of its items that collate ([`largest_batch`]: a grayscale image among RGB ones is
+//! left out), each left out a failed item; where none collates alone it is made up the same
+//! way. What is kept depends on the items alone, so a resume makes the same batches.
 
 use std::sync::Mutex;
 
-use flowgate::sampler::MakeUp;
+use flowgate::sampler::{largest_batch, MakeUp};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
@@ -60,10 +62,12 @@ impl Fetch {
         let mut whole = None;
         if let Some(getitems) = &self.getitems {
             match getitems.call1(py, (PyList::new(py, &positions)?,)) {
-                Ok(items) => {
-                    let collated = self.collate.call1(py, (items,));
-                    return self.or_made_up(py, &positions, collated);
-                }
+                Ok(items) => match self.collate.call1(py, (items,)) {
+                    Ok(batch) => return Ok(batch),
+                    Err(e) if !self.skip_errors => return Err(e),
+                    // Item by item instead: the items that do not make a batch are found.
+                    Err(_) => {}
+                },
                 Err(e) if !self.skip_errors => return Err(e),
                 // Item by item instead, so the failing items are named, counted and made up.
                 Err(e) => whole = Some(e),
@@ -72,39 +76,33 @@ impl Fetch {
         let Some(items) = self.items(py, &positions)? else {
             return Ok(py.None());
         };
-        if let (Some(e), true) = (whole, items.len() == positions.len()) {
+        if let (Some(e), true) = (whole, items.iter().map(|(p, _)| p).eq(&positions)) {
             // Every item read alone: the batch's own call failed, counted as the batch's.
-            self.skip(py, &positions, "__getitems__", e)?;
+            let part = format!("__getitems__ of the batch from item {}", positions[0]);
+            skip(py, part, e)?;
         }
-        let collated = self.collate_items(py, &items);
-        self.or_made_up(py, &positions, collated)
+        self.collated(py, &positions, items)
     }
 }
+
+/// Items with their positions.
+type Items<'py> = Vec<(usize, Bound<'py, PyAny>)>;
 
 impl Fetch {
     /// The readable items at `positions` (made up where every one failed), None when one
     /// failed and failures are fatal.
-    fn items<'py>(
-        &self,
-        py: Python<'py>,
-        positions: &[usize],
-    ) -> PyResult<Option<Vec<Bound<'py, PyAny>>>> {
+    fn items<'py>(&self, py: Python<'py>, positions: &[usize]) -> PyResult<Option<Items<'py>>> {
         let dataset = self.dataset.bind(py);
         let mut items = Vec::with_capacity(positions.len());
         let mut first: Option<PyErr> = None;
         for &i in positions {
             match dataset.get_item(i) {
-                Ok(x) => items.push(x),
+                Ok(x) => items.push((i, x)),
                 // Any exception an item raises is its failure (KeyboardInterrupt too: on this
                 // thread it is the dataset's, not the user's Ctrl-C).
                 Err(e) => {
-                    let shown = e.clone_ref(py);
-                    crate::pipeline::skip_part(
-                        py,
-                        format!("item {i}"),
-                        e.into_value(py).into_bound(py).into_any(),
-                    )?;
-                    first.get_or_insert(shown);
+                    first.get_or_insert(e.clone_ref(py));
+                    skip(py, format!("item {i}"), e)?;
                     if !self.skip_errors {
                         return Ok(None);
                     }
@@ -124,7 +122,7 @@ impl Fetch {
     }
 
     /// Readable items after `positions` as many (the library's rule, [`MakeUp`]).
-    fn made_up<'py>(&self, py: Python<'py>, positions: &[usize]) -> Vec<Bound<'py, PyAny>> {
+    fn made_up<'py>(&self, py: Python<'py>, positions: &[usize]) -> Items<'py> {
         // Made up on a copy: the dataset's calls may let another thread in, which must not
         // wait for this lock holding the GIL.
         let mut makeup = self.makeup.lock().expect("makeup").clone();
@@ -135,42 +133,60 @@ impl Fetch {
         items
     }
 
-    fn collate_items(&self, py: Python<'_>, items: &[Bound<'_, PyAny>]) -> PyResult<PyObject> {
-        match self.batched {
-            true => self.collate.call1(py, (PyList::new(py, items)?,)),
-            false => self.collate.call1(py, (&items[0],)),
-        }
-    }
-
-    /// `collated`, or where `collate_fn` raised and failures are skipped: that failure counted
-    /// (its items not read for a make-up again), the batch made up of readable items after it
-    /// and collated (an error then fails the batch), so every rank still makes `len()` batches.
-    fn or_made_up(
+    /// `items` collated; where `collate_fn` raises and failures are skipped, the most of them
+    /// that it collates ([`largest_batch`]), each left out a failed item with its error; where
+    /// none collates alone, every one failed and the batch made up (of readable items after
+    /// it, collated so), so every rank still makes `len()` batches. A make-up that none of
+    /// collates fails the batch.
+    fn collated(
         &self,
         py: Python<'_>,
         positions: &[usize],
-        collated: PyResult<PyObject>,
+        items: Items<'_>,
     ) -> PyResult<PyObject> {
-        let e = match collated {
+        let all: Vec<usize> = (0..items.len()).collect();
+        let error = match self.collate_some(py, &items, &all) {
             Err(e) if self.skip_errors => e,
             done => return done,
         };
-        let shown = e.clone_ref(py);
-        self.skip(py, positions, "collate_fn", e)?;
-        let mut makeup = self.makeup.lock().expect("makeup");
-        positions.iter().for_each(|&p| makeup.failed(p));
-        drop(makeup);
-        let items = self.made_up(py, positions);
-        match items.is_empty() {
-            true => Err(shown),
-            false => self.collate_items(py, &items),
+        let fitted = largest_batch(items.len(), |set| self.collate_some(py, &items, set));
+        let kept = fitted.as_ref().map_or(&[][..], |(kept, _)| kept.as_slice());
+        for (k, (p, _)) in items.iter().enumerate() {
+            if kept.binary_search(&k).is_err() {
+                skip(py, format!("item {p}"), error.clone_ref(py))?;
+            }
+        }
+        if let Ok((_, batch)) = fitted {
+            return Ok(batch);
+        }
+        let filler = self.made_up(py, positions);
+        let all: Vec<usize> = (0..filler.len()).collect();
+        match filler.is_empty() {
+            true => Err(error),
+            false => largest_batch(filler.len(), |set| self.collate_some(py, &filler, set))
+                .map(|(_, batch)| batch)
+                .or_else(|_| self.collate_some(py, &filler, &all)),
         }
     }
 
-    /// Counts `error` of the call `what` on the batch at `positions` as one failure, named by
-    /// the batch's first item.
-    fn skip(&self, py: Python<'_>, positions: &[usize], what: &str, error: PyErr) -> PyResult<()> {
-        let part = format!("{what} of the batch from item {}", positions[0]);
-        crate::pipeline::skip_part(py, part, error.into_value(py).into_bound(py).into_any())
+    /// `collate_fn` on the items at `which` (on the one item, unbatched).
+    fn collate_some(
+        &self,
+        py: Python<'_>,
+        items: &Items<'_>,
+        which: &[usize],
+    ) -> PyResult<PyObject> {
+        match self.batched {
+            true => {
+                let list = PyList::new(py, which.iter().map(|&k| &items[k].1))?;
+                self.collate.call1(py, (list,))
+            }
+            false => self.collate.call1(py, (&items[which[0]].1,)),
+        }
     }
+}
+
+/// Counts `error` as the failure of `part` (fatal unless failures are skipped).
+fn skip(py: Python<'_>, part: String, error: PyErr) -> PyResult<()> {
+    crate::pipeline::skip_part(py, part, error.into_value(py).into_bound(py).into_any())
 }

@@ -8,6 +8,12 @@
 //! position is known to fail, nothing is read again. The made-up batch is deterministic (it
 //! depends on the positions and on which items failed before, which a resume reads again), and
 //! as long as the batch it replaces wherever the dataset has that many readable items.
+//!
+//! A batch whose items read but do not make a batch together (a user's collation fails:
+//! a grayscale image among RGB ones) keeps the most of its items that do ([`largest_batch`]:
+//! halved until the halves make batches, then joined where they still do); the items left
+//! out are its failures. The kept ones depend on the items alone (not on earlier batches), so
+//! a resume makes the same batch.
 
 use std::collections::HashSet;
 
@@ -43,14 +49,14 @@ impl MakeUp {
     }
 
     /// Up to `want` items read by `read` from the positions after `last` (see the [module
-    /// docs](self)): the items, in the order read. A position whose read fails is marked
-    /// failed; none read and every position failed: none is read again.
+    /// docs](self)): each with its position, in the order read. A position whose read fails
+    /// is marked failed; none read and every position failed: none is read again.
     pub fn after<T, E>(
         &mut self,
         last: usize,
         want: usize,
         mut read: impl FnMut(usize) -> Result<T, E>,
-    ) -> Vec<T> {
+    ) -> Vec<(usize, T)> {
         let mut out = Vec::with_capacity(want);
         if self.none_readable || self.len == 0 {
             return out;
@@ -64,7 +70,7 @@ impl MakeUp {
                 continue;
             }
             match read(p) {
-                Ok(x) => out.push(x),
+                Ok(x) => out.push((p, x)),
                 Err(_) => {
                     self.bad.insert(p);
                 }
@@ -74,6 +80,63 @@ impl MakeUp {
             self.none_readable = true;
         }
         out
+    }
+}
+
+/// The most of `n` items (by their indices, in order) that make a batch, and the batch:
+/// `make` on them all, else on each half (at least one item), the halves' batches joined
+/// where they still make one, else the larger (the first of two as large); then each item
+/// left out is tried with the kept ones (a halving may pair a good item with the odd one and
+/// keep the odd one). At most about `4n` calls, a few per `log n` for one odd item; the
+/// first error where no single item makes a batch.
+pub fn largest_batch<B, E>(
+    n: usize,
+    mut make: impl FnMut(&[usize]) -> Result<B, E>,
+) -> Result<(Vec<usize>, B), E> {
+    let all: Vec<usize> = (0..n).collect();
+    let (mut kept, mut batch) = fit(&all, &mut make)?;
+    for i in 0..n {
+        if kept.len() == n {
+            break;
+        }
+        let at = match kept.binary_search(&i) {
+            Ok(_) => continue,
+            Err(at) => at,
+        };
+        let mut with = kept.clone();
+        with.insert(at, i);
+        if let Ok(b) = make(&with) {
+            (kept, batch) = (with, b);
+        }
+    }
+    Ok((kept, batch))
+}
+
+fn fit<B, E>(
+    set: &[usize],
+    make: &mut impl FnMut(&[usize]) -> Result<B, E>,
+) -> Result<(Vec<usize>, B), E> {
+    let error = match make(set) {
+        Ok(b) => return Ok((set.to_vec(), b)),
+        Err(e) => e,
+    };
+    if set.len() <= 1 {
+        return Err(error);
+    }
+    let (left, right) = set.split_at(set.len() / 2);
+    match (fit(left, make), fit(right, make)) {
+        (Err(_), Err(_)) => Err(error),
+        (Ok(x), Err(_)) | (Err(_), Ok(x)) => Ok(x),
+        (Ok(x), Ok(y)) => {
+            let joined: Vec<usize> = x.0.iter().chain(&y.0).copied().collect();
+            // Both halves whole: joined they are the set, which failed.
+            if joined.len() < set.len() {
+                if let Ok(b) = make(&joined) {
+                    return Ok((joined, b));
+                }
+            }
+            Ok(if x.0.len() >= y.0.len() { x } else { y })
+        }
     }
 }
 
@@ -106,7 +169,7 @@ mod tests {
         }
         let mut reads = Vec::new();
         let got = m.after(8, 3, reader(&[6, 7, 8, 9, 0], &mut reads));
-        assert_eq!(got, [1, 2, 3]);
+        assert_eq!(got, [(1, 1), (2, 2), (3, 3)]);
         assert_eq!(
             reads,
             [9, 0, 1, 2, 3],
@@ -114,7 +177,10 @@ mod tests {
         );
         // The next make-up passes over 9 and 0 without reading them.
         let mut reads = Vec::new();
-        assert_eq!(m.after(8, 2, reader(&[6, 7, 8, 9, 0], &mut reads)), [1, 2]);
+        assert_eq!(
+            m.after(8, 2, reader(&[6, 7, 8, 9, 0], &mut reads)),
+            [(1, 1), (2, 2)]
+        );
         assert_eq!(reads, [1, 2]);
     }
 
@@ -122,7 +188,10 @@ mod tests {
     fn fewer_readable_than_wanted_gives_what_there_is_and_an_unreadable_dataset_is_read_once() {
         let mut m = MakeUp::new(7);
         let mut reads = Vec::new();
-        assert_eq!(m.after(2, 4, reader(&[0, 1, 2, 4, 5, 6], &mut reads)), [3]);
+        assert_eq!(
+            m.after(2, 4, reader(&[0, 1, 2, 4, 5, 6], &mut reads)),
+            [(3, 3)]
+        );
         assert_eq!(
             reads,
             [3, 4, 5, 6, 0, 1, 2],
@@ -140,5 +209,59 @@ mod tests {
         assert!(MakeUp::new(0)
             .after(0, 1, reader(&[], &mut Vec::new()))
             .is_empty());
+    }
+
+    /// A collation of `items` (each a shape): one batch where all share a shape, counting
+    /// the calls.
+    fn stack<'a>(
+        items: &'a [u8],
+        calls: &'a mut usize,
+    ) -> impl FnMut(&[usize]) -> Result<Vec<usize>, String> + 'a {
+        move |set| {
+            *calls += 1;
+            let shape = items[set[0]];
+            match set.iter().all(|&i| items[i] == shape) {
+                true => Ok(set.to_vec()),
+                false => Err(format!("{set:?} do not stack")),
+            }
+        }
+    }
+
+    #[test]
+    fn a_batch_that_does_not_collate_keeps_the_most_items_that_do() {
+        // One odd item among 16, at each place: the other 15 kept, in order, few calls.
+        for odd in 0..16 {
+            let mut items = [3u8; 16];
+            items[odd] = 1;
+            let mut calls = 0;
+            let (kept, batch) = largest_batch(16, stack(&items, &mut calls)).unwrap();
+            let want: Vec<usize> = (0..16).filter(|&i| i != odd).collect();
+            assert_eq!(
+                (kept.clone(), batch),
+                (want.clone(), want),
+                "odd item {odd}"
+            );
+            assert!(calls <= 16, "odd item {odd}: {calls} calls");
+        }
+        // Two shapes: the larger group wins wherever the halving keeps it whole.
+        let items = [3, 1, 3, 3, 3, 1, 3, 3, 3, 3, 3];
+        let (kept, _) = largest_batch(items.len(), stack(&items, &mut 0)).unwrap();
+        assert_eq!(kept, [0, 2, 3, 4, 6, 7, 8, 9, 10]);
+        // Every item alone fails: the first error; a batch of none or one that makes one.
+        let mut calls = 0;
+        let err = largest_batch(5, |set: &[usize]| -> Result<(), String> {
+            calls += 1;
+            Err(format!("{set:?}"))
+        });
+        assert_eq!(err.unwrap_err(), "[0, 1, 2, 3, 4]");
+        assert_eq!(calls, 9, "each subset of the halving once");
+        let ok = largest_batch(1, |set: &[usize]| Ok::<_, ()>(set.len())).unwrap();
+        assert_eq!(ok, (vec![0], 1));
+        // Many odd items: at most about 3n calls.
+        let items: Vec<u8> = (0..64).map(|i| (i * 7 % 5) as u8).collect();
+        let mut calls = 0;
+        let (kept, _) = largest_batch(64, stack(&items, &mut calls)).unwrap();
+        assert!(kept.iter().all(|&i| items[i] == items[kept[0]]) && kept.len() >= 6);
+        assert!(calls <= 4 * 64, "{calls} calls");
     }
 }

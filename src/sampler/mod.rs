@@ -22,7 +22,7 @@ mod mixture;
 
 pub use buckets::{Bucketing, LengthBatches};
 pub use layout::Layout;
-pub use makeup::MakeUp;
+pub use makeup::{largest_batch, MakeUp};
 use mixture::Mixture;
 pub use mixture::{check_weights, MixStop};
 
