@@ -134,6 +134,13 @@ struct Running {
     delivered: Option<u64>,
     /// The epoch being iterated.
     epoch: u64,
+    /// Built to resume this state: where its first epoch starts.
+    resumed_from: Option<Box<PipelineState>>,
+    /// Where the epoch being iterated started (its beginning, or a resumed state), and the
+    /// results this pass took: a map-style dataset's pass left after one (a peek) starts there
+    /// again.
+    began: Option<Start>,
+    taken: u64,
 }
 
 impl Running {
@@ -340,6 +347,7 @@ impl PyPipeline {
             }
             let mut p = self.build(py).map_err(to_py)?;
             let mut resumed_after_results = false;
+            let mut resumed_from = None;
             match start {
                 Some(Start::Epoch(e) | Start::Closed { next: e, .. }) => {
                     p.start_at_epoch(e).map_err(to_py)?
@@ -347,6 +355,7 @@ impl PyPipeline {
                 Some(Start::State(s)) => {
                     p.resume(&s).map_err(to_py)?;
                     resumed_after_results = s.delivered_items > 0;
+                    resumed_from = Some(s);
                 }
                 None => {}
             }
@@ -357,6 +366,9 @@ impl PyPipeline {
                 resumed_after_results,
                 delivered: None,
                 epoch: 0,
+                resumed_from,
+                began: None,
+                taken: 0,
             });
         }
         Ok(r.as_mut().expect("built"))
@@ -451,12 +463,19 @@ impl PyPipeline {
     /// at the epoch the parent was in, or the next if it was between epochs).
     fn _start_epoch(&self, py: Python<'_>) -> PyResult<()> {
         let mut r = self.running.lock().expect("running");
-        if let Some(run) = r.as_ref() {
+        if let Some(run) = r.as_mut() {
             let mut start = self.start.lock().expect("start");
-            if start.is_none() && (run.in_epoch || run.pid != std::process::id()) {
+            let here = run.pid == std::process::id();
+            let peeked = run.in_epoch && here && run.taken <= 1;
+            if start.is_none() && peeked && matches!(self.items, Items::Indexed { .. }) {
+                // A map-style dataset's pass left after one result (a peek: rank 0 logs a
+                // batch after set_epoch) costs no epoch: it starts again where it started, so
+                // every rank reads the same epoch's share. (It read the next epoch: shares
+                // overlapped, items went unread.)
+                *start = run.began.take();
+            } else if start.is_none() && (run.in_epoch || !here) {
                 // A loop left mid-way goes on with the next epoch; a forked child starts the
                 // epoch its parent was in (or the next, between epochs).
-                let here = run.pid == std::process::id();
                 let e = run.pipeline.epoch();
                 *start = Some(Start::Epoch(e + u64::from(run.in_epoch && here)));
             }
@@ -464,6 +483,11 @@ impl PyPipeline {
         let run = self.running(py, &mut r)?;
         run.in_epoch = true;
         run.epoch = run.pipeline.epoch();
+        run.taken = 0;
+        run.began = Some(match run.resumed_from.take() {
+            Some(s) => Start::State(s),
+            None => Start::Epoch(run.epoch),
+        });
         run.delivered = (!std::mem::take(&mut run.resumed_after_results)).then_some(0);
         *self.failed.lock().expect("failed") = (0, None);
         self.closed.store(false, Ordering::Relaxed);
@@ -592,6 +616,7 @@ impl PyPipeline {
                 }
                 match run.pipeline.next_within(SLICE) {
                     Within::Next(Ok(x)) => {
+                        run.taken += 1;
                         if let Some(d) = &mut run.delivered {
                             *d += 1;
                         }

@@ -256,3 +256,36 @@ def test_load_state_dict_from_another_thread_while_the_loop_waits_makes_it_raise
     # after the loaded state); then the loop raised, and iter() resumes the state exactly.
     assert ids(got) == [[4, 5], [6, 7]][:len(got)]
     assert first + ids(loader) == [[2 * k, 2 * k + 1] for k in range(6)]
+
+
+def test_a_peek_costs_no_epoch_so_ranks_keep_one_shuffle():
+    # helper-23: rank 0 peeked at a batch after set_epoch(0) (to log it) and its loop read
+    # epoch 1's shuffle while rank 1 read epoch 0's: 29 of 40 items read that epoch.
+    def make(rank):
+        return flowgate.DataLoader(list(range(40)), batch_size=4, shuffle=True, seed=0,
+                                   rank=rank, world_size=2)
+
+    seen = []
+    for rank in (0, 1):
+        loader = make(rank)
+        loader.set_epoch(0)
+        if rank == 0:
+            next(iter(loader))
+        seen += [i for b in loader for i in b.tolist()]
+    assert sorted(seen) == list(range(40)), "the ranks' shares of one epoch"
+    # A peek at a resumed epoch starts again at the resumed position, not its beginning.
+    loader = make(0)
+    whole = [b.tolist() for b in make_epoch(make(0), 3)]
+    loader.set_epoch(3)
+    it = iter(loader)
+    next(it), next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    again = make(0)
+    again.load_state_dict(state)
+    next(iter(again))
+    assert whole[:2] + [b.tolist() for b in again] == whole
+    # A loop left after two batches goes on with the next epoch, as torch's next pass is new.
+    it = iter(loader)
+    next(it), next(it)
+    assert [b.tolist() for b in loader] == [b.tolist() for b in make_epoch(make(0), 5)]
