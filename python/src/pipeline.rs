@@ -305,17 +305,22 @@ impl PyPipeline {
                         },
                     )
                 }
-                StageSpec::Batch { size, drop_last } => b.aggregate(*size, *drop_last).pipe(
-                    &format!("batch{size}"),
-                    |v: Vec<PyItem>| {
-                        with_gil_in_pipeline(|py| {
-                            PyList::new(py, v.into_iter().map(PyItem::into_inner))
-                                .map(|l| PyItem::new(l.into_any().unbind()))
-                                .map_err(|e| py_error(py, e))
-                        })
-                    },
-                    1,
-                ),
+                // What a state is valid for, as a loader's (a state of batches of 4 loaded
+                // into batches of 5 was taken: len() then said 8 where 6 came).
+                StageSpec::Batch { size, drop_last } => b
+                    .checkpoint_fields(batching(*size, *drop_last))
+                    .aggregate(*size, *drop_last)
+                    .pipe(
+                        &format!("batch{size}"),
+                        |v: Vec<PyItem>| {
+                            with_gil_in_pipeline(|py| {
+                                PyList::new(py, v.into_iter().map(PyItem::into_inner))
+                                    .map(|l| PyItem::new(l.into_any().unbind()))
+                                    .map_err(|e| py_error(py, e))
+                            })
+                        },
+                        1,
+                    ),
             };
         }
         if let Some(c) = self.cpu_budget {
@@ -556,7 +561,17 @@ impl PyPipeline {
     /// Continues from `state` (of a pipeline built alike, refused otherwise): the next epoch
     /// started yields exactly what it had not delivered.
     fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
-        let state = state_from_py(state)?;
+        let mut state = state_from_py(state)?;
+        // A state without batching (from before it was recorded, or of a pipeline without a
+        // batch stage): nothing to check it against.
+        if !state.fingerprint.contains_key("batch_size") {
+            for s in self.stages.lock().expect("stages").iter() {
+                if let StageSpec::Batch { size, drop_last } = s {
+                    let f = batching(*size, *drop_last).map(|(k, v)| (k.to_owned(), v));
+                    state.fingerprint.extend(f);
+                }
+            }
+        }
         *self.start.lock().expect("start") = Some(Start::State(Box::new(state)));
         // Built now, so that a state of another pipeline is refused here.
         let mut r = self.running.lock().expect("running");
@@ -683,6 +698,14 @@ impl PyPipeline {
             r.end(py);
         }
     }
+}
+
+/// A batch stage's fields of a state's fingerprint.
+fn batching(size: usize, drop_last: bool) -> [(&'static str, String); 2] {
+    [
+        ("batch_size", size.to_string()),
+        ("drop_last", drop_last.to_string()),
+    ]
 }
 
 /// `flowgate.skip_part(part, error)`: from a `Pipeline` stage's function that makes one result

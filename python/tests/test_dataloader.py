@@ -140,6 +140,21 @@ def test_a_checkpoint_of_another_loader_is_refused():
     state = flowgate.DataLoader(Numbered(23), batch_size=4, shuffle=True, seed=3).state_dict()
     with pytest.raises(flowgate.LoaderError, match="shuffle_seed"):
         flowgate.DataLoader(Numbered(23), batch_size=4, shuffle=True, seed=4).load_state_dict(state)
+    # Batches of another size, or drop_last changed, as a loader's (helper-23: taken, len()
+    # then said 8 where 6 came).
+    with pytest.raises(flowgate.LoaderError, match="batch_size = 4, this pipeline has "
+                                                   "batch_size = 5"):
+        flowgate.DataLoader(Numbered(23), batch_size=5, shuffle=True, seed=3).load_state_dict(
+            json.loads(json.dumps(state)))
+    with pytest.raises(flowgate.LoaderError, match="drop_last = false"):
+        flowgate.DataLoader(Numbered(23), batch_size=4, shuffle=True, seed=3,
+                            drop_last=True).load_state_dict(state)
+    # A state without batching (from before it was recorded): taken.
+    old = json.loads(json.dumps(state))
+    del old["fingerprint"]["batch_size"], old["fingerprint"]["drop_last"]
+    loader = flowgate.DataLoader(Numbered(23), batch_size=4, shuffle=True, seed=3)
+    loader.load_state_dict(old)
+    assert len(list(loader)) == 6
 
 
 @pytest.mark.parametrize("n,world,batch", [(10, 3, 2), (23, 4, 5), (2, 3, 1)])
