@@ -26,7 +26,10 @@ class DataLoader:
     ``dataset.__getitems__(positions)`` where the dataset has it) then ``collate_fn``
     (default: torch's ``default_collate``, or lists without torch), but on threads of this
     process the tuner sizes (``num_workers``: how many to start with; 0 leaves it to the
-    tuner). ``num_workers`` above the process's cores (its share of the node: a container's quota or
+    tuner). Each thread calls a copy of the dataset of its own (``copy.copy``, made afresh
+    each pass unless ``persistent_workers``), as each torch worker has one: a file the
+    dataset opens lazily is that thread's; objects the dataset already holds are shared
+    and must be safe to call from threads at once. ``num_workers`` above the process's cores (its share of the node: a container's quota or
     the affinity mask, over ``LOCAL_WORLD_SIZE`` ranks) is for a dataset that waits (network
     reads): exactly that many batches are made at once, as by torch's workers. Batches come
     in the positions' order: with ``shuffle=False`` torch's batches. Ahead of the loop wait at
@@ -107,8 +110,11 @@ class DataLoader:
         # An item that raises is a failed item (fatal, or with skip_errors counted and left
         # out); a batch whose every item fails is made up of the readable items after it (the
         # library's `MakeUp`), so every rank still makes len() batches.
-        native.map(_native.Fetch(dataset, collate_fn, skip_errors, batch_size is not None),
-                   num_workers, "fetch", num_workers > _cores())
+        # Each thread calls a copy of the dataset of its own (made afresh each pass unless
+        # persistent_workers), as each torch worker has one.
+        self._fetch = _native.Fetch(dataset, collate_fn, skip_errors, batch_size is not None,
+                                    bool(persistent_workers))
+        native.map(self._fetch, num_workers, "fetch", num_workers > _cores())
         # Made ahead of the loop, as torch's `prefetch_factor` per worker: at most that many
         # batches per thread waiting in the stage and as many for the loop (Python objects are
         # not measured, so the bound is in batches; it was 256 whatever their size).
@@ -139,6 +145,7 @@ class DataLoader:
             if torch.cuda.is_available():
                 from torch.utils.data._utils.pin_memory import pin_memory
                 convert = pin_memory
+        self._fetch._new_pass()
         return _Pass(self, convert)
 
     def set_epoch(self, epoch: int) -> None:

@@ -141,10 +141,12 @@ class EpochPlan:
 
 class Fetch:
     """``flowgate.DataLoader``'s fetch: a batch's items collated, failures counted, a batch
-    of failures made up (``flowgate::sampler::MakeUp``)."""
+    of failures made up (``flowgate::sampler::MakeUp``), on each thread's copy of the
+    dataset."""
     def __init__(self, dataset: Any, collate: Callable[[Any], Any], skip_errors: bool,
-                 batched: bool) -> None: ...
+                 batched: bool, persistent: bool) -> None: ...
     def __call__(self, positions: Any) -> Any: ...
+    def _new_pass(self) -> None: ...
 
 class Regroup:
     """The units' batches regrouped into the training loader's (``flowgate::loader::Regroup``)."""

@@ -11,7 +11,9 @@
 //! left out), each left out a failed item; where none collates alone it is made up the same
 //! way. What is kept depends on the items alone, so a resume makes the same batches.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
+use std::thread::ThreadId;
 
 use flowgate::sampler::{largest_batch, MakeUp};
 use pyo3::prelude::*;
@@ -22,11 +24,18 @@ use pyo3::types::PyList;
 pub(crate) struct Fetch {
     dataset: Py<PyAny>,
     collate: Py<PyAny>,
-    getitems: Option<Py<PyAny>>,
+    /// Batched, and the dataset has `__getitems__`.
+    getitems: bool,
     skip_errors: bool,
     batched: bool,
     /// Held only between calls into Python: a make-up runs on a copy.
     makeup: Mutex<MakeUp>,
+    /// Each thread's copy of the dataset (`copy.copy`, as each torch worker has its own):
+    /// what a call sets on it (a file opened lazily, then `seek` and `read`) is that
+    /// thread's. Made afresh each pass unless `persistent` (torch's `persistent_workers`).
+    /// Held only between calls into Python.
+    copies: Mutex<HashMap<ThreadId, Py<PyAny>>>,
+    persistent: bool,
 }
 
 #[pymethods]
@@ -37,19 +46,30 @@ impl Fetch {
         collate: Py<PyAny>,
         skip_errors: bool,
         batched: bool,
+        persistent: bool,
     ) -> PyResult<Self> {
-        let getitems = match batched {
-            true => dataset.getattr_opt("__getitems__")?.map(Bound::unbind),
-            false => None,
-        };
+        // Refused at once where the dataset cannot be copied, not at its first batch.
+        copy_of(&dataset)?;
         Ok(Self {
             makeup: Mutex::new(MakeUp::new(dataset.len()?)),
+            getitems: batched && dataset.getattr_opt("__getitems__")?.is_some(),
             dataset: dataset.unbind(),
             collate,
-            getitems,
             skip_errors,
             batched,
+            copies: Mutex::new(HashMap::new()),
+            persistent,
         })
+    }
+
+    /// A pass starts: the threads' copies are made afresh (they see what the loop set on the
+    /// dataset before it, as torch's new workers do), unless persistent.
+    fn _new_pass(&self) {
+        if !self.persistent {
+            // Dropped after the lock: freeing a copy may run Python (a file's close).
+            let old = std::mem::take(&mut *self.copies.lock().expect("copies"));
+            drop(old);
+        }
     }
 
     /// The collated items at `positions` (a list of ints; one int unbatched), or None when an
@@ -59,9 +79,10 @@ impl Fetch {
             true => positions.extract()?,
             false => vec![positions.extract()?],
         };
+        let dataset = self.here(py)?;
         let mut whole = None;
-        if let Some(getitems) = &self.getitems {
-            match getitems.call1(py, (PyList::new(py, &positions)?,)) {
+        if self.getitems {
+            match dataset.call_method1("__getitems__", (PyList::new(py, &positions)?,)) {
                 Ok(items) => match self.collate.call1(py, (items,)) {
                     Ok(batch) => return Ok(batch),
                     Err(e) if !self.skip_errors => return Err(e),
@@ -73,7 +94,7 @@ impl Fetch {
                 Err(e) => whole = Some(e),
             }
         }
-        let Some(items) = self.items(py, &positions)? else {
+        let Some(items) = self.items(py, &dataset, &positions)? else {
             return Ok(py.None());
         };
         if let (Some(e), true) = (whole, items.iter().map(|(p, _)| p).eq(&positions)) {
@@ -81,7 +102,7 @@ impl Fetch {
             let part = format!("__getitems__ of the batch from item {}", positions[0]);
             skip(py, part, e)?;
         }
-        self.collated(py, &positions, items)
+        self.collated(py, &dataset, &positions, items)
     }
 }
 
@@ -89,10 +110,26 @@ impl Fetch {
 type Items<'py> = Vec<(usize, Bound<'py, PyAny>)>;
 
 impl Fetch {
+    /// This thread's copy of the dataset (see `copies`).
+    fn here<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let me = std::thread::current().id();
+        if let Some(d) = self.copies.lock().expect("copies").get(&me) {
+            return Ok(d.bind(py).clone());
+        }
+        // Copied without the lock: copying runs Python, which may let another thread in.
+        let copy = copy_of(self.dataset.bind(py))?;
+        let mut copies = self.copies.lock().expect("copies");
+        Ok(copies.entry(me).or_insert(copy.unbind()).bind(py).clone())
+    }
+
     /// The readable items at `positions` (made up where every one failed), None when one
     /// failed and failures are fatal.
-    fn items<'py>(&self, py: Python<'py>, positions: &[usize]) -> PyResult<Option<Items<'py>>> {
-        let dataset = self.dataset.bind(py);
+    fn items<'py>(
+        &self,
+        py: Python<'py>,
+        dataset: &Bound<'py, PyAny>,
+        positions: &[usize],
+    ) -> PyResult<Option<Items<'py>>> {
         let mut items = Vec::with_capacity(positions.len());
         let mut first: Option<PyErr> = None;
         for &i in positions {
@@ -111,7 +148,7 @@ impl Fetch {
             }
         }
         if items.is_empty() {
-            items = self.made_up(py, positions);
+            items = self.made_up(dataset, positions);
         }
         match items.is_empty() {
             // Nothing readable to make it up with: the batch fails with its first item's error
@@ -122,12 +159,11 @@ impl Fetch {
     }
 
     /// Readable items after `positions` as many (the library's rule, [`MakeUp`]).
-    fn made_up<'py>(&self, py: Python<'py>, positions: &[usize]) -> Items<'py> {
+    fn made_up<'py>(&self, dataset: &Bound<'py, PyAny>, positions: &[usize]) -> Items<'py> {
         // Made up on a copy: the dataset's calls may let another thread in, which must not
         // wait for this lock holding the GIL.
         let mut makeup = self.makeup.lock().expect("makeup").clone();
         let last = *positions.last().expect("a batch has positions");
-        let dataset = self.dataset.bind(py);
         let items = makeup.after(last, positions.len(), |p| dataset.get_item(p));
         self.makeup.lock().expect("makeup").merge(makeup);
         items
@@ -138,11 +174,12 @@ impl Fetch {
     /// none collates alone, every one failed and the batch made up (of readable items after
     /// it, collated so), so every rank still makes `len()` batches. A make-up that none of
     /// collates fails the batch.
-    fn collated(
+    fn collated<'py>(
         &self,
-        py: Python<'_>,
+        py: Python<'py>,
+        dataset: &Bound<'py, PyAny>,
         positions: &[usize],
-        items: Items<'_>,
+        items: Items<'py>,
     ) -> PyResult<PyObject> {
         let all: Vec<usize> = (0..items.len()).collect();
         let error = match self.collate_some(py, &items, &all) {
@@ -159,7 +196,7 @@ impl Fetch {
         if let Ok((_, batch)) = fitted {
             return Ok(batch);
         }
-        let filler = self.made_up(py, positions);
+        let filler = self.made_up(dataset, positions);
         let all: Vec<usize> = (0..filler.len()).collect();
         match filler.is_empty() {
             true => Err(error),
@@ -189,4 +226,19 @@ impl Fetch {
 /// Counts `error` as the failure of `part` (fatal unless failures are skipped).
 fn skip(py: Python<'_>, part: String, error: PyErr) -> PyResult<()> {
     crate::pipeline::skip_part(py, part, error.into_value(py).into_bound(py).into_any())
+}
+
+/// A shallow copy of `dataset` (`copy.copy`), or an error that says why it is needed.
+fn copy_of<'py>(dataset: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let py = dataset.py();
+    py.import("copy")?
+        .call_method1("copy", (dataset,))
+        .map_err(|e| {
+            let err = pyo3::exceptions::PyTypeError::new_err(format!(
+                "flowgate.DataLoader gives each of its threads a copy of the dataset \
+                 (copy.copy), as torch gives each worker one, and copying this one raised: {e}"
+            ));
+            err.set_cause(py, Some(e));
+            err
+        })
 }
