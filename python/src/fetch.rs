@@ -11,9 +11,9 @@
 //! left out), each left out a failed item; where none collates alone it is made up the same
 //! way. What is kept depends on the items alone, so a resume makes the same batches.
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::thread::ThreadId;
 
 use flowgate::sampler::{largest_batch, MakeUp};
 use pyo3::prelude::*;
@@ -30,13 +30,23 @@ pub(crate) struct Fetch {
     batched: bool,
     /// Held only between calls into Python: a make-up runs on a copy.
     makeup: Mutex<MakeUp>,
-    /// Each thread's copy of the dataset (`copy.copy`, as each torch worker has its own):
-    /// what a call sets on it (a file opened lazily, then `seek` and `read`) is that
-    /// thread's. Made afresh each pass unless `persistent` (torch's `persistent_workers`).
-    /// Held only between calls into Python.
-    copies: Mutex<HashMap<ThreadId, Py<PyAny>>>,
+    /// Which fetch this is, and its pass: each thread calls a copy of the dataset of its own
+    /// ([`COPIES`]), made afresh each pass unless `persistent`.
+    id: u64,
+    pass: AtomicU64,
     persistent: bool,
 }
+
+std::thread_local! {
+    /// This thread's copies of datasets (`copy.copy`, as each torch worker has its own), by
+    /// fetch, with the pass each was made for: what a call sets on its copy (a file opened
+    /// lazily, then `seek` and `read`) is this thread's. Freed with the thread (a pipeline's
+    /// threads end with it).
+    static COPIES: RefCell<Vec<(u64, u64, Py<PyAny>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Fetches made, for their ids.
+static FETCHES: AtomicU64 = AtomicU64::new(0);
 
 #[pymethods]
 impl Fetch {
@@ -57,7 +67,8 @@ impl Fetch {
             collate,
             skip_errors,
             batched,
-            copies: Mutex::new(HashMap::new()),
+            id: FETCHES.fetch_add(1, Ordering::Relaxed),
+            pass: AtomicU64::new(0),
             persistent,
         })
     }
@@ -66,9 +77,7 @@ impl Fetch {
     /// dataset before it, as torch's new workers do), unless persistent.
     fn _new_pass(&self) {
         if !self.persistent {
-            // Dropped after the lock: freeing a copy may run Python (a file's close).
-            let old = std::mem::take(&mut *self.copies.lock().expect("copies"));
-            drop(old);
+            self.pass.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -112,14 +121,28 @@ type Items<'py> = Vec<(usize, Bound<'py, PyAny>)>;
 impl Fetch {
     /// This thread's copy of the dataset (see `copies`).
     fn here<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let me = std::thread::current().id();
-        if let Some(d) = self.copies.lock().expect("copies").get(&me) {
-            return Ok(d.bind(py).clone());
+        let pass = self.pass.load(Ordering::Relaxed);
+        let mine = COPIES.with_borrow(|c| {
+            c.iter()
+                .find(|(id, p, _)| *id == self.id && *p == pass)
+                .map(|(.., d)| d.bind(py).clone())
+        });
+        if let Some(d) = mine {
+            return Ok(d);
         }
-        // Copied without the lock: copying runs Python, which may let another thread in.
+        // Copied outside the borrow (copying runs Python); the last pass's copy is freed after
+        // it (freeing may run Python too: a file's close).
         let copy = copy_of(self.dataset.bind(py))?;
-        let mut copies = self.copies.lock().expect("copies");
-        Ok(copies.entry(me).or_insert(copy.unbind()).bind(py).clone())
+        let old = COPIES.with_borrow_mut(|c| {
+            let old = c
+                .iter()
+                .position(|(id, ..)| *id == self.id)
+                .map(|k| c.swap_remove(k));
+            c.push((self.id, pass, copy.clone().unbind()));
+            old
+        });
+        drop(old);
+        Ok(copy)
     }
 
     /// The readable items at `positions` (made up where every one failed), None when one

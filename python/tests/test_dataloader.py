@@ -165,7 +165,9 @@ def test_each_thread_calls_its_own_copy_of_the_dataset_as_each_torch_worker(work
     assert [i for b in loader for i in b.tolist()] == list(range(600))
     assert ds.f is None, "the loader's own dataset is not called"
     opened = ds.opened[0]
-    assert 1 <= opened <= max(workers, len(os.sched_getaffinity(0))) + 2
+    # A copy a thread, not a call (75 batches): num_workers above the cores run on a pool
+    # whose threads come and go (12 seen for 8 workers).
+    assert 1 <= opened <= 3 * max(workers, len(os.sched_getaffinity(0))), opened
     # Copies are made afresh each pass (what the loop set on the dataset is seen), and kept
     # across passes with persistent_workers.
     ds.offset = 1
