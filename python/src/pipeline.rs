@@ -121,6 +121,9 @@ pub(crate) struct PyPipeline {
     /// Results its last stage and the consumer's buffer may each hold ahead of the loop
     /// (`prefetch()`); default: the engine's (two chunks each, tuned).
     prefetch: Mutex<Option<usize>>,
+    /// The epoch `set_epoch` or a loaded state named last: every pass of it reads it (as
+    /// `DistributedSampler`'s), so a peek at it costs no epoch.
+    named: Mutex<Option<u64>>,
 }
 
 struct Running {
@@ -209,6 +212,17 @@ impl PyPipeline {
             })
         });
         self.stages(py, b)
+    }
+
+    /// Whether the pass of `run` was a peek at an epoch named: one result or none taken of a
+    /// map-style dataset's epoch that `set_epoch` or a loaded state named. (Without one, each
+    /// pass is one more epoch, as torch's `RandomSampler` draws anew: `next(iter(loader))`
+    /// each step is not one batch for ever.)
+    fn peeked(&self, run: &Running) -> bool {
+        run.in_epoch
+            && run.taken <= 1
+            && matches!(self.items, Items::Indexed { .. })
+            && *self.named.lock().expect("named") == Some(run.epoch)
     }
 
     /// The pipeline's stages after its source, and its settings.
@@ -402,6 +416,7 @@ impl PyPipeline {
             failed: Arc::default(),
             closed: AtomicBool::new(false),
             prefetch: Mutex::new(None),
+            named: Mutex::new(None),
         })
     }
 
@@ -471,11 +486,10 @@ impl PyPipeline {
         if let Some(run) = r.as_mut() {
             let mut start = self.start.lock().expect("start");
             let here = run.pid == std::process::id();
-            let peeked = run.in_epoch && here && run.taken <= 1;
-            if start.is_none() && peeked && matches!(self.items, Items::Indexed { .. }) {
-                // A map-style dataset's pass left after one result (a peek: rank 0 logs a
-                // batch after set_epoch) costs no epoch: it starts again where it started, so
-                // every rank reads the same epoch's share. (It read the next epoch: shares
+            if start.is_none() && here && self.peeked(run) {
+                // A pass left after one result of an epoch named (a peek: rank 0 logs a batch
+                // after set_epoch) costs no epoch: it starts again where it started, so every
+                // rank reads the same epoch's share. (It read the next epoch: shares
                 // overlapped, items went unread.)
                 *start = run.began.take();
             } else if start.is_none() && (run.in_epoch || !here) {
@@ -526,6 +540,7 @@ impl PyPipeline {
             failed: Arc::default(),
             closed: AtomicBool::new(false),
             prefetch: Mutex::new(None),
+            named: Mutex::new(None),
         })
     }
 
@@ -551,7 +566,19 @@ impl PyPipeline {
         // The epoch being iterated, though `set_epoch` named the next: not rebuilt for it.
         if let Some(run) = r.as_ref() {
             if run.in_epoch && run.pid == std::process::id() {
-                return state_to_py(py, &run.pipeline.state());
+                let mut s = run.pipeline.state();
+                if self.peeked(run) {
+                    // After a peek, where the next pass starts: where this one started.
+                    match &run.began {
+                        Some(Start::State(from)) => s = (**from).clone(),
+                        _ => {
+                            s.delivered.clear();
+                            s.partial.clear();
+                            s.delivered_items = 0;
+                        }
+                    }
+                }
+                return state_to_py(py, &s);
             }
         }
         let s = self.running(py, &mut r)?.pipeline.state();
@@ -572,6 +599,7 @@ impl PyPipeline {
                 }
             }
         }
+        *self.named.lock().expect("named") = Some(state.epoch);
         *self.start.lock().expect("start") = Some(Start::State(Box::new(state)));
         // Built now, so that a state of another pipeline is refused here.
         let mut r = self.running.lock().expect("running");
@@ -581,6 +609,7 @@ impl PyPipeline {
     /// Makes `epoch` the next one started (as `DistributedSampler.set_epoch`): a no-op when
     /// it already is (a resumed position is kept).
     fn set_epoch(&self, epoch: u64) {
+        *self.named.lock().expect("named") = Some(epoch);
         let mut start = self.start.lock().expect("start");
         let next = match &*start {
             Some(Start::Epoch(e) | Start::Closed { next: e, .. }) => *e,
@@ -678,20 +707,24 @@ impl PyPipeline {
     fn close(&self, py: Python<'_>) {
         self.closed.store(true, Ordering::Relaxed);
         let r = self.running.lock().expect("running").take();
-        if let Some(r) = r {
+        if let Some(mut r) = r {
             // Where it stopped stays the checkpoint, and where the next pass starts: the
             // next epoch after one left mid-way, else the state (a loaded one not iterated
             // yet is kept).
             if r.pid == std::process::id() {
                 let state = Box::new(r.pipeline.state());
+                let peeked = self.peeked(&r);
                 let mut start = self.start.lock().expect("start");
                 if start.is_none() {
-                    *start = Some(match r.in_epoch {
-                        true => Start::Closed {
+                    *start = Some(match (r.in_epoch, peeked, r.began.take()) {
+                        // A peek at an epoch named: the next pass starts it again where it
+                        // started (and the checkpoint says so).
+                        (true, true, Some(began)) => began,
+                        (true, ..) => Start::Closed {
                             next: r.pipeline.epoch() + 1,
                             state,
                         },
-                        false => Start::State(state),
+                        (false, ..) => Start::State(state),
                     });
                 }
             }
