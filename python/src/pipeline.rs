@@ -566,19 +566,7 @@ impl PyPipeline {
         // The epoch being iterated, though `set_epoch` named the next: not rebuilt for it.
         if let Some(run) = r.as_ref() {
             if run.in_epoch && run.pid == std::process::id() {
-                let mut s = run.pipeline.state();
-                if self.peeked(run) {
-                    // After a peek, where the next pass starts: where this one started.
-                    match &run.began {
-                        Some(Start::State(from)) => s = (**from).clone(),
-                        _ => {
-                            s.delivered.clear();
-                            s.partial.clear();
-                            s.delivered_items = 0;
-                        }
-                    }
-                }
-                return state_to_py(py, &s);
+                return state_to_py(py, &run.pipeline.state());
             }
         }
         let s = self.running(py, &mut r)?.pipeline.state();

@@ -294,14 +294,14 @@ def test_a_peek_costs_no_epoch_so_ranks_keep_one_shuffle():
     loader = make(0)
     firsts = [next(iter(loader)).tolist() for _ in range(6)]
     assert firsts == [make_epoch(make(0), e)[0].tolist() for e in range(6)]
-    # close() after a peek at an epoch named, and the checkpoint right after a peek: where
-    # the next pass starts (close() cost the epoch; the checkpoint said one batch read).
-    for stop in ("close", "state"):
-        loader = make(0)
-        loader.set_epoch(3)
-        next(iter(loader))
-        if stop == "close":
-            loader.close()
-        state = json.loads(json.dumps(loader.state_dict()))
-        assert (state["epoch"], state["delivered_items"]) == (3, 0), stop
-        assert [b.tolist() for b in loader] == whole, stop
+    # close() after a peek at an epoch named: the next pass starts it again, and the
+    # checkpoint says so (close() cost the epoch). (Before close(), a loop that has taken one
+    # batch may go on: the checkpoint says one batch was read.)
+    loader = make(0)
+    loader.set_epoch(3)
+    next(iter(loader))
+    assert loader.state_dict()["delivered_items"] == 4
+    loader.close()
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert (state["epoch"], state["delivered_items"]) == (3, 0)
+    assert [b.tolist() for b in loader] == whole
