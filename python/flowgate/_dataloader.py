@@ -43,8 +43,8 @@ class DataLoader:
     ``__getitem__`` raises out of its batch (counted; the batch keeps its place, and one whose
     every item fails is made up of the readable items after it, so every rank still makes
     ``len()`` batches; an epoch with no readable item raises; a batch whose ``__getitems__``
-    raises is read item by item, one whose ``collate_fn`` raises keeps the most of its items
-    that collate, each left out counted),
+    raises is read item by item, one whose ``collate_fn`` raises keeps the items halving finds
+    collate together, each left out counted),
     where the default raises
     :class:`LoaderError` naming it (the dataset's exception its ``__cause__``).
     ``stats()["gil"]``: how many threads were busy in the dataset's calls (``threads_busy``) on

@@ -10,8 +10,9 @@
 //! as long as the batch it replaces wherever the dataset has that many readable items.
 //!
 //! A batch whose items read but do not make a batch together (a user's collation fails:
-//! a grayscale image among RGB ones) keeps the most of its items that do ([`largest_batch`]:
-//! halved until the halves make batches, then joined where they still do); the items left
+//! a grayscale image among RGB ones) keeps as many of its items as halving finds do
+//! ([`largest_batch`]: halved until the halves make batches, joined where they still do, then
+//! each left out tried again; among three kinds a smaller group may be kept); the items left
 //! out are its failures. The kept ones depend on the items alone (not on earlier batches), so
 //! a resume makes the same batch.
 
