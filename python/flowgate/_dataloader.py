@@ -5,6 +5,8 @@ them and names what it cannot do."""
 
 from __future__ import annotations
 
+import copy
+import warnings
 from typing import Any, Callable, Dict, Iterator, Optional
 
 from . import _native
@@ -29,7 +31,8 @@ class DataLoader:
     tuner). Each thread calls a copy of the dataset of its own (``copy.copy``, made afresh
     each pass unless ``persistent_workers``), as each torch worker has one: a file the
     dataset opens lazily is that thread's; objects the dataset already holds are shared
-    and must be safe to call from threads at once. ``num_workers`` above the process's cores (its share of the node: a container's quota or
+    and must be safe to call from threads at once (a dataset that cannot be copied is shared
+    whole, with a warning). ``num_workers`` above the process's cores (its share of the node: a container's quota or
     the affinity mask, over ``LOCAL_WORLD_SIZE`` ranks) is for a dataset that waits (network
     reads): exactly that many batches are made at once, as by torch's workers. Batches come
     in the positions' order: with ``shuffle=False`` torch's batches. Ahead of the loop wait at
@@ -113,7 +116,7 @@ class DataLoader:
         # Each thread calls a copy of the dataset of its own (made afresh each pass unless
         # persistent_workers), as each torch worker has one.
         self._fetch = _native.Fetch(dataset, collate_fn, skip_errors, batch_size is not None,
-                                    bool(persistent_workers))
+                                    bool(persistent_workers), _copies(dataset))
         native.map(self._fetch, num_workers, "fetch", num_workers > _cores())
         # Made ahead of the loop, as torch's `prefetch_factor` per worker: at most that many
         # batches per thread waiting in the stage and as many for the loop (Python objects are
@@ -176,6 +179,23 @@ class DataLoader:
         """Stops the threads (an iterator running at the time raises :class:`LoaderError`);
         a later ``iter()`` starts them again."""
         self._native.close()
+
+
+def _copies(dataset: Any) -> bool:
+    """Whether the dataset copies (``copy.copy``) for each thread; where it does not, a
+    warning says its threads share it (a wrapper whose ``__getattr__`` forwards to an
+    attribute that a copy does not have yet recurses)."""
+    try:
+        copy.copy(dataset)
+        return True
+    except Exception as e:  # noqa: BLE001 - any reason is said
+        warnings.warn(
+            f"flowgate.DataLoader: the dataset cannot be copied for each thread (copy.copy "
+            f"raised {type(e).__name__}: {e}), so its threads share it: its calls must be "
+            "safe from several threads at once (a file opened lazily in __getitem__ is "
+            "shared). Define __copy__ to give each thread its own, as torch's workers have.",
+            stacklevel=3)
+        return False
 
 
 def _cores() -> int:

@@ -35,6 +35,8 @@ pub(crate) struct Fetch {
     id: u64,
     pass: AtomicU64,
     persistent: bool,
+    /// False where the dataset cannot be copied (the front end warned): the threads share it.
+    copies: bool,
 }
 
 std::thread_local! {
@@ -61,9 +63,8 @@ impl Fetch {
         skip_errors: bool,
         batched: bool,
         persistent: bool,
+        copies: bool,
     ) -> PyResult<Self> {
-        // Refused at once where the dataset cannot be copied, not at its first batch.
-        copy_of(&dataset)?;
         Ok(Self {
             makeup: Mutex::new(MakeUp::new(dataset.len()?)),
             getitems: batched && dataset.getattr_opt("__getitems__")?.is_some(),
@@ -74,6 +75,7 @@ impl Fetch {
             id: FETCHES.fetch_add(1, Ordering::Relaxed),
             pass: AtomicU64::new(0),
             persistent,
+            copies,
         })
     }
 
@@ -125,6 +127,9 @@ type Items<'py> = Vec<(usize, Bound<'py, PyAny>)>;
 impl Fetch {
     /// This thread's copy of the dataset (see `copies`).
     fn here<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        if !self.copies {
+            return Ok(self.dataset.bind(py).clone());
+        }
         let pass = self.pass.load(Ordering::Relaxed);
         let mine = COPIES.with_borrow(|c| {
             c.iter()
