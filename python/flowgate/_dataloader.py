@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+import weakref
 from typing import Any, Callable, Dict, Iterator, Optional
 
 from . import _native
@@ -114,10 +115,15 @@ class DataLoader:
         # out); a batch whose every item fails is made up of the readable items after it (the
         # library's `MakeUp`), so every rank still makes len() batches.
         # Each thread calls a copy of the dataset of its own (made afresh each pass unless
-        # persistent_workers), as each torch worker has one.
-        self._fetch = _native.Fetch(dataset, collate_fn, skip_errors, batch_size is not None,
-                                    bool(persistent_workers), _copies(dataset))
-        native.map(self._fetch, num_workers, "fetch", num_workers > _cores())
+        # persistent_workers), as each torch worker has one: kept here, by thread, where the
+        # garbage collector sees them (the fetch holds this loader weakly: a cycle through the
+        # dataset or collate_fn is freed).
+        self._copies: Dict[int, Any] = {}
+        self._persistent, self._builds = bool(persistent_workers), -1
+        self.collate_fn = collate_fn
+        native.map(_native.Fetch(weakref.ref(self), skip_errors, batch_size is not None,
+                                 _copies(dataset)),
+                   num_workers, "fetch", num_workers > _cores())
         # Made ahead of the loop, as torch's `prefetch_factor` per worker: at most that many
         # batches per thread waiting in the stage and as many for the loop (Python objects are
         # not measured, so the bound is in batches; it was 256 whatever their size).
@@ -148,8 +154,14 @@ class DataLoader:
             if torch.cuda.is_available():
                 from torch.utils.data._utils.pin_memory import pin_memory
                 convert = pin_memory
-        self._fetch._new_pass()
-        return _Pass(self, convert)
+        if not self._persistent:
+            self._copies.clear()
+        p = _Pass(self, convert)
+        if self._native._builds != self._builds:
+            # New threads: the copies of those that ended are dropped.
+            self._builds = self._native._builds
+            self._copies.clear()
+        return p
 
     def set_epoch(self, epoch: int) -> None:
         """Makes ``epoch`` the next one iterated (as ``DistributedSampler.set_epoch``): its

@@ -11,80 +11,73 @@
 //! left out), each left out a failed item; where none collates alone it is made up the same
 //! way. What is kept depends on the items alone, so a resume makes the same batches.
 
-use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use flowgate::sampler::{largest_batch, MakeUp};
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyDict, PyList};
 
 /// A `DataLoader`'s fetch; see the [module docs](self).
+///
+/// It holds its `DataLoader` by a weak reference, and reads the dataset, `collate_fn` and the
+/// threads' copies from it: what the garbage collector cannot see (the engine's threads hold
+/// this) then holds nothing that holds the loader, so a cycle through the dataset or
+/// `collate_fn` (a data module's `collate_fn=self.collate`) is freed with its threads.
 #[pyclass(frozen, module = "flowgate._native")]
 pub(crate) struct Fetch {
-    dataset: Py<PyAny>,
-    collate: Py<PyAny>,
+    owner: Py<PyAny>,
     /// Batched, and the dataset has `__getitems__`.
     getitems: bool,
     skip_errors: bool,
     batched: bool,
     /// Held only between calls into Python: a make-up runs on a copy.
     makeup: Mutex<MakeUp>,
-    /// Which fetch this is, and its pass: each thread calls a copy of the dataset of its own
-    /// ([`COPIES`]), made afresh each pass unless `persistent`.
-    id: u64,
-    pass: AtomicU64,
-    persistent: bool,
-    /// False where the dataset cannot be copied (the front end warned): the threads share it.
+    /// Each thread calls a copy of the dataset of its own (`copy.copy`, as each torch worker
+    /// has its own), kept in the loader's `_copies` by [`THREAD`]: what a call sets on it (a
+    /// file opened lazily, then `seek` and `read`) is that thread's. False where the dataset
+    /// cannot be copied (the front end warned): the threads share it.
     copies: bool,
 }
 
 std::thread_local! {
-    /// This thread's copies of datasets (`copy.copy`, as each torch worker has its own), by
-    /// fetch, with the pass each was made for: what a call sets on its copy (a file opened
-    /// lazily, then `seek` and `read`) is this thread's. Freed with the thread (a pipeline's
-    /// threads end with it).
-    static COPIES: RefCell<Vec<(u64, u64, Py<PyAny>)>> = const { RefCell::new(Vec::new()) };
+    /// This thread's number, never reused (a thread's copy is found by it).
+    static THREAD: u64 = THREADS.fetch_add(1, Ordering::Relaxed);
 }
+
+/// Threads numbered.
+static THREADS: AtomicU64 = AtomicU64::new(0);
 
 /// Make-ups tried for a batch none of whose items `collate_fn` takes (each of as many readable
 /// items, after the last): with one item in ten refused alone, batches of 1 miss 1 in 10^16.
 const MAKE_UP_TRIES: usize = 16;
 
-/// Fetches made, for their ids.
-static FETCHES: AtomicU64 = AtomicU64::new(0);
+/// A call's dataset (this thread's copy) and `collate_fn`.
+struct Here<'py> {
+    dataset: Bound<'py, PyAny>,
+    collate: Bound<'py, PyAny>,
+}
 
 #[pymethods]
 impl Fetch {
+    /// For `owner` (a weak reference to the `DataLoader`, whose `dataset`, `collate_fn` and
+    /// `_copies` a call reads).
     #[new]
     fn new(
-        dataset: Bound<'_, PyAny>,
-        collate: Py<PyAny>,
+        owner: Bound<'_, PyAny>,
         skip_errors: bool,
         batched: bool,
-        persistent: bool,
         copies: bool,
     ) -> PyResult<Self> {
+        let dataset = owner.call0()?.getattr("dataset")?;
         Ok(Self {
             makeup: Mutex::new(MakeUp::new(dataset.len()?)),
             getitems: batched && dataset.getattr_opt("__getitems__")?.is_some(),
-            dataset: dataset.unbind(),
-            collate,
+            owner: owner.unbind(),
             skip_errors,
             batched,
-            id: FETCHES.fetch_add(1, Ordering::Relaxed),
-            pass: AtomicU64::new(0),
-            persistent,
             copies,
         })
-    }
-
-    /// A pass starts: the threads' copies are made afresh (they see what the loop set on the
-    /// dataset before it, as torch's new workers do), unless persistent.
-    fn _new_pass(&self) {
-        if !self.persistent {
-            self.pass.fetch_add(1, Ordering::Relaxed);
-        }
     }
 
     /// The collated items at `positions` (a list of ints; one int unbatched), or None when an
@@ -94,12 +87,12 @@ impl Fetch {
             true => positions.extract()?,
             false => vec![positions.extract()?],
         };
-        let dataset = self.here(py)?;
+        let here = self.here(py)?;
         let mut whole = None;
         if self.getitems {
-            match dataset.call_method1("__getitems__", (PyList::new(py, &positions)?,)) {
-                Ok(items) => match self.collate.call1(py, (items,)) {
-                    Ok(batch) => return Ok(batch),
+            match (here.dataset).call_method1("__getitems__", (PyList::new(py, &positions)?,)) {
+                Ok(items) => match here.collate.call1((items,)) {
+                    Ok(batch) => return Ok(batch.unbind()),
                     Err(e) if !self.skip_errors => return Err(e),
                     // Item by item instead: the items that do not make a batch are found.
                     Err(_) => {}
@@ -109,7 +102,7 @@ impl Fetch {
                 Err(e) => whole = Some(e),
             }
         }
-        let Some(items) = self.items(py, &dataset, &positions)? else {
+        let Some(items) = self.items(py, &here.dataset, &positions)? else {
             return Ok(py.None());
         };
         if let (Some(e), true) = (whole, items.iter().map(|(p, _)| p).eq(&positions)) {
@@ -117,7 +110,7 @@ impl Fetch {
             let part = format!("__getitems__ of the batch from item {}", positions[0]);
             skip(py, part, e)?;
         }
-        self.collated(py, &dataset, &positions, items)
+        self.collated(py, &here, &positions, items)
     }
 }
 
@@ -125,33 +118,32 @@ impl Fetch {
 type Items<'py> = Vec<(usize, Bound<'py, PyAny>)>;
 
 impl Fetch {
-    /// This thread's copy of the dataset (see `copies`).
-    fn here<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    /// This call's dataset (this thread's copy: see `copies`) and `collate_fn`, from the
+    /// loader.
+    fn here<'py>(&self, py: Python<'py>) -> PyResult<Here<'py>> {
+        let owner = self.owner.bind(py).call0()?;
+        if owner.is_none() {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "the DataLoader was freed while its threads ran",
+            ));
+        }
+        let collate = owner.getattr("collate_fn")?;
+        let dataset = owner.getattr("dataset")?;
         if !self.copies {
-            return Ok(self.dataset.bind(py).clone());
+            return Ok(Here { dataset, collate });
         }
-        let pass = self.pass.load(Ordering::Relaxed);
-        let mine = COPIES.with_borrow(|c| {
-            c.iter()
-                .find(|(id, p, _)| *id == self.id && *p == pass)
-                .map(|(.., d)| d.bind(py).clone())
-        });
-        if let Some(d) = mine {
-            return Ok(d);
-        }
-        // Copied outside the borrow (copying runs Python); the last pass's copy is freed after
-        // it (freeing may run Python too: a file's close).
-        let copy = copy_of(self.dataset.bind(py))?;
-        let old = COPIES.with_borrow_mut(|c| {
-            let old = c
-                .iter()
-                .position(|(id, ..)| *id == self.id)
-                .map(|k| c.swap_remove(k));
-            c.push((self.id, pass, copy.clone().unbind()));
-            old
-        });
-        drop(old);
-        Ok(copy)
+        let copies = owner.getattr("_copies")?;
+        let copies = copies.downcast::<PyDict>()?;
+        let me = THREAD.with(|t| *t);
+        let dataset = match copies.get_item(me)? {
+            Some(copy) => copy,
+            None => {
+                let copy = copy_of(&dataset)?;
+                copies.set_item(me, &copy)?;
+                copy
+            }
+        };
+        Ok(Here { dataset, collate })
     }
 
     /// The readable items at `positions` (made up where every one failed), None when one
@@ -209,16 +201,17 @@ impl Fetch {
     fn collated<'py>(
         &self,
         py: Python<'py>,
-        dataset: &Bound<'py, PyAny>,
+        here: &Here<'py>,
         positions: &[usize],
         items: Items<'py>,
     ) -> PyResult<PyObject> {
+        let dataset = &here.dataset;
         let all: Vec<usize> = (0..items.len()).collect();
-        let error = match self.collate_some(py, &items, &all) {
+        let error = match self.collate_some(py, here, &items, &all) {
             Err(e) if self.skip_errors => e,
             done => return done,
         };
-        let fitted = largest_batch(items.len(), |set| self.collate_some(py, &items, set));
+        let fitted = largest_batch(items.len(), |set| self.collate_some(py, here, &items, set));
         let kept = fitted.as_ref().map_or(&[][..], |(kept, _)| kept.as_slice());
         for (k, (p, _)) in items.iter().enumerate() {
             if kept.binary_search(&k).is_err() {
@@ -238,9 +231,9 @@ impl Fetch {
             let Some(&(end, _)) = filler.last() else {
                 break;
             };
-            if let Ok((_, batch)) =
-                largest_batch(filler.len(), |set| self.collate_some(py, &filler, set))
-            {
+            if let Ok((_, batch)) = largest_batch(filler.len(), |set| {
+                self.collate_some(py, here, &filler, set)
+            }) {
                 return Ok(batch);
             }
             last = end;
@@ -252,15 +245,16 @@ impl Fetch {
     fn collate_some(
         &self,
         py: Python<'_>,
+        here: &Here<'_>,
         items: &Items<'_>,
         which: &[usize],
     ) -> PyResult<PyObject> {
         match self.batched {
             true => {
                 let list = PyList::new(py, which.iter().map(|&k| &items[k].1))?;
-                self.collate.call1(py, (list,))
+                here.collate.call1((list,)).map(Bound::unbind)
             }
-            false => self.collate.call1(py, (&items[which[0]].1,)),
+            false => here.collate.call1((&items[which[0]].1,)).map(Bound::unbind),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! positions of a map-style dataset in the library's order (shuffle, ranks, equal counts),
 //! which `flowgate.DataLoader` builds on: checkpoints of that one resume exactly.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use flowgate::actors::failure::collect_skipped_parts;
@@ -124,6 +124,8 @@ pub(crate) struct PyPipeline {
     /// The epoch `set_epoch` or a loaded state named last: every pass of it reads it (as
     /// `DistributedSampler`'s), so a peek at it costs no epoch.
     named: Mutex<Option<u64>>,
+    /// Times the pipeline was built (its threads started anew).
+    builds: AtomicU64,
 }
 
 struct Running {
@@ -365,6 +367,7 @@ impl PyPipeline {
                 old.end(py);
             }
             let mut p = self.build(py).map_err(to_py)?;
+            self.builds.fetch_add(1, Ordering::Relaxed);
             let mut resumed_after_results = false;
             let mut resumed_from = None;
             match start {
@@ -417,6 +420,7 @@ impl PyPipeline {
             closed: AtomicBool::new(false),
             prefetch: Mutex::new(None),
             named: Mutex::new(None),
+            builds: AtomicU64::new(0),
         })
     }
 
@@ -541,11 +545,18 @@ impl PyPipeline {
             closed: AtomicBool::new(false),
             prefetch: Mutex::new(None),
             named: Mutex::new(None),
+            builds: AtomicU64::new(0),
         })
     }
 
     /// Positions this rank reads an epoch (a map-style dataset's pipeline; `None` for an
     /// iterable's).
+    /// Times the pipeline was built: its threads are new since the last count where it grew.
+    #[getter]
+    fn _builds(&self) -> u64 {
+        self.builds.load(Ordering::Relaxed)
+    }
+
     #[getter]
     fn share(&self) -> Option<usize> {
         match self.items {

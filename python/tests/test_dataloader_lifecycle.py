@@ -305,3 +305,49 @@ def test_a_peek_costs_no_epoch_so_ranks_keep_one_shuffle():
     state = json.loads(json.dumps(loader.state_dict()))
     assert (state["epoch"], state["delivered_items"]) == (3, 0)
     assert [b.tolist() for b in loader] == whole
+
+
+def test_a_loader_in_a_cycle_through_its_dataset_or_collate_fn_is_freed_with_its_threads():
+    # helper-24: a data module's `collate_fn=self.collate` (and a dataset holding its loader)
+    # kept every loader and its threads alive: 190 MB and 6 threads a fold.
+    import gc
+    import time
+    import weakref
+
+    def threads():
+        return len(os.listdir("/proc/self/task"))
+
+    class Module:
+        def __init__(self):
+            self.ds = Numbered(64)
+            self.loader = flowgate.DataLoader(self.ds, batch_size=4, num_workers=2,
+                                              collate_fn=self.collate)
+
+        def collate(self, items):
+            return torch.utils.data.default_collate(items)
+
+    def through_dataset():
+        ds = Numbered(64)
+        ds.loader = flowgate.DataLoader(ds, batch_size=4, num_workers=2)
+        return ds.loader
+
+    gc.collect()
+    before = threads()
+    for make in (lambda: Module().loader, through_dataset):
+        refs = []
+        for _ in range(5):
+            loader = make()
+            it = iter(loader)
+            next(it), next(it)
+            refs.append(weakref.ref(loader))
+            del loader, it
+        # (A call under way holds its copy of the dataset, and so the loader, until it ends:
+        # a later collection frees that one.)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            gc.collect()
+            if threads() <= before and all(r() is None for r in refs):
+                break
+            time.sleep(0.05)
+        assert not [r for r in refs if r() is not None], "every loader freed"
+        assert threads() <= before, "and its threads"
