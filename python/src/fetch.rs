@@ -261,7 +261,7 @@ impl Fetch {
 
 /// Counts `error` as the failure of `part` (fatal unless failures are skipped).
 fn skip(py: Python<'_>, part: String, error: PyErr) -> PyResult<()> {
-    crate::pipeline::skip_part(py, part, error.into_value(py).into_bound(py).into_any())
+    crate::stages::skip_part(py, part, error.into_value(py).into_bound(py).into_any())
 }
 
 /// A shallow copy of `dataset` (`copy.copy`), or an error that says why it is needed.

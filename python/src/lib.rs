@@ -7,7 +7,8 @@
 //! - `device`: the device a loader uploads to (`device="cuda"`), and the simulated device's record.
 //! - `args`: a loader from the wrappers' arguments, read into the library's
 //!   [`flowgate::loader::LoaderSettings`] and [`flowgate::media::MediaArgs`].
-//! - `pipeline`: [`PyPipeline`](pipeline::PyPipeline), stages that are Python callables.
+//! - `pipeline`: [`PyPipeline`](pipeline::PyPipeline), stages that are Python callables: its
+//!   passes, epochs and checkpoints; `stages`: its source and stages as the engine's.
 //! - `error`: `LoaderError` and how pipeline errors reach Python.
 //! - `gil`: what a pipeline's Python calls took, and whether the GIL held its threads back.
 //! - `lifecycle`: how a Python-calling pipeline's threads stop (closed, freed by the garbage
@@ -39,6 +40,7 @@ mod loader;
 mod map;
 mod pipeline;
 mod pool;
+mod stages;
 mod state;
 mod stats;
 mod units;
@@ -166,7 +168,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_exiting, m)?)?;
     m.add_function(wrap_pyfunction!(_process_cores, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
-    m.add_function(wrap_pyfunction!(pipeline::skip_part, m)?)?;
+    m.add_function(wrap_pyfunction!(stages::skip_part, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::_join_closing, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::_closing_at_exit, m)?)?;
     m.add("LoaderError", m.py().get_type::<error::LoaderError>())?;

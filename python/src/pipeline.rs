@@ -6,84 +6,19 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use flowgate::actors::failure::collect_skipped_parts;
-use flowgate::dataset::EpochOrder;
 use flowgate::loader::LoaderSettings;
-use flowgate::{
-    Described, FailureBudget, ItemError, Order, Pipeline, PipelineError, PipelineState, Within,
-    Workers,
-};
+use flowgate::{ItemError, Order, Pipeline, PipelineError, PipelineState, Within};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::PyDict;
 
-use crate::error::{py_error, to_py, PyStageError};
+use crate::error::to_py;
 use crate::fork::PyItem;
 use crate::gil::GilClock;
-use crate::lifecycle::{drop_elsewhere, on_pipeline_thread, with_gil_in_pipeline};
+use crate::lifecycle::{drop_elsewhere, on_pipeline_thread};
 use crate::loader::SLICE;
+use crate::stages::{batching, Items, SourceError, StageSpec};
 use crate::state::{state_from_py, state_to_py};
-
-/// `repr(x)`, for naming an item that failed.
-fn py_repr(py: Python<'_>, x: &Py<PyAny>) -> String {
-    x.bind(py)
-        .repr()
-        .map(|r| r.to_string())
-        .unwrap_or_else(|_| "<item>".into())
-}
-
-/// An exception raised by the source iterable: it ends the epoch and is raised to the
-/// consumer when the epoch's results run out.
-type SourceError = Arc<Mutex<Option<PyErr>>>;
-
-/// Pulls items from a Python iterator (taking the GIL per item).
-struct PyItems {
-    it: Option<PyItem>,
-    error: SourceError,
-}
-
-impl Iterator for PyItems {
-    type Item = PyItem;
-    fn next(&mut self) -> Option<PyItem> {
-        let it = self.it.as_ref()?;
-        with_gil_in_pipeline(|py| match it.get().bind(py).call_method0("__next__") {
-            Ok(x) => Some(PyItem::new(x.unbind())),
-            Err(e) if e.is_instance_of::<pyo3::exceptions::PyStopIteration>(py) => None,
-            Err(e) => {
-                *self.error.lock().expect("source error") = Some(e);
-                None
-            }
-        })
-    }
-}
-
-enum StageSpec {
-    Map {
-        name: String,
-        f: Py<PyAny>,
-        workers: usize,
-        /// Calls that wait (I/O, sleeps): `workers` of them in flight on blocking threads,
-        /// not held to the process's cores as a pool's CPU workers are.
-        blocking: bool,
-    },
-    Batch {
-        size: usize,
-        drop_last: bool,
-    },
-}
-
-/// Where a pipeline's items come from.
-enum Items {
-    /// A Python iterable, or a callable `source(epoch)` returning one.
-    Iterable(Py<PyAny>),
-    /// The positions `0..len` of a map-style dataset, in `order`: this rank's share,
-    /// `share` positions an epoch.
-    Indexed {
-        len: usize,
-        order: EpochOrder,
-        share: usize,
-    },
-}
 
 /// Where the next epoch starts, once `set_epoch` or `load_state_dict` said so.
 enum Start {
@@ -100,32 +35,32 @@ enum Start {
 /// A pipeline of Python callables; see `flowgate.Pipeline`.
 #[pyclass(module = "flowgate._native", name = "Pipeline")]
 pub(crate) struct PyPipeline {
-    items: Items,
-    stages: Mutex<Vec<StageSpec>>,
-    skip_errors: bool,
+    pub(crate) items: Items,
+    pub(crate) stages: Mutex<Vec<StageSpec>>,
+    pub(crate) skip_errors: bool,
     /// The order results come out in.
-    order: Order,
+    pub(crate) order: Order,
     /// Where the next epoch starts, when set.
     start: Mutex<Option<Start>>,
-    gil: Arc<GilClock>,
+    pub(crate) gil: Arc<GilClock>,
     /// The node CPU budget the pipeline's process joins (`cpu_budget=`).
-    cpu_budget: Option<flowgate::CpuBudget>,
+    pub(crate) cpu_budget: Option<flowgate::CpuBudget>,
     /// The built pipeline, whether an epoch of it is being iterated, and the process whose
     /// threads run it (after a `fork` the child has none of them).
     running: Mutex<Option<Running>>,
-    source_error: SourceError,
+    pub(crate) source_error: SourceError,
     /// The items that failed in the epoch being iterated, and the last of them.
-    failed: Arc<Mutex<(u64, Option<ItemError>)>>,
+    pub(crate) failed: Arc<Mutex<(u64, Option<ItemError>)>>,
     /// Closed (`close()`) since the last epoch started: an iterator still running says so.
-    closed: AtomicBool,
+    pub(crate) closed: AtomicBool,
     /// Results its last stage and the consumer's buffer may each hold ahead of the loop
     /// (`prefetch()`); default: the engine's (two chunks each, tuned).
-    prefetch: Mutex<Option<usize>>,
+    pub(crate) prefetch: Mutex<Option<usize>>,
     /// The epoch `set_epoch` or a loaded state named last: every pass of it reads it (as
     /// `DistributedSampler`'s), so a peek at it costs no epoch.
-    named: Mutex<Option<u64>>,
+    pub(crate) named: Mutex<Option<u64>>,
     /// Times the pipeline was built (its threads started anew).
-    builds: AtomicU64,
+    pub(crate) builds: AtomicU64,
 }
 
 struct Running {
@@ -174,48 +109,6 @@ impl Drop for PyPipeline {
 }
 
 impl PyPipeline {
-    fn build(&self, py: Python<'_>) -> Result<Pipeline<PyItem>, PipelineError> {
-        let source = match &self.items {
-            Items::Iterable(source) => PyItem::new(source.clone_ref(py)),
-            Items::Indexed { len, order, .. } => {
-                let b = Pipeline::builder().source_sampled(order.sampler(*len)?, |_, i| {
-                    with_gil_in_pipeline(|py| {
-                        PyItem::new(
-                            i.into_pyobject(py)
-                                .map(|i| i.into_any().unbind())
-                                .expect("an int"),
-                        )
-                    })
-                });
-                return self.stages(py, b);
-            }
-        };
-        let error = Arc::clone(&self.source_error);
-        let b = Pipeline::builder().source_epochs(move |epoch| {
-            with_gil_in_pipeline(|py| {
-                let src = source.get().bind(py);
-                let iterable = if src.is_callable() {
-                    src.call1((epoch,))
-                } else {
-                    Ok(src.clone())
-                };
-                let it = iterable.and_then(|x| x.try_iter().map(|i| i.into_any().unbind()));
-                let error = Arc::clone(&error);
-                match it {
-                    Ok(it) => PyItems {
-                        it: Some(PyItem::new(it)),
-                        error,
-                    },
-                    Err(e) => {
-                        *error.lock().expect("source error") = Some(e);
-                        PyItems { it: None, error }
-                    }
-                }
-            })
-        });
-        self.stages(py, b)
-    }
-
     /// Whether the pass of `run` was a peek at an epoch named: one result or none taken of a
     /// map-style dataset's epoch that `set_epoch` or a loaded state named. (Without one, each
     /// pass is one more epoch, as torch's `RandomSampler` draws anew: `next(iter(loader))`
@@ -225,136 +118,6 @@ impl PyPipeline {
             && run.taken <= 1
             && matches!(self.items, Items::Indexed { .. })
             && *self.named.lock().expect("named") == Some(run.epoch)
-    }
-
-    /// The pipeline's stages after its source, and its settings.
-    fn stages(
-        &self,
-        py: Python<'_>,
-        b: flowgate::PipelineBuilder<PyItem>,
-    ) -> Result<Pipeline<PyItem>, PipelineError> {
-        // Items are described (`repr()`, under the GIL) only when they fail: see `Described`.
-        let mut b = b;
-        let budget = if self.skip_errors {
-            FailureBudget::unlimited()
-        } else {
-            FailureBudget::fail_fast()
-        };
-        for s in self.stages.lock().expect("stages").iter() {
-            b = match s {
-                StageSpec::Map {
-                    name,
-                    f,
-                    workers,
-                    blocking: true,
-                } => {
-                    let f = Arc::new(PyItem::new(f.clone_ref(py)));
-                    let gil = Arc::clone(&self.gil);
-                    b.pipe_async(
-                        name,
-                        move |x: PyItem| {
-                            let (f, gil) = (Arc::clone(&f), Arc::clone(&gil));
-                            async move {
-                                // The parts the call leaves out (`skip_part`) are collected on
-                                // its thread and counted by this item's task.
-                                // The item is freed under the GIL, as below.
-                                let call = move || {
-                                    collect_skipped_parts(move || {
-                                        gil.call(move |py| {
-                                            f.get()
-                                                .call1(py, (x.get().bind(py),))
-                                                .map(PyItem::new)
-                                                .map_err(|e| {
-                                                    Described::new(
-                                                        py_repr(py, x.get()),
-                                                        py_error(py, e),
-                                                    )
-                                                })
-                                        })
-                                    })
-                                };
-                                match tokio::task::spawn_blocking(call).await {
-                                    Ok((r, parts)) => {
-                                        if r.is_ok() {
-                                            for (part, cause) in parts {
-                                                flowgate::skip_part(part.clone(), cause)
-                                                    .map_err(|c| Described::new(part, c))?;
-                                            }
-                                        }
-                                        r
-                                    }
-                                    Err(e) => Err(Described::new(
-                                        "an item",
-                                        PyStageError::text(format!("the call did not finish: {e}")),
-                                    )),
-                                }
-                            }
-                        },
-                        // As many as asked, as torch's workers: the tuner's rule for async
-                        // stages (raise the calls in flight while they wait) would start a
-                        // thread for each.
-                        Workers::fixed((*workers).max(1)),
-                    )
-                }
-                StageSpec::Map {
-                    name, f, workers, ..
-                } => {
-                    let f = PyItem::new(f.clone_ref(py));
-                    let gil = Arc::clone(&self.gil);
-                    b.pipe(
-                        name,
-                        move |x: PyItem| {
-                            // The item is freed under the GIL (see `PyItem`).
-                            let f = &f;
-                            gil.call(move |py| {
-                                f.get()
-                                    .call1(py, (x.get().bind(py),))
-                                    .map(PyItem::new)
-                                    .map_err(|e| {
-                                        Described::new(py_repr(py, x.get()), py_error(py, e))
-                                    })
-                            })
-                        },
-                        match workers {
-                            0 => Workers::auto(),
-                            n => Workers::initial(*n),
-                        },
-                    )
-                }
-                // What a state is valid for, as a loader's (a state of batches of 4 loaded
-                // into batches of 5 was taken: len() then said 8 where 6 came).
-                StageSpec::Batch { size, drop_last } => b
-                    .checkpoint_fields(batching(*size, *drop_last))
-                    .aggregate(*size, *drop_last)
-                    .pipe(
-                        &format!("batch{size}"),
-                        |v: Vec<PyItem>| {
-                            with_gil_in_pipeline(|py| {
-                                PyList::new(py, v.into_iter().map(PyItem::into_inner))
-                                    .map(|l| PyItem::new(l.into_any().unbind()))
-                                    .map_err(|e| py_error(py, e))
-                            })
-                        },
-                        1,
-                    ),
-            };
-        }
-        if let Some(c) = self.cpu_budget {
-            b = b.cpu_budget(c);
-        }
-        if let Some(n) = *self.prefetch.lock().expect("prefetch") {
-            b = b.budget(n, u64::MAX).sink(n);
-        }
-        let failed = Arc::clone(&self.failed);
-        b.max_failures(budget)
-            .output_order(self.order)
-            .on_failure(move |e| {
-                let mut f = failed.lock().expect("failed");
-                f.0 += 1;
-                // The last, as a loader's "delivered nothing" names it.
-                f.1 = Some(e.clone());
-            })
-            .build()
     }
 
     /// A pipeline to read from, built if there is none (or the one there was made before a
@@ -729,35 +492,5 @@ impl PyPipeline {
             }
             r.end(py);
         }
-    }
-}
-
-/// A batch stage's fields of a state's fingerprint.
-fn batching(size: usize, drop_last: bool) -> [(&'static str, String); 2] {
-    [
-        ("batch_size", size.to_string()),
-        ("drop_last", drop_last.to_string()),
-    ]
-}
-
-/// `flowgate.skip_part(part, error)`: from a `Pipeline` stage's function that makes one result
-/// of several parts, records that the part named `part` failed with `error` (an exception) and
-/// was left out: it counts as a failed item of the stage (fatal past the failure budget,
-/// i.e. at once unless `skip_errors=True`, naming the part). Outside a stage's call, `error`
-/// is raised instead.
-#[pyfunction]
-pub(crate) fn skip_part(py: Python<'_>, part: String, error: Bound<'_, PyAny>) -> PyResult<()> {
-    let err = match error.downcast::<pyo3::exceptions::PyBaseException>() {
-        Ok(e) => PyErr::from_value(e.clone().into_any()),
-        Err(_) => {
-            return Err(pyo3::exceptions::PyTypeError::new_err(
-                "skip_part(part, error): error must be an exception",
-            ))
-        }
-    };
-    let cause = py_error(py, err.clone_ref(py));
-    match flowgate::skip_part(part, cause) {
-        Ok(()) => Ok(()),
-        Err(_) => Err(err),
     }
 }
