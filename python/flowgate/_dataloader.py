@@ -56,8 +56,8 @@ class DataLoader:
     one core: the dataset's Python code holds the GIL, and more threads cannot help.
 
     The order of a shuffled epoch follows from ``seed`` (or ``generator.initial_seed()``) and
-    the epoch (``set_epoch``, else one more each pass; a peek at an epoch ``set_epoch`` named
-    costs no epoch); it is not torch's permutation.
+    the epoch (``set_epoch``, else one more each pass; with several ranks, or resumed, a peek
+    at one batch costs no epoch); it is not torch's permutation.
     Refused, with the reason: ``sampler``, ``batch_sampler``, ``worker_init_fn`` and
     ``timeout`` (there are no worker processes).
     """

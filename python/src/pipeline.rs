@@ -56,9 +56,6 @@ pub(crate) struct PyPipeline {
     /// Results its last stage and the consumer's buffer may each hold ahead of the loop
     /// (`prefetch()`); default: the engine's (two chunks each, tuned).
     pub(crate) prefetch: Mutex<Option<usize>>,
-    /// The epoch `set_epoch` or a loaded state named last: every pass of it reads it (as
-    /// `DistributedSampler`'s), so a peek at it costs no epoch.
-    pub(crate) named: Mutex<Option<u64>>,
     /// Times the pipeline was built (its threads started anew).
     pub(crate) builds: AtomicU64,
 }
@@ -109,15 +106,19 @@ impl Drop for PyPipeline {
 }
 
 impl PyPipeline {
-    /// Whether the pass of `run` was a peek at an epoch named: one result or none taken of a
-    /// map-style dataset's epoch that `set_epoch` or a loaded state named. (Without one, each
-    /// pass is one more epoch, as torch's `RandomSampler` draws anew: `next(iter(loader))`
-    /// each step is not one batch for ever.)
+    /// Whether the pass of `run` was a peek that costs no epoch: one result or none taken of
+    /// a map-style dataset's epoch read by several ranks (as `DistributedSampler`'s, every
+    /// pass of an epoch reads it, so a rank that peeks keeps the others' epoch), or resumed
+    /// from a state (its rest is not skipped). One process's other passes are one more epoch
+    /// each, as torch's `RandomSampler` draws anew: `next(iter(loader))` each step is not one
+    /// batch for ever.
     fn peeked(&self, run: &Running) -> bool {
+        let shared = matches!(self.items, Items::Indexed { world, .. } if world > 1);
+        let resumed = matches!(run.began, Some(Start::State(_)));
         run.in_epoch
             && run.taken <= 1
             && matches!(self.items, Items::Indexed { .. })
-            && *self.named.lock().expect("named") == Some(run.epoch)
+            && (shared || resumed)
     }
 
     /// A pipeline to read from, built if there is none (or the one there was made before a
@@ -182,7 +183,6 @@ impl PyPipeline {
             failed: Arc::default(),
             closed: AtomicBool::new(false),
             prefetch: Mutex::new(None),
-            named: Mutex::new(None),
             builds: AtomicU64::new(0),
         })
     }
@@ -254,8 +254,8 @@ impl PyPipeline {
             let mut start = self.start.lock().expect("start");
             let here = run.pid == std::process::id();
             if start.is_none() && here && self.peeked(run) {
-                // A pass left after one result of an epoch named (a peek: rank 0 logs a batch
-                // after set_epoch) costs no epoch: it starts again where it started, so every
+                // A pass left after one result of an epoch shared by ranks or resumed (a
+                // peek: rank 0 logs a batch after set_epoch) costs no epoch: it starts again where it started, so every
                 // rank reads the same epoch's share. (It read the next epoch: shares
                 // overlapped, items went unread.)
                 *start = run.began.take();
@@ -290,12 +290,15 @@ impl PyPipeline {
         let settings = LoaderSettings::from_value(settings).map_err(invalid)?;
         let order = settings.epoch_order().map_err(|e| invalid(e.to_string()))?;
         // Refused as a loader's settings are (a rank out of range, an epoch past the limit).
-        let share = order
-            .sampler(len)
-            .map_err(|e| invalid(e.to_string()))?
-            .len();
+        let sampler = order.sampler(len).map_err(|e| invalid(e.to_string()))?;
+        let (share, world) = (sampler.len(), sampler.world());
         Ok(Self {
-            items: Items::Indexed { len, order, share },
+            items: Items::Indexed {
+                len,
+                order,
+                share,
+                world,
+            },
             order: settings.order.into(),
             start: Mutex::default(),
             gil: Arc::default(),
@@ -307,18 +310,18 @@ impl PyPipeline {
             failed: Arc::default(),
             closed: AtomicBool::new(false),
             prefetch: Mutex::new(None),
-            named: Mutex::new(None),
             builds: AtomicU64::new(0),
         })
     }
 
-    /// Positions this rank reads an epoch (a map-style dataset's pipeline; `None` for an
-    /// iterable's).
     /// Times the pipeline was built: its threads are new since the last count where it grew.
     #[getter]
     fn _builds(&self) -> u64 {
         self.builds.load(Ordering::Relaxed)
     }
+
+    /// Positions this rank reads an epoch (a map-style dataset's pipeline; `None` for an
+    /// iterable's).
 
     #[getter]
     fn share(&self) -> Option<usize> {
@@ -361,7 +364,6 @@ impl PyPipeline {
                 }
             }
         }
-        *self.named.lock().expect("named") = Some(state.epoch);
         *self.start.lock().expect("start") = Some(Start::State(Box::new(state)));
         // Built now, so that a state of another pipeline is refused here.
         let mut r = self.running.lock().expect("running");
@@ -371,12 +373,14 @@ impl PyPipeline {
     /// Makes `epoch` the next one started (as `DistributedSampler.set_epoch`): a no-op when
     /// it already is (a resumed position is kept).
     fn set_epoch(&self, epoch: u64) {
-        *self.named.lock().expect("named") = Some(epoch);
         let mut start = self.start.lock().expect("start");
         let next = match &*start {
             Some(Start::Epoch(e) | Start::Closed { next: e, .. }) => *e,
             Some(Start::State(s)) => s.epoch,
             None => match self.running.lock().expect("running").as_ref() {
+                // After a peek that costs no epoch the next pass starts this one again (its
+                // resumed position kept: setting it then restarted it from its beginning).
+                Some(run) if self.peeked(run) => run.epoch,
                 Some(run) => run.pipeline.epoch() + u64::from(run.in_epoch),
                 None => 0,
             },
@@ -479,7 +483,7 @@ impl PyPipeline {
                 let mut start = self.start.lock().expect("start");
                 if start.is_none() {
                     *start = Some(match (r.in_epoch, peeked, r.began.take()) {
-                        // A peek at an epoch named: the next pass starts it again where it
+                        // A peek that costs no epoch: the next pass starts it again where it
                         // started (and the checkpoint says so).
                         (true, true, Some(began)) => began,
                         (true, ..) => Start::Closed {

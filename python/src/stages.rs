@@ -75,6 +75,8 @@ pub(crate) enum Items {
         len: usize,
         order: EpochOrder,
         share: usize,
+        /// Ranks sharing the dataset.
+        world: usize,
     },
 }
 

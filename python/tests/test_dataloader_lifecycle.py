@@ -261,40 +261,53 @@ def test_load_state_dict_from_another_thread_while_the_loop_waits_makes_it_raise
 def test_a_peek_costs_no_epoch_so_ranks_keep_one_shuffle():
     # helper-23: rank 0 peeked at a batch after set_epoch(0) (to log it) and its loop read
     # epoch 1's shuffle while rank 1 read epoch 0's: 29 of 40 items read that epoch.
-    def make(rank):
+    def make(rank, world=2):
         return flowgate.DataLoader(list(range(40)), batch_size=4, shuffle=True, seed=0,
-                                   rank=rank, world_size=2)
+                                   rank=rank, world_size=world)
 
-    seen = []
-    for rank in (0, 1):
-        loader = make(rank)
-        loader.set_epoch(0)
-        if rank == 0:
-            next(iter(loader))
-        seen += [i for b in loader for i in b.tolist()]
-    assert sorted(seen) == list(range(40)), "the ranks' shares of one epoch"
-    # A peek at a resumed epoch starts again at the resumed position, not its beginning.
+    # With set_epoch each epoch, and without (helper-25: rank 0 ran an epoch ahead, 29 of 40).
+    for named in (True, False):
+        seen = []
+        for rank in (0, 1):
+            loader = make(rank)
+            if named:
+                loader.set_epoch(0)
+            if rank == 0:
+                next(iter(loader))
+            seen += [i for b in loader for i in b.tolist()]
+        assert sorted(seen) == list(range(40)), "the ranks' shares of one epoch"
+    # A peek at a resumed epoch starts again at the resumed position, not its beginning; also
+    # one process's, and with set_epoch of that epoch after the peek (helper-25: it restarted
+    # the epoch, 10 batches where 4 were left, the other ranks' all-reduces unanswered).
+    for world, set_again in ((2, False), (1, False), (2, True), (1, True)):
+        whole = [b.tolist() for b in make_epoch(make(0, world), 3)]
+        loader = make(0, world)
+        loader.set_epoch(3)
+        it = iter(loader)
+        next(it), next(it)
+        state = json.loads(json.dumps(loader.state_dict()))
+        del it
+        again = make(0, world)
+        again.load_state_dict(state)
+        next(iter(again))
+        if set_again:
+            again.set_epoch(3)
+        assert whole[:2] + [b.tolist() for b in again] == whole, (world, set_again)
     loader = make(0)
     whole = [b.tolist() for b in make_epoch(make(0), 3)]
-    loader.set_epoch(3)
-    it = iter(loader)
-    next(it), next(it)
-    state = json.loads(json.dumps(loader.state_dict()))
-    del it
-    again = make(0)
-    again.load_state_dict(state)
-    next(iter(again))
-    assert whole[:2] + [b.tolist() for b in again] == whole
     # A loop left after two batches goes on with the next epoch, as torch's next pass is new.
     it = iter(loader)
     next(it), next(it)
-    assert [b.tolist() for b in loader] == [b.tolist() for b in make_epoch(make(0), 5)]
-    # Without an epoch named, each pass is one more (torch's RandomSampler draws anew): a
-    # `next(iter(loader))` each step is not one batch for ever (helper-24).
-    loader = make(0)
-    firsts = [next(iter(loader)).tolist() for _ in range(6)]
-    assert firsts == [make_epoch(make(0), e)[0].tolist() for e in range(6)]
-    # close() after a peek at an epoch named: the next pass starts it again, and the
+    assert [b.tolist() for b in loader] == [b.tolist() for b in make_epoch(make(0), 1)]
+    # One process's passes are one more epoch each (torch's RandomSampler draws anew): a
+    # `next(iter(loader))` each step is not one batch for ever (helper-24), set_epoch or not.
+    for named in (False, True):
+        loader = make(0, 1)
+        if named:
+            loader.set_epoch(0)
+        firsts = [next(iter(loader)).tolist() for _ in range(6)]
+        assert firsts == [make_epoch(make(0, 1), e)[0].tolist() for e in range(6)]
+    # close() after a peek at an epoch of several ranks: the next pass starts it again, and the
     # checkpoint says so (close() cost the epoch). (Before close(), a loop that has taken one
     # batch may go on: the checkpoint says one batch was read.)
     loader = make(0)
