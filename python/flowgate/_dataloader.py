@@ -140,6 +140,22 @@ class DataLoader:
         #: ``loader.sampler.set_epoch(epoch)`` (DDP code's habit) sets the loader's epoch.
         self.sampler = _EpochSetter(self)
         _OPEN.add(self)
+        self._built = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # As torch's: what the pipeline was built from cannot change under it (a dataset set
+        # anew was read at the old length, or not at all with persistent_workers).
+        if name in _FIXED and self.__dict__.get("_built"):
+            raise ValueError(f"{name} attribute should not be set after "
+                             f"{type(self).__name__} is initialized")
+        super().__setattr__(name, value)
+
+    def __copy__(self) -> Any:
+        raise TypeError("a flowgate.DataLoader does not copy (its pipeline and threads are its "
+                        "own): build another with the same arguments")
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return self.__copy__()
 
     def __len__(self) -> int:
         share = self._native.share
@@ -191,6 +207,11 @@ class DataLoader:
         """Stops the threads (an iterator running at the time raises :class:`LoaderError`);
         a later ``iter()`` starts them again."""
         self._native.close()
+
+
+#: Attributes set once: torch's DataLoader refuses setting them after it is built too.
+_FIXED = frozenset({"dataset", "batch_size", "drop_last", "sampler", "batch_sampler",
+                    "persistent_workers"})
 
 
 def _copies(dataset: Any) -> bool:

@@ -413,6 +413,17 @@ def test_torchs_attributes_and_the_samplers_set_epoch():
     assert ids(loader) == ids(same)
     with pytest.raises(ValueError, match="epoch"):
         loader.set_epoch(-1)
+    # What it was built from, as torch's (helper-25: a dataset set anew was read at the old
+    # length); copies refused (a copy shared the pipeline of a loader that may be freed).
+    for name in ("dataset", "batch_size", "drop_last", "persistent_workers"):
+        with pytest.raises(ValueError, match=f"{name} attribute should not be set"):
+            setattr(loader, name, None)
+    assert loader.dataset.n == 10
+    loader.collate_fn = torch.utils.data.default_collate  # as torch's: taken
+    import copy
+    for f in (copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="does not copy"):
+            f(loader)
 
 
 @pytest.mark.parametrize("ranks", [None, "cores"])
