@@ -33,10 +33,11 @@ class DataLoader:
     each pass unless ``persistent_workers``), as each torch worker has one: a file the
     dataset opens lazily is that thread's; objects the dataset already holds are shared
     and must be safe to call from threads at once (a dataset that cannot be copied is shared
-    whole, with a warning). ``num_workers`` above the process's cores (its share of the node: a container's quota or
-    the affinity mask, over ``LOCAL_WORLD_SIZE`` ranks) is for a dataset that waits (network
-    reads): exactly that many batches are made at once, as by torch's workers. Batches come
-    in the positions' order: with ``shuffle=False`` torch's batches. Ahead of the loop wait at
+    whole, with a warning). ``num_workers`` above the process's cores (its share of the
+    node: a container's quota or the affinity mask, over ``LOCAL_WORLD_SIZE`` ranks) is for a
+    dataset that waits (network reads): exactly that many batches are made at once, as by
+    torch's workers. Batches come in the positions' order: with ``shuffle=False`` torch's
+    batches. Ahead of the loop wait at
     most ``prefetch_factor`` (default 2) batches per worker for it, and as many in the stage
     (torch's bound; Python objects are not measured, so the bound is in batches).
 
@@ -98,7 +99,8 @@ class DataLoader:
         self.batch_size = batch_size
         self.drop_last = drop_last
         settings: Dict[str, Any] = _process_group_ranks(dict(
-            batch_size=1 if batch_size is None else batch_size, shuffle=bool(shuffle), seed=seed, drop_last=drop_last,
+            batch_size=1 if batch_size is None else batch_size, shuffle=bool(shuffle),
+            seed=seed, drop_last=drop_last,
             order="input" if in_order else "completion", skip_errors=skip_errors,
             cpu_budget=cpu_budget, rank=rank, world_size=world_size))
         native = _native.Pipeline.indexed(len(dataset), settings)
