@@ -33,8 +33,8 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
@@ -72,8 +72,15 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 static NODE: RwLock<Option<Arc<NodeCores>>> = RwLock::new(None);
 /// Cores this process's workers hold now.
 static HELD: AtomicUsize = AtomicUsize::new(0);
-/// Nanoseconds of cores held by this process's workers, released ones only.
+/// Nanoseconds of cores held by this process's workers, released holds only.
 static HELD_NS: AtomicU64 = AtomicU64::new(0);
+/// The sum of the open holds' starts ([`now_ns`], wrapping): with [`HELD`], the time they
+/// have held so far, so that a tick counts what was held during it (counted at release, a
+/// hold across ticks went whole to the one it ended in: 1.35 cores of a 1-core budget).
+static OPEN_STARTS: AtomicU64 = AtomicU64::new(0);
+/// A spin lock over the three (held for a few instructions): a reader sees them agree. Not a
+/// `Mutex`: a forked child resets it, where a parent's thread may have held it.
+static HOLDS: AtomicBool = AtomicBool::new(false);
 /// Nanoseconds this process's workers waited for a core.
 static WAIT_NS: AtomicU64 = AtomicU64::new(0);
 
@@ -173,11 +180,10 @@ impl NodeCores {
             let got = self.acquire(t, stop);
             WAIT_NS.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
             Ok(got.map(|core| {
-                HELD.fetch_add(1, Ordering::Relaxed);
+                hold_began();
                 HERE.set(Some(core));
                 CoreHeld {
                     node: Arc::clone(self),
-                    since: Instant::now(),
                 }
             }))
         })
@@ -234,7 +240,7 @@ pub fn released_while<R>(wait: impl FnOnce() -> R) -> R {
         }
         Some(t.id)
     });
-    HELD.fetch_sub(1, Ordering::Relaxed);
+    hold_ended();
     let r = wait();
     let again = THREAD.with(|cell| {
         let mut slot = cell.borrow_mut();
@@ -243,7 +249,7 @@ pub fn released_while<R>(wait: impl FnOnce() -> R) -> R {
         n.acquire(t, &|| false)
     });
     if let Some(k) = again {
-        HELD.fetch_add(1, Ordering::Relaxed);
+        hold_began();
         HERE.set(Some(k));
     }
     r
@@ -253,15 +259,12 @@ pub fn released_while<R>(wait: impl FnOnce() -> R) -> R {
 #[derive(Debug)]
 pub struct CoreHeld {
     node: Arc<NodeCores>,
-    since: Instant,
 }
 
 impl Drop for CoreHeld {
     fn drop(&mut self) {
-        if HERE.get().is_some() {
-            HELD.fetch_sub(1, Ordering::Relaxed);
-        }
-        HELD_NS.fetch_add(nanos(self.since.elapsed()), Ordering::Relaxed);
+        // (Given back while the thread waited and not held again: already ended.)
+        hold_ended();
         THREAD.with(|cell| {
             let mut slot = cell.borrow_mut();
             let Some(t) = slot.as_mut().filter(|t| t.id == self.node.id) else {
@@ -348,6 +351,50 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
     /// The core the calling thread holds, if any.
     static HERE: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    /// When the calling thread's hold began ([`now_ns`]), while it holds one.
+    static SINCE: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Nanoseconds since the process's first hold.
+fn now_ns() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    nanos(BASE.get_or_init(Instant::now).elapsed())
+}
+
+/// Runs `f` holding [`HOLDS`].
+fn with_holds<R>(f: impl FnOnce() -> R) -> R {
+    while HOLDS
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        std::thread::yield_now();
+    }
+    let r = f();
+    HOLDS.store(false, Ordering::Release);
+    r
+}
+
+/// The calling thread holds a core from now.
+fn hold_began() {
+    let t = now_ns();
+    SINCE.set(Some(t));
+    with_holds(|| {
+        HELD.fetch_add(1, Ordering::Relaxed);
+        OPEN_STARTS.fetch_add(t, Ordering::Relaxed);
+    });
+}
+
+/// The calling thread's hold, if it has one, ends now.
+fn hold_ended() {
+    let Some(since) = SINCE.take() else {
+        return;
+    };
+    let t = now_ns();
+    with_holds(|| {
+        HELD.fetch_sub(1, Ordering::Relaxed);
+        OPEN_STARTS.fetch_sub(since, Ordering::Relaxed);
+        HELD_NS.fetch_add(t.saturating_sub(since), Ordering::Relaxed);
+    });
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -394,7 +441,7 @@ pub fn join(budget: CpuBudget) -> std::io::Result<Arc<NodeCores>> {
 pub struct ProcessCores {
     /// Cores held now.
     pub held: usize,
-    /// Core-nanoseconds held (released holds only).
+    /// Core-nanoseconds held, up to now (the holds still open too).
     pub held_ns: u64,
     /// Nanoseconds workers waited for a core.
     pub wait_ns: u64,
@@ -402,9 +449,18 @@ pub struct ProcessCores {
 
 /// This process's counters (see [`ProcessCores`]).
 pub fn process_cores() -> ProcessCores {
+    let (held, held_ns) = with_holds(|| {
+        let held = HELD.load(Ordering::Relaxed);
+        // The open holds' time so far: each one's `now - start`, in wrapping arithmetic (the
+        // starts' sum may wrap; the time held does not).
+        let open = (held as u64)
+            .wrapping_mul(now_ns())
+            .wrapping_sub(OPEN_STARTS.load(Ordering::Relaxed));
+        (held, HELD_NS.load(Ordering::Relaxed).saturating_add(open))
+    });
     ProcessCores {
-        held: HELD.load(Ordering::Relaxed),
-        held_ns: HELD_NS.load(Ordering::Relaxed),
+        held,
+        held_ns,
         wait_ns: WAIT_NS.load(Ordering::Relaxed),
     }
 }
@@ -471,7 +527,11 @@ pub(crate) fn hold_for_item(stop: &dyn Fn() -> bool) -> Result<Option<CoreHeld>,
 /// descriptor, so that the parent's locks go with the parent. Runs by itself in every forked
 /// child (`pthread_atfork`) once a worker held a core; calling it again is harmless.
 pub fn reset_after_fork() {
+    // The lock too: a parent's thread may have held it at the fork.
+    HOLDS.store(false, Ordering::Release);
     HELD.store(0, Ordering::Relaxed);
+    OPEN_STARTS.store(0, Ordering::Relaxed);
+    let _ = SINCE.try_with(|s| s.set(None));
     // The forking thread's own descriptor is among the registered ones: forget its `File`
     // (closed below) so that dropping it cannot close a reused descriptor number.
     let _ = THREAD.try_with(|c| {

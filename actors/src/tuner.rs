@@ -169,7 +169,10 @@ pub struct CpuShare {
 struct ShareWatch {
     /// Whether the pipeline is on the budget (its pool stages hold its cores).
     budgeted: bool,
-    prev: Option<crate::node::ProcessCores>,
+    /// The counters at the last tick, and when they were read: a share is over the time
+    /// between two reads (over the stats' window, a read the tuner's thread made late counted
+    /// more time held than the window had: 1.35 cores of a 1-core budget on a loaded machine).
+    prev: Option<(crate::node::ProcessCores, Instant)>,
     /// The last second of shares and of the consumer's wait fractions.
     recent: std::collections::VecDeque<(f64, f64)>,
     /// The share last explained (`None` until a first second is averaged).
@@ -197,10 +200,15 @@ impl ShareWatch {
 
     fn tick(&mut self, window: Duration, consumer_wait: f64) -> Option<CpuShare> {
         let node = crate::node::current().filter(|_| self.budgeted)?;
-        let now = crate::node::process_cores();
+        let (now, at) = (crate::node::process_cores(), Instant::now());
         // The first tick is its own baseline: the process's earlier pipelines held cores too.
-        let prev = self.prev.replace(now).unwrap_or(now);
-        let secs = window.as_secs_f64().max(1e-9);
+        let (prev, then) = self.prev.replace((now, at)).unwrap_or((now, at));
+        let secs = match at.duration_since(then) {
+            d if d.is_zero() => window,
+            d => d,
+        }
+        .as_secs_f64()
+        .max(1e-9);
         let share = now.held_ns.saturating_sub(prev.held_ns) as f64 / 1e9 / secs;
         let waited = now.wait_ns.saturating_sub(prev.wait_ns) as f64 / 1e9 / secs;
         let ticks = (Duration::from_secs(1).as_secs_f64() / secs)

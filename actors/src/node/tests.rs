@@ -380,3 +380,32 @@ fn a_waiting_consumer_gives_its_core_back_and_a_removed_ledger_is_reopened() {
     assert!(now.path().exists() && !now.is_stale());
     set_node(None);
 }
+
+#[test]
+fn the_time_held_counts_a_hold_while_it_is_open_and_not_after() {
+    // Counted at release, a hold across the tuner's ticks went whole to the tick it ended in:
+    // a share of 1.35 cores on a 1-core budget.
+    let _serial = serial();
+    let dir = temp_dir();
+    let node = ledger(&dir, 1);
+    let before = process_cores();
+    assert_eq!(before.held, 0);
+    let held = node.hold(&|| false).unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    let open = process_cores();
+    assert_eq!(open.held, 1);
+    assert!(
+        open.held_ns - before.held_ns >= 150_000_000,
+        "an open hold's time so far counts: {open:?}"
+    );
+    drop(held);
+    let closed = process_cores();
+    std::thread::sleep(Duration::from_millis(100));
+    let later = process_cores();
+    assert_eq!((closed.held, later.held), (0, 0));
+    assert!(closed.held_ns >= open.held_ns);
+    assert_eq!(
+        later.held_ns, closed.held_ns,
+        "a released hold's time stops"
+    );
+}
