@@ -4,20 +4,19 @@
 //! which `flowgate.DataLoader` builds on: checkpoints of that one resume exactly.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use flowgate::loader::LoaderSettings;
-use flowgate::{ItemError, Order, Pipeline, PipelineError, PipelineState, Within};
+use flowgate::{Order, Pipeline, PipelineError, PipelineState, Within};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::error::to_py;
 use crate::fork::PyItem;
-use crate::gil::GilClock;
 use crate::lifecycle::{drop_elsewhere, on_pipeline_thread};
 use crate::loader::SLICE;
-use crate::stages::{batching, Items, SourceError, StageSpec};
+use crate::stages::{batching, Items, Spec, StageSpec};
 use crate::state::{state_from_py, state_to_py};
 
 /// Where the next epoch starts, once `set_epoch` or `load_state_dict` said so.
@@ -35,29 +34,29 @@ enum Start {
 /// A pipeline of Python callables; see `flowgate.Pipeline`.
 #[pyclass(module = "flowgate._native", name = "Pipeline")]
 pub(crate) struct PyPipeline {
-    pub(crate) items: Items,
-    pub(crate) stages: Mutex<Vec<StageSpec>>,
-    pub(crate) skip_errors: bool,
-    /// The order results come out in.
-    pub(crate) order: Order,
+    /// What it is built from: its source, stages and settings.
+    spec: Spec,
     /// Where the next epoch starts, when set.
     start: Mutex<Option<Start>>,
-    pub(crate) gil: Arc<GilClock>,
-    /// The node CPU budget the pipeline's process joins (`cpu_budget=`).
-    pub(crate) cpu_budget: Option<flowgate::CpuBudget>,
     /// The built pipeline, whether an epoch of it is being iterated, and the process whose
     /// threads run it (after a `fork` the child has none of them).
     running: Mutex<Option<Running>>,
-    pub(crate) source_error: SourceError,
-    /// The items that failed in the epoch being iterated, and the last of them.
-    pub(crate) failed: Arc<Mutex<(u64, Option<ItemError>)>>,
     /// Closed (`close()`) since the last epoch started: an iterator still running says so.
-    pub(crate) closed: AtomicBool,
-    /// Results its last stage and the consumer's buffer may each hold ahead of the loop
-    /// (`prefetch()`); default: the engine's (two chunks each, tuned).
-    pub(crate) prefetch: Mutex<Option<usize>>,
+    closed: AtomicBool,
     /// Times the pipeline was built (its threads started anew).
-    pub(crate) builds: AtomicU64,
+    builds: AtomicU64,
+}
+
+impl From<Spec> for PyPipeline {
+    fn from(spec: Spec) -> Self {
+        Self {
+            spec,
+            start: Mutex::default(),
+            running: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            builds: AtomicU64::new(0),
+        }
+    }
 }
 
 struct Running {
@@ -113,11 +112,11 @@ impl PyPipeline {
     /// each, as torch's `RandomSampler` draws anew: `next(iter(loader))` each step is not one
     /// batch for ever.
     fn peeked(&self, run: &Running) -> bool {
-        let shared = matches!(self.items, Items::Indexed { world, .. } if world > 1);
+        let shared = matches!(self.spec.items, Items::Indexed { world, .. } if world > 1);
         let resumed = matches!(run.began, Some(Start::State(_)));
         run.in_epoch
             && run.taken <= 1
-            && matches!(self.items, Items::Indexed { .. })
+            && matches!(self.spec.items, Items::Indexed { .. })
             && (shared || resumed)
     }
 
@@ -130,7 +129,7 @@ impl PyPipeline {
             if let Some(old) = r.take() {
                 old.end(py);
             }
-            let mut p = self.build(py).map_err(to_py)?;
+            let mut p = self.spec.build(py).map_err(to_py)?;
             self.builds.fetch_add(1, Ordering::Relaxed);
             let mut resumed_after_results = false;
             let mut resumed_from = None;
@@ -170,21 +169,14 @@ impl PyPipeline {
         skip_errors: bool,
         cpu_budget: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        Ok(Self {
-            items: Items::Iterable(source),
-            order: Order::Completion,
-            start: Mutex::default(),
-            gil: Arc::default(),
-            stages: Mutex::new(Vec::new()),
+        let cpu_budget = cpu_budget.map(crate::args::cpu_budget_of).transpose()?;
+        let spec = Spec::new(
+            Items::Iterable(source),
+            Order::Completion,
             skip_errors,
-            cpu_budget: cpu_budget.map(crate::args::cpu_budget_of).transpose()?,
-            running: Mutex::new(None),
-            source_error: Arc::default(),
-            failed: Arc::default(),
-            closed: AtomicBool::new(false),
-            prefetch: Mutex::new(None),
-            builds: AtomicU64::new(0),
-        })
+            cpu_budget,
+        );
+        Ok(spec.into())
     }
 
     /// Adds a stage calling `f(item)` on `workers` threads (a starting point: the tuner may
@@ -205,7 +197,7 @@ impl PyPipeline {
         };
         {
             let me = slf.borrow();
-            let mut st = me.stages.lock().expect("stages");
+            let mut st = me.spec.stages.lock().expect("stages");
             let name = name.unwrap_or_else(|| format!("map{}", st.len() + 1));
             st.push(StageSpec::Map {
                 name,
@@ -222,7 +214,7 @@ impl PyPipeline {
     /// batches, whose bytes are not measured: torch's `prefetch_factor` per worker).
     fn prefetch<'py>(slf: Bound<'py, Self>, n: &Bound<'py, PyAny>) -> PyResult<Bound<'py, Self>> {
         let n = crate::args::whole(flowgate::limits::STAGE_PREFETCH, n)? as usize;
-        *slf.borrow().prefetch.lock().expect("prefetch") = Some(n);
+        *slf.borrow().spec.prefetch.lock().expect("prefetch") = Some(n);
         Ok(slf)
     }
 
@@ -239,6 +231,7 @@ impl PyPipeline {
         };
         let size = crate::args::whole(limit, size)? as usize;
         slf.borrow()
+            .spec
             .stages
             .lock()
             .expect("stages")
@@ -275,7 +268,7 @@ impl PyPipeline {
             None => Start::Epoch(run.epoch),
         });
         run.delivered = (!std::mem::take(&mut run.resumed_after_results)).then_some(0);
-        *self.failed.lock().expect("failed") = (0, None);
+        *self.spec.failed.lock().expect("failed") = (0, None);
         self.closed.store(false, Ordering::Relaxed);
         Ok(())
     }
@@ -292,26 +285,14 @@ impl PyPipeline {
         // Refused as a loader's settings are (a rank out of range, an epoch past the limit).
         let sampler = order.sampler(len).map_err(|e| invalid(e.to_string()))?;
         let (share, world) = (sampler.len(), sampler.world());
-        Ok(Self {
-            items: Items::Indexed {
-                len,
-                order,
-                share,
-                world,
-            },
-            order: settings.order.into(),
-            start: Mutex::default(),
-            gil: Arc::default(),
-            stages: Mutex::new(Vec::new()),
-            skip_errors: settings.skip_errors,
-            cpu_budget: settings.cpu_budget,
-            running: Mutex::new(None),
-            source_error: Arc::default(),
-            failed: Arc::default(),
-            closed: AtomicBool::new(false),
-            prefetch: Mutex::new(None),
-            builds: AtomicU64::new(0),
-        })
+        let items = Items::Indexed {
+            len,
+            order,
+            share,
+            world,
+        };
+        let (order, skip) = (settings.order.into(), settings.skip_errors);
+        Ok(Spec::new(items, order, skip, settings.cpu_budget).into())
     }
 
     /// Times the pipeline was built: its threads are new since the last count where it grew.
@@ -325,7 +306,7 @@ impl PyPipeline {
 
     #[getter]
     fn share(&self) -> Option<usize> {
-        match self.items {
+        match self.spec.items {
             Items::Indexed { share, .. } => Some(share),
             Items::Iterable(_) => None,
         }
@@ -357,7 +338,7 @@ impl PyPipeline {
         // A state without batching (from before it was recorded, or of a pipeline without a
         // batch stage): nothing to check it against.
         if !state.fingerprint.contains_key("batch_size") {
-            for s in self.stages.lock().expect("stages").iter() {
+            for s in self.spec.stages.lock().expect("stages").iter() {
                 if let StageSpec::Batch { size, drop_last } = s {
                     let f = batching(*size, *drop_last).map(|(k, v)| (k.to_owned(), v));
                     state.fingerprint.extend(f);
@@ -401,13 +382,13 @@ impl PyPipeline {
             d.set_item("failures", s.failures)?;
             d.set_item("stages", crate::stats::stages_to_py(py, &s)?)?;
         }
-        d.set_item("gil", self.gil.to_py(py)?)?;
+        d.set_item("gil", self.spec.gil.to_py(py)?)?;
         Ok(d)
     }
 
     /// The epoch's next result; `StopIteration` at its end (a result may be `None`).
     fn _next(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let (running, failed, closed) = (&self.running, &self.failed, &self.closed);
+        let (running, failed, closed) = (&self.running, &self.spec.failed, &self.closed);
         // Waits in slices with the GIL released, checking for signals between them: Ctrl-C
         // raises KeyboardInterrupt within a slice, not after the next item.
         let r = loop {
@@ -461,7 +442,7 @@ impl PyPipeline {
         };
         match r.map_err(to_py)? {
             Some(x) => Ok(x.into_inner()),
-            None => match self.source_error.lock().expect("source error").take() {
+            None => match self.spec.source_error.lock().expect("source error").take() {
                 Some(e) => Err(e),
                 None => Err(pyo3::exceptions::PyStopIteration::new_err(())),
             },

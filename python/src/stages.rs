@@ -1,4 +1,4 @@
-//! How a [`PyPipeline`]'s Python source and stages become the engine's: a Python iterable (or
+//! How a `flowgate.Pipeline`'s Python source and stages become the engine's: a Python iterable (or
 //! a map-style dataset's positions in the library's order) as its source, each `map` a stage
 //! whose calls take the GIL (on a tuned pool, or `workers` at once on blocking threads for
 //! calls that wait), each `batch` an aggregate stage, failures named by the item's `repr()`,
@@ -8,14 +8,14 @@ use std::sync::{Arc, Mutex};
 
 use flowgate::actors::failure::collect_skipped_parts;
 use flowgate::dataset::EpochOrder;
-use flowgate::{Described, FailureBudget, Pipeline, PipelineError, Workers};
+use flowgate::{Described, FailureBudget, ItemError, Order, Pipeline, PipelineError, Workers};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use crate::error::{py_error, PyStageError};
 use crate::fork::PyItem;
+use crate::gil::GilClock;
 use crate::lifecycle::with_gil_in_pipeline;
-use crate::pipeline::PyPipeline;
 
 /// `repr(x)`, for naming an item that failed.
 fn py_repr(py: Python<'_>, x: &Py<PyAny>) -> String {
@@ -80,8 +80,47 @@ pub(crate) enum Items {
     },
 }
 
-/// A pipeline of Python callables: its engine pipeline.
-impl PyPipeline {
+/// What a pipeline of Python callables is built from: its source, its stages and settings,
+/// and what its built pipelines share with it (the GIL's clock, the source's error, the
+/// items that failed).
+pub(crate) struct Spec {
+    pub(crate) items: Items,
+    pub(crate) stages: Mutex<Vec<StageSpec>>,
+    pub(crate) skip_errors: bool,
+    /// The order results come out in.
+    pub(crate) order: Order,
+    pub(crate) gil: Arc<GilClock>,
+    /// The node CPU budget the pipeline's process joins (`cpu_budget=`).
+    pub(crate) cpu_budget: Option<flowgate::CpuBudget>,
+    pub(crate) source_error: SourceError,
+    /// The items that failed in the epoch being iterated, and the last of them.
+    pub(crate) failed: Arc<Mutex<(u64, Option<ItemError>)>>,
+    /// Results its last stage and the consumer's buffer may each hold ahead of the loop
+    /// (`prefetch()`); default: the engine's (two chunks each, tuned).
+    pub(crate) prefetch: Mutex<Option<usize>>,
+}
+
+impl Spec {
+    pub(crate) fn new(
+        items: Items,
+        order: Order,
+        skip_errors: bool,
+        cpu_budget: Option<flowgate::CpuBudget>,
+    ) -> Self {
+        Self {
+            items,
+            stages: Mutex::new(Vec::new()),
+            skip_errors,
+            order,
+            gil: Arc::default(),
+            cpu_budget,
+            source_error: Arc::default(),
+            failed: Arc::default(),
+            prefetch: Mutex::new(None),
+        }
+    }
+
+    /// Its engine pipeline.
     pub(crate) fn build(&self, py: Python<'_>) -> Result<Pipeline<PyItem>, PipelineError> {
         let source = match &self.items {
             Items::Iterable(source) => PyItem::new(source.clone_ref(py)),
