@@ -11,7 +11,7 @@
 //! left out), each left out a failed item; where none collates alone it is made up the same
 //! way. What is kept depends on the items alone, so a resume makes the same batches.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use flowgate::sampler::{largest_batch, MakeUp};
@@ -38,15 +38,33 @@ pub(crate) struct Fetch {
     /// file opened lazily, then `seek` and `read`) is that thread's. False where the dataset
     /// cannot be copied (the front end warned): the threads share it.
     copies: bool,
+    /// The threads in [`ENDED`] whose copies were dropped: the first this many.
+    pruned: AtomicUsize,
 }
 
 std::thread_local! {
     /// This thread's number, never reused (a thread's copy is found by it).
-    static THREAD: u64 = THREADS.fetch_add(1, Ordering::Relaxed);
+    static THREAD: Numbered = Numbered(THREADS.fetch_add(1, Ordering::Relaxed));
 }
 
 /// Threads numbered.
 static THREADS: AtomicU64 = AtomicU64::new(0);
+
+/// The numbers of the threads that ended, in the order they ended: their copies are dropped
+/// (a blocking thread idle for 10 s ends and the pool starts another, which makes a copy of
+/// its own; those of the threads gone were kept to the pass's end).
+static ENDED: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+
+/// A thread's number; its end is noted in [`ENDED`].
+struct Numbered(u64);
+
+impl Drop for Numbered {
+    fn drop(&mut self) {
+        if let Ok(mut ended) = ENDED.lock() {
+            ended.push(self.0);
+        }
+    }
+}
 
 /// Make-ups tried for a batch none of whose items `collate_fn` takes (each of as many readable
 /// items, after the last): with one item in ten refused alone, batches of 1 miss 1 in 10^16.
@@ -77,6 +95,7 @@ impl Fetch {
             skip_errors,
             batched,
             copies,
+            pruned: AtomicUsize::new(0),
         })
     }
 
@@ -134,7 +153,8 @@ impl Fetch {
         }
         let copies = owner.getattr("_copies")?;
         let copies = copies.downcast::<PyDict>()?;
-        let me = THREAD.with(|t| *t);
+        self.prune(copies)?;
+        let me = THREAD.with(|t| t.0);
         let dataset = match copies.get_item(me)? {
             Some(copy) => copy,
             None => {
@@ -144,6 +164,22 @@ impl Fetch {
             }
         };
         Ok(Here { dataset, collate })
+    }
+
+    /// Drops the copies of the threads that ended since the last call.
+    fn prune(&self, copies: &Bound<'_, PyDict>) -> PyResult<()> {
+        let gone: Vec<u64> = {
+            let ended = ENDED.lock().expect("ended");
+            let from = self.pruned.swap(ended.len(), Ordering::Relaxed);
+            ended.get(from..).unwrap_or_default().to_vec()
+        };
+        // Outside the lock: a copy's `__del__` runs here.
+        for n in gone {
+            if copies.contains(n)? {
+                copies.del_item(n)?;
+            }
+        }
+        Ok(())
     }
 
     /// The readable items at `positions` (made up where every one failed), None when one

@@ -191,6 +191,42 @@ def test_each_thread_calls_its_own_copy_of_the_dataset_as_each_torch_worker(work
     assert any(b.tolist()[0] < 100 for b in loader), "persistent: the threads' copies kept"
 
 
+def test_the_copies_of_threads_that_ended_are_dropped_during_the_pass():
+    """More workers than cores run on a pool whose threads end after 10 s idle (a training
+    step slower than that, the batches ahead already made): the threads that take over make
+    copies of their own, and those of the threads gone are dropped, not kept to the pass's
+    end (one more set of copies, each with its open files, every long step)."""
+    import gc
+    import time
+    import weakref
+
+    copies, late = weakref.WeakSet(), [False]
+
+    class Tracked(Numbered):
+        def __copy__(self):
+            c = Tracked.__new__(Tracked)
+            c.__dict__.update(self.__dict__, late=late[0])
+            copies.add(c)
+            return c
+
+    workers = len(os.sched_getaffinity(0)) + 2
+    # 401 items, batches of 2: the last one short.
+    loader = flowgate.DataLoader(Tracked(401), batch_size=2, num_workers=workers,
+                                 prefetch_factor=1)
+    it = iter(loader)
+    got = [next(it) for _ in range(3)]
+    gc.collect()
+    assert len(copies) >= 1
+    late[0] = True
+    time.sleep(13)  # the pool's threads end after 10 s idle
+    got += list(it)
+    assert [i for b in ids(got) for i in b] == list(range(401))
+    gc.collect()
+    early = [c for c in copies if not c.late]
+    assert not early, f"{len(early)} copies of threads that ended are kept"
+    assert len(copies) >= 1, "the threads that took over have their copies"
+
+
 def test_a_dataset_that_cannot_be_copied_is_shared_by_the_threads_and_said_so():
     # helper-24: a wrapper forwarding attributes with __getattr__ (copy.copy recurses) was
     # refused, where torch takes it.
