@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import warnings
 import weakref
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from . import _native
 from ._args import _process_group_ranks
@@ -30,7 +30,8 @@ class DataLoader:
     (default: torch's ``default_collate``, or lists without torch), but on threads of this
     process the tuner sizes (``num_workers``: how many to start with; 0 leaves it to the
     tuner). Each thread calls a copy of the dataset of its own (``copy.copy``, made afresh
-    each pass unless ``persistent_workers``), as each torch worker has one: a file the
+    each pass; with ``persistent_workers`` kept, a thread that ends leaving its copy to the
+    next new one), as each torch worker has one: a file the
     dataset opens lazily is that thread's; objects the dataset already holds are shared
     and must be safe to call from threads at once (a dataset that cannot be copied is shared
     whole, with a warning). ``num_workers`` above the process's cores (its share of the
@@ -117,14 +118,16 @@ class DataLoader:
         # out); a batch whose every item fails is made up of the readable items after it (the
         # library's `MakeUp`), so every rank still makes len() batches.
         # Each thread calls a copy of the dataset of its own (made afresh each pass unless
-        # persistent_workers), as each torch worker has one: kept here, by thread, where the
-        # garbage collector sees them (the fetch holds this loader weakly: a cycle through the
-        # dataset or collate_fn is freed).
+        # persistent_workers, where a thread that ended leaves its copy to the next new one),
+        # as each torch worker has one: kept here, by thread, where the garbage collector sees
+        # them (the fetch holds this loader weakly: a cycle through the dataset or collate_fn
+        # is freed).
         self._copies: Dict[int, Any] = {}
-        self._persistent, self._builds = bool(persistent_workers), -1
+        self._spare: List[Any] = []
+        self._persistent = bool(persistent_workers)
         self.collate_fn = collate_fn
         native.map(_native.Fetch(weakref.ref(self), skip_errors, batch_size is not None,
-                                 _copies(dataset)),
+                                 _copies(dataset), self._persistent),
                    num_workers, "fetch", num_workers > _cores())
         # Made ahead of the loop, as torch's `prefetch_factor` per worker: at most that many
         # batches per thread waiting in the stage and as many for the loop (Python objects are
@@ -174,12 +177,7 @@ class DataLoader:
                 convert = pin_memory
         if not self._persistent:
             self._copies.clear()
-        p = _Pass(self, convert)
-        if self._native._builds != self._builds:
-            # New threads: the copies of those that ended are dropped.
-            self._builds = self._native._builds
-            self._copies.clear()
-        return p
+        return _Pass(self, convert)
 
     def set_epoch(self, epoch: int) -> None:
         """Makes ``epoch`` the next one iterated (as ``DistributedSampler.set_epoch``): its

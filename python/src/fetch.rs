@@ -38,7 +38,12 @@ pub(crate) struct Fetch {
     /// file opened lazily, then `seek` and `read`) is that thread's. False where the dataset
     /// cannot be copied (the front end warned): the threads share it.
     copies: bool,
-    /// The threads in [`ENDED`] whose copies were dropped: the first this many.
+    /// `persistent_workers`: the copy of a thread that ended waits in the loader's `_spare`
+    /// for the next thread without one (the pool's threads end after 10 s idle, and a pass
+    /// left early rebuilds them), as torch's persistent workers keep theirs; else it is
+    /// dropped. (Copies and spares so never add up past the most threads alive at once.)
+    keep: bool,
+    /// The threads in [`ENDED`] whose copies were dropped or kept: the first this many.
     pruned: AtomicUsize,
 }
 
@@ -60,9 +65,33 @@ struct Numbered(u64);
 
 impl Drop for Numbered {
     fn drop(&mut self) {
-        if let Ok(mut ended) = ENDED.lock() {
+        if let Some(mut ended) = ended() {
             ended.push(self.0);
         }
+    }
+}
+
+/// [`ENDED`], locked; `None` after 10 ms: a thread that held it at a `fork` is not in the
+/// child, where it then stays locked (its threads' copies are then kept, never a thread
+/// stuck at its end).
+fn ended() -> Option<std::sync::MutexGuard<'static, Vec<u64>>> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(10);
+    loop {
+        match ENDED.try_lock() {
+            Ok(g) => return Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(_) if std::time::Instant::now() > deadline => return None,
+            Err(_) => std::thread::yield_now(),
+        }
+    }
+}
+
+/// In a forked child: the threads numbered are the parent's, none of them here but this one,
+/// so their copies go (or to the spares) as those of threads that ended.
+pub(crate) fn forget_after_fork() {
+    let me = THREAD.with(|t| t.0);
+    if let Some(mut ended) = ended() {
+        ended.extend((0..THREADS.load(Ordering::Relaxed)).filter(|&n| n != me));
     }
 }
 
@@ -78,14 +107,15 @@ struct Here<'py> {
 
 #[pymethods]
 impl Fetch {
-    /// For `owner` (a weak reference to the `DataLoader`, whose `dataset`, `collate_fn` and
-    /// `_copies` a call reads).
+    /// For `owner` (a weak reference to the `DataLoader`, whose `dataset`, `collate_fn`,
+    /// `_copies` and `_spare` a call reads).
     #[new]
     fn new(
         owner: Bound<'_, PyAny>,
         skip_errors: bool,
         batched: bool,
         copies: bool,
+        keep: bool,
     ) -> PyResult<Self> {
         let dataset = owner.call0()?.getattr("dataset")?;
         Ok(Self {
@@ -95,6 +125,7 @@ impl Fetch {
             skip_errors,
             batched,
             copies,
+            keep,
             pruned: AtomicUsize::new(0),
         })
     }
@@ -153,30 +184,49 @@ impl Fetch {
         }
         let copies = owner.getattr("_copies")?;
         let copies = copies.downcast::<PyDict>()?;
-        self.prune(copies)?;
+        let spare = owner.getattr("_spare")?;
+        let spare = spare.downcast::<PyList>()?;
+        self.prune(copies, spare)?;
         let me = THREAD.with(|t| t.0);
-        let dataset = match copies.get_item(me)? {
-            Some(copy) => copy,
-            None => {
-                let copy = copy_of(&dataset)?;
-                copies.set_item(me, &copy)?;
+        if let Some(copy) = copies.get_item(me)? {
+            return Ok(Here {
+                dataset: copy,
+                collate,
+            });
+        }
+        let copy = match spare.len() {
+            0 => copy_of(&dataset)?,
+            n => {
+                let copy = spare.get_item(n - 1)?;
+                spare.del_item(n - 1)?;
                 copy
             }
         };
-        Ok(Here { dataset, collate })
+        copies.set_item(me, &copy)?;
+        Ok(Here {
+            dataset: copy,
+            collate,
+        })
     }
 
-    /// Drops the copies of the threads that ended since the last call.
-    fn prune(&self, copies: &Bound<'_, PyDict>) -> PyResult<()> {
-        let gone: Vec<u64> = {
-            let ended = ENDED.lock().expect("ended");
-            let from = self.pruned.swap(ended.len(), Ordering::Relaxed);
-            ended.get(from..).unwrap_or_default().to_vec()
+    /// Drops the copies of the threads that ended since the last call, or with `keep` moves
+    /// them to `spare`.
+    fn prune(&self, copies: &Bound<'_, PyDict>, spare: &Bound<'_, PyList>) -> PyResult<()> {
+        let gone: Vec<u64> = match ended() {
+            Some(ended) => {
+                let from = self.pruned.swap(ended.len(), Ordering::Relaxed);
+                ended.get(from..).unwrap_or_default().to_vec()
+            }
+            None => return Ok(()),
         };
         // Outside the lock: a copy's `__del__` runs here.
         for n in gone {
-            if copies.contains(n)? {
-                copies.del_item(n)?;
+            let Some(copy) = copies.get_item(n)? else {
+                continue;
+            };
+            copies.del_item(n)?;
+            if self.keep {
+                spare.append(copy)?;
             }
         }
         Ok(())

@@ -66,6 +66,7 @@ fn _after_fork_in_child() {
     flowgate::after_fork_in_child();
     lifecycle::forget_after_fork();
     fork::forget_after_fork();
+    fetch::forget_after_fork();
 }
 
 /// `flowgate.build_info()`: the version, the JPEG decoder compiled in and the optional

@@ -3,7 +3,7 @@
 //! positions of a map-style dataset in the library's order (shuffle, ranks, equal counts),
 //! which `flowgate.DataLoader` builds on: checkpoints of that one resume exactly.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use flowgate::loader::LoaderSettings;
@@ -43,8 +43,6 @@ pub(crate) struct PyPipeline {
     running: Mutex<Option<Running>>,
     /// Closed (`close()`) since the last epoch started: an iterator still running says so.
     closed: AtomicBool,
-    /// Times the pipeline was built (its threads started anew).
-    builds: AtomicU64,
 }
 
 impl From<Spec> for PyPipeline {
@@ -54,7 +52,6 @@ impl From<Spec> for PyPipeline {
             start: Mutex::default(),
             running: Mutex::new(None),
             closed: AtomicBool::new(false),
-            builds: AtomicU64::new(0),
         }
     }
 }
@@ -130,7 +127,6 @@ impl PyPipeline {
                 old.end(py);
             }
             let mut p = self.spec.build(py).map_err(to_py)?;
-            self.builds.fetch_add(1, Ordering::Relaxed);
             let mut resumed_after_results = false;
             let mut resumed_from = None;
             match start {
@@ -293,12 +289,6 @@ impl PyPipeline {
         };
         let (order, skip) = (settings.order.into(), settings.skip_errors);
         Ok(Spec::new(items, order, skip, settings.cpu_budget).into())
-    }
-
-    /// Times the pipeline was built: its threads are new since the last count where it grew.
-    #[getter]
-    fn _builds(&self) -> u64 {
-        self.builds.load(Ordering::Relaxed)
     }
 
     /// Positions this rank reads an epoch (a map-style dataset's pipeline; `None` for an

@@ -227,6 +227,51 @@ def test_the_copies_of_threads_that_ended_are_dropped_during_the_pass():
     assert len(copies) >= 1, "the threads that took over have their copies"
 
 
+@pytest.mark.parametrize("more", [False, True])
+def test_persistent_workers_keep_their_copies_across_passes_left_early(more):
+    """With persistent_workers a pass left early (a peek, a `break`) starts new threads, as
+    do the pool's idle ends: each new thread takes a copy an ended one left, as torch's
+    persistent workers keep their datasets (a file opened once stays open), so copies are
+    made for the threads alive at once, not for every pass; a copy still serves one thread
+    at a time."""
+    import threading
+    import time
+
+    made, shared, lock = [], [], threading.Lock()
+
+    class Counted(Numbered):
+        def __copy__(self):
+            c = Counted.__new__(Counted)
+            c.__dict__.update(self.__dict__, busy=False)
+            with lock:
+                made.append(c)
+            return c
+
+        def __getitem__(self, i):
+            if self.busy:
+                shared.append(i)
+            self.busy = True
+            time.sleep(0.005)  # the GIL let go: another thread on this copy would see busy
+            self.busy = False
+            return super().__getitem__(i)
+
+    cores = len(os.sched_getaffinity(0))
+    workers = cores + 2 if more else cores
+    # 103 items, batches of 4: the last one short.
+    loader = flowgate.DataLoader(Counted(103), batch_size=4, num_workers=workers,
+                                 persistent_workers=True)
+    passes = 12
+    for _ in range(passes):
+        for _batch in loader:
+            break
+    assert [i for b in ids(loader) for i in b] == list(range(103))
+    assert not shared, f"items {shared} ran on a copy another thread was in"
+    # Threads alive at once: a pass's, and the last pass's still ending. (Each pass made
+    # copies anew before: 21 for 2 workers, 31 for 4.)
+    bound = 2 * workers + 2
+    assert 1 <= len(made) <= bound, f"{len(made)} copies for {passes} passes of {workers}"
+
+
 def test_a_dataset_that_cannot_be_copied_is_shared_by_the_threads_and_said_so():
     # helper-24: a wrapper forwarding attributes with __getattr__ (copy.copy recurses) was
     # refused, where torch takes it.
