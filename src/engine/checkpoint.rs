@@ -94,6 +94,12 @@ pub struct ShareState {
     /// merged state), as `[start, end)` ranges.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub base: Vec<(u64, u64)>,
+    /// Parts of items received before this world started the epoch (a resume from a merged
+    /// state), in global positions, as [`PipelineState::partial`]: every rank carries them,
+    /// so a part received of an item this world deals to no rank (the positions
+    /// [`ShareLengths::Drop`] leaves out) is still known when its states are merged (it was
+    /// lost, and the item delivered again whole at the next world size).
+    pub base_partial: Vec<Part>,
     /// Group sampling's contiguous blocks and shuffle buffer (tar shards); `None`: every
     /// `world`-th position (and in a merged state, whose positions are global).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -125,6 +131,7 @@ impl ShareState {
             lengths: layout.lengths,
             global_len: layout.global_len,
             base: layout.base.ranges().collect(),
+            base_partial: Vec::new(),
             blocks: layout.blocks,
             split: layout.split,
         }
@@ -162,6 +169,7 @@ impl PipelineState {
             partial: Vec::new(),
             shard: self.shard.clone().map(|sh| ShareState {
                 base: Vec::new(),
+                base_partial: Vec::new(),
                 ..sh
             }),
             owed_batches: None,
@@ -325,6 +333,7 @@ impl PipelineState {
                 lengths: shards[0].lengths,
                 global_len,
                 base: Vec::new(),
+                base_partial: Vec::new(),
                 // Global positions, in order.
                 blocks: None,
                 split: None,
@@ -364,6 +373,7 @@ impl PipelineState {
             .partial
             .iter()
             .map(|&(p, a, b)| Ok((at(p)?, a, b)))
+            .chain(sh.base_partial.iter().map(|&p| Ok(p)))
             .collect::<Result<_, PipelineError>>()?;
         Ok(Global { done, partial })
     }
@@ -398,6 +408,17 @@ impl PipelineState {
         if let Some(sh) = &self.shard {
             // First: the share's length follows from it.
             ranges("base", &sh.base, sh.global_len, "the epoch")?;
+            if let Some(&(p, a, b)) = sh
+                .base_partial
+                .iter()
+                .find(|&&(p, a, b)| p >= sh.global_len || a >= b || b > UNIT)
+            {
+                return bad(format!(
+                    "`base_partial` ({p}, {a}, {b}) is not a part of [0, {UNIT}) of one of the \
+                     epoch's {} positions",
+                    sh.global_len
+                ));
+            }
         }
         ranges("delivered", &self.delivered, len, "the share")?;
         let items: u64 = self.delivered.iter().map(|(a, b)| b - a).sum();

@@ -16,7 +16,7 @@ use flowgate_actors::sink::{Next, SinkReader};
 use flowgate_actors::tuner::{TraceLog, TraceRecord};
 use futures::Stream;
 
-use crate::engine::checkpoint::{Fingerprint, PipelineState, ShareState, STATE_VERSION};
+use crate::engine::checkpoint::{Fingerprint, PipelineState, STATE_VERSION};
 use crate::engine::control::{ControlHandle, StopHandle};
 use crate::engine::running::Engine;
 use crate::engine::sharding::Sharding;
@@ -215,10 +215,7 @@ impl<T: Send + 'static> Pipeline<T> {
             partial,
             version: STATE_VERSION,
             fingerprint: self.fingerprint.clone(),
-            shard: self
-                .sharding
-                .as_ref()
-                .map(|s| ShareState::of(&s.layout(epoch))),
+            shard: self.sharding.as_ref().map(|s| s.share_state(epoch)),
             owed_batches: None,
         }
     }

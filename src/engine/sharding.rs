@@ -16,8 +16,9 @@ use crate::sampler::{Layout, Sampler};
 #[derive(Clone, Debug)]
 pub(crate) struct Sharding {
     pub(crate) sampler: Sampler,
-    /// (epoch, global positions delivered before this world started it).
-    pub(crate) base: Arc<Mutex<Option<(u64, RangeSet)>>>,
+    /// (epoch, global positions delivered before this world started it, and the parts
+    /// received of others: [`ShareState::base_partial`]).
+    pub(crate) base: Arc<Mutex<Option<(u64, RangeSet, Vec<Part>)>>>,
     /// (epoch, this rank's local positions a resume skips in it): what the source leaves
     /// out of its next run of that epoch.
     skip: Arc<Mutex<Option<(u64, RangeSet)>>>,
@@ -60,8 +61,21 @@ impl Sharding {
     /// The base of `epoch` (empty unless a resume set one for it).
     pub(crate) fn base(&self, epoch: u64) -> RangeSet {
         match &*self.base.lock() {
-            Some((e, b)) if *e == epoch => b.clone(),
+            Some((e, b, _)) if *e == epoch => b.clone(),
             _ => RangeSet::default(),
+        }
+    }
+
+    /// This rank's place in `epoch`, as its states name it: the layout, and the parts
+    /// received before this world started it.
+    pub(crate) fn share_state(&self, epoch: u64) -> ShareState {
+        let base_partial = match &*self.base.lock() {
+            Some((e, _, p)) if *e == epoch => p.clone(),
+            _ => Vec::new(),
+        };
+        ShareState {
+            base_partial,
+            ..ShareState::of(&self.layout(epoch))
         }
     }
 
@@ -137,6 +151,9 @@ impl Sharding {
         }
         let same_rank =
             theirs.world == mine.world && theirs.rank == mine.rank && theirs.blocks == mine.blocks;
+        // Parts received before the state's world started the epoch (carried by every rank's
+        // state; in a merged state, its `partial`).
+        let mut base_partial = theirs.base_partial.clone();
         let (base, skip, partial) = if same_rank && theirs.split == mine.split {
             // The same place in the same world: positions are this rank's own.
             (
@@ -176,6 +193,8 @@ impl Sharding {
                 .iter()
                 .filter_map(|&(i, a, b)| layout.local_of(i).map(|p| (p, a, b)))
                 .collect();
+            // All of them: those of items no rank of this world is dealt too.
+            base_partial = g.partial;
             (g.done, RangeSet::default(), partial)
         } else {
             return Err(PipelineError::config(format!(
@@ -185,7 +204,7 @@ impl Sharding {
                 theirs.rank, theirs.world, mine.rank, mine.world
             )));
         };
-        *self.base.lock() = Some((state.epoch, base));
+        *self.base.lock() = Some((state.epoch, base, base_partial));
         *self.skip.lock() = Some((state.epoch, skip.clone()));
         Ok((skip, partial))
     }

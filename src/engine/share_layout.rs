@@ -16,6 +16,8 @@ pub(crate) struct ShareWire {
     global_len: u64,
     #[serde(default)]
     base: Vec<(u64, u64)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    base_partial: Vec<(u64, u64, u64)>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     block_window: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -66,6 +68,7 @@ impl TryFrom<ShareWire> for ShareState {
             lengths: w.shard_lengths,
             global_len: w.global_len,
             base: w.base,
+            base_partial: w.base_partial,
             blocks,
             split,
         })
@@ -80,6 +83,7 @@ impl From<ShareState> for ShareWire {
             shard_lengths: s.lengths,
             global_len: s.global_len,
             base: s.base,
+            base_partial: s.base_partial,
             block_window: s.blocks.map(|b| b.window),
             block_seed: s.blocks.map(|b| b.seed),
             worker: s.split.map(|(w, _)| w),
@@ -109,6 +113,7 @@ mod tests {
                 lengths: ShareLengths::Pad,
                 global_len: 41,
                 base: vec![(0, 2)],
+                base_partial: Vec::new(),
                 blocks: Some(Blocks {
                     window: 8,
                     seed: 77,
@@ -121,8 +126,14 @@ mod tests {
 
     #[test]
     fn a_state_is_written_flat_in_the_python_packages_words_and_read_back() {
-        let v = serde_json::to_value(state()).unwrap();
+        let mut state = state();
+        state.shard.as_mut().unwrap().base_partial = vec![(20, 0, 1 << 31)];
+        let v = serde_json::to_value(&state).unwrap();
         let shard = &v["shard"];
+        assert_eq!(
+            shard["base_partial"],
+            serde_json::json!([[20, 0, 1u64 << 31]])
+        );
         assert_eq!(shard["world_size"], 3);
         assert_eq!(shard["shard_lengths"], "pad");
         assert_eq!(
@@ -137,7 +148,7 @@ mod tests {
             assert!(shard.get(old).is_none(), "{old} written: {shard}");
         }
         let back: PipelineState = serde_json::from_value(v).unwrap();
-        assert_eq!(back, state());
+        assert_eq!(back, state);
     }
 
     #[test]
