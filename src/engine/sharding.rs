@@ -16,12 +16,21 @@ use crate::sampler::{Layout, Sampler};
 #[derive(Clone, Debug)]
 pub(crate) struct Sharding {
     pub(crate) sampler: Sampler,
-    /// (epoch, global positions delivered before this world started it, and the parts
-    /// received of others: [`ShareState::base_partial`]).
-    pub(crate) base: Arc<Mutex<Option<(u64, RangeSet, Vec<Part>)>>>,
+    /// What this world found delivered in an epoch when it started it (a resume).
+    pub(crate) base: Arc<Mutex<Option<Base>>>,
     /// (epoch, this rank's local positions a resume skips in it): what the source leaves
     /// out of its next run of that epoch.
     skip: Arc<Mutex<Option<(u64, RangeSet)>>>,
+}
+
+/// What a world found delivered in an epoch when it started it.
+#[derive(Clone, Debug)]
+pub(crate) struct Base {
+    epoch: u64,
+    /// Global positions delivered ([`ShareState::base`]).
+    done: RangeSet,
+    /// Parts received of other items ([`ShareState::base_partial`]).
+    partial: Vec<Part>,
 }
 
 impl Sharding {
@@ -61,7 +70,7 @@ impl Sharding {
     /// The base of `epoch` (empty unless a resume set one for it).
     pub(crate) fn base(&self, epoch: u64) -> RangeSet {
         match &*self.base.lock() {
-            Some((e, b, _)) if *e == epoch => b.clone(),
+            Some(b) if b.epoch == epoch => b.done.clone(),
             _ => RangeSet::default(),
         }
     }
@@ -70,7 +79,7 @@ impl Sharding {
     /// received before this world started it.
     pub(crate) fn share_state(&self, epoch: u64) -> ShareState {
         let base_partial = match &*self.base.lock() {
-            Some((e, _, p)) if *e == epoch => p.clone(),
+            Some(b) if b.epoch == epoch => b.partial.clone(),
             _ => Vec::new(),
         };
         ShareState {
@@ -204,7 +213,11 @@ impl Sharding {
                 theirs.rank, theirs.world, mine.rank, mine.world
             )));
         };
-        *self.base.lock() = Some((state.epoch, base, base_partial));
+        *self.base.lock() = Some(Base {
+            epoch: state.epoch,
+            done: base,
+            partial: base_partial,
+        });
         *self.skip.lock() = Some((state.epoch, skip.clone()));
         Ok((skip, partial))
     }
