@@ -33,11 +33,12 @@ pub(crate) struct Fetch {
     batched: bool,
     /// Held only between calls into Python: a make-up runs on a copy.
     makeup: Mutex<MakeUp>,
-    /// Each thread calls a copy of the dataset of its own (`copy.copy`, as each torch worker
-    /// has its own), kept in the loader's `_copies` by [`THREAD`]: what a call sets on it (a
-    /// file opened lazily, then `seek` and `read`) is that thread's. False where the dataset
-    /// cannot be copied (the front end warned): the threads share it.
-    copies: bool,
+    /// Each thread calls a copy of the dataset of its own, made by this (`copy.copy`, the
+    /// datasets it holds too, as each torch worker has its own), kept in the loader's
+    /// `_copies` by [`THREAD`]: what a call sets on it (a file opened lazily, then `seek` and
+    /// `read`) is that thread's. `None` where the dataset cannot be copied (the front end
+    /// warned): the threads share it.
+    copier: Option<Py<PyAny>>,
     /// `persistent_workers`: the copy of a thread that ended waits in the loader's `_spare`
     /// for the next thread without one (the pool's threads end after 10 s idle, and a pass
     /// left early rebuilds them), as torch's persistent workers keep theirs; else it is
@@ -105,6 +106,29 @@ struct Here<'py> {
     collate: Bound<'py, PyAny>,
 }
 
+impl<'py> Here<'py> {
+    /// On `copy` of `dataset`: a `collate_fn` that is a method of the dataset
+    /// (`collate_fn=dataset.collate`) is called on the copy, as in a torch worker.
+    fn on(
+        copy: Bound<'py, PyAny>,
+        collate: Bound<'py, PyAny>,
+        dataset: &Bound<'py, PyAny>,
+    ) -> Self {
+        let bound_to = collate.getattr_opt("__self__").ok().flatten();
+        let collate = match bound_to.filter(|s| s.is(dataset)) {
+            Some(_) => collate
+                .getattr("__func__")
+                .and_then(|f| f.call_method1("__get__", (&copy,)))
+                .unwrap_or(collate),
+            None => collate,
+        };
+        Self {
+            dataset: copy,
+            collate,
+        }
+    }
+}
+
 #[pymethods]
 impl Fetch {
     /// For `owner` (a weak reference to the `DataLoader`, whose `dataset`, `collate_fn`,
@@ -114,7 +138,7 @@ impl Fetch {
         owner: Bound<'_, PyAny>,
         skip_errors: bool,
         batched: bool,
-        copies: bool,
+        copier: Option<Py<PyAny>>,
         keep: bool,
     ) -> PyResult<Self> {
         let dataset = owner.call0()?.getattr("dataset")?;
@@ -124,9 +148,10 @@ impl Fetch {
             owner: owner.unbind(),
             skip_errors,
             batched,
-            copies,
+            copier,
             keep,
-            pruned: AtomicUsize::new(0),
+            // The threads that ended before it have no copies of its dataset.
+            pruned: AtomicUsize::new(ended().map_or(0, |e| e.len())),
         })
     }
 
@@ -179,34 +204,26 @@ impl Fetch {
         }
         let collate = owner.getattr("collate_fn")?;
         let dataset = owner.getattr("dataset")?;
-        if !self.copies {
+        let Some(copier) = &self.copier else {
             return Ok(Here { dataset, collate });
-        }
+        };
         let copies = owner.getattr("_copies")?;
         let copies = copies.downcast::<PyDict>()?;
         let spare = owner.getattr("_spare")?;
         let spare = spare.downcast::<PyList>()?;
         self.prune(copies, spare)?;
         let me = THREAD.with(|t| t.0);
-        if let Some(copy) = copies.get_item(me)? {
-            return Ok(Here {
-                dataset: copy,
-                collate,
-            });
-        }
-        let copy = match spare.len() {
-            0 => copy_of(&dataset)?,
-            n => {
+        let copy = match (copies.get_item(me)?, spare.len()) {
+            (Some(copy), _) => return Ok(Here::on(copy, collate, &dataset)),
+            (None, 0) => copy_of(copier.bind(py), &dataset)?,
+            (None, n) => {
                 let copy = spare.get_item(n - 1)?;
                 spare.del_item(n - 1)?;
                 copy
             }
         };
         copies.set_item(me, &copy)?;
-        Ok(Here {
-            dataset: copy,
-            collate,
-        })
+        Ok(Here::on(copy, collate, &dataset))
     }
 
     /// Drops the copies of the threads that ended since the last call, or with `keep` moves
@@ -350,17 +367,18 @@ fn skip(py: Python<'_>, part: String, error: PyErr) -> PyResult<()> {
     crate::stages::skip_part(py, part, error.into_value(py).into_bound(py).into_any())
 }
 
-/// A shallow copy of `dataset` (`copy.copy`), or an error that says why it is needed.
-fn copy_of<'py>(dataset: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+/// A thread's copy of `dataset` (by `copier`), or an error that says why it is needed.
+fn copy_of<'py>(
+    copier: &Bound<'py, PyAny>,
+    dataset: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
     let py = dataset.py();
-    py.import("copy")?
-        .call_method1("copy", (dataset,))
-        .map_err(|e| {
-            let err = pyo3::exceptions::PyTypeError::new_err(format!(
-                "flowgate.DataLoader gives each of its threads a copy of the dataset \
-                 (copy.copy), as torch gives each worker one, and copying this one raised: {e}"
-            ));
-            err.set_cause(py, Some(e));
-            err
-        })
+    copier.call1((dataset,)).map_err(|e| {
+        let err = pyo3::exceptions::PyTypeError::new_err(format!(
+            "flowgate.DataLoader gives each of its threads a copy of the dataset \
+             (copy.copy), as torch gives each worker one, and copying this one raised: {e}"
+        ));
+        err.set_cause(py, Some(e));
+        err
+    })
 }
