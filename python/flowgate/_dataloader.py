@@ -218,12 +218,14 @@ _FIXED = frozenset({"dataset", "batch_size", "drop_last", "sampler", "batch_samp
                     "persistent_workers"})
 
 
-def _thread_copy(dataset: Any, memo: Optional[Dict[int, Any]] = None) -> Any:
+def _thread_copy(dataset: Any, memo: Optional[Dict[int, Any]] = None,
+                 shared: Optional[List[str]] = None, name: str = "dataset") -> Any:
     """A thread's copy of ``dataset``: ``copy.copy``, and so, the same way, every torch
     ``Dataset`` it holds in an attribute (alone, or in a list or tuple of them): a
     ``Subset``'s or ``random_split``'s dataset, a ``ConcatDataset``'s, a wrapper's. Each
     torch worker has a copy of them all; a shallow copy shared the inner dataset, and a file
-    it opened lazily, among the threads (helper-26: 1,640 of 2,000 items another's)."""
+    it opened lazily, among the threads (helper-26: 1,640 of 2,000 items another's). An
+    inner dataset that cannot be copied is shared, its name added to ``shared``."""
     memo = {} if memo is None else memo
     if id(dataset) in memo:
         return memo[id(dataset)]
@@ -232,12 +234,21 @@ def _thread_copy(dataset: Any, memo: Optional[Dict[int, Any]] = None) -> Any:
     state = getattr(mine, "__dict__", None)
     if data is None or state is None or state is getattr(dataset, "__dict__", None):
         return mine
+
+    def inner(v: Any, at: str) -> Any:
+        try:
+            return _thread_copy(v, memo, shared, at)
+        except Exception:  # noqa: BLE001 - shared as before, and said at build
+            if shared is not None:
+                shared.append(at)
+            return v
+
     for k, v in list(state.items()):
         if isinstance(v, data.Dataset):
-            state[k] = _thread_copy(v, memo)
+            state[k] = inner(v, f"{name}.{k}")
         elif (isinstance(v, (list, tuple)) and v
               and all(isinstance(x, data.Dataset) for x in v)):
-            state[k] = type(v)(_thread_copy(x, memo) for x in v)
+            state[k] = type(v)(inner(x, f"{name}.{k}[{i}]") for i, x in enumerate(v))
     return mine
 
 
@@ -245,8 +256,15 @@ def _copies(dataset: Any) -> bool:
     """Whether the dataset copies (:func:`_thread_copy`) for each thread; where it does
     not, a warning says its threads share it (a wrapper whose ``__getattr__`` forwards to
     an attribute that a copy does not have yet recurses)."""
+    shared: List[str] = []
     try:
-        _thread_copy(dataset)
+        _thread_copy(dataset, shared=shared)
+        if shared:
+            warnings.warn(
+                f"flowgate.DataLoader: {', '.join(shared)} cannot be copied for each thread "
+                "(copy.copy raised), so the threads share it: its calls must be safe from "
+                "several threads at once. Define __copy__ to give each thread its own, as "
+                "torch's workers have.", stacklevel=3)
         return True
     except Exception as e:  # noqa: BLE001 - any reason is said
         warnings.warn(

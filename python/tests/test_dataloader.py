@@ -343,6 +343,11 @@ def test_a_dataset_that_cannot_be_copied_is_shared_by_the_threads_and_said_so():
                                          "RecursionError.*share it.*__copy__"):
         loader = flowgate.DataLoader(Wrapper(Numbered(10)), batch_size=4)
     assert same(list(loader), list(TorchLoader(Numbered(10), batch_size=4)))
+    # Held by a Subset: the Subset is copied, the wrapper inside shared, and said so by name.
+    from torch.utils.data import Subset
+    with pytest.warns(UserWarning, match=r"dataset\.dataset cannot be copied for each thread"):
+        loader = flowgate.DataLoader(Subset(Wrapper(Numbered(10)), range(10)), batch_size=4)
+    assert same(list(loader), list(TorchLoader(Numbered(10), batch_size=4)))
 
 
 def test_a_checkpoint_of_another_loader_is_refused():
