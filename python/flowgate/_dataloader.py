@@ -61,8 +61,11 @@ class DataLoader:
     one core: the dataset's Python code holds the GIL, and more threads cannot help.
 
     The order of a shuffled epoch follows from ``seed`` (or ``generator.initial_seed()``) and
-    the epoch (``set_epoch``, else one more each pass; with several ranks, or resumed, a peek
-    at one batch costs no epoch); it is not torch's permutation.
+    the epoch (``set_epoch``, else one more each pass read through; with several ranks a pass
+    left early costs no epoch, as ``DistributedSampler``'s, and so does a peek at one batch
+    of a resumed epoch); it is not torch's permutation. Without ``seed`` or ``generator`` the
+    seed is 0, whatever ``torch.manual_seed`` says (every rank must shuffle alike, and a
+    resume in another process must find the same order): pass ``seed=`` to vary it.
     Refused, with the reason: ``sampler``, ``batch_sampler``, ``worker_init_fn`` and
     ``timeout`` (there are no worker processes).
     """
@@ -91,7 +94,10 @@ class DataLoader:
             # torch's refusal: without batches there is no last partial one to drop.
             raise ValueError("batch_size=None option disables auto-batching and is mutually "
                              "exclusive with drop_last")
-        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        data = sys.modules.get("torch.utils.data")
+        if (not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__")
+                or (data is not None and isinstance(dataset, data.IterableDataset))):
+            # (An IterableDataset has torch's Dataset.__getitem__, which raises: helper-27.)
             raise TypeError("flowgate.DataLoader needs a map-style dataset (__getitem__ and "
                             f"__len__), not {type(dataset).__name__}")
         _native._check_limit("num_workers", num_workers)

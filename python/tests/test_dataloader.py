@@ -418,6 +418,17 @@ def test_what_it_cannot_do_is_refused_at_once():
             flowgate.DataLoader(ds, **kw)
     with pytest.raises(TypeError, match="map-style"):
         flowgate.DataLoader(iter(range(3)))
+
+    # helper-27: one with a __len__ was built (torch's Dataset has a __getitem__ that raises).
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+        def __len__(self):
+            return 3
+
+    with pytest.raises(TypeError, match="map-style dataset .__getitem__ and __len__., not Stream"):
+        flowgate.DataLoader(Stream())
     # As torch (it was accepted and drop_last ignored).
     with pytest.raises(ValueError, match="mutually exclusive with drop_last"):
         TorchLoader(ds, batch_size=None, drop_last=True)
