@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use flowgate_tuner::policy::{HillClimb, ModelBased, ModelSettings, Static};
+use flowgate_tuner::policy::{HillClimb, ModelBased, ModelSettings, Park, Static};
 use flowgate_tuner::{enforce, Action, Budgets, Decision, Observation, Policy, StageKind};
 use flowgate_tuner::{CacheStats, StageObservation, StageStats};
 use parking_lot::Mutex;
@@ -94,8 +94,8 @@ impl TunerSettings {
     /// The policy these settings name.
     pub fn make_policy(&self) -> Box<dyn Policy> {
         match self.policy {
-            PolicyChoice::Model => Box::new(ModelBased::new(self.model)),
-            PolicyChoice::HillClimb => Box::new(HillClimb::default()),
+            PolicyChoice::Model => Box::new(Park::new(ModelBased::new(self.model))),
+            PolicyChoice::HillClimb => Box::new(Park::new(HillClimb::default())),
             PolicyChoice::Static => Box::new(Static),
         }
     }

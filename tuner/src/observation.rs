@@ -387,6 +387,9 @@ pub trait Policy: Send {
     fn name(&self) -> &str;
     /// Decides the changes for this tick (often none).
     fn decide(&mut self, obs: &Observation) -> Vec<Decision>;
+    /// The consumer came back after a pause during which the policy was not asked (see
+    /// [`Park`](crate::policy::Park)): rates and trials from before it say nothing of now.
+    fn resumed(&mut self) {}
 }
 
 impl<P: Policy + ?Sized> Policy for Box<P> {
@@ -395,6 +398,9 @@ impl<P: Policy + ?Sized> Policy for Box<P> {
     }
     fn decide(&mut self, obs: &Observation) -> Vec<Decision> {
         (**self).decide(obs)
+    }
+    fn resumed(&mut self) {
+        (**self).resumed()
     }
 }
 

@@ -570,3 +570,71 @@ fn j_a_user_function_heavier_than_decoding_gets_the_token() {
         );
     }
 }
+
+/// A consumer that goes away (a validation loader between evaluations) and comes back: while
+/// it is away the parked policy holds one worker per CPU stage, so the process's other
+/// pipelines can have the cores' tokens; when it is back, the workers are as they were at
+/// once and the throughput is what it was. Unparked, the model keeps every worker through
+/// the pause (the bug: a consumer neither taking nor waiting looked well fed).
+#[test]
+fn a_consumer_away_parks_the_pipeline_and_finds_it_as_it_left() {
+    use flowgate_tuner::policy::{Park, IDLE_SECS};
+    let sc = load("a_cpu_bound.toml");
+    for parked in [true, false] {
+        let mut sim = Simulator::new(&sc);
+        let mut policy: Box<dyn Policy> = if parked {
+            Box::new(Park::new(ModelBased::default()))
+        } else {
+            Box::new(ModelBased::default())
+        };
+        let before = sim.run(&mut *policy, 10.0);
+        let tuned = before.ticks.last().unwrap().workers.clone();
+        assert!(tuned.iter().sum::<usize>() > 3, "tuned up first: {tuned:?}");
+        let rate_before = before.rate(8.0, 10.0);
+        sim.set_consumer_cap(Some(sim.delivered()));
+        let away = sim.run(&mut *policy, 10.0);
+        let during = &away.ticks.last().unwrap().workers;
+        if !parked {
+            assert_eq!(
+                during, &tuned,
+                "unparked, the workers stay through the pause"
+            );
+            continue;
+        }
+        assert_eq!(
+            during,
+            &vec![1; tuned.len()],
+            "parked: one worker per stage"
+        );
+        let parked_at = away
+            .decisions
+            .iter()
+            .find(|(_, d)| d.reason.starts_with("park"))
+            .map(|(t, _)| t - 10.0)
+            .expect("a park decision");
+        assert!(
+            (IDLE_SECS..IDLE_SECS + 0.5).contains(&parked_at),
+            "parked {parked_at:.1} s after the consumer stopped"
+        );
+        assert_eq!(
+            away.decisions
+                .iter()
+                .filter(|(_, d)| d.reason.starts_with("park"))
+                .count(),
+            tuned.iter().filter(|&&w| w > 1).count(),
+            "parked once, and nothing else decided while parked: {:?}",
+            away.decisions
+        );
+        sim.set_consumer_cap(None);
+        let back = sim.run(&mut *policy, 5.0);
+        assert_eq!(
+            back.ticks[1].workers, tuned,
+            "the workers of before the pause, on the first tick back"
+        );
+        let rate_after = back.rate(21.0, 25.0);
+        assert!(
+            rate_after >= 0.95 * rate_before,
+            "{rate_after:.0} results/s back, {rate_before:.0} before"
+        );
+    }
+}

@@ -1,13 +1,16 @@
-//! The shipped policies: [`Static`], [`HillClimb`] (AIMD) and [`ModelBased`] (the default).
+//! The shipped policies: [`Static`], [`HillClimb`] (AIMD) and [`ModelBased`] (the default);
+//! [`Park`] gives a pipeline's workers back while its consumer is away.
 
 mod cache_sizing;
 mod hill_climb;
 mod model;
+mod park;
 mod threads;
 
 pub use cache_sizing::{cache_decisions, read_ahead_decisions};
 pub use hill_climb::{HillClimb, HillClimbSettings};
 pub use model::{ModelBased, ModelSettings};
+pub use park::{Park, IDLE_SECS};
 pub use threads::ItemThreadTrials;
 
 use crate::observation::{Decision, Observation, Policy};

@@ -643,4 +643,14 @@ impl Policy for ModelBased {
         decisions.extend(self.threads.decide(obs));
         decisions
     }
+
+    fn resumed(&mut self) {
+        // A trial spanning the pause would compare rates of a consumer away with its return,
+        // and the urges counted ticks of nothing moving.
+        self.trial = None;
+        self.rates.clear();
+        for m in &mut self.stages {
+            m.urge = 0;
+        }
+    }
 }
