@@ -384,3 +384,46 @@ def test_a_loader_in_a_cycle_through_its_dataset_or_collate_fn_is_freed_with_its
             time.sleep(0.05)
         assert not [r for r in refs if r() is not None], "every loader freed"
         assert threads() <= before, "and its threads"
+
+
+def test_an_idle_loaders_threads_go_to_the_loader_being_read():
+    """A validation loader whose iterator is made and left unread (or read, then left alive
+    between evaluations) holds no more than one thread while another loader of the process is
+    read: the process's threads beyond one a stage go to the loader being read. helper-27 saw
+    a training loader run 1 thread of its 2 beside an idle validation iterator, for good (137
+    against 217 img/s); tests/idle_tokens.rs has the rule, this its DataLoader translation."""
+    code = (
+        "import hashlib, json, os, time\n"
+        "import flowgate\n"
+        "class Hashes:\n"
+        "    buf = bytes(1 << 20)\n"
+        "    def __len__(self):\n"
+        "        return 10 ** 6\n"
+        "    def __getitem__(self, i):\n"
+        "        return hashlib.sha256(self.buf + i.to_bytes(8, 'little')).digest()\n"
+        "cores = len(os.sched_getaffinity(0))\n"
+        "def threads(dl):\n"
+        "    return dl.stats()['stages']['fetch']['workers']\n"
+        "val = flowgate.DataLoader(Hashes(), batch_size=8, num_workers=cores,\n"
+        "                          collate_fn=lambda b: b)\n"
+        "train = flowgate.DataLoader(Hashes(), batch_size=8, num_workers=cores,\n"
+        "                            collate_fn=lambda b: b)\n"
+        "it = iter(val)\n"
+        "first = threads(val)\n"
+        "t0, took = time.monotonic(), None\n"
+        "for k, _ in enumerate(train):\n"
+        "    if k % 10 == 0 and threads(train) == cores:\n"
+        "        took = time.monotonic() - t0\n"
+        "        break\n"
+        "    if time.monotonic() - t0 > 30:\n"
+        "        break\n"
+        "print(json.dumps(dict(cores=cores, first=first, took=took, val=threads(val),\n"
+        "                      train=threads(train))))\n"
+        "next(it)  # the validation loop is back: it reads\n"
+    )
+    r = json.loads(run_clean(code))
+    assert r["first"] == r["cores"], r
+    if r["cores"] == 1:
+        return  # one core: no thread beyond a stage's first to hand over
+    assert r["took"] is not None, f"the loader being read never got the idle one's threads: {r}"
+    assert r["val"] == 1, r
