@@ -185,6 +185,11 @@ class DataLoader:
             if torch.cuda.is_available():
                 from torch.utils.data._utils.pin_memory import pin_memory
                 convert = pin_memory
+            elif self._pin is True:
+                # Said once a loader, as torch says it: the batches stay in pageable memory.
+                self._pin = "warned"
+                warnings.warn("pin_memory=True, but no CUDA device is available: the batches "
+                              "are not pinned", UserWarning, stacklevel=2)
         if not self._persistent:
             self._copies.clear()
         return _Pass(self, convert)

@@ -361,6 +361,20 @@ def test_torchs_attributes_and_the_samplers_set_epoch():
             f(loader)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="batches are pinned with CUDA")
+def test_pin_memory_without_cuda_says_so_once():
+    """pin_memory=True where there is no CUDA device: the batches come as without it, and the
+    loader says so at its first iter(), once (it was silent: a helper-27 case)."""
+    import warnings
+    loader = flowgate.DataLoader(Numbered(10), batch_size=4, pin_memory=True)
+    with pytest.warns(UserWarning, match="pin_memory=True, but no CUDA device"):
+        first = ids(loader)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ids(loader) == first == ids(flowgate.DataLoader(Numbered(10), batch_size=4))
+    assert loader.pin_memory is True
+
+
 @pytest.mark.parametrize("ranks", [None, "cores"])
 def test_more_workers_than_cores_make_that_many_batches_at_once(ranks, monkeypatch):
     """A dataset that waits (a network read) with num_workers above the cores: batches are

@@ -12,11 +12,12 @@
 //! [`Park`] wraps a policy. Once the consumer has neither taken a result nor waited for one for
 //! [`IDLE_SECS`] (or four of its usual gaps between takes, if longer: a slow training step is
 //! not a pause; the usual gap is the median of the last 15, so a pause now and then does not
-//! make the next one slower to see), it shrinks every resizable CPU stage to one worker and stops asking the
-//! policy. The first tick on which the consumer takes or waits again, it puts the workers back
-//! as they were (as far as the tokens free then allow: the policy grows the rest as usual) and
-//! tells the policy ([`Policy::resumed`]) that what it measured before the pause is stale. The
-//! buffers are left as they were, so the consumer finds them full when it comes back.
+//! make the next one slower to see), it shrinks every resizable CPU stage to one worker and
+//! stops asking the policy. The first tick on which the consumer takes or waits again, it puts
+//! the workers back as they were (as far as the tokens free then allow: the policy grows the
+//! rest as usual) and tells the policy ([`Policy::resumed`]) that what it measured before the
+//! pause is stale. The buffers are left as they were, so the consumer finds them full when it
+//! comes back.
 //!
 //! The shipped adaptive policies run parked; [`Static`](super::Static) does not (it changes
 //! nothing, by definition), and a policy of the user's is parked only if wrapped.
