@@ -19,8 +19,8 @@ threads, queues and tuner do not).
 from __future__ import annotations
 
 import os
-from typing import (Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Sequence,
-                    Tuple, Union)
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional,
+                    Sequence, Tuple, Union)
 
 from . import _native
 from ._native import Batch, DeviceUnavailable, LoaderError, build_info, skip_part
@@ -487,6 +487,15 @@ class Pipeline:
 
     def __iter__(self) -> Iterator[Any]:
         return _Pass(self)
+
+    def stats(self) -> Dict[str, Any]:
+        """The stages' statistics (``stages``: threads, items) and the calls' (``gil``)."""
+        return self._native.stats()
+
+    def tuner_trace(self) -> List[Dict[str, Any]]:
+        """The tuner's recent ticks, as :meth:`ImageLoader.tuner_trace`'s (the pipeline
+        running now; empty before the first ``iter()``)."""
+        return self._native.tuner_trace()
 
     def close(self) -> None:
         """Stops the pipeline and joins its threads."""

@@ -218,6 +218,11 @@ class DataLoader:
         s["gil_bound"] = s["gil"]["bound"]
         return s
 
+    def tuner_trace(self) -> List[Dict[str, Any]]:
+        """The tuner's recent ticks (each thread count it set and why: ``decisions``), as
+        the loaders' ``tuner_trace()``; empty before the first ``iter()``."""
+        return self._native.tuner_trace()
+
     def close(self) -> None:
         """Stops the threads (an iterator running at the time raises :class:`LoaderError`);
         a later ``iter()`` starts them again."""

@@ -10,7 +10,7 @@ use flowgate::loader::LoaderSettings;
 use flowgate::{Order, Pipeline, PipelineError, PipelineState, Within};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyList};
 
 use crate::error::to_py;
 use crate::fork::PyItem;
@@ -375,6 +375,19 @@ impl PyPipeline {
         }
         d.set_item("gil", self.spec.gil.to_py(py)?)?;
         Ok(d)
+    }
+
+    /// The tuner's recent ticks of the pipeline running now (the loaders' `tuner_trace()`
+    /// layout), oldest first; empty before the first `iter()` and with the tuner off.
+    fn tuner_trace<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let trace = self
+            .running
+            .lock()
+            .expect("running")
+            .as_ref()
+            .map(|run| run.pipeline.tuner_trace())
+            .unwrap_or_default();
+        crate::stats::trace_to_py(py, trace)
     }
 
     /// The epoch's next result; `StopIteration` at its end (a result may be `None`).

@@ -417,8 +417,9 @@ def test_an_idle_loaders_threads_go_to_the_loader_being_read():
         "        break\n"
         "    if time.monotonic() - t0 > 30:\n"
         "        break\n"
+        "parks = [d for r in val.tuner_trace() for d in r['decisions'] if 'park:' in d]\n"
         "print(json.dumps(dict(cores=cores, first=first, took=took, val=threads(val),\n"
-        "                      train=threads(train))))\n"
+        "                      train=threads(train), parks=parks)))\n"
         "next(it)  # the validation loop is back: it reads\n"
     )
     r = json.loads(run_clean(code))
@@ -427,3 +428,5 @@ def test_an_idle_loaders_threads_go_to_the_loader_being_read():
         return  # one core: no thread beyond a stage's first to hand over
     assert r["took"] is not None, f"the loader being read never got the idle one's threads: {r}"
     assert r["val"] == 1, r
+    # Said in its trace, once: parked, and not woken while unread.
+    assert len(r["parks"]) == 1 and "took nothing" in r["parks"][0], r

@@ -110,10 +110,14 @@ def test_errors_are_skipped_and_counted(data, tmp_path):
 
 def test_python_callable_stages():
     p = flowgate.Pipeline(lambda epoch: range(100)).map(lambda x: x * x, workers=2).batch(10)
+    assert p.tuner_trace() == [], "nothing runs before the first iter()"
     for _ in range(2):
         batches = list(p)
         assert all(isinstance(b, list) for b in batches)
         assert sorted(x for b in batches for x in b) == [x * x for x in range(100)]
+    # What the loaders say of themselves, it says too.
+    assert p.stats()["stages"]["map1"]["items_out"] == 200, "both epochs"
+    assert all({"t", "workers", "decisions"} <= set(r) for r in p.tuner_trace())
 
     def boom(x):
         if x == 7:
