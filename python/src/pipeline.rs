@@ -367,8 +367,17 @@ impl PyPipeline {
     /// one core (taking turns at the GIL: more threads cannot help).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
-        if let Some(run) = self.running.lock().expect("running").as_ref() {
-            let s = run.pipeline.stats();
+        // The lock is taken with the GIL released: `_next` holds it while it waits for a
+        // result that a stage's Python call (which may be this one) has to make.
+        let running = &self.running;
+        let stats = crate::lifecycle::released(py, || {
+            running
+                .lock()
+                .expect("running")
+                .as_ref()
+                .map(|run| run.pipeline.stats())
+        });
+        if let Some(s) = stats {
             d.set_item("delivered", s.delivered)?;
             d.set_item("failures", s.failures)?;
             d.set_item("stages", crate::stats::stages_to_py(py, &s)?)?;
@@ -380,13 +389,15 @@ impl PyPipeline {
     /// The tuner's recent ticks of the pipeline running now (the loaders' `tuner_trace()`
     /// layout), oldest first; empty before the first `iter()` and with the tuner off.
     fn tuner_trace<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let trace = self
-            .running
-            .lock()
-            .expect("running")
-            .as_ref()
-            .map(|run| run.pipeline.tuner_trace())
-            .unwrap_or_default();
+        let running = &self.running;
+        let trace = crate::lifecycle::released(py, || {
+            running
+                .lock()
+                .expect("running")
+                .as_ref()
+                .map(|run| run.pipeline.tuner_trace())
+                .unwrap_or_default()
+        });
         crate::stats::trace_to_py(py, trace)
     }
 
