@@ -147,7 +147,7 @@ class DataLoader:
         native.prefetch(min((prefetch_factor or 2) * (num_workers or _cores()),
                             _native.MAX_STAGE_PREFETCH))
         self._native = native
-        self._pin = pin_memory
+        self._pin, self._pin_warned = pin_memory, False
         # What torch's DataLoader exposes, for code that reads it.
         self.num_workers, self.collate_fn, self.pin_memory = num_workers, collate_fn, pin_memory
         self.generator, self.prefetch_factor = generator, prefetch_factor
@@ -185,9 +185,9 @@ class DataLoader:
             if torch.cuda.is_available():
                 from torch.utils.data._utils.pin_memory import pin_memory
                 convert = pin_memory
-            elif self._pin is True:
+            elif not self._pin_warned:
                 # Said once a loader, as torch says it: the batches stay in pageable memory.
-                self._pin = "warned"
+                self._pin_warned = True
                 warnings.warn("pin_memory=True, but no CUDA device is available: the batches "
                               "are not pinned", UserWarning, stacklevel=2)
         if not self._persistent:

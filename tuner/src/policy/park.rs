@@ -314,6 +314,37 @@ mod tests {
         assert!(d[0].reason.contains("2 of the 3"), "{}", d[0].reason);
     }
 
+    /// The patience is in seconds, not ticks: at the tick lengths a user may set (10 ms to
+    /// 10 s), a consumer that stops is parked after 2 s, or at the first tick past them.
+    #[test]
+    fn the_patience_is_the_same_at_any_tick() {
+        for tick in [10, 100, 1_000, 10_000].map(Duration::from_millis) {
+            let mut p = Park::new(Counting::default());
+            let at = |k: u32| Observation {
+                now: tick * k,
+                window: tick,
+                ..obs(k, 0, Duration::ZERO, W)
+            };
+            let took = Observation {
+                delivered: 1,
+                ..at(1)
+            };
+            p.decide(&took);
+            let mut k = 2;
+            while !p.is_parked() {
+                p.decide(&at(k));
+                k += 1;
+            }
+            let quiet = (tick * (k - 2)).as_secs_f64();
+            // (One tick of slack: the clock's float sums may land just short of 2 s.)
+            let want = IDLE_SECS.max(tick.as_secs_f64()) + tick.as_secs_f64();
+            assert!(
+                quiet >= IDLE_SECS - 1e-9 && quiet <= want + 1e-9,
+                "tick {tick:?}: parked after {quiet} s"
+            );
+        }
+    }
+
     #[test]
     fn a_slow_training_step_is_not_a_pause() {
         // A result every 3 s: 30 quiet ticks at a time, longer than the least patience.
