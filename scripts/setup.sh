@@ -2,7 +2,8 @@
 # Prepares a fresh machine for flowgate's commands; both README commands call it.
 #   scripts/setup.sh          system libraries for the media features (Debian/Ubuntu: apt-get)
 #   scripts/setup.sh --test   the same, plus the local S3 server the integration tests start
-#                             (s3s-fs 0.14.1, built once into target/tools/bin) and python3
+#                             (s3s-fs 0.14.1, built once per machine into
+#                             ~/.cache/flowgate/tools/bin, as the test virtualenv is) and python3
 #                             with venv for the Python package's tests
 #   scripts/setup.sh --floors the system libraries, plus libFLAC's headers and gcc for the
 #                             decode floors of scripts/floors.py
@@ -55,7 +56,8 @@ if [ "${1:-}" = "--test" ] && ! python3 -c 'import venv, ensurepip' >/dev/null 2
   fi
 fi
 
-if [ "${1:-}" = "--test" ] && [ ! -x target/tools/bin/s3s-fs ]; then
-  echo "setup: building the local S3 server (s3s-fs 0.14.1) into target/tools"
-  cargo install s3s-fs@0.14.1 --features binary --locked --root target/tools --quiet
+TOOLS="$HOME/.cache/flowgate/tools"
+if [ "${1:-}" = "--test" ] && [ ! -x "$TOOLS/bin/s3s-fs" ]; then
+  echo "setup: building the local S3 server (s3s-fs 0.14.1) into $TOOLS (once per machine)"
+  cargo install s3s-fs@0.14.1 --features binary --locked --root "$TOOLS" --quiet
 fi

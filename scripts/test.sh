@@ -36,5 +36,14 @@ VENV=${FLOWGATE_PYVENV:-$HOME/.cache/flowgate/pyvenv}
 # The package's distribution name is flowgate-loader (PyPI's "flowgate" is another project's);
 # an older build installed as "flowgate" would share its files: removed first.
 "$VENV/bin/pip" uninstall --quiet --yes flowgate > /dev/null 2>&1 || true
-MATURIN_PEP517_ARGS="--features video,s3,cuda" "$VENV/bin/pip" install --quiet --force-reinstall --no-deps ./python
-"$VENV/bin/python" -m pytest -q python/tests
+# The package's lints, then the package built with the `pytest` profile (python/Cargo.toml:
+# unoptimised but for the hot paths; a release build doubles its compile time). Building and
+# checking the release wheel is scripts/wheel.sh and scripts/check-wheel.sh, not this command.
+PYFEATURES=video,s3,cuda
+cargo clippy --locked --manifest-path python/Cargo.toml --profile pytest --features "$PYFEATURES" \
+  --quiet -- -D warnings
+MATURIN_PEP517_ARGS="--profile pytest --features $PYFEATURES" "$VENV/bin/pip" install --quiet \
+  --force-reinstall --no-deps ./python
+# The `flowgate` command the workspace's tests built (with the test features), for the
+# Python tests that run it (the sample data, a pipeline file) instead of a build of its own.
+FLOWGATE_CLI="$PWD/target/debug/flowgate" "$VENV/bin/python" -m pytest -q --durations=15 python/tests

@@ -3,8 +3,8 @@
 
 use std::borrow::Borrow;
 
+use crate::engine::builder::PipelineBuilder;
 use crate::tensor::{DType, Tensor};
-use crate::PipelineBuilder;
 
 /// Why items could not be stacked into one batch.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

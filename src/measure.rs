@@ -16,8 +16,9 @@ use std::sync::Arc;
 
 use flowgate_actors::op::Sizer;
 
+use crate::blob::Blob;
 use crate::sample::{FieldBatch, Sample};
-use crate::{Blob, Tensor};
+use crate::tensor::Tensor;
 
 /// The heap bytes a value owns (beyond its inline `size_of`).
 pub trait HeapSize {
@@ -136,7 +137,7 @@ pub(crate) fn auto_sizer<T: Send + 'static>() -> Sizer<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::DType;
+    use crate::tensor::DType;
 
     #[test]
     fn the_library_types_are_measured_by_what_they_own() {

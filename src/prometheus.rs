@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::PipelineStats;
+use crate::engine::stats::PipelineStats;
 
 /// Where an endpoint serves, as every front end names it (a pipeline file's `[metrics]
 /// prometheus`, Python's `metrics_port=`): a port alone on the loopback address (`"9100"` is

@@ -285,9 +285,8 @@ pub fn write_dataset_with_progress(
     Ok(out)
 }
 
+use flowgate_tuner::Rng;
 use image::{Rgb, RgbImage};
-
-use crate::tuner::Rng;
 
 const SIZES: [(u32, u32); 4] = [(500, 375), (375, 500), (500, 333), (480, 360)];
 

@@ -60,12 +60,22 @@ impl FailureBudget {
 
     /// Tolerate failures while they are at most a fraction `rate` (0..=1) of the items seen,
     /// once at least [`DEFAULT_MIN_ITEMS_FOR_RATE`] items were seen.
+    ///
+    /// # Panics
+    ///
+    /// When `rate` is outside 0..=1 (or NaN), with the words every front end refuses it in
+    /// ([`crate::limits::failure_rate`]); [`try_rate`](Self::try_rate) returns the error.
     pub fn rate(rate: f64) -> Self {
-        Self {
+        Self::try_rate(rate).unwrap_or_else(|e| panic!("FailureBudget::rate: {e}"))
+    }
+
+    /// [`rate`](Self::rate), or the error that names the number out of range.
+    pub fn try_rate(rate: f64) -> Result<Self, crate::limits::OutOfRange> {
+        Ok(Self {
             max_count: None,
-            max_rate: Some(rate.clamp(0.0, 1.0)),
+            max_rate: Some(crate::limits::failure_rate(rate)?),
             min_items: DEFAULT_MIN_ITEMS_FOR_RATE,
-        }
+        })
     }
 
     /// Adds a count limit to a rate limit (or the reverse).

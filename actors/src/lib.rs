@@ -22,6 +22,7 @@ pub mod channel;
 pub mod emit;
 pub mod error;
 pub mod failure;
+pub mod limits;
 pub mod metrics;
 pub mod node;
 pub mod op;

@@ -8,8 +8,9 @@
 //! runs well, so it is refused when the loader is built, not met later as an out-of-memory
 //! kill or an overflow.
 //!
-//! This module knows nothing of the rest of the crate: the loader, the datasets and the
-//! pipeline files all read it.
+//! It lives in `flowgate-actors`, below the library, so that the engine's own types (a
+//! failure budget, the tuner's settings) check their numbers against the same table; the
+//! library re-exports it as `flowgate::limits`. It knows nothing of the rest of either crate.
 
 /// A number out of its range: the setting's name and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,7 +108,7 @@ pub const EPOCH: Limit = Limit {
 };
 
 /// A mixture's draws per epoch: its order is an epoch's, at most
-/// [`MAX_EPOCH_ITEMS`](crate::sampler::MAX_EPOCH_ITEMS) positions.
+/// `flowgate::sampler::MAX_EPOCH_ITEMS` positions.
 pub const DRAWS: Limit = Limit {
     key: "draws",
     min: 1,
@@ -122,7 +123,7 @@ pub const PREFETCH: Limit = Limit {
 };
 
 /// A shuffle buffer, in samples: positions, at most an epoch's worth
-/// ([`MAX_EPOCH_ITEMS`](crate::sampler::MAX_EPOCH_ITEMS)).
+/// (`flowgate::sampler::MAX_EPOCH_ITEMS`).
 pub const BUFFER: Limit = Limit {
     key: "buffer",
     min: 0,
@@ -135,6 +136,77 @@ pub const BUCKETS: Limit = Limit {
     key: "buckets",
     min: 1,
     max: 1000,
+};
+
+/// Worker threads a `DataLoader` starts with (`num_workers`): as [`STAGE_WORKERS`], 0 for
+/// "the tuner decides".
+pub const NUM_WORKERS: Limit = Limit {
+    key: "num_workers",
+    ..STAGE_WORKERS
+};
+
+/// Batches a `DataLoader` makes ahead of the loop per worker (`prefetch_factor`, torch's):
+/// at least one, at most 1,024; with the workers, at most [`STAGE_PREFETCH`] in all
+/// ([`batches_ahead`]).
+pub const PREFETCH_FACTOR: Limit = Limit {
+    key: "prefetch_factor",
+    min: 1,
+    max: 1 << 10,
+};
+
+/// The batches a `DataLoader` makes ahead of the loop: `prefetch_factor` (default 2) per
+/// worker, `workers` being `num_workers` or, where that is 0, the cores the tuner starts from.
+/// Refused past [`STAGE_PREFETCH`] (unmeasured Python objects), naming both numbers: a bound
+/// that binds says so rather than being cut to the limit.
+pub fn batches_ahead(
+    prefetch_factor: Option<u64>,
+    num_workers: u64,
+    cores: u64,
+) -> Result<u64, OutOfRange> {
+    let factor = prefetch_factor.unwrap_or(2);
+    PREFETCH_FACTOR.check(i128::from(factor))?;
+    NUM_WORKERS.check(i128::from(num_workers))?;
+    let workers = if num_workers == 0 {
+        cores.max(1)
+    } else {
+        num_workers
+    };
+    let ahead = factor.saturating_mul(workers);
+    if ahead > STAGE_PREFETCH.max {
+        let whose = match num_workers {
+            0 => format!("the {workers} cores the tuner starts from (num_workers=0)"),
+            n => format!("num_workers={n}"),
+        };
+        return Err(OutOfRange {
+            key: "prefetch_factor",
+            message: format!(
+                "{factor} batches per worker for {whose} is {ahead} batches ahead of the loop, \
+                 more than the {} allowed",
+                STAGE_PREFETCH.max
+            ),
+        });
+    }
+    Ok(ahead)
+}
+
+/// A failure budget's rate (`max_failures` as a fraction of the items seen): 0 fails at the
+/// first failure, 1 never fails.
+pub fn failure_rate(rate: f64) -> Result<f64, OutOfRange> {
+    if !(0.0..=1.0).contains(&rate) {
+        return Err(OutOfRange {
+            key: "max_failures",
+            message: format!("a count (an integer) or a rate in 0..=1, not {rate}"),
+        });
+    }
+    Ok(rate)
+}
+
+/// The tuner's tick, in milliseconds: at least 1, at most an hour (a tuner that never ticks
+/// is `autotune_off`).
+pub const TICK_MS: Limit = Limit {
+    key: "tick_ms",
+    min: 1,
+    max: 3_600_000,
 };
 
 /// The range of an amount of memory or disk, in MiB.

@@ -50,7 +50,8 @@ pub enum PolicyChoice {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TunerSettings {
-    /// Time between ticks; default [`DEFAULT_TICK`]. 10 ms..=10 s is sensible.
+    /// Time between ticks; default [`DEFAULT_TICK`]. 10 ms..=10 s is sensible; 1 ms..=1 h
+    /// is allowed ([`crate::limits::TICK_MS`], checked when the pipeline is built).
     #[serde(default, with = "opt_millis")]
     pub tick: Option<Duration>,
     /// The policy; default the model-based one.
@@ -72,6 +73,17 @@ pub struct TunerSettings {
     /// Where to write the decision trace (JSON lines); none by default.
     #[serde(default)]
     pub trace: Option<PathBuf>,
+}
+
+impl TunerSettings {
+    /// Checks the numbers against [`crate::limits`], in the words every front end uses
+    /// (`tick_ms: must be in 1..=3600000, not 0`).
+    pub fn check(&self) -> Result<(), crate::limits::OutOfRange> {
+        if let Some(t) = self.tick {
+            crate::limits::TICK_MS.check(t.as_millis() as i128)?;
+        }
+        Ok(())
+    }
 }
 
 mod opt_millis {

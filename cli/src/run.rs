@@ -147,7 +147,7 @@ pub(crate) fn run(file: &Path, quiet: bool, dump: Option<&Path>) -> Result<ExitC
             None => format!("{:>6.1} batches/s", r.rate),
         };
         for d in &r.decisions {
-            let what = describe(&d.action, &r.stages, r.memory_budget);
+            let what = d.action.describe(&r.stages, r.memory_budget);
             let line = format!(
                 "tuner @{:>5.1}s {rate}  {what}: {}",
                 r.t,
@@ -468,47 +468,6 @@ fn summary(stats: &PipelineStats, epochs: &[(usize, f64)], groups: &view::Failur
         let _ = writeln!(s, "  last failure: {f}");
     }
     s
-}
-
-/// `n` things, singular or plural.
-fn count(n: usize, one: &str) -> String {
-    if n == 1 {
-        format!("1 {one}")
-    } else {
-        format!("{n} {one}s")
-    }
-}
-
-/// A tuner action in words (`memory_budget`: the whole pipeline's, not shown as a queue's).
-fn describe(action: &flowgate::tuner::Action, stages: &[String], memory_budget: u64) -> String {
-    use flowgate::tuner::Action;
-    let name = |i: usize| stages.get(i).map_or("?", String::as_str).to_owned();
-    match *action {
-        Action::SetWorkers { stage, workers } => {
-            format!("{} → {}", name(stage), count(workers, "worker"))
-        }
-        Action::SetPrefetch {
-            stage,
-            items,
-            bytes,
-        } => {
-            let queue = format!("{} queue → {}", name(stage), count(items, "item"));
-            if bytes == u64::MAX || bytes >= memory_budget {
-                queue
-            } else {
-                format!("{queue}, at most {}", text::bytes(bytes))
-            }
-        }
-        Action::SetCacheBytes { stage, bytes } => {
-            format!("{} cache → {}", name(stage), text::bytes(bytes))
-        }
-        Action::SetReadAhead { stage, depth } => {
-            format!("{} read-ahead → {}", name(stage), count(depth, "shard"))
-        }
-        Action::SetItemThreads { stage, threads } => {
-            format!("{} → {} per item", name(stage), count(threads, "thread"))
-        }
-    }
 }
 
 /// Prometheus metrics, when built with the feature and asked for.

@@ -28,18 +28,7 @@ pub(crate) fn clock(secs: f64) -> String {
 
 /// Bytes in the unit that reads best.
 pub(crate) fn bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
+    flowgate::tuner::bytes_in_words(b)
 }
 
 #[cfg(test)]

@@ -23,7 +23,8 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Opti
                     Sequence, Tuple, Union)
 
 from . import _native
-from ._native import Batch, DeviceUnavailable, LoaderError, build_info, skip_part
+from ._native import (Batch, DeviceUnavailable, LoaderError, SkippedItemsWarning, build_info,
+                      skip_part)
 from ._dataloader import DataLoader
 from ._sources import Mix, Parquet, Shards
 from ._process import _OPEN, _Pass
@@ -36,7 +37,7 @@ from ._args import _build
 __version__: str = _native.__version__
 
 __all__ = ["ImageLoader", "AudioLoader", "VideoLoader", "DataLoader", "Shards", "Parquet", "Mix",
-           "Pipeline", "Ray", "Batch", "LoaderError", "DeviceUnavailable", "merge_state_dicts", "skip_part",
+           "Pipeline", "Ray", "Batch", "LoaderError", "SkippedItemsWarning", "DeviceUnavailable", "merge_state_dicts", "skip_part",
            "build_info", "report_ranks"]
 
 

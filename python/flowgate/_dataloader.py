@@ -49,13 +49,17 @@ class DataLoader:
     every share as long (padded by repeating the epoch's start, as ``DistributedSampler``;
     ``drop_last=True`` drops the remainder instead); ``state_dict()`` / ``load_state_dict()``
     resume an epoch exactly where it stopped; ``skip_errors=True`` leaves an item whose
-    ``__getitem__`` raises out of its batch (counted; the batch keeps its place, and one whose
-    every item fails is made up of the readable items after it, so every rank still makes
-    ``len()`` batches; an epoch with no readable item raises; a batch whose ``__getitems__``
-    raises is read item by item, one whose ``collate_fn`` raises keeps the items halving finds
-    collate together, each left out counted),
-    where the default raises
-    :class:`LoaderError` naming it (the dataset's exception its ``__cause__``).
+    ``__getitem__`` raises out of its batch (counted; the batch keeps its place; a batch whose
+    ``__getitems__`` raises is read item by item, one whose ``collate_fn`` raises keeps the
+    items halving finds collate together, each left out counted), where the default raises
+    :class:`LoaderError` naming it (the dataset's exception its ``__cause__``). A batch whose
+    every item fails is left out in one process (no item comes twice in an epoch), and made up
+    of the readable items after it under a world size above 1, so every rank still makes
+    ``len()`` batches (``stats()["filled"]`` counts the items read again); an epoch with no
+    readable item raises. The first skipped item is said once, as a
+    :class:`SkippedItemsWarning` with its reason, and each epoch that skipped items ends with
+    one giving the count (and the batches delivered, where ``len()`` counted others);
+    ``failures()`` lists them.
     ``stats()["gil"]``: how many threads were busy in the dataset's calls (``threads_busy``) on
     how many cores (``cores_used``); ``stats()["gil_bound"]`` when several took turns on about
     one core: the dataset's Python code holds the GIL, and more threads cannot help.
@@ -97,7 +101,7 @@ class DataLoader:
         data = sys.modules.get("torch.utils.data")
         if (not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__")
                 or (data is not None and isinstance(dataset, data.IterableDataset))):
-            # (An IterableDataset has torch's Dataset.__getitem__, which raises: helper-27.)
+            # (An IterableDataset has torch's Dataset.__getitem__, which raises.)
             raise TypeError("flowgate.DataLoader needs a map-style dataset (__getitem__ and "
                             f"__len__), not {type(dataset).__name__}")
         _native._check_limit("num_workers", num_workers)
@@ -124,8 +128,9 @@ class DataLoader:
         # calls at once, as torch's workers; else threads the tuner sizes to the cores,
         # starting at num_workers.
         # An item that raises is a failed item (fatal, or with skip_errors counted and left
-        # out); a batch whose every item fails is made up of the readable items after it (the
-        # library's `MakeUp`), so every rank still makes len() batches.
+        # out); a batch whose every item fails is, under a world size above 1, made up of the
+        # readable items after it (the library's `MakeUp`), so every rank still makes len()
+        # batches, and in one process left out (no item comes twice in an epoch).
         # Each thread calls a copy of the dataset of its own (made afresh each pass unless
         # persistent_workers, where a thread that ended leaves its copy to the next new one),
         # as each torch worker has one: kept here, by thread, where the garbage collector sees
@@ -137,15 +142,15 @@ class DataLoader:
         self.collate_fn = collate_fn
         native.map(_native.Fetch(weakref.ref(self), skip_errors, batch_size is not None,
                                  _thread_copy if _copies(dataset) else None,
-                                 self._persistent),
+                                 self._persistent, native),
                    num_workers, "fetch", num_workers > _cores())
         # Made ahead of the loop, as torch's `prefetch_factor` per worker: at most that many
         # batches per thread waiting in the stage and as many for the loop (Python objects are
         # not measured, so the bound is in batches; it was 256 whatever their size).
         if prefetch_factor is not None:
             _native._check_limit("prefetch_factor", prefetch_factor)
-        native.prefetch(min((prefetch_factor or 2) * (num_workers or _cores()),
-                            _native.MAX_STAGE_PREFETCH))
+        # Refused past the library's bound, naming both numbers (it was cut to it unsaid).
+        native.prefetch(_native._batches_ahead(prefetch_factor, num_workers, _cores()))
         self._native = native
         self._pin, self._pin_warned = pin_memory, False
         # What torch's DataLoader exposes, for code that reads it.
@@ -218,6 +223,11 @@ class DataLoader:
         s["gil_bound"] = s["gil"]["bound"]
         return s
 
+    def failures(self, epoch: Optional[int] = None) -> List[Any]:
+        """The items skipped in ``epoch`` (default: the epoch being iterated, or the last one
+        started), the last 1,000 kept: ``(stage, item, message)`` tuples."""
+        return self._native.failures(epoch)
+
     def tuner_trace(self) -> List[Dict[str, Any]]:
         """The tuner's recent ticks (each thread count it set and why: ``decisions``), as
         the loaders' ``tuner_trace()``; empty before the first ``iter()``."""
@@ -240,8 +250,8 @@ def _thread_copy(dataset: Any, memo: Optional[Dict[int, Any]] = None,
     ``Dataset`` it holds in an attribute (alone, or in a list or tuple of them): a
     ``Subset``'s or ``random_split``'s dataset, a ``ConcatDataset``'s, a wrapper's. Each
     torch worker has a copy of them all; a shallow copy shared the inner dataset, and a file
-    it opened lazily, among the threads (helper-26: 1,640 of 2,000 items another's). An
-    inner dataset that cannot be copied is shared, its name added to ``shared``."""
+    it opened lazily, among the threads (most items were then read through another thread's
+    file). An inner dataset that cannot be copied is shared, its name added to ``shared``."""
     memo = {} if memo is None else memo
     if id(dataset) in memo:
         return memo[id(dataset)]

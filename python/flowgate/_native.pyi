@@ -7,6 +7,10 @@ class LoaderError(RuntimeError):
     stage: Optional[str]
     item: Optional[str]
 
+class SkippedItemsWarning(UserWarning):
+    """A loader skipped unreadable items: said at the first, once a loader, and at the end of
+    each epoch that skipped any; ``failures()`` lists them."""
+
 class DeviceUnavailable(RuntimeError):
     """The device a loader was asked for cannot be used (no driver, no such GPU, or a build
     without CUDA)."""
@@ -81,6 +85,7 @@ class Pipeline:
     def set_epoch(self, epoch: int) -> None: ...
     def stats(self) -> Dict[str, Any]: ...
     def tuner_trace(self) -> List[Dict[str, Any]]: ...
+    def failures(self, epoch: Optional[int] = ...) -> List[Tuple[str, str, str]]: ...
     def _start_epoch(self) -> None: ...
     def _next(self) -> Any: ...
     def close(self) -> None: ...
@@ -97,6 +102,7 @@ DEFAULT_BATCHES_PER_UNIT: int
 DEFAULT_START_TIMEOUT: float
 
 def _check_limit(name: str, value: Any) -> None: ...
+def _batches_ahead(prefetch_factor: Optional[int], num_workers: int, cores: int) -> int: ...
 
 DEFAULT_RESIZE: int
 DEFAULT_CROP: int
@@ -142,10 +148,10 @@ class EpochPlan:
 
 class Fetch:
     """``flowgate.DataLoader``'s fetch: a batch's items collated, failures counted, a batch
-    of failures made up (``flowgate::sampler::MakeUp``), on each thread's copy of the
-    dataset."""
+    of failures made up under a world size above 1 (``flowgate::sampler::MakeUp``) and left
+    out in one process, on each thread's copy of the dataset."""
     def __init__(self, owner: Any, skip_errors: bool, batched: bool, copies: bool,
-                 keep: bool) -> None: ...
+                 keep: bool, pipeline: "Pipeline") -> None: ...
     def __call__(self, positions: Any) -> Any: ...
 
 class Regroup:

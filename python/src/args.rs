@@ -156,6 +156,17 @@ pub(crate) fn loader(
     Ok(loader)
 }
 
+/// The batches a `DataLoader` makes ahead of its loop (the library's
+/// [`batches_ahead`](flowgate::limits::batches_ahead)): refused, in its words, past the limit.
+#[pyfunction]
+pub(crate) fn _batches_ahead(
+    prefetch_factor: Option<u64>,
+    num_workers: u64,
+    cores: u64,
+) -> PyResult<u64> {
+    flowgate::limits::batches_ahead(prefetch_factor, num_workers, cores).map_err(out_of_range)
+}
+
 /// Checks the argument `name` (of a loader or a source) against the library's limits, in its
 /// words: what `flowgate.Shards(...)` and the loaders call before anything is built.
 #[pyfunction]
@@ -164,20 +175,13 @@ pub(crate) fn _check_limit(name: &str, value: &Bound<'_, PyAny>) -> PyResult<()>
     let whole_limit = match name {
         "batch_size" => BATCH_SIZE,
         "workers" => WORKERS,
-        "num_workers" => Limit {
-            key: "num_workers",
-            ..STAGE_WORKERS
-        },
+        "num_workers" => NUM_WORKERS,
         "prefetch" => PREFETCH,
         "buffer" => BUFFER,
         "buckets" => BUCKETS,
         "epoch" => EPOCH,
         "draws" => DRAWS,
-        "prefetch_factor" => Limit {
-            key: "prefetch_factor",
-            min: 1,
-            max: PREFETCH.max,
-        },
+        "prefetch_factor" => PREFETCH_FACTOR,
         _ => {
             let limit = match name {
                 "cache_mb" => CACHE_MB,

@@ -40,6 +40,24 @@ pyo3::create_exception!(
     "The device a loader was asked for cannot be used (no NVIDIA driver, no such GPU, or a flowgate build without CUDA)."
 );
 
+// The category of what a loader says of the items it skipped: a `UserWarning`, silenced the
+// usual way (`warnings.filterwarnings("ignore", category=flowgate.SkippedItemsWarning)`).
+pyo3::create_exception!(
+    flowgate,
+    SkippedItemsWarning,
+    pyo3::exceptions::PyUserWarning,
+    "A loader skipped unreadable items (skip_errors): said at the first one, once a loader, and at the end of each epoch that skipped any, with the count; `failures()` lists them."
+);
+
+/// Says what a loader has to say of its skipped items (the library's first-skip sentence, or
+/// an epoch's report) as a [`SkippedItemsWarning`] from the consumer's line: `stacklevel`
+/// counts the package's Python frames between the native call and the user's loop, plus one.
+pub(crate) fn warn_skipped(py: Python<'_>, message: &str, stacklevel: i32) -> PyResult<()> {
+    let category = py.get_type::<SkippedItemsWarning>();
+    let message = std::ffi::CString::new(message.replace('\0', " ")).expect("no NUL");
+    PyErr::warn(py, category.as_any(), &message, stacklevel)
+}
+
 /// A number out of the library's range, as Python's `ValueError` (`batch_size: must be in
 /// 1..=65536, not 0`).
 pub(crate) fn out_of_range(e: flowgate::limits::OutOfRange) -> PyErr {

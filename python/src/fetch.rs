@@ -4,15 +4,17 @@
 //! it raises: fatal, or with `skip_errors` the batch read item by item), else item by item: an item whose `__getitem__` raises is a failed
 //! item named by its position (`skip_part`), which ends the epoch with it (fail-fast) or,
 //! with `skip_errors`, is counted and left out, the batch keeping its place. A batch whose
-//! every item fails is made up by the library's rule ([`MakeUp`]: the readable items after
-//! it), so every rank still makes `len()` batches; with none readable, the batch fails with
-//! its first item's error. A batch whose `collate_fn` raises keeps, with `skip_errors`, the
-//! items halving finds collate together ([`largest_batch`]: a grayscale image among RGB ones is
-//! left out), each left out a failed item; where none collates alone it is made up the same
-//! way. What is kept depends on the items alone, so a resume makes the same batches.
+//! every item fails is, under a world size above 1, made up by the library's rule ([`MakeUp`]:
+//! the readable items after it, counted in `filled`), so every rank still makes `len()`
+//! batches (with none readable, the batch fails with its first item's error); in one process
+//! it is left out ([`LEFT_OUT`]: the consumer passes over it), so no item comes twice in an
+//! epoch. A batch whose `collate_fn` raises keeps, with `skip_errors`, the items halving finds
+//! collate together ([`largest_batch`]: a grayscale image among RGB ones is left out), each
+//! left out a failed item; where none collates alone it is made up or left out the same way.
+//! What is kept depends on the items alone, so a resume makes the same batches.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use flowgate::sampler::{largest_batch, MakeUp};
 use pyo3::prelude::*;
@@ -31,8 +33,11 @@ pub(crate) struct Fetch {
     getitems: bool,
     skip_errors: bool,
     batched: bool,
-    /// Held only between calls into Python: a make-up runs on a copy.
-    makeup: Mutex<MakeUp>,
+    /// Held only between calls into Python: a make-up runs on a copy. `None` in one process
+    /// (a world size of 1): a batch whose every item fails is left out instead.
+    makeup: Option<Mutex<MakeUp>>,
+    /// Items read to make up batches (the pipeline's count, for `stats()["filled"]`).
+    filled: Arc<AtomicU64>,
     /// Each thread calls a copy of the dataset of its own, made by this (`copy.copy`, the
     /// datasets it holds too, as each torch worker has its own), kept in the loader's
     /// `_copies` by [`THREAD`]: what a call sets on it (a file opened lazily, then `seek` and
@@ -96,6 +101,24 @@ pub(crate) fn forget_after_fork() {
     }
 }
 
+/// What a fetch returns for a batch it leaves out (in one process, a batch whose every item
+/// failed): one `object()`, which the pipeline's consumer passes over (`is_left_out`).
+static LEFT_OUT: OnceLock<Py<PyAny>> = OnceLock::new();
+
+/// [`LEFT_OUT`], made the first time (under the GIL).
+fn left_out(py: Python<'_>) -> PyResult<PyObject> {
+    if let Some(x) = LEFT_OUT.get() {
+        return Ok(x.clone_ref(py));
+    }
+    let x = py.import("builtins")?.getattr("object")?.call0()?.unbind();
+    Ok(LEFT_OUT.get_or_init(|| x).clone_ref(py))
+}
+
+/// Whether `x` is a batch a fetch left out (needs no GIL: it compares addresses).
+pub(crate) fn is_left_out(x: &Py<PyAny>) -> bool {
+    LEFT_OUT.get().is_some_and(|l| l.as_ptr() == x.as_ptr())
+}
+
 /// Make-ups tried for a batch none of whose items `collate_fn` takes (each of as many readable
 /// items, after the last): with one item in ten refused alone, batches of 1 miss 1 in 10^16.
 const MAKE_UP_TRIES: usize = 16;
@@ -133,6 +156,8 @@ impl<'py> Here<'py> {
 impl Fetch {
     /// For `owner` (a weak reference to the `DataLoader`, whose `dataset`, `collate_fn`,
     /// `_copies` and `_spare` a call reads).
+    /// `pipeline`: the `DataLoader`'s, whose world size says whether failed batches are made
+    /// up, and which counts the items read to make them up.
     #[new]
     fn new(
         owner: Bound<'_, PyAny>,
@@ -140,10 +165,17 @@ impl Fetch {
         batched: bool,
         copier: Option<Py<PyAny>>,
         keep: bool,
+        pipeline: PyRef<'_, crate::pipeline::PyPipeline>,
     ) -> PyResult<Self> {
         let dataset = owner.call0()?.getattr("dataset")?;
+        left_out(owner.py())?;
+        let makeup = match pipeline.world() > 1 {
+            true => Some(Mutex::new(MakeUp::new(dataset.len()?))),
+            false => None,
+        };
         Ok(Self {
-            makeup: Mutex::new(MakeUp::new(dataset.len()?)),
+            makeup,
+            filled: pipeline.filled(),
             getitems: batched && dataset.getattr_opt("__getitems__")?.is_some(),
             owner: owner.unbind(),
             skip_errors,
@@ -180,6 +212,9 @@ impl Fetch {
         let Some(items) = self.items(py, &here.dataset, &positions)? else {
             return Ok(py.None());
         };
+        if items.is_empty() {
+            return left_out(py); // one process: every item failed
+        }
         if let (Some(e), true) = (whole, items.iter().map(|(p, _)| p).eq(&positions)) {
             // Every item read alone: the batch's own call failed, counted as the batch's.
             let part = format!("__getitems__ of the batch from item {}", positions[0]);
@@ -249,8 +284,8 @@ impl Fetch {
         Ok(())
     }
 
-    /// The readable items at `positions` (made up where every one failed), None when one
-    /// failed and failures are fatal.
+    /// The readable items at `positions` (made up where every one failed, or none in one
+    /// process), None when one failed and failures are fatal.
     fn items<'py>(
         &self,
         py: Python<'py>,
@@ -270,9 +305,14 @@ impl Fetch {
                     if !self.skip_errors {
                         return Ok(None);
                     }
-                    self.makeup.lock().expect("makeup").failed(i);
+                    if let Some(m) = &self.makeup {
+                        m.lock().expect("makeup").failed(i);
+                    }
                 }
             }
+        }
+        if items.is_empty() && self.makeup.is_none() {
+            return Ok(Some(items)); // left out by the caller
         }
         if items.is_empty() {
             let last = *positions.last().expect("a batch has positions");
@@ -288,11 +328,15 @@ impl Fetch {
 
     /// Up to `want` readable items after position `last` (the library's rule, [`MakeUp`]).
     fn made_up<'py>(&self, dataset: &Bound<'py, PyAny>, last: usize, want: usize) -> Items<'py> {
+        let Some(lock) = &self.makeup else {
+            return Vec::new(); // one process: nothing is made up
+        };
         // Made up on a copy: the dataset's calls may let another thread in, which must not
         // wait for this lock holding the GIL.
-        let mut makeup = self.makeup.lock().expect("makeup").clone();
+        let mut makeup = lock.lock().expect("makeup").clone();
         let items = makeup.after(last, want, |p| dataset.get_item(p));
-        self.makeup.lock().expect("makeup").merge(makeup);
+        lock.lock().expect("makeup").merge(makeup);
+        self.filled.fetch_add(items.len() as u64, Ordering::Relaxed);
         items
     }
 
@@ -323,6 +367,9 @@ impl Fetch {
         }
         if let Ok((_, batch)) = fitted {
             return Ok(batch);
+        }
+        if self.makeup.is_none() {
+            return left_out(py); // one process: no item collates, the batch is left out
         }
         // Made up of the readable items after it; where none of those collates alone either
         // (a collate_fn that takes no item of a kind in a batch of 1), of those after them,

@@ -157,6 +157,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(units::_batches_of, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::_check_mix, m)?)?;
     m.add_function(wrap_pyfunction!(args::_check_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(args::_batches_ahead, m)?)?;
     m.add_class::<pipeline::PyPipeline>()?;
     m.add_function(wrap_pyfunction!(args::loader, m)?)?;
     m.add_function(wrap_pyfunction!(state::merge_state_dicts, m)?)?;
@@ -173,6 +174,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(lifecycle::_join_closing, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::_closing_at_exit, m)?)?;
     m.add("LoaderError", m.py().get_type::<error::LoaderError>())?;
+    m.add(
+        "SkippedItemsWarning",
+        m.py().get_type::<error::SkippedItemsWarning>(),
+    )?;
     m.add(
         "DeviceUnavailable",
         m.py().get_type::<error::DeviceUnavailable>(),

@@ -330,10 +330,25 @@ impl Loader {
                 Within::EpochEnd if iterator.is_some() && iterator == self.ended_by_load() => {
                     return Err(ended_by_load())
                 }
-                Within::EpochEnd => return Ok(None),
+                Within::EpochEnd => {
+                    // What the epoch skipped, said at its end (the library logged it too):
+                    // the first skipped item first, where no batch came after it.
+                    if let Some((_, message)) = self.watch.take_first_skip() {
+                        crate::error::warn_skipped(py, &message, 2)?;
+                    }
+                    let report = core.lock().expect("loader").loader.take_epoch_report();
+                    if let Some(r) = report {
+                        crate::error::warn_skipped(py, &r.to_string(), 2)?;
+                    }
+                    return Ok(None);
+                }
                 Within::TimedOut => py.check_signals()?,
             }
         };
+        // The loader's first skipped item, said once, at the batch after it.
+        if let Some((_, message)) = self.watch.take_first_skip() {
+            crate::error::warn_skipped(py, &message, 2)?;
+        }
         let paths = self.return_paths.then(|| {
             let c = core.lock().expect("loader");
             batch

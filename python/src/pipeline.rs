@@ -102,14 +102,42 @@ impl Drop for PyPipeline {
 }
 
 impl PyPipeline {
+    /// Ranks sharing a map-style dataset's epochs (1 for an iterable's).
+    pub(crate) fn world(&self) -> usize {
+        match self.spec.items {
+            Items::Indexed { world, .. } => world,
+            Items::Iterable(_) => 1,
+        }
+    }
+
+    /// The count of items read to make up failed batches, shared with the fetch that reads
+    /// them.
+    pub(crate) fn filled(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        std::sync::Arc::clone(&self.spec.filled)
+    }
+
+    /// What an epoch that ended has to say of its skipped items and its result count (the
+    /// library's [`EpochReport`](flowgate::loader::EpochReport)): results `len()` counts where
+    /// the pass read a map-style dataset's epoch from its start.
+    fn report(&self, run: &Running) -> Option<flowgate::loader::EpochReport> {
+        let (skipped, _) = self.spec.failed.in_epoch();
+        let expected = match (&self.spec.items, run.delivered) {
+            (Items::Indexed { share, .. }, Some(_)) => Some(self.spec.results_of(*share)),
+            _ => None,
+        };
+        let delivered = run.delivered.unwrap_or(run.taken) as usize;
+        let filled = self.spec.filled.load(Ordering::Relaxed);
+        flowgate::loader::EpochReport::of(run.epoch, skipped, delivered, expected, filled)
+    }
+
     /// Whether the pass of `run` was left before its epoch's end at no cost of an epoch: a
     /// map-style dataset's epoch read by several ranks (as `DistributedSampler`'s, every pass
     /// of an epoch reads it until one reads it through, so a rank that peeks, or breaks after
-    /// a few batches to log them, keeps the others' epoch: helper-27 saw 46 of 61 items an
-    /// epoch after two batches), or one result or none taken of an epoch resumed from a state
-    /// (its rest is not skipped). One process's other passes are one more epoch each, as
-    /// torch's `RandomSampler` draws anew: `next(iter(loader))` each step is not one batch for
-    /// ever.
+    /// a few batches to log them, keeps the others' epoch; otherwise the ranks read 46 of 61
+    /// items an epoch once one broke after two batches), or one result or none taken of an
+    /// epoch resumed from a state (its rest is not skipped). One process's other passes are
+    /// one more epoch each, as torch's `RandomSampler` draws anew: `next(iter(loader))` each
+    /// step is not one batch for ever.
     fn peeked(&self, run: &Running) -> bool {
         let shared = matches!(self.spec.items, Items::Indexed { world, .. } if world > 1);
         let resumed = matches!(run.began, Some(Start::State(_)));
@@ -265,7 +293,10 @@ impl PyPipeline {
             None => Start::Epoch(run.epoch),
         });
         run.delivered = (!std::mem::take(&mut run.resumed_after_results)).then_some(0);
-        *self.spec.failed.lock().expect("failed") = (0, None);
+        self.spec.failed.set_epoch(run.epoch);
+        self.spec
+            .filled
+            .store(0, std::sync::atomic::Ordering::Relaxed);
         self.closed.store(false, Ordering::Relaxed);
         Ok(())
     }
@@ -380,6 +411,8 @@ impl PyPipeline {
         if let Some(s) = stats {
             d.set_item("delivered", s.delivered)?;
             d.set_item("failures", s.failures)?;
+            // Items read again to make up batches whose every item failed, this epoch.
+            d.set_item("filled", self.spec.filled.load(Ordering::Relaxed))?;
             d.set_item("stages", crate::stats::stages_to_py(py, &s)?)?;
         }
         d.set_item("gil", self.spec.gil.to_py(py)?)?;
@@ -404,6 +437,8 @@ impl PyPipeline {
     /// The epoch's next result; `StopIteration` at its end (a result may be `None`).
     fn _next(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let (running, failed, closed) = (&self.running, &self.spec.failed, &self.closed);
+        let mut ended = false;
+        let ended = &mut ended;
         // Waits in slices with the GIL released, checking for signals between them: Ctrl-C
         // raises KeyboardInterrupt within a slice, not after the next item.
         let r = loop {
@@ -421,6 +456,9 @@ impl PyPipeline {
                     return Some(Ok(None));
                 }
                 match run.pipeline.next_within(SLICE) {
+                    // A batch the fetch left out (every item failed, in one process): passed
+                    // over, and said in the epoch's report.
+                    Within::Next(Ok(x)) if crate::fetch::is_left_out(x.get()) => None,
                     Within::Next(Ok(x)) => {
                         run.taken += 1;
                         if let Some(d) = &mut run.delivered {
@@ -435,7 +473,7 @@ impl PyPipeline {
                     Within::EpochEnd => {
                         run.in_epoch = false;
                         // Every item failed: an error, not an empty epoch (as a Loader's).
-                        let (failures, last) = failed.lock().expect("failed").clone();
+                        let (failures, last) = failed.in_epoch();
                         match PipelineError::if_nothing_delivered(
                             run.epoch,
                             run.delivered.is_some(),
@@ -444,7 +482,10 @@ impl PyPipeline {
                             last,
                         ) {
                             Some(e) => Some(Err(e)),
-                            None => Some(Ok(None)),
+                            None => {
+                                *ended = true;
+                                Some(Ok(None))
+                            }
                         }
                     }
                     Within::TimedOut => None,
@@ -455,13 +496,43 @@ impl PyPipeline {
                 None => py.check_signals()?,
             }
         };
+        // The first skipped item, once, at the result after it or the epoch's end; the
+        // epoch's report at its end (`_Pass` and `_Epoch` stand between this and the loop).
+        if let Some((_, message)) = failed.take_first() {
+            crate::error::warn_skipped(py, &message, 3)?;
+        }
         match r.map_err(to_py)? {
             Some(x) => Ok(x.into_inner()),
-            None => match self.spec.source_error.lock().expect("source error").take() {
-                Some(e) => Err(e),
-                None => Err(pyo3::exceptions::PyStopIteration::new_err(())),
-            },
+            None => {
+                let report = match *ended {
+                    true => self
+                        .running
+                        .lock()
+                        .expect("running")
+                        .as_ref()
+                        .and_then(|run| self.report(run)),
+                    false => None,
+                };
+                if let Some(r) = report {
+                    crate::error::warn_skipped(py, &r.to_string(), 3)?;
+                }
+                match self.spec.source_error.lock().expect("source error").take() {
+                    Some(e) => Err(e),
+                    None => Err(pyo3::exceptions::PyStopIteration::new_err(())),
+                }
+            }
         }
+    }
+
+    /// The items skipped in `epoch` (default: the epoch being iterated, or the last one
+    /// started), of the last 1,000 kept: `(stage, item, message)` tuples.
+    #[pyo3(signature = (epoch=None))]
+    fn failures(&self, epoch: Option<u64>) -> Vec<(String, String, String)> {
+        let log = &self.spec.failed;
+        log.of(epoch.unwrap_or_else(|| log.epoch()))
+            .into_iter()
+            .map(|f| (f.stage, f.item, f.message))
+            .collect()
     }
 
     /// Stops the pipeline and joins its threads: an iterator running at the time raises

@@ -4,11 +4,13 @@
 //! calls that wait), each `batch` an aggregate stage, failures named by the item's `repr()`,
 //! and `skip_part` for a call that leaves parts of its result out.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use flowgate::actors::failure::collect_skipped_parts;
 use flowgate::dataset::EpochOrder;
-use flowgate::{Described, FailureBudget, ItemError, Order, Pipeline, PipelineError, Workers};
+use flowgate::loader::FailureLog;
+use flowgate::{Described, FailureBudget, Order, Pipeline, PipelineError, Workers};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
@@ -93,8 +95,12 @@ pub(crate) struct Spec {
     /// The node CPU budget the pipeline's process joins (`cpu_budget=`).
     pub(crate) cpu_budget: Option<flowgate::CpuBudget>,
     pub(crate) source_error: SourceError,
-    /// The items that failed in the epoch being iterated, and the last of them.
-    pub(crate) failed: Arc<Mutex<(u64, Option<ItemError>)>>,
+    /// The items skipped: counted per epoch, kept, the first said once (the library's log,
+    /// as a loader's).
+    pub(crate) failed: FailureLog,
+    /// Items read again to make up batches whose every item failed (a `DataLoader`'s fetch,
+    /// under a world size above 1).
+    pub(crate) filled: Arc<AtomicU64>,
     /// Results its last stage and the consumer's buffer may each hold ahead of the loop
     /// (`prefetch()`); default: the engine's (two chunks each, tuned).
     pub(crate) prefetch: Mutex<Option<usize>>,
@@ -115,7 +121,8 @@ impl Spec {
             gil: Arc::default(),
             cpu_budget,
             source_error: Arc::default(),
-            failed: Arc::default(),
+            failed: FailureLog::default(),
+            filled: Arc::default(),
             prefetch: Mutex::new(None),
         }
     }
@@ -281,16 +288,23 @@ impl Spec {
         if let Some(n) = *self.prefetch.lock().expect("prefetch") {
             b = b.budget(n, u64::MAX).sink(n);
         }
-        let failed = Arc::clone(&self.failed);
+        let failed = self.failed.clone();
         b.max_failures(budget)
             .output_order(self.order)
-            .on_failure(move |e| {
-                let mut f = failed.lock().expect("failed");
-                f.0 += 1;
-                // The last, as a loader's "delivered nothing" names it.
-                f.1 = Some(e.clone());
-            })
+            .on_failure(move |e| failed.record(e))
             .build()
+    }
+
+    /// Results an epoch makes from `share` positions: the batches of the batch stage, if it
+    /// has one, else one a position.
+    pub(crate) fn results_of(&self, share: usize) -> usize {
+        let stages = self.stages.lock().expect("stages");
+        stages.iter().fold(share, |n, s| match s {
+            StageSpec::Batch { size, drop_last } => {
+                flowgate::loader::batches_of(n, *size, *drop_last)
+            }
+            StageSpec::Map { .. } => n,
+        })
     }
 }
 

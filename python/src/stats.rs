@@ -17,16 +17,20 @@ pub(crate) fn trace_to_py(
         d.set_item("t", r.t)?;
         d.set_item("rate", r.rate)?;
         d.set_item("wait", r.wait)?;
-        d.set_item("stages", r.stages)?;
+        d.set_item("stages", &r.stages)?;
         d.set_item("workers", r.workers)?;
         d.set_item("budgets", r.budgets)?;
         d.set_item("bytes", r.buffered_bytes)?;
         d.set_item("memory_budget", r.memory_budget)?;
         d.set_item("rss_bytes", r.rss_bytes)?;
+        // As the `flowgate` command says them: `decode → 2 workers: <why>`.
         let decisions: Vec<String> = r
             .decisions
             .iter()
-            .map(|x| format!("{:?}: {}", x.action, x.reason))
+            .map(|x| {
+                let what = x.action.describe(&r.stages, r.memory_budget);
+                format!("{what}: {}", x.reason)
+            })
             .collect();
         d.set_item("decisions", decisions)?;
         if let Some(c) = r.cpu {

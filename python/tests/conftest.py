@@ -26,13 +26,20 @@ def with_unreadable(data: pathlib.Path, folder: pathlib.Path) -> list:
     return good[:20] + unreadable(folder, 9) + good[20:]
 
 
+def flowgate_command() -> list:
+    """The `flowgate` command: `$FLOWGATE_CLI` where the test command built it already
+    (scripts/test.sh), else `cargo run` (a build of its own features)."""
+    cli = os.environ.get("FLOWGATE_CLI")
+    if cli:
+        return [cli]
+    return ["cargo", "run", "--quiet", "--locked", "-p", "flowgate-cli", "--bin", "flowgate",
+            "--"]
+
+
 def gen_data(out: pathlib.Path, *args: str) -> None:
     """Runs `flowgate gen-data --out OUT ARGS...` (the sample dataset generator)."""
-    subprocess.run(
-        ["cargo", "run", "--quiet", "--locked", "-p", "flowgate-cli", "--bin", "flowgate", "--",
-         "gen-data", "--out", str(out), *args],
-        cwd=ROOT, check=True,
-    )
+    subprocess.run([*flowgate_command(), "gen-data", "--out", str(out), *args], cwd=ROOT,
+                   check=True)
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ import urllib.parse
 
 S3S_FS = pathlib.Path(
     os.environ.get("FLOWGATE_S3S_FS")
-    or pathlib.Path(__file__).resolve().parents[2] / "target/tools/bin/s3s-fs")
+    or pathlib.Path.home() / ".cache/flowgate/tools/bin/s3s-fs")
 
 KEYS = {"AWS_ACCESS_KEY_ID": "flowgate", "AWS_SECRET_ACCESS_KEY": "flowgate-secret",
         "AWS_REGION": "us-east-1"}

@@ -237,7 +237,7 @@ def test_length_batches_over_s3_are_refused_before_any_request():
 
 
 def test_keep_channels_gives_each_files_channels(clips):
-    # A pipeline file's `decode.keep_channels`, which the Python loader lacked (helper-20).
+    # A pipeline file's `decode.keep_channels`, which the Python loader lacked.
     mono = flowgate.AudioLoader(clips, batch_size=4, seconds=1.0, shuffle=False)
     kept = flowgate.AudioLoader(clips, batch_size=4, seconds=1.0, shuffle=False,
                                 keep_channels=True)

@@ -276,7 +276,7 @@ def test_fill_skipped_state_dicts_resume_to_the_uninterrupted_batches(data, tmp_
 
 def test_load_state_dict_during_a_loop_makes_that_loop_raise(data):
     # The roll-back pattern (a loss spike: load the last checkpoint, go on): the running loop
-    # ended quietly, as if its epoch were over, losing the rest unnoticed (helper-21).
+    # ended quietly, as if its epoch were over, losing the rest unnoticed.
     images = data / "images.txt"
     loader = flowgate.ImageLoader(images, shuffle=False, **ARGS)
     whole = [p for _, ps in loader for p in ps]

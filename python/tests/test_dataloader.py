@@ -140,7 +140,7 @@ def test_a_checkpoint_of_another_loader_is_refused():
     state = flowgate.DataLoader(Numbered(23), batch_size=4, shuffle=True, seed=3).state_dict()
     with pytest.raises(flowgate.LoaderError, match="shuffle_seed"):
         flowgate.DataLoader(Numbered(23), batch_size=4, shuffle=True, seed=4).load_state_dict(state)
-    # Batches of another size, or drop_last changed, as a loader's (helper-23: taken, len()
+    # Batches of another size, or drop_last changed, as a loader's (they were taken, and len()
     # then said 8 where 6 came).
     with pytest.raises(flowgate.LoaderError, match="batch_size = 4, this pipeline has "
                                                    "batch_size = 5"):
@@ -205,7 +205,7 @@ def test_what_it_cannot_do_is_refused_at_once():
     with pytest.raises(TypeError, match="map-style"):
         flowgate.DataLoader(iter(range(3)))
 
-    # helper-27: one with a __len__ was built (torch's Dataset has a __getitem__ that raises).
+    # One with a __len__ was built (torch's Dataset has a __getitem__ that raises).
     class Stream(torch.utils.data.IterableDataset):
         def __iter__(self):
             return iter(range(3))
@@ -348,7 +348,7 @@ def test_torchs_attributes_and_the_samplers_set_epoch():
     assert ids(loader) == ids(same)
     with pytest.raises(ValueError, match="epoch"):
         loader.set_epoch(-1)
-    # What it was built from, as torch's (helper-25: a dataset set anew was read at the old
+    # What it was built from, as torch's (a dataset set anew was read at the old
     # length); copies refused (a copy shared the pipeline of a loader that may be freed).
     for name in ("dataset", "batch_size", "drop_last", "persistent_workers"):
         with pytest.raises(ValueError, match=f"{name} attribute should not be set"):
@@ -364,7 +364,7 @@ def test_torchs_attributes_and_the_samplers_set_epoch():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="batches are pinned with CUDA")
 def test_pin_memory_without_cuda_says_so_once():
     """pin_memory=True where there is no CUDA device: the batches come as without it, and the
-    loader says so at its first iter(), once (it was silent: a helper-27 case)."""
+    loader says so at its first iter(), once (it was silent before)."""
     import warnings
     loader = flowgate.DataLoader(Numbered(10), batch_size=4, pin_memory=True)
     with pytest.warns(UserWarning, match="pin_memory=True, but no CUDA device"):
@@ -415,7 +415,7 @@ def test_more_workers_than_cores_make_that_many_batches_at_once(ranks, monkeypat
 
 @pytest.mark.parametrize("factor", [None, 1, 3])
 def test_batches_made_ahead_of_a_slow_loop_are_bounded_by_prefetch_factor(factor):
-    # 256 batches were made ahead whatever their size (1 GiB of 4 MiB items, helper-21); as
+    # 256 batches were made ahead whatever their size (1 GiB of 4 MiB items); as
     # torch's, the bound is prefetch_factor (default 2) per worker: that many waiting in the
     # stage and for the loop, besides one in each worker's hand.
     import time
@@ -443,7 +443,7 @@ def test_batches_made_ahead_of_a_slow_loop_are_bounded_by_prefetch_factor(factor
 
 def test_ranks_come_from_a_process_group_started_by_spawn(data, tmp_path):
     # torch.multiprocessing.spawn sets no RANK/WORLD_SIZE: every rank read the whole dataset
-    # (three times the epoch across 3 ranks, silently; helper-21). Now the initialized
+    # (three times the epoch across 3 ranks, silently). Now the initialized
     # process group's rank and world size, for DataLoader, the loaders and their workers.
     import pathlib
     import subprocess

@@ -39,7 +39,7 @@ class Records(Dataset):
 def test_the_datasets_a_wrapper_holds_are_each_threads_own_too(wrap, tmp_path):
     """torch's wrappers (`Subset`, `random_split`, `ConcatDataset`) hold the dataset that
     opens its file: each thread has its own copy of it too, as each torch worker has, and a
-    `collate_fn` that is the dataset's method runs on the thread's copy (helper-26: a shallow
+    `collate_fn` that is the dataset's method runs on the thread's copy (a shallow
     copy of the wrapper shared the inner dataset's handle, 1,640 of 2,000 items another
     record's; 92 calls of one `collate` at once on 4 threads)."""
     import time
@@ -88,7 +88,7 @@ def test_the_datasets_a_wrapper_holds_are_each_threads_own_too(wrap, tmp_path):
 
 @pytest.mark.parametrize("workers", [0, 2, 8])
 def test_each_thread_calls_its_own_copy_of_the_dataset_as_each_torch_worker(workers, tmp_path):
-    # helper-23: on one shared handle, 35 to 373 of 2,000 items held another record's bytes.
+    # On one shared handle, 35 to 373 of 2,000 items held another record's bytes.
     path = tmp_path / "records.bin"
     # 603 records: not a multiple of the batch, the last batch short.
     path.write_bytes(b"".join(i.to_bytes(4, "little") * 16 for i in range(603)))
@@ -122,7 +122,7 @@ def test_each_thread_calls_its_own_copy_of_the_dataset_as_each_torch_worker(work
     assert any(b.tolist()[0] < 100 for b in loader), "persistent: the threads' copies kept"
 
 
-def test_the_copies_of_threads_that_ended_are_dropped_during_the_pass():
+def test_the_copies_of_threads_that_ended_are_dropped_during_the_pass(monkeypatch):
     """More workers than cores run on a pool whose threads end after 10 s idle (a training
     step slower than that, the batches ahead already made): the threads that take over make
     copies of their own, and those of the threads gone are dropped, not kept to the pass's
@@ -140,6 +140,8 @@ def test_the_copies_of_threads_that_ended_are_dropped_during_the_pass():
             copies.add(c)
             return c
 
+    # The blocking pool's idle threads end after 1 s here, not tokio's 10 s.
+    monkeypatch.setenv("FLOWGATE_BLOCKING_KEEP_ALIVE_MS", "1000")
     workers = len(os.sched_getaffinity(0)) + 2
     # 401 items, batches of 2: the last one short.
     loader = flowgate.DataLoader(Tracked(401), batch_size=2, num_workers=workers,
@@ -149,7 +151,7 @@ def test_the_copies_of_threads_that_ended_are_dropped_during_the_pass():
     gc.collect()
     assert len(copies) >= 1
     late[0] = True
-    time.sleep(13)  # the pool's threads end after 10 s idle
+    time.sleep(3)  # the pool's threads end after 1 s idle (10 s by default)
     got += list(it)
     assert [i for b in ids(got) for i in b] == list(range(401))
     gc.collect()
@@ -204,7 +206,7 @@ def test_persistent_workers_keep_their_copies_across_passes_left_early(more):
 
 
 def test_a_dataset_that_cannot_be_copied_is_shared_by_the_threads_and_said_so():
-    # helper-24: a wrapper forwarding attributes with __getattr__ (copy.copy recurses) was
+    # A wrapper forwarding attributes with __getattr__ (copy.copy recurses) was
     # refused, where torch takes it.
     class Wrapper(Dataset):
         def __init__(self, inner):

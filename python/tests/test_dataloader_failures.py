@@ -1,8 +1,10 @@
 """flowgate.DataLoader's failure policy: an item whose __getitem__ raises is named (fatal by
 default) or, with skip_errors, left out of its batch and counted, the batch keeping its place;
-a batch of only failures made up of the readable items after it; a batch whose __getitems__
-raises read item by item, one whose collate_fn raises cut to the items that collate; every
-rank still makes len() batches, and a resume the same ones."""
+a batch of only failures left out in one process (no item twice in an epoch) and made up of
+the readable items after it under a world size above 1, where every rank still makes len()
+batches; a batch whose __getitems__ raises read item by item, one whose collate_fn raises cut
+to the items that collate; a resume makes the same batches; the skips are said (a
+SkippedItemsWarning at the first, and a count at the epoch's end)."""
 
 import json
 import os
@@ -33,13 +35,22 @@ def test_a_failing_item_raises_naming_it_or_is_skipped_and_counted():
     assert got == [[0, 1, 2], [4, 5, 6], [8, 9, 10, 11]]
     assert len(got) == len(loader)
     assert loader.stats()["failures"] == 2
-    # A batch whose every item fails is made up of the readable items after it (wrapping),
-    # the same on every pass: the rank still makes len() batches.
+    # In one process a batch whose every item fails is left out: no item comes twice.
     loader = flowgate.DataLoader(Numbered(10, bad={4, 5, 6, 7, 8}), batch_size=4,
                                  skip_errors=True)
-    assert ids(loader) == [[0, 1, 2, 3], [9, 0, 1, 2], [9]]
-    assert loader.stats()["failures"] == 5, "each unreadable item once, not its fillers'"
-    assert ids(loader) == [[0, 1, 2, 3], [9, 0, 1, 2], [9]]
+    assert ids(loader) == [[0, 1, 2, 3], [9]]
+    assert loader.stats()["failures"] == 5 and loader.stats()["filled"] == 0
+    # Under a world size above 1 it is made up of the readable items after it in the
+    # dataset (wrapping), the same on every pass: the rank still makes len() batches. Rank 0
+    # of 2 reads 0, 2, 4, ...
+    bad = {4, 6, 8, 10, 12, 14, 16, 18}
+    loader = flowgate.DataLoader(Numbered(20, bad=bad), batch_size=2, skip_errors=True,
+                                 rank=0, world_size=2)
+    made_up = [[0, 2], [7, 9], [11, 13], [15, 17], [19, 0]]
+    assert ids(loader) == made_up and len(loader) == 5
+    assert loader.stats()["failures"] == 8, "each unreadable item once, not its fillers'"
+    assert loader.stats()["filled"] == 8
+    assert ids(loader) == made_up
     with pytest.raises(flowgate.LoaderError, match="item 4 is unreadable"):
         list(flowgate.DataLoader(Numbered(8, bad={4, 5, 6, 7}), batch_size=4))
 
@@ -90,7 +101,17 @@ def test_an_epoch_whose_every_item_fails_raises_with_skip_errors(batch_size):
     state = json.loads(json.dumps(loader.state_dict()))
     again = flowgate.DataLoader(Numbered(6, bad={3, 4, 5}), batch_size=3, skip_errors=True)
     again.load_state_dict(state)
-    assert ids(again) == [[0, 1, 2]], "the failed batch made up of the readable ones"
+    assert ids(again) == [], "the failed batch left out in one process, and no error"
+    again = flowgate.DataLoader(Numbered(12, bad={6, 8, 10}), batch_size=3, skip_errors=True,
+                                rank=0, world_size=2)
+    it = iter(again)
+    assert ids([next(it)]) == [[0, 2, 4]]
+    state = json.loads(json.dumps(again.state_dict()))
+    del it
+    rank0 = flowgate.DataLoader(Numbered(12, bad={6, 8, 10}), batch_size=3, skip_errors=True,
+                                rank=0, world_size=2)
+    rank0.load_state_dict(state)
+    assert ids(rank0) == [[11, 0, 1]], "made up of the readable ones after it, across ranks"
 
 
 class Unbatchable(Numbered):
@@ -115,11 +136,11 @@ def test_a_batch_whose_getitems_raises_is_read_item_by_item_with_skip_errors():
     loader = flowgate.DataLoader(Unbatchable(14, whole={9}), batch_size=4, skip_errors=True)
     assert ids(loader) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13]]
     assert loader.stats()["failures"] == 1, "the batch's own call failed: counted"
-    # Every item of the batch fails alone: made up of the readable items after it.
+    # Every item of the batch fails alone: left out in one process.
     loader = flowgate.DataLoader(Unbatchable(14, bad={4, 5, 6, 7}), batch_size=4,
                                  skip_errors=True)
-    assert ids(loader) == [[0, 1, 2, 3], [8, 9, 10, 11], [8, 9, 10, 11], [12, 13]]
-    assert loader.stats()["failures"] == 4, "the items, not the batch's call too (helper-23)"
+    assert ids(loader) == [[0, 1, 2, 3], [8, 9, 10, 11], [12, 13]]
+    assert loader.stats()["failures"] == 4, "the items, not the batch's call too"
     with pytest.raises(flowgate.LoaderError, match="cannot be read at once") as e:
         list(flowgate.DataLoader(Unbatchable(14, whole={9}), batch_size=4))
     assert isinstance(e.value.__cause__, RuntimeError)
@@ -141,12 +162,13 @@ def test_a_batch_whose_collate_fn_raises_keeps_the_items_that_collate_with_skip_
     loader = flowgate.DataLoader(Numbered(14), batch_size=batch_size, collate_fn=collate,
                                  skip_errors=True)
     got = list(loader)
-    assert len(got) == len(loader), "every rank still makes len() batches"
     if batch_size:
         assert ids(got) == [[0, 1, 2, 3], [4, 6, 7], [8, 9, 10, 11], [12, 13]]
+        assert len(got) == len(loader), "the batch keeps its place"
     else:
         firsts = [int(b["x"][0]) for b in got]
-        assert firsts == [0, 1, 2, 3, 4, 6, 6, 7, 8, 9, 10, 11, 12, 13], "made up alone"
+        assert firsts == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13], "left out alone"
+        assert len(loader) == 14
     assert loader.stats()["failures"] == 1
     with pytest.raises(flowgate.LoaderError, match="item 5 does not") as e:
         list(flowgate.DataLoader(Numbered(14), batch_size=batch_size, collate_fn=collate))
@@ -173,7 +195,7 @@ class Gray(Dataset):
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_odd_images_collate_fails_on_leave_every_rank_len_batches_without_them(world):
-    # helper-23: 3% grayscale, batches of 16: ranks made 56 and 54 of 63 batches.
+    # 3% grayscale, batches of 16: ranks made 56 and 54 of 63 batches before.
     import random
     gray = set(random.Random(0).sample(range(2000), 60))
     seen, failures = set(), 0
@@ -192,7 +214,7 @@ def test_odd_images_collate_fails_on_leave_every_rank_len_batches_without_them(w
 
 @pytest.mark.parametrize("batch_size", [1, 2, 7])
 def test_items_collate_fn_refuses_alone_are_made_up_until_a_batch_collates(batch_size):
-    # helper-24: a pad-to-max-length collate refusing 1 sequence in 10; a batch of 1 made up
+    # A pad-to-max-length collate refusing 1 sequence in 10; a batch of 1 made up
     # of one refused item was lost (ranks made 200 and 198 of 200).
     import random
     rng = random.Random(0)
@@ -211,7 +233,7 @@ def test_items_collate_fn_refuses_alone_are_made_up_until_a_batch_collates(batch
 
 
 def test_a_resume_after_a_batch_collate_fn_failed_is_exact():
-    # helper-23: the checkpoint did not know the failed batch's items, so the resumed epoch
+    # The checkpoint did not know the failed batch's items, so the resumed epoch
     # made a later batch up of them, collate_fn failed again and the batch was lost.
     def collate(b):
         if 1 in b or 21 in b:
@@ -243,11 +265,16 @@ def test_a_batch_of_only_failures_names_its_first_item_by_default():
     assert "item 4 is unreadable" in str(e.value.__cause__)
 
 
-def test_unbatched_items_that_fail_are_made_up_so_len_holds():
+def test_unbatched_items_that_fail_are_left_out_alone_and_made_up_across_ranks():
     loader = flowgate.DataLoader(Numbered(6, bad={1, 2}), batch_size=None, skip_errors=True)
     got = [int(x["x"][0]) for x in loader]
-    assert got == [0, 3, 3, 3, 4, 5] and len(got) == len(loader)
+    assert got == [0, 3, 4, 5] and len(loader) == 6
     assert loader.stats()["failures"] == 2
+    # Rank 0 of 2 reads 0, 2, 4, ...: each failed item made up of the next readable one.
+    loader = flowgate.DataLoader(Numbered(12, bad={2, 4}), batch_size=None, skip_errors=True,
+                                 rank=0, world_size=2)
+    got = [int(x["x"][0]) for x in loader]
+    assert got == [0, 3, 5, 6, 8, 10] and len(got) == len(loader)
     with pytest.raises(flowgate.LoaderError, match="item 1 is unreadable"):
         list(flowgate.DataLoader(Numbered(6, bad={1}), batch_size=None))
 
@@ -266,3 +293,61 @@ def test_any_exception_of_an_item_is_its_own_failure_and_the_epoch_names_itself(
     with pytest.raises(flowgate.LoaderError, match="epoch 5 delivered nothing") as e:
         list(loader)
     assert isinstance(e.value.__cause__, OSError), "the dataset's error, not a make-up's"
+
+
+def test_one_process_delivers_no_item_twice_and_says_what_it_skipped():
+    """41 items, batches of 8, the last item missing: its batch of one is left out, not made
+    up of item 0 again. The first skip is said once with its reason, and the epoch's end says
+    how many batches came against len()."""
+    import warnings
+    loader = flowgate.DataLoader(Numbered(41, bad={40}), batch_size=8, skip_errors=True)
+    for epoch in range(2):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            got = [int(i) for b in loader for i in b["x"][:, 0]]
+        assert sorted(got) == list(range(40)), f"epoch {epoch}: every readable item once"
+        said = [str(x.message) for x in w if x.category is flowgate.SkippedItemsWarning]
+        first = [m for m in said if "said once a loader" in m]
+        ends = [m for m in said if f"epoch {epoch} skipped 1 unreadable item" in m]
+        assert len(first) == (1 if epoch == 0 else 0), said
+        assert "item 40 is unreadable" in first[0] if first else True
+        assert len(ends) == 1 and "delivered 5 batches where len() counts 6" in ends[0], said
+        assert all(x.filename == __file__ for x in w if x.category is
+                   flowgate.SkippedItemsWarning), "said at the user's loop"
+        assert loader.failures()[0][1] == "item 40"
+    assert issubclass(flowgate.SkippedItemsWarning, UserWarning)
+    # Silenced the usual way.
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=flowgate.SkippedItemsWarning)
+        assert len(list(flowgate.DataLoader(Numbered(41, bad={40}), batch_size=8,
+                                            skip_errors=True))) == 5
+    assert not [x for x in w if x.category is flowgate.SkippedItemsWarning]
+
+
+def test_an_image_loader_in_one_process_says_what_it_skipped(data, tmp_path):
+    """41 files, one corrupt and the last missing, batches of 8: len() counts 6 and 5 come.
+    No file comes twice, and the loader says so at the epoch's end (and the first skip once),
+    not only when failures() is asked."""
+    import warnings
+    good = sorted(str(p) for p in (data / "images").glob("*.jpg"))[:39]
+    corrupt = tmp_path / "corrupt.jpg"
+    corrupt.write_bytes(b"not a jpeg")
+    paths = good[:10] + [str(corrupt)] + good[10:] + [str(tmp_path / "missing.jpg")]
+    loader = flowgate.ImageLoader(paths, batch_size=8, shuffle=False, crop=32, resize=32,
+                                  return_paths=True)
+    assert len(loader) == 6
+    for epoch in range(2):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            seen = [p for _, batch_paths in loader for p in batch_paths]
+        assert sorted(seen) == sorted(good), "every readable file once"
+        said = [str(x.message) for x in w if x.category is flowgate.SkippedItemsWarning]
+        first = [m for m in said if "said once a loader" in m]
+        assert len(first) == (1 if epoch == 0 else 0), said
+        assert not first or "corrupt.jpg" in first[0], first
+        ends = [m for m in said if f"epoch {epoch} skipped 2 unreadable items" in m]
+        assert len(ends) == 1 and "delivered 5 batches where len() counts 6" in ends[0], said
+        assert all(x.filename == __file__ for x in w
+                   if x.category is flowgate.SkippedItemsWarning)
+        assert len(loader.failures()) == 2

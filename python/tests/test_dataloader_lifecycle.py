@@ -161,7 +161,7 @@ def test_exit_with_threads_still_in_python_is_clean():
 
 
 def test_load_state_dict_during_a_loop_makes_the_loop_raise_and_iter_resumes_it():
-    # The loop ended quietly after 2 of 6 batches (helper-21): a roll-back lost the epoch.
+    # The loop ended quietly after 2 of 6 batches: a roll-back lost the epoch.
     loader = flowgate.DataLoader(Numbered(12), batch_size=2)
     it = iter(loader)
     first = ids([next(it) for _ in range(2)])
@@ -194,7 +194,7 @@ time.sleep(1)   # the next batch's calls are under way
 @pytest.mark.parametrize("workers", [0, 4])
 def test_exit_waits_a_bounded_time_for_a_call_that_never_returns_and_ctrl_c_ends_it(workers):
     # On the tuned threads (num_workers=0) exit joined a __getitem__ that never returns, for
-    # good; Ctrl-C there was swallowed by the atexit hook (helper-21).
+    # good; Ctrl-C there was swallowed by the atexit hook.
     import signal
     import subprocess
     import sys
@@ -208,7 +208,7 @@ def test_exit_waits_a_bounded_time_for_a_call_that_never_returns_and_ctrl_c_ends
         took = time.monotonic() - start
         # It waited (FLOWGATE_EXIT_WAIT: 3 s for the calls under way), then ended the process
         # as a run that did not end cleanly: a call running Python when the interpreter
-        # stopped aborted it (SIGABRT, "FATAL: exception not rethrown", helper-22).
+        # stopped aborted it (SIGABRT, "FATAL: exception not rethrown").
         assert r.stdout.strip() == "[0, 1]" and 3.5 <= took < 60, (took, r.stderr[-2000:])
         assert r.returncode == 1 and "still under way 3 s into exit" in r.stderr, (
             looping, r.returncode, r.stderr[-2000:])
@@ -231,7 +231,7 @@ def test_exit_waits_a_bounded_time_for_a_call_that_never_returns_and_ctrl_c_ends
 
 def test_load_state_dict_from_another_thread_while_the_loop_waits_makes_it_raise():
     # The waiting next() ended the epoch quietly, and the usual set_epoch loop then moved on
-    # without the loaded state (helper-22).
+    # without the loaded state.
     import threading
     import time
 
@@ -259,14 +259,14 @@ def test_load_state_dict_from_another_thread_while_the_loop_waits_makes_it_raise
 
 
 def test_a_peek_costs_no_epoch_so_ranks_keep_one_shuffle():
-    # helper-23: rank 0 peeked at a batch after set_epoch(0) (to log it) and its loop read
+    # Rank 0 peeked at a batch after set_epoch(0) (to log it) and its loop read
     # epoch 1's shuffle while rank 1 read epoch 0's: 29 of 40 items read that epoch.
     def make(rank, world=2):
         # 41 items: shares padded to 21, batches of 4 with a short last one.
         return flowgate.DataLoader(list(range(41)), batch_size=4, shuffle=True, seed=0,
                                    rank=rank, world_size=world)
 
-    # With set_epoch each epoch, and without (helper-25: rank 0 ran an epoch ahead, 29 of 40).
+    # With set_epoch each epoch, and without (rank 0 ran an epoch ahead: 29 of 40).
     for named in (True, False):
         seen = []
         for rank in (0, 1):
@@ -278,7 +278,7 @@ def test_a_peek_costs_no_epoch_so_ranks_keep_one_shuffle():
             seen += [i for b in loader for i in b.tolist()]
         assert set(seen) == set(range(41)) and len(seen) == 42, "the ranks' shares of one epoch"
     # A peek at a resumed epoch starts again at the resumed position, not its beginning; also
-    # one process's, and with set_epoch of that epoch after the peek (helper-25: it restarted
+    # one process's, and with set_epoch of that epoch after the peek (it restarted
     # the epoch, 10 batches where 4 were left, the other ranks' all-reduces unanswered).
     for world, set_again in ((2, False), (1, False), (2, True), (1, True)):
         whole = [b.tolist() for b in make_epoch(make(0, world), 3)]
@@ -297,7 +297,7 @@ def test_a_peek_costs_no_epoch_so_ranks_keep_one_shuffle():
     whole = [b.tolist() for b in make_epoch(make(0), 3)]
     # A loop left after a few batches: one process's goes on with the next epoch, as torch's
     # next pass is new; a rank's starts the epoch again, as `DistributedSampler`'s, so the
-    # ranks keep one shuffle without set_epoch (helper-27: rank 0 broke after 2 batches to
+    # ranks keep one shuffle without set_epoch (when rank 0 broke after 2 batches to
     # log them, and the ranks read 46 of 61 items an epoch from then on).
     for world, epoch in ((1, 1), (2, 0)):
         loader = make(0, world)
@@ -320,7 +320,7 @@ def test_a_peek_costs_no_epoch_so_ranks_keep_one_shuffle():
             got = seen[epoch] + seen[2 + epoch]
             assert set(got) == set(range(41)) and len(got) == 42, (rank_breaks, epoch)
     # One process's passes are one more epoch each (torch's RandomSampler draws anew): a
-    # `next(iter(loader))` each step is not one batch for ever (helper-24), set_epoch or not.
+    # `next(iter(loader))` each step is not one batch for ever, set_epoch or not.
     for named in (False, True):
         loader = make(0, 1)
         if named:
@@ -341,7 +341,7 @@ def test_a_peek_costs_no_epoch_so_ranks_keep_one_shuffle():
 
 
 def test_a_loader_in_a_cycle_through_its_dataset_or_collate_fn_is_freed_with_its_threads():
-    # helper-24: a data module's `collate_fn=self.collate` (and a dataset holding its loader)
+    # A data module's `collate_fn=self.collate` (and a dataset holding its loader)
     # kept every loader and its threads alive: 190 MB and 6 threads a fold.
     import gc
     import time
@@ -389,9 +389,9 @@ def test_a_loader_in_a_cycle_through_its_dataset_or_collate_fn_is_freed_with_its
 def test_an_idle_loaders_threads_go_to_the_loader_being_read():
     """A validation loader whose iterator is made and left unread (or read, then left alive
     between evaluations) holds no more than one thread while another loader of the process is
-    read: the process's threads beyond one a stage go to the loader being read. helper-27 saw
-    a training loader run 1 thread of its 2 beside an idle validation iterator, for good (137
-    against 217 img/s); tests/idle_tokens.rs has the rule, this its DataLoader translation."""
+    read: the process's threads beyond one a stage go to the loader being read. A
+    training loader ran 1 thread of its 2 beside an idle validation iterator, for good (137
+    against 217 img/s); tests/isolated/idle_tokens.rs has the rule, this its DataLoader translation."""
     code = (
         "import hashlib, json, os, time\n"
         "import flowgate\n"
@@ -430,3 +430,5 @@ def test_an_idle_loaders_threads_go_to_the_loader_being_read():
     assert r["val"] == 1, r
     # Said in its trace, once: parked, and not woken while unread.
     assert len(r["parks"]) == 1 and "took nothing" in r["parks"][0], r
+    # In words, as the command says a decision: the stage, its workers, why.
+    assert r["parks"][0].startswith("fetch → 1 worker: park:"), r

@@ -407,8 +407,8 @@ def test_the_python_loader_and_a_pipeline_file_give_the_same_batches(data, tmp_p
         f'[decode]\nkind = "image"\nresize = 72\ncrop = 64\ntrain = true\nseed = {seed}\n'
         f'workers = 1\n[batch]\nsize = {batch}\n[run]\nepochs = 2\n[tuner]\nenabled = false\n')
     dump = tmp_path / "dump"
-    subprocess.run(["cargo", "run", "--quiet", "--locked", "-p", "flowgate-cli", "--bin",
-                    "flowgate", "--", "run", "--quiet", str(cfg), "--dump", str(dump)],
+    from conftest import flowgate_command
+    subprocess.run([*flowgate_command(), "run", "--quiet", str(cfg), "--dump", str(dump)],
                    cwd=root, check=True, stdout=subprocess.DEVNULL)
     loader = flowgate.ImageLoader(str(listing), batch_size=batch, resize=72, crop=64,
                                   train=True, seed=seed, shuffle=False, return_paths=True)
@@ -438,7 +438,7 @@ def peak_rss_mb(reset=False):
 
 #: What a loader holds beside its budget, named: the batch the loop holds, each decode
 #: worker's source image at full size (500×375×3, two workers), thread stacks and allocator
-#: arenas (the Rust test, tests/bounds.rs, measures its own).
+#: arenas (the Rust test, tests/isolated/bounds.rs, measures its own).
 RSS_OVERHEAD_MB = 24
 
 
@@ -461,7 +461,7 @@ def test_memory_mb_binds_with_items_large_against_it(data):
     before = peak_rss_mb(reset=True)
     for b in loader:
         n += len(b)
-        time.sleep(0.01)  # a slow loop: the stages run ahead until the budget stops them
+        time.sleep(0.04)  # a slow loop: the stages run ahead until the budget stops them
         held.append(loader.stats()["bytes"])
         del b
     grew = peak_rss_mb() - before

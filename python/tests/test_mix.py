@@ -111,7 +111,7 @@ def test_bad_mixtures_are_named(data, tmp_path):
 
 def test_the_most_draws_allowed_are_refused_when_built_where_their_order_cannot_fit(data, tmp_path):
     # 2^32 draws (the limit) need a 96 GiB order at the epoch's start: it aborted the process
-    # on its allocation at the first next() (helper-20). Refused when the loader is built,
+    # on its allocation at the first next(). Refused when the loader is built,
     # with both figures, where the machine has less (every CI machine here).
     import re
     shards, rows = sources(data, tmp_path)

@@ -1,5 +1,5 @@
 """The Python loaders refuse the numbers of tests/data/refusals.json with the words every
-front end says (tests/refusals.rs holds pipeline files to the same table): the library checks
+front end says (tests/integration/refusals.rs holds pipeline files to the same table): the library checks
 them, once, whichever front end passes them."""
 
 import json
@@ -22,11 +22,16 @@ def _numbers(v):
     return float(v) if v in ("inf", "-inf", "nan") else v
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c['key']}-{i}" for i, c in enumerate(CASES)])
+PYTHON = [c for c in CASES if {"python", "shards", "dataloader"} & set(c)]
+
+
+@pytest.mark.parametrize("case", PYTHON, ids=[f"{c['key']}-{i}" for i, c in enumerate(PYTHON)])
 def test_a_python_loader_refuses_each_number_in_the_shared_words(case, data, tmp_path):
     with pytest.raises(ValueError) as e:
         if "shards" in case:
             flowgate.Shards(str(tmp_path / "s.tar"), **_numbers(case["shards"]))
+        elif "dataloader" in case:
+            flowgate.DataLoader(list(range(10)), **_numbers(case["dataloader"]))
         else:
             cls = getattr(flowgate, case.get("python_loader", "ImageLoader"))
             cls(data / "images.txt", **_numbers(case["python"]))
@@ -35,13 +40,14 @@ def test_a_python_loader_refuses_each_number_in_the_shared_words(case, data, tmp
 
 
 def test_the_table_covers_every_limit_the_issue_names():
-    keys = {c["key"] for c in CASES}
-    assert {"batch_size", "prefetch", "cache_mb", "workers", "buffer", "memory_mb"} <= keys
+    keys = {c["key"] for c in PYTHON}
+    assert {"batch_size", "prefetch", "cache_mb", "workers", "buffer", "memory_mb",
+            "num_workers", "prefetch_factor"} <= keys
 
 
 def test_any_python_value_is_refused_in_the_range_words(data, tmp_path):
     # Past 64 bits the loaders said "... is out of range", a complex or bytes "not a complex"
-    # without the argument's name (helper-22); every entrance now gives the range's words.
+    # without the argument's name; every entrance now gives the range's words.
     import re
     for bad, shown in ((2**64, str(2**64)), (-(2**200), str(-(2**200))),
                        (1 + 2j, "(1+2j)"), (b"3", "b'3'")):

@@ -78,3 +78,21 @@ def test_parquet_on_s3_gives_the_local_files_rows(data, tmp_path, s3_root):
     assert sorted(got) == sorted(want) == [7 * i for i in range(len(paths))]
     for lab, img in got.items():
         assert np.array_equal(img, want[lab]), lab
+
+
+def test_a_list_of_s3_urls_is_read_from_s3(data, s3_root):
+    """A Python list of s3:// URLs is read from S3 (it was read as local paths: every item
+    failed), as the library's file lists and list files are: the same pixels as the local
+    files, in the list's order."""
+    import shutil
+    local = paths_of(data)[:9]
+    (s3_root / "data" / "img").mkdir()
+    for i, p in enumerate(local):
+        shutil.copy(p, s3_root / "data" / "img" / f"{i}.jpg")
+    urls = [f"s3://data/img/{i}.jpg" for i in range(len(local))]
+    args = dict(ARGS, shuffle=False)
+    on_s3 = [np.asarray(b) for b in flowgate.ImageLoader(urls, **args)]
+    here = [np.asarray(b) for b in flowgate.ImageLoader(local, **args)]
+    assert len(on_s3) == len(here) and all((a == b).all() for a, b in zip(on_s3, here))
+    with pytest.raises(ValueError, match="all s3:// URLs of one bucket"):
+        flowgate.ImageLoader(urls[:2] + [local[2]], **args)

@@ -2,8 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
+use flowgate_actors::error::PipelineError;
+
 use crate::sampler::{Sampler, ShareLengths};
-use crate::PipelineError;
 
 /// A dataset's file list, and how each epoch orders and shards it.
 ///

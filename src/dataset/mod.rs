@@ -49,8 +49,10 @@ pub use source::{
     DEFAULT_PREFETCH,
 };
 
+use flowgate_actors::error::PipelineError;
+
+use crate::blob::Blob;
 use crate::sampler::Sampler;
-use crate::{Blob, PipelineError};
 use records::Records;
 use shards::ShardError;
 
@@ -299,7 +301,7 @@ impl Dataset {
 
     /// The prefetch of tar shards on S3, for the tuner to deepen (see
     /// [`Shards::read_ahead`](shards::Shards::read_ahead)).
-    pub fn read_ahead(&self) -> Option<Arc<dyn crate::actors::attached::ReadAheadControl>> {
+    pub fn read_ahead(&self) -> Option<Arc<dyn flowgate_actors::attached::ReadAheadControl>> {
         match &self.kind {
             Kind::Records { records, .. } => records.read_ahead(),
             _ => None,

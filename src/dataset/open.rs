@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use flowgate_actors::error::PipelineError;
+
 use super::files::Files;
 use super::order::EpochOrder;
 use super::records::Records;
@@ -10,7 +12,6 @@ use super::shards::Shards;
 use super::source::{Labels, Remote, Source, SourceKind};
 use super::{Dataset, FieldSpec, Kind};
 use crate::sampler::Sampler;
-use crate::PipelineError;
 
 /// Opens `source`, ordered by `order`; `extensions` are the media files' (walks, shard
 /// fields).
@@ -183,6 +184,9 @@ fn files(source: &Source, order: EpochOrder, extensions: &[String]) -> Result<Ki
         SourceKind::List(l) => Files::list(l)?,
         _ => unreachable!("a files source"),
     };
+    if let Some(bucket) = s3_bucket_of(files.paths())? {
+        return s3_urls(source, order, bucket, &files);
+    }
     if files.is_empty() {
         let what = match &source.kind {
             SourceKind::Dir(d, own) => format!(
@@ -323,10 +327,10 @@ fn image_folder(
 }
 
 /// The numbers of `source` (and a mixture's sources) that size what is kept, against the
-/// library's [`limits`](crate::limits): the shuffle buffer, the shards fetched ahead.
+/// library's [`limits`](flowgate_actors::limits): the shuffle buffer, the shards fetched ahead.
 fn check_numbers(source: &Source) -> Result<(), PipelineError> {
-    use crate::limits::{BUFFER, PREFETCH};
-    let limit = |e: crate::limits::OutOfRange| PipelineError::config(e.to_string());
+    use flowgate_actors::limits::{BUFFER, PREFETCH};
+    let limit = |e: flowgate_actors::limits::OutOfRange| PipelineError::config(e.to_string());
     BUFFER.check_usize(source.buffer).map_err(limit)?;
     match &source.kind {
         SourceKind::Shards { remote, .. } => {
@@ -476,6 +480,90 @@ fn parquet_on_s3(
     Err(PipelineError::config(format!(
         "{}: Parquet on S3 needs flowgate built with the `s3` feature",
         paths[0].display()
+    )))
+}
+
+/// The bucket of a list of `s3://bucket/key` URLs, or `None` for local paths; a list of
+/// both, or of several buckets, is refused. A list of paths is read one way in every front
+/// end: a Rust `Source::files`, a list file, a Python list.
+fn s3_bucket_of(paths: &[std::path::PathBuf]) -> Result<Option<String>, PipelineError> {
+    let url = |p: &std::path::PathBuf| p.to_string_lossy().starts_with("s3://");
+    let urls = paths.iter().filter(|p| url(p)).count();
+    if urls == 0 {
+        return Ok(None);
+    }
+    let refuse = |m: &str| {
+        Err(PipelineError::config(format!(
+            "a list of paths: {m}; the paths are all local, or all s3:// URLs of one bucket"
+        )))
+    };
+    if urls < paths.len() {
+        let local = paths.iter().find(|p| !url(p)).expect("a local path");
+        return refuse(&format!(
+            "{} is local and {} others are on S3",
+            local.display(),
+            urls
+        ));
+    }
+    let bucket_of = |p: &std::path::PathBuf| {
+        let rest = p.to_string_lossy();
+        let rest = rest.trim_start_matches("s3://");
+        rest.split_once('/')
+            .map(|(b, k)| (b.to_owned(), k.is_empty()))
+    };
+    let mut bucket: Option<String> = None;
+    for p in paths {
+        match (bucket_of(p), &bucket) {
+            (None, _) | (Some((_, true)), _) => {
+                return refuse(&format!(
+                    "{} names no object (s3://bucket/key)",
+                    p.display()
+                ))
+            }
+            (Some((b, _)), Some(first)) if &b != first => {
+                return refuse(&format!(
+                    "{} is in bucket {b:?}, not {first:?}",
+                    p.display()
+                ))
+            }
+            (Some((b, _)), _) => bucket = Some(b),
+        }
+    }
+    Ok(bucket)
+}
+
+/// The objects a list of `s3://` URLs of `bucket` names, one item each (the endpoint from
+/// `AWS_ENDPOINT_URL`, else AWS; credentials from the AWS chain).
+#[cfg(feature = "s3")]
+fn s3_urls(
+    source: &Source,
+    order: EpochOrder,
+    bucket: String,
+    files: &Files,
+) -> Result<Kind, PipelineError> {
+    if source.labels.is_some() {
+        return Err(PipelineError::config(
+            "S3 objects carry no labels (put them in tar shards or Parquet)",
+        ));
+    }
+    let prefix = format!("s3://{bucket}/");
+    let keys = files
+        .paths()
+        .iter()
+        .map(|p| p.to_string_lossy().trim_start_matches(&prefix).to_owned());
+    let s3 = crate::s3::Endpoint::default().client(&bucket)?;
+    Ok(Kind::Objects {
+        keys: order.apply(Files::new(keys))?,
+        s3,
+        concurrency: super::source::DEFAULT_FETCH_CONCURRENCY,
+    })
+}
+
+/// Without the `s3` feature a list of `s3://` URLs is refused, saying why.
+#[cfg(not(feature = "s3"))]
+fn s3_urls(_: &Source, _: EpochOrder, bucket: String, _: &Files) -> Result<Kind, PipelineError> {
+    Err(PipelineError::config(format!(
+        "a list of s3://{bucket}/ URLs: reading S3 needs flowgate built with the `s3` feature"
     )))
 }
 

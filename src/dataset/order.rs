@@ -2,10 +2,11 @@
 //! process's rank and world size (given, from the environment, or the whole dataset), and
 //! equal counts per rank.
 
+use flowgate_actors::error::PipelineError;
+
 use super::files::Files;
 use super::shards::Shards;
 use crate::sampler::{Sampler, ShareLengths};
-use crate::PipelineError;
 
 /// Which ranks share the dataset, and which one this process is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -92,7 +92,7 @@ impl Records {
     /// The prefetch of tar shards on S3, for the tuner to deepen.
     pub(crate) fn read_ahead(
         &self,
-    ) -> Option<std::sync::Arc<dyn crate::actors::attached::ReadAheadControl>> {
+    ) -> Option<std::sync::Arc<dyn flowgate_actors::attached::ReadAheadControl>> {
         match self {
             #[cfg(feature = "s3")]
             Records::Tar(s) => s.read_ahead(),

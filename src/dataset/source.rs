@@ -135,7 +135,9 @@ impl Source {
         }
     }
 
-    /// Exactly these files, in this order.
+    /// Exactly these files, in this order; or, where every path is an `s3://bucket/key` URL
+    /// of one bucket, those objects on S3 (feature `s3`: the endpoint from
+    /// `AWS_ENDPOINT_URL`, else AWS), as a list file or a Python list of them is read too.
     pub fn files(paths: impl IntoIterator<Item = impl Into<PathBuf>>) -> Self {
         Self::of(SourceKind::Paths(
             paths.into_iter().map(Into::into).collect(),
@@ -314,6 +316,10 @@ impl Source {
             SourceKind::Mix { parts, .. } => parts.iter().any(Source::is_remote),
             #[cfg(feature = "s3")]
             SourceKind::Objects { .. } => true,
+            // `s3://` URLs are read as S3 objects.
+            SourceKind::Paths(paths) => paths
+                .iter()
+                .any(|p| p.to_string_lossy().starts_with("s3://")),
             _ => false,
         }
     }

@@ -11,6 +11,8 @@ use super::{
     Backend, CopyEvent, Cpu, Cuda, DeviceError, DeviceMemory, Staging, StreamHandle,
     LEGACY_DEFAULT_STREAM,
 };
+use crate::engine::builder::PipelineBuilder;
+use crate::engine::config::Workers;
 use crate::tensor::{DType, Tensor};
 
 /// Makes batch tensors in the memory the uploader copies from directly (pinned memory for
@@ -426,7 +428,7 @@ impl Delivered {
     }
 }
 
-impl<T: Send + 'static> crate::PipelineBuilder<T> {
+impl<T: Send + 'static> PipelineBuilder<T> {
     /// Adds the uploader as the last stage for items of any kind: `f` uploads an item's
     /// tensors with the uploader (e.g. each field of a batch, with
     /// [`Uploader::upload_owned`]) and returns what the consumer gets; `device_bytes` says
@@ -438,7 +440,7 @@ impl<T: Send + 'static> crate::PipelineBuilder<T> {
         uploader: Uploader,
         f: impl Fn(&mut Uploader, T) -> Result<U, DeviceError> + Send + Sync + 'static,
         device_bytes: impl Fn(&U) -> usize + Send + Sync + 'static,
-    ) -> crate::PipelineBuilder<U> {
+    ) -> PipelineBuilder<U> {
         let ring = uploader.staging_limit() as u64;
         let limit = uploader.device_limit();
         let up = Mutex::new(uploader);
@@ -450,7 +452,7 @@ impl<T: Send + 'static> crate::PipelineBuilder<T> {
             .pipe_each(
                 "upload",
                 move |t: T| f(&mut up.lock(), t),
-                crate::Workers::fixed(1),
+                Workers::fixed(1),
             )
             .measure(device_bytes);
         match limit {
@@ -460,7 +462,7 @@ impl<T: Send + 'static> crate::PipelineBuilder<T> {
     }
 }
 
-impl crate::PipelineBuilder<Tensor> {
+impl PipelineBuilder<Tensor> {
     /// Adds the uploader as the last stage (`upload`, one worker: copies go out in order on
     /// one stream). The consumer gets [`DeviceBatch`]es; an upload error fails that batch
     /// (counted by the failure budget, like any stage). Collate with
@@ -470,7 +472,7 @@ impl crate::PipelineBuilder<Tensor> {
     /// reserved in the pipeline's memory budget (see
     /// [`reserve_memory`](crate::PipelineBuilder::reserve_memory)): the buffers share what it
     /// leaves, and a budget smaller than the ring is an error at build naming it.
-    pub fn upload(self, uploader: Uploader) -> crate::PipelineBuilder<DeviceBatch> {
+    pub fn upload(self, uploader: Uploader) -> PipelineBuilder<DeviceBatch> {
         self.upload_with(uploader, Uploader::upload_owned, DeviceBatch::nbytes)
     }
 }

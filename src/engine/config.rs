@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use flowgate_actors::emit::Order;
 use flowgate_actors::failure::FailureBudget;
+use flowgate_actors::node::CpuBudget;
 
 /// Items per chunk sent between stages. Large enough that per-chunk costs (a lock, a channel
 /// operation, a wake-up) are noise next to 64 items of even trivial work; small enough that a
@@ -101,7 +102,7 @@ pub(crate) struct Config {
     /// The sink's item budget to start at, which the tuner may change.
     pub(crate) sink_start: Option<usize>,
     /// The node CPU budget this pipeline's pool stages hold cores of, if any.
-    pub(crate) cpu_budget: Option<crate::CpuBudget>,
+    pub(crate) cpu_budget: Option<CpuBudget>,
     pub(crate) sink_bytes: u64,
     /// The bytes everything the pipeline holds may take (see
     /// [`PipelineBuilder::memory_budget`](crate::PipelineBuilder::memory_budget)).

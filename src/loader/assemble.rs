@@ -7,6 +7,8 @@
 
 use std::sync::Arc;
 
+use flowgate_actors::error::{BoxError, PipelineError};
+
 use super::batch::{check_mapped, collate, Batch, Decoded, ItemMeta, Names};
 use super::builder::LoaderBuilder;
 use super::decode::Decoder;
@@ -15,14 +17,17 @@ use super::failures::FailureLog;
 use super::lengths::LengthPlan;
 use super::{Loader, Plan};
 use crate::device::Uploader;
-use crate::{BoxError, Pipeline, PipelineError, Workers};
+use crate::engine::builder::PipelineBuilder;
+use crate::engine::config::Workers;
+use crate::engine::pipeline::Pipeline;
+use crate::engine::stats::PipelineStats;
 
 impl LoaderBuilder {
     /// Checks the settings and plans the epochs (length-aware batches read the files'
     /// declared lengths here); no thread starts until the first epoch.
     pub fn build(mut self) -> Result<Loader, PipelineError> {
-        let limit = |e: crate::limits::OutOfRange| PipelineError::config(e.to_string());
-        crate::limits::BATCH_SIZE
+        let limit = |e: flowgate_actors::limits::OutOfRange| PipelineError::config(e.to_string());
+        flowgate_actors::limits::BATCH_SIZE
             .check_usize(self.batch_size)
             .map_err(limit)?;
         let mem = flowgate_tuner::available_memory();
@@ -30,7 +35,9 @@ impl LoaderBuilder {
         crate::sampler::check_order_fits(positions, mem.bytes, &mem.source)
             .map_err(PipelineError::config)?;
         if let Some(n) = self.workers {
-            crate::limits::WORKERS.check_usize(n).map_err(limit)?;
+            flowgate_actors::limits::WORKERS
+                .check_usize(n)
+                .map_err(limit)?;
         }
         if let Some((r, n)) = self.reader {
             if n == 0 || r >= n {
@@ -49,7 +56,7 @@ impl LoaderBuilder {
         if let Some(budget) = self.cpu_budget {
             // Joined here too, not only by the pipeline's tuner: the budget holds with the
             // tuner off.
-            crate::actors::node::join(budget).map_err(|e| {
+            flowgate_actors::node::join(budget).map_err(|e| {
                 PipelineError::config(format!("joining the node's CPU budget ({budget:?}): {e}"))
             })?;
         }
@@ -185,7 +192,7 @@ pub(super) struct Learned {
 const CARRIED: [&str; 4] = ["decode", "aggregate", "collate", "sink"];
 
 impl Learned {
-    pub(super) fn of(stats: &crate::PipelineStats) -> Option<Self> {
+    pub(super) fn of(stats: &PipelineStats) -> Option<Self> {
         let workers = stats.stage("decode")?.workers;
         let buffers = CARRIED.map(|name| stats.stage(name).map(|s| s.budget_items.max(1)));
         Some(Self { workers, buffers })
@@ -400,13 +407,13 @@ fn decode_stage(
     decoder: Arc<Decoder>,
     workers: Workers,
     cache: Option<&crate::byte_cache::ByteCache>,
-) -> crate::PipelineBuilder<Decoded> {
+) -> PipelineBuilder<Decoded> {
     #[cfg(feature = "s3")]
     if let Plan::Items(d) = plan {
         if let Some((s3, keys, concurrency)) = d.objects() {
             return fetch_stage(s3, keys, concurrency, cache).pipe(
                 "decode",
-                move |(blob, index, epoch): (crate::Blob, usize, u64)| {
+                move |(blob, index, epoch): (crate::blob::Blob, usize, u64)| {
                     Ok::<_, BoxError>(Decoded {
                         fields: decoder.fields(crate::dataset::Input::Bytes(blob), epoch)?,
                         meta: ItemMeta {
@@ -449,7 +456,7 @@ fn fetch_stage(
     keys: &crate::dataset::Files,
     concurrency: usize,
     cache: Option<&crate::byte_cache::ByteCache>,
-) -> crate::PipelineBuilder<(crate::Blob, usize, u64)> {
+) -> PipelineBuilder<(crate::blob::Blob, usize, u64)> {
     use crate::byte_cache::CacheFuture;
     use crate::s3::S3Error;
     use std::path::PathBuf;
@@ -482,7 +489,7 @@ fn fetch_stage(
             Workers::initial(concurrency),
         ),
     };
-    b.measure(|(blob, _, _): &(crate::Blob, usize, u64)| blob.len())
+    b.measure(|(blob, _, _): &(crate::blob::Blob, usize, u64)| blob.len())
 }
 
 impl Plan {

@@ -3,10 +3,12 @@
 //! a length-aware batch, which comes whole from its decoder), and the checks a batch passes
 //! after the user's per-batch function ([`MapBatches`]).
 
+use flowgate_actors::error::BoxError;
+
 use crate::collate::{collate_fields_with, CollateError};
 use crate::dataset::FieldValue;
 use crate::device::{Delivered, DeviceError, HostAlloc, Uploader};
-use crate::{DType, Tensor};
+use crate::tensor::{DType, Tensor};
 
 /// Where one item of a batch came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,11 +128,11 @@ pub struct Sample {
 
 /// A per-item function run on a stage of its own after decoding (see
 /// [`LoaderBuilder::map_items`](super::LoaderBuilder::map_items)).
-pub type MapItems = std::sync::Arc<dyn Fn(Sample) -> Result<Sample, crate::BoxError> + Send + Sync>;
+pub type MapItems = std::sync::Arc<dyn Fn(Sample) -> Result<Sample, BoxError> + Send + Sync>;
 
 /// A per-batch function run on a stage of its own after collation (see
 /// [`LoaderBuilder::map_batches`](super::LoaderBuilder::map_batches)).
-pub type MapBatches = std::sync::Arc<dyn Fn(Batch) -> Result<Batch, crate::BoxError> + Send + Sync>;
+pub type MapBatches = std::sync::Arc<dyn Fn(Batch) -> Result<Batch, BoxError> + Send + Sync>;
 
 /// One decoded item on its way to a batch: its fields, its origin, and for a length-aware
 /// batch (an item that is a whole batch) the origin of each of its rows.
@@ -220,7 +222,7 @@ pub(crate) fn check_mapped(
     rows: &[(usize, u64)],
     labels: bool,
     b: &mut Batch,
-) -> Result<(), crate::BoxError> {
+) -> Result<(), BoxError> {
     let n = rows.len();
     let same = b.items.len() == n
         && b.items

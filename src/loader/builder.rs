@@ -6,12 +6,18 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use flowgate_actors::emit::Order;
+use flowgate_actors::error::{BoxError, ItemError};
+use flowgate_actors::failure::FailureBudget;
+use flowgate_actors::node::CpuBudget;
+use flowgate_actors::tuner::{TraceRecord, TunerSettings};
+
 use super::decode::Decoder;
 use super::device::Device;
 use super::lengths::LengthCap;
 use crate::dataset::Dataset;
+use crate::engine::stats::{MemoryBudget, PipelineStats};
 use crate::media::Recipe;
-use crate::{FailureBudget, Order, PipelineStats, TraceRecord, TunerSettings};
 
 /// Items per batch by default.
 pub const DEFAULT_BATCH_SIZE: usize = 32;
@@ -42,7 +48,7 @@ type DecisionHook = Arc<Mutex<dyn FnMut(&TraceRecord) + Send>>;
 /// Called with statistics every interval.
 type StatsHook = (Duration, Arc<Mutex<dyn FnMut(&PipelineStats) + Send>>);
 /// Called with every failed item, skipped or not.
-type FailureHook = Arc<dyn Fn(&crate::ItemError) + Send + Sync>;
+type FailureHook = Arc<dyn Fn(&ItemError) + Send + Sync>;
 
 /// Builds a [`Loader`](super::Loader): [`Loader::builder`](super::Loader::builder). Every setting has a default.
 ///
@@ -93,7 +99,7 @@ pub struct LoaderBuilder {
     pub(super) cache: Option<crate::byte_cache::ByteCache>,
     pub(super) order: Order,
     pub(super) checkpoint_fields: Vec<(String, String)>,
-    pub(super) cpu_budget: Option<crate::CpuBudget>,
+    pub(super) cpu_budget: Option<CpuBudget>,
     pub(super) map: Option<(String, super::MapItems)>,
     /// Fields the per-item function adds (after the dataset's).
     pub(super) map_fields: Vec<String>,
@@ -279,7 +285,7 @@ impl LoaderBuilder {
     pub fn map_items(
         mut self,
         stage: &str,
-        f: impl Fn(super::Sample) -> Result<super::Sample, crate::BoxError> + Send + Sync + 'static,
+        f: impl Fn(super::Sample) -> Result<super::Sample, BoxError> + Send + Sync + 'static,
     ) -> Self {
         self.map = Some((stage.to_owned(), Arc::new(f)));
         self
@@ -315,7 +321,7 @@ impl LoaderBuilder {
     pub fn map_batches(
         mut self,
         stage: &str,
-        f: impl Fn(super::Batch) -> Result<super::Batch, crate::BoxError> + Send + Sync + 'static,
+        f: impl Fn(super::Batch) -> Result<super::Batch, BoxError> + Send + Sync + 'static,
     ) -> Self {
         self.map_batches = Some((stage.to_owned(), Arc::new(f)));
         self
@@ -377,7 +383,7 @@ impl LoaderBuilder {
     /// than the budget has cores, and a rank whose consumer waits uses the cores the others
     /// leave idle. `CpuBudget::Cores(2)`, or `CpuBudget::Fraction(0.4)` of the node's cores.
     /// Default: none (each rank tunes within its share of the node's cores).
-    pub fn cpu_budget(mut self, budget: crate::CpuBudget) -> Self {
+    pub fn cpu_budget(mut self, budget: CpuBudget) -> Self {
         self.cpu_budget = Some(budget);
         if let Some(t) = self.tuner.as_mut() {
             t.cpu_budget = Some(budget);
@@ -408,7 +414,7 @@ impl LoaderBuilder {
     }
 
     /// Calls `f` with every failed item, skipped or not, as it happens.
-    pub fn on_failure(mut self, f: impl Fn(&crate::ItemError) + Send + Sync + 'static) -> Self {
+    pub fn on_failure(mut self, f: impl Fn(&ItemError) + Send + Sync + 'static) -> Self {
         self.on_failure = Some(Arc::new(f));
         self
     }
@@ -473,7 +479,7 @@ impl LoaderBuilder {
     /// The memory budget the pipeline will have, and where it comes from: the one set (the
     /// loader's, or the tuner's; the smaller), or with the tuner on the default (half of what
     /// the host or the process's cgroup leaves); none with the tuner off and none set.
-    pub(super) fn memory_limit(&self) -> Option<crate::MemoryBudget> {
+    pub(super) fn memory_limit(&self) -> Option<MemoryBudget> {
         crate::engine::builder::memory_budget(self.memory_bytes, self.tuner.as_ref())
     }
 }

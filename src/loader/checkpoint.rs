@@ -2,8 +2,10 @@
 //! abandoned mid-way, batches being made up, decoded as units elsewhere, ended), and
 //! [`Loader::resume`], which continues from one.
 
+use flowgate_actors::error::PipelineError;
+
 use super::{units, Loader};
-use crate::{PipelineError, PipelineState};
+use crate::engine::checkpoint::PipelineState;
 
 impl Loader {
     /// A checkpoint of the consumer's progress: what it has received of the epoch being

@@ -3,10 +3,11 @@
 //! the batch's keys ([`BatchKeys`]), and the memory and device budgets against a batch the
 //! recipe bounds (the stages' floors, which the pipeline then reserves).
 
+use flowgate_actors::error::PipelineError;
+
 use super::builder::LoaderBuilder;
 use super::keys::BatchKeys;
 use super::Plan;
-use crate::PipelineError;
 
 impl LoaderBuilder {
     /// Why this loader's epochs cannot be cut into units decoded elsewhere, if they cannot:
@@ -74,7 +75,7 @@ impl LoaderBuilder {
         let Some(batch) = self.batch_bound(plan) else {
             return Ok(());
         };
-        let mib = |b: u64| format!("{:.1} MiB", crate::limits::bytes_to_mib(b));
+        let mib = |b: u64| format!("{:.1} MiB", flowgate_actors::limits::bytes_to_mib(b));
         // The device's budget lets one batch through whatever its size (or no batch would
         // ever reach the loop): one that cannot hold a batch cannot be kept.
         if let Some(device) = self.device.as_ref().filter(|d| d.device_limit() < batch.0) {

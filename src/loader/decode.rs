@@ -3,7 +3,7 @@
 
 use crate::dataset::Input;
 use crate::media::{MediaError, Recipe};
-use crate::Tensor;
+use crate::tensor::Tensor;
 
 /// Decodes items into their fields.
 #[derive(Clone, Debug)]

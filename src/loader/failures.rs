@@ -1,10 +1,18 @@
 //! The failures a loader skipped ([`SkippedFailure`]), kept per epoch, the last
 //! [`KEEP_FAILURES`] of them: what a user lists after an epoch to see which items were left
 //! out and why.
+//!
+//! A skip is also said without being asked for, in every route: the first item a loader
+//! skips is logged once, when it happens, with its reason ([`FailureLog::take_first`] hands
+//! it to a front end to say in its own words, a Python warning), and an epoch that skipped
+//! items, or delivered another number of batches than `len()` counts, ends with an
+//! [`EpochReport`] (logged, and handed to the front end the same way).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use flowgate_actors::error::ItemError;
 
 /// The most skipped failures a loader keeps (older ones are forgotten; the pipeline's
 /// counters still count them).
@@ -23,9 +31,11 @@ pub struct SkippedFailure {
     pub message: String,
 }
 
-/// The failures a loader skipped, shared with the pipelines' failure hooks.
+/// The failures a loader skipped, shared with the pipelines' failure hooks: counted per
+/// epoch, the last [`KEEP_FAILURES`] kept, and the first said once (see the [module
+/// docs](self)). Every route keeps one: the library's loader and the Python `DataLoader`.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct FailureLog(Arc<Inner>);
+pub struct FailureLog(Arc<Inner>);
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -34,41 +44,66 @@ struct Inner {
     epoch: AtomicU64,
     /// Failures in that epoch, and the last one (stage, item, message).
     count: AtomicU64,
-    last: Mutex<Option<crate::ItemError>>,
+    last: Mutex<Option<ItemError>>,
+    /// Whether a failure was recorded: the first is logged, and kept in `first` until a front
+    /// end takes it.
+    said: AtomicBool,
+    first: Mutex<Option<SkippedFailure>>,
 }
 
 impl FailureLog {
     /// Failures from now on happened in `epoch`.
-    pub(crate) fn set_epoch(&self, epoch: u64) {
+    pub fn set_epoch(&self, epoch: u64) {
         self.0.epoch.store(epoch, Ordering::Relaxed);
         self.0.count.store(0, Ordering::Relaxed);
         *self.0.last.lock().expect("failures") = None;
     }
 
     /// Failures since the epoch started, and the last one.
-    pub(crate) fn in_epoch(&self) -> (u64, Option<crate::ItemError>) {
+    pub fn in_epoch(&self) -> (u64, Option<ItemError>) {
         let last = self.0.last.lock().expect("failures").clone();
         (self.0.count.load(Ordering::Relaxed), last)
     }
 
     /// The epoch failures are counted in now.
-    pub(crate) fn epoch(&self) -> u64 {
+    pub fn epoch(&self) -> u64 {
         self.0.epoch.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn record(&self, e: &crate::ItemError) {
+    /// Counts and keeps `e`, a failed item the pipeline skipped; the log's first is logged
+    /// (`tracing`, a warning) and kept for [`take_first`](Self::take_first).
+    pub fn record(&self, e: &ItemError) {
         self.0.count.fetch_add(1, Ordering::Relaxed);
         *self.0.last.lock().expect("failures") = Some(e.clone());
-        let mut kept = self.0.kept.lock().expect("failures");
-        if kept.len() == KEEP_FAILURES {
-            kept.pop_front();
-        }
-        kept.push_back(SkippedFailure {
+        let failure = SkippedFailure {
             epoch: self.epoch(),
             stage: e.stage().to_owned(),
             item: e.item().to_owned(),
             message: e.to_string(),
-        });
+        };
+        if !self.0.said.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                epoch = failure.epoch,
+                stage = %failure.stage,
+                item = %failure.item,
+                "{}", first_skip_message(&failure)
+            );
+            *self.0.first.lock().expect("failures") = Some(failure.clone());
+        }
+        let mut kept = self.0.kept.lock().expect("failures");
+        if kept.len() == KEEP_FAILURES {
+            kept.pop_front();
+        }
+        kept.push_back(failure);
+    }
+
+    /// The first failure this log recorded, once (then `None`), with the sentence a front
+    /// end says of it ([`first_skip_message`]): said at the consumer's next batch, on its
+    /// thread, where a Python warning can be filtered as usual.
+    pub fn take_first(&self) -> Option<(SkippedFailure, String)> {
+        let f = self.0.first.lock().expect("failures").take()?;
+        let message = first_skip_message(&f);
+        Some((f, message))
     }
 
     /// A failure another loader skipped in this epoch (a unit decoded elsewhere), counted
@@ -77,7 +112,7 @@ impl FailureLog {
         // Its message says the stage and the item before the cause.
         let prefix = format!("stage `{}` failed on {}: ", f.stage, f.item);
         let cause = f.message.strip_prefix(&prefix).unwrap_or(&f.message);
-        self.record(&crate::ItemError::new(
+        self.record(&ItemError::new(
             f.stage.as_str().into(),
             f.item.clone(),
             cause.to_owned().into(),
@@ -85,8 +120,88 @@ impl FailureLog {
     }
 
     /// The failures kept of `epoch`.
-    pub(crate) fn of(&self, epoch: u64) -> Vec<SkippedFailure> {
+    pub fn of(&self, epoch: u64) -> Vec<SkippedFailure> {
         let kept = self.0.kept.lock().expect("failures");
         kept.iter().filter(|f| f.epoch == epoch).cloned().collect()
+    }
+}
+
+/// What is said of a loader's first skipped item: the item, why, and where to read the rest.
+pub fn first_skip_message(f: &SkippedFailure) -> String {
+    format!(
+        "flowgate skipped an item it could not read (skip_errors): {}. This is said once a \
+         loader; failures() lists every skipped item of an epoch, and each epoch's end says \
+         how many",
+        f.message
+    )
+}
+
+/// What an epoch delivered, said at its end when it skipped items or delivered another
+/// number of batches than `len()` counts (see the [module docs](self)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpochReport {
+    /// The epoch.
+    pub epoch: u64,
+    /// Items skipped as unreadable in it.
+    pub skipped: u64,
+    /// Batches the pass delivered.
+    pub delivered: usize,
+    /// Batches `len()` counts, where the pass read the epoch from its start (`None` for the
+    /// rest of a resumed epoch).
+    pub expected: Option<usize>,
+    /// Items read again to make up batches that skipped items cost (`fill_skipped`).
+    pub filled: u64,
+}
+
+impl EpochReport {
+    /// The report of a pass, if it has something to say: a skipped item, or a batch count
+    /// other than `len()`'s.
+    pub fn of(
+        epoch: u64,
+        skipped: u64,
+        delivered: usize,
+        expected: Option<usize>,
+        filled: u64,
+    ) -> Option<Self> {
+        let short = expected.is_some_and(|e| e != delivered);
+        (skipped > 0 || short).then_some(Self {
+            epoch,
+            skipped,
+            delivered,
+            expected,
+            filled,
+        })
+    }
+}
+
+impl std::fmt::Display for EpochReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = |n: u64| if n == 1 { "" } else { "s" };
+        write!(
+            f,
+            "flowgate: epoch {} skipped {} unreadable item{}",
+            self.epoch,
+            self.skipped,
+            s(self.skipped)
+        )?;
+        match self.expected {
+            Some(e) if e != self.delivered => write!(
+                f,
+                " and delivered {} batches where len() counts {e}: a batch is left out where \
+                 skipped items leave it nothing, and batches made after a skip are fewer \
+                 (fill_skipped makes them up; it is on under a world size above 1)",
+                self.delivered
+            )?,
+            _ => write!(f, "; it delivered {} batches", self.delivered)?,
+        }
+        if self.filled > 0 {
+            write!(
+                f,
+                ", {} item{} read again to make them up",
+                self.filled,
+                s(self.filled)
+            )?;
+        }
+        write!(f, ". failures() lists the skipped items and why")
     }
 }

@@ -22,11 +22,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use flowgate_actors::error::PipelineError;
 use flowgate_actors::origin::RangeSet;
 
 use super::assemble::Learned;
 use super::{units, Batch, Loader};
-use crate::{Pipeline, PipelineError, PipelineState, Within};
+use crate::engine::checkpoint::PipelineState;
+use crate::engine::pipeline::{Pipeline, Within};
 
 /// The batches an epoch owes, counted when it starts.
 #[derive(Clone, Copy, Debug, Default)]
@@ -339,6 +341,7 @@ impl Loader {
         let epoch = self.fill.filling.take().map(|f| f.end.epoch);
         self.in_epoch = false;
         self.epoch_start = None;
+        self.report_epoch();
         if std::mem::take(&mut self.fill.after_units) {
             // The pipeline never ran that epoch (its units were decoded elsewhere): the next
             // one starts afresh.

@@ -12,21 +12,22 @@
 
 use std::sync::Arc;
 
+use flowgate_actors::error::{BoxError, PipelineError};
+
 use super::batch::{Decoded, ItemMeta};
 use super::decode::Decoder;
 use crate::dataset::Dataset;
 use crate::media::Recipe;
 use crate::sampler::{Bucketing, LengthBatches, Sampler};
-use crate::{BoxError, PipelineError};
 
 /// Length buckets of length-aware batches by default: quantiles of the declared lengths, fine
 /// enough that a batch's clips are of similar length (padding a few percent), coarse enough
 /// that each bucket holds batches to shuffle. At least 1; [`MAX_BUCKETS`] at most.
 pub const DEFAULT_BUCKETS: usize = 20;
 
-/// The most length buckets ([`limits::BUCKETS`](crate::limits::BUCKETS)): past it a bucket
+/// The most length buckets ([`limits::BUCKETS`](flowgate_actors::limits::BUCKETS)): past it a bucket
 /// holds too few clips to make full batches.
-pub const MAX_BUCKETS: usize = crate::limits::BUCKETS.max as usize;
+pub const MAX_BUCKETS: usize = flowgate_actors::limits::BUCKETS.max as usize;
 
 /// How a loader makes length-aware batches (see [`LoaderBuilder::length_batches`]).
 ///
@@ -196,7 +197,7 @@ impl LengthPlan {
             });
         }
         for (name, e) in failed {
-            crate::skip_part(name, e)?;
+            flowgate_actors::failure::skip_part(name, e)?;
         }
         let (batch, lengths) = crate::collate::pad_longest(&clips);
         Ok(Decoded {
@@ -232,7 +233,7 @@ fn declared_lengths(dataset: &Dataset, recipe: &Recipe) -> (Vec<f64>, Vec<usize>
     };
     // This process's share of the cores (and of a node budget's), not the machine's: eight
     // ranks planning at once on a node must not start eight machines' worth of threads.
-    let threads = crate::actors::cap::cores().clamp(1, 16).min(n.max(1));
+    let threads = flowgate_actors::cap::cores().clamp(1, 16).min(n.max(1));
     let chunk = n.div_ceil(threads).max(1);
     let declared: Vec<Option<f64>> = std::thread::scope(|s| {
         let parts: Vec<_> = (0..n)

@@ -8,10 +8,11 @@
 //! loose file, the column) and the modality's arguments (`crop`, `rate`, ...), which
 //! [`fields_and_media`] splits from the other fields.
 
+use crate::blob::Blob;
 use crate::dataset::{FieldKind, FieldSpec, FieldValue};
 use crate::media::args::MediaArgs;
 use crate::media::{MediaError, Recipe};
-use crate::{Blob, Tensor};
+use crate::tensor::Tensor;
 
 /// A field decoded as media, as a front end names it: its name, where it is read from, and
 /// its recipe's arguments.

@@ -90,7 +90,7 @@ pub use device::{
     Device, DeviceName, DEFAULT_DEVICE_BYTES, DEFAULT_SIM_BANDWIDTH, DEFAULT_SIM_LATENCY,
     DEFAULT_STAGING_BYTES,
 };
-pub use failures::{SkippedFailure, KEEP_FAILURES};
+pub use failures::{first_skip_message, EpochReport, FailureLog, SkippedFailure, KEEP_FAILURES};
 pub use keys::BatchKeys;
 pub use lengths::{DEFAULT_BUCKETS, MAX_BUCKETS};
 pub use media_fields::{fields_and_media, MediaFieldArgs};
@@ -102,12 +102,15 @@ pub use regroup::{Regroup, Rows};
 pub use settings::{LoaderSettings, OrderName, SettingsError};
 pub use units::{batches_of, EpochPlan, Unit};
 
+use flowgate_actors::error::PipelineError;
+
 use crate::dataset::Dataset;
 use crate::device::SimLog;
+use crate::engine::checkpoint::PipelineState;
+use crate::engine::pipeline::{Pipeline, Within};
+use crate::engine::stats::{Monitor, PipelineStats};
 use crate::media::Recipe;
-use crate::{Monitor, Pipeline, PipelineError, PipelineState, PipelineStats, Within};
 use assemble::{Learned, Make};
-use failures::FailureLog;
 use lengths::LengthPlan;
 
 /// What a loader's pipeline reads: the dataset's items, or its files planned into
@@ -166,6 +169,9 @@ pub struct Loader {
     keep_every: Option<((usize, usize), usize)>,
     /// The epoch being iterated as units decoded elsewhere ([`Loader::start_units`]).
     units: Option<units::UnitsEpoch>,
+    /// What the last epoch that ended had to say (items skipped, batches short of `len()`),
+    /// until a front end takes it.
+    report: Option<EpochReport>,
 }
 
 impl std::fmt::Debug for Loader {
@@ -193,6 +199,12 @@ impl LoaderWatch {
     /// (or the last one; see [`Loader::filled`]).
     pub fn filled(&self) -> u64 {
         self.filled.load(Ordering::Relaxed)
+    }
+
+    /// The loader's first skipped item and what is said of it, once (see
+    /// [`Loader::take_first_skip`]).
+    pub fn take_first_skip(&self) -> Option<(SkippedFailure, String)> {
+        self.failures.take_first()
     }
 
     /// The running pipeline's monitor (statistics, tuner trace, epoch), if one runs.
@@ -245,6 +257,7 @@ impl Loader {
             delivered_before: 0,
             keep_every: None,
             units: None,
+            report: None,
         }
     }
 
@@ -307,6 +320,34 @@ impl Loader {
         }
     }
 
+    /// What the last epoch that ended said of its skipped items and its batch count (see
+    /// [`EpochReport`]; logged as a `tracing` warning when it ended), once: a front end says
+    /// it in its own words.
+    pub fn take_epoch_report(&mut self) -> Option<EpochReport> {
+        self.report.take()
+    }
+
+    /// The loader's first skipped item and what is said of it, once (logged as a `tracing`
+    /// warning when it was skipped): a front end says it at the next batch.
+    pub fn take_first_skip(&self) -> Option<(SkippedFailure, String)> {
+        self.failures.take_first()
+    }
+
+    /// An epoch ended at its end: what it has to say is logged and kept for the front end.
+    fn report_epoch(&mut self) {
+        if self.batching.decodes_units {
+            return; // a unit's consumer counts its failures
+        }
+        let (skipped, _) = self.failures.in_epoch();
+        let expected = (self.delivered_before == 0).then(|| self.len());
+        let filled = self.fill.filled.load(Ordering::Relaxed);
+        let epoch = self.failures.epoch();
+        self.report = EpochReport::of(epoch, skipped, self.delivered, expected, filled);
+        if let Some(r) = &self.report {
+            tracing::warn!(epoch, skipped, delivered = r.delivered, "{r}");
+        }
+    }
+
     /// The simulated device's record (with [`Device::simulated`]).
     pub fn sim_log(&self) -> Option<&SimLog> {
         self.sim_log.as_ref()
@@ -343,7 +384,7 @@ impl Loader {
     /// A handle that resizes the running pipeline's stages and sets their buffers by hand (an
     /// operator, a test), building the pipeline if there is none yet. What it sets lasts for
     /// the pipeline; the next one (after an abandoned epoch) starts where this one ended.
-    pub fn control(&mut self) -> Result<crate::ControlHandle, PipelineError> {
+    pub fn control(&mut self) -> Result<crate::engine::control::ControlHandle, PipelineError> {
         Ok(self.pipeline()?.control())
     }
 
@@ -462,6 +503,7 @@ impl Loader {
     /// and failures are counted afresh.
     fn started(&mut self, epoch: u64) {
         self.failures.set_epoch(epoch);
+        self.report = None;
         self.in_epoch = true;
         self.resumed = false;
         self.delivered = 0;
@@ -581,6 +623,7 @@ impl Loader {
                 }
                 self.in_epoch = false;
                 self.epoch_start = None;
+                self.report_epoch();
                 let (failures, last) = self.failures.in_epoch();
                 // A unit whose items all failed is not an epoch: its consumer decides.
                 let whole = self.delivered_before == 0 && !self.batching.decodes_units;

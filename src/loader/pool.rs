@@ -10,13 +10,13 @@
 
 use std::fmt;
 
+use flowgate_tuner::pool::dispatch::{DispatchSettings, PoolSize};
+use flowgate_tuner::pool::PoolLimits;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::settings::SettingsError;
-use crate::limits::{self, OutOfRange, BATCHES_PER_UNIT, POOL_WORKERS};
-use crate::tuner::pool::dispatch::{DispatchSettings, PoolSize};
-use crate::tuner::pool::PoolLimits;
+use flowgate_actors::limits::{self, OutOfRange, BATCHES_PER_UNIT, POOL_WORKERS};
 
 /// The most workers a sized pool grows to, by default: past it, one training process
 /// collecting units is the bound, not the workers.

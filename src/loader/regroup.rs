@@ -15,8 +15,9 @@
 
 use std::collections::VecDeque;
 
+use flowgate_actors::emit::Order;
+
 use super::EpochPlan;
-use crate::Order;
 
 /// A batch's rows, as [`Regroup`] needs them.
 pub trait Rows: Sized {
@@ -112,8 +113,8 @@ impl<R: Rows> Regroup<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::checkpoint::{PipelineState, ShareState};
     use crate::loader::units::Batching;
-    use crate::{PipelineState, ShareState};
 
     /// Rows that are their own positions.
     impl Rows for Vec<u64> {

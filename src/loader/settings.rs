@@ -5,14 +5,16 @@
 //! source and the media's arguments into a [`LoaderBuilder`], so the way settings become a
 //! loader is written once.
 
+use flowgate_actors::emit::Order;
+use flowgate_actors::failure::FailureBudget;
+use flowgate_actors::node::CpuBudget;
 use serde::{Deserialize, Serialize};
 
 use super::builder::{LoaderBuilder, DEFAULT_BATCH_SIZE};
 use super::lengths::DEFAULT_BUCKETS;
 use crate::dataset::{Dataset, DatasetBuilder, EpochOrder, Ranks, Source};
-use crate::limits::{self, OutOfRange};
 use crate::media::{MediaArgs, Recipe, RecipeError};
-use crate::{CpuBudget, FailureBudget, Order};
+use flowgate_actors::limits::{self, OutOfRange};
 
 const fn default_batch_size() -> usize {
     DEFAULT_BATCH_SIZE
@@ -273,7 +275,7 @@ impl LoaderSettings {
         media: &MediaArgs,
     ) -> Result<LoaderBuilder, SettingsError> {
         self.check()?;
-        let mut b = crate::Loader::builder(dataset, recipe)
+        let mut b = crate::loader::Loader::builder(dataset, recipe)
             .batch_size(self.batch_size)
             .drop_last(self.drop_last)
             .order(self.order.into())

@@ -20,10 +20,11 @@
 //! units' batches into batches of the batch size (in input order) gets the local loader's
 //! batches exactly, as the Python package's remote mode does.
 
+use flowgate_actors::error::PipelineError;
 use flowgate_actors::origin::RangeSet;
 
 use super::{Loader, SkippedFailure};
-use crate::{PipelineError, PipelineState};
+use crate::engine::checkpoint::PipelineState;
 
 /// The epoch a planning loader runs next, cut into units; see the [module docs](self).
 #[derive(Clone, Debug)]
@@ -115,7 +116,7 @@ impl Loader {
                 "plan_units: an epoch is being iterated; plan the next one between epochs",
             ));
         }
-        crate::limits::BATCHES_PER_UNIT
+        flowgate_actors::limits::BATCHES_PER_UNIT
             .check_usize(batches_per_unit)
             .map_err(|e| PipelineError::config(format!("plan_units: {e}")))?;
         if let Some(why) = self.batching.units_refusal {

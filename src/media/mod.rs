@@ -40,8 +40,11 @@ pub use rules::{item_seed, Limits, RecipeError};
 pub(crate) fn load_padded(
     paths: &[std::path::PathBuf],
     refuse: Option<&str>,
-    load: impl Fn(&std::path::Path) -> Result<(crate::Tensor, usize), MediaError>,
-) -> (Option<(crate::Tensor, crate::Tensor)>, Vec<MediaError>) {
+    load: impl Fn(&std::path::Path) -> Result<(crate::tensor::Tensor, usize), MediaError>,
+) -> (
+    Option<(crate::tensor::Tensor, crate::tensor::Tensor)>,
+    Vec<MediaError>,
+) {
     if let Some(reason) = refuse {
         let e = paths.first().map(|p| MediaError::Geometry {
             path: p.clone(),

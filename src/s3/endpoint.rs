@@ -1,8 +1,9 @@
 //! [`Endpoint`]: where and how to reach S3 by URL (`s3://bucket/rest`), for shards and
 //! Parquet files named by URL.
 
+use flowgate_actors::error::PipelineError;
+
 use super::{S3Config, S3};
-use crate::PipelineError;
 
 /// Where and how to reach objects on S3 by URL.
 #[derive(Clone, Debug, Default)]

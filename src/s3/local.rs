@@ -9,7 +9,8 @@ use super::config::S3Config;
 /// tests, examples and trying a pipeline without a cloud account. Each top-level folder of the
 /// root is a bucket. The server stops when this value drops.
 ///
-/// `scripts/setup.sh` installs the binary into `target/tools/bin/s3s-fs`;
+/// `scripts/setup.sh --test` installs the binary once per machine into
+/// `~/.cache/flowgate/tools/bin/s3s-fs`;
 /// [`LocalServer::binary`] finds it there (or at `$FLOWGATE_S3S_FS`).
 #[derive(Debug)]
 pub struct LocalServer {
@@ -24,13 +25,16 @@ impl LocalServer {
     /// The secret the server accepts.
     pub const SECRET_KEY: &'static str = "flowgate-secret";
 
-    /// The `s3s-fs` binary: `$FLOWGATE_S3S_FS`, else the one `scripts/setup.sh` installs.
+    /// The `s3s-fs` binary: `$FLOWGATE_S3S_FS`, else the one `scripts/setup.sh` installs once
+    /// per machine (`$HOME/.cache/flowgate/tools/bin/s3s-fs`), as the test virtualenv is.
     pub fn binary() -> PathBuf {
-        std::env::var_os("FLOWGATE_S3S_FS")
+        if let Some(path) = std::env::var_os("FLOWGATE_S3S_FS") {
+            return PathBuf::from(path);
+        }
+        let home = std::env::var_os("HOME")
             .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tools/bin/s3s-fs")
-            })
+            .unwrap_or_default();
+        home.join(".cache/flowgate/tools/bin/s3s-fs")
     }
 
     /// Starts the server over `root` (created if missing) and waits until it accepts

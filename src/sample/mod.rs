@@ -278,7 +278,7 @@ impl FieldBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::DType;
+    use crate::tensor::DType;
 
     #[test]
     fn mismatches_name_the_field_and_sample() {

@@ -13,10 +13,10 @@
 //! Lengths come from what containers declare (see
 //! [`media::audio::duration`](crate::media::audio::duration)), not from decoding.
 
+use flowgate_actors::error::PipelineError;
 use flowgate_tuner::Rng;
 
 use super::Sampler;
-use crate::PipelineError;
 
 /// Where bucket boundaries come from.
 #[derive(Clone, Debug, PartialEq)]

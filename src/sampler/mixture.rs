@@ -1,9 +1,9 @@
 //! Mixtures: several sources drawn by weight into one epoch order.
 
+use flowgate_actors::error::PipelineError;
 use flowgate_tuner::Rng;
 
 use super::{shuffle, Sampler};
-use crate::PipelineError;
 
 /// When an epoch of a [mixture](Sampler::mixture) ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

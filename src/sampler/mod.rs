@@ -10,10 +10,9 @@
 //! Orders are a pure function of (seed, epoch, rank, world): the property that makes
 //! [`Pipeline::resume`](crate::Pipeline::resume) exact.
 
+use flowgate_actors::error::PipelineError;
 use flowgate_actors::origin::RangeSet;
 use flowgate_tuner::Rng;
-
-use crate::PipelineError;
 
 mod buckets;
 mod layout;
@@ -30,7 +29,7 @@ pub use mixture::{check_weights, MixStop};
 /// item: 32 GiB at this size). A number past it — a mixture's `draws`, a manifest's sample
 /// counts — is a typo or a lie, refused with an error naming it, not an allocation that
 /// aborts the process.
-pub const MAX_EPOCH_ITEMS: usize = crate::limits::DRAWS.max as usize;
+pub const MAX_EPOCH_ITEMS: usize = flowgate_actors::limits::DRAWS.max as usize;
 
 /// Bytes an epoch's order takes per position at its peak, made at each epoch's start: the
 /// global order, this rank's positions and a reader's part of them, 8 bytes each (a mixture of

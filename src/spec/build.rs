@@ -6,11 +6,17 @@
 use std::path::Path;
 use std::time::Duration;
 
+use flowgate_actors::error::{ItemError, PipelineError};
+use flowgate_actors::failure::FailureBudget;
+use flowgate_actors::tuner::{PolicyChoice, TraceRecord, TunerSettings};
+
 use super::schema::*;
 use crate::dataset::{Dataset, Files};
-use crate::loader::Device;
+use crate::engine::config::Workers;
+use crate::engine::stats::{PipelineStats, StatsCallback};
+use crate::loader::{Device, Loader};
 use crate::media::{MediaArgs, Recipe};
-use crate::{PolicyChoice, TunerSettings, Workers};
+use crate::tensor::Tensor;
 
 /// A spec's loader, with what it needs alive (a local S3 server) and the byte cache.
 #[derive(Debug)]
@@ -18,7 +24,7 @@ pub struct Job {
     /// The loader: an epoch per [`start_epoch`](crate::Loader::start_epoch), batches whose
     /// first field is the decoded media (`[B, ...]`; length-aware batches add the lengths),
     /// in host memory or on the device `[device]` names.
-    pub loader: crate::Loader,
+    pub loader: Loader,
     /// The cache of an S3 source, if the spec has one.
     pub cache: Option<crate::byte_cache::ByteCache>,
     /// Items per epoch (this rank's; the clips of length-aware batches).
@@ -34,8 +40,8 @@ impl Job {
     pub fn epoch(
         &mut self,
     ) -> Result<
-        impl Iterator<Item = Result<crate::device::Delivered, crate::PipelineError>> + '_,
-        crate::PipelineError,
+        impl Iterator<Item = Result<crate::device::Delivered, PipelineError>> + '_,
+        PipelineError,
     > {
         Ok(self
             .loader
@@ -44,22 +50,22 @@ impl Job {
     }
 
     /// The loader's statistics (see [`Loader::stats`](crate::Loader::stats)).
-    pub fn stats(&self) -> crate::PipelineStats {
+    pub fn stats(&self) -> PipelineStats {
         self.loader.stats()
     }
 }
 
 /// Called with every tuner tick that changed something.
-pub type DecisionHook = Box<dyn FnMut(&crate::TraceRecord) + Send>;
+pub type DecisionHook = Box<dyn FnMut(&TraceRecord) + Send>;
 /// A callback with each item failure, as it happens (see
 /// [`PipelineBuilder::on_failure`](crate::PipelineBuilder::on_failure)).
-pub type FailureHook = Box<dyn Fn(&crate::ItemError) + Send + Sync>;
+pub type FailureHook = Box<dyn Fn(&ItemError) + Send + Sync>;
 
 /// What to call while a spec's pipeline runs.
 #[derive(Default)]
 pub struct Hooks {
     /// Statistics, every `metrics.interval_ms`.
-    pub on_stats: Option<crate::StatsCallback>,
+    pub on_stats: Option<StatsCallback>,
     /// Tuner decisions.
     pub on_decision: Option<DecisionHook>,
     /// Item failures (skipped or not).
@@ -96,19 +102,19 @@ impl PipelineSpec {
 
     /// The decode recipe, validated, with the augmentation seed: the media's own rules
     /// ([`MediaArgs::recipe`](crate::media::MediaArgs::recipe)), errors named by their key.
-    pub fn recipe(&self) -> Result<Recipe, crate::PipelineError> {
+    pub fn recipe(&self) -> Result<Recipe, PipelineError> {
         self.decode
             .media
             .recipe(self.length_cap(), self.augmentation_seed())
-            .map_err(|e| crate::PipelineError::config_from(format!("decode.{}", e.field()), e))
+            .map_err(|e| PipelineError::config_from(format!("decode.{}", e.field()), e))
     }
 
     /// The decode step alone, for one local file (what `flowgate profile` measures).
     pub fn item_decoder(
         &self,
     ) -> Result<
-        impl Fn(&Path) -> Result<crate::Tensor, crate::media::MediaError> + Send + Sync + 'static,
-        crate::PipelineError,
+        impl Fn(&Path) -> Result<Tensor, crate::media::MediaError> + Send + Sync + 'static,
+        PipelineError,
     > {
         let d = self.recipe()?;
         Ok(move |p: &Path| d.load(p))
@@ -117,20 +123,19 @@ impl PipelineSpec {
     /// Builds the loader: the source opened as a dataset, decoded by the recipe, batched,
     /// uploaded to the device the spec names, tuned as the spec says, calling `hooks` while it
     /// runs.
-    pub fn build(&self, hooks: Hooks) -> Result<Job, crate::PipelineError> {
+    pub fn build(&self, hooks: Hooks) -> Result<Job, PipelineError> {
         let settings = self.loader_settings();
         let recipe = self.recipe()?;
         let (source, keep) = self.source(&self.source)?;
         let (source, media_fields) = match &self.fields {
             Some(f) => {
-                let (fields, media) = crate::loader::fields_and_media(f.clone())
-                    .map_err(crate::PipelineError::config)?;
+                let (fields, media) =
+                    crate::loader::fields_and_media(f.clone()).map_err(PipelineError::config)?;
                 (source.extra_fields(fields), media)
             }
             None => (source, Vec::new()),
         };
-        let conflict =
-            |e: crate::loader::SettingsError| crate::PipelineError::config(e.to_string());
+        let conflict = |e: crate::loader::SettingsError| PipelineError::config(e.to_string());
         // A pipeline file reads the whole dataset (`flowgate run` is one process), whatever
         // RANK and WORLD_SIZE say.
         let dataset = settings
@@ -149,8 +154,8 @@ impl PipelineSpec {
         }
         if let Some(m) = self.run.max_failures {
             b = b.max_failures(match m {
-                super::MaxFailures::Count(n) => crate::FailureBudget::count(n),
-                super::MaxFailures::Rate(r) => crate::FailureBudget::rate(r),
+                super::MaxFailures::Count(n) => FailureBudget::count(n),
+                super::MaxFailures::Rate(r) => FailureBudget::rate(r),
             });
         }
         b = if self.tuner.enabled {
@@ -164,7 +169,7 @@ impl PipelineSpec {
         // The byte cache sits in front of an S3 prefix's fetches; other sources have none.
         let fetched = matches!(self.source, SourceSpec::S3 { .. });
         let cache = self.cache.as_ref().filter(|_| fetched).map(|c| {
-            let mb = crate::limits::mib_to_bytes;
+            let mb = flowgate_actors::limits::mib_to_bytes;
             crate::byte_cache::ByteCache::new(mb(c.mb))
                 .max_bytes(mb(c.max_mb.unwrap_or(4.0 * c.mb)))
         });
@@ -190,19 +195,18 @@ impl PipelineSpec {
     }
 
     /// The device `[device]` asks for (`None` for `cpu`).
-    pub fn device(&self) -> Result<Option<Device>, crate::PipelineError> {
+    pub fn device(&self) -> Result<Option<Device>, PipelineError> {
         let d = &self.device;
         let device = match d.kind {
             DeviceKind::Cpu => return Ok(None),
-            DeviceKind::Cuda => Device::cuda(d.ordinal).map_err(|e| {
-                crate::PipelineError::config(format!("device.kind = \"cuda\": {e}"))
-            })?,
+            DeviceKind::Cuda => Device::cuda(d.ordinal)
+                .map_err(|e| PipelineError::config(format!("device.kind = \"cuda\": {e}")))?,
             DeviceKind::Simulated => Device::simulated(
                 d.bandwidth_gbps * 1e9,
                 Duration::from_secs_f64(d.latency_us * 1e-6),
             ),
         };
-        let mb = crate::limits::mib_to_bytes;
+        let mb = flowgate_actors::limits::mib_to_bytes;
         Ok(Some(
             device
                 .max_staging_bytes(mb(d.staging_mb) as usize)
@@ -260,7 +264,7 @@ impl PipelineSpec {
     }
 
     /// The local files of a list or directory source (shuffled if asked).
-    pub fn local_files(&self) -> Result<Option<Files>, crate::PipelineError> {
+    pub fn local_files(&self) -> Result<Option<Files>, PipelineError> {
         if !matches!(
             self.source,
             SourceSpec::List { .. } | SourceSpec::Dir { .. }

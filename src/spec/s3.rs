@@ -3,9 +3,10 @@
 
 use std::path::PathBuf;
 
+use flowgate_actors::error::PipelineError;
+
 use crate::dataset::Files;
 use crate::s3::{S3Error, S3};
-use crate::PipelineError;
 
 /// A local S3 server and its folder, removed when dropped.
 #[cfg(feature = "test-util")]

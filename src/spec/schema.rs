@@ -100,7 +100,7 @@ pub enum SourceSpec {
         /// Shards on S3: shards downloaded ahead of the readers.
         #[serde(
             default = "default_prefetch",
-            deserialize_with = "crate::limits::whole::prefetch"
+            deserialize_with = "flowgate_actors::limits::whole::prefetch"
         )]
         prefetch: usize,
         /// The extensions of the field to decode, first present wins; default: the decode
@@ -112,7 +112,7 @@ pub enum SourceSpec {
         #[serde(default)]
         shuffle: Option<u64>,
         /// A shuffle buffer of this many samples over each epoch's stream (0: none).
-        #[serde(default, deserialize_with = "crate::limits::whole::buffer")]
+        #[serde(default, deserialize_with = "flowgate_actors::limits::whole::buffer")]
         buffer: usize,
         /// The field (extension) holding each sample's integer label, such as `"cls"`.
         #[serde(default)]
@@ -138,7 +138,7 @@ pub enum SourceSpec {
         #[serde(default)]
         shuffle: Option<u64>,
         /// A shuffle buffer of this many rows over each epoch's stream (0: none).
-        #[serde(default, deserialize_with = "crate::limits::whole::buffer")]
+        #[serde(default, deserialize_with = "flowgate_actors::limits::whole::buffer")]
         buffer: usize,
         /// The column holding each row's integer label, such as `"label"`.
         #[serde(default)]
@@ -155,7 +155,10 @@ pub enum SourceSpec {
         weights: Vec<f64>,
         /// Draws per epoch (sources drawn to their end start a new pass, so they cycle); when
         /// absent, `stop` says when the epoch ends.
-        #[serde(default, deserialize_with = "crate::limits::whole::draws_or_none")]
+        #[serde(
+            default,
+            deserialize_with = "flowgate_actors::limits::whole::draws_or_none"
+        )]
         draws: Option<usize>,
         /// Without `draws`: `"first"` (the epoch ends at the first source drawn to its end:
         /// each item at most once) or `"all"` (once every source has been drawn to its end:
@@ -255,7 +258,7 @@ impl<'de> Deserialize<'de> for DecodeSpec {
         let mut table = toml::Table::deserialize(d)?;
         let workers = table
             .remove("workers")
-            .map(crate::limits::whole::workers_or_none)
+            .map(flowgate_actors::limits::whole::workers_or_none)
             .transpose()
             .map_err(|e: toml::de::Error| D::Error::custom(e.message()))?
             .flatten();
@@ -273,7 +276,10 @@ pub struct BatchSpec {
     /// Items per batch (default: the library's for the media,
     /// [`default_batch_size`](crate::loader::default_batch_size): 32, 8 clips of video); see
     /// [`PipelineSpec::batch_size`](super::PipelineSpec::batch_size).
-    #[serde(default, deserialize_with = "crate::limits::whole::batch_size_or_none")]
+    #[serde(
+        default,
+        deserialize_with = "flowgate_actors::limits::whole::batch_size_or_none"
+    )]
     pub size: Option<usize>,
     /// Drop a last, partial batch.
     #[serde(default)]
@@ -293,7 +299,7 @@ pub struct BatchSpec {
     /// quantiles).
     #[serde(
         default = "default_buckets",
-        deserialize_with = "crate::limits::whole::buckets"
+        deserialize_with = "flowgate_actors::limits::whole::buckets"
     )]
     pub buckets: usize,
     /// The order items are batched in: `"input"` (default: the epoch's order, so a seed gives
@@ -361,10 +367,10 @@ pub struct DeviceSpec {
 }
 
 fn default_device_mb() -> f64 {
-    crate::limits::bytes_to_mib(crate::loader::DEFAULT_DEVICE_BYTES)
+    flowgate_actors::limits::bytes_to_mib(crate::loader::DEFAULT_DEVICE_BYTES)
 }
 fn default_staging_mb() -> f64 {
-    crate::limits::bytes_to_mib(crate::loader::DEFAULT_STAGING_BYTES as u64)
+    flowgate_actors::limits::bytes_to_mib(crate::loader::DEFAULT_STAGING_BYTES as u64)
 }
 fn default_bandwidth() -> f64 {
     crate::loader::DEFAULT_SIM_BANDWIDTH / 1e9

@@ -1,6 +1,8 @@
 //! A spec's `[source]` table as the library's [`Source`] (S3 prefixes included, with the
 //! local test server of `serve_locally_from`), and the units of length-aware batches.
 
+use flowgate_actors::error::PipelineError;
+
 use super::schema::*;
 use crate::dataset::{Labels, Remote, Source};
 use crate::media::{MediaArgs, Recipe};
@@ -27,7 +29,7 @@ impl PipelineSpec {
     }
 
     /// The library's source for `spec`, and what it needs kept alive.
-    pub(super) fn source(&self, spec: &SourceSpec) -> Result<(Source, Keep), crate::PipelineError> {
+    pub(super) fn source(&self, spec: &SourceSpec) -> Result<(Source, Keep), PipelineError> {
         let source = match spec {
             SourceSpec::List {
                 path,
@@ -67,7 +69,7 @@ impl PipelineSpec {
                         endpoint: endpoint.clone(),
                         region: region.clone(),
                         cache_dir: cache_dir.clone(),
-                        cache_bytes: crate::limits::mib_to_bytes(*cache_mb),
+                        cache_bytes: flowgate_actors::limits::mib_to_bytes(*cache_mb),
                         prefetch: *prefetch,
                     })
                     .buffer(*buffer);
@@ -122,7 +124,7 @@ impl PipelineSpec {
                     if !local {
                         // Named by its key here; the library refuses it too (for every front
                         // end), by its place.
-                        return Err(crate::PipelineError::config(format!(
+                        return Err(PipelineError::config(format!(
                             "source.sources[{k}]: a mixture mixes list, dir, local tar and \
                              parquet sources; not tar shards or objects on S3, or another \
                              mixture"
@@ -157,7 +159,7 @@ impl PipelineSpec {
     /// An S3 prefix (feature `s3`): reached at its endpoint, or served from local files by a
     /// server on this machine (`serve_locally_from`, feature `test-util`).
     #[cfg_attr(not(feature = "s3"), allow(unused_variables))]
-    fn s3_source(&self, spec: &SourceSpec) -> Result<(Source, Keep), crate::PipelineError> {
+    fn s3_source(&self, spec: &SourceSpec) -> Result<(Source, Keep), PipelineError> {
         let SourceSpec::S3 {
             bucket,
             prefix,
@@ -189,7 +191,7 @@ impl PipelineSpec {
             Ok((source.concurrency(*concurrency), keep))
         }
         #[cfg(not(feature = "s3"))]
-        Err(crate::PipelineError::config(
+        Err(PipelineError::config(
             "source.kind = \"s3\" needs flowgate built with the `s3` feature".to_owned(),
         ))
     }
@@ -218,15 +220,15 @@ fn with_file_labels(
     source: Source,
     labels: &Option<String>,
     label_file: &Option<std::path::PathBuf>,
-) -> Result<Source, crate::PipelineError> {
+) -> Result<Source, PipelineError> {
     match (labels.as_deref(), label_file) {
         (None, None) => Ok(source),
         (Some("folder"), None) => Ok(source.labels(Labels::Folder)),
         (None, Some(file)) => Ok(source.labels(Labels::ByPath(read_label_file(file)?))),
-        (Some(_), Some(_)) => Err(crate::PipelineError::config(
+        (Some(_), Some(_)) => Err(PipelineError::config(
             "source: labels and label_file both give labels; keep one",
         )),
-        (Some(other), None) => Err(crate::PipelineError::config(format!(
+        (Some(other), None) => Err(PipelineError::config(format!(
             "source.labels = {other:?}: a list or dir source takes \"folder\" (or a \
              label_file of PATH LABEL lines)"
         ))),
@@ -237,9 +239,9 @@ fn with_file_labels(
 /// blank lines and `#` comments skipped. Errors name the file and the line.
 fn read_label_file(
     file: &std::path::Path,
-) -> Result<std::collections::HashMap<std::path::PathBuf, i64>, crate::PipelineError> {
+) -> Result<std::collections::HashMap<std::path::PathBuf, i64>, PipelineError> {
     let text = std::fs::read_to_string(file)
-        .map_err(|e| crate::PipelineError::io(format!("reading {}", file.display()), e))?;
+        .map_err(|e| PipelineError::io(format!("reading {}", file.display()), e))?;
     let mut out = std::collections::HashMap::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -247,7 +249,7 @@ fn read_label_file(
             continue;
         }
         let bad = || {
-            crate::PipelineError::config(format!(
+            PipelineError::config(format!(
                 "{}:{}: a label line is PATH LABEL (an integer label), not {line:?}",
                 file.display(),
                 n + 1

@@ -1,6 +1,6 @@
 //! 41 small JPEGs (a prime: no rank count, batch size or unit size divides it), one of them
 //! replaceable by a file that is not one, and the loaders over them that the tests of units
-//! (`tests/units.rs`) and of readers (`tests/readers.rs`) hold against each other.
+//! (`tests/integration/units.rs`) and of readers (`tests/integration/readers.rs`) hold against each other.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -10,7 +10,7 @@ use flowgate::sampler::{Sampler, ShareLengths};
 use flowgate::{FailureBudget, Order, Pipeline, PipelineState, Workers};
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::Injected;
 
 /// Dataset indices of `sampler`'s share, through a stage with uneven latencies that fails

@@ -2,7 +2,7 @@
 //! rest of that epoch; a peek (`next(iter(loader))`) before the loop keeps every rank on the
 //! same epoch; an abandoned epoch starts again where it started until `set_epoch` moves on; a
 //! state taken right after a resume is the resumed state; a rebuilt pipeline starts with the
-//! buffers and workers the last one ended with. (`tests/loader.rs` holds what an epoch
+//! buffers and workers the last one ended with. (`tests/integration/loader.rs` holds what an epoch
 //! delivers.)
 
 use std::path::PathBuf;
@@ -12,7 +12,7 @@ use flowgate::dataset::{Dataset, Source};
 use flowgate::loader::Batch;
 use flowgate::Loader;
 
-mod common;
+use crate::common;
 use common::{epoch_items as epoch, small_recipe as recipe};
 
 /// Images in the set: a prime, so no rank count or batch size divides it.

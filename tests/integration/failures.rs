@@ -2,7 +2,7 @@
 //! and rates) stop the pipeline with an error naming the stage, the item and the cause, panics
 //! are caught, bad media files are named, and errors keep their cause.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 

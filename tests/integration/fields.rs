@@ -17,7 +17,7 @@ use flowgate::loader::Batch;
 use flowgate::{FailureBudget, Loader, PipelineState};
 use parquet::arrow::ArrowWriter;
 
-mod common;
+use crate::common;
 use common::{small_loader as loader, small_recipe as recipe};
 
 /// Samples in the shards (4 shards of 11, 11, 11, 8); rows in the Parquet file.

@@ -11,7 +11,7 @@ use flowgate::dataset::{Dataset, Source};
 use flowgate::media::{image::ImageRecipe, Recipe};
 use flowgate::{Loader, PipelineState};
 
-mod common;
+use crate::common;
 
 const GOOD: usize = 41;
 const WORLD: usize = 3;
@@ -417,4 +417,73 @@ fn the_fill_is_on_by_default_under_ranks_and_off_for_one_process() {
     assert_eq!(one.filled(), 0);
     assert!(got.iter().flatten().all(|p| !p.contains("-bad")));
     assert_eq!(got.iter().map(Vec::len).sum::<usize>(), GOOD);
+}
+
+/// One process over 41 files, one corrupt and the last missing, batches of 8: `len()` counts
+/// 6, 5 come (nothing is made up in one process, so no file comes twice), and the loader says
+/// so at the epoch's end ([`flowgate::loader::EpochReport`]) and names its first skip once.
+#[test]
+fn one_process_says_at_the_epochs_end_what_it_skipped_against_len() {
+    let good = paths()
+        .iter()
+        .filter(|p| !p.to_string_lossy().contains("bad"))
+        .take(39)
+        .cloned()
+        .collect::<Vec<_>>();
+    let bad = paths()
+        .iter()
+        .find(|p| p.to_string_lossy().contains("bad"))
+        .unwrap();
+    let mut files = good.clone();
+    files.insert(10, bad.clone());
+    files.push(bad.with_file_name("missing.jpg"));
+    let dataset = Dataset::builder(Source::files(files)).build().unwrap();
+    let mut l = build(dataset, 8, false, false);
+    assert_eq!(l.len(), 6);
+    for epoch in 0..2u64 {
+        let mut seen = Vec::new();
+        let mut batches = 0;
+        for b in l.epoch().unwrap() {
+            let b = b.unwrap();
+            batches += 1;
+            seen.extend(b.items.iter().map(|m| m.index));
+        }
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(
+            (batches, seen.len()),
+            (5, 39),
+            "epoch {epoch}: each readable file once"
+        );
+        let report = l.take_epoch_report().expect("a report at the epoch's end");
+        assert_eq!(
+            report,
+            flowgate::loader::EpochReport {
+                epoch,
+                skipped: 2,
+                delivered: 5,
+                expected: Some(6),
+                filled: 0,
+            }
+        );
+        let said = report.to_string();
+        assert!(
+            said.contains(
+                "skipped 2 unreadable items and delivered 5 batches where len() counts 6"
+            ),
+            "{said}"
+        );
+        assert!(l.take_epoch_report().is_none(), "said once");
+        let first = l.take_first_skip();
+        assert_eq!(first.is_some(), epoch == 0, "the first skip, once a loader");
+        if let Some((f, message)) = first {
+            assert!(f.item.ends_with("bad.jpg"), "{f:?}");
+            assert!(message.contains("said once a loader"), "{message}");
+        }
+    }
+    // Nothing skipped, every batch len() counts: nothing to say.
+    let dataset = Dataset::builder(Source::files(good)).build().unwrap();
+    let mut l = build(dataset, 8, false, false);
+    assert_eq!(l.epoch().unwrap().count(), 5);
+    assert!(l.take_epoch_report().is_none() && l.take_first_skip().is_none());
 }

@@ -13,7 +13,7 @@ use flowgate::media::Recipe;
 use flowgate::synth::{write_dataset, DatasetSpec};
 use flowgate::Loader;
 
-mod common;
+use crate::common;
 
 const CAP: f64 = 30.0;
 const RATE: usize = 16_000;
@@ -66,7 +66,7 @@ fn loader(paths: &[PathBuf], rank: usize, world: usize) -> Loader {
 #[test]
 fn the_memory_budget_holds_length_aware_batches_in_flight() {
     // No floor was checked or reserved for length-aware batches: a budget of 10 KiB ran
-    // batches of 270 KB (helper-20). Now: a batch is at most the cap's samples, padding
+    // batches of 270 KB. Now: a batch is at most the cap's samples, padding
     // included, with its clips' lengths and labels.
     let paths = clips();
     let build = |bytes: u64| {

@@ -13,7 +13,7 @@ use flowgate::loader::Device;
 use flowgate::sampler::MixStop;
 use flowgate::{FailureBudget, Loader, PipelineState};
 
-mod common;
+use crate::common;
 
 /// Images per test set: a prime, so no rank count or batch size divides it.
 const IMAGES: usize = 37;
@@ -316,7 +316,7 @@ fn a_bad_file_is_skipped_counted_and_named_or_fatal_when_asked() {
 
 #[test]
 fn a_device_budget_below_one_batch_is_refused_when_built() {
-    // It let one batch through at a time, over the budget (helper-20).
+    // It let one batch through at a time, over the budget.
     let d = data();
     let dataset = || {
         Dataset::builder(Source::shards(d.shards.clone()))

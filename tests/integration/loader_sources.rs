@@ -2,8 +2,8 @@
 //! mixture of shards and Parquet, with counts that divide by no world, batch or shard size:
 //! every sample once across ranks with equal batches, a mixture resumed at its rank and at
 //! another world size, and which checkpoints a loader takes. (The engine's own tests of the
-//! same promises, on hand-built pipelines, are in `tests/shards.rs`, `tests/mixture.rs` and
-//! `tests/resume.rs`.)
+//! same promises, on hand-built pipelines, are in `tests/integration/shards.rs`, `tests/integration/mixture.rs` and
+//! `tests/integration/resume.rs`.)
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,7 +14,7 @@ use flowgate::loader::Batch;
 use flowgate::sampler::MixStop;
 use flowgate::{Loader, PipelineState};
 
-mod common;
+use crate::common;
 use common::small_loader as loader;
 
 /// Samples in the shards (4 shards of 11, 11, 11, 8) and rows in the Parquet file.

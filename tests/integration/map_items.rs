@@ -12,7 +12,7 @@ use flowgate::device::Delivered;
 use flowgate::loader::{Batch, Sample};
 use flowgate::{BoxError, FailureBudget, Loader};
 
-mod common;
+use crate::common;
 use common::small_recipe as recipe;
 
 /// Images (29: divisible by no batch size or rank count used) with a caption beside each.

@@ -14,7 +14,7 @@ use flowgate::loader::{fields_and_media, Batch};
 use flowgate::media::Recipe;
 use flowgate::{Blob, FailureBudget, Loader, Tensor};
 
-mod common;
+use crate::common;
 use common::small_recipe as recipe;
 
 /// Samples: divisible by no batch size or rank count used.

@@ -342,7 +342,7 @@ fn parquet_on_s3_reads_the_same_rows_by_ranged_gets_of_the_requested_columns() {
 }
 
 #[cfg(all(feature = "s3", feature = "test-util"))]
-mod s3_common;
+use crate::s3_common;
 
 /// A Parquet object rewritten on the store after it was opened: its row groups are read at
 /// the version whose footer was read (`If-Match`, checked by the proxy as S3 does), so each

@@ -2,7 +2,7 @@
 //! epochs, async stages. (Failures are in `failures.rs`, the tuner on real pipelines in
 //! `tuning.rs`.)
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -155,7 +155,7 @@ fn input_order_survives_a_slow_head_item() {
 #[test]
 fn a_slow_items_result_goes_out_when_made_not_with_its_workers_chunk() {
     // A pool stage sent a worker's results when its chunk of inputs (up to 64) was done: a
-    // user's batch made in 0.5 s waited 9 s for the rest of the chunk (helper-21). Each
+    // user's batch made in 0.5 s waited 9 s for the rest of the chunk. Each
     // result of slow items now leaves when made: the loop's first item arrives while its
     // stage has made only a few more, in both orders.
     for order in [Order::Completion, Order::Input] {

@@ -8,7 +8,7 @@ use flowgate::dataset::{Dataset, Ranks, Source};
 use flowgate::media::{image::ImageRecipe, Recipe};
 use flowgate::{Loader, PipelineState};
 
-mod common;
+use crate::common;
 use common::jpegs41::{build, builder, local_epoch, paths, same, seen, Seen, BAD, IMAGES};
 
 /// Reader `reader` of `readers` (`LoaderBuilder::reader`) of rank `rank` of `world` over

@@ -1,5 +1,6 @@
-//! A pipeline file refuses the numbers of `tests/data/refusals.json` with the words every
-//! front end says (python/tests/test_refusals.py holds the Python loaders to the same table).
+//! A pipeline file and the Rust API refuse the numbers of `tests/data/refusals.json` with the
+//! words every front end says (python/tests/test_refusals.py holds the Python loaders to the
+//! same table).
 #![cfg(feature = "spec")]
 
 use flowgate::spec::PipelineSpec;
@@ -34,11 +35,13 @@ fn file(tables: &str) -> String {
 #[test]
 fn a_pipeline_file_refuses_each_number_in_the_shared_words() {
     let table: serde_json::Value =
-        serde_json::from_str(include_str!("data/refusals.json")).unwrap();
+        serde_json::from_str(include_str!("../data/refusals.json")).unwrap();
     let cases = table["cases"].as_array().unwrap();
     assert!(cases.len() >= 10);
     for case in cases {
-        let toml = case["toml"].as_str().unwrap();
+        let Some(toml) = case["toml"].as_str() else {
+            continue; // a number no pipeline file takes
+        };
         let text = file(toml);
         let says = case["says"].as_str().unwrap();
         let key = case["key"].as_str().unwrap();
@@ -53,4 +56,63 @@ fn a_pipeline_file_refuses_each_number_in_the_shared_words() {
             }
         }
     }
+}
+
+/// The cases the Rust API takes directly (`rust`: the library's check and its arguments), in
+/// the same words as the pipeline file's and Python's.
+#[test]
+fn the_rust_api_refuses_each_number_in_the_shared_words() {
+    use flowgate::{FailureBudget, Pipeline, TunerSettings};
+    let table: serde_json::Value =
+        serde_json::from_str(include_str!("../data/refusals.json")).unwrap();
+    let mut checked = 0;
+    for case in table["cases"].as_array().unwrap() {
+        let Some(rust) = case["rust"].as_object() else {
+            continue;
+        };
+        let (check, args) = rust.iter().next().unwrap();
+        let said = match check.as_str() {
+            "failure_rate" => FailureBudget::try_rate(args.as_f64().unwrap())
+                .unwrap_err()
+                .to_string(),
+            "tick_ms" => {
+                let tick = std::time::Duration::from_millis(args.as_u64().unwrap());
+                Pipeline::builder()
+                    .source(0..4u32)
+                    .autotune(TunerSettings {
+                        tick: Some(tick),
+                        ..TunerSettings::default()
+                    })
+                    .build()
+                    .unwrap_err()
+                    .to_string()
+            }
+            "batches_ahead" => {
+                let a = args.as_array().unwrap();
+                flowgate::limits::batches_ahead(
+                    a[0].as_u64(),
+                    a[1].as_u64().unwrap(),
+                    a[2].as_u64().unwrap(),
+                )
+                .unwrap_err()
+                .to_string()
+            }
+            other => panic!("no Rust check named {other}"),
+        };
+        let (key, says) = (
+            case["key"].as_str().unwrap(),
+            case["says"].as_str().unwrap(),
+        );
+        assert!(
+            said.contains(&format!("{key}: ")) && said.ends_with(says),
+            "{check}: {said}\n(wanted: {key}: ... {says})"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 7, "{checked}");
+    // A rate the table takes is taken.
+    assert!(FailureBudget::try_rate(1.0).is_ok() && FailureBudget::try_rate(0.0).is_ok());
+    let caught = std::panic::catch_unwind(|| FailureBudget::rate(2.0)).unwrap_err();
+    let said = caught.downcast_ref::<String>().unwrap();
+    assert!(said.ends_with("rate in 0..=1, not 2"), "{said}");
 }

@@ -12,7 +12,7 @@ use flowgate::media::image::ImageRecipe;
 use flowgate::s3::{LocalServer, RetryPolicy, S3Error, S3};
 use flowgate::{Blob, Pipeline, Tensor};
 
-mod s3_common;
+use crate::s3_common;
 use s3_common::{fixture, jpeg, proxy_to, put};
 
 #[test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use flowgate::s3::{RetryPolicy, S3};
 use flowgate::Pipeline;
 
-mod s3_common;
+use crate::s3_common;
 use s3_common::{fixture, jpeg, proxy_to, put, through, TempDir};
 
 /// Tar shards on the local S3 server: `shards` shards of `per` samples (`jpg`, `cls`,

@@ -2,8 +2,6 @@
 //! counts, shard-level shuffles that repeat for a seed, exact (chained and elastic) resume
 //! that reads nothing it skips, and damaged shards that fail naming shard and key.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -369,7 +367,7 @@ fn missing_shards_and_bad_patterns_are_errors() {
     let e = Shards::open("/nonexistent/shard-{000..003}.tar").unwrap_err();
     assert!(e.to_string().contains("/nonexistent/shard-000.tar"), "{e}");
     assert!(Shards::open("x-{5..1}.tar").is_err());
-    // Shards on S3 are tested against a real server in tests/s3.rs; without the feature,
+    // Shards on S3 are tested against a real server in tests/integration/s3.rs; without the feature,
     // the URL is refused naming it.
     #[cfg(not(feature = "s3"))]
     {

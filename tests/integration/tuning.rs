@@ -1,7 +1,7 @@
 //! The tuner on real pipelines: a cold async stage opened up while pinned knobs stay put,
 //! an evicting cache grown until the data fits, and a tuner turned off staying off.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! planner's checkpoint from the positions received is the local loader's at that batch, and
 //! resumes exactly; plans follow resumes (a rank's own state, a merged one at another world
 //! size); the planner iterates such an epoch as its own (`Loader::start_units`). The split of
-//! a rank's epoch among readers is `tests/readers.rs`.
+//! a rank's epoch among readers is `tests/integration/readers.rs`.
 
 use std::path::PathBuf;
 
@@ -13,7 +13,7 @@ use flowgate::dataset::{Dataset, Source};
 use flowgate::loader::{EpochPlan, Regroup};
 use flowgate::{Loader, Order, PipelineState};
 
-mod common;
+use crate::common;
 use common::jpegs41::{
     build, builder, loader, local_epoch, paths, plain_recipe, same, seen, Seen, BAD, IMAGES,
 };

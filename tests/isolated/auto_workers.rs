@@ -8,6 +8,7 @@ use flowgate::{Pipeline, TunerSettings, Workers};
 
 #[test]
 fn auto_stages_start_at_their_share_of_the_cores() {
+    isolate!();
     flowgate::set_cpu_worker_cap(Some(16));
     let start = |cores: usize| {
         let mut p = Pipeline::builder()

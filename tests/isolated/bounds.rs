@@ -18,7 +18,7 @@ use flowgate::media::image::ImageRecipe;
 use flowgate::media::{MediaError, Recipe};
 use flowgate::{Pipeline, TunerSettings, Workers};
 
-mod common;
+use crate::common;
 use common::{peak_rss, reset_peak_rss};
 
 /// Tests that measure the process's peak RSS run one at a time.
@@ -168,6 +168,7 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
 
 #[test]
 fn headers_that_lie_about_sizes_are_typed_errors_before_any_large_allocation() {
+    isolate!();
     let _one_at_a_time = RSS.lock().unwrap_or_else(|e| e.into_inner());
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bombs");
     let _ = std::fs::remove_dir_all(&dir);
@@ -242,6 +243,7 @@ fn headers_that_lie_about_sizes_are_typed_errors_before_any_large_allocation() {
 
 #[test]
 fn limits_are_configurable_and_name_what_was_declared() {
+    isolate!();
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("limits");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -287,6 +289,7 @@ fn accounted<T: Send + 'static>(p: &Pipeline<T>) -> u64 {
 
 #[test]
 fn the_memory_budget_bounds_accounted_bytes_and_rss_with_large_items() {
+    isolate!();
     const ITEM: usize = 4 << 20;
     const BUDGET: u64 = 64 << 20;
     // Allocator and thread overhead the budget does not count: a few MiB of thread stacks
@@ -369,6 +372,7 @@ fn the_memory_budget_bounds_accounted_bytes_and_rss_with_large_items() {
 
 #[test]
 fn stage_budgets_that_exceed_the_memory_budget_are_refused() {
+    isolate!();
     let e = Pipeline::builder()
         .source_epochs(|_| 0..10u64)
         .pipe("a", Ok::<_, std::io::Error>, 1)
@@ -394,6 +398,7 @@ fn stage_budgets_that_exceed_the_memory_budget_are_refused() {
 /// that reserved two.)
 #[test]
 fn a_loaders_memory_budget_holds_with_batches_that_are_a_large_part_of_it() {
+    isolate!();
     use flowgate::dataset::{Dataset, Source};
     use flowgate::Loader;
     // 512×512×3 bytes an item, 12 a batch (9 MiB), two decode workers: the floors are
@@ -602,6 +607,7 @@ fn child_default_loader_in_a_cgroup() {
 
 #[test]
 fn a_default_loader_in_a_container_keeps_within_its_memory_limit() {
+    isolate!();
     // 400 MiB, far under this machine's memory: batches of 8 crops of 1024² (24 MiB) run to
     // the end within it; batches of 32 (96 MiB, 192 in flight) cannot be held within the
     // default budget the container leaves, and are refused when the loader is built, saying
@@ -616,7 +622,7 @@ fn a_default_loader_in_a_container_keeps_within_its_memory_limit() {
         let out = std::process::Command::new("sh")
             .arg("-c")
             .arg(format!(
-                "echo $$ > {} && exec \"$0\" --exact child_default_loader_in_a_cgroup \
+                "echo $$ > {} && exec \"$0\" --exact bounds::child_default_loader_in_a_cgroup \
                  --ignored --nocapture --test-threads 1",
                 group.procs.display()
             ))

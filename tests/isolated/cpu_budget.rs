@@ -10,6 +10,7 @@ use flowgate::{CpuBudget, Pipeline, TunerSettings, Workers};
 
 #[test]
 fn pipelines_on_a_one_core_budget_never_overlap_their_items() {
+    isolate!();
     // A ledger of this test's own (the key names it), in /dev/shm like any other.
     std::env::set_var(
         "FLOWGATE_NODE_KEY",

@@ -132,6 +132,7 @@ fn run_in_child() -> Result<(), String> {
 
 #[test]
 fn a_child_forked_while_threads_are_parked_parks_and_unparks_its_own() {
+    isolate!();
     let parked = Parked::start(64);
     let results: Vec<_> = (0..4).map(|_| run_in_child()).collect();
     parked.release();

@@ -66,6 +66,7 @@ fn parks(m: &Monitor) -> usize {
 
 #[test]
 fn an_idle_pipeline_gives_its_workers_to_a_busy_one_and_gets_them_back() {
+    isolate!();
     flowgate::set_cpu_worker_cap(Some(1)); // one spare token: as on 2 cores
     let mut val = busy_pipeline();
     let vm = val.monitor();

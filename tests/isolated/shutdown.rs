@@ -12,6 +12,7 @@ use flowgate::{FailureBudget, Pipeline};
 
 #[test]
 fn shutdown_is_prompt_and_leaks_no_thread() {
+    isolate!();
     dropping_mid_epoch_is_prompt_and_leaks_no_thread();
     stop_twice_and_then_iterate();
     an_error_past_the_budget_stops_everything();

@@ -9,7 +9,7 @@ use std::process::Command;
 use flowgate::media::video::{Sampling, VideoRecipe};
 use flowgate::media::MediaError;
 
-mod common;
+use crate::common;
 use common::{peak_rss, reset_peak_rss};
 
 /// Two black `side`² H.264 frames (8000: a ~100 KB file, each decoded frame 96 MB of YUV).
@@ -34,6 +34,7 @@ fn black_clip(path: &Path, side: u32) {
 
 #[test]
 fn frames_past_the_pixel_limit_are_refused_before_ffmpeg_decodes_one() {
+    isolate!();
     let dir = std::env::temp_dir().join(format!("flowgate-video-bomb-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let clip = dir.join("huge.mp4");

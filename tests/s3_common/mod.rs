@@ -22,7 +22,10 @@ impl Drop for TempDir {
 }
 
 pub(crate) fn fixture(name: &str) -> Fixture {
-    let dir = std::env::temp_dir().join(format!("flowgate-s3-{name}-{}", std::process::id()));
+    // Numbered: the tests of several files share this process (and may share a name).
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("flowgate-s3-{name}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let server = LocalServer::start(&dir).expect("start s3s-fs (run scripts/setup.sh --test)");
     let mut cfg = server.config("data");

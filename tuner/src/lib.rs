@@ -27,8 +27,9 @@ mod welch;
 pub use guard::enforce;
 pub use histogram::{Histogram, LatencySummary};
 pub use observation::{
-    available_memory, cgroup_limit, local_ranks, machine_cores, node_share, process_cores, Action,
-    AvailableMemory, Budgets, Decision, Observation, Policy, StageObservation,
+    available_memory, bytes_in_words, cgroup_limit, local_ranks, machine_cores, node_share,
+    process_cores, Action, AvailableMemory, Budgets, Decision, Observation, Policy,
+    StageObservation,
 };
 pub use rng::Rng;
 pub use stats::{CacheStats, ItemThreadsStats, ReadAheadStats, StageKind, StageStats};

@@ -366,6 +366,62 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// The action in words, as the `flowgate` command's decision lines and Python's
+    /// `tuner_trace()` say it: `decode → 3 workers`, `decode queue → 8 items, at most 64.0
+    /// MiB`. `stages` names the stages (a trace record's); a byte budget at or past
+    /// `memory_budget` (the whole pipeline's) is not shown as the queue's own.
+    pub fn describe(&self, stages: &[String], memory_budget: u64) -> String {
+        let name = |i: usize| stages.get(i).map_or("?", String::as_str);
+        let count = |n: usize, one: &str| match n {
+            1 => format!("1 {one}"),
+            n => format!("{n} {one}s"),
+        };
+        match *self {
+            Action::SetWorkers { stage, workers } => {
+                format!("{} → {}", name(stage), count(workers, "worker"))
+            }
+            Action::SetPrefetch {
+                stage,
+                items,
+                bytes,
+            } => {
+                let queue = format!("{} queue → {}", name(stage), count(items, "item"));
+                if bytes == u64::MAX || bytes >= memory_budget {
+                    queue
+                } else {
+                    format!("{queue}, at most {}", bytes_in_words(bytes))
+                }
+            }
+            Action::SetCacheBytes { stage, bytes } => {
+                format!("{} cache → {}", name(stage), bytes_in_words(bytes))
+            }
+            Action::SetReadAhead { stage, depth } => {
+                format!("{} read-ahead → {}", name(stage), count(depth, "shard"))
+            }
+            Action::SetItemThreads { stage, threads } => {
+                format!("{} → {} per item", name(stage), count(threads, "thread"))
+            }
+        }
+    }
+}
+
+/// A byte count as people read it: `512 B`, `1.5 KiB`, `3.7 GiB`.
+pub fn bytes_in_words(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
 /// An action and why it was taken (recorded in the decision trace).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Decision {

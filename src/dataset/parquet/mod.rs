@@ -44,11 +44,11 @@ use arrow_array::types::{
 };
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::DataType;
+use flowgate_actors::error::PipelineError;
 use parking_lot::Mutex;
 
 use crate::dataset::shards::{RawSample, ShardError};
 use crate::sampler::{Sampler, ShareLengths};
-use crate::PipelineError;
 
 /// Where a file's bytes are.
 enum Where {

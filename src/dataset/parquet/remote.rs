@@ -7,10 +7,10 @@ use std::sync::Arc;
 use ::parquet::errors::ParquetError;
 use ::parquet::file::reader::{ChunkReader, Length};
 use bytes::{Buf, Bytes};
+use flowgate_actors::error::PipelineError;
 use parking_lot::Mutex;
 
 use crate::s3::{Version, S3};
-use crate::PipelineError;
 
 /// How much of a file's end is fetched to read its footer at once.
 const TAIL: u64 = 64 << 10;

@@ -369,7 +369,7 @@ impl ShardCache {
                 Slot::Fetching => {
                     // A stage shutting down does not wait for the download (it goes on, for
                     // whoever reads the shard next).
-                    if crate::actors::pool::stopping() {
+                    if flowgate_actors::pool::stopping() {
                         return Err(Arc::new(S3Error::Client(format!(
                             "{}: not waited for, the pipeline is stopping",
                             self.url(i).display()

@@ -89,8 +89,9 @@ use shard::{index_file, Body, Inner, Plan, Shard};
 use write::manifest_json;
 pub use write::write_shards;
 
+use flowgate_actors::error::PipelineError;
+
 use crate::sampler::{Sampler, ShareLengths};
-use crate::PipelineError;
 
 /// The largest member a shard may declare by default: 1 GiB (a long video clip is far less).
 pub const DEFAULT_MAX_MEMBER: u64 = 1 << 30;
@@ -488,7 +489,7 @@ impl Shards {
     /// so the ceiling bounds the disk they take. A prefetch of 0 is a choice: pinned. `None`
     /// for local shards (nothing to fetch).
     #[cfg(feature = "s3")]
-    pub fn read_ahead(&self) -> Option<Arc<dyn crate::actors::attached::ReadAheadControl>> {
+    pub fn read_ahead(&self) -> Option<Arc<dyn flowgate_actors::attached::ReadAheadControl>> {
         let cache = Arc::clone(self.cache()?);
         Some(Arc::new(ReadAhead {
             plan: self.plan(),
@@ -509,7 +510,7 @@ struct ReadAhead {
 }
 
 #[cfg(feature = "s3")]
-impl crate::actors::attached::ReadAheadControl for ReadAhead {
+impl flowgate_actors::attached::ReadAheadControl for ReadAhead {
     fn read_ahead_stats(&self) -> flowgate_tuner::ReadAheadStats {
         let c = self.cache.stats();
         flowgate_tuner::ReadAheadStats {

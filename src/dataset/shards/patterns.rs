@@ -1,6 +1,6 @@
 //! Shard patterns: brace ranges and lists, comma-separated specs.
 
-use crate::PipelineError;
+use flowgate_actors::error::PipelineError;
 
 /// The most names a pattern may expand to: a million shards (LAION-5B is 231,000 shards of
 /// 10,000 samples). More is a typo (`{0..99999999999}`), refused before anything is

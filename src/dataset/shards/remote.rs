@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use flowgate_actors::error::PipelineError;
+
 use super::disk_cache::{default_dir, ShardCache};
 use super::{Body, Inner, Shard, Shards, MANIFEST};
 use crate::s3::{Endpoint, S3Error, S3};
-use crate::PipelineError;
 
 /// How [`Shards::open_s3`](super::Shards::open_s3) caches and indexes shards.
 #[derive(Clone, Debug)]

@@ -5,12 +5,13 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use flowgate_actors::error::PipelineError;
+
 #[cfg(feature = "s3")]
 use super::disk_cache;
 use super::index::{self, Entry};
 use super::tar;
 use crate::sampler::Sampler;
-use crate::PipelineError;
 
 pub(super) struct Shard {
     /// The shard's path, or its `s3://bucket/key` URL.

@@ -13,7 +13,7 @@ use flowgate_actors::error::PipelineError;
 use flowgate_actors::failure::{FailureBudget, Failures};
 use flowgate_actors::sink::SinkReader;
 use flowgate_actors::stage::{StageControl, StageCore};
-use flowgate_actors::tuner::{TraceLog, TunerActor};
+use flowgate_actors::tuner::{TraceLog, TunerActor, TunerSettings};
 use flowgate_tuner::StageKind;
 
 use super::plan::{Autotune, BuildCtx, Plan};
@@ -63,6 +63,7 @@ pub(crate) fn assemble<T: Send + 'static>(
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(cfg.io_threads)
             .thread_name("fg-io")
+            .thread_keep_alive(blocking_keep_alive())
             .enable_time()
             .build()
             .map_err(|e| PipelineError::runtime_from("starting the tokio runtime", e))?;
@@ -317,7 +318,7 @@ fn start_tuner(
 /// where it came from; none with the tuner off and none set.
 pub(crate) fn memory_budget(
     set: Option<u64>,
-    tuner: Option<&crate::TunerSettings>,
+    tuner: Option<&TunerSettings>,
 ) -> Option<crate::engine::stats::MemoryBudget> {
     use crate::engine::stats::MemoryBudget;
     let by_tuner = tuner.and_then(|t| t.memory_bytes);
@@ -338,4 +339,16 @@ pub(crate) fn memory_budget(
             }
         }),
     }
+}
+
+/// How long an idle blocking thread (a call that waits, `spawn_blocking`) is kept before it
+/// ends: tokio's 10 s, or `FLOWGATE_BLOCKING_KEEP_ALIVE_MS` (1..=600,000 ms; another value is
+/// ignored) where set, so a test of what happens when such threads end need not wait 10 s.
+fn blocking_keep_alive() -> std::time::Duration {
+    const DEFAULT: std::time::Duration = std::time::Duration::from_secs(10);
+    std::env::var("FLOWGATE_BLOCKING_KEEP_ALIVE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|ms| (1..=600_000).contains(ms))
+        .map_or(DEFAULT, std::time::Duration::from_millis)
 }

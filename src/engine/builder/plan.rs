@@ -66,6 +66,11 @@ pub(crate) struct Plan {
 impl Plan {
     /// Checks what can be checked before anything starts.
     pub(crate) fn validate(&self) -> Result<(), PipelineError> {
+        if let Some(a) = &self.autotune {
+            a.settings
+                .check()
+                .map_err(|e| PipelineError::config(format!("tuner: {e}")))?;
+        }
         let stages = &self.stages;
         for (i, s) in stages.iter().enumerate() {
             if s.name.is_empty() {
@@ -89,8 +94,8 @@ impl Plan {
             // Each worker of a pool stage is a thread, of an async stage an item in flight:
             // past the limit the stage would only take memory and time to start.
             let limit = match s.kind {
-                flowgate_tuner::StageKind::Pool => crate::limits::WORKERS,
-                _ => crate::limits::IN_FLIGHT,
+                flowgate_tuner::StageKind::Pool => flowgate_actors::limits::WORKERS,
+                _ => flowgate_actors::limits::IN_FLIGHT,
             };
             if let Err(e) = limit.check_usize(s.workers.get()) {
                 return Err(PipelineError::config(format!("stage `{}`: {e}", s.name)));

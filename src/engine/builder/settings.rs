@@ -7,6 +7,7 @@ use std::time::Duration;
 use flowgate_actors::emit::Order;
 use flowgate_actors::error::ItemError;
 use flowgate_actors::failure::FailureBudget;
+use flowgate_actors::node::CpuBudget;
 use flowgate_actors::tuner::{TraceRecord, TunerSettings};
 use flowgate_tuner::Policy;
 
@@ -72,7 +73,7 @@ impl<T: Send + 'static> PipelineBuilder<T> {
     /// Shares a CPU budget with the other ranks on this node (see
     /// [`node`](crate::actors::node)): this pipeline's pool stages hold one of the budget's
     /// cores for each item they run. Default: none (the tuner's settings may give one).
-    pub fn cpu_budget(mut self, budget: crate::CpuBudget) -> Self {
+    pub fn cpu_budget(mut self, budget: CpuBudget) -> Self {
         self.c.cfg.cpu_budget = Some(budget);
         self
     }

@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::limits;
+use flowgate_actors::limits;
 
 /// An image's shorter side after resizing, by default (torchvision's evaluation geometry).
 pub const DEFAULT_RESIZE: u32 = 256;
@@ -296,7 +296,7 @@ pub enum MediaArgs {
 pub(crate) fn keyed<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, String> {
     serde_path_to_error::deserialize(v).map_err(|e| {
         let path = e.path().to_string();
-        let inner = crate::limits::in_words(&e.into_inner().to_string());
+        let inner = flowgate_actors::limits::in_words(&e.into_inner().to_string());
         if path == "." {
             inner
         } else {

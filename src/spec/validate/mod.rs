@@ -36,16 +36,16 @@ impl std::fmt::Display for SpecError {
 impl std::error::Error for SpecError {}
 
 /// The most S3 requests in flight.
-const MAX_CONCURRENCY: u64 = crate::limits::IN_FLIGHT.max;
+const MAX_CONCURRENCY: u64 = flowgate_actors::limits::IN_FLIGHT.max;
 /// The longest time setting, in milliseconds: an hour.
 const MAX_MS: f64 = 3_600_000.0;
 /// The most epochs a run may ask for (the summary has a line per epoch).
 const MAX_EPOCHS: u64 = 1_000_000;
 
-/// A number checked against the library's [`limits`](crate::limits) (the same words every
+/// A number checked against the library's [`limits`](flowgate_actors::limits) (the same words every
 /// front end uses), located at `table.key` of the file.
 fn limit<T>(
-    r: Result<T, crate::limits::OutOfRange>,
+    r: Result<T, flowgate_actors::limits::OutOfRange>,
     err: &dyn Fn(&str, &str, String) -> SpecError,
     table: &str,
     key: &str,
@@ -178,7 +178,7 @@ impl PipelineSpec {
                 m if m.contains("untagged enum MaxFailures") => "expected a count of failures \
                     (an integer, 0 for none) or a rate of the items seen (a number in (0, 1))"
                     .to_owned(),
-                _ => crate::limits::in_words(&message),
+                _ => flowgate_actors::limits::in_words(&message),
             };
             SpecError {
                 file: file.to_owned(),
@@ -199,7 +199,7 @@ impl PipelineSpec {
         table: &str,
         err: &dyn Fn(&str, &str, String) -> SpecError,
     ) -> Result<(), SpecError> {
-        use crate::limits::{BUFFER, CACHE_MB, PREFETCH};
+        use flowgate_actors::limits::{BUFFER, CACHE_MB, PREFETCH};
         let max_items = crate::sampler::MAX_EPOCH_ITEMS as u64;
         let range = |v: u64, lo: u64, hi: u64| -> Option<String> {
             (v < lo || v > hi).then(|| format!("must be in {lo}..={hi}, not {v}"))
@@ -242,7 +242,7 @@ impl PipelineSpec {
         let range = |v: u64, lo: u64, hi: u64| -> Option<String> {
             (v < lo || v > hi).then(|| format!("must be in {lo}..={hi}, not {v}"))
         };
-        let check = crate::limits::BATCH_SIZE.check(self.batch_size() as i128);
+        let check = flowgate_actors::limits::BATCH_SIZE.check(self.batch_size() as i128);
         limit(check, &err, "batch", "size")?;
         if let Some(f) = &self.fields {
             // A media field's recipe too (its crop against its resize, ...), and its name
@@ -285,10 +285,10 @@ impl PipelineSpec {
         }
         // Whether or not the batches are length-aware: the loader's settings refuse it
         // otherwise, later and without the file's line.
-        let buckets = crate::limits::BUCKETS.check(self.batch.buckets as i128);
+        let buckets = flowgate_actors::limits::BUCKETS.check(self.batch.buckets as i128);
         limit(buckets, &err, "batch", "buckets")?;
         if let Some(m) = self.batch.max_seconds {
-            if let Err(e) = crate::limits::batch_seconds(m) {
+            if let Err(e) = flowgate_actors::limits::batch_seconds(m) {
                 return Err(err("batch", "max_seconds", e.message));
             }
             if !matches!(self.decode.media, MediaArgs::Audio(_))
@@ -378,13 +378,12 @@ impl PipelineSpec {
             ));
         }
         if let Some(MaxFailures::Rate(r)) = self.run.max_failures {
-            if !(0.0..=1.0).contains(&r) {
-                return Err(err(
-                    "run",
-                    "max_failures",
-                    format!("a count (an integer) or a rate in 0..=1, not {r}"),
-                ));
-            }
+            limit(
+                flowgate_actors::limits::failure_rate(r),
+                &err,
+                "run",
+                "max_failures",
+            )?;
         }
         // The media's own rules, the ones every front end applies, located here.
         // A rule about the cap names the library's key: a pipeline file's is in `[batch]`.
@@ -399,7 +398,7 @@ impl PipelineSpec {
         let workers = &self.decode.workers;
         if let Some(w) = workers {
             limit(
-                crate::limits::WORKERS.check(*w as i128),
+                flowgate_actors::limits::WORKERS.check(*w as i128),
                 &err,
                 "decode",
                 "workers",
@@ -420,7 +419,7 @@ impl PipelineSpec {
             }
         }
         if let Some(c) = &self.cache {
-            use crate::limits::BYTE_CACHE_MB;
+            use flowgate_actors::limits::BYTE_CACHE_MB;
             limit(BYTE_CACHE_MB.bytes(c.mb), &err, "cache", "mb")?;
             if let Some(m) = c.max_mb {
                 limit(BYTE_CACHE_MB.bytes(m), &err, "cache", "max_mb")?;
@@ -435,14 +434,19 @@ impl PipelineSpec {
         }
         if let Some(m) = self.tuner.memory_mb {
             limit(
-                crate::limits::MEMORY_MB.bytes(m),
+                flowgate_actors::limits::MEMORY_MB.bytes(m),
                 &err,
                 "tuner",
                 "memory_mb",
             )?;
         }
-        if let Some(m) = self.tuner.tick_ms.and_then(|t| range(t, 1, MAX_MS as u64)) {
-            return Err(err("tuner", "tick_ms", m));
+        if let Some(t) = self.tuner.tick_ms {
+            limit(
+                flowgate_actors::limits::TICK_MS.check(i128::from(t)),
+                &err,
+                "tuner",
+                "tick_ms",
+            )?;
         }
         if let Some(m) = self
             .metrics
@@ -465,13 +469,13 @@ impl PipelineSpec {
         }
         let d = &self.device;
         limit(
-            crate::limits::DEVICE_MEMORY_MB.bytes(d.memory_mb),
+            flowgate_actors::limits::DEVICE_MEMORY_MB.bytes(d.memory_mb),
             &err,
             "device",
             "memory_mb",
         )?;
         limit(
-            crate::limits::STAGING_MB.bytes(d.staging_mb),
+            flowgate_actors::limits::STAGING_MB.bytes(d.staging_mb),
             &err,
             "device",
             "staging_mb",

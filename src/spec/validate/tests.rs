@@ -381,7 +381,7 @@ fn a_media_field_table_parses_and_a_bad_one_names_its_field() {
 #[cfg(feature = "video")]
 #[test]
 fn a_rule_of_the_cap_names_the_batch_tables_key() {
-    // The media's rule named Python's `max_batch_frames`, under `[decode]` (helper-20).
+    // The media's rule named Python's `max_batch_frames`, under `[decode]`.
     let text = "[source]\nkind = \"list\"\npath = \"v.txt\"\n[decode]\nkind = \"video\"\n\
                 fps = 5.0\nlayout = \"ncthw\"\n[batch]\nmax_frames = 64\n";
     let e = error(text);
