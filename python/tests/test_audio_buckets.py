@@ -219,7 +219,7 @@ def test_speech_parquet_rows_batch_by_length_with_their_text_column(clips, tmp_p
 
 
 def test_an_identity_map_gives_the_same_batches_lengths_and_all(clips):
-    """A helper's case: a 0-d length went back as `[1]`, the batch's lengths `[B, 1]`."""
+    """A 0-d length went back as `[1]`, the batch's lengths `[B, 1]`."""
     plain = flowgate.AudioLoader(clips, batch_size=4, return_lengths=True, shuffle=False)
     mapped = flowgate.AudioLoader(clips, batch_size=4, return_lengths=True, shuffle=False,
                                   map=lambda s: s)
@@ -229,7 +229,7 @@ def test_an_identity_map_gives_the_same_batches_lengths_and_all(clips):
 
 
 def test_length_batches_over_s3_are_refused_before_any_request():
-    """A helper's case: the S3 listing came first, and its connection error."""
+    """The S3 listing came first, and its connection error."""
     for src in (flowgate.Shards("s3://bucket/speech-{00..03}.tar"),
                 flowgate.Parquet("s3://bucket/speech.parquet", column="audio")):
         with pytest.raises(ValueError, match="not S3"):

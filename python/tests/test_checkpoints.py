@@ -86,8 +86,8 @@ def test_a_state_dict_is_the_librarys_checkpoint_layout_and_reads_the_earlier_on
     assert [b.tolist() for b in again] == rest
     with pytest.raises(ValueError, match="state_dict: missing field `epoch`"):
         again.load_state_dict({k: v for k, v in state.items() if k != "epoch"})
-    # A state that lost one key of a pair, or owes more than an epoch, is refused (a helper's
-    # cases: resumed as another share, or made up batches for ever).
+    # A state that lost one key of a pair, or owes more than an epoch, is refused (it used to
+    # resume as another share, or make up batches for ever).
     half = dict(state, shard=dict(state["shard"], worker=0))
     with pytest.raises(ValueError, match="`worker` and `workers` come together"):
         again.load_state_dict(half)
@@ -96,7 +96,7 @@ def test_a_state_dict_is_the_librarys_checkpoint_layout_and_reads_the_earlier_on
 
 
 def test_a_damaged_state_dict_is_refused_in_the_librarys_words(data):
-    # Resumed as another set of items before (a helper's cases); the library's check, once.
+    # Resumed as another set of items before; the library's check, once.
     loader = flowgate.ImageLoader(data, batch_size=4, rank=1, world_size=3, seed=5)
     it = iter(loader)
     next(it)
@@ -122,7 +122,7 @@ def test_a_damaged_state_dict_is_refused_in_the_librarys_words(data):
 
 
 def test_an_older_iterator_ends_once_a_newer_one_takes_the_epoch(data):
-    # It took the newer one's batches before (a helper's case): that one then missed them.
+    # It took the newer one's batches before: that one then missed them.
     loader = flowgate.ImageLoader(data, batch_size=4, shuffle=False, output="numpy")
     a = iter(loader)
     next(a), next(a)

@@ -38,8 +38,8 @@ def test_exit_with_an_iterator_alive_is_clean(tmp_path):
 
 def test_a_loader_is_freed_by_its_count_and_one_in_a_cycle_on_its_own_thread_cleanly():
     """The loader's sampler does not hold the loader (a cycle made the garbage collector free
-    it later, on whichever thread allocated: a helper's case joined a thread from itself and
-    aborted); a user's cycle freed during a stage's call stops the threads from another."""
+    it later, on whichever thread allocated, which could join a thread from itself and
+    abort); a user's cycle freed during a stage's call stops the threads from another."""
     import gc
     import weakref
     gc.disable()
@@ -89,7 +89,7 @@ def test_close_during_iteration_raises_and_a_new_pass_starts_again():
 
 
 def test_close_keeps_the_checkpoint_and_the_epoch_and_set_epoch_keeps_the_loop():
-    """A helper's cases: close() mid-epoch then state_dict() said epoch 0 with nothing
+    """close() mid-epoch then state_dict() said epoch 0 with nothing
     delivered (a checkpoint that restarts training), the next iter() repeated epoch 0, a
     loaded state was dropped by close(), and set_epoch() mid-epoch then state_dict() ended the
     loop after one batch."""
@@ -127,7 +127,7 @@ def make_epoch(loader, epoch):
 
 
 def test_exit_with_threads_still_in_python_is_clean():
-    """A helper's cases, each aborted the interpreter at exit (SIGABRT): a daemon thread
+    """Each of these aborted the interpreter at exit (SIGABRT): a daemon thread
     iterating a loader, one that iterates again after exit's close, and a call of the
     dataset that outlives exit's close by seconds."""
     import time

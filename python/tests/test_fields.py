@@ -185,7 +185,7 @@ def test_fields_as_torch_and_what_cannot_carry_them_is_refused(shards, tmp_path)
 
 
 def test_a_daemon_thread_iterating_a_loader_at_exit_is_clean(shards):
-    """A helper's case: a daemon thread waiting for a batch when the interpreter stopped
+    """A daemon thread waiting for a batch when the interpreter stopped
     aborted the process ("FATAL: exception not rethrown")."""
     code = ("import queue, threading, flowgate\n"
             f"L = flowgate.ImageLoader(flowgate.Shards({shards!r}), batch_size=2, resize=16,"

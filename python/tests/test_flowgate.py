@@ -625,7 +625,7 @@ def test_first_hour_conveniences(data):
 
 def test_an_epoch_of_only_failures_names_its_last_failure_in_every_front_end(data, tmp_path):
     """"delivered nothing" says the count and the last failure alike for a loader and a
-    `Pipeline` (a helper's case: the Pipeline named its first under "last:")."""
+    `Pipeline` (the Pipeline used to name its first under "last:")."""
     def bad(x):
         raise ValueError(f"bad {x}")
 

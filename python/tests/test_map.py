@@ -142,7 +142,7 @@ def test_exit_and_the_garbage_collector_during_map_calls_are_clean(shards):
 
 
 def test_calls_into_its_own_loader_from_map_fail_the_item_and_leave_it_usable(shards):
-    """A helper's case: close(), set_epoch(), iter() or load_state_dict() on the loader from
+    """close(), set_epoch(), iter() or load_state_dict() on the loader from
     inside its own map= joined the calling thread ("Resource deadlock avoided"), poisoned
     the loader and raised PanicException in every later call."""
     for call in ("close", "set_epoch", "iter", "load"):
@@ -169,7 +169,7 @@ def test_calls_into_its_own_loader_from_map_fail_the_item_and_leave_it_usable(sh
 
 
 def test_a_label_the_function_drops_fails_its_item_alone(shards):
-    """A helper's case: `label: None` panicked in collate and lost the rest of its batch."""
+    """`label: None` panicked in collate and lost the rest of its batch."""
     l = loader(flowgate.Shards(shards),
                map=lambda s: {**s, "label": None if s["label"] == 5 else s["label"]})
     got = sorted(label for *_, label in items(l))
@@ -198,7 +198,7 @@ def test_ints_of_a_field_up_to_64_bits_are_kept_and_past_them_named(shards):
 
 
 def test_arrays_of_another_byte_order_are_converted_not_misread(shards):
-    """A second helper's case: a big-endian float32 image came back as 6.9e-41s, lengths as
+    """A big-endian float32 image came back as 6.9e-41s, lengths as
     huge negative numbers."""
     l = loader(flowgate.Shards(shards), output="numpy",
                map=lambda s: {**s, "image": np.asarray(s["image"]).astype(">f4") / 2})
@@ -208,9 +208,9 @@ def test_arrays_of_another_byte_order_are_converted_not_misread(shards):
 
 
 def test_an_exception_escaping_the_loop_exits_at_once(tmp_path):
-    """A second helper's case: an exception escaping a loop over a loader with map= hung the
-    exit (1 run in 3 here, 7 in 8 there): the iterator freed at exit joined its threads,
-    parked for good once exit began."""
+    """An exception escaping a loop over a loader with map= hung the exit (1 run in 3 on one
+    machine, 7 in 8 on another): the iterator freed at exit joined its threads, parked for
+    good once exit began."""
     import subprocess
     import sys
     from test_fields import jpeg
@@ -230,7 +230,7 @@ def test_an_exception_escaping_the_loop_exits_at_once(tmp_path):
 
 
 def test_deep_recursion_in_c_inside_map_is_not_a_crash(shards):
-    """A second helper's case: a repr of 20,000 nested lists (fine on a Python thread) killed
+    """A repr of 20,000 nested lists (fine on a Python thread) killed
     the process on the stage's 2 MiB stack (SIGSEGV)."""
     code = ("import sys, flowgate\n"
             "sys.setrecursionlimit(10**6)\n"

@@ -252,7 +252,7 @@ def test_the_asr_example_runs(clips):  # noqa: F811
 
 
 def test_a_function_reading_its_loader_while_the_loop_stops_the_epoch_does_not_hang(shards):
-    """A helper's case: a function calling `stats()` (or `state_dict()`) on its own loader
+    """A function calling `stats()` (or `state_dict()`) on its own loader
     while the loop left the epoch (`break`, `close()`, `set_epoch()`) waited for the loop,
     which held the loader while it joined the function's thread: a hang even Ctrl-C could
     not end. Now `stats()` answers or says the pipeline is stopping, and `state_dict()` is
@@ -295,7 +295,7 @@ def test_a_function_reading_its_loader_while_the_loop_stops_the_epoch_does_not_h
 
 
 def test_a_dict_changed_and_returned_gives_its_changes(shards):
-    """A helper's case: a function that set keys of the dict it was given and returned it
+    """A function that set keys of the dict it was given and returned it
     had its changes dropped (the test for 'returned as given' looked at the changed dict)."""
     def mutate(b):
         b["image"] = np.zeros_like(np.asarray(b["image"]))

@@ -203,7 +203,7 @@ def test_a_map_function_that_forks_while_the_loop_breaks_does_not_hang(data, tmp
     """A ``map=`` function that forks (a child that exits at once) while the loop leaves the
     epoch: the ``break`` holds the loader while it joins the function's thread, and the fork
     hook asked that loader for its epoch, waiting for it: the process hung for good at the
-    first ``break`` (a helper's case). The hook no longer waits."""
+    first ``break``. The hook no longer waits."""
     r = run(f"""
         import os, flowgate
         def f(item):

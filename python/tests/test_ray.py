@@ -454,7 +454,7 @@ def test_bad_remote_arguments_are_refused(data):
         flowgate.Ray(address=123)
     with pytest.raises(ValueError, match="remote decoding: units decoded elsewhere arrive in host"):
         flowgate.ImageLoader(images(data), device="simulated", remote=flowgate.Ray())
-    # A device name that is none is that error first (a helper's case: it said "remote").
+    # A device name that is none is that error first (it used to say "remote").
     for bad in ("tpu", "CPU"):
         with pytest.raises(ValueError, match="device must be"):
             flowgate.ImageLoader(images(data), device=bad, remote=flowgate.Ray())

@@ -54,7 +54,7 @@ def test_a_forked_child_frees_the_loader_it_inherited_without_waiting(data, tmp_
     """The parent's pipeline threads are running when it forks; the child frees its copy of
     the loader (``del``, or a name rebound to a new loader, as a DataLoader worker's dataset
     that builds its own loader does) and reads a loader of its own. Freeing the copy used to
-    wait forever for the parent's threads (a helper's report)."""
+    wait forever for the parent's threads."""
     r = run(f"""
         import gc, os, signal, flowgate
         def make():
@@ -414,8 +414,8 @@ def test_fill_skipped_through_dataloader_workers_keeps_the_ranks_counts_equal(da
     assert len(set(counts[False])) > 1, counts   # the case binds
     assert len(set(counts[True])) == 1, counts
     # drop_last: the workers decode whole batches of the rank's plan, so a skipped item
-    # leaves its batch short; a batch of only unreadable files is made up (a helper's case:
-    # 25 files, 10 unreadable, 2 ranks).
+    # leaves its batch short; a batch of only unreadable files is made up (25 files, 10
+    # unreadable, 2 ranks).
     good, bad = paths_of(data), iter(unreadable(tmp_path / "more", 10))
     files = [next(bad) if i in {1, 4, 5, 9, 14, 18, 19, 22, 23, 24} else good[i]
              for i in range(25)]
@@ -429,7 +429,7 @@ def test_fill_skipped_through_dataloader_workers_keeps_the_ranks_counts_equal(da
             counts[fill].append((sum(1 for _ in dl), len(loader)))
     assert all(n <= m for n, m in counts[False]), counts
     assert all(n == m for n, m in counts[True]), counts
-    # A helper's case: each worker's part holds fewer readable files than a batch while the
+    # Each worker's part holds fewer readable files than a batch while the
     # rank has plenty (with drop_last a worker used to drop its short batch: 0 batches).
     files = list(paths_of(data)[:32])
     bad = iter(unreadable(tmp_path / "few", 2))
@@ -445,8 +445,8 @@ def test_a_fill_skipped_state_resumed_through_dataloader_workers_owes_the_ranks_
         data, tmp_path):
     """Each rank's state after k batches (of a loop without workers), loaded into a loader read
     through 3 ``DataLoader`` workers: every rank makes ``len(loader) - k`` batches, the local
-    loader's own (with ``drop_last`` up to a short batch the rank would drop and make up; a
-    helper's case: counts differed across ranks)."""
+    loader's own (with ``drop_last`` up to a short batch the rank would drop and make up;
+    the counts used to differ across ranks)."""
     pytest.importorskip("torch")
     from torch.utils.data import DataLoader
     good, bad = paths_of(data), iter(unreadable(tmp_path, 10))
@@ -544,8 +544,8 @@ def test_a_worker_that_cannot_write_its_marker_makes_the_training_process_refuse
 def test_stats_from_another_thread_while_the_first_iter_imports_torch(data):
     """``output="torch"`` with torch not imported yet: the first ``iter()`` imports it while
     another thread polls ``stats()``, which asks whether this process is a DataLoader worker.
-    A half-imported ``torch.utils.data`` must read as "no worker", not raise (a helper's
-    find: AttributeError on its ``get_worker_info``, 3 runs of 3). In a fresh interpreter."""
+    A half-imported ``torch.utils.data`` must read as "no worker", not raise (it raised
+    AttributeError on its ``get_worker_info``, 3 runs of 3). In a fresh interpreter."""
     code = f"""
 import threading, time, flowgate
 paths = open({str(data / "images.txt")!r}).read().split()

@@ -483,8 +483,7 @@ fn a_mixtures_words_are_checked_before_its_sources_open() {
 #[test]
 fn mixtures_of_extreme_weights_are_drawn_or_refused_never_run_away() {
     // Weights near f64::MAX summed to infinity: every draw fell on the last source, and an
-    // epoch ending once every source ran out never ended (a helper's case: 23 GB, then the
-    // OOM killer).
+    // epoch ending once every source ran out never ended (23 GB, then the OOM killer).
     let huge = Sampler::mixture(&[20, 20], &[1e308, 1e308], MixStop::AllExhausted).unwrap();
     let order = huge.global_len();
     assert!((40..400).contains(&order), "{order}");

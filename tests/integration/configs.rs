@@ -489,7 +489,7 @@ fn a_pipeline_file_and_the_library_refuse_the_same_numbers_in_the_same_words() {
         let e = PipelineSpec::parse(&text, "t.toml").unwrap_err();
         assert_eq!((e.key.as_str(), &e.message), (key, &want.message), "{e}");
     }
-    // The device's memory, as Python's device_memory_mb (a helper's case: 1e12 was taken).
+    // The device's memory, as Python's device_memory_mb (1e12 used to be taken).
     for mb in ["-1.0", "1e12"] {
         let text = file(&list_source, "", "size = 4") + &format!("[device]\nmemory_mb = {mb}\n");
         let e = PipelineSpec::parse(&text, "t.toml").unwrap_err();

@@ -413,8 +413,8 @@ fn loose_files_read_their_fields_from_the_files_beside_them() {
     assert_eq!(taken, all, "the same items, in the same order");
 }
 
-/// A sidecar extension that is a path is refused when the dataset is built (a helper's case:
-/// it panicked in every item); one that names a FIFO, a device or a directory fails its item
+/// A sidecar extension that is a path is refused when the dataset is built (it used to
+/// panic in every item); one that names a FIFO, a device or a directory fails its item
 /// ("not a regular file"), optional or not, instead of blocking a worker or reading forever.
 #[test]
 fn sidecars_are_regular_files_beside_the_media() {

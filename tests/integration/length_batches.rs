@@ -556,7 +556,7 @@ fn loose_clips_carry_the_transcripts_beside_them() {
 
 /// A FLAC whose header does not declare its length (`total_samples` 0, as streaming
 /// encoders write) is a failed item of its batch, named, not a loader that refuses to build
-/// (a helper's case: one such clip kept a whole corpus from loading).
+/// (one such clip kept a whole corpus from loading).
 #[test]
 fn a_clip_that_declares_no_length_fails_in_its_batch_by_name() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("length-undeclared");

@@ -366,7 +366,7 @@ fn a_loose_image_with_its_own_audio_file_gives_both() {
 }
 
 /// A directory of `a.jpg` with `a.depth.jpg` beside it: the walk takes each second image as
-/// its sample's field, not as a sample of its own (a helper found every sidecar failing as a
+/// its sample's field, not as a sample of its own (every sidecar failed as a
 /// sample: `a.depth.depth.jpg` missing).
 #[test]
 fn a_directory_walk_takes_sidecar_images_as_fields_not_samples() {

@@ -231,7 +231,7 @@ fn readers_of_a_ranks_fill_skipped_state_give_its_rest_exactly() {
 
 #[test]
 fn readers_with_drop_last_keep_their_count_when_their_part_is_short_of_readable_items() {
-    // A helper's cases: rank 1 of 2 over 32 files in order with two unreadable (each reader's
+    // Two cases: rank 1 of 2 over 32 files in order with two unreadable (each reader's
     // part of 8 holds 7 readable items: dropping its short batch left the rank with none,
     // silently); and 25 files, 10 unreadable, shuffled, batches of 3. With the fill every rank
     // makes its len() through any number of readers; without it none makes more.
