@@ -3,7 +3,6 @@
 
 use std::borrow::Borrow;
 
-use crate::engine::builder::PipelineBuilder;
 use crate::tensor::{DType, Tensor};
 
 /// Why items could not be stacked into one batch.
@@ -126,18 +125,6 @@ pub fn pad_longest(clips: &[(Tensor, usize)]) -> (Tensor, Tensor) {
         lengths.push(*n as i64);
     }
     (batch, Tensor::from_i64(&lengths))
-}
-
-impl PipelineBuilder<Tensor> {
-    /// Batches of `size` items, collated into one tensor (a new first axis) by a `collate`
-    /// stage; a partial batch at the end of an epoch is kept, or dropped if `drop_last`. Items
-    /// and batches count for their bytes in budgets.
-    pub fn batch(self, size: usize, drop_last: bool) -> PipelineBuilder<Tensor> {
-        self.measure(Tensor::nbytes)
-            .aggregate(size, drop_last)
-            .pipe("collate", |items: Vec<Tensor>| collate(&items), 1)
-            .measure(Tensor::nbytes)
-    }
 }
 
 #[cfg(test)]

@@ -114,7 +114,7 @@ unsafe extern "C" fn dl_deleter(m: *mut DLManagedTensor) {
     }
     // Should taking the GIL panic anyway, the batch is leaked rather than the process aborted.
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        Python::with_gil(|_| drop(ctx));
+        crate::fork::with_gil(|_| drop(ctx));
     }));
 }
 

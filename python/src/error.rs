@@ -15,7 +15,7 @@ pyo3::create_exception!(
 
 pub(crate) fn to_py(e: PipelineError) -> PyErr {
     let err = LoaderError::new_err(e.to_string());
-    Python::with_gil(|py| {
+    crate::fork::with_gil(|py| {
         let v = err.value(py);
         let _ = v.setattr("stage", e.stage());
         let _ = v.setattr("item", e.item());

@@ -7,14 +7,15 @@
 //! every item fails is, under a world size above 1, made up by the library's rule ([`MakeUp`]:
 //! the readable items after it, counted in `filled`), so every rank still makes `len()`
 //! batches (with none readable, the batch fails with its first item's error); in one process
-//! it is left out ([`LEFT_OUT`]: the consumer passes over it), so no item comes twice in an
-//! epoch. A batch whose `collate_fn` raises keeps, with `skip_errors`, the items halving finds
-//! collate together ([`largest_batch`]: a grayscale image among RGB ones is left out), each
-//! left out a failed item; where none collates alone it is made up or left out the same way.
+//! it is left out (the fetch returns [`crate::stages::left_out`], which the consumer passes
+//! over), so no item comes twice in an epoch. A batch whose `collate_fn` raises keeps, with
+//! `skip_errors`, the items halving finds collate together ([`largest_batch`]: a grayscale
+//! image among RGB ones is left out), each left out a failed item; where none collates alone
+//! it is made up or left out the same way.
 //! What is kept depends on the items alone, so a resume makes the same batches.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use flowgate::sampler::{largest_batch, MakeUp};
 use pyo3::prelude::*;
@@ -101,24 +102,6 @@ pub(crate) fn forget_after_fork() {
     }
 }
 
-/// What a fetch returns for a batch it leaves out (in one process, a batch whose every item
-/// failed): one `object()`, which the pipeline's consumer passes over (`is_left_out`).
-static LEFT_OUT: OnceLock<Py<PyAny>> = OnceLock::new();
-
-/// [`LEFT_OUT`], made the first time (under the GIL).
-fn left_out(py: Python<'_>) -> PyResult<PyObject> {
-    if let Some(x) = LEFT_OUT.get() {
-        return Ok(x.clone_ref(py));
-    }
-    let x = py.import("builtins")?.getattr("object")?.call0()?.unbind();
-    Ok(LEFT_OUT.get_or_init(|| x).clone_ref(py))
-}
-
-/// Whether `x` is a batch a fetch left out (needs no GIL: it compares addresses).
-pub(crate) fn is_left_out(x: &Py<PyAny>) -> bool {
-    LEFT_OUT.get().is_some_and(|l| l.as_ptr() == x.as_ptr())
-}
-
 /// Make-ups tried for a batch none of whose items `collate_fn` takes (each of as many readable
 /// items, after the last): with one item in ten refused alone, batches of 1 miss 1 in 10^16.
 const MAKE_UP_TRIES: usize = 16;
@@ -168,7 +151,7 @@ impl Fetch {
         pipeline: PyRef<'_, crate::pipeline::PyPipeline>,
     ) -> PyResult<Self> {
         let dataset = owner.call0()?.getattr("dataset")?;
-        left_out(owner.py())?;
+        crate::stages::left_out(owner.py())?;
         let makeup = match pipeline.world() > 1 {
             true => Some(Mutex::new(MakeUp::new(dataset.len()?))),
             false => None,
@@ -213,7 +196,7 @@ impl Fetch {
             return Ok(py.None());
         };
         if items.is_empty() {
-            return left_out(py); // one process: every item failed
+            return crate::stages::left_out(py); // one process: every item failed
         }
         if let (Some(e), true) = (whole, items.iter().map(|(p, _)| p).eq(&positions)) {
             // Every item read alone: the batch's own call failed, counted as the batch's.
@@ -369,7 +352,7 @@ impl Fetch {
             return Ok(batch);
         }
         if self.makeup.is_none() {
-            return left_out(py); // one process: no item collates, the batch is left out
+            return crate::stages::left_out(py); // one process: no item collates, the batch is left out
         }
         // Made up of the readable items after it; where none of those collates alone either
         // (a collate_fn that takes no item of a kind in a batch of 1), of those after them,

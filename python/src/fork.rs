@@ -10,7 +10,10 @@
 //! `os.register_at_fork`) the gate is closed and the forking thread waits, with the GIL
 //! released, for the threads inside it to take the GIL; the fork then happens with none of
 //! ours making a thread state. Calls already under way are not waited for (they hold the GIL
-//! or release it between calls; freeing a thread state happens with the GIL held).
+//! or release it between calls; freeing a thread state happens with the GIL held). Every other
+//! `Python::with_gil` of the package that may run on an engine thread (a result, a batch or a
+//! pipeline freed there; a unit's rows read) passes the same gate ([`with_gil`]), and so does
+//! a reference freed without the GIL ([`PyItem`]).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -51,6 +54,23 @@ impl Drop for Entering {
     fn drop(&mut self) {
         ENTERING.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// `f` under the GIL, through the gate where this thread does not hold the GIL already (it may
+/// have no Python thread state yet, and make one): every `Python::with_gil` of the package
+/// that can run on a thread of the engine's (a result or a batch freed there, a unit's rows
+/// read) passes it, as the pipeline's own calls do ([`with_gil_in_pipeline`](
+/// crate::lifecycle::with_gil_in_pipeline)).
+pub(crate) fn with_gil<R>(f: impl FnOnce(Python<'_>) -> R) -> R {
+    // SAFETY: reads this thread's interpreter state only; callable without the GIL.
+    if unsafe { PyGILState_Check() } == 1 {
+        return Python::with_gil(f);
+    }
+    let entering = Entering::new();
+    Python::with_gil(|py| {
+        drop(entering);
+        f(py)
+    })
 }
 
 /// Before a fork: closes the gate and waits (GIL released) until no pipeline thread is
@@ -96,9 +116,9 @@ pub(crate) fn _fork_gate() -> (usize, usize) {
 /// Freed by a thread that does not
 /// hold the GIL (a stopping pipeline's queues drained by its threads, a result dropped with
 /// the GIL released), pyo3 queues the reference behind a lock of its own; a fork at that
-/// instant copies the lock held into the child, which hangs at its next Python call (a
-/// helper's case: 5 children in 3,205 forks while another thread started and stopped
-/// pipelines). So such a thread frees it inside the gate, which a fork waits to be empty.
+/// instant copies the lock held into the child, which hangs at its next Python call (5
+/// children in 3,205 forks while another thread started and stopped pipelines). So such a
+/// thread frees it inside the gate, which a fork waits to be empty.
 pub(crate) struct PyItem(Option<Py<PyAny>>);
 
 impl PyItem {

@@ -96,7 +96,7 @@ impl Running {
 impl Drop for PyPipeline {
     fn drop(&mut self) {
         if let Some(r) = self.running.get_mut().ok().and_then(Option::take) {
-            Python::with_gil(|py| r.end(py));
+            crate::fork::with_gil(|py| r.end(py));
         }
     }
 }
@@ -458,7 +458,7 @@ impl PyPipeline {
                 match run.pipeline.next_within(SLICE) {
                     // A batch the fetch left out (every item failed, in one process): passed
                     // over, and said in the epoch's report.
-                    Within::Next(Ok(x)) if crate::fetch::is_left_out(x.get()) => None,
+                    Within::Next(Ok(x)) if crate::stages::is_left_out(x.get()) => None,
                     Within::Next(Ok(x)) => {
                         run.taken += 1;
                         if let Some(d) = &mut run.delivered {

@@ -5,7 +5,7 @@
 //! and `skip_part` for a call that leaves parts of its result out.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use flowgate::actors::failure::collect_skipped_parts;
 use flowgate::dataset::EpochOrder;
@@ -306,6 +306,24 @@ impl Spec {
             StageSpec::Map { .. } => n,
         })
     }
+}
+
+/// What a fetch returns for a batch it leaves out (in one process, a batch whose every item
+/// failed): one `object()`, which the pipeline's consumer passes over (`is_left_out`).
+static LEFT_OUT: OnceLock<Py<PyAny>> = OnceLock::new();
+
+/// [`LEFT_OUT`], made the first time (under the GIL).
+pub(crate) fn left_out(py: Python<'_>) -> PyResult<PyObject> {
+    if let Some(x) = LEFT_OUT.get() {
+        return Ok(x.clone_ref(py));
+    }
+    let x = py.import("builtins")?.getattr("object")?.call0()?.unbind();
+    Ok(LEFT_OUT.get_or_init(|| x).clone_ref(py))
+}
+
+/// Whether `x` is a batch a fetch left out (needs no GIL: it compares addresses).
+pub(crate) fn is_left_out(x: &Py<PyAny>) -> bool {
+    LEFT_OUT.get().is_some_and(|l| l.as_ptr() == x.as_ptr())
 }
 
 /// A batch stage's fields of a state's fingerprint.

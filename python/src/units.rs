@@ -53,7 +53,7 @@ struct PyRows(Py<PyAny>);
 
 impl flowgate::loader::Rows for PyRows {
     fn rows(&self) -> usize {
-        Python::with_gil(|py| {
+        crate::fork::with_gil(|py| {
             let item = self.0.bind(py);
             let first = match item.downcast::<PyTuple>() {
                 Ok(t) => t.get_item(0).expect("a field"),
@@ -64,7 +64,7 @@ impl flowgate::loader::Rows for PyRows {
     }
 
     fn slice(&self, start: usize, end: usize) -> Self {
-        Python::with_gil(|py| {
+        crate::fork::with_gil(|py| {
             let rows = |x: &Bound<'_, PyAny>| {
                 x.get_item(PySlice::new(py, start as isize, end as isize, 1))
                     .expect("rows of a batch")
@@ -85,7 +85,7 @@ impl flowgate::loader::Rows for PyRows {
     }
 
     fn concat(parts: Vec<Self>) -> Self {
-        Python::with_gil(|py| {
+        crate::fork::with_gil(|py| {
             let parts: Vec<Bound<'_, PyAny>> =
                 parts.into_iter().map(|p| p.0.into_bound(py)).collect();
             PyRows(join(py, &parts).expect("joined rows").unbind())

@@ -536,3 +536,20 @@ impl<T: Send + 'static> PipelineBuilder<T> {
         assemble::assemble(self.c, self.tail, self.tail_scale)
     }
 }
+
+impl PipelineBuilder<crate::tensor::Tensor> {
+    /// Batches of `size` items, collated into one tensor (a new first axis) by a `collate`
+    /// stage ([`crate::collate::collate`]); a partial batch at the end of an epoch is kept, or
+    /// dropped if `drop_last`. Items and batches count for their bytes in budgets.
+    pub fn batch(self, size: usize, drop_last: bool) -> PipelineBuilder<crate::tensor::Tensor> {
+        use crate::tensor::Tensor;
+        self.measure(Tensor::nbytes)
+            .aggregate(size, drop_last)
+            .pipe(
+                "collate",
+                |items: Vec<Tensor>| crate::collate::collate(&items),
+                1,
+            )
+            .measure(Tensor::nbytes)
+    }
+}
