@@ -333,10 +333,13 @@ impl Loader {
                 Within::EpochEnd => {
                     // What the epoch skipped, said at its end (the library logged it too):
                     // the first skipped item first, where no batch came after it.
-                    if let Some((_, message)) = self.watch.take_first_skip() {
+                    let (first, report) = {
+                        let mut c = core.lock().expect("loader");
+                        (c.loader.take_first_skip(), c.loader.take_epoch_report())
+                    };
+                    if let Some((_, message)) = first {
                         crate::error::warn_skipped(py, &message, 2)?;
                     }
-                    let report = core.lock().expect("loader").loader.take_epoch_report();
                     if let Some(r) = report {
                         crate::error::warn_skipped(py, &r.to_string(), 2)?;
                     }
@@ -346,7 +349,8 @@ impl Loader {
             }
         };
         // The loader's first skipped item, said once, at the batch after it.
-        if let Some((_, message)) = self.watch.take_first_skip() {
+        let first = core.lock().expect("loader").loader.take_first_skip();
+        if let Some((_, message)) = first {
             crate::error::warn_skipped(py, &message, 2)?;
         }
         let paths = self.return_paths.then(|| {

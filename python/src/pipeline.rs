@@ -496,10 +496,17 @@ impl PyPipeline {
                 None => py.check_signals()?,
             }
         };
-        // The first skipped item, once, at the result after it or the epoch's end; the
-        // epoch's report at its end (`_Pass` and `_Epoch` stand between this and the loop).
-        if let Some((_, message)) = failed.take_first() {
-            crate::error::warn_skipped(py, &message, 3)?;
+        // The first skipped item, once, at the result after it or the epoch's end (where the
+        // pipeline went on past it, with `skip_errors`: a failure that ended the epoch was not
+        // skipped); the epoch's report at its end (`_Pass` and `_Epoch` stand between this and
+        // the loop).
+        match (&r, self.spec.skip_errors) {
+            (Ok(_), true) => {
+                if let Some((_, message)) = failed.take_first() {
+                    crate::error::warn_skipped(py, &message, 3)?;
+                }
+            }
+            _ => failed.forget_first(),
         }
         match r.map_err(to_py)? {
             Some(x) => Ok(x.into_inner()),

@@ -351,3 +351,27 @@ def test_an_image_loader_in_one_process_says_what_it_skipped(data, tmp_path):
         assert all(x.filename == __file__ for x in w
                    if x.category is flowgate.SkippedItemsWarning)
         assert len(loader.failures()) == 2
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_a_failure_that_ends_the_epoch_is_not_said_to_be_skipped(batch_size, data, tmp_path):
+    """By default an unreadable item ends the epoch with LoaderError: it was not skipped, so
+    no SkippedItemsWarning says it was (under `simplefilter("error")` that warning was raised
+    in place of the LoaderError, the dataset's own exception lost)."""
+    import warnings
+    for build in (lambda: flowgate.DataLoader(Numbered(10, bad={3}), batch_size=batch_size),
+                  lambda: flowgate.ImageLoader(
+                      [str(p) for p in sorted((data / "images").glob("*.jpg"))][:3]
+                      + [str(tmp_path / "missing.jpg")], batch_size=batch_size or 1,
+                      shuffle=False, crop=32, resize=32, skip_errors=False)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(flowgate.LoaderError):
+                list(build())
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            loader = build()
+            with pytest.raises(flowgate.LoaderError):
+                list(loader)
+        assert not [x for x in w if x.category is flowgate.SkippedItemsWarning], \
+            [str(x.message) for x in w]

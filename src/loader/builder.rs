@@ -123,6 +123,14 @@ impl std::fmt::Debug for LoaderBuilder {
 
 impl LoaderBuilder {
     pub(super) fn new(dataset: Dataset, recipe: Recipe) -> Self {
+        // The media's batch size, as every front end's default: fewer clips of video.
+        #[cfg(feature = "video")]
+        let batch_size = match recipe.as_video() {
+            Some(_) => DEFAULT_VIDEO_BATCH_SIZE,
+            None => DEFAULT_BATCH_SIZE,
+        };
+        #[cfg(not(feature = "video"))]
+        let batch_size = DEFAULT_BATCH_SIZE;
         Self {
             dataset,
             decoder: Decoder {
@@ -132,7 +140,7 @@ impl LoaderBuilder {
                 audio_track: None,
                 media_fields: Vec::new(),
             },
-            batch_size: DEFAULT_BATCH_SIZE,
+            batch_size,
             drop_last: false,
             fill_skipped: None,
             units: false,
@@ -157,7 +165,8 @@ impl LoaderBuilder {
         }
     }
 
-    /// Items per batch (default [`DEFAULT_BATCH_SIZE`]; at least 1). With length-aware
+    /// Items per batch (default [`DEFAULT_BATCH_SIZE`], [`DEFAULT_VIDEO_BATCH_SIZE`] clips for
+    /// video; at least 1). With length-aware
     /// batches the cap decides instead.
     pub fn batch_size(mut self, n: usize) -> Self {
         self.batch_size = n;

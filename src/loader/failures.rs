@@ -3,8 +3,10 @@
 //! out and why.
 //!
 //! A skip is also said without being asked for, in every route: the first item a loader
-//! skips is logged once, when it happens, with its reason ([`FailureLog::take_first`] hands
-//! it to a front end to say in its own words, a Python warning), and an epoch that skipped
+//! skips is said once, with its reason, at the batch after it (or the epoch's end), once the
+//! pipeline has gone on past it ([`FailureLog::take_first`]: logged, and handed to a front end
+//! to say in its own words, a Python warning); a failure that ends the epoch (fail-fast) was
+//! not skipped and is not said so ([`FailureLog::forget_first`]). An epoch that skipped
 //! items, or delivered another number of batches than `len()` counts, ends with an
 //! [`EpochReport`] (logged, and handed to the front end the same way).
 
@@ -45,8 +47,7 @@ struct Inner {
     /// Failures in that epoch, and the last one (stage, item, message).
     count: AtomicU64,
     last: Mutex<Option<ItemError>>,
-    /// Whether a failure was recorded: the first is logged, and kept in `first` until a front
-    /// end takes it.
+    /// Whether a failure was recorded: the first is kept in `first` until it is said.
     said: AtomicBool,
     first: Mutex<Option<SkippedFailure>>,
 }
@@ -70,8 +71,8 @@ impl FailureLog {
         self.0.epoch.load(Ordering::Relaxed)
     }
 
-    /// Counts and keeps `e`, a failed item the pipeline skipped; the log's first is logged
-    /// (`tracing`, a warning) and kept for [`take_first`](Self::take_first).
+    /// Counts and keeps `e`, a failed item; the log's first is kept for
+    /// [`take_first`](Self::take_first).
     pub fn record(&self, e: &ItemError) {
         self.0.count.fetch_add(1, Ordering::Relaxed);
         *self.0.last.lock().expect("failures") = Some(e.clone());
@@ -82,12 +83,6 @@ impl FailureLog {
             message: e.to_string(),
         };
         if !self.0.said.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                epoch = failure.epoch,
-                stage = %failure.stage,
-                item = %failure.item,
-                "{}", first_skip_message(&failure)
-            );
             *self.0.first.lock().expect("failures") = Some(failure.clone());
         }
         let mut kept = self.0.kept.lock().expect("failures");
@@ -97,13 +92,23 @@ impl FailureLog {
         kept.push_back(failure);
     }
 
-    /// The first failure this log recorded, once (then `None`), with the sentence a front
-    /// end says of it ([`first_skip_message`]): said at the consumer's next batch, on its
-    /// thread, where a Python warning can be filtered as usual.
+    /// The first failure this log recorded, once (then `None`), logged as a `tracing` warning
+    /// and with the sentence a front end says of it ([`first_skip_message`]). Called where the
+    /// pipeline went on past it (a batch delivered after it, an epoch's end): the item was
+    /// skipped. A front end says it on the consumer's thread, where a Python warning can be
+    /// filtered as usual.
     pub fn take_first(&self) -> Option<(SkippedFailure, String)> {
         let f = self.0.first.lock().expect("failures").take()?;
         let message = first_skip_message(&f);
+        tracing::warn!(epoch = f.epoch, stage = %f.stage, item = %f.item, "{message}");
         Some((f, message))
+    }
+
+    /// The failure kept to be said first ended the pipeline (fail-fast, a budget run out): it
+    /// was not skipped, so it is not said; the next failure recorded is the first again.
+    pub fn forget_first(&self) {
+        *self.0.first.lock().expect("failures") = None;
+        self.0.said.store(false, Ordering::Relaxed);
     }
 
     /// A failure another loader skipped in this epoch (a unit decoded elsewhere), counted

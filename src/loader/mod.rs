@@ -172,6 +172,9 @@ pub struct Loader {
     /// What the last epoch that ended had to say (items skipped, batches short of `len()`),
     /// until a front end takes it.
     report: Option<EpochReport>,
+    /// The first skipped item, said once the pipeline went on past it, until a front end
+    /// takes it.
+    first_skip: Option<(SkippedFailure, String)>,
 }
 
 impl std::fmt::Debug for Loader {
@@ -199,12 +202,6 @@ impl LoaderWatch {
     /// (or the last one; see [`Loader::filled`]).
     pub fn filled(&self) -> u64 {
         self.filled.load(Ordering::Relaxed)
-    }
-
-    /// The loader's first skipped item and what is said of it, once (see
-    /// [`Loader::take_first_skip`]).
-    pub fn take_first_skip(&self) -> Option<(SkippedFailure, String)> {
-        self.failures.take_first()
     }
 
     /// The running pipeline's monitor (statistics, tuner trace, epoch), if one runs.
@@ -258,6 +255,7 @@ impl Loader {
             keep_every: None,
             units: None,
             report: None,
+            first_skip: None,
         }
     }
 
@@ -327,10 +325,11 @@ impl Loader {
         self.report.take()
     }
 
-    /// The loader's first skipped item and what is said of it, once (logged as a `tracing`
-    /// warning when it was skipped): a front end says it at the next batch.
-    pub fn take_first_skip(&self) -> Option<(SkippedFailure, String)> {
-        self.failures.take_first()
+    /// The loader's first skipped item and what is said of it, once, after the batch (or
+    /// the epoch's end) that followed it (logged then as a `tracing` warning): a front end
+    /// says it there.
+    pub fn take_first_skip(&mut self) -> Option<(SkippedFailure, String)> {
+        self.first_skip.take()
     }
 
     /// An epoch ended at its end: what it has to say is logged and kept for the front end.
@@ -563,6 +562,23 @@ impl Loader {
     /// ([`PipelineError::is_nothing_delivered`]), not empty — unless it was resumed after
     /// some of it was delivered (then what is left may fail, or be nothing at all).
     pub fn next_within(&mut self, timeout: Duration) -> Within<Batch> {
+        let got = self.next_kept(timeout);
+        match &got {
+            // Past the first failure: it was skipped, said now (logged, and for the front end).
+            Within::Next(Ok(_)) | Within::EpochEnd => {
+                if let Some(first) = self.failures.take_first() {
+                    self.first_skip = Some(first);
+                }
+            }
+            // A failure that ended the epoch was not skipped.
+            Within::Next(Err(_)) => self.failures.forget_first(),
+            Within::TimedOut => {}
+        }
+        got
+    }
+
+    /// The epoch's next batch of this loader's own (see [`next_within`](Self::next_within)).
+    fn next_kept(&mut self, timeout: Duration) -> Within<Batch> {
         loop {
             let got = self.next_of_rank(timeout);
             if matches!(got, Within::Next(Ok(_)))

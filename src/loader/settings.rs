@@ -10,15 +10,14 @@ use flowgate_actors::failure::FailureBudget;
 use flowgate_actors::node::CpuBudget;
 use serde::{Deserialize, Serialize};
 
-use super::builder::{LoaderBuilder, DEFAULT_BATCH_SIZE};
+use super::builder::LoaderBuilder;
+#[cfg(doc)]
+use super::builder::{DEFAULT_BATCH_SIZE, DEFAULT_VIDEO_BATCH_SIZE};
 use super::lengths::DEFAULT_BUCKETS;
 use crate::dataset::{Dataset, DatasetBuilder, EpochOrder, Ranks, Source};
 use crate::media::{MediaArgs, Recipe, RecipeError};
 use flowgate_actors::limits::{self, OutOfRange};
 
-const fn default_batch_size() -> usize {
-    DEFAULT_BATCH_SIZE
-}
 const fn default_true() -> bool {
     true
 }
@@ -52,13 +51,12 @@ impl From<OrderName> for Order {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoaderSettings {
-    /// Items per batch, in 1..=65,536 ([`limits::BATCH_SIZE`]). Default
-    /// [`DEFAULT_BATCH_SIZE`]. Length-aware batches are sized by their cap instead.
-    #[serde(
-        default = "default_batch_size",
-        deserialize_with = "limits::whole::batch_size"
-    )]
-    pub batch_size: usize,
+    /// Items per batch, in 1..=65,536 ([`limits::BATCH_SIZE`]). Default (`None`): the media's,
+    /// [`DEFAULT_BATCH_SIZE`], or [`DEFAULT_VIDEO_BATCH_SIZE`] clips for video (a clip holds
+    /// many frames), as every front end has it. Length-aware batches are sized by their cap
+    /// instead.
+    #[serde(default, deserialize_with = "limits::whole::batch_size_or_none")]
+    pub batch_size: Option<usize>,
     /// A new order every epoch, from `seed` (default on).
     #[serde(default = "default_true")]
     pub shuffle: bool,
@@ -113,7 +111,7 @@ pub struct LoaderSettings {
 impl Default for LoaderSettings {
     fn default() -> Self {
         Self {
-            batch_size: DEFAULT_BATCH_SIZE,
+            batch_size: None,
             shuffle: true,
             seed: 0,
             rank: None,
@@ -158,7 +156,9 @@ impl LoaderSettings {
     /// Checks every number against its limit and the settings against each other: what a
     /// loader built from them would refuse, in the same words in every front end.
     pub fn check(&self) -> Result<(), SettingsError> {
-        limits::BATCH_SIZE.check_usize(self.batch_size)?;
+        if let Some(b) = self.batch_size {
+            limits::BATCH_SIZE.check_usize(b)?;
+        }
         if let Some(w) = self.workers {
             limits::WORKERS.check_usize(w)?;
         }
@@ -276,7 +276,10 @@ impl LoaderSettings {
     ) -> Result<LoaderBuilder, SettingsError> {
         self.check()?;
         let mut b = crate::loader::Loader::builder(dataset, recipe)
-            .batch_size(self.batch_size)
+            .batch_size(
+                self.batch_size
+                    .unwrap_or_else(|| super::builder::default_batch_size(media)),
+            )
             .drop_last(self.drop_last)
             .order(self.order.into())
             .max_failures(if self.skip_errors {

@@ -221,7 +221,7 @@ impl PipelineSpec {
         let seed = self.shuffle_seed();
         let audio = matches!(self.decode.media, MediaArgs::Audio(_));
         crate::loader::LoaderSettings {
-            batch_size: self.batch_size(),
+            batch_size: Some(self.batch_size()),
             shuffle: seed.is_some(),
             seed: seed.unwrap_or(0),
             drop_last: self.batch.drop_last,

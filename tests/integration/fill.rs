@@ -487,3 +487,38 @@ fn one_process_says_at_the_epochs_end_what_it_skipped_against_len() {
     assert_eq!(l.epoch().unwrap().count(), 5);
     assert!(l.take_epoch_report().is_none() && l.take_first_skip().is_none());
 }
+
+/// A failure that ends the epoch (fail-fast) was not skipped: nothing says it was, and a
+/// later skip of the same loader is still said as its first.
+#[test]
+fn a_fatal_failure_is_not_said_to_be_skipped() {
+    let bad = paths()
+        .iter()
+        .find(|p| p.to_string_lossy().contains("bad"))
+        .unwrap()
+        .clone();
+    let good: Vec<PathBuf> = paths()
+        .iter()
+        .filter(|p| !p.to_string_lossy().contains("bad"))
+        .take(6)
+        .cloned()
+        .collect();
+    let mut files = good.clone();
+    files.insert(3, bad);
+    let dataset = Dataset::builder(Source::files(files)).build().unwrap();
+    let recipe = Recipe::image(ImageRecipe {
+        resize: 12,
+        crop: 8,
+        ..ImageRecipe::default()
+    })
+    .unwrap();
+    let mut l = Loader::builder(dataset, recipe)
+        .batch_size(2)
+        .max_failures(flowgate::FailureBudget::fail_fast())
+        .build()
+        .unwrap();
+    let ended = l.epoch().unwrap().find_map(Result::err);
+    assert!(ended.is_some(), "fail-fast ends the epoch");
+    assert!(l.take_first_skip().is_none(), "not said to be skipped");
+    assert!(l.take_epoch_report().is_none());
+}

@@ -578,3 +578,37 @@ fn the_tuner_gives_clips_threads_where_the_workers_are_pinned() {
         assert!(raised.is_empty(), "{raised:?}");
     }
 }
+
+/// A video loader's batch size defaults to `DEFAULT_VIDEO_BATCH_SIZE` clips in every front end:
+/// the Rust builder and `LoaderSettings` (32 clips before, where Python and pipeline files
+/// took 8).
+#[test]
+fn a_video_loaders_default_batch_is_the_video_default_in_rust_too() {
+    use flowgate::dataset::{Dataset, Source};
+    use flowgate::loader::{LoaderSettings, DEFAULT_VIDEO_BATCH_SIZE};
+    use flowgate::media::MediaArgs;
+    use flowgate::Loader;
+    let clips: Vec<String> = (0..20).map(|i| format!("/nowhere/{i}.mp4")).collect();
+    let dataset = || {
+        Dataset::builder(Source::files(clips.clone()))
+            .build()
+            .unwrap()
+    };
+    let r = flowgate::media::Recipe::video(recipe(Sampling::Uniform(4))).unwrap();
+    let l = Loader::builder(dataset(), r.clone()).build().unwrap();
+    assert_eq!(l.len(), 20_usize.div_ceil(DEFAULT_VIDEO_BATCH_SIZE));
+    let media = MediaArgs::Video(Default::default());
+    let s = LoaderSettings::default();
+    let l = s
+        .builder(dataset(), r.clone(), &media)
+        .unwrap()
+        .build()
+        .unwrap();
+    assert_eq!(l.len(), 20_usize.div_ceil(DEFAULT_VIDEO_BATCH_SIZE));
+    let s = LoaderSettings {
+        batch_size: Some(5),
+        ..LoaderSettings::default()
+    };
+    let l = s.builder(dataset(), r, &media).unwrap().build().unwrap();
+    assert_eq!(l.len(), 4, "a batch size given is kept");
+}
