@@ -74,6 +74,9 @@ struct Running {
     /// again.
     began: Option<Start>,
     taken: u64,
+    /// Results the pass is to make with nothing skipped (a map-style dataset's: `len()`, or
+    /// the rest of a resumed epoch), for its report.
+    due: Option<usize>,
 }
 
 impl Running {
@@ -117,17 +120,17 @@ impl PyPipeline {
     }
 
     /// What an epoch that ended has to say of its skipped items and its result count (the
-    /// library's [`EpochReport`](flowgate::loader::EpochReport)): results `len()` counts where
-    /// the pass read a map-style dataset's epoch from its start.
+    /// library's [`EpochReport`](flowgate::loader::EpochReport)): against the results due (a
+    /// map-style dataset's `len()`, or the rest of a resumed epoch).
     fn report(&self, run: &Running) -> Option<flowgate::loader::EpochReport> {
         let (skipped, _) = self.spec.failed.in_epoch();
-        let expected = match (&self.spec.items, run.delivered) {
-            (Items::Indexed { share, .. }, Some(_)) => Some(self.spec.results_of(*share)),
-            _ => None,
+        let delivered = run.taken as usize;
+        let (due, len) = match (&self.spec.items, run.due) {
+            (Items::Indexed { share, .. }, Some(due)) => (due, self.spec.results_of(*share)),
+            _ => (delivered, delivered),
         };
-        let delivered = run.delivered.unwrap_or(run.taken) as usize;
         let filled = self.spec.filled.load(Ordering::Relaxed);
-        flowgate::loader::EpochReport::of(run.epoch, skipped, delivered, expected, filled)
+        flowgate::loader::EpochReport::of(run.epoch, skipped, delivered, due, len, filled)
     }
 
     /// Whether the pass of `run` was left before its epoch's end at no cost of an epoch: a
@@ -179,6 +182,7 @@ impl PyPipeline {
                 resumed_from,
                 began: None,
                 taken: 0,
+                due: None,
             });
         }
         Ok(r.as_mut().expect("built"))
@@ -288,6 +292,14 @@ impl PyPipeline {
         run.in_epoch = true;
         run.epoch = run.pipeline.epoch();
         run.taken = 0;
+        run.due = match self.spec.items {
+            Items::Indexed { .. } => {
+                let (per, drop_last) = self.spec.per_result();
+                let start = run.pipeline.state();
+                Some(flowgate::loader::batches_due(&start, per, drop_last))
+            }
+            Items::Iterable(_) => None,
+        };
         run.began = Some(match run.resumed_from.take() {
             Some(s) => Start::State(s),
             None => Start::Epoch(run.epoch),

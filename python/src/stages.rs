@@ -121,7 +121,10 @@ impl Spec {
             gil: Arc::default(),
             cpu_budget,
             source_error: Arc::default(),
-            failed: FailureLog::default(),
+            failed: match skip_errors {
+                true => FailureLog::default(),
+                false => FailureLog::fail_fast(),
+            },
             filled: Arc::default(),
             prefetch: Mutex::new(None),
         }
@@ -293,6 +296,19 @@ impl Spec {
             .output_order(self.order)
             .on_failure(move |e| failed.record(e))
             .build()
+    }
+
+    /// Positions per result and whether a short last one is dropped: the batch stage's, else
+    /// one a position.
+    pub(crate) fn per_result(&self) -> (usize, bool) {
+        let stages = self.stages.lock().expect("stages");
+        stages
+            .iter()
+            .find_map(|s| match s {
+                StageSpec::Batch { size, drop_last } => Some((*size, *drop_last)),
+                StageSpec::Map { .. } => None,
+            })
+            .unwrap_or((1, false))
     }
 
     /// Results an epoch makes from `share` positions: the batches of the batch stage, if it

@@ -316,6 +316,19 @@ def test_one_process_delivers_no_item_twice_and_says_what_it_skipped():
                    flowgate.SkippedItemsWarning), "said at the user's loop"
         assert loader.failures()[0][1] == "item 40"
     assert issubclass(flowgate.SkippedItemsWarning, UserWarning)
+    # Resumed after two batches: the rest was due 4 batches and made 3, said against those.
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    del it
+    again = flowgate.DataLoader(Numbered(41, bad={40}), batch_size=8, skip_errors=True)
+    again.load_state_dict(state)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert len(list(again)) == 3
+    said = [str(x.message) for x in w if x.category is flowgate.SkippedItemsWarning]
+    assert any("delivered 3 batches where 4 were due (the rest of a resumed epoch; len() "
+               "counts 6)" in m for m in said), said
     # Silenced the usual way.
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")

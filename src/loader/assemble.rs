@@ -123,7 +123,12 @@ impl LoaderBuilder {
         };
         let n = plan.sampler().len();
         let batches_per_epoch = super::units::batches_of(n, batch_size, self.drop_last);
-        let failures = FailureLog::default();
+        // A fail-fast loader skips nothing: its failure is never said to be skipped (a batch
+        // decoded before it may still come out after it was recorded).
+        let failures = match self.failures == flowgate_actors::failure::FailureBudget::fail_fast() {
+            true => FailureLog::fail_fast(),
+            false => FailureLog::default(),
+        };
         let sim_log = self.device.as_ref().and_then(|d| d.log().cloned());
         let batching = super::units::Batching {
             per_batch: batch_size,

@@ -49,10 +49,20 @@ struct Inner {
     last: Mutex<Option<ItemError>>,
     /// Whether a failure was recorded: the first is kept in `first` until it is said.
     said: AtomicBool,
+    /// Failures end the pipeline (fail-fast): none is skipped, none is said to be.
+    fatal: AtomicBool,
     first: Mutex<Option<SkippedFailure>>,
 }
 
 impl FailureLog {
+    /// A log of a pipeline whose first failure ends it (a fail-fast budget): its failures are
+    /// counted and kept, never said to be skipped.
+    pub fn fail_fast() -> Self {
+        let log = Self::default();
+        log.0.fatal.store(true, Ordering::Relaxed);
+        log
+    }
+
     /// Failures from now on happened in `epoch`.
     pub fn set_epoch(&self, epoch: u64) {
         self.0.epoch.store(epoch, Ordering::Relaxed);
@@ -82,7 +92,7 @@ impl FailureLog {
             item: e.item().to_owned(),
             message: e.to_string(),
         };
-        if !self.0.said.swap(true, Ordering::Relaxed) {
+        if !self.0.fatal.load(Ordering::Relaxed) && !self.0.said.swap(true, Ordering::Relaxed) {
             *self.0.first.lock().expect("failures") = Some(failure.clone());
         }
         let mut kept = self.0.kept.lock().expect("failures");
@@ -142,7 +152,7 @@ pub fn first_skip_message(f: &SkippedFailure) -> String {
 }
 
 /// What an epoch delivered, said at its end when it skipped items or delivered another
-/// number of batches than `len()` counts (see the [module docs](self)).
+/// number of batches than were due (see the [module docs](self)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EpochReport {
     /// The epoch.
@@ -151,32 +161,45 @@ pub struct EpochReport {
     pub skipped: u64,
     /// Batches the pass delivered.
     pub delivered: usize,
-    /// Batches `len()` counts, where the pass read the epoch from its start (`None` for the
-    /// rest of a resumed epoch).
-    pub expected: Option<usize>,
+    /// Batches the pass was to deliver with nothing skipped: `len()` for an epoch read from
+    /// its start, the rest's for a resumed one.
+    pub due: usize,
+    /// Batches a whole epoch makes (`len()`).
+    pub len: usize,
     /// Items read again to make up batches that skipped items cost (`fill_skipped`).
     pub filled: u64,
 }
 
 impl EpochReport {
     /// The report of a pass, if it has something to say: a skipped item, or a batch count
-    /// other than `len()`'s.
+    /// other than the one due.
     pub fn of(
         epoch: u64,
         skipped: u64,
         delivered: usize,
-        expected: Option<usize>,
+        due: usize,
+        len: usize,
         filled: u64,
     ) -> Option<Self> {
-        let short = expected.is_some_and(|e| e != delivered);
-        (skipped > 0 || short).then_some(Self {
+        (skipped > 0 || delivered != due).then_some(Self {
             epoch,
             skipped,
             delivered,
-            expected,
+            due,
+            len,
             filled,
         })
     }
+}
+
+/// The batches a pass that starts at `start` makes with nothing skipped, `per_batch`
+/// positions to a batch: the rank's epoch from its beginning, or the rest of a resumed one.
+pub fn batches_due(
+    start: &crate::engine::checkpoint::PipelineState,
+    per_batch: usize,
+    drop_last: bool,
+) -> usize {
+    super::fill::Owed::of(start, per_batch.max(1), drop_last).batches
 }
 
 impl std::fmt::Display for EpochReport {
@@ -189,15 +212,23 @@ impl std::fmt::Display for EpochReport {
             self.skipped,
             s(self.skipped)
         )?;
-        match self.expected {
-            Some(e) if e != self.delivered => write!(
+        if self.delivered == self.due {
+            write!(f, "; it delivered {} batches", self.delivered)?;
+        } else {
+            let due = match self.due == self.len {
+                true => format!("len() counts {}", self.len),
+                false => format!(
+                    "{} were due (the rest of a resumed epoch; len() counts {})",
+                    self.due, self.len
+                ),
+            };
+            write!(
                 f,
-                " and delivered {} batches where len() counts {e}: a batch is left out where \
-                 skipped items leave it nothing, and batches made after a skip are fewer \
+                " and delivered {} batches where {due}: a batch is left out where skipped \
+                 items leave it nothing, and batches made after a skip are fewer \
                  (fill_skipped makes them up; it is on under a world size above 1)",
                 self.delivered
-            )?,
-            _ => write!(f, "; it delivered {} batches", self.delivered)?,
+            )?;
         }
         if self.filled > 0 {
             write!(

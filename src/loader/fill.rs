@@ -64,7 +64,7 @@ impl Owed {
     /// What reader `r` of `n` owes of these batches (see
     /// [`LoaderBuilder::reader`](super::LoaderBuilder::reader)): batches `r`, `r + n`, …,
     /// the last holding the epoch's last batch's items if it is the reader's.
-    fn reader(self, r: usize, n: usize) -> Self {
+    pub(super) fn reader(self, r: usize, n: usize) -> Self {
         let n = n.max(1);
         let batches = self.batches / n + usize::from(r < self.batches % n);
         let owns_last = self.batches > 0 && (self.batches - 1) % n == r;

@@ -90,7 +90,9 @@ pub use device::{
     Device, DeviceName, DEFAULT_DEVICE_BYTES, DEFAULT_SIM_BANDWIDTH, DEFAULT_SIM_LATENCY,
     DEFAULT_STAGING_BYTES,
 };
-pub use failures::{first_skip_message, EpochReport, FailureLog, SkippedFailure, KEEP_FAILURES};
+pub use failures::{
+    batches_due, first_skip_message, EpochReport, FailureLog, SkippedFailure, KEEP_FAILURES,
+};
 pub use keys::BatchKeys;
 pub use lengths::{DEFAULT_BUCKETS, MAX_BUCKETS};
 pub use media_fields::{fields_and_media, MediaFieldArgs};
@@ -175,6 +177,9 @@ pub struct Loader {
     /// The first skipped item, said once the pipeline went on past it, until a front end
     /// takes it.
     first_skip: Option<(SkippedFailure, String)>,
+    /// Batches the epoch being iterated makes from where it started with nothing skipped:
+    /// `len()` from its beginning, less from a resumed position.
+    due: usize,
 }
 
 impl std::fmt::Debug for Loader {
@@ -256,6 +261,7 @@ impl Loader {
             units: None,
             report: None,
             first_skip: None,
+            due: 0,
         }
     }
 
@@ -338,10 +344,10 @@ impl Loader {
             return; // a unit's consumer counts its failures
         }
         let (skipped, _) = self.failures.in_epoch();
-        let expected = (self.delivered_before == 0).then(|| self.len());
         let filled = self.fill.filled.load(Ordering::Relaxed);
         let epoch = self.failures.epoch();
-        self.report = EpochReport::of(epoch, skipped, self.delivered, expected, filled);
+        let (due, len) = (self.due, self.len());
+        self.report = EpochReport::of(epoch, skipped, self.delivered, due, len, filled);
         if let Some(r) = &self.report {
             tracing::warn!(epoch, skipped, delivered = r.delivered, "{r}");
         }
@@ -480,6 +486,12 @@ impl Loader {
             }
             None => (start.clone(), false),
         };
+        let due = fill::Owed::of(&start, self.batching.per_batch, self.batching.drop_last);
+        self.due = match self.batching.reader {
+            Some((r, n)) if part => due.reader(r, n),
+            _ => due,
+        }
+        .batches;
         self.fill.start_epoch(&start, from, &self.batching, part);
         let epoch = self.pipeline()?.epoch();
         self.started(epoch);

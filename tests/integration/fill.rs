@@ -437,7 +437,9 @@ fn one_process_says_at_the_epochs_end_what_it_skipped_against_len() {
     let mut files = good.clone();
     files.insert(10, bad.clone());
     files.push(bad.with_file_name("missing.jpg"));
-    let dataset = Dataset::builder(Source::files(files)).build().unwrap();
+    let dataset = Dataset::builder(Source::files(files.clone()))
+        .build()
+        .unwrap();
     let mut l = build(dataset, 8, false, false);
     assert_eq!(l.len(), 6);
     for epoch in 0..2u64 {
@@ -462,7 +464,8 @@ fn one_process_says_at_the_epochs_end_what_it_skipped_against_len() {
                 epoch,
                 skipped: 2,
                 delivered: 5,
-                expected: Some(6),
+                due: 6,
+                len: 6,
                 filled: 0,
             }
         );
@@ -481,6 +484,25 @@ fn one_process_says_at_the_epochs_end_what_it_skipped_against_len() {
             assert!(message.contains("said once a loader"), "{message}");
         }
     }
+    // Resumed after two batches: the rest was due 4 batches and made 3, said against those.
+    let mut it = l.epoch().unwrap();
+    it.next().unwrap().unwrap();
+    it.next().unwrap().unwrap();
+    let state = it.state().unwrap();
+    drop(it);
+    let dataset = Dataset::builder(Source::files(files.clone()))
+        .build()
+        .unwrap();
+    let mut again = build(dataset, 8, false, false);
+    again.resume(&state).unwrap();
+    assert_eq!(again.epoch().unwrap().count(), 3);
+    let r = again.take_epoch_report().expect("said");
+    assert_eq!((r.delivered, r.due, r.len), (3, 4, 6), "{r:?}");
+    assert!(
+        r.to_string()
+            .contains("delivered 3 batches where 4 were due (the rest of a resumed epoch"),
+        "{r}"
+    );
     // Nothing skipped, every batch len() counts: nothing to say.
     let dataset = Dataset::builder(Source::files(good)).build().unwrap();
     let mut l = build(dataset, 8, false, false);
