@@ -32,7 +32,9 @@ pub struct Remote {
     pub endpoint: Option<String>,
     /// The region; else the AWS chain's, else `us-east-1`.
     pub region: Option<String>,
-    /// The disk cache's folder (default: `flowgate-shards` in the temporary directory).
+    /// The disk cache's folder (default: `$FLOWGATE_SHARD_CACHE`, else
+    /// `$XDG_CACHE_HOME/flowgate/shards`, else `~/.cache/flowgate/shards`, else the temporary
+    /// directory's `flowgate-shards`: `shards::default_dir`).
     pub cache_dir: Option<PathBuf>,
     /// Bytes of shards kept on disk beyond those being read (default 0: later epochs fetch
     /// again; set it to the corpus's size to read later epochs from disk).
