@@ -2,13 +2,8 @@
 //! [`KEEP_FAILURES`] of them: what a user lists after an epoch to see which items were left
 //! out and why.
 //!
-//! A skip is also said without being asked for, in every route: the first item a loader
-//! skips is said once, with its reason, at the batch after it (or the epoch's end), once the
-//! pipeline has gone on past it ([`FailureLog::take_first`]: logged, and handed to a front end
-//! to say in its own words, a Python warning); a failure that ends the epoch (fail-fast) was
-//! not skipped and is not said so ([`FailureLog::forget_first`]). An epoch that skipped
-//! items, or delivered another number of batches than `len()` counts, ends with an
-//! [`EpochReport`] (logged, and handed to the front end the same way).
+//! The log also keeps the first failure until it is said ([`FailureLog::take_first`]; what is
+//! said, and when, is `report`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -52,6 +47,8 @@ struct Inner {
     /// Failures end the pipeline (fail-fast): none is skipped, none is said to be.
     fatal: AtomicBool,
     first: Mutex<Option<SkippedFailure>>,
+    /// `first` holds a failure: read without the lock at every result (most have none).
+    pending: AtomicBool,
 }
 
 impl FailureLog {
@@ -94,6 +91,7 @@ impl FailureLog {
         };
         if !self.0.fatal.load(Ordering::Relaxed) && !self.0.said.swap(true, Ordering::Relaxed) {
             *self.0.first.lock().expect("failures") = Some(failure.clone());
+            self.0.pending.store(true, Ordering::Release);
         }
         let mut kept = self.0.kept.lock().expect("failures");
         if kept.len() == KEEP_FAILURES {
@@ -103,13 +101,18 @@ impl FailureLog {
     }
 
     /// The first failure this log recorded, once (then `None`), logged as a `tracing` warning
-    /// and with the sentence a front end says of it ([`first_skip_message`]). Called where the
+    /// and with the sentence a front end says of it
+    /// ([`first_skip_message`](super::report::first_skip_message)). Called where the
     /// pipeline went on past it (a batch delivered after it, an epoch's end): the item was
     /// skipped. A front end says it on the consumer's thread, where a Python warning can be
     /// filtered as usual.
     pub fn take_first(&self) -> Option<(SkippedFailure, String)> {
+        // Called at every result: no lock unless a failure waits to be said.
+        if !self.0.pending.swap(false, Ordering::AcqRel) {
+            return None;
+        }
         let f = self.0.first.lock().expect("failures").take()?;
-        let message = first_skip_message(&f);
+        let message = super::report::first_skip_message(&f);
         tracing::warn!(epoch = f.epoch, stage = %f.stage, item = %f.item, "{message}");
         Some((f, message))
     }
@@ -117,6 +120,7 @@ impl FailureLog {
     /// The failure kept to be said first ended the pipeline (fail-fast, a budget run out): it
     /// was not skipped, so it is not said; the next failure recorded is the first again.
     pub fn forget_first(&self) {
+        self.0.pending.store(false, Ordering::Relaxed);
         *self.0.first.lock().expect("failures") = None;
         self.0.said.store(false, Ordering::Relaxed);
     }
@@ -138,106 +142,5 @@ impl FailureLog {
     pub fn of(&self, epoch: u64) -> Vec<SkippedFailure> {
         let kept = self.0.kept.lock().expect("failures");
         kept.iter().filter(|f| f.epoch == epoch).cloned().collect()
-    }
-}
-
-/// What is said of a loader's first skipped item: the item, why, and where to read the rest.
-pub fn first_skip_message(f: &SkippedFailure) -> String {
-    format!(
-        "flowgate skipped an item it could not read (skip_errors): {}. This is said once a \
-         loader; failures() lists every skipped item of an epoch, and each epoch's end says \
-         how many",
-        f.message
-    )
-}
-
-/// What an epoch delivered, said at its end when it skipped items or delivered another
-/// number of batches than were due (see the [module docs](self)).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EpochReport {
-    /// The epoch.
-    pub epoch: u64,
-    /// Items skipped as unreadable in it.
-    pub skipped: u64,
-    /// Batches the pass delivered.
-    pub delivered: usize,
-    /// Batches the pass was to deliver with nothing skipped: `len()` for an epoch read from
-    /// its start, the rest's for a resumed one.
-    pub due: usize,
-    /// Batches a whole epoch makes (`len()`).
-    pub len: usize,
-    /// Items read again to make up batches that skipped items cost (`fill_skipped`).
-    pub filled: u64,
-}
-
-impl EpochReport {
-    /// The report of a pass, if it has something to say: a skipped item, or a batch count
-    /// other than the one due.
-    pub fn of(
-        epoch: u64,
-        skipped: u64,
-        delivered: usize,
-        due: usize,
-        len: usize,
-        filled: u64,
-    ) -> Option<Self> {
-        (skipped > 0 || delivered != due).then_some(Self {
-            epoch,
-            skipped,
-            delivered,
-            due,
-            len,
-            filled,
-        })
-    }
-}
-
-/// The batches a pass that starts at `start` makes with nothing skipped, `per_batch`
-/// positions to a batch: the rank's epoch from its beginning, or the rest of a resumed one.
-pub fn batches_due(
-    start: &crate::engine::checkpoint::PipelineState,
-    per_batch: usize,
-    drop_last: bool,
-) -> usize {
-    super::fill::Owed::of(start, per_batch.max(1), drop_last).batches
-}
-
-impl std::fmt::Display for EpochReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let s = |n: u64| if n == 1 { "" } else { "s" };
-        write!(
-            f,
-            "flowgate: epoch {} skipped {} unreadable item{}",
-            self.epoch,
-            self.skipped,
-            s(self.skipped)
-        )?;
-        if self.delivered == self.due {
-            write!(f, "; it delivered {} batches", self.delivered)?;
-        } else {
-            let due = match self.due == self.len {
-                true => format!("len() counts {}", self.len),
-                false => format!(
-                    "{} were due (the rest of a resumed epoch; len() counts {})",
-                    self.due, self.len
-                ),
-            };
-            write!(
-                f,
-                " and delivered {} batches where {due}: a batch is left out where skipped \
-                 items leave it nothing, and batches made after a skip are fewer \
-                 (fill_skipped makes them up; it is on under a world size above 1)",
-                self.delivered
-            )?;
-        }
-        if self.filled > 0 {
-            write!(
-                f,
-                ", {} item{} read again to make them up",
-                self.filled,
-                s(self.filled)
-            )?;
-        }
-        write!(f, ". failures() lists the skipped items and why")
     }
 }

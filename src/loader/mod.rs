@@ -38,7 +38,9 @@
 //! 4. `decode` — an item's fields from the recipe (lengths, a video's audio track).
 //! 5. `lengths` — length-aware batches.
 //! 6. `device` — [`Device`]: where batches are uploaded.
-//! 7. `failures` — [`SkippedFailure`]s, per epoch.
+//! 7. `failures` — [`SkippedFailure`]s, per epoch ([`FailureLog`]); `report` — what a loader
+//!    says of them unasked (the first skip, [`EpochReport`] at an epoch's end); `watch` —
+//!    [`LoaderWatch`], what other threads read while the loop waits.
 //! 8. `units` — [`EpochPlan`]: an epoch cut into units other processes decode (remote
 //!    workers), and the checkpoint the planning loader keeps.
 //! 9. `fill` — batches lost to skipped items made up at the epoch's end
@@ -75,10 +77,11 @@ mod lengths;
 mod media_fields;
 mod pool;
 mod regroup;
+mod report;
 mod settings;
 mod units;
+mod watch;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -90,9 +93,7 @@ pub use device::{
     Device, DeviceName, DEFAULT_DEVICE_BYTES, DEFAULT_SIM_BANDWIDTH, DEFAULT_SIM_LATENCY,
     DEFAULT_STAGING_BYTES,
 };
-pub use failures::{
-    batches_due, first_skip_message, EpochReport, FailureLog, SkippedFailure, KEEP_FAILURES,
-};
+pub use failures::{FailureLog, SkippedFailure, KEEP_FAILURES};
 pub use keys::BatchKeys;
 pub use lengths::{DEFAULT_BUCKETS, MAX_BUCKETS};
 pub use media_fields::{fields_and_media, MediaFieldArgs};
@@ -101,8 +102,10 @@ pub use pool::{
     DEFAULT_MAX_WORKERS, DEFAULT_START_TIMEOUT,
 };
 pub use regroup::{Regroup, Rows};
+pub use report::{batches_due, first_skip_message, EpochReport};
 pub use settings::{LoaderSettings, OrderName, SettingsError};
 pub use units::{batches_of, EpochPlan, Unit};
+pub use watch::LoaderWatch;
 
 use flowgate_actors::error::PipelineError;
 
@@ -190,35 +193,6 @@ impl std::fmt::Debug for Loader {
             .field("resume_at", &self.resume_at)
             .field("batches_per_epoch", &self.batches_per_epoch)
             .finish_non_exhaustive()
-    }
-}
-
-/// What another thread may read of a loader while it waits for a batch: the running
-/// pipeline's monitor and the failures skipped. Cheap to clone.
-#[derive(Clone, Debug)]
-pub struct LoaderWatch {
-    monitor: Arc<Mutex<Option<Monitor>>>,
-    failures: FailureLog,
-    filled: Arc<AtomicU64>,
-}
-
-impl LoaderWatch {
-    /// Items read again to make up batches lost to skipped items in the epoch being iterated
-    /// (or the last one; see [`Loader::filled`]).
-    pub fn filled(&self) -> u64 {
-        self.filled.load(Ordering::Relaxed)
-    }
-
-    /// The running pipeline's monitor (statistics, tuner trace, epoch), if one runs.
-    pub fn monitor(&self) -> Option<Monitor> {
-        self.monitor.lock().expect("monitor").clone()
-    }
-
-    /// The failures skipped in `epoch` (default: the epoch started last), of the last
-    /// [`KEEP_FAILURES`].
-    pub fn failures(&self, epoch: Option<u64>) -> Vec<SkippedFailure> {
-        self.failures
-            .of(epoch.unwrap_or_else(|| self.failures.epoch()))
     }
 }
 
@@ -321,35 +295,6 @@ impl Loader {
             monitor: Arc::clone(&self.monitor),
             failures: self.failures.clone(),
             filled: self.fill.filled.clone(),
-        }
-    }
-
-    /// What the last epoch that ended said of its skipped items and its batch count (see
-    /// [`EpochReport`]; logged as a `tracing` warning when it ended), once: a front end says
-    /// it in its own words.
-    pub fn take_epoch_report(&mut self) -> Option<EpochReport> {
-        self.report.take()
-    }
-
-    /// The loader's first skipped item and what is said of it, once, after the batch (or
-    /// the epoch's end) that followed it (logged then as a `tracing` warning): a front end
-    /// says it there.
-    pub fn take_first_skip(&mut self) -> Option<(SkippedFailure, String)> {
-        self.first_skip.take()
-    }
-
-    /// An epoch ended at its end: what it has to say is logged and kept for the front end.
-    fn report_epoch(&mut self) {
-        if self.batching.decodes_units {
-            return; // a unit's consumer counts its failures
-        }
-        let (skipped, _) = self.failures.in_epoch();
-        let filled = self.fill.filled.load(Ordering::Relaxed);
-        let epoch = self.failures.epoch();
-        let (due, len) = (self.due, self.len());
-        self.report = EpochReport::of(epoch, skipped, self.delivered, due, len, filled);
-        if let Some(r) = &self.report {
-            tracing::warn!(epoch, skipped, delivered = r.delivered, "{r}");
         }
     }
 
@@ -575,17 +520,7 @@ impl Loader {
     /// some of it was delivered (then what is left may fail, or be nothing at all).
     pub fn next_within(&mut self, timeout: Duration) -> Within<Batch> {
         let got = self.next_kept(timeout);
-        match &got {
-            // Past the first failure: it was skipped, said now (logged, and for the front end).
-            Within::Next(Ok(_)) | Within::EpochEnd => {
-                if let Some(first) = self.failures.take_first() {
-                    self.first_skip = Some(first);
-                }
-            }
-            // A failure that ended the epoch was not skipped.
-            Within::Next(Err(_)) => self.failures.forget_first(),
-            Within::TimedOut => {}
-        }
+        self.note_first_skip(&got);
         got
     }
 

@@ -110,6 +110,20 @@ fn the_rust_api_refuses_each_number_in_the_shared_words() {
         checked += 1;
     }
     assert!(checked >= 7, "{checked}");
+    // At the bound, taken; one past it, refused: with workers given, and with the cores the
+    // tuner starts from (num_workers=0).
+    use flowgate::limits::batches_ahead;
+    assert_eq!(batches_ahead(Some(1024), 4, 2), Ok(4096));
+    assert_eq!(batches_ahead(None, 0, 2048), Ok(4096));
+    let e = batches_ahead(None, 0, 2049).unwrap_err().to_string();
+    assert!(
+        e.ends_with(
+            "2 batches per worker for the 2049 cores the tuner starts from (num_workers=0) is \
+             4098 batches ahead of the loop, more than the 4096 allowed"
+        ),
+        "{e}"
+    );
+    assert!(batches_ahead(Some(1024), 0, 5).is_err() && batches_ahead(Some(1), 0, 0) == Ok(1));
     // A rate the table takes is taken.
     assert!(FailureBudget::try_rate(1.0).is_ok() && FailureBudget::try_rate(0.0).is_ok());
     let caught = std::panic::catch_unwind(|| FailureBudget::rate(2.0)).unwrap_err();

@@ -342,13 +342,22 @@ pub(crate) fn memory_budget(
 }
 
 /// How long an idle blocking thread (a call that waits, `spawn_blocking`) is kept before it
-/// ends: tokio's 10 s, or `FLOWGATE_BLOCKING_KEEP_ALIVE_MS` (1..=600,000 ms; another value is
-/// ignored) where set, so a test of what happens when such threads end need not wait 10 s.
+/// ends: tokio's 10 s, or `FLOWGATE_BLOCKING_KEEP_ALIVE_MS` (1..=600,000 ms) where set, so a
+/// test of what happens when such threads end need not wait 10 s. Another value is said (a
+/// `tracing` warning) and the 10 s kept.
 fn blocking_keep_alive() -> std::time::Duration {
     const DEFAULT: std::time::Duration = std::time::Duration::from_secs(10);
-    std::env::var("FLOWGATE_BLOCKING_KEEP_ALIVE_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .filter(|ms| (1..=600_000).contains(ms))
-        .map_or(DEFAULT, std::time::Duration::from_millis)
+    let Ok(v) = std::env::var("FLOWGATE_BLOCKING_KEEP_ALIVE_MS") else {
+        return DEFAULT;
+    };
+    match v.trim().parse::<u64>() {
+        Ok(ms) if (1..=600_000).contains(&ms) => std::time::Duration::from_millis(ms),
+        _ => {
+            tracing::warn!(
+                value = %v,
+                "FLOWGATE_BLOCKING_KEEP_ALIVE_MS must be in 1..=600000 (ms): the default 10 s is kept"
+            );
+            DEFAULT
+        }
+    }
 }
