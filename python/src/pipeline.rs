@@ -512,13 +512,15 @@ impl PyPipeline {
         // pipeline went on past it, with `skip_errors`: a failure that ended the epoch was not
         // skipped); the epoch's report at its end (`_Pass` and `_Epoch` stand between this and
         // the loop).
+        // (Without `skip_errors` the log keeps no first: nothing to say or forget.)
         match (&r, self.spec.skip_errors) {
             (Ok(_), true) => {
                 if let Some((_, message)) = failed.take_first() {
                     crate::error::warn_skipped(py, &message, 3)?;
                 }
             }
-            _ => failed.forget_first(),
+            (Err(_), true) => failed.forget_first(),
+            (_, false) => {}
         }
         match r.map_err(to_py)? {
             Some(x) => Ok(x.into_inner()),
