@@ -5,7 +5,8 @@
 //! item named by its position (`skip_part`), which ends the epoch with it (fail-fast) or,
 //! with `skip_errors`, is counted and left out, the batch keeping its place. A batch whose
 //! every item fails is, under a world size above 1, made up by the library's rule ([`MakeUp`]:
-//! the readable items after it, counted in `filled`), so every rank still makes `len()`
+//! the readable items after it in the rank's own share of the epoch, counted in `filled`), so
+//! every rank still makes `len()`
 //! batches (with none readable, the batch fails with its first item's error); in one process
 //! it is left out (the fetch returns [`crate::stages::left_out`], which the consumer passes
 //! over), so no item comes twice in an epoch. A batch whose `collate_fn` raises keeps, with
@@ -17,7 +18,8 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use flowgate::sampler::{largest_batch, MakeUp};
+use flowgate::loader::{largest_batch, FailureLog, MakeUp};
+use flowgate::sampler::Sampler;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -37,6 +39,8 @@ pub(crate) struct Fetch {
     /// Held only between calls into Python: a make-up runs on a copy. `None` in one process
     /// (a world size of 1): a batch whose every item fails is left out instead.
     makeup: Option<Mutex<MakeUp>>,
+    /// The rank's share of the epoch being read, in its order: what fillers come from.
+    share: Option<Share>,
     /// Items read to make up batches (the pipeline's count, for `stats()["filled"]`).
     filled: Arc<AtomicU64>,
     /// Each thread calls a copy of the dataset of its own, made by this (`copy.copy`, the
@@ -152,12 +156,20 @@ impl Fetch {
     ) -> PyResult<Self> {
         let dataset = owner.call0()?.getattr("dataset")?;
         crate::stages::left_out(owner.py())?;
-        let makeup = match pipeline.world() > 1 {
-            true => Some(Mutex::new(MakeUp::new(dataset.len()?))),
-            false => None,
+        let (makeup, share) = match (pipeline.world() > 1, pipeline.share_order()) {
+            (true, Some((sampler, epoch))) => {
+                let share = Share {
+                    sampler,
+                    epoch,
+                    made: Mutex::new(None),
+                };
+                (Some(Mutex::new(MakeUp::new())), Some(share))
+            }
+            _ => (None, None),
         };
         Ok(Self {
             makeup,
+            share,
             filled: pipeline.filled(),
             getitems: batched && dataset.getattr_opt("__getitems__")?.is_some(),
             owner: owner.unbind(),
@@ -309,15 +321,17 @@ impl Fetch {
         }
     }
 
-    /// Up to `want` readable items after position `last` (the library's rule, [`MakeUp`]).
+    /// Up to `want` readable items after position `last` in the rank's share of the epoch
+    /// (the library's rule, [`MakeUp`]).
     fn made_up<'py>(&self, dataset: &Bound<'py, PyAny>, last: usize, want: usize) -> Items<'py> {
-        let Some(lock) = &self.makeup else {
+        let (Some(lock), Some(share)) = (&self.makeup, &self.share) else {
             return Vec::new(); // one process: nothing is made up
         };
+        let order = share.now();
         // Made up on a copy: the dataset's calls may let another thread in, which must not
         // wait for this lock holding the GIL.
         let mut makeup = lock.lock().expect("makeup").clone();
-        let items = makeup.after(last, want, |p| dataset.get_item(p));
+        let items = makeup.after(&order, last, want, |p| dataset.get_item(p));
         lock.lock().expect("makeup").merge(makeup);
         self.filled.fetch_add(items.len() as u64, Ordering::Relaxed);
         items
@@ -388,6 +402,30 @@ impl Fetch {
                 here.collate.call1((list,)).map(Bound::unbind)
             }
             false => here.collate.call1((&items[which[0]].1,)).map(Bound::unbind),
+        }
+    }
+}
+
+/// A rank's share of each epoch, in its order, made once an epoch when a batch is made up.
+struct Share {
+    sampler: Sampler,
+    /// Its epoch is the one being read.
+    epoch: FailureLog,
+    made: Mutex<Option<(u64, Arc<Vec<usize>>)>>,
+}
+
+impl Share {
+    /// The share of the epoch being read.
+    fn now(&self) -> Arc<Vec<usize>> {
+        let epoch = self.epoch.epoch();
+        let mut made = self.made.lock().expect("share");
+        match &*made {
+            Some((e, order)) if *e == epoch => Arc::clone(order),
+            _ => {
+                let order = Arc::new(self.sampler.epoch(epoch));
+                *made = Some((epoch, Arc::clone(&order)));
+                order
+            }
         }
     }
 }

@@ -4,9 +4,9 @@
 //! which `flowgate.DataLoader` builds on: checkpoints of that one resume exactly.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
-use flowgate::loader::LoaderSettings;
+use flowgate::loader::{LoaderSettings, PassRule, Passes, SetEpoch};
 use flowgate::{Order, Pipeline, PipelineError, PipelineState, Within};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -19,64 +19,46 @@ use crate::loader::SLICE;
 use crate::stages::{batching, Items, Spec, StageSpec};
 use crate::state::{state_from_py, state_to_py};
 
-/// Where the next epoch starts, once `set_epoch` or `load_state_dict` said so.
-enum Start {
-    Epoch(u64),
-    State(Box<PipelineState>),
-    /// Closed mid-epoch: `state_dict()` is where it stopped; the next pass starts epoch
-    /// `next` (as after a loop left mid-way).
-    Closed {
-        state: Box<PipelineState>,
-        next: u64,
-    },
-}
-
 /// A pipeline of Python callables; see `flowgate.Pipeline`.
 #[pyclass(module = "flowgate._native", name = "Pipeline")]
 pub(crate) struct PyPipeline {
     /// What it is built from: its source, stages and settings.
     spec: Spec,
-    /// Where the next epoch starts, when set.
-    start: Mutex<Option<Start>>,
-    /// The built pipeline, whether an epoch of it is being iterated, and the process whose
-    /// threads run it (after a `fork` the child has none of them).
-    running: Mutex<Option<Running>>,
+    /// Its passes over the epochs (the library's epoch machine, under torch's rule for its
+    /// world size: [`PassRule::torch`]) and the pipeline that runs them.
+    run: Mutex<Run>,
     /// Closed (`close()`) since the last epoch started: an iterator still running says so.
     closed: AtomicBool,
 }
 
 impl From<Spec> for PyPipeline {
     fn from(spec: Spec) -> Self {
+        let world = match spec.items {
+            Items::Indexed { world, .. } => world,
+            Items::Iterable(_) => 1,
+        };
         Self {
             spec,
-            start: Mutex::default(),
-            running: Mutex::new(None),
+            run: Mutex::new(Run {
+                passes: Passes::new(PassRule::torch(world)),
+                live: None,
+            }),
             closed: AtomicBool::new(false),
         }
     }
 }
 
+/// The passes, and the pipeline built for them (none before the first, after a `close()`).
+struct Run {
+    passes: Passes,
+    live: Option<Running>,
+}
+
+/// A built pipeline, and the process whose threads run it (after a `fork` the child has none
+/// of them).
 struct Running {
     pipeline: Pipeline<PyItem>,
-    in_epoch: bool,
     pid: u32,
-    /// Built to resume a state that had delivered results: its next epoch may deliver
-    /// nothing (its rest may all fail).
-    resumed_after_results: bool,
-    /// Results the epoch delivered; `None` for the rest of a resumed epoch.
-    delivered: Option<u64>,
-    /// The epoch being iterated.
-    epoch: u64,
-    /// Built to resume this state: where its first epoch starts.
-    resumed_from: Option<Box<PipelineState>>,
-    /// Where the epoch being iterated started (its beginning, or a resumed state), and the
-    /// results this pass took: a map-style dataset's pass left after one (a peek) starts there
-    /// again.
-    began: Option<Start>,
-    taken: u64,
-    /// Results the pass is to make with nothing skipped (a map-style dataset's: `len()`, or
-    /// the rest of a resumed epoch), for its report.
-    due: Option<usize>,
 }
 
 impl Running {
@@ -96,9 +78,37 @@ impl Running {
     }
 }
 
+impl Run {
+    /// Takes the pipeline out, telling the passes where it stood (see [`Passes::stopped`]):
+    /// the caller ends it. One a forked child has from its parent is forgotten, the child's
+    /// next pass reading the epoch the parent was in (or the next, between epochs).
+    fn stop(&mut self, over: bool) -> Option<Running> {
+        let live = self.live.take();
+        match &live {
+            None => self.passes.stopped(None, None, over),
+            Some(l) if l.pid != std::process::id() => self.passes.forked(l.pipeline.epoch()),
+            Some(l) => {
+                let keep = self.passes.in_epoch() || self.passes.resumed();
+                let progress = keep.then(|| l.pipeline.state());
+                self.passes
+                    .stopped(progress, Some(l.pipeline.epoch()), over);
+            }
+        }
+        live
+    }
+
+    /// The epoch this process's pipeline stands at (`None` without one).
+    fn epoch_here(&self) -> Option<u64> {
+        self.live
+            .as_ref()
+            .filter(|l| l.pid == std::process::id())
+            .map(|l| l.pipeline.epoch())
+    }
+}
+
 impl Drop for PyPipeline {
     fn drop(&mut self) {
-        if let Some(r) = self.running.get_mut().ok().and_then(Option::take) {
+        if let Some(r) = self.run.get_mut().ok().and_then(|r| r.live.take()) {
             crate::fork::with_gil(|py| r.end(py));
         }
     }
@@ -119,73 +129,94 @@ impl PyPipeline {
         std::sync::Arc::clone(&self.spec.filled)
     }
 
+    /// A map-style dataset's sampler (its rank's share of each epoch, in order) and the log
+    /// whose epoch is the one being read: what a make-up reads fillers from (`None` for an
+    /// iterable's).
+    pub(crate) fn share_order(
+        &self,
+    ) -> Option<(flowgate::sampler::Sampler, flowgate::loader::FailureLog)> {
+        match &self.spec.items {
+            Items::Indexed { len, order, .. } => {
+                let sampler = order.sampler(*len).ok()?;
+                Some((sampler, self.spec.failed.clone()))
+            }
+            Items::Iterable(_) => None,
+        }
+    }
+
+    /// The passes and their pipeline, locked; one a forked child has from its parent is
+    /// given up first (see [`Run::stop`]).
+    fn lock(&self, py: Python<'_>) -> MutexGuard<'_, Run> {
+        let mut run = self.run.lock().expect("run");
+        if run
+            .live
+            .as_ref()
+            .is_some_and(|l| l.pid != std::process::id())
+        {
+            if let Some(old) = run.stop(false) {
+                old.end(py);
+            }
+        }
+        run
+    }
+
     /// What an epoch that ended has to say of its skipped items and its result count (the
     /// library's [`EpochReport`](flowgate::loader::EpochReport)): against the results due (a
     /// map-style dataset's `len()`, or the rest of a resumed epoch).
-    fn report(&self, run: &Running) -> Option<flowgate::loader::EpochReport> {
+    fn report(&self, passes: &Passes) -> Option<flowgate::loader::EpochReport> {
         let (skipped, _) = self.spec.failed.in_epoch();
-        let delivered = run.taken as usize;
-        let (due, len) = match (&self.spec.items, run.due) {
-            (Items::Indexed { share, .. }, Some(due)) => (due, self.spec.results_of(*share)),
-            _ => (delivered, delivered),
+        let delivered = passes.taken();
+        let (due, len) = match &self.spec.items {
+            Items::Indexed { share, .. } => (passes.due(), self.spec.results_of(*share)),
+            Items::Iterable(_) => (delivered, delivered),
         };
         let filled = self.spec.filled.load(Ordering::Relaxed);
-        flowgate::loader::EpochReport::of(run.epoch, skipped, delivered, due, len, filled)
+        let epoch = self.spec.failed.epoch();
+        flowgate::loader::EpochReport::of(epoch, skipped, delivered, due, len, filled)
     }
 
-    /// Whether the pass of `run` was left before its epoch's end at no cost of an epoch: a
-    /// map-style dataset's epoch read by several ranks (as `DistributedSampler`'s, every pass
-    /// of an epoch reads it until one reads it through, so a rank that peeks, or breaks after
-    /// a few batches to log them, keeps the others' epoch; otherwise the ranks read 46 of 61
-    /// items an epoch once one broke after two batches), or one result or none taken of an
-    /// epoch resumed from a state (its rest is not skipped). One process's other passes are
-    /// one more epoch each, as torch's `RandomSampler` draws anew: `next(iter(loader))` each
-    /// step is not one batch for ever.
-    fn peeked(&self, run: &Running) -> bool {
-        let shared = matches!(self.spec.items, Items::Indexed { world, .. } if world > 1);
-        let resumed = matches!(run.began, Some(Start::State(_)));
-        run.in_epoch
-            && matches!(self.spec.items, Items::Indexed { .. })
-            && (shared || (resumed && run.taken <= 1))
-    }
-
-    /// A pipeline to read from, built if there is none (or the one there was made before a
-    /// fork), at the epoch or state `set_epoch` or `load_state_dict` named.
-    fn running<'a>(&self, py: Python<'_>, r: &'a mut Option<Running>) -> PyResult<&'a mut Running> {
-        let start = self.start.lock().expect("start").take();
-        let here = std::process::id();
-        if start.is_some() || r.as_ref().is_none_or(|run| run.pid != here) {
-            if let Some(old) = r.take() {
-                old.end(py);
-            }
+    /// This process's pipeline, built if there is none, at the epoch the passes name.
+    fn pipeline<'a>(&self, py: Python<'_>, run: &'a mut Run) -> PyResult<&'a mut Pipeline<PyItem>> {
+        if run.live.is_none() {
             let mut p = self.spec.build(py).map_err(to_py)?;
-            let mut resumed_after_results = false;
-            let mut resumed_from = None;
-            match start {
-                Some(Start::Epoch(e) | Start::Closed { next: e, .. }) => {
-                    p.start_at_epoch(e).map_err(to_py)?
-                }
-                Some(Start::State(s)) => {
-                    p.resume(&s).map_err(to_py)?;
-                    resumed_after_results = s.delivered_items > 0;
-                    resumed_from = Some(s);
-                }
-                None => {}
+            if run.passes.resume_at() > 0 {
+                p.start_at_epoch(run.passes.resume_at()).map_err(to_py)?;
             }
-            *r = Some(Running {
+            run.live = Some(Running {
                 pipeline: p,
-                in_epoch: false,
-                pid: here,
-                resumed_after_results,
-                delivered: None,
-                epoch: 0,
-                resumed_from,
-                began: None,
-                taken: 0,
-                due: None,
+                pid: std::process::id(),
             });
         }
-        Ok(r.as_mut().expect("built"))
+        Ok(&mut run.live.as_mut().expect("built").pipeline)
+    }
+
+    /// Positions a new pipeline at `state` (a checkpoint loaded, an abandoned epoch's start):
+    /// refused for a state of another pipeline.
+    fn resume(&self, py: Python<'_>, run: &mut Run, state: &PipelineState) -> PyResult<()> {
+        if let Some(old) = run.live.take() {
+            old.end(py);
+        }
+        run.passes.resumed_at();
+        let resumed = self.pipeline(py, run)?.resume(state).map_err(to_py);
+        if resumed.is_err() {
+            // Nothing resumed: the next pass builds a pipeline afresh.
+            if let Some(old) = run.live.take() {
+                old.end(py);
+            }
+            run.passes.set_next(0);
+        }
+        resumed
+    }
+
+    /// The state the next pass starts from: the resumed one, or after an epoch's end the
+    /// next from its start.
+    fn next_state(&self, py: Python<'_>, run: &mut Run) -> PyResult<PipelineState> {
+        let resumed = run.passes.resumed();
+        let s = self.pipeline(py, run)?.state();
+        Ok(match !resumed && s.delivered_items > 0 {
+            true => s.next_epoch(),
+            false => s,
+        })
     }
 }
 
@@ -268,47 +299,37 @@ impl PyPipeline {
         Ok(slf)
     }
 
-    /// Starts an epoch (building the pipeline the first time, and again in a forked child:
-    /// at the epoch the parent was in, or the next if it was between epochs).
+    /// Starts a pass (see [`Passes`]): the next epoch, an abandoned one again, or the resumed
+    /// state; building the pipeline the first time, and again in a forked child (at the
+    /// epoch the parent was in, or the next if it was between epochs).
     fn _start_epoch(&self, py: Python<'_>) -> PyResult<()> {
-        let mut r = self.running.lock().expect("running");
-        if let Some(run) = r.as_mut() {
-            let mut start = self.start.lock().expect("start");
-            let here = run.pid == std::process::id();
-            if start.is_none() && here && self.peeked(run) {
-                // A pass left early of an epoch shared by ranks (rank 0 logs a batch or two),
-                // or after one result of a resumed one, costs no epoch: it starts again where
-                // it started, so every rank reads the same epoch's share. (It read the next
-                // epoch: shares overlapped, items went unread.)
-                *start = run.began.take();
-            } else if start.is_none() && (run.in_epoch || !here) {
-                // A loop left mid-way goes on with the next epoch; a forked child starts the
-                // epoch its parent was in (or the next, between epochs).
-                let e = run.pipeline.epoch();
-                *start = Some(Start::Epoch(e + u64::from(run.in_epoch && here)));
+        let mut run = self.lock(py);
+        if run.passes.in_epoch() {
+            if let Some(old) = run.stop(false) {
+                old.end(py);
             }
         }
-        let run = self.running(py, &mut r)?;
-        run.in_epoch = true;
-        run.epoch = run.pipeline.epoch();
-        run.taken = 0;
-        run.due = match self.spec.items {
+        if let Some(epoch) = run.passes.take_named() {
+            if let Some(old) = run.stop(false) {
+                old.end(py);
+            }
+            run.passes.set_next(epoch);
+        }
+        if let Some(again) = run.passes.take_restart() {
+            self.resume(py, &mut run, &again)?;
+        }
+        let start = self.next_state(py, &mut run)?;
+        let due = match self.spec.items {
             Items::Indexed { .. } => {
                 let (per, drop_last) = self.spec.per_result();
-                let start = run.pipeline.state();
-                Some(flowgate::loader::batches_due(&start, per, drop_last))
+                flowgate::loader::batches_due(&start, per, drop_last)
             }
-            Items::Iterable(_) => None,
+            Items::Iterable(_) => 0,
         };
-        run.began = Some(match run.resumed_from.take() {
-            Some(s) => Start::State(s),
-            None => Start::Epoch(run.epoch),
-        });
-        run.delivered = (!std::mem::take(&mut run.resumed_after_results)).then_some(0);
-        self.spec.failed.set_epoch(run.epoch);
-        self.spec
-            .filled
-            .store(0, std::sync::atomic::Ordering::Relaxed);
+        let epoch = self.pipeline(py, &mut run)?.epoch();
+        run.passes.started(start, due);
+        self.spec.failed.set_epoch(epoch);
+        self.spec.filled.store(0, Ordering::Relaxed);
         self.closed.store(false, Ordering::Relaxed);
         Ok(())
     }
@@ -349,19 +370,14 @@ impl PyPipeline {
     /// A checkpoint of what the consumer received: of the epoch being iterated, of an epoch
     /// left mid-way, or (between epochs) the next epoch from its start.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        if let Some(Start::State(s) | Start::Closed { state: s, .. }) =
-            &*self.start.lock().expect("start")
-        {
+        let mut run = self.lock(py);
+        if let Some(s) = run.passes.checkpoint() {
             return state_to_py(py, s);
         }
-        let mut r = self.running.lock().expect("running");
-        // The epoch being iterated, though `set_epoch` named the next: not rebuilt for it.
-        if let Some(run) = r.as_ref() {
-            if run.in_epoch && run.pid == std::process::id() {
-                return state_to_py(py, &run.pipeline.state());
-            }
-        }
-        let s = self.running(py, &mut r)?.pipeline.state();
+        let s = match (run.passes.in_epoch(), run.live.as_ref()) {
+            (true, Some(l)) => l.pipeline.state(),
+            _ => self.next_state(py, &mut run)?,
+        };
         state_to_py(py, &s)
     }
 
@@ -379,29 +395,21 @@ impl PyPipeline {
                 }
             }
         }
-        *self.start.lock().expect("start") = Some(Start::State(Box::new(state)));
-        // Built now, so that a state of another pipeline is refused here.
-        let mut r = self.running.lock().expect("running");
-        self.running(py, &mut r).map(drop)
+        // Resumed now, so that a state of another pipeline is refused here.
+        let mut run = self.lock(py);
+        self.resume(py, &mut run, &state)
     }
 
     /// Makes `epoch` the next one started (as `DistributedSampler.set_epoch`): a no-op when
-    /// it already is (a resumed position is kept).
-    fn set_epoch(&self, epoch: u64) {
-        let mut start = self.start.lock().expect("start");
-        let next = match &*start {
-            Some(Start::Epoch(e) | Start::Closed { next: e, .. }) => *e,
-            Some(Start::State(s)) => s.epoch,
-            None => match self.running.lock().expect("running").as_ref() {
-                // After a peek that costs no epoch the next pass starts this one again (its
-                // resumed position kept: setting it then restarted it from its beginning).
-                Some(run) if self.peeked(run) => run.epoch,
-                Some(run) => run.pipeline.epoch() + u64::from(run.in_epoch),
-                None => 0,
-            },
-        };
-        if next != epoch {
-            *start = Some(Start::Epoch(epoch));
+    /// it already is (a resumed position is kept); during a pass, the next pass's.
+    fn set_epoch(&self, py: Python<'_>, epoch: u64) {
+        let mut run = self.lock(py);
+        let here = run.epoch_here();
+        if run.passes.set_epoch(epoch, here) == SetEpoch::Restart {
+            if let Some(old) = run.stop(false) {
+                old.end(py);
+            }
+            run.passes.set_next(epoch);
         }
     }
 
@@ -412,13 +420,10 @@ impl PyPipeline {
         let d = PyDict::new(py);
         // The lock is taken with the GIL released: `_next` holds it while it waits for a
         // result that a stage's Python call (which may be this one) has to make.
-        let running = &self.running;
+        let run = &self.run;
         let stats = crate::lifecycle::released(py, || {
-            running
-                .lock()
-                .expect("running")
-                .as_ref()
-                .map(|run| run.pipeline.stats())
+            let run = run.lock().expect("run");
+            run.live.as_ref().map(|l| l.pipeline.stats())
         });
         if let Some(s) = stats {
             d.set_item("delivered", s.delivered)?;
@@ -434,13 +439,12 @@ impl PyPipeline {
     /// The tuner's recent ticks of the pipeline running now (the loaders' `tuner_trace()`
     /// layout), oldest first; empty before the first `iter()` and with the tuner off.
     fn tuner_trace<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let running = &self.running;
+        let run = &self.run;
         let trace = crate::lifecycle::released(py, || {
-            running
-                .lock()
-                .expect("running")
+            let run = run.lock().expect("run");
+            run.live
                 .as_ref()
-                .map(|run| run.pipeline.tuner_trace())
+                .map(|l| l.pipeline.tuner_trace())
                 .unwrap_or_default()
         });
         crate::stats::trace_to_py(py, trace)
@@ -448,7 +452,7 @@ impl PyPipeline {
 
     /// The epoch's next result; `StopIteration` at its end (a result may be `None`).
     fn _next(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let (running, failed, closed) = (&self.running, &self.spec.failed, &self.closed);
+        let (run, failed, closed) = (&self.run, &self.spec.failed, &self.closed);
         let mut ended = false;
         let ended = &mut ended;
         // Waits in slices with the GIL released, checking for signals between them: Ctrl-C
@@ -459,37 +463,36 @@ impl PyPipeline {
                     // close() ended the epoch being iterated.
                     return Some(Err(PipelineError::stopped()));
                 }
-                let mut g = running.lock().expect("running");
-                let Some(run) = g.as_mut() else {
+                let mut g = run.lock().expect("run");
+                let Run { passes, live } = &mut *g;
+                // An epoch the parent started before a fork is not this process's to read.
+                let Some(l) = live.as_mut().filter(|l| l.pid == std::process::id()) else {
                     return Some(Ok(None));
                 };
-                // An epoch the parent started before a fork is not this process's to read.
-                if !run.in_epoch || run.pid != std::process::id() {
+                if !passes.in_epoch() {
                     return Some(Ok(None));
                 }
-                match run.pipeline.next_within(SLICE) {
+                match l.pipeline.next_within(SLICE) {
                     // A batch the fetch left out (every item failed, in one process): passed
                     // over, and said in the epoch's report.
                     Within::Next(Ok(x)) if crate::stages::is_left_out(x.get()) => None,
                     Within::Next(Ok(x)) => {
-                        run.taken += 1;
-                        if let Some(d) = &mut run.delivered {
-                            *d += 1;
-                        }
+                        passes.took();
                         Some(Ok(Some(x)))
                     }
                     Within::Next(Err(e)) => {
-                        drop(g.take());
+                        // Over: the next pass reads the next epoch.
+                        drop(g.stop(true));
                         Some(Err(e))
                     }
                     Within::EpochEnd => {
-                        run.in_epoch = false;
+                        passes.ended();
                         // Every item failed: an error, not an empty epoch (as a Loader's).
                         let (failures, last) = failed.in_epoch();
                         match PipelineError::if_nothing_delivered(
-                            run.epoch,
-                            run.delivered.is_some(),
-                            run.delivered.is_some_and(|n| n > 0),
+                            failed.epoch(),
+                            passes.whole(),
+                            passes.taken() > 0,
                             failures,
                             last,
                         ) {
@@ -526,12 +529,7 @@ impl PyPipeline {
             Some(x) => Ok(x.into_inner()),
             None => {
                 let report = match *ended {
-                    true => self
-                        .running
-                        .lock()
-                        .expect("running")
-                        .as_ref()
-                        .and_then(|run| self.report(run)),
+                    true => self.report(&self.run.lock().expect("run").passes),
                     false => None,
                 };
                 if let Some(r) = report {
@@ -557,32 +555,14 @@ impl PyPipeline {
     }
 
     /// Stops the pipeline and joins its threads: an iterator running at the time raises
-    /// `LoaderError`; a later `iter()` starts the threads again.
+    /// `LoaderError`; a later `iter()` starts the threads again. Where it stopped stays the
+    /// checkpoint; the next pass starts where the passes' rule says (see [`Passes`]).
     fn close(&self, py: Python<'_>) {
         self.closed.store(true, Ordering::Relaxed);
-        let r = self.running.lock().expect("running").take();
-        if let Some(mut r) = r {
-            // Where it stopped stays the checkpoint, and where the next pass starts: the
-            // next epoch after one left mid-way, else the state (a loaded one not iterated
-            // yet is kept).
-            if r.pid == std::process::id() {
-                let state = Box::new(r.pipeline.state());
-                let peeked = self.peeked(&r);
-                let mut start = self.start.lock().expect("start");
-                if start.is_none() {
-                    *start = Some(match (r.in_epoch, peeked, r.began.take()) {
-                        // A peek that costs no epoch: the next pass starts it again where it
-                        // started (and the checkpoint says so).
-                        (true, true, Some(began)) => began,
-                        (true, ..) => Start::Closed {
-                            next: r.pipeline.epoch() + 1,
-                            state,
-                        },
-                        (false, ..) => Start::State(state),
-                    });
-                }
-            }
-            r.end(py);
+        let old = self.lock(py).stop(false);
+        // Joined with the lock free: a stage's call may be waiting for it (`stats()`).
+        if let Some(old) = old {
+            old.end(py);
         }
     }
 }

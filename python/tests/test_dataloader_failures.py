@@ -1,8 +1,8 @@
 """flowgate.DataLoader's failure policy: an item whose __getitem__ raises is named (fatal by
 default) or, with skip_errors, left out of its batch and counted, the batch keeping its place;
 a batch of only failures left out in one process (no item twice in an epoch) and made up of
-the readable items after it under a world size above 1, where every rank still makes len()
-batches; a batch whose __getitems__ raises read item by item, one whose collate_fn raises cut
+the readable items after it in the rank's own share under a world size above 1, where every
+rank still makes len() batches; a batch whose __getitems__ raises read item by item, one whose collate_fn raises cut
 to the items that collate; a resume makes the same batches; the skips are said (a
 SkippedItemsWarning at the first, and a count at the epoch's end)."""
 
@@ -40,16 +40,17 @@ def test_a_failing_item_raises_naming_it_or_is_skipped_and_counted():
                                  skip_errors=True)
     assert ids(loader) == [[0, 1, 2, 3], [9]]
     assert loader.stats()["failures"] == 5 and loader.stats()["filled"] == 0
-    # Under a world size above 1 it is made up of the readable items after it in the
-    # dataset (wrapping), the same on every pass: the rank still makes len() batches. Rank 0
-    # of 2 reads 0, 2, 4, ...
-    bad = {4, 6, 8, 10, 12, 14, 16, 18}
+    # Under a world size above 1 it is made up of the readable items after it in the rank's
+    # own share (its order of the epoch, wrapping), the same on every pass: the rank still
+    # makes len() batches, and never reads another rank's items (rank 1 would deliver the
+    # same ones in the same step). Rank 0 of 2 reads 0, 2, 4, ...
+    bad = {4, 6, 10, 12, 14, 16, 18}
     loader = flowgate.DataLoader(Numbered(20, bad=bad), batch_size=2, skip_errors=True,
                                  rank=0, world_size=2)
-    made_up = [[0, 2], [7, 9], [11, 13], [15, 17], [19, 0]]
+    made_up = [[0, 2], [8, 0], [8], [0, 2], [0, 2]]
     assert ids(loader) == made_up and len(loader) == 5
-    assert loader.stats()["failures"] == 8, "each unreadable item once, not its fillers'"
-    assert loader.stats()["filled"] == 8
+    assert loader.stats()["failures"] == 7, "each unreadable item once, not its fillers'"
+    assert loader.stats()["filled"] == 6
     assert ids(loader) == made_up
     with pytest.raises(flowgate.LoaderError, match="item 4 is unreadable"):
         list(flowgate.DataLoader(Numbered(8, bad={4, 5, 6, 7}), batch_size=4))
@@ -111,7 +112,7 @@ def test_an_epoch_whose_every_item_fails_raises_with_skip_errors(batch_size):
     rank0 = flowgate.DataLoader(Numbered(12, bad={6, 8, 10}), batch_size=3, skip_errors=True,
                                 rank=0, world_size=2)
     rank0.load_state_dict(state)
-    assert ids(rank0) == [[11, 0, 1]], "made up of the readable ones after it, across ranks"
+    assert ids(rank0) == [[0, 2, 4]], "made up of the rank's own readable items, wrapping"
 
 
 class Unbatchable(Numbered):
@@ -270,11 +271,12 @@ def test_unbatched_items_that_fail_are_left_out_alone_and_made_up_across_ranks()
     got = [int(x["x"][0]) for x in loader]
     assert got == [0, 3, 4, 5] and len(loader) == 6
     assert loader.stats()["failures"] == 2
-    # Rank 0 of 2 reads 0, 2, 4, ...: each failed item made up of the next readable one.
+    # Rank 0 of 2 reads 0, 2, 4, ...: each failed item made up of the next readable one of
+    # its own share.
     loader = flowgate.DataLoader(Numbered(12, bad={2, 4}), batch_size=None, skip_errors=True,
                                  rank=0, world_size=2)
     got = [int(x["x"][0]) for x in loader]
-    assert got == [0, 3, 5, 6, 8, 10] and len(got) == len(loader)
+    assert got == [0, 6, 6, 6, 8, 10] and len(got) == len(loader)
     with pytest.raises(flowgate.LoaderError, match="item 1 is unreadable"):
         list(flowgate.DataLoader(Numbered(6, bad={1}), batch_size=None))
 

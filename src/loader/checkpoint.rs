@@ -13,7 +13,7 @@ impl Loader {
     /// epoch until another starts (a resume delivers the rest of it); after an epoch's end,
     /// the next epoch from its start.
     pub fn state(&mut self) -> Result<PipelineState, PipelineError> {
-        if let (false, Some(s)) = (self.in_epoch, &self.abandoned) {
+        if let Some(s) = self.passes.checkpoint() {
             return Ok(s.clone());
         }
         if let Some(u) = &self.units {
@@ -22,7 +22,7 @@ impl Loader {
         if let Some(f) = &self.fill.filling {
             return Ok(self.with_owed(f.progress()));
         }
-        if self.in_epoch {
+        if self.passes.in_epoch() {
             let s = self.pipeline()?.state();
             return Ok(self.with_owed(s));
         }
@@ -32,7 +32,7 @@ impl Loader {
     /// The state the next [`start_epoch`](Self::start_epoch) starts from: the resumed one,
     /// or after a finished epoch the next from its start.
     pub(super) fn next_state(&mut self) -> Result<PipelineState, PipelineError> {
-        let resumed = self.resumed;
+        let resumed = self.passes.resumed();
         let mut s = self.pipeline()?.state();
         if !resumed && s.delivered_items > 0 {
             return Ok(units::next_epoch(&s));
@@ -62,13 +62,9 @@ impl Loader {
         self.fill.filling = None;
         self.pipeline = None;
         self.units = None;
-        self.abandoned = None;
         *self.monitor.lock().expect("monitor") = None;
-        self.in_epoch = false;
-        self.epoch_start = None;
-        self.resume_at = 0; // the state says where to start
+        self.passes.resumed_at();
         self.pipeline()?.resume(state)?;
-        self.resumed = true;
         // What a state owes is its own split's (a rank's, or one DataLoader worker's): a rank's
         // state resumed in each of its workers owes what each worker's part makes.
         let split = |s: &PipelineState| s.shard.as_ref().and_then(|sh| sh.split);

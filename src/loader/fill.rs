@@ -233,21 +233,22 @@ impl Loader {
     /// owes, for a loader that fills.
     pub(super) fn with_owed(&self, mut s: PipelineState) -> PipelineState {
         if self.batching.fill {
-            s.owed_batches = Some(self.fill.owed.batches.saturating_sub(self.delivered) as u64);
+            let left = self.fill.owed.batches.saturating_sub(self.passes.taken());
+            s.owed_batches = Some(left as u64);
         }
         s
     }
 
     /// Whether the epoch whose own items just ran out owes batches to make up.
     pub(super) fn owes_batches(&self) -> bool {
-        self.batching.fill && self.delivered < self.fill.owed.batches
+        self.batching.fill && self.passes.taken() < self.fill.owed.batches
     }
 
     /// Items the batches still owed hold.
     fn owed_items(&self) -> usize {
         self.fill
             .owed
-            .items_after(self.delivered, self.batching.per_batch)
+            .items_after(self.passes.taken(), self.batching.per_batch)
     }
 
     /// Notes what the epoch has delivered after each of its own batches (with
@@ -298,7 +299,7 @@ impl Loader {
     /// The next made-up batch, like [`next_within`](Self::next_within).
     pub(super) fn next_filler(&mut self, timeout: Duration) -> Within<Batch> {
         loop {
-            if self.delivered >= self.fill.owed.batches {
+            if self.passes.taken() >= self.fill.owed.batches {
                 // All owed: a widened round's further batches are not delivered.
                 return self.end_filled_epoch();
             }
@@ -306,7 +307,7 @@ impl Loader {
             match f.pipeline.next_within(timeout) {
                 Within::Next(Ok(b)) => {
                     f.round_batches += 1;
-                    self.delivered += 1;
+                    self.passes.took();
                     self.fill
                         .filled
                         .fetch_add(b.len() as u64, Ordering::Relaxed);
@@ -321,7 +322,7 @@ impl Loader {
                     // Another round unless every delivered position failed since the last
                     // batch made (nothing readable is left to fill with).
                     let more = f.round_batches > 0 || f.barren < f.count;
-                    if more && self.delivered < self.fill.owed.batches {
+                    if more && self.passes.taken() < self.fill.owed.batches {
                         if let Err(e) = self.fill_again() {
                             self.fill.filling = None;
                             self.end_after_error();
@@ -339,15 +340,14 @@ impl Loader {
     /// The epoch whose batches were made up ended.
     fn end_filled_epoch(&mut self) -> Within<Batch> {
         let epoch = self.fill.filling.take().map(|f| f.end.epoch);
-        self.in_epoch = false;
-        self.epoch_start = None;
+        self.passes.ended();
         self.report_epoch();
         if std::mem::take(&mut self.fill.after_units) {
             // The pipeline never ran that epoch (its units were decoded elsewhere): the next
             // one starts afresh.
             self.stop(false);
             if let Some(e) = epoch {
-                self.resume_at = e + 1;
+                self.passes.set_next(e + 1);
             }
         }
         Within::EpochEnd

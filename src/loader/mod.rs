@@ -44,7 +44,8 @@
 //! 8. `units` — [`EpochPlan`]: an epoch cut into units other processes decode (remote
 //!    workers), and the checkpoint the planning loader keeps.
 //! 9. `fill` — batches lost to skipped items made up at the epoch's end
-//!    ([`LoaderBuilder::fill_skipped`]).
+//!    ([`LoaderBuilder::fill_skipped`]); `makeup` — [`MakeUp`], the same made up at once
+//!    from the rank's own share, for a loader over a user's map-style dataset under ranks.
 //! 10. `regroup` — [`Regroup`]: units' batches regrouped into the planning loader's (where
 //!     a skipped item left one short), for the consumer of the units.
 //! 11. `media_fields` — fields decoded as media by recipes of their own (a sample's second
@@ -55,6 +56,8 @@
 //!     `label`, its fields), for every front end and a per-batch function's output.
 //! 14. `checks` — what the settings must hold before a loader is built (units, media
 //!     fields, the batch's keys, the memory and device budgets against a batch).
+//! 15. `passes` — [`Passes`], the one epoch machine of every loader and front end: which
+//!     epoch the next pass reads, where one left stopped ([`PassRule`]).
 //!
 //! # Readers
 //!
@@ -74,7 +77,9 @@ mod failures;
 mod fill;
 mod keys;
 mod lengths;
+mod makeup;
 mod media_fields;
+mod passes;
 mod pool;
 mod regroup;
 mod report;
@@ -96,7 +101,9 @@ pub use device::{
 pub use failures::{FailureLog, SkippedFailure, KEEP_FAILURES};
 pub use keys::BatchKeys;
 pub use lengths::{DEFAULT_BUCKETS, MAX_BUCKETS};
+pub use makeup::{largest_batch, MakeUp};
 pub use media_fields::{fields_and_media, MediaFieldArgs};
+pub use passes::{AfterLeft, PassRule, Passes, SetEpoch};
 pub use pool::{
     Cluster, PoolSettings, Workers, DEFAULT_BATCHES_PER_UNIT, DEFAULT_MAX_CPUS_PER_WORKER,
     DEFAULT_MAX_WORKERS, DEFAULT_START_TIMEOUT,
@@ -136,15 +143,8 @@ pub struct Loader {
     names: batch::Names,
     plan: Plan,
     pipeline: Option<Pipeline<Batch>>,
-    /// Whether an epoch is being iterated.
-    in_epoch: bool,
-    /// The epoch a rebuilt pipeline starts at: the one after an epoch an error ended, or the
-    /// one named by `set_epoch`, so every epoch keeps its own shuffle and augmentation.
-    resume_at: u64,
-    /// The state the epoch being iterated started from — and, once that epoch is abandoned
-    /// (a `break`, `close`), where the next `start_epoch` starts it again. `None` once an
-    /// epoch ended (its end, or an error).
-    epoch_start: Option<PipelineState>,
+    /// Its passes over the epochs: which the next starts, where one left stopped.
+    passes: Passes,
     /// The current pipeline's monitor, for readers on other threads (see [`LoaderWatch`]).
     monitor: Arc<Mutex<Option<Monitor>>>,
     failures: FailureLog,
@@ -154,20 +154,10 @@ pub struct Loader {
     sim_log: Option<SimLog>,
     /// The statistics of the last pipeline closed (an epoch abandoned, or an error).
     last_stats: Option<PipelineStats>,
-    /// Batches delivered in the epoch being iterated.
-    delivered: usize,
-    /// The progress of an epoch abandoned mid-way (a `break`, `close`), until another epoch
-    /// starts: what a checkpoint taken now records.
-    abandoned: Option<PipelineState>,
-    /// Whether the pipeline was resumed and its epoch not started yet (its delivered items
-    /// are the resumed epoch's, not a finished one's).
-    resumed: bool,
     /// How an epoch's positions fall into batches, and whether this loader decodes units.
     batching: units::Batching,
     /// Batches lost to skipped items, and making them up (`fill_skipped`).
     fill: fill::Fill,
-    /// Items of the epoch being iterated delivered before it was resumed.
-    delivered_before: u64,
     /// `(r, n)`: a reader that runs its rank's whole epoch and keeps batches `r`, `r + n`, …
     /// (a rank's `fill_skipped` state resumed: see [`Loader::start_epoch`]), and the rank's
     /// batches seen so far.
@@ -180,17 +170,13 @@ pub struct Loader {
     /// The first skipped item, said once the pipeline went on past it, until a front end
     /// takes it.
     first_skip: Option<(SkippedFailure, String)>,
-    /// Batches the epoch being iterated makes from where it started with nothing skipped:
-    /// `len()` from its beginning, less from a resumed position.
-    due: usize,
 }
 
 impl std::fmt::Debug for Loader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Loader")
             .field("plan", &self.plan)
-            .field("in_epoch", &self.in_epoch)
-            .field("resume_at", &self.resume_at)
+            .field("passes", &self.passes)
             .field("batches_per_epoch", &self.batches_per_epoch)
             .finish_non_exhaustive()
     }
@@ -216,26 +202,19 @@ impl Loader {
             make,
             plan,
             pipeline: None,
-            in_epoch: false,
-            resume_at: 0,
-            epoch_start: None,
+            passes: Passes::new(PassRule::LOADER),
             monitor: Arc::default(),
             failures,
             learned: None,
             batches_per_epoch,
             sim_log,
             last_stats: None,
-            delivered: 0,
-            abandoned: None,
-            resumed: false,
             batching,
             fill: fill::Fill::default(),
-            delivered_before: 0,
             keep_every: None,
             units: None,
             report: None,
             first_skip: None,
-            due: 0,
         }
     }
 
@@ -311,14 +290,14 @@ impl Loader {
 
     /// Whether an epoch is being iterated.
     pub fn in_epoch(&self) -> bool {
-        self.in_epoch
+        self.passes.in_epoch()
     }
 
     fn pipeline(&mut self) -> Result<&mut Pipeline<Batch>, PipelineError> {
         if self.pipeline.is_none() {
             let mut p = (self.make)(self.learned.as_ref())?;
-            if self.resume_at > 0 {
-                p.start_at_epoch(self.resume_at)?;
+            if self.passes.resume_at() > 0 {
+                p.start_at_epoch(self.passes.resume_at())?;
             }
             *self.monitor.lock().expect("monitor") = Some(p.monitor());
             self.pipeline = Some(p);
@@ -362,59 +341,58 @@ impl Loader {
     /// again by choice). A front end warns with it when a loop that delivered more than a
     /// peek's one batch is about to read the same batches again.
     pub fn abandoned_epoch(&self) -> Option<(u64, usize)> {
-        match (&self.epoch_start, self.in_epoch) {
-            (Some(s), false) => Some((s.epoch, self.delivered)),
-            _ => None,
-        }
+        self.passes.abandoned_epoch()
     }
 
     /// An epoch being iterated ended by an error: over, the next start starts the next epoch.
     fn end_after_error(&mut self) {
         self.stop(true);
-        self.epoch_start = None;
-        // A checkpoint now names the next epoch, as `next_epoch` does.
-        self.abandoned = None;
     }
 
-    /// Stops the pipeline, recording the progress of an epoch being iterated (what a
-    /// checkpoint taken now records) and the epoch a rebuilt pipeline starts at: that epoch
-    /// (abandoned), or the next once it is `over`.
+    /// Stops the pipeline, telling the passes where it stood: the progress of an epoch being
+    /// iterated (what a checkpoint taken now records), or of a resumed state not iterated yet,
+    /// and its epoch; `over`: an error ended the epoch.
     fn stop(&mut self, over: bool) {
+        let in_epoch = self.passes.in_epoch();
         // While batches are made up, the epoch's progress is the filling's (its own
         // pipeline has moved on to the next epoch already).
         let filling = self.fill.filling.take().map(|f| f.progress());
         *self.monitor.lock().expect("monitor") = None;
         // An epoch of units: its progress is what its consumer received.
         let units = self.units.take().map(|u| u.state());
-        if let (true, Some(s)) = (self.in_epoch, &units) {
-            self.abandoned = Some(self.with_owed(s.clone()));
-        }
+        let mut progress = units.filter(|_| in_epoch).map(|s| self.with_owed(s));
+        let mut epoch = None;
         if let Some(p) = self.pipeline.take() {
-            if self.in_epoch && units.is_none() {
-                self.abandoned = Some(self.with_owed(filling.clone().unwrap_or_else(|| p.state())));
+            if progress.is_none() && in_epoch {
+                progress = Some(self.with_owed(filling.clone().unwrap_or_else(|| p.state())));
+            } else if progress.is_none() && self.passes.resumed() {
+                let mut s = p.state();
+                s.owed_batches = self.fill.resumed_owed;
+                progress = Some(s);
             }
-            let epoch = filling.as_ref().map_or_else(|| p.epoch(), |s| s.epoch);
-            self.resume_at = epoch + u64::from(self.in_epoch && over);
+            epoch = Some(filling.as_ref().map_or_else(|| p.epoch(), |s| s.epoch));
             let stats = p.stats();
             self.learned = Learned::of(&stats);
             self.last_stats = Some(stats);
         }
-        self.in_epoch = false;
-        self.resumed = false;
+        self.passes.stopped(progress, epoch, over);
     }
 
     /// Starts an epoch — the next one, or the resumed one after [`resume`](Self::resume) —
     /// and returns its number. An epoch being iterated is abandoned first.
     pub fn start_epoch(&mut self) -> Result<u64, PipelineError> {
-        if self.in_epoch {
+        if self.passes.in_epoch() {
             self.close();
         }
-        if let Some(again) = self.epoch_start.take() {
+        if let Some(epoch) = self.passes.take_named() {
+            self.close();
+            self.passes.set_next(epoch);
+        }
+        if let Some(again) = self.passes.take_restart() {
             // An abandoned epoch, again from where it started.
             self.resume(&again)?;
         }
         let start = self.next_state()?;
-        self.begin(&start);
         // A reader reads its part of the rank's epoch; but what a rank's `fill_skipped` state
         // owes depends on which of its items fail (retried on resume), which no split of
         // positions can know: then the reader runs the rank's resumed epoch as the rank's
@@ -432,38 +410,23 @@ impl Loader {
             None => (start.clone(), false),
         };
         let due = fill::Owed::of(&start, self.batching.per_batch, self.batching.drop_last);
-        self.due = match self.batching.reader {
+        let due = match self.batching.reader {
             Some((r, n)) if part => due.reader(r, n),
             _ => due,
         }
         .batches;
         self.fill.start_epoch(&start, from, &self.batching, part);
         let epoch = self.pipeline()?.epoch();
-        self.started(epoch);
+        self.started(start, due, epoch);
         Ok(epoch)
     }
 
-    /// An epoch that starts at `start` is about to be iterated.
-    fn begin(&mut self, start: &PipelineState) {
-        self.epoch_start = Some(start.clone());
-        // An epoch resumed after some of it was delivered (here, or by any rank of a merged
-        // state: its base) has delivered something, whatever the rest does.
-        self.delivered_before = start.delivered_items
-            + start
-                .shard
-                .as_ref()
-                .map_or(0, |s| s.base.iter().map(|(a, b)| b - a).sum::<u64>());
-    }
-
-    /// `epoch` is being iterated: from now on a stop abandons it, and its delivered batches
-    /// and failures are counted afresh.
-    fn started(&mut self, epoch: u64) {
+    /// `epoch` is being iterated from `start`, owing `due` batches: from now on a stop
+    /// abandons it, and its delivered batches and failures are counted afresh.
+    fn started(&mut self, start: PipelineState, due: usize, epoch: u64) {
         self.failures.set_epoch(epoch);
         self.report = None;
-        self.in_epoch = true;
-        self.resumed = false;
-        self.delivered = 0;
-        self.abandoned = None;
+        self.passes.started(start, due);
     }
 
     /// Makes the pipeline read reader `r`'s part (of `n`) of the epoch its rank starts at
@@ -481,12 +444,8 @@ impl Loader {
     /// The epoch the next [`start_epoch`](Self::start_epoch) starts (an abandoned one
     /// again), or the one being iterated; builds nothing.
     pub fn next_epoch(&self) -> u64 {
-        if let Some((epoch, _)) = self.abandoned_epoch() {
-            return epoch;
-        }
-        self.pipeline
-            .as_ref()
-            .map_or(self.resume_at, Pipeline::epoch)
+        self.passes
+            .next_epoch(self.pipeline.as_ref().map(Pipeline::epoch))
     }
 
     /// Makes `epoch` the next one started (as PyTorch's `DistributedSampler.set_epoch`): its
@@ -494,22 +453,11 @@ impl Loader {
     /// the next (a resumed position, or an abandoned epoch's start, is kept); an epoch being
     /// iterated is abandoned.
     pub fn set_epoch(&mut self, epoch: u64) {
-        if !self.in_epoch && self.next_epoch() == epoch {
-            // Already the next: a resumed position is kept; an abandoned epoch's progress is
-            // no longer what comes next.
-            if self.abandoned.as_ref().is_some_and(|s| s.epoch != epoch) {
-                self.abandoned = None;
-            }
-            // An abandoned epoch named again is started again by choice: nothing to warn of.
-            if self.abandoned_epoch().is_some() {
-                self.delivered = 0;
-            }
-            return;
+        let here = self.pipeline.as_ref().map(Pipeline::epoch);
+        if self.passes.set_epoch(epoch, here) == passes::SetEpoch::Restart {
+            self.close();
+            self.passes.set_next(epoch);
         }
-        self.close();
-        self.abandoned = None;
-        self.epoch_start = None;
-        self.resume_at = epoch;
     }
 
     /// The epoch's next batch, waiting at most `timeout`: [`Within::EpochEnd`] at its end (or
@@ -530,12 +478,12 @@ impl Loader {
             let got = self.next_of_rank(timeout);
             if matches!(got, Within::Next(Ok(_)))
                 && self.batching.fill
-                && self.delivered > self.fill.owed.batches
+                && self.passes.taken() > self.fill.owed.batches
             {
                 // Filling, an epoch makes exactly what it owes: a reader running its rank's
                 // rest keeps a short batch the rank drops (and makes up), so it could end one
                 // over.
-                self.delivered -= 1;
+                self.passes.took_back();
                 continue;
             }
             if let (Within::Next(Ok(_)), Some(((r, n), seen))) = (&got, &mut self.keep_every) {
@@ -551,7 +499,7 @@ impl Loader {
 
     /// The next batch of the epoch this loader runs (with `keep_every`, its rank's).
     fn next_of_rank(&mut self, timeout: Duration) -> Within<Batch> {
-        if !self.in_epoch {
+        if !self.passes.in_epoch() {
             return Within::EpochEnd;
         }
         if self.units.is_some() {
@@ -584,17 +532,16 @@ impl Loader {
                         return self.next_filler(timeout);
                     }
                 }
-                self.in_epoch = false;
-                self.epoch_start = None;
+                self.passes.ended();
                 self.report_epoch();
                 let (failures, last) = self.failures.in_epoch();
                 // A unit whose items all failed is not an epoch: its consumer decides.
-                let whole = self.delivered_before == 0 && !self.batching.decodes_units;
+                let whole = self.passes.whole() && !self.batching.decodes_units;
                 let epoch = self.failures.epoch();
                 if let Some(e) = PipelineError::if_nothing_delivered(
                     epoch,
                     whole,
-                    self.delivered > 0,
+                    self.passes.taken() > 0,
                     failures,
                     last,
                 ) {
@@ -603,7 +550,7 @@ impl Loader {
                 Within::EpochEnd
             }
             Within::Next(Ok(b)) => {
-                self.delivered += 1;
+                self.passes.took();
                 self.note_delivered();
                 Within::Next(Ok(b))
             }
@@ -665,7 +612,7 @@ impl Iterator for EpochBatches<'_> {
 
 impl Drop for EpochBatches<'_> {
     fn drop(&mut self) {
-        if self.loader.in_epoch {
+        if self.loader.passes.in_epoch() {
             self.loader.close();
         }
     }

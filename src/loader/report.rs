@@ -36,8 +36,9 @@ impl Loader {
         let (skipped, _) = self.failures.in_epoch();
         let filled = self.fill.filled.load(Ordering::Relaxed);
         let epoch = self.failures.epoch();
-        let (due, len) = (self.due, self.len());
-        self.report = EpochReport::of(epoch, skipped, self.delivered, due, len, filled);
+        let (due, len) = (self.passes.due(), self.len());
+        let delivered = self.passes.taken();
+        self.report = EpochReport::of(epoch, skipped, delivered, due, len, filled);
         if let Some(r) = &self.report {
             tracing::warn!(epoch, skipped, delivered = r.delivered, "{r}");
         }

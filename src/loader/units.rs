@@ -111,7 +111,7 @@ impl Loader {
     /// after [`resume`](Self::resume), an abandoned one again), cut into units of `batches_per_unit` batches, for
     /// other processes to decode (see [`units`](self)). Refused while an epoch is iterated.
     pub fn plan_units(&mut self, batches_per_unit: usize) -> Result<EpochPlan, PipelineError> {
-        if self.in_epoch {
+        if self.passes.in_epoch() {
             return Err(PipelineError::config(
                 "plan_units: an epoch is being iterated; plan the next one between epochs",
             ));
@@ -122,10 +122,10 @@ impl Loader {
         if let Some(why) = self.batching.units_refusal {
             return Err(PipelineError::config(format!("plan_units: {why}")));
         }
-        let start = match (self.abandoned_epoch(), &self.epoch_start) {
+        let start = match self.passes.restart_from() {
             // An abandoned epoch, again from where it started.
-            (Some(_), Some(s)) => s.clone(),
-            _ => self.next_state()?,
+            Some(s) => s.clone(),
+            None => self.next_state()?,
         };
         EpochPlan::new(start, &self.batching, batches_per_unit)
     }
@@ -159,12 +159,23 @@ impl Loader {
     /// as a local epoch is abandoned ([`abandoned_epoch`](Self::abandoned_epoch); the next
     /// start begins it again from where it started).
     pub fn start_units(&mut self, batches_per_unit: usize) -> Result<EpochPlan, PipelineError> {
-        if self.in_epoch {
+        if self.passes.in_epoch() {
             self.close();
         }
+        if let Some(epoch) = self.passes.take_named() {
+            self.close();
+            self.passes.set_next(epoch);
+        }
         let plan = self.plan_units(batches_per_unit)?;
-        self.begin(&plan.start);
-        self.started(plan.epoch());
+        // An abandoned epoch is started again from the plan's start (its units are not this
+        // pipeline's).
+        let _ = self.passes.take_restart();
+        let due = super::fill::Owed::of(
+            &plan.start,
+            self.batching.per_batch,
+            self.batching.drop_last,
+        );
+        self.started(plan.start.clone(), due.batches, plan.epoch());
         // What the epoch owes, made up here once its units are delivered (`fill_skipped`).
         self.fill
             .start_epoch(&plan.start, plan.start.clone(), &self.batching, false);
@@ -180,7 +191,7 @@ impl Loader {
     pub fn units_delivered(&mut self, positions: &RangeSet) {
         if let Some(u) = &mut self.units {
             u.received = RangeSet::from_ranges(u.received.ranges().chain(positions.ranges()));
-            self.delivered += 1;
+            self.passes.took();
         }
     }
 
@@ -200,7 +211,7 @@ impl Loader {
     pub fn fail_units(&mut self) {
         if let Some(epoch) = self.units.as_ref().map(|u| u.plan.epoch()) {
             self.end_after_error();
-            self.resume_at = epoch + 1;
+            self.passes.set_next(epoch + 1);
         }
     }
 
@@ -228,15 +239,13 @@ impl Loader {
                 return Ok(true);
             }
         }
-        self.in_epoch = false;
-        self.epoch_start = None;
-        self.abandoned = None;
+        self.passes.ended();
         self.stop(false);
-        self.resume_at = epoch + 1;
+        self.passes.set_next(epoch + 1);
         let (failures, last) = self.failures.in_epoch();
-        let whole = self.delivered_before == 0;
-        match PipelineError::if_nothing_delivered(epoch, whole, self.delivered > 0, failures, last)
-        {
+        let whole = self.passes.whole();
+        let any = self.passes.taken() > 0;
+        match PipelineError::if_nothing_delivered(epoch, whole, any, failures, last) {
             Some(e) => Err(e),
             None => Ok(false),
         }

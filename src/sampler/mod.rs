@@ -16,12 +16,10 @@ use flowgate_tuner::Rng;
 
 mod buckets;
 mod layout;
-mod makeup;
 mod mixture;
 
 pub use buckets::{Bucketing, LengthBatches};
 pub use layout::Layout;
-pub use makeup::{largest_batch, MakeUp};
 use mixture::Mixture;
 pub use mixture::{check_weights, MixStop};
 

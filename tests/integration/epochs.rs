@@ -218,6 +218,40 @@ fn a_state_taken_right_after_a_resume_is_the_resumed_state() {
     assert_eq!(all, (0..IMAGES).collect::<Vec<_>>());
 }
 
+/// A resumed state closed before its epoch is iterated (a checkpoint loaded, then the loader
+/// closed to free its threads until training starts) is kept: the checkpoint is still that
+/// state, and the next epoch delivers exactly its rest. (Closing dropped the resumed
+/// pipeline, and the next epoch started the resumed one from its beginning.)
+#[test]
+fn a_resumed_state_closed_before_its_epoch_is_kept() {
+    let build = || shuffled_files(5, 4);
+    let (taken, state) = common::take_then_save(&mut build(), 3);
+    let rest = common::rest_after(&mut build(), &state);
+    let mut l = build();
+    l.resume(&state).unwrap();
+    l.close();
+    assert_eq!(
+        l.state().unwrap(),
+        state,
+        "the checkpoint is the resumed state"
+    );
+    assert_eq!(
+        positions(&mut l),
+        rest,
+        "the rest of the resumed epoch, once"
+    );
+    let mut all = [taken, rest].concat();
+    all.sort_unstable();
+    assert_eq!(all, (0..IMAGES).collect::<Vec<_>>());
+    // Closed twice, and set_epoch of that epoch between: still kept.
+    let mut l = build();
+    l.resume(&state).unwrap();
+    l.close();
+    l.set_epoch(state.epoch);
+    l.close();
+    assert_eq!(positions(&mut l), common::rest_after(&mut build(), &state));
+}
+
 /// A loader's buffers start small — decoded items waiting for their batch at one batch, the
 /// decode stage at one batch or what keeps its workers busy, the collate stage at one batch
 /// list — and a pipeline rebuilt after an

@@ -16,25 +16,42 @@
 //! out are its failures. The kept ones depend on the items alone (not on earlier batches), so
 //! a resume makes the same batch.
 
+//! [`MakeUp`]: readable items to make up, at once, a batch whose every item failed, for a
+//! loader over a user's map-style dataset read by several ranks (the Python package's
+//! `flowgate.DataLoader` under a world size above 1), where a rank that ends an epoch a batch
+//! short leaves the others waiting at their next collective (DDP). The library's own loaders
+//! make such batches up at the epoch's end instead ([`fill`](super::fill)); both read again
+//! items of the rank's own share of the epoch, never another rank's, so no two ranks deliver
+//! one item in one step.
+//!
+//! The rule: the positions after the failed batch's last one in the rank's order of the epoch
+//! (its share, as its sampler gives it), wrapping around to the share's first; each tried at
+//! most once per make-up; positions seen failing are passed over without a read (a share whose
+//! items all fail is read through once, not once a batch). The made-up batch is deterministic
+//! (it depends on the positions, the epoch's order and on which items failed before, which a
+//! resume reads again), and as long as the batch it replaces wherever the share has that many
+//! readable items. A loader in one process makes nothing up: it leaves such a batch out.
+//!
+//! A batch whose items read but do not make a batch together (a user's collation fails:
+//! a grayscale image among RGB ones) keeps as many of its items as halving finds do
+//! ([`largest_batch`]: halved until the halves make batches, joined where they still do, then
+//! each left out tried again; among three kinds a smaller group may be kept); the items left
+//! out are its failures. The kept ones depend on the items alone (not on earlier batches), so
+//! a resume makes the same batch.
+
 use std::collections::HashSet;
 
 /// Readable items to make up a failed batch with; see the [module docs](self).
 #[derive(Clone, Debug, Default)]
 pub struct MakeUp {
-    len: usize,
     /// Positions seen failing.
     bad: HashSet<usize>,
-    /// Every position failed: nothing to make up with.
-    none_readable: bool,
 }
 
 impl MakeUp {
-    /// For a dataset of `len` items.
-    pub fn new(len: usize) -> Self {
-        Self {
-            len,
-            ..Self::default()
-        }
+    /// Nothing known to fail yet.
+    pub fn new() -> Self {
+        Self::default()
     }
 
     /// `position` failed (in a batch, or while making one up): not read again for a make-up.
@@ -46,28 +63,29 @@ impl MakeUp {
     /// it saw failing.
     pub fn merge(&mut self, other: MakeUp) {
         self.bad.extend(other.bad);
-        self.none_readable |= other.none_readable;
     }
 
-    /// Up to `want` items read by `read` from the positions after `last` (see the [module
-    /// docs](self)): each with its position, in the order read. A position whose read fails
-    /// is marked failed; none read and every position failed: none is read again.
+    /// Up to `want` items read by `read` from the positions after `last` in `order` (the
+    /// rank's order of the epoch; see the [module docs](self)), wrapping around: each with its
+    /// position, in the order read. A position whose read fails is marked failed. Where `last`
+    /// is not in `order`, from its first position.
     pub fn after<T, E>(
         &mut self,
+        order: &[usize],
         last: usize,
         want: usize,
         mut read: impl FnMut(usize) -> Result<T, E>,
     ) -> Vec<(usize, T)> {
         let mut out = Vec::with_capacity(want);
-        if self.none_readable || self.len == 0 {
-            return out;
-        }
-        for k in 1..=self.len {
+        let n = order.len();
+        let from = order.iter().position(|&p| p == last).map_or(0, |k| k + 1);
+        let mut tried = HashSet::new();
+        for k in 0..n {
             if out.len() == want {
                 break;
             }
-            let p = (last + k) % self.len;
-            if self.bad.contains(&p) {
+            let p = order[(from + k) % n];
+            if self.bad.contains(&p) || !tried.insert(p) {
                 continue;
             }
             match read(p) {
@@ -76,9 +94,6 @@ impl MakeUp {
                     self.bad.insert(p);
                 }
             }
-        }
-        if out.is_empty() && self.bad.len() >= self.len {
-            self.none_readable = true;
         }
         out
     }
@@ -164,12 +179,13 @@ mod tests {
     #[test]
     fn a_batch_is_made_up_of_the_readable_items_after_it_wrapping() {
         // 10 items; the batch 6..9 failed; 9 and 0 are unreadable too.
-        let mut m = MakeUp::new(10);
+        let order: Vec<usize> = (0..10).collect();
+        let mut m = MakeUp::new();
         for p in 6..9 {
             m.failed(p);
         }
         let mut reads = Vec::new();
-        let got = m.after(8, 3, reader(&[6, 7, 8, 9, 0], &mut reads));
+        let got = m.after(&order, 8, 3, reader(&[6, 7, 8, 9, 0], &mut reads));
         assert_eq!(got, [(1, 1), (2, 2), (3, 3)]);
         assert_eq!(
             reads,
@@ -179,7 +195,7 @@ mod tests {
         // The next make-up passes over 9 and 0 without reading them.
         let mut reads = Vec::new();
         assert_eq!(
-            m.after(8, 2, reader(&[6, 7, 8, 9, 0], &mut reads)),
+            m.after(&order, 8, 2, reader(&[6, 7, 8, 9, 0], &mut reads)),
             [(1, 1), (2, 2)]
         );
         assert_eq!(reads, [1, 2]);
@@ -187,10 +203,11 @@ mod tests {
 
     #[test]
     fn fewer_readable_than_wanted_gives_what_there_is_and_an_unreadable_dataset_is_read_once() {
-        let mut m = MakeUp::new(7);
+        let order: Vec<usize> = (0..7).collect();
+        let mut m = MakeUp::new();
         let mut reads = Vec::new();
         assert_eq!(
-            m.after(2, 4, reader(&[0, 1, 2, 4, 5, 6], &mut reads)),
+            m.after(&order, 2, 4, reader(&[0, 1, 2, 4, 5, 6], &mut reads)),
             [(3, 3)]
         );
         assert_eq!(
@@ -198,18 +215,48 @@ mod tests {
             [3, 4, 5, 6, 0, 1, 2],
             "every position tried once, wrapping"
         );
-        let mut all_bad = MakeUp::new(5);
+        let five: Vec<usize> = (0..5).collect();
+        let mut all_bad = MakeUp::new();
         let mut reads = Vec::new();
         assert!(all_bad
-            .after(0, 2, reader(&[0, 1, 2, 3, 4], &mut reads))
+            .after(&five, 0, 2, reader(&[0, 1, 2, 3, 4], &mut reads))
             .is_empty());
         assert_eq!(reads.len(), 5);
         let mut again = Vec::new();
-        assert!(all_bad.after(3, 2, reader(&[], &mut again)).is_empty());
-        assert!(again.is_empty(), "known unreadable: not read again");
-        assert!(MakeUp::new(0)
-            .after(0, 1, reader(&[], &mut Vec::new()))
+        assert!(all_bad
+            .after(&five, 3, 2, reader(&[], &mut again))
             .is_empty());
+        assert!(again.is_empty(), "known unreadable: not read again");
+        assert!(MakeUp::new()
+            .after(&[], 0, 1, reader(&[], &mut Vec::new()))
+            .is_empty());
+    }
+
+    #[test]
+    fn fillers_come_from_the_ranks_own_share_after_the_batch_in_its_order() {
+        // Rank 1 of 2 over 12 items, shuffled: its share is every other position of the
+        // epoch's order. Its batch [7, 1] failed: the fillers are its own next items, never
+        // rank 0's (the items after 1 in dataset order, 2 and 3, are rank 0's here).
+        let share = [9, 5, 7, 1, 11, 3];
+        let mut m = MakeUp::new();
+        m.failed(7);
+        m.failed(1);
+        let mut reads = Vec::new();
+        let got = m.after(&share, 1, 2, reader(&[7, 1, 11], &mut reads));
+        assert_eq!(got, [(3, 3), (9, 9)]);
+        assert_eq!(
+            reads,
+            [11, 3, 9],
+            "in the share's order after the batch, wrapping"
+        );
+        assert!(reads.iter().all(|p| share.contains(p)));
+        // A share that repeats a position (padding) tries it once.
+        let mut reads = Vec::new();
+        let padded = [4, 2, 4];
+        let mut m = MakeUp::new();
+        m.failed(2);
+        assert_eq!(m.after(&padded, 2, 3, reader(&[2], &mut reads)), [(4, 4)]);
+        assert_eq!(reads, [4]);
     }
 
     /// A collation of `items` (each a shape): one batch where all share a shape, counting
