@@ -36,7 +36,11 @@ fn flowgate_run_prints_decisions_a_summary_and_json() {
     assert!(stderr.contains("bottleneck"), "the live view: {stderr}");
     // Every batch dumped: 40 images in batches of 32 (the last partial) for 3 epochs.
     let spec = PipelineSpec::parse(&config("image_classification.toml"), "c.toml").unwrap();
-    let per_epoch = if spec.batch.drop_last { 1 } else { 2 };
+    let per_epoch = if spec.loader_settings().drop_last {
+        1
+    } else {
+        2
+    };
     let mut dumped: Vec<_> = std::fs::read_dir(&dump)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -53,15 +57,15 @@ fn flowgate_run_prints_decisions_a_summary_and_json() {
 fn bad_files_give_one_error_naming_the_key_and_line() {
     let cases = [
         (
-            "size = 32",
-            "size = 32\nbatchsize = 3",
-            "batch.batchsize",
+            "batch_size = 32",
+            "batch_size = 32\nbatchsize = 3",
+            "loader.batchsize",
             "unknown field",
         ),
         (
-            "size = 32",
-            "size = \"32\"",
-            "batch.size",
+            "batch_size = 32",
+            "batch_size = \"32\"",
+            "loader.batch_size",
             "must be in 1..=65536, not \"32\"",
         ),
         ("crop = 224", "crop = 512", "decode.crop", "must be in"),

@@ -92,7 +92,7 @@ fn labels_from_folders_or_a_label_file_round_trip_through_dump() {
             &file,
             format!(
                 "[source]\nkind = \"dir\"\npath = \"tree\"\n{labels}\n[decode]\nkind = \"image\"\n\
-                 resize = 32\ncrop = 32\n[batch]\nsize = 4\n"
+                 resize = 32\ncrop = 32\n[loader]\nshuffle = false\nbatch_size = 4\n"
             ),
         )
         .unwrap();

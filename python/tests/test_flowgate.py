@@ -404,8 +404,9 @@ def test_the_python_loader_and_a_pipeline_file_give_the_same_batches(data, tmp_p
     cfg = tmp_path / "p.toml"
     cfg.write_text(
         f'[source]\nkind = "list"\npath = "{listing}"\n'
-        f'[decode]\nkind = "image"\nresize = 72\ncrop = 64\ntrain = true\nseed = {seed}\n'
-        f'workers = 1\n[batch]\nsize = {batch}\n[run]\nepochs = 2\n[tuner]\nenabled = false\n')
+        f'[loader]\nshuffle = false\nseed = {seed}\nworkers = 1\nbatch_size = {batch}\n'
+        f'[decode]\nkind = "image"\nresize = 72\ncrop = 64\ntrain = true\n'
+        f'[run]\nepochs = 2\n[tuner]\nenabled = false\n')
     dump = tmp_path / "dump"
     from conftest import flowgate_command
     subprocess.run([*flowgate_command(), "run", "--quiet", str(cfg), "--dump", str(dump)],

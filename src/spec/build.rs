@@ -15,7 +15,7 @@ use crate::dataset::{Dataset, Files};
 use crate::engine::config::Workers;
 use crate::engine::stats::{PipelineStats, StatsCallback};
 use crate::loader::{Device, Loader};
-use crate::media::{MediaArgs, Recipe};
+use crate::media::Recipe;
 use crate::tensor::Tensor;
 
 /// A spec's loader, with what it needs alive (a local S3 server) and the byte cache.
@@ -83,21 +83,17 @@ impl std::fmt::Debug for Hooks {
 }
 
 impl PipelineSpec {
-    /// Items per batch: `[batch] size`, else the library's default for the media
+    /// Items per batch: `loader.batch_size`, else the library's default for the media
     /// ([`default_batch_size`](crate::loader::default_batch_size)).
     pub fn batch_size(&self) -> usize {
-        self.batch
-            .size
+        self.loader
+            .batch_size
             .unwrap_or_else(|| crate::loader::default_batch_size(&self.decode.media))
     }
 
-    /// The augmentation seed: `decode.seed`, else the source's shuffle seed, else 0.
+    /// The augmentation seed: `decode.seed`, else the loader's `seed` (as every front end's).
     pub fn augmentation_seed(&self) -> u64 {
-        self.decode
-            .media
-            .seed()
-            .or(self.shuffle_seed())
-            .unwrap_or(0)
+        self.decode.media.seed().unwrap_or(self.loader.seed)
     }
 
     /// The decode recipe, validated, with the augmentation seed: the media's own rules
@@ -137,11 +133,15 @@ impl PipelineSpec {
         };
         let conflict = |e: crate::loader::SettingsError| PipelineError::config(e.to_string());
         // A pipeline file reads the whole dataset (`flowgate run` is one process), whatever
-        // RANK and WORLD_SIZE say.
+        // RANK and WORLD_SIZE say, unless `loader.rank` and `loader.world_size` name a share.
+        let ranks = match settings.rank {
+            Some(_) => settings.ranks().map_err(conflict)?,
+            None => crate::dataset::Ranks::Whole,
+        };
         let dataset = settings
             .dataset(source, &recipe)
             .map_err(conflict)?
-            .ranks_from(crate::dataset::Ranks::Whole)
+            .ranks_from(ranks)
             .build()?;
         let items = dataset.len();
         let mut b = settings
@@ -214,26 +214,13 @@ impl PipelineSpec {
         ))
     }
 
-    /// The loader's settings this file names: `[batch]`, the shuffle of `[source]`,
-    /// `decode.workers` and the budgets of `[tuner]` (the loader's, so they hold with the
-    /// tuner off too).
+    /// The loader's settings this file names (`[loader]`, the older keys read into it), its
+    /// batch size the media's default where not given (the budgets are the loader's, so they
+    /// hold with the tuner off too).
     pub fn loader_settings(&self) -> crate::loader::LoaderSettings {
-        let seed = self.shuffle_seed();
-        let audio = matches!(self.decode.media, MediaArgs::Audio(_));
         crate::loader::LoaderSettings {
             batch_size: Some(self.batch_size()),
-            shuffle: seed.is_some(),
-            seed: seed.unwrap_or(0),
-            drop_last: self.batch.drop_last,
-            order: self.batch.order,
-            workers: self.decode.workers,
-            memory_mb: self.tuner.memory_mb,
-            cpu_budget: self.tuner.cpu_budget,
-            // The cap of the media's kind (the validator refuses the other).
-            max_batch_seconds: self.batch.max_seconds.filter(|_| audio),
-            max_batch_frames: self.batch.max_frames.filter(|_| !audio),
-            buckets: self.batch.buckets,
-            ..crate::loader::LoaderSettings::default()
+            ..self.loader.clone()
         }
     }
 
@@ -258,9 +245,9 @@ impl PipelineSpec {
         self.fixed_workers().map_or(Workers::auto(), Workers::fixed)
     }
 
-    /// `decode.workers`, when the spec fixes them.
+    /// `loader.workers`, when the spec fixes them.
     fn fixed_workers(&self) -> Option<usize> {
-        self.decode.workers
+        self.loader.workers
     }
 
     /// The local files of a list or directory source (shuffled if asked).

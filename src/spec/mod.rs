@@ -6,15 +6,15 @@
 //! [source]
 //! kind = "list"                  # list | dir | s3
 //! path = "target/sample-data/images.txt"
-//! shuffle = 0                    # a seed: reshuffled every epoch (omit for file order)
+//!
+//! [loader]                       # the library's LoaderSettings, by the same names
+//! batch_size = 32
+//! seed = 0                       # shuffled anew every epoch (shuffle = false: file order)
 //!
 //! [decode]
 //! kind = "image"                 # image | audio | video
 //! resize = 256
 //! crop = 224
-//!
-//! [batch]
-//! size = 32
 //!
 //! [run]
 //! epochs = 2
@@ -32,8 +32,11 @@
 //! 4. `build` — [`PipelineSpec::build`]: the recipe, the dataset and the library's
 //!    [`Loader`](crate::Loader) with the spec's settings ([`Job`]).
 //! 5. `s3` (feature `s3`) — the local S3 server of `serve_locally_from`.
+//! 6. `legacy` — the older loader keys (`batch.size`, `source.shuffle`, …) read into
+//!    `[loader]`, each said in a deprecation line.
 
 mod build;
+mod legacy;
 #[cfg(feature = "s3")]
 mod s3;
 mod schema;
@@ -41,5 +44,6 @@ mod source;
 mod validate;
 
 pub use build::{DecisionHook, FailureHook, Hooks, Job};
+pub use legacy::OLD_KEYS;
 pub use schema::*;
 pub use validate::SpecError;

@@ -17,6 +17,22 @@ pub struct PipelineSpec {
     /// `depth = { from = "depth.png", kind = "image", crop = 224 }`.
     #[serde(default)]
     pub fields: Option<serde_json::Value>,
+    /// The loader's settings, by the names every front end uses
+    /// ([`LoaderSettings`](crate::loader::LoaderSettings)): `batch_size`, `shuffle`, `seed`,
+    /// `drop_last`, `order`, `workers`, `skip_errors`, `fill_skipped`, `memory_mb`,
+    /// `cpu_budget`, `max_batch_seconds`, `max_batch_frames`, `buckets`, `return_lengths`,
+    /// `rank`, `world_size`. An absent key takes the library's default (a shuffle seeded 0,
+    /// unreadable items skipped and counted, the media's batch size), as in every front end;
+    /// without `rank` and `world_size` a file reads the whole dataset. The older keys of other
+    /// tables (`batch.size`, `source.shuffle = <seed>`, `decode.workers`, `tuner.memory_mb`,
+    /// …) are read into it when the file is parsed, each said in a deprecation line
+    /// ([`deprecated`](Self::deprecated)); a setting given both ways is refused.
+    #[serde(default)]
+    pub loader: crate::loader::LoaderSettings,
+    /// The deprecation lines of the older keys the file used (also logged as `tracing`
+    /// warnings when it is parsed).
+    #[serde(skip)]
+    pub deprecated: Vec<String>,
     /// How each item is decoded.
     pub decode: DecodeSpec,
     /// Batching.
@@ -37,6 +53,10 @@ pub struct PipelineSpec {
     /// Metrics export.
     #[serde(default)]
     pub metrics: MetricsSpec,
+}
+
+const fn default_buffer() -> usize {
+    crate::dataset::DEFAULT_BUFFER
 }
 
 /// Where the items come from.
@@ -111,8 +131,13 @@ pub enum SourceSpec {
         /// Shuffle the shards with this seed, anew every epoch.
         #[serde(default)]
         shuffle: Option<u64>,
-        /// A shuffle buffer of this many samples over each epoch's stream (0: none).
-        #[serde(default, deserialize_with = "flowgate_actors::limits::whole::buffer")]
+        /// A shuffle buffer of this many samples over each epoch's stream when the loader
+        /// shuffles (0: none; default 1000, the library's
+        /// [`DEFAULT_BUFFER`](crate::dataset::DEFAULT_BUFFER)).
+        #[serde(
+            default = "default_buffer",
+            deserialize_with = "flowgate_actors::limits::whole::buffer"
+        )]
         buffer: usize,
         /// The field (extension) holding each sample's integer label, such as `"cls"`.
         #[serde(default)]
@@ -137,8 +162,13 @@ pub enum SourceSpec {
         /// Shuffle the row groups with this seed, anew every epoch.
         #[serde(default)]
         shuffle: Option<u64>,
-        /// A shuffle buffer of this many rows over each epoch's stream (0: none).
-        #[serde(default, deserialize_with = "flowgate_actors::limits::whole::buffer")]
+        /// A shuffle buffer of this many rows over each epoch's stream when the loader
+        /// shuffles (0: none; default 1000, the library's
+        /// [`DEFAULT_BUFFER`](crate::dataset::DEFAULT_BUFFER)).
+        #[serde(
+            default = "default_buffer",
+            deserialize_with = "flowgate_actors::limits::whole::buffer"
+        )]
         buffer: usize,
         /// The column holding each row's integer label, such as `"label"`.
         #[serde(default)]

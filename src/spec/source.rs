@@ -16,8 +16,8 @@ impl PipelineSpec {
     /// audio, `batch.max_frames` for video.
     pub(super) fn length_cap(&self) -> Option<f64> {
         match &self.decode.media {
-            MediaArgs::Audio(_) => self.batch.max_seconds,
-            MediaArgs::Video(_) => self.batch.max_frames.map(|f| f as f64),
+            MediaArgs::Audio(_) => self.loader.max_batch_seconds,
+            MediaArgs::Video(_) => self.loader.max_batch_frames.map(|f| f as f64),
             MediaArgs::Image(_) => None,
         }
     }
@@ -144,8 +144,13 @@ impl PipelineSpec {
         Ok((source, None))
     }
 
-    /// The shuffle seed of the source.
+    /// The loader's shuffle seed (`None`: the source's order).
     pub(super) fn shuffle_seed(&self) -> Option<u64> {
+        self.loader.shuffle.then_some(self.loader.seed)
+    }
+
+    /// The shuffle seed the `[source]` table gives (`source.shuffle`, deprecated).
+    pub(super) fn written_shuffle(&self) -> Option<u64> {
         match &self.source {
             SourceSpec::List { shuffle, .. }
             | SourceSpec::Dir { shuffle, .. }

@@ -85,7 +85,7 @@ fn every_sample_config_runs_on_the_sample_dataset() {
                     "video.toml" => 3,
                     _ => 40,
                 };
-                let per_epoch = if spec.batch.drop_last {
+                let per_epoch = if spec.loader_settings().drop_last {
                     per_epoch / spec.batch_size() * spec.batch_size()
                 } else {
                     per_epoch
@@ -123,7 +123,7 @@ fn training_augmentation_is_drawn_anew_every_epoch() {
     ] {
         let toml = |train: bool| {
             format!(
-                "[source]\nkind = \"list\"\npath = \"{}\"\n[decode]\n{decode}\nworkers = 1\ntrain = {train}\n[batch]\nsize = 64\n[run]\nepochs = 2\n[tuner]\nenabled = false\n",
+                "[source]\nkind = \"list\"\npath = \"{}\"\n[loader]\nshuffle = false\nworkers = 1\nbatch_size = 64\n[decode]\n{decode}\ntrain = {train}\n[run]\nepochs = 2\n[tuner]\nenabled = false\n",
                 list.display()
             )
         };
@@ -143,7 +143,7 @@ fn training_augmentation_is_drawn_anew_every_epoch() {
 /// A pipeline file of one worker, tuner off, no shuffle (so batches come in list order).
 fn one_worker_file(list: &Path, decode: &str, batch: usize, epochs: u64) -> String {
     format!(
-        "[source]\nkind = \"list\"\npath = \"{}\"\n[decode]\n{decode}\nworkers = 1\n[batch]\nsize = {batch}\n[run]\nepochs = {epochs}\n[tuner]\nenabled = false\n",
+        "[source]\nkind = \"list\"\npath = \"{}\"\n[loader]\nshuffle = false\nworkers = 1\nbatch_size = {batch}\n[decode]\n{decode}\n[run]\nepochs = {epochs}\n[tuner]\nenabled = false\n",
         list.display()
     )
 }
@@ -377,14 +377,15 @@ fn a_pipeline_file_batches_video_by_frames() {
     assert!(e.to_string().contains("decode.stride"), "{e}");
 }
 
-/// `[batch] order`: the epoch's order by default, even with several workers and the tuner on
-/// (so a run repeats), `"completion"` on request, anything else an error naming the key.
+/// `loader.order`: the epoch's order by default (here the list's, `shuffle = false`), even with
+/// several workers and the tuner on (so a run repeats), `"completion"` on request, anything
+/// else an error naming the key.
 #[test]
 fn batches_come_in_the_files_order_by_default_and_the_order_key_is_checked() {
     let list = dataset().join("images.txt");
     let toml = |order: &str| {
         format!(
-            "[source]\nkind = \"list\"\npath = \"{}\"\n[decode]\nkind = \"image\"\nresize = 48\ncrop = 48\nworkers = 2\n[batch]\nsize = 7\n{order}\n",
+            "[source]\nkind = \"list\"\npath = \"{}\"\n[decode]\nkind = \"image\"\nresize = 48\ncrop = 48\n[loader]\nshuffle = false\nworkers = 2\nbatch_size = 7\n{order}\n",
             list.display()
         )
     };
@@ -400,7 +401,7 @@ fn batches_come_in_the_files_order_by_default_and_the_order_key_is_checked() {
     let completion = batches(&toml("order = \"completion\""), 1);
     assert_eq!(completion.len(), one_worker.len());
     let e = PipelineSpec::parse(&toml("order = \"sideways\""), "o.toml").unwrap_err();
-    assert!(e.to_string().contains("order"), "{e}");
+    assert!(e.to_string().contains("loader.order"), "{e}");
     assert!(e.to_string().contains("o.toml:"), "{e}");
 }
 

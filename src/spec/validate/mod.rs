@@ -140,7 +140,7 @@ impl PipelineSpec {
 
     /// Parses and checks the text of a pipeline file (`file` names it in errors).
     pub fn parse(text: &str, file: &str) -> Result<Self, SpecError> {
-        let spec: PipelineSpec = toml::from_str(text).map_err(|e| {
+        let mut spec: PipelineSpec = toml::from_str(text).map_err(|e| {
             let line = e.span().map_or(0, |s| {
                 text[..s.start.min(text.len())].matches('\n').count() + 1
             });
@@ -187,6 +187,14 @@ impl PipelineSpec {
                 message,
             }
         })?;
+        let raw: toml::Table = toml::from_str(text).unwrap_or_default();
+        spec.read_old_keys(&raw)
+            .map_err(|(table, key, message)| SpecError {
+                file: file.to_owned(),
+                line: find_key(text, table, key),
+                key: format!("{table}.{key}"),
+                message,
+            })?;
         spec.check(text, file)?;
         Ok(spec)
     }
@@ -242,8 +250,11 @@ impl PipelineSpec {
         let range = |v: u64, lo: u64, hi: u64| -> Option<String> {
             (v < lo || v > hi).then(|| format!("must be in {lo}..={hi}, not {v}"))
         };
+        // Each loader setting's error names the key the file wrote it with.
+        let written = |new: &'static str| self.written_at(new);
         let check = flowgate_actors::limits::BATCH_SIZE.check(self.batch_size() as i128);
-        limit(check, &err, "batch", "size")?;
+        let (t, k) = written("batch_size");
+        limit(check, &err, t, k)?;
         if let Some(f) = &self.fields {
             // A media field's recipe too (its crop against its resize, ...), and its name
             // against the media's: named by its key and line, as every other error.
@@ -285,18 +296,21 @@ impl PipelineSpec {
         }
         // Whether or not the batches are length-aware: the loader's settings refuse it
         // otherwise, later and without the file's line.
-        let buckets = flowgate_actors::limits::BUCKETS.check(self.batch.buckets as i128);
-        limit(buckets, &err, "batch", "buckets")?;
-        if let Some(m) = self.batch.max_seconds {
+        let buckets = flowgate_actors::limits::BUCKETS.check(self.loader.buckets as i128);
+        let (t, k) = written("buckets");
+        limit(buckets, &err, t, k)?;
+        let (st, sk) = written("max_batch_seconds");
+        let (ft, fk) = written("max_batch_frames");
+        if let Some(m) = self.loader.max_batch_seconds {
             if let Err(e) = flowgate_actors::limits::batch_seconds(m) {
-                return Err(err("batch", "max_seconds", e.message));
+                return Err(err(st, sk, e.message));
             }
             if !matches!(self.decode.media, MediaArgs::Audio(_))
                 || matches!(self.source, SourceSpec::Mix { .. })
             {
                 return Err(err(
-                    "batch",
-                    "max_seconds",
+                    st,
+                    sk,
                     "length-aware batches are for audio from a list, dir, tar or parquet source"
                         .into(),
                 ));
@@ -306,14 +320,14 @@ impl PipelineSpec {
             MediaArgs::Video(v) => v.fps,
             _ => None,
         };
-        if let Some(m) = self.batch.max_frames {
+        if let Some(m) = self.loader.max_batch_frames {
             if let Some(m) = range(m as u64, 1, crate::media::rules::MAX_FRAMES as u64) {
-                return Err(err("batch", "max_frames", m));
+                return Err(err(ft, fk, m));
             }
             if fps.is_none() || matches!(self.source, SourceSpec::Mix { .. }) {
                 return Err(err(
-                    "batch",
-                    "max_frames",
+                    ft,
+                    fk,
                     "length-aware batches of frames are for video (with decode.fps) from a \
                      list, dir, tar or parquet source"
                         .into(),
@@ -323,11 +337,11 @@ impl PipelineSpec {
         if let Some(f) = fps {
             crate::media::rules::check::fps(f)
                 .map_err(|e| err("decode", e.field(), e.message().to_owned()))?;
-            if self.batch.max_frames.is_none() {
+            if self.loader.max_batch_frames.is_none() {
                 return Err(err(
                     "decode",
                     "fps",
-                    "samples clips by their length for batch.max_frames; set both".into(),
+                    "samples clips by their length for loader.max_batch_frames; set both".into(),
                 ));
             }
         }
@@ -391,18 +405,26 @@ impl PipelineSpec {
             .media
             .check(self.length_cap())
             .map_err(|e| match e.field() {
-                "max_batch_frames" => err("batch", "max_frames", e.message().to_owned()),
-                "max_batch_seconds" => err("batch", "max_seconds", e.message().to_owned()),
+                "max_batch_frames" => err(ft, fk, e.message().to_owned()),
+                "max_batch_seconds" => err(st, sk, e.message().to_owned()),
                 f => err("decode", f, e.message().to_owned()),
             })?;
-        let workers = &self.decode.workers;
-        if let Some(w) = workers {
+        if let Some(w) = self.loader.workers {
+            let (t, k) = written("workers");
             limit(
-                flowgate_actors::limits::WORKERS.check(*w as i128),
+                flowgate_actors::limits::WORKERS.check(w as i128),
                 &err,
-                "decode",
-                "workers",
+                t,
+                k,
             )?;
+        }
+        // The rest of the loader's settings, by the library's one check (ranks, the budget).
+        if let Err(e) = self.loader.check() {
+            let (t, k) = match &e {
+                crate::loader::SettingsError::Range(r) => written(r.key),
+                _ => ("loader", ""),
+            };
+            return Err(err(t, k, e.to_string()));
         }
         if let SourceSpec::Mix {
             sources, weights, ..

@@ -387,3 +387,144 @@ fn a_rule_of_the_cap_names_the_batch_tables_key() {
     let e = error(text);
     assert_eq!((e.key.as_str(), e.line), ("batch.max_frames", 9), "{e}");
 }
+
+const NEW: &str = r#"
+[source]
+kind = "tar"
+shards = "data/*.tar"
+
+[loader]
+batch_size = 16
+seed = 7
+drop_last = true
+order = "completion"
+workers = 3
+skip_errors = false
+fill_skipped = true
+memory_mb = 512
+rank = 1
+world_size = 2
+
+[decode]
+kind = "image"
+"#;
+
+#[test]
+fn the_loader_table_is_the_librarys_settings_by_the_same_names() {
+    let s = PipelineSpec::parse(NEW, "p.toml").unwrap();
+    let want = crate::loader::LoaderSettings::from_value(serde_json::json!({
+        "batch_size": 16, "seed": 7, "drop_last": true, "order": "completion", "workers": 3,
+        "skip_errors": false, "fill_skipped": true, "memory_mb": 512, "rank": 1,
+        "world_size": 2,
+    }))
+    .unwrap();
+    assert_eq!(s.loader_settings(), want);
+    assert!(s.deprecated.is_empty(), "{:?}", s.deprecated);
+    // Absent keys are the library's defaults: shuffled (seed 0), failures skipped, the media's
+    // batch size; a tar source's shuffle buffer the library's too.
+    let bare = "[source]\nkind = \"tar\"\nshards = \"d/*.tar\"\n[decode]\nkind = \"image\"\n";
+    let s = PipelineSpec::parse(bare, "p.toml").unwrap();
+    let library = crate::loader::LoaderSettings {
+        batch_size: Some(crate::loader::DEFAULT_BATCH_SIZE),
+        ..Default::default()
+    };
+    assert_eq!(s.loader_settings(), library);
+    assert_eq!(s.shuffle_seed(), Some(0));
+    match s.source {
+        SourceSpec::Tar { buffer, .. } => assert_eq!(buffer, crate::dataset::DEFAULT_BUFFER),
+        other => panic!("{other:?}"),
+    }
+    let off = PipelineSpec::parse(&format!("{bare}[loader]\nshuffle = false\n"), "p.toml");
+    assert_eq!(off.unwrap().shuffle_seed(), None, "the source's order");
+}
+
+#[test]
+fn the_older_keys_are_read_into_the_loader_each_with_a_deprecation_line() {
+    let old = r#"
+[source]
+kind = "list"
+path = "images.txt"
+shuffle = 5
+
+[decode]
+kind = "image"
+workers = 2
+
+[batch]
+size = 8
+drop_last = true
+
+[tuner]
+memory_mb = 300
+"#;
+    let s = PipelineSpec::parse(old, "p.toml").unwrap();
+    let l = s.loader_settings();
+    assert_eq!(
+        (
+            l.batch_size,
+            l.shuffle,
+            l.seed,
+            l.workers,
+            l.drop_last,
+            l.memory_mb
+        ),
+        (Some(8), true, 5, Some(2), true, Some(300.0))
+    );
+    assert_eq!(s.deprecated.len(), 5, "{:#?}", s.deprecated);
+    for key in [
+        "source.shuffle",
+        "decode.workers",
+        "batch.size",
+        "batch.drop_last",
+    ] {
+        assert!(
+            s.deprecated.iter().any(|d| d.contains(key)),
+            "{key}: {:#?}",
+            s.deprecated
+        );
+    }
+    assert!(s.deprecated.iter().any(|d| d.contains("loader.batch_size")));
+    // An older key out of range is named where the file wrote it.
+    let e = error(&old.replace("workers = 2", "workers = 0"));
+    assert_eq!(e.key, "decode.workers", "{e}");
+    // The same setting given both ways is refused, naming both.
+    for (extra, key) in [
+        ("[loader]\nbatch_size = 4\n", "batch.size"),
+        ("[loader]\nseed = 1\n", "source.shuffle"),
+        ("[loader]\nshuffle = false\n", "source.shuffle"),
+        ("[loader]\nworkers = 1\n", "decode.workers"),
+    ] {
+        let e = error(&format!("{old}{extra}"));
+        assert_eq!(e.key, key, "{e}");
+        assert!(e.message.contains("give it once, as loader."), "{e}");
+    }
+    let e = error(&format!(
+        "{GOOD}[run]\nmax_failures = 3\n[loader]\nskip_errors = false\n"
+    ));
+    assert_eq!(e.key, "loader.skip_errors", "{e}");
+}
+
+#[test]
+fn a_loader_key_out_of_range_is_refused_in_the_librarys_words_at_its_line() {
+    for (key, value) in [
+        ("batch_size", "0"),
+        ("workers", "100000"),
+        ("memory_mb", "-1"),
+        ("buckets", "0"),
+    ] {
+        let text = format!("{GOOD}[loader]\n{key} = {value}\n").replace("[batch]\nsize = 16\n", "");
+        let e = error(&text);
+        assert_eq!(e.key, format!("loader.{key}"), "{e}");
+        assert_eq!(e.line, text.lines().count(), "{e}");
+        let value = serde_json::from_str(&format!("{{\"{key}\": {value}}}")).unwrap();
+        let library = crate::loader::LoaderSettings::from_value(value)
+            .and_then(|s| s.check().map_err(|e| e.to_string()))
+            .unwrap_err();
+        assert!(
+            library.contains(&e.message),
+            "{e} against the library's {library}"
+        );
+    }
+    let e = error(&format!("{GOOD}[loader]\nrank = 2\nworld_size = 2\n"));
+    assert!(e.message.contains("rank"), "{e}");
+}
