@@ -102,7 +102,7 @@ impl FailureLog {
 
     /// The first failure this log recorded, once (then `None`), logged as a `tracing` warning
     /// and with the sentence a front end says of it
-    /// ([`first_skip_message`](super::report::first_skip_message)). Called where the
+    /// ([`first_skip_message`]). Called where the
     /// pipeline went on past it (a batch delivered after it, an epoch's end): the item was
     /// skipped. A front end says it on the consumer's thread, where a Python warning can be
     /// filtered as usual.
@@ -112,7 +112,7 @@ impl FailureLog {
             return None;
         }
         let f = self.0.first.lock().expect("failures").take()?;
-        let message = super::report::first_skip_message(&f);
+        let message = first_skip_message(&f);
         tracing::warn!(epoch = f.epoch, stage = %f.stage, item = %f.item, "{message}");
         Some((f, message))
     }
@@ -143,4 +143,14 @@ impl FailureLog {
         let kept = self.0.kept.lock().expect("failures");
         kept.iter().filter(|f| f.epoch == epoch).cloned().collect()
     }
+}
+
+/// What is said of a loader's first skipped item: the item, why, and where to read the rest.
+pub fn first_skip_message(f: &SkippedFailure) -> String {
+    format!(
+        "flowgate skipped an item it could not read (skip_errors): {}. This is said once a \
+         loader; failures() lists every skipped item of an epoch, and each epoch's end says \
+         how many",
+        f.message
+    )
 }

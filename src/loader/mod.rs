@@ -98,7 +98,7 @@ pub use device::{
     Device, DeviceName, DEFAULT_DEVICE_BYTES, DEFAULT_SIM_BANDWIDTH, DEFAULT_SIM_LATENCY,
     DEFAULT_STAGING_BYTES,
 };
-pub use failures::{FailureLog, SkippedFailure, KEEP_FAILURES};
+pub use failures::{first_skip_message, FailureLog, SkippedFailure, KEEP_FAILURES};
 pub use keys::BatchKeys;
 pub use lengths::{DEFAULT_BUCKETS, MAX_BUCKETS};
 pub use makeup::{largest_batch, MakeUp};
@@ -109,7 +109,7 @@ pub use pool::{
     DEFAULT_MAX_WORKERS, DEFAULT_START_TIMEOUT,
 };
 pub use regroup::{Regroup, Rows};
-pub use report::{batches_due, first_skip_message, EpochReport};
+pub use report::{batches_due, EpochReport};
 pub use settings::{LoaderSettings, OrderName, SettingsError};
 pub use units::{batches_of, EpochPlan, Unit};
 pub use watch::LoaderWatch;
@@ -419,6 +419,11 @@ impl Loader {
         let epoch = self.pipeline()?.epoch();
         self.started(start, due, epoch);
         Ok(epoch)
+    }
+
+    /// The batches an epoch that starts at `start` makes with nothing skipped.
+    fn due_from(&self, start: &PipelineState) -> usize {
+        fill::Owed::of(start, self.batching.per_batch, self.batching.drop_last).batches
     }
 
     /// `epoch` is being iterated from `start`, owing `due` batches: from now on a stop

@@ -59,16 +59,6 @@ impl Loader {
     }
 }
 
-/// What is said of a loader's first skipped item: the item, why, and where to read the rest.
-pub fn first_skip_message(f: &SkippedFailure) -> String {
-    format!(
-        "flowgate skipped an item it could not read (skip_errors): {}. This is said once a \
-         loader; failures() lists every skipped item of an epoch, and each epoch's end says \
-         how many",
-        f.message
-    )
-}
-
 /// What an epoch delivered, said at its end when it skipped items or delivered another
 /// number of batches than were due (see the [module docs](self)).
 #[derive(Clone, Debug, PartialEq, Eq)]

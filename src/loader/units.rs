@@ -170,12 +170,8 @@ impl Loader {
         // An abandoned epoch is started again from the plan's start (its units are not this
         // pipeline's).
         let _ = self.passes.take_restart();
-        let due = super::fill::Owed::of(
-            &plan.start,
-            self.batching.per_batch,
-            self.batching.drop_last,
-        );
-        self.started(plan.start.clone(), due.batches, plan.epoch());
+        let due = self.due_from(&plan.start);
+        self.started(plan.start.clone(), due, plan.epoch());
         // What the epoch owes, made up here once its units are delivered (`fill_skipped`).
         self.fill
             .start_epoch(&plan.start, plan.start.clone(), &self.batching, false);
