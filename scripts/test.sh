@@ -2,10 +2,10 @@
 # The test command (README, CI): unit, integration, property and doc tests of every crate (the
 # library, actors, tuner, the `flowgate` command, the tools), with the optional features on (S3
 # against a real local server, video through FFmpeg, the CUDA uploader's no-GPU behaviour,
-# Prometheus), then the image decoder's tests again through
-# the pure-Rust JPEG path (zune-jpeg; the default build uses libjpeg-turbo), then the Python package: installed with pip into a virtualenv
-# and tested with pytest, with PyTorch (CPU) for the DLPack and `torchrun` tests. scripts/setup.sh
-# installs what they need.
+# Prometheus), then the image decoder's tests again through the pure-Rust JPEG path
+# (zune-jpeg; the default build uses libjpeg-turbo), then the Python package: installed with
+# pip into a virtualenv and tested with pytest, with PyTorch (CPU) for the DLPack and `torchrun`
+# tests. scripts/setup.sh installs what they need.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --test
@@ -17,8 +17,13 @@ if [ "${CI:-}" = true ]; then export CARGO_INCREMENTAL=0; fi
 FEATURES=flowgate/s3,flowgate/test-util,flowgate/video,flowgate/cuda,flowgate/spec,flowgate/synth,flowgate/parquet
 FEATURES=$FEATURES,flowgate-cli/s3,flowgate-cli/video,flowgate-cli/prometheus,flowgate-cli/parquet,flowgate-tools/video
 cargo test --workspace --locked --features "$FEATURES" "$@"
-cargo test --locked --no-default-features --features image --lib media::image
-# A lean build (pipeline files, no media decoders) still compiles: the cfg-gated parts agree.
+# The image decoder's tests again, on the pure-Rust JPEG path (what a build without
+# libjpeg-turbo runs), in the same build: FLOWGATE_JPEG_DECODER picks the decoder.
+FLOWGATE_JPEG_DECODER=zune-jpeg cargo test --workspace --locked --features "$FEATURES" --lib \
+  media::image
+# Lean builds still compile: images without libjpeg-turbo, and pipeline files without media
+# decoders (the cfg-gated parts agree).
+cargo check --locked --lib --no-default-features --features image
 cargo check --locked --lib --no-default-features --features spec
 # Python: a virtualenv kept per machine (PyTorch is ~4 GB with the CUDA packages PyPI's wheel
 # depends on; installed once), the package built by maturin through pip (with VideoLoader),

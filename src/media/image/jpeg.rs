@@ -7,13 +7,35 @@ use super::geometry::Plan;
 use crate::media::MediaError;
 
 /// The JPEG decoder in use: `"libjpeg-turbo"` (feature `turbojpeg`, where its headers were
-/// found at build time) or `"zune-jpeg"`.
+/// found at build time, unless `FLOWGATE_JPEG_DECODER=zune-jpeg` asks otherwise) or
+/// `"zune-jpeg"`.
 pub fn jpeg_decoder() -> &'static str {
-    if cfg!(flowgate_libjpeg) {
+    if cfg!(flowgate_libjpeg) && !zune_asked() {
         "libjpeg-turbo"
     } else {
         "zune-jpeg"
     }
+}
+
+/// Whether `FLOWGATE_JPEG_DECODER=zune-jpeg` asks a build with libjpeg-turbo to decode JPEG
+/// with zune-jpeg: the pure-Rust path a build without libjpeg-turbo runs, so its tests run in
+/// the same build (`scripts/test.sh`), and a suspected decoder bug can be told from the other.
+/// Read once; another value is said on stderr and ignored.
+fn zune_asked() -> bool {
+    static ASKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ASKED.get_or_init(|| match std::env::var("FLOWGATE_JPEG_DECODER") {
+        Err(_) => false,
+        Ok(v) if v == "zune-jpeg" => true,
+        Ok(v) if v == "libjpeg-turbo" && cfg!(flowgate_libjpeg) => false,
+        Ok(v) => {
+            let have = match cfg!(flowgate_libjpeg) {
+                true => "\"libjpeg-turbo\" or \"zune-jpeg\"",
+                false => "\"zune-jpeg\" (built without libjpeg-turbo)",
+            };
+            eprintln!("flowgate: FLOWGATE_JPEG_DECODER={v:?} ignored: this build decodes JPEG with {have}");
+            false
+        }
+    })
 }
 
 /// Decodes the part of an image that `geometry` asks for, or more, into `pixels` as
@@ -37,7 +59,7 @@ pub(super) fn decode_rgb(
     };
     let is_jpeg = bytes.starts_with(&[0xFF, 0xD8, 0xFF]);
     #[cfg(flowgate_libjpeg)]
-    if is_jpeg {
+    if is_jpeg && !zune_asked() {
         match libjpeg::decode(bytes, pixels, geometry) {
             libjpeg::Outcome::Done(r) => return r,
             libjpeg::Outcome::Failed(msg) => return Err(decode_err(msg.into())),

@@ -264,6 +264,9 @@ fn draft_scales_only_while_the_window_covers_the_crop() {
 #[cfg(flowgate_libjpeg)]
 #[test]
 fn draft_mode_stays_close_to_the_exact_decode() {
+    if jpeg_decoder() != "libjpeg-turbo" {
+        return; // FLOWGATE_JPEG_DECODER=zune-jpeg: no scaled decode to compare
+    }
     use jpeg_encoder::{ColorType, SamplingFactor as S};
     let exact = ImageRecipe {
         layout: Layout::Nhwc,
@@ -358,4 +361,20 @@ fn bad_bytes_are_typed_errors_naming_the_file() {
     );
     let e = r.load(Path::new("/nonexistent/a.jpg")).unwrap_err();
     assert!(matches!(e, MediaError::Read { .. }) && e.path() == Path::new("/nonexistent/a.jpg"));
+}
+
+/// The decoder `FLOWGATE_JPEG_DECODER` asks for is the one in use: the test command's second
+/// run of these tests (`scripts/test.sh`) sets `zune-jpeg`, and so runs the pure-Rust path,
+/// not libjpeg-turbo's again.
+#[test]
+fn the_jpeg_decoder_asked_for_is_the_one_in_use() {
+    match std::env::var("FLOWGATE_JPEG_DECODER").as_deref() {
+        Ok("zune-jpeg") => assert_eq!(jpeg_decoder(), "zune-jpeg"),
+        Ok(_) => {}
+        Err(_) => assert_eq!(
+            jpeg_decoder() == "libjpeg-turbo",
+            cfg!(flowgate_libjpeg),
+            "the build's decoder"
+        ),
+    }
 }
