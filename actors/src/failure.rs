@@ -35,6 +35,16 @@ impl Default for FailureBudget {
 }
 
 impl FailureBudget {
+    /// What a loader's `skip_errors` setting means, in every front end: skip and count every
+    /// failure ([`unlimited`](Self::unlimited)), or end the epoch at the first
+    /// ([`fail_fast`](Self::fail_fast)).
+    pub const fn skip_errors(skip: bool) -> Self {
+        match skip {
+            true => Self::unlimited(),
+            false => Self::fail_fast(),
+        }
+    }
+
     /// Skip and count every failure; never stop.
     pub const fn unlimited() -> Self {
         Self {

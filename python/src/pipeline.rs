@@ -16,7 +16,7 @@ use crate::error::to_py;
 use crate::fork::PyItem;
 use crate::lifecycle::{drop_elsewhere, on_pipeline_thread};
 use crate::loader::SLICE;
-use crate::stages::{batching, Items, Spec, StageSpec};
+use crate::stages::{Items, Spec, StageSpec};
 use crate::state::{state_from_py, state_to_py};
 
 /// A pipeline of Python callables; see `flowgate.Pipeline`.
@@ -390,7 +390,8 @@ impl PyPipeline {
         if !state.fingerprint.contains_key("batch_size") {
             for s in self.spec.stages.lock().expect("stages").iter() {
                 if let StageSpec::Batch { size, drop_last } = s {
-                    let f = batching(*size, *drop_last).map(|(k, v)| (k.to_owned(), v));
+                    let f = flowgate::loader::batching_fingerprint(*size, *drop_last)
+                        .map(|(k, v)| (k.to_owned(), v));
                     state.fingerprint.extend(f);
                 }
             }

@@ -181,11 +181,7 @@ impl Spec {
     ) -> Result<Pipeline<PyItem>, PipelineError> {
         // Items are described (`repr()`, under the GIL) only when they fail: see `Described`.
         let mut b = b;
-        let budget = if self.skip_errors {
-            FailureBudget::unlimited()
-        } else {
-            FailureBudget::fail_fast()
-        };
+        let budget = FailureBudget::skip_errors(self.skip_errors);
         for s in self.stages.lock().expect("stages").iter() {
             b = match s {
                 StageSpec::Map {
@@ -270,7 +266,7 @@ impl Spec {
                 // What a state is valid for, as a loader's (a state of batches of 4 loaded
                 // into batches of 5 was taken: len() then said 8 where 6 came).
                 StageSpec::Batch { size, drop_last } => b
-                    .checkpoint_fields(batching(*size, *drop_last))
+                    .checkpoint_fields(flowgate::loader::batching_fingerprint(*size, *drop_last))
                     .aggregate(*size, *drop_last)
                     .pipe(
                         &format!("batch{size}"),
@@ -340,14 +336,6 @@ pub(crate) fn left_out(py: Python<'_>) -> PyResult<PyObject> {
 /// Whether `x` is a batch a fetch left out (needs no GIL: it compares addresses).
 pub(crate) fn is_left_out(x: &Py<PyAny>) -> bool {
     LEFT_OUT.get().is_some_and(|l| l.as_ptr() == x.as_ptr())
-}
-
-/// A batch stage's fields of a state's fingerprint.
-pub(crate) fn batching(size: usize, drop_last: bool) -> [(&'static str, String); 2] {
-    [
-        ("batch_size", size.to_string()),
-        ("drop_last", drop_last.to_string()),
-    ]
 }
 
 /// `flowgate.skip_part(part, error)`: from a `Pipeline` stage's function that makes one result

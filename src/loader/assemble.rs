@@ -389,10 +389,7 @@ pub(super) fn make(
         // What a state of this loader is valid for.
         p = p
             .checkpoint_fields(fingerprint.iter().cloned())
-            .checkpoint_fields([
-                ("batch_size", batch_size.to_string()),
-                ("drop_last", b.drop_last.to_string()),
-            ])
+            .checkpoint_fields(batching_fingerprint(batch_size, b.drop_last))
             .checkpoint_fields(b.checkpoint_fields.iter().cloned());
         if let Some(m) = b.memory_bytes {
             p = p.memory_budget(m);
@@ -550,4 +547,14 @@ impl Plan {
             Plan::Batches(b) => b.load(i, epoch, decoder),
         }
     }
+}
+
+/// What a checkpoint records of a loader's batching, checked when it is resumed (a state of
+/// another batch size or `drop_last` is refused, naming the setting): the same fields for every
+/// route, the Python `DataLoader` and `Pipeline` included.
+pub fn batching_fingerprint(batch_size: usize, drop_last: bool) -> [(&'static str, String); 2] {
+    [
+        ("batch_size", batch_size.to_string()),
+        ("drop_last", drop_last.to_string()),
+    ]
 }

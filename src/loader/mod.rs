@@ -122,6 +122,7 @@ use crate::engine::checkpoint::PipelineState;
 use crate::engine::pipeline::{Pipeline, Within};
 use crate::engine::stats::{Monitor, PipelineStats};
 use crate::media::Recipe;
+pub use assemble::batching_fingerprint;
 use assemble::{Learned, Make};
 use lengths::LengthPlan;
 

@@ -282,11 +282,7 @@ impl LoaderSettings {
             )
             .drop_last(self.drop_last)
             .order(self.order.into())
-            .max_failures(if self.skip_errors {
-                FailureBudget::unlimited()
-            } else {
-                FailureBudget::fail_fast()
-            });
+            .max_failures(FailureBudget::skip_errors(self.skip_errors));
         if let Some(n) = self.workers {
             b = b.workers(n);
         }
