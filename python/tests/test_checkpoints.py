@@ -95,6 +95,34 @@ def test_a_state_dict_is_the_librarys_checkpoint_layout_and_reads_the_earlier_on
         again.load_state_dict(dict(state, owed_batches=2**63))
 
 
+def test_a_dataloader_checkpoint_written_before_the_one_epoch_machine_still_resumes():
+    """A `flowgate.DataLoader` checkpoint saved to disk by an earlier build (the state layout
+    of version 2, from the DataLoader's own epoch machine) resumes to exactly the batches that
+    loader delivered; a layout newer than this build's, or a loader of another batch size, is
+    refused saying why."""
+    import copy
+    import pathlib
+    saved = json.loads((pathlib.Path(__file__).parent / "data" / "dataloader_state_v2.json")
+                       .read_text())
+
+    def make(batch_size=4):
+        return flowgate.DataLoader(list(range(23)), batch_size=batch_size, shuffle=True,
+                                   seed=3, collate_fn=list)
+
+    loader = make()
+    loader.load_state_dict(copy.deepcopy(saved["state"]))
+    assert list(loader) == saved["rest"]
+    # The loader built today makes the same epoch: the two taken batches, then the rest.
+    whole = make()
+    whole.set_epoch(2)
+    assert list(whole)[2:] == saved["rest"]
+    with pytest.raises(flowgate.LoaderError, match="layout is version 99, this flowgate reads"):
+        make().load_state_dict(dict(saved["state"], version=99))
+    with pytest.raises(flowgate.LoaderError, match="taken with batch_size = 4, this pipeline has "
+                                                   "batch_size = 8"):
+        make(8).load_state_dict(copy.deepcopy(saved["state"]))
+
+
 def test_a_damaged_state_dict_is_refused_in_the_librarys_words(data):
     # Resumed as another set of items before; the library's check, once.
     loader = flowgate.ImageLoader(data, batch_size=4, rank=1, world_size=3, seed=5)
