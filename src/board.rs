@@ -341,16 +341,39 @@ pub fn read(dir: &Path) -> Vec<Record> {
     out
 }
 
-/// The straggler of each job with more than one record: the one delivering the fewest items
-/// per second, if it is clearly behind (under [`STRAGGLER_SHARE`] of the job's median).
+/// The group a record belongs to: its torchrun job, or without one its own process
+/// (`pid N`): loaders of unrelated processes are not one job.
+pub fn group(r: &Record) -> String {
+    match &r.job {
+        Some(job) => job.clone(),
+        None => format!("pid {}", r.pid),
+    }
+}
+
+/// Whether the loader is idle: it delivers nothing and its training loop is not waiting for it
+/// (a validation loader between evaluations, an iterator made and left). A stalled loader
+/// whose loop waits is not idle.
+pub fn idle(r: &Record) -> bool {
+    r.items_per_s < IDLE_RATE && r.wait < WAIT_STARVED
+}
+
+/// Below this many items a second (and with its loop not waiting) a loader is idle.
+pub const IDLE_RATE: f64 = 0.5;
+
+/// The straggler of each job: among its ranks (records with a rank, of one group, not idle),
+/// the one delivering the fewest items per second, if it is clearly behind (under
+/// [`STRAGGLER_SHARE`] of the job's median). Loaders of one process without ranks (a training
+/// and a validation loader) are not ranks of a job, and an idle loader is never a straggler.
 /// Returns the indices into `records`.
 pub fn stragglers(records: &[Record]) -> Vec<usize> {
     let mut out = Vec::new();
-    let mut jobs: Vec<&Option<String>> = records.iter().map(|r| &r.job).collect();
+    let mut jobs: Vec<String> = records.iter().map(group).collect();
+    jobs.sort();
     jobs.dedup();
     for job in jobs {
         let of: Vec<usize> = (0..records.len())
-            .filter(|&i| &records[i].job == job)
+            .filter(|&i| group(&records[i]) == job)
+            .filter(|&i| records[i].rank.is_some() && !idle(&records[i]))
             .collect();
         if of.len() < 2 {
             continue;

@@ -1,7 +1,9 @@
 //! `flowgate top`: every flowgate loader of this user on the node, one line per pipeline,
 //! from the node's board (`flowgate::board`): rank, items/s, the training loop's wait,
 //! decode workers against the cores it may use, memory against its budget, the bottleneck
-//! and failures; the straggler of each job named with its bottleneck. No configuration:
+//! and failures; the straggler of each torchrun job named with its bottleneck (never an idle
+//! loader, nor loaders of unrelated processes: without a job each process is its own group).
+//! Lines fit the terminal, or are whole into a pipe. No configuration:
 //! every pipeline (`flowgate run`, Rust programs, Python loaders, torchrun ranks) publishes
 //! its record once a second.
 
@@ -20,7 +22,8 @@ pub(crate) fn top(once: bool, interval: Duration) -> Result<(), Error> {
     let live = !once && std::io::IsTerminal::is_terminal(&std::io::stdout());
     loop {
         let records = board::read(&dir);
-        let width = terminal_width();
+        // The terminal's width; into a pipe or file, whole lines (unless COLUMNS says).
+        let width = terminal_width().unwrap_or(usize::MAX);
         let frame = render(&records, &dir.display().to_string(), width);
         let mut out = std::io::stdout().lock();
         if live {
@@ -37,8 +40,8 @@ pub(crate) fn top(once: bool, interval: Duration) -> Result<(), Error> {
     }
 }
 
-/// The terminal's columns (80 when unknown).
-fn terminal_width() -> usize {
+/// The terminal's columns (`COLUMNS`, else the terminal's; `None` when stdout is none).
+fn terminal_width() -> Option<usize> {
     std::env::var("COLUMNS")
         .ok()
         .and_then(|c| c.parse().ok())
@@ -48,7 +51,6 @@ fn terminal_width() -> usize {
             let rc = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) };
             (rc == 0 && ws.ws_col > 0).then_some(usize::from(ws.ws_col))
         })
-        .unwrap_or(80)
 }
 
 fn mib(b: u64) -> f64 {
@@ -59,13 +61,12 @@ fn mib(b: u64) -> f64 {
 /// straggler naming its rank and bottleneck.
 pub(crate) fn render(records: &[Record], dir: &str, width: usize) -> String {
     let mut s = String::new();
-    let _ = writeln!(
-        s,
+    let title = format!(
         "flowgate top: {} loader(s) on this node (board {dir})",
         records.len()
     );
-    let _ = writeln!(
-        s,
+    let _ = writeln!(s, "{}", cut(&title, width));
+    let heading = format!(
         "{:<6} {:>4} {:>7} {:>8} {:>5} {:>7} {:>11} {:<10} {:>6} {:>5}",
         "job",
         "rank",
@@ -78,6 +79,7 @@ pub(crate) fn render(records: &[Record], dir: &str, width: usize) -> String {
         "failed",
         "epoch"
     );
+    let _ = writeln!(s, "{}", cut(&heading, width));
     let stragglers = board::stragglers(records);
     for (i, r) in records.iter().enumerate() {
         let cores = format!(
@@ -93,6 +95,7 @@ pub(crate) fn render(records: &[Record], dir: &str, width: usize) -> String {
                 .collect(),
             None => format!("{:.0}/-", mib(r.bytes)),
         };
+        // The torchrun job; without one (`-`) each process is its own group.
         let job: String = r.job.as_deref().unwrap_or("-").chars().take(6).collect();
         let line = format!(
             "{:<6} {:>4} {:>7} {:>8.1} {:>4.0}% {:>7} {:>11} {:<10} {:>6} {:>5}{}",
@@ -103,7 +106,11 @@ pub(crate) fn render(records: &[Record], dir: &str, width: usize) -> String {
             r.wait * 100.0,
             cores,
             memory,
-            r.bottleneck,
+            if board::idle(r) {
+                "idle"
+            } else {
+                &r.bottleneck
+            },
             r.failures,
             r.epoch,
             if stragglers.contains(&i) { " <" } else { "" }
@@ -170,5 +177,45 @@ mod tests {
         assert!(text.contains("held back by the decode stage"), "{text}");
         assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
         assert!(render(&[], "/d", 80).contains("no flowgate loader"));
+    }
+
+    #[test]
+    fn an_idle_loader_or_another_process_is_never_a_straggler() {
+        // A training loader and an idle validation loader of one process (no torchrun job,
+        // no ranks), and a loader of another process: no straggler, each its own process.
+        let mut train = rec(0, 900.0, "step");
+        let mut val = rec(0, 0.0, "step");
+        val.wait = 0.0;
+        let mut other = rec(0, 50.0, "decode");
+        for r in [&mut train, &mut val, &mut other] {
+            r.job = None;
+            r.rank = None;
+        }
+        val.pid = train.pid;
+        other.pid = 4242;
+        let text = render(&[train.clone(), val.clone(), other], "/d", 200);
+        assert!(!text.contains("straggler"), "{text}");
+        assert!(text.contains("idle"), "the idle loader says so: {text}");
+        // Ranks of a job: an idle rank is not the straggler; a stalled one (its loop waits) is.
+        let mut idle = rec(1, 0.0, "step");
+        idle.wait = 0.0;
+        let r = vec![rec(0, 900.0, "step"), idle, rec(2, 880.0, "step")];
+        assert!(!render(&r, "/d", 200).contains("straggler"));
+        let mut stalled = rec(1, 0.0, "decode");
+        stalled.wait = 0.9;
+        let r = vec![rec(0, 900.0, "step"), stalled, rec(2, 880.0, "step")];
+        assert!(render(&r, "/d", 200).contains("straggler: rank 1"));
+    }
+
+    #[test]
+    fn lines_are_whole_into_a_pipe() {
+        let mut r = rec(0, 900.0, "a-stage-name-the-user-wrote");
+        r.job = Some("a-long-torchrun-job-id".into());
+        let text = render(&[r], "/dev/shm/a/long/board/directory/name", usize::MAX);
+        assert!(
+            text.contains("/dev/shm/a/long/board/directory/name"),
+            "{text}"
+        );
+        assert!(text.contains("a-stage-name-the-user-wrote"), "{text}");
     }
 }

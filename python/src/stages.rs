@@ -269,7 +269,8 @@ impl Spec {
                     .checkpoint_fields(flowgate::loader::batching_fingerprint(*size, *drop_last))
                     .aggregate(*size, *drop_last)
                     .pipe(
-                        &format!("batch{size}"),
+                        // The name the user's call wrote (`batch(size)`).
+                        "batch",
                         |v: Vec<PyItem>| {
                             with_gil_in_pipeline(|py| {
                                 PyList::new(py, v.into_iter().map(PyItem::into_inner))
