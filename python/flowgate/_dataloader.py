@@ -129,8 +129,9 @@ class DataLoader:
         # starting at num_workers.
         # An item that raises is a failed item (fatal, or with skip_errors counted and left
         # out); a batch whose every item fails is, under a world size above 1, made up of the
-        # readable items after it (the library's `MakeUp`), so every rank still makes len()
-        # batches, and in one process left out (no item comes twice in an epoch).
+        # readable items after it in the rank's own share (the library's `MakeUp`), so every
+        # rank still makes len() batches, and in one process left out (no item comes twice in
+        # an epoch).
         # Each thread calls a copy of the dataset of its own (made afresh each pass unless
         # persistent_workers, where a thread that ended leaves its copy to the next new one),
         # as each torch worker has one: kept here, by thread, where the garbage collector sees
