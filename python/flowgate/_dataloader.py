@@ -202,7 +202,9 @@ class DataLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Makes ``epoch`` the next one iterated (as ``DistributedSampler.set_epoch``): its
-        order follows from the seed and the epoch. A resumed position is kept."""
+        order follows from the seed and the epoch. A no-op when it is the next already, so a
+        position from :meth:`load_state_dict` is kept when ``epoch`` is the checkpoint's own
+        (naming another epoch leaves it); during a pass, the next pass's epoch."""
         _check_epoch(epoch)
         self._native.set_epoch(int(epoch))
 

@@ -343,6 +343,26 @@ def test_a_peek_costs_no_epoch_so_ranks_keep_one_shuffle():
     assert whole[:1] + [b.tolist() for b in again] == whole
 
 
+def test_a_pass_that_took_every_batch_ended_its_epoch_under_either_rule():
+    # `zip(range(len(loader)), loader)` never asks for the epoch's end: under ranks (and in
+    # the media loaders) the next pass read the same epoch again, every item twice, while the
+    # checkpoint taken then resumed to an empty pass and the next epoch.
+    def make(world):
+        return flowgate.DataLoader(list(range(23)), batch_size=4, shuffle=True, seed=5,
+                                   rank=0, world_size=world, collate_fn=list)
+
+    for world in (1, 2):
+        epochs = [make_epoch(make(world), e) for e in (0, 1)]
+        loader = make(world)
+        first = [b for _, b in zip(range(len(loader)), loader)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        second = [b for _, b in zip(range(len(loader)), loader)]
+        assert [first, second] == epochs, world
+        resumed = make(world)
+        resumed.load_state_dict(state)
+        assert list(resumed) == epochs[1], f"{world}: the checkpoint agrees: the next epoch"
+
+
 def test_a_loader_in_a_cycle_through_its_dataset_or_collate_fn_is_freed_with_its_threads():
     # A data module's `collate_fn=self.collate` (and a dataset holding its loader)
     # kept every loader and its threads alive: 190 MB and 6 threads a fold.

@@ -328,6 +328,17 @@ impl Passes {
     /// being iterated, or a resumed state not iterated yet).
     pub fn stopped(&mut self, progress: Option<PipelineState>, epoch: Option<u64>, over: bool) {
         let mut next = 0;
+        let mut epoch = epoch;
+        // A pass that took every result of its epoch and stopped before asking for the end
+        // (`zip(range(len(loader)), loader)`) read its epoch through: ended, as its checkpoint
+        // says (it was read again, every item twice, while a resume read the next epoch).
+        if let (true, Some(p)) = (self.in_epoch, progress.as_ref().filter(|p| read_through(p))) {
+            epoch = Some(p.epoch);
+            self.began = None;
+            self.left = None;
+            self.in_epoch = false;
+            next = 1;
+        }
         if self.in_epoch {
             if over {
                 // Over: the next pass reads the next epoch.
@@ -365,6 +376,17 @@ impl Passes {
         self.resumed = false;
         self.resume_at = epoch;
     }
+}
+
+/// Whether `s` has every position of its epoch delivered, and no batch owed: the epoch was
+/// read through. (A state without a share, an iterable's, never says so.)
+fn read_through(s: &PipelineState) -> bool {
+    let Some(shard) = &s.shard else {
+        return false;
+    };
+    s.delivered_items >= shard.layout().len() as u64
+        && s.partial.is_empty()
+        && s.owed_batches.unwrap_or(0) == 0
 }
 
 #[cfg(test)]

@@ -85,6 +85,19 @@ impl PipelineSpec {
             tracing::warn!("{line}");
             self.deprecated.push(line);
         }
+        // A file of older keys kept the source's order unless `source.shuffle` named a seed:
+        // it now shuffles, as every front end does by default; said once.
+        let shuffle_named = has(raw, "source", "shuffle")
+            || has(raw, "loader", "shuffle")
+            || has(raw, "loader", "seed");
+        if !self.deprecated.is_empty() && !shuffle_named {
+            let line = "pipeline file: without source.shuffle this file kept the source's \
+                order; the loader now shuffles by default (seed 0), as in every front end: write \
+                loader.shuffle = false to keep the order"
+                .to_owned();
+            tracing::warn!("{line}");
+            self.deprecated.push(line);
+        }
         if has(raw, "loader", "skip_errors") && self.run.max_failures.is_some() {
             return Err((
                 "loader",

@@ -218,6 +218,43 @@ fn a_state_taken_right_after_a_resume_is_the_resumed_state() {
     assert_eq!(all, (0..IMAGES).collect::<Vec<_>>());
 }
 
+/// A loop that takes every batch of an epoch and stops without asking for its end
+/// (`zip(range(len(loader)), loader)`, `take(len)`) read the epoch through: the next epoch
+/// follows, nothing is said abandoned, and the checkpoint taken then agrees (the epoch was read
+/// again, every item twice, while a loader resuming the checkpoint read the next one).
+#[test]
+fn a_pass_that_took_every_batch_ended_its_epoch() {
+    let build = || shuffled_files(3, 5);
+    let whole = |e: u64| {
+        let mut w = build();
+        w.set_epoch(e);
+        positions(&mut w)
+    };
+    let mut l = build();
+    let n = l.len();
+    let got: Vec<Batch> = l.epoch().unwrap().take(n).map(Result::unwrap).collect();
+    assert_eq!(got.len(), n);
+    assert_eq!(l.abandoned_epoch(), None, "read through, not abandoned");
+    assert_eq!(l.next_epoch(), 1);
+    let state = l.state().unwrap();
+    assert_eq!(
+        (state.epoch, state.delivered_items),
+        (1, 0),
+        "the next epoch's start"
+    );
+    assert_eq!(
+        positions(&mut l),
+        whole(1),
+        "the next epoch, not epoch 0 again"
+    );
+    assert_eq!(common::rest_after(&mut build(), &state), whole(1));
+    // One batch short of the end: abandoned, read again from its start.
+    let mut l = build();
+    assert_eq!(l.epoch().unwrap().take(n - 1).count(), n - 1);
+    assert_eq!(l.abandoned_epoch(), Some((0, n - 1)));
+    assert_eq!(positions(&mut l), whole(0));
+}
+
 /// A resumed state closed before its epoch is iterated (a checkpoint loaded, then the loader
 /// closed to free its threads until training starts) is kept: the checkpoint is still that
 /// state, and the next epoch delivers exactly its rest. (Closing dropped the resumed

@@ -420,11 +420,24 @@ impl PipelineSpec {
         }
         // The rest of the loader's settings, by the library's one check (ranks, the budget).
         if let Err(e) = self.loader.check() {
-            let (t, k) = match &e {
-                crate::loader::SettingsError::Range(r) => written(r.key),
-                _ => ("loader", ""),
+            let ((t, k), message) = match e {
+                crate::loader::SettingsError::Range(r) => (written(r.key), r.message),
+                // Settings that do not go together: named by the first the message names.
+                other => {
+                    let m = other.to_string();
+                    let key = [
+                        "rank",
+                        "world_size",
+                        "max_batch_seconds",
+                        "max_batch_frames",
+                    ]
+                    .into_iter()
+                    .find(|k| m.contains(k))
+                    .unwrap_or("rank");
+                    (written(key), m)
+                }
             };
-            return Err(err(t, k, e.to_string()));
+            return Err(err(t, k, message));
         }
         if let SourceSpec::Mix {
             sources, weights, ..

@@ -526,5 +526,29 @@ fn a_loader_key_out_of_range_is_refused_in_the_librarys_words_at_its_line() {
         );
     }
     let e = error(&format!("{GOOD}[loader]\nrank = 2\nworld_size = 2\n"));
-    assert!(e.message.contains("rank"), "{e}");
+    assert_eq!(e.key, "loader.rank", "{e}");
+    assert!(
+        e.message.starts_with("must be in 0..2"),
+        "the key said once: {e}"
+    );
+    let e = error(&format!("{GOOD}[loader]\nrank = 1\n"));
+    assert_eq!(e.key, "loader.rank", "{e}");
+    assert!(e.message.contains("give both rank and world_size"), "{e}");
+}
+
+#[test]
+fn a_file_of_older_keys_without_a_shuffle_is_told_it_now_shuffles() {
+    let s = PipelineSpec::parse(GOOD, "p.toml").unwrap();
+    assert_eq!(s.shuffle_seed(), Some(0));
+    assert!(
+        s.deprecated
+            .iter()
+            .any(|d| d.contains("now shuffles by default")),
+        "{:#?}",
+        s.deprecated
+    );
+    let kept = PipelineSpec::parse(&format!("{GOOD}[loader]\nshuffle = false\n"), "p.toml");
+    let kept = kept.unwrap();
+    assert_eq!(kept.shuffle_seed(), None);
+    assert!(!kept.deprecated.iter().any(|d| d.contains("now shuffles")));
 }
