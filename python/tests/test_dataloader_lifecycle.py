@@ -358,9 +358,15 @@ def test_a_pass_that_took_every_batch_ended_its_epoch_under_either_rule():
         state = json.loads(json.dumps(loader.state_dict()))
         second = [b for _, b in zip(range(len(loader)), loader)]
         assert [first, second] == epochs, world
+        # The checkpoint taken before the loop asked for the end: the epoch, read through (a
+        # restart that calls set_epoch(0) again resumes its empty rest); after the pass, the
+        # next epoch's start.
         resumed = make(world)
         resumed.load_state_dict(state)
-        assert list(resumed) == epochs[1], f"{world}: the checkpoint agrees: the next epoch"
+        assert list(resumed) == [] and list(resumed) == epochs[1], world
+        loader.close()
+        after = loader.state_dict()
+        assert (after["epoch"], after["delivered_items"]) == (2, 0), world
 
 
 def test_a_loader_in_a_cycle_through_its_dataset_or_collate_fn_is_freed_with_its_threads():

@@ -220,8 +220,8 @@ fn a_state_taken_right_after_a_resume_is_the_resumed_state() {
 
 /// A loop that takes every batch of an epoch and stops without asking for its end
 /// (`zip(range(len(loader)), loader)`, `take(len)`) read the epoch through: the next epoch
-/// follows, nothing is said abandoned, and the checkpoint taken then agrees (the epoch was read
-/// again, every item twice, while a loader resuming the checkpoint read the next one).
+/// follows, nothing is said abandoned, and the checkpoint taken after it names the next epoch
+/// (the epoch was read again, every item twice, while a checkpoint said it was done).
 #[test]
 fn a_pass_that_took_every_batch_ended_its_epoch() {
     let build = || shuffled_files(3, 5);
@@ -232,8 +232,15 @@ fn a_pass_that_took_every_batch_ended_its_epoch() {
     };
     let mut l = build();
     let n = l.len();
-    let got: Vec<Batch> = l.epoch().unwrap().take(n).map(Result::unwrap).collect();
+    let mut epoch = l.epoch().unwrap();
+    let got: Vec<Batch> = epoch.by_ref().take(n).map(Result::unwrap).collect();
     assert_eq!(got.len(), n);
+    // Taken while the loop has not asked for the end: the epoch, every item delivered (a
+    // loop that calls set_epoch(0) again on a restart resumes its empty rest, not all of it).
+    let during = epoch.state().unwrap();
+    drop(epoch);
+    assert_eq!((during.epoch, during.delivered_items), (0, IMAGES as u64));
+    assert!(common::rest_after(&mut build(), &during).is_empty());
     assert_eq!(l.abandoned_epoch(), None, "read through, not abandoned");
     assert_eq!(l.next_epoch(), 1);
     let state = l.state().unwrap();
