@@ -409,9 +409,10 @@ fn version_names_the_decoders_and_features_built_in() {
 fn pipeline_files_read_fields_besides_the_media_and_dump_them_aligned() {
     let data = common::dataset();
     let text = format!(
-        "[source]\nkind = \"tar\"\nshards = \"{}\"\nlabels = \"cls\"\nshuffle = 3\nbuffer = 9\n\
+        "[source]\nkind = \"tar\"\nshards = \"{}\"\nlabels = \"cls\"\nbuffer = 9\n\
+         [loader]\nseed = 3\nbatch_size = 7\n\
          [fields]\nmeta = \"json\"\nraw = {{ from = \"cls\", kind = \"bytes\" }}\n\
-         [decode]\nkind = \"image\"\nresize = 32\ncrop = 32\n[batch]\nsize = 7\n\
+         [decode]\nkind = \"image\"\nresize = 32\ncrop = 32\n\
          [run]\nepochs = 1\n[tuner]\nenabled = false\n",
         data.join("shards").display()
     );

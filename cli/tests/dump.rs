@@ -145,7 +145,7 @@ fn a_media_field_runs_and_is_dumped_by_name() {
         &file,
         "[source]\nkind = \"dir\"\npath = \"tree\"\n[fields]\ndepth = { from = \"depth.jpg\", \
          kind = \"image\", resize = 24, crop = 16 }\n[decode]\nkind = \"image\"\nresize = 32\n\
-         crop = 32\n[batch]\nsize = 4\n",
+         crop = 32\n[loader]\nbatch_size = 4\n",
     )
     .unwrap();
     let (out, dump) = run_with_dump(&dir, &file);

@@ -31,7 +31,7 @@ fn pipeline(dir: &Path, list: &str, extra: &str) -> PathBuf {
         &file,
         format!(
             "[source]\nkind = \"list\"\npath = \"{list}\"\n[decode]\nkind = \"image\"\n\
-             resize = 64\ncrop = 56\n[batch]\nsize = 8\n{extra}"
+             resize = 64\ncrop = 56\n[loader]\nbatch_size = 8\n{extra}"
         ),
     )
     .unwrap();

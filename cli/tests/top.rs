@@ -32,7 +32,7 @@ fn rank(dir: &Path, board: &Path, rank: usize, size: u32, seconds: u32) -> Child
         &file,
         format!(
             "[source]\nkind = \"list\"\npath = \"{}\"\n[decode]\nkind = \"image\"\nresize = {size}\n\
-             crop = {size}\nworkers = 1\n[batch]\nsize = 4\n[run]\nepochs = 100000\n\
+             crop = {size}\n[loader]\nworkers = 1\nbatch_size = 4\n[run]\nepochs = 100000\n\
              seconds = {seconds}\n",
             list.display()
         ),
