@@ -18,7 +18,9 @@
 //!
 //! A pass that took at most one result of an epoch resumed from a checkpoint starts that
 //! resumed position again under either rule (its rest is not skipped for a peek). After a pass
-//! that reached its epoch's end, or that an error ended, the next pass reads the next epoch.
+//! that reached its epoch's end, took every result of it (a loop that stops without asking for
+//! the end: `zip(range(len(loader)), loader)`), or that an error ended, the next pass reads the
+//! next epoch.
 //! [`set_epoch`](Passes::set_epoch) names the next epoch; during a pass it abandons the pass
 //! ([`PassRule::LOADER`]) or, as torch's sampler, takes effect at the next `iter()`
 //! ([`PassRule::torch`]). Which route uses which rule is in `docs/settings.md`.
