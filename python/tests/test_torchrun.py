@@ -106,29 +106,39 @@ def run_ranks(n, script, args, cwd, port_offset, timeout=300):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
 
 
-def skipped_files_run(tmp_path, data, *args, timeout=240):
-    """Three ranks over 40 JPEGs and 9 unreadable files; each rank's report."""
+#: The skipped-files cases, run in one `torchrun` launch (see `ddp_fill_worker.py`).
+SKIPPED_CASES = [
+    {"name": f"{kind}-{drop_last}", "fill": fill, "ddp": ddp, "drop_last": drop_last}
+    for kind, fill, ddp in (("plain", False, False), ("filled", True, True))
+    for drop_last in (False, True)
+] + [{"name": "default", "fill": None, "ddp": True, "drop_last": False}]
+
+
+@pytest.fixture(scope="module")
+def skipped_runs(data, tmp_path_factory):
+    """Three ranks over 40 JPEGs and 9 unreadable files, every case of `SKIPPED_CASES` in one
+    launch: each case's reports, one a rank."""
+    tmp_path = tmp_path_factory.mktemp("skipped")
     files = tmp_path / "files.txt"
-    if not files.exists():
-        files.write_text("\n".join(with_unreadable(data, tmp_path)) + "\n")
-    run_ranks(3, "ddp_fill_worker.py", [files, *args], tmp_path, port_offset=7,
-              timeout=timeout)
-    return [json.loads((tmp_path / f"report-{k}.json").read_text()) for k in range(3)]
+    files.write_text("\n".join(with_unreadable(data, tmp_path)) + "\n")
+    run_ranks(3, "ddp_fill_worker.py", [files, "--cases", json.dumps(SKIPPED_CASES)], tmp_path,
+              port_offset=7, timeout=300)
+    ranks = [json.loads((tmp_path / f"report-{k}.json").read_text()) for k in range(3)]
+    return {c["name"]: [r[c["name"]] for r in ranks] for c in SKIPPED_CASES}
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_ranks_with_skipped_files_keep_in_step_with_fill_skipped(data, tmp_path, drop_last):
+def test_ranks_with_skipped_files_keep_in_step_with_fill_skipped(skipped_runs, drop_last):
     """Without ``fill_skipped`` the ranks end their epochs at different batch counts (what
     hangs DDP at the last step); with it, three ranks with an all-reduce after every batch
     all make ``len(loader)`` batches in each of two epochs and finish."""
-    dl = ["--drop-last"] if drop_last else []
-    plain = skipped_files_run(tmp_path, data, *dl)
+    plain = skipped_runs[f"plain-{drop_last}"]
     counts = [r["batches"] for r in plain]
     assert len({tuple(c) for c in counts}) > 1, f"the case binds: batches per rank {counts}"
     # 9 or more: padding the shares to equal length may repeat an unreadable file.
     failed = [r["failures"] for r in plain]
     assert sum(f[0] for f in failed) >= 9, failed
-    filled = skipped_files_run(tmp_path, data, "--fill", "--ddp", *dl)
+    filled = skipped_runs[f"filled-{drop_last}"]
     for r in filled:
         assert r["batches"] == [r["len"]] * 2, filled
     assert len({r["len"] for r in filled}) == 1
@@ -139,11 +149,11 @@ def test_ranks_with_skipped_files_keep_in_step_with_fill_skipped(data, tmp_path,
             assert r["filled"] == [0, 0], "a rank its skips did not cut short reads nothing again"
 
 
-def test_ranks_with_skipped_files_keep_in_step_by_default(data, tmp_path):
+def test_ranks_with_skipped_files_keep_in_step_by_default(skipped_runs):
     """The loader's defaults under torchrun (world size 3): one unreadable file cannot leave
     the ranks at different step counts (an all-reduce after every batch; the plain run's
     ranks differ, see above), two epochs, items read again to make up the skips."""
-    default = skipped_files_run(tmp_path, data, "--default-fill", "--ddp")
+    default = skipped_runs["default"]
     for r in default:
         assert r["batches"] == [r["len"]] * 2, default
     assert any(f > 0 for r in default for f in r["filled"]), default
