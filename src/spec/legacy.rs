@@ -84,6 +84,7 @@ impl PipelineSpec {
             };
             tracing::warn!("{line}");
             self.deprecated.push(line);
+            self.old_keys.push((table, key));
         }
         // A file of older keys kept the source's order unless `source.shuffle` named a seed:
         // it now shuffles, as every front end does by default; said once.
@@ -115,13 +116,7 @@ impl PipelineSpec {
     pub(super) fn written_at(&self, new: &'static str) -> (&'static str, &'static str) {
         OLD_KEYS
             .iter()
-            .find(|&&(table, key, n)| {
-                n == new
-                    && self
-                        .deprecated
-                        .iter()
-                        .any(|d| d.starts_with(&format!("pipeline file: {table}.{key} ")))
-            })
+            .find(|&&(table, key, n)| n == new && self.old_keys.contains(&(table, key)))
             .map_or(("loader", new), |&(table, key, _)| (table, key))
     }
 }

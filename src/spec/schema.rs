@@ -33,6 +33,9 @@ pub struct PipelineSpec {
     /// warnings when it is parsed).
     #[serde(skip)]
     pub deprecated: Vec<String>,
+    /// The older keys the file used, `(table, key)`: where its errors name those settings.
+    #[serde(skip)]
+    pub old_keys: Vec<(&'static str, &'static str)>,
     /// How each item is decoded.
     pub decode: DecodeSpec,
     /// Batching.
